@@ -1,0 +1,84 @@
+import Fastify, { type FastifyInstance } from "fastify";
+import multipart from "@fastify/multipart";
+import swagger from "@fastify/swagger";
+import swaggerUi from "@fastify/swagger-ui";
+import { Ajv } from "ajv";
+import type { Core } from "../core.ts";
+import { registerAuth } from "./auth.ts";
+import { registerErrorHandler } from "./errorHandler.ts";
+import { sharedSchemas } from "./schemas.ts";
+import datasetRoutes from "./routes/datasets.ts";
+import healthRoutes from "./routes/health.ts";
+import runRoutes from "./routes/runs.ts";
+
+export interface BuildAppOptions {
+  /** Fastify logger setting. Defaults to the configured log level. */
+  logger?: boolean | { level: string };
+}
+
+/**
+ * Assembles the HTTP app: plugins, the auth hook, the error handler and every route group,
+ * listed here in one place. `server.ts` only listens; tests call this and `inject`.
+ */
+export async function buildApp(core: Core, options: BuildAppOptions = {}): Promise<FastifyInstance> {
+  const app = Fastify({
+    logger: options.logger ?? { level: core.config.logLevel },
+    bodyLimit: core.config.bodyLimit,
+    // Request ids in logs; users see them in the `x-request-id` header.
+    genReqId: () => crypto.randomUUID(),
+  });
+
+  // Bodies are validated strictly (no type coercion, unknown fields are errors where a schema
+  // forbids them); query strings and path params need coercion because they arrive as text.
+  const bodyAjv = new Ajv({ coerceTypes: false, useDefaults: true, removeAdditional: false, allErrors: false, strict: false });
+  const textAjv = new Ajv({ coerceTypes: true, useDefaults: true, removeAdditional: false, allErrors: false, strict: false });
+  for (const schema of sharedSchemas) {
+    bodyAjv.addSchema(schema);
+    textAjv.addSchema(schema);
+  }
+  app.setValidatorCompiler(({ schema, httpPart }) =>
+    httpPart === "body" ? bodyAjv.compile(schema) : textAjv.compile(schema),
+  );
+  for (const schema of sharedSchemas) app.addSchema(schema);
+
+  app.addHook("onSend", async (request, reply) => {
+    void reply.header("x-request-id", request.id);
+  });
+
+  registerErrorHandler(app);
+  registerAuth(app, core.keys);
+
+  await app.register(multipart, {
+    limits: { fileSize: core.config.maxUploadBytes + 1, files: 1, fields: 8, fieldSize: 1024 },
+  });
+  await app.register(swagger, {
+    openapi: {
+      info: {
+        title: "Conduit",
+        version: "0.1.0",
+        description: "Self-hosted LLM inference and fine-tuning. Authenticate with `x-api-key: <key>` or `Authorization: Token <key>` (or `Bearer`).",
+      },
+      components: {
+        securitySchemes: {
+          apiKey: { type: "apiKey", in: "header", name: "x-api-key" },
+          token: { type: "apiKey", in: "header", name: "Authorization", description: "`Token <key>` or `Bearer <key>`" },
+        },
+      },
+      security: [{ apiKey: [] }, { token: [] }],
+    },
+  });
+  // The docs page is public like the OpenAPI document it renders.
+  app.addHook("onRoute", (route) => {
+    if (route.url.startsWith("/docs")) route.config = { ...(route.config as object), public: true };
+  });
+  await app.register(swaggerUi, { routePrefix: "/docs", uiConfig: { docExpansion: "list" } });
+
+  app.get("/openapi.json", { config: { public: true }, schema: { hide: true } }, async () => app.swagger());
+
+  await app.register(healthRoutes, { core });
+  await app.register(datasetRoutes, { core });
+  await app.register(runRoutes, { core });
+
+  app.addHook("onClose", async () => core.close());
+  return app;
+}

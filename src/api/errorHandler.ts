@@ -1,0 +1,83 @@
+import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
+import { ConduitError, errorCatalog, type ErrorCode } from "../errors.ts";
+
+export function errorBody(error: ConduitError) {
+  const entry = errorCatalog[error.code];
+  return { error: { message: error.message, type: entry.type, param: error.param, code: error.code } };
+}
+
+interface ValidationIssue {
+  instancePath: string;
+  keyword: string;
+  message?: string;
+  params: Record<string, unknown>;
+}
+
+/** Turns an Ajv validation failure into a 400 naming the field. */
+function fromValidation(issues: ValidationIssue[], context: string | undefined): ConduitError {
+  const issue = issues[0];
+  const where = context === "querystring" ? "query" : (context ?? "body");
+  if (!issue) return new ConduitError("invalid_request", `invalid ${where}`);
+  const segments = issue.instancePath.split("/").filter(Boolean);
+  if (issue.keyword === "required") segments.push(String(issue.params.missingProperty));
+  if (issue.keyword === "additionalProperties") segments.push(String(issue.params.additionalProperty));
+  const param = segments.length > 0 ? segments.join(".") : null;
+  let reason = issue.message ?? "is invalid";
+  if (issue.keyword === "required") reason = "is required";
+  if (issue.keyword === "additionalProperties") reason = "is not a known field";
+  if (issue.keyword === "type" && segments.length === 0) reason = `must be ${String(issue.params.type)}`;
+  const subject = param ? `${where === "body" ? "" : `${where} `}field "${param}"` : where;
+  return new ConduitError("invalid_request", `${subject} ${reason}`.trim(), { param });
+}
+
+/** Fastify's own 4xx errors, mapped into the catalog. */
+const fastifyCodes: Record<string, ErrorCode> = {
+  FST_ERR_CTP_EMPTY_JSON_BODY: "invalid_json",
+  FST_ERR_CTP_INVALID_JSON_BODY: "invalid_json",
+  FST_ERR_CTP_BODY_TOO_LARGE: "payload_too_large",
+  FST_ERR_CTP_INVALID_MEDIA_TYPE: "unsupported_media_type",
+  FST_ERR_CTP_INVALID_CONTENT_LENGTH: "invalid_request",
+  FST_REQ_FILE_TOO_LARGE: "payload_too_large",
+  FST_FILES_LIMIT: "invalid_request",
+  FST_INVALID_MULTIPART_CONTENT_TYPE: "unsupported_media_type",
+};
+
+export function toConduitError(error: unknown): ConduitError | undefined {
+  if (error instanceof ConduitError) return error;
+  const fastifyError = error as FastifyError & { validationContext?: string };
+  if (fastifyError.validation) return fromValidation(fastifyError.validation as ValidationIssue[], fastifyError.validationContext);
+  const code = fastifyError.code ? fastifyCodes[fastifyError.code] : undefined;
+  if (code) {
+    const message =
+      code === "invalid_json"
+        ? "the body is not valid JSON"
+        : code === "unsupported_media_type"
+          ? `unsupported Content-Type; this endpoint accepts ${fastifyError.message.includes("multipart") ? "multipart/form-data" : "application/json"}`
+          : fastifyError.message;
+    return new ConduitError(code, message);
+  }
+  if (typeof fastifyError.statusCode === "number" && fastifyError.statusCode >= 400 && fastifyError.statusCode < 500) {
+    const status = fastifyError.statusCode;
+    const mapped = (Object.keys(errorCatalog) as ErrorCode[]).find((c) => errorCatalog[c].status === status);
+    return new ConduitError(mapped ?? "invalid_request", fastifyError.message);
+  }
+  return undefined;
+}
+
+/** The one error handler: a catalog error becomes its JSON body; anything else is a logged 500. */
+export function registerErrorHandler(app: FastifyInstance): void {
+  app.setErrorHandler((error: unknown, request: FastifyRequest, reply: FastifyReply) => {
+    let conduitError = toConduitError(error);
+    if (!conduitError || conduitError.status >= 500) {
+      request.log.error({ err: error }, "request failed");
+      conduitError ??= new ConduitError("internal_error", "internal server error");
+    }
+    if (conduitError.retryAfter !== undefined) void reply.header("retry-after", String(conduitError.retryAfter));
+    return reply.status(conduitError.status).send(errorBody(conduitError));
+  });
+
+  app.setNotFoundHandler((request, reply) => {
+    const error = new ConduitError("not_found", `no route ${request.method} ${request.url.split("?")[0]}`);
+    return reply.status(404).send(errorBody(error));
+  });
+}

@@ -1,0 +1,171 @@
+import { Readable } from "node:stream";
+import type { FastifyInstance, FastifyRequest } from "fastify";
+import { Type } from "@sinclair/typebox";
+import { TypeCompiler } from "@sinclair/typebox/compiler";
+import type { TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
+import type { Core } from "../../core.ts";
+import { ConduitError } from "../../errors.ts";
+import {
+  CreateDatasetBody,
+  Dataset,
+  DatasetFile,
+  DatasetParams,
+  FileParams,
+  IoPairPreview,
+  Message,
+  PageQuery,
+  RenameDatasetBody,
+  UploadJsonBody,
+  UploadQuery,
+  responses,
+} from "../schemas.ts";
+import { datasetWire, fileWire, SUCCESS } from "../wire.ts";
+import type { IoFormat } from "../../datasets/ioPairs.ts";
+
+const rawContentTypes = ["application/jsonl", "application/x-ndjson", "text/csv", "text/plain", "application/octet-stream"];
+const uploadJson = TypeCompiler.Compile(UploadJsonBody);
+
+interface UploadSource {
+  name: string;
+  source: Readable;
+  format?: IoFormat | undefined;
+}
+
+/** The three ways to send a file: multipart, a raw body, or JSON (`content` or `ioPairs`). */
+async function uploadSource(request: FastifyRequest, query: { name?: string; format?: IoFormat }): Promise<UploadSource> {
+  if (request.isMultipart()) {
+    const part = await request.file();
+    if (!part) throw new ConduitError("invalid_request", 'multipart body has no "file" field', { param: "file" });
+    if (part.fieldname !== "file")
+      throw new ConduitError("invalid_request", `multipart field "${part.fieldname}" is not "file"`, { param: "file" });
+    const nameField = part.fields.name;
+    const fieldName = nameField && !Array.isArray(nameField) && nameField.type === "field" ? String(nameField.value) : undefined;
+    const name = fieldName || query.name || part.filename || "upload";
+    return { name, source: part.file, format: query.format };
+  }
+  if (request.body instanceof Readable) {
+    if (!query.name) throw new ConduitError("invalid_request", 'query field "name" is required for a raw upload', { param: "name" });
+    return { name: query.name, source: request.body, format: query.format };
+  }
+  const body = request.body;
+  if (!uploadJson.Check(body)) {
+    const issue = uploadJson.Errors(body).First();
+    const param = issue?.path.split("/").filter(Boolean).join(".") || null;
+    throw new ConduitError("invalid_request", `${param ? `field "${param}" ` : "body "}${issue?.message ?? "is invalid"}`, { param });
+  }
+  if ((body.content === undefined) === (body.ioPairs === undefined))
+    throw new ConduitError("invalid_request", 'send exactly one of "content" and "ioPairs"', { param: "content" });
+  if (body.ioPairs !== undefined) {
+    const lines = body.ioPairs.map((pair) => JSON.stringify({ input: pair.input, output: pair.output }) + "\n");
+    return { name: body.name, source: Readable.from(lines), format: "jsonl" };
+  }
+  return { name: body.name, source: Readable.from([Buffer.from(body.content ?? "", "utf8")]), format: body.format };
+}
+
+/** Seed 4.2: datasets and their files. */
+export default async function datasetRoutes(app: FastifyInstance, { core }: { core: Core }) {
+  const r = app.withTypeProvider<TypeBoxTypeProvider>();
+  const { datasets } = core;
+  const tags = ["datasets"];
+
+  r.post(
+    "/conduit/dataset",
+    { schema: { tags, summary: "Create a dataset", body: CreateDatasetBody, response: responses({ 200: Dataset }) } },
+    async (request) => datasetWire(await datasets.create(request.userId, request.body.name)),
+  );
+
+  r.get(
+    "/conduit/dataset",
+    { schema: { tags, summary: "List your datasets, newest first", querystring: PageQuery, response: responses({ 200: Type.Array(Dataset) }) } },
+    async (request) => (await datasets.list(request.userId, request.query)).map(datasetWire),
+  );
+
+  r.get(
+    "/conduit/dataset/:dataset_id",
+    { schema: { tags, summary: "Read a dataset", params: DatasetParams, response: responses({ 200: Dataset }) } },
+    async (request) => datasetWire(await datasets.get(request.userId, request.params.dataset_id)),
+  );
+
+  r.patch(
+    "/conduit/dataset/:dataset_id",
+    { schema: { tags, summary: "Rename a dataset", params: DatasetParams, body: RenameDatasetBody, response: responses({ 200: Message }) } },
+    async (request) => {
+      await datasets.rename(request.userId, request.params.dataset_id, request.body.name);
+      return SUCCESS;
+    },
+  );
+
+  r.delete(
+    "/conduit/dataset/:dataset_id",
+    { schema: { tags, summary: "Delete a dataset and its files", params: DatasetParams, response: responses({ 200: Message }) } },
+    async (request) => {
+      await datasets.delete(request.userId, request.params.dataset_id);
+      return SUCCESS;
+    },
+  );
+
+  r.get(
+    "/conduit/dataset/:dataset_id/files",
+    {
+      schema: { tags, summary: "List a dataset's files, newest first", params: DatasetParams, querystring: PageQuery, response: responses({ 200: Type.Array(DatasetFile) }) },
+    },
+    async (request) => (await datasets.listFiles(request.userId, request.params.dataset_id, request.query)).map(fileWire),
+  );
+
+  r.get(
+    "/conduit/dataset/:dataset_id/file/:file_id",
+    { schema: { tags, summary: "Read a file's record", params: FileParams, response: responses({ 200: DatasetFile }) } },
+    async (request) => fileWire(await datasets.getFile(request.userId, request.params.dataset_id, request.params.file_id)),
+  );
+
+  r.get(
+    "/conduit/dataset/:dataset_id/file/:file_id/pairs",
+    {
+      schema: {
+        tags,
+        summary: "Preview a file's IO pairs",
+        params: FileParams,
+        querystring: PageQuery,
+        response: responses({ 200: Type.Array(IoPairPreview) }),
+      },
+    },
+    async (request) => datasets.previewFile(request.userId, request.params.dataset_id, request.params.file_id, request.query),
+  );
+
+  r.delete(
+    "/conduit/dataset/:dataset_id/file/:file_id",
+    { schema: { tags, summary: "Delete a file from a dataset", params: FileParams, response: responses({ 200: Message }) } },
+    async (request) => {
+      await datasets.deleteFile(request.userId, request.params.dataset_id, request.params.file_id);
+      return SUCCESS;
+    },
+  );
+
+  // The upload route lives in its own context so its raw-body parsers apply to it alone.
+  await r.register(async (upload) => {
+    upload.addContentTypeParser(rawContentTypes, (_request, payload, done) => done(null, payload));
+    upload.withTypeProvider<TypeBoxTypeProvider>().post(
+      "/conduit/dataset/:dataset_id/upload",
+      {
+        bodyLimit: core.config.maxUploadBytes,
+        schema: {
+          tags,
+          summary: "Upload a file of IO pairs",
+          description:
+            "Send the file as `multipart/form-data` (field `file`, optional field `name`), as a raw body " +
+            "(`Content-Type: application/jsonl`, `text/csv`, ... with `?name=`), or as JSON " +
+            "`{name, content}` / `{name, ioPairs:[{input,output}]}`. Formats: JSONL, JSON array, CSV " +
+            "(`input,output` columns; `prompt`/`completion` also accepted). Every pair is validated before " +
+            "anything is stored: a bad line is a 400 naming the line. Beyond `CONDUIT_MAX_UPLOAD_BYTES`: 413.",
+          params: DatasetParams,
+          querystring: UploadQuery,
+          response: responses({ 200: DatasetFile }, [400, 401, 404, 413, 415]),
+        },
+      },
+      async (request) => {
+        const source = await uploadSource(request, request.query);
+        return fileWire(await datasets.upload(request.userId, request.params.dataset_id, source));
+      },
+    );
+  });
+}

@@ -1,0 +1,162 @@
+import { Type, type Static, type TSchema } from "@sinclair/typebox";
+
+/**
+ * One schema per wire type. Routes validate with these, the OpenAPI document is generated
+ * from them, and the CLI and dashboard share the static types.
+ */
+
+const Timestamp = Type.String({ description: "UTC time, `YYYY-MM-DD HH:MM:SS.mmm`", examples: ["2026-11-22 18:30:00.000"] });
+const Id = Type.String({ minLength: 1, maxLength: 128 });
+const Name = Type.String({ minLength: 1, maxLength: 256, description: "1 to 256 characters" });
+
+export const ErrorBody = Type.Object(
+  {
+    error: Type.Object({
+      message: Type.String(),
+      type: Type.String(),
+      param: Type.Union([Type.String(), Type.Null()]),
+      code: Type.String(),
+    }),
+  },
+  { $id: "Error", description: "Every error, on every endpoint." },
+);
+
+export const Message = Type.Object(
+  { message: Type.Literal("SUCCESS") },
+  { $id: "Message", description: "Returned by rename, cancel and every DELETE." },
+);
+
+export const Dataset = Type.Object(
+  {
+    id: Type.String(),
+    userId: Type.String(),
+    name: Type.String(),
+    ioPairsCount: Type.Integer({ description: "Sum of the IO pairs of the dataset's files." }),
+    status: Type.Literal("READY", { description: "Datasets are READY as soon as they are created." }),
+    createdAt: Timestamp,
+    updatedAt: Timestamp,
+  },
+  { $id: "Dataset" },
+);
+
+export const DatasetFile = Type.Object(
+  {
+    id: Type.String(),
+    datasetId: Type.String(),
+    datasetID: Type.String({ description: "Same as `datasetId` (the seed spells it both ways)." }),
+    name: Type.String(),
+    size: Type.Integer({ description: "Bytes." }),
+    type: Type.Literal("IO"),
+    format: Type.Union([Type.Literal("jsonl"), Type.Literal("json"), Type.Literal("csv")]),
+    ioPairsCount: Type.Integer(),
+    createdAt: Timestamp,
+    updatedAt: Timestamp,
+  },
+  { $id: "File" },
+);
+
+export const IoPairPreview = Type.Object({ input: Type.String(), output: Type.String(), line: Type.Integer() });
+
+export const RunStatus = Type.Union(
+  ["QUEUED", "RUNNING", "READY", "FAILED", "CANCELLED"].map((s) => Type.Literal(s)),
+  { description: "QUEUED → RUNNING → READY | FAILED | CANCELLED (QUEUED can be CANCELLED too)." },
+);
+
+export const Run = Type.Object(
+  {
+    id: Type.String(),
+    userId: Type.String(),
+    datasetId: Type.String(),
+    datasetID: Type.String({ description: "Same as `datasetId`." }),
+    datasetName: Type.String(),
+    name: Type.String(),
+    ioPairsCount: Type.Integer(),
+    status: RunStatus,
+    trackerURL: Type.String(),
+    createdAt: Timestamp,
+    updatedAt: Timestamp,
+    logs: Type.Array(Type.String()),
+    stats: Type.Object({}, { additionalProperties: true }),
+    config: Type.Object({}, { additionalProperties: true }),
+    error: Type.Union([Type.String(), Type.Null()], { description: "Why the run FAILED; null otherwise." }),
+  },
+  { $id: "Run" },
+);
+
+export const PageQuery = Type.Object(
+  {
+    limit: Type.Integer({ minimum: 1, maximum: 1000, default: 100, description: "Items per page. Defaults to `100`." }),
+    offset: Type.Integer({ minimum: 0, default: 0, description: "Items to skip. Defaults to `0`." }),
+  },
+  { additionalProperties: false },
+);
+
+export const DatasetParams = Type.Object({ dataset_id: Id });
+export const FileParams = Type.Object({ dataset_id: Id, file_id: Id });
+export const RunParams = Type.Object({ finetune_id: Id });
+
+export const CreateDatasetBody = Type.Object({ name: Name }, { additionalProperties: false });
+export const RenameDatasetBody = Type.Object({ name: Name }, { additionalProperties: false });
+
+export const IoPairInput = Type.Object(
+  { input: Type.String({ minLength: 1 }), output: Type.String({ minLength: 1 }) },
+  { additionalProperties: true },
+);
+
+/** JSON form of an upload (multipart and raw bodies are the streaming forms). */
+export const UploadJsonBody = Type.Object(
+  {
+    name: Name,
+    content: Type.Optional(Type.String({ description: "The file's text (JSONL, JSON array or CSV)." })),
+    ioPairs: Type.Optional(Type.Array(IoPairInput, { description: "Pairs given directly; stored as JSONL." })),
+    format: Type.Optional(Type.Union([Type.Literal("jsonl"), Type.Literal("json"), Type.Literal("csv")])),
+  },
+  { additionalProperties: false },
+);
+
+export const UploadQuery = Type.Object(
+  {
+    name: Type.Optional(Name),
+    format: Type.Optional(Type.Union([Type.Literal("jsonl"), Type.Literal("json"), Type.Literal("csv")])),
+  },
+  { additionalProperties: false },
+);
+
+/** Run configuration (seed 4.3's inference fields); every field is optional with a documented default. */
+export const RunConfigFields = {
+  datasetID: Type.Optional(Id),
+  datasetId: Type.Optional(Id),
+  datasetName: Type.Optional(Name),
+  baseModelName: Type.Optional(Type.String({ minLength: 1, maxLength: 256, description: "A model id (see GET /v1/models). Defaults to `CONDUIT_DEFAULT_MODEL`." })),
+  lr: Type.Optional(Type.Number({ exclusiveMinimum: 0, maximum: 1, description: "Learning rate. Defaults to `0.0005`." })),
+  complexity: Type.Optional(
+    Type.Number({
+      exclusiveMinimum: 0,
+      maximum: 1,
+      description: "Fraction of the top transformer blocks that train, in (0, 1]. Defaults to `1`.",
+    }),
+  ),
+  steps: Type.Optional(Type.Integer({ minimum: 1, description: "Cap on optimizer steps. Defaults to no cap." })),
+  epochs: Type.Optional(Type.Integer({ minimum: 1, maximum: 1000, description: "Passes over the data. Defaults to `3`." })),
+  systemPrompt: Type.Optional(Type.String({ maxLength: 100_000, description: "System prompt trained with and served with. Defaults to none." })),
+  name: Type.Optional(Name),
+  trackerProject: Type.Optional(Type.String({ maxLength: 256 })),
+  trackerEntity: Type.Optional(Type.String({ maxLength: 256 })),
+};
+
+export const CreateRunBody = Type.Object(RunConfigFields, { additionalProperties: false });
+
+export type DatasetWire = Static<typeof Dataset>;
+export type DatasetFileWire = Static<typeof DatasetFile>;
+export type RunWire = Static<typeof Run>;
+export type CreateRunBodyWire = Static<typeof CreateRunBody>;
+export type UploadJsonBodyWire = Static<typeof UploadJsonBody>;
+
+/** Responses: the success schema and the error schema for every listed status. */
+export function responses(ok: Record<number, TSchema>, errors: number[] = [400, 401, 404]) {
+  const out: Record<number, TSchema> = { ...ok };
+  for (const status of errors) out[status] = Type.Ref(ErrorBody);
+  return out;
+}
+
+export const sharedSchemas = [ErrorBody, Message, Dataset, DatasetFile, Run];

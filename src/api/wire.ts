@@ -1,0 +1,54 @@
+import type { Dataset, DatasetFile } from "../store/DatasetRepository.ts";
+import type { Run } from "../store/RunRepository.ts";
+import type { DatasetFileWire, DatasetWire, RunWire } from "./schemas.ts";
+
+/** Domain records → the seed's wire shapes (both spellings of the dataset id where the seed has them). */
+
+export function datasetWire(d: Dataset): DatasetWire {
+  return {
+    id: d.id,
+    userId: d.userId,
+    name: d.name,
+    ioPairsCount: d.ioPairsCount,
+    status: d.status,
+    createdAt: d.createdAt,
+    updatedAt: d.updatedAt,
+  };
+}
+
+export function fileWire(f: DatasetFile): DatasetFileWire {
+  return {
+    id: f.id,
+    datasetId: f.datasetId,
+    datasetID: f.datasetId,
+    name: f.name,
+    size: f.size,
+    type: f.type,
+    format: f.format as DatasetFileWire["format"],
+    ioPairsCount: f.ioPairsCount,
+    createdAt: f.createdAt,
+    updatedAt: f.updatedAt,
+  };
+}
+
+export function runWire(r: Run): RunWire {
+  return {
+    id: r.id,
+    userId: r.userId,
+    datasetId: r.datasetId,
+    datasetID: r.datasetId,
+    datasetName: r.datasetName,
+    name: r.name,
+    ioPairsCount: r.ioPairsCount,
+    status: r.status,
+    trackerURL: r.trackerUrl,
+    createdAt: r.createdAt,
+    updatedAt: r.updatedAt,
+    logs: r.logs,
+    stats: r.stats,
+    config: r.config,
+    error: r.error,
+  };
+}
+
+export const SUCCESS = { message: "SUCCESS" } as const;

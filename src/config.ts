@@ -1,0 +1,203 @@
+import path from "node:path";
+
+/**
+ * The one typed config module. Every setting has an environment variable, a default and a
+ * description; `loadConfig` reads them once at start and nothing else reads `process.env`.
+ * The README's settings table is generated from `settings` (see `describeSettings`).
+ */
+
+interface Setting<T> {
+  env: string;
+  description: string;
+  /** Default as shown to users. */
+  defaultText: string;
+  parse(raw: string | undefined, env: Env): T;
+}
+
+type Env = Record<string, string | undefined>;
+
+class ConfigError extends Error {
+  override name = "ConfigError";
+}
+
+function integer(env: string, fallback: number, min: number, max = Number.MAX_SAFE_INTEGER) {
+  return (raw: string | undefined): number => {
+    if (raw === undefined || raw.trim() === "") return fallback;
+    const value = Number(raw);
+    if (!Number.isInteger(value) || value < min || value > max)
+      throw new ConfigError(`${env} must be an integer between ${min} and ${max}, got "${raw}"`);
+    return value;
+  };
+}
+
+function text(fallback: string) {
+  return (raw: string | undefined): string => (raw === undefined || raw.trim() === "" ? fallback : raw.trim());
+}
+
+function optionalText(raw: string | undefined): string | undefined {
+  return raw === undefined || raw.trim() === "" ? undefined : raw.trim();
+}
+
+const MB = 1024 * 1024;
+
+export const settings = {
+  port: {
+    env: "CONDUIT_PORT",
+    description: "TCP port the HTTP server listens on.",
+    defaultText: "8080",
+    parse: integer("CONDUIT_PORT", 8080, 0, 65535),
+  },
+  host: {
+    env: "CONDUIT_HOST",
+    description: "Address to bind. The default only accepts local connections; use `0.0.0.0` to expose it.",
+    defaultText: "127.0.0.1",
+    parse: text("127.0.0.1"),
+  },
+  dataDir: {
+    env: "CONDUIT_DATA_DIR",
+    description: "Directory for the embedded database, uploaded files, models and run artifacts.",
+    defaultText: "./data",
+    parse: (raw) => path.resolve(text("./data")(raw)),
+  },
+  databaseUrl: {
+    env: "DATABASE_URL",
+    description: "PostgreSQL connection string (`postgres://user@host:5432/db`). Unset: embedded SQLite in the data dir.",
+    defaultText: "unset (SQLite)",
+    parse: optionalText,
+  },
+  apiKeys: {
+    env: "CONDUIT_API_KEYS",
+    description: "API keys to create at start, as `key:user,key:user`. Keys are stored hashed.",
+    defaultText: "unset",
+    parse: (raw) => parseApiKeys(raw),
+  },
+  publicUrl: {
+    env: "CONDUIT_PUBLIC_URL",
+    description: "Base URL users reach the service at; used for `trackerURL` links.",
+    defaultText: "http://{host}:{port}",
+    parse: optionalText,
+  },
+  logLevel: {
+    env: "CONDUIT_LOG_LEVEL",
+    description: "Log level: fatal, error, warn, info, debug, trace or silent.",
+    defaultText: "info",
+    parse: (raw) => {
+      const level = text("info")(raw);
+      if (!["fatal", "error", "warn", "info", "debug", "trace", "silent"].includes(level))
+        throw new ConfigError(`CONDUIT_LOG_LEVEL must be one of fatal, error, warn, info, debug, trace, silent`);
+      return level;
+    },
+  },
+  bodyLimit: {
+    env: "CONDUIT_BODY_LIMIT",
+    description: "Largest JSON request body in bytes (uploads have their own limit).",
+    defaultText: "1048576 (1 MiB)",
+    parse: integer("CONDUIT_BODY_LIMIT", MB, 1024),
+  },
+  maxUploadBytes: {
+    env: "CONDUIT_MAX_UPLOAD_BYTES",
+    description: "Largest dataset file in bytes; a bigger upload is refused with 413.",
+    defaultText: "104857600 (100 MiB)",
+    parse: integer("CONDUIT_MAX_UPLOAD_BYTES", 100 * MB, 1),
+  },
+  modelsDir: {
+    env: "CONDUIT_MODELS_DIR",
+    description: "Directory of `*.gguf` models; each file is a model whose id is its name without `.gguf`.",
+    defaultText: "{data dir}/models",
+    parse: (raw, env) => path.resolve(raw?.trim() || path.join(settings.dataDir.parse(env.CONDUIT_DATA_DIR), "models")),
+  },
+  defaultModel: {
+    env: "CONDUIT_DEFAULT_MODEL",
+    description: "Model used when a request names none, and the default base model of fine-tuning runs.",
+    defaultText: "unset",
+    parse: optionalText,
+  },
+  threads: {
+    env: "CONDUIT_THREADS",
+    description:
+      "llama.cpp compute threads per model for generation. Measured on 2 cores: 1 beats 2 (see DESIGN.md).",
+    defaultText: "1",
+    parse: integer("CONDUIT_THREADS", 1, 1, 256),
+  },
+  contextSize: {
+    env: "CONDUIT_CONTEXT_SIZE",
+    description: "Context size (tokens) of each generation sequence, capped at the model's training context.",
+    defaultText: "2048",
+    parse: integer("CONDUIT_CONTEXT_SIZE", 2048, 64),
+  },
+  parallelSequences: {
+    env: "CONDUIT_PARALLEL",
+    description: "Generations that run at once per loaded model (batched sequences).",
+    defaultText: "4",
+    parse: integer("CONDUIT_PARALLEL", 4, 1, 64),
+  },
+  maxQueue: {
+    env: "CONDUIT_MAX_QUEUE",
+    description: "Generations that may wait for a free sequence; past it requests get 429 with Retry-After.",
+    defaultText: "32",
+    parse: integer("CONDUIT_MAX_QUEUE", 32, 0),
+  },
+  modelMemoryBudget: {
+    env: "CONDUIT_MODEL_MEMORY_BUDGET",
+    description: "Bytes of model files kept loaded; least recently used idle models are unloaded past it.",
+    defaultText: "8589934592 (8 GiB)",
+    parse: integer("CONDUIT_MODEL_MEMORY_BUDGET", 8 * 1024 * MB, 1),
+  },
+  trainConcurrency: {
+    env: "CONDUIT_TRAIN_CONCURRENCY",
+    description: "Fine-tuning runs trained at once by this process (0 = this process trains nothing).",
+    defaultText: "1",
+    parse: integer("CONDUIT_TRAIN_CONCURRENCY", 1, 0, 64),
+  },
+  trainThreads: {
+    env: "CONDUIT_TRAIN_THREADS",
+    description: "llama.cpp compute threads of each trainer process.",
+    defaultText: "1",
+    parse: integer("CONDUIT_TRAIN_THREADS", 1, 1, 256),
+  },
+} satisfies Record<string, Setting<unknown>>;
+
+export type Config = { [K in keyof typeof settings]: ReturnType<(typeof settings)[K]["parse"]> };
+
+export interface ApiKeySeed {
+  key: string;
+  userId: string;
+}
+
+function parseApiKeys(raw: string | undefined): ApiKeySeed[] {
+  if (raw === undefined || raw.trim() === "") return [];
+  return raw.split(",").map((entry) => {
+    const trimmed = entry.trim();
+    const colon = trimmed.lastIndexOf(":");
+    const key = colon > 0 ? trimmed.slice(0, colon) : "";
+    const userId = colon > 0 ? trimmed.slice(colon + 1) : "";
+    if (key.length < 8 || !/^[A-Za-z0-9._@-]{1,128}$/.test(userId))
+      throw new ConfigError(
+        "CONDUIT_API_KEYS must be `key:user,key:user` with keys of at least 8 characters and user ids of letters, digits, . _ @ -",
+      );
+    return { key, userId };
+  });
+}
+
+/** Reads every setting once. Throws a `ConfigError` naming the variable on a bad value. */
+export function loadConfig(env: Env = process.env): Config {
+  const config: Record<string, unknown> = {};
+  for (const [name, setting] of Object.entries(settings) as [string, Setting<unknown>][])
+    config[name] = setting.parse(env[setting.env], env);
+  return config as Config;
+}
+
+/** The effective config for the start-up log, secrets masked. */
+export function describeConfig(config: Config): Record<string, unknown> {
+  return {
+    ...config,
+    databaseUrl: config.databaseUrl?.replace(/\/\/([^:@/]+):[^@/]*@/, "//$1:***@"),
+    apiKeys: config.apiKeys.map((k) => `***:${k.userId}`),
+  };
+}
+
+export function publicUrl(config: Config): string {
+  if (config.publicUrl) return config.publicUrl.replace(/\/+$/, "");
+  const host = config.host === "0.0.0.0" || config.host === "::" ? "127.0.0.1" : config.host;
+  return `http://${host.includes(":") ? `[${host}]` : host}:${config.port}`;
+}

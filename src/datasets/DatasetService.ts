@@ -1,0 +1,147 @@
+import { Transform, type Readable } from "node:stream";
+import { ConduitError } from "../errors.ts";
+import type { BlobStore } from "../store/BlobStore.ts";
+import type { Dataset, DatasetFile, DatasetRepository, Page } from "../store/DatasetRepository.ts";
+import { newId } from "../store/ids.ts";
+import { countIoPairs, detectFormat, IoPairError, readIoPairs, type IoFormat, type IoPair } from "./ioPairs.ts";
+
+export interface UploadInput {
+  /** File name as the user gave it: metadata only, never part of a path. */
+  name: string;
+  source: Readable;
+  format?: IoFormat | undefined;
+}
+
+/** Datasets, their files and the IO pairs in them. */
+export class DatasetService {
+  constructor(
+    private readonly datasets: DatasetRepository,
+    private readonly blobs: BlobStore,
+    private readonly maxUploadBytes: number,
+  ) {}
+
+  create(userId: string, name: string): Promise<Dataset> {
+    return this.datasets.create(userId, name);
+  }
+
+  list(userId: string, page: Page): Promise<Dataset[]> {
+    return this.datasets.list(userId, page);
+  }
+
+  async get(userId: string, id: string): Promise<Dataset> {
+    const dataset = await this.datasets.get(userId, id);
+    if (!dataset) throw new ConduitError("not_found", `dataset ${id} not found`, { param: "dataset_id" });
+    return dataset;
+  }
+
+  /** Finds a dataset by id, else by name (the seed's run body uses either). */
+  async find(userId: string, ref: { id?: string | undefined; name?: string | undefined }): Promise<Dataset> {
+    const dataset = ref.id
+      ? await this.datasets.get(userId, ref.id)
+      : ref.name
+        ? await this.datasets.findByName(userId, ref.name)
+        : undefined;
+    if (!dataset)
+      throw new ConduitError(
+        "not_found",
+        ref.id ? `dataset ${ref.id} not found` : `no dataset named "${ref.name ?? ""}"`,
+        { param: ref.id ? "datasetID" : "datasetName" },
+      );
+    return dataset;
+  }
+
+  async rename(userId: string, id: string, name: string): Promise<void> {
+    if (!(await this.datasets.rename(userId, id, name)))
+      throw new ConduitError("not_found", `dataset ${id} not found`, { param: "dataset_id" });
+  }
+
+  async delete(userId: string, id: string): Promise<void> {
+    const blobs = await this.datasets.delete(userId, id);
+    if (!blobs) throw new ConduitError("not_found", `dataset ${id} not found`, { param: "dataset_id" });
+    await Promise.all(blobs.map((blob) => this.blobs.remove(blob)));
+  }
+
+  async listFiles(userId: string, datasetId: string, page: Page): Promise<DatasetFile[]> {
+    await this.get(userId, datasetId);
+    return this.datasets.listFiles(userId, datasetId, page);
+  }
+
+  async getFile(userId: string, datasetId: string, fileId: string): Promise<DatasetFile> {
+    const file = await this.datasets.getFile(userId, datasetId, fileId);
+    if (!file) throw new ConduitError("not_found", `file ${fileId} not found in dataset ${datasetId}`, { param: "file_id" });
+    return file;
+  }
+
+  /**
+   * Streams an upload to a temp file (never whole into memory), validates every pair, and
+   * only then stores it: a bad line is a 400 naming the line, and nothing is kept.
+   */
+  async upload(userId: string, datasetId: string, input: UploadInput): Promise<DatasetFile> {
+    await this.get(userId, datasetId);
+    const limit = this.maxUploadBytes;
+    let seen = 0;
+    const limiter = new Transform({
+      transform(chunk: Buffer, _encoding, callback) {
+        seen += chunk.length;
+        if (seen > limit)
+          callback(new ConduitError("payload_too_large", `the file is larger than the upload limit of ${limit} bytes`));
+        else callback(null, chunk);
+      },
+    });
+    input.source.on("error", (error) => limiter.destroy(error));
+    const { tempPath, size } = await this.blobs.writeTemp(input.source.pipe(limiter));
+    try {
+      // The multipart parser truncates rather than failing when a file hits its limit.
+      if ((input.source as Readable & { truncated?: boolean }).truncated)
+        throw new ConduitError("payload_too_large", `the file is larger than the upload limit of ${limit} bytes`);
+      if (size === 0) throw new ConduitError("invalid_file", "the file is empty", { param: "file" });
+      const format = input.format ?? (await detectFormat(tempPath, input.name));
+      let ioPairsCount: number;
+      try {
+        ioPairsCount = await countIoPairs(tempPath, format);
+      } catch (error) {
+        if (error instanceof IoPairError)
+          throw new ConduitError("invalid_file", `${input.name}: ${error.message}`, { param: "file" });
+        throw error;
+      }
+      if (ioPairsCount === 0) throw new ConduitError("invalid_file", `${input.name}: the file has no IO pairs`, { param: "file" });
+      const fileId = newId("file");
+      const blob = `files/${datasetId}/${fileId}`;
+      await this.blobs.commit(tempPath, blob);
+      const file = await this.datasets.addFile(userId, datasetId, { id: fileId, name: input.name, size, format, ioPairsCount, blob });
+      if (!file) {
+        await this.blobs.remove(blob);
+        throw new ConduitError("not_found", `dataset ${datasetId} not found`, { param: "dataset_id" });
+      }
+      return file;
+    } finally {
+      await this.blobs.discard(tempPath);
+    }
+  }
+
+  async deleteFile(userId: string, datasetId: string, fileId: string): Promise<void> {
+    await this.get(userId, datasetId);
+    const blob = await this.datasets.deleteFile(userId, datasetId, fileId);
+    if (!blob) throw new ConduitError("not_found", `file ${fileId} not found in dataset ${datasetId}`, { param: "file_id" });
+    await this.blobs.remove(blob);
+  }
+
+  /** Pairs of one file, for previews (`offset`/`limit` count pairs). */
+  async previewFile(userId: string, datasetId: string, fileId: string, page: Page): Promise<IoPair[]> {
+    const file = await this.getFile(userId, datasetId, fileId);
+    const pairs: IoPair[] = [];
+    let index = 0;
+    for await (const pair of readIoPairs(this.blobs.pathOf(file.blob), file.format as IoFormat)) {
+      if (index++ < page.offset) continue;
+      pairs.push(pair);
+      if (pairs.length >= page.limit) break;
+    }
+    return pairs;
+  }
+
+  /** Every pair of a dataset, file by file in upload order (training input). */
+  async *pairs(userId: string, datasetId: string): AsyncGenerator<IoPair> {
+    for (const file of await this.datasets.allFiles(userId, datasetId))
+      yield* readIoPairs(this.blobs.pathOf(file.blob), file.format as IoFormat);
+  }
+}

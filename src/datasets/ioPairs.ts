@@ -1,0 +1,183 @@
+import fs from "node:fs";
+import fsp from "node:fs/promises";
+import readline from "node:readline";
+import { parse as parseCsv } from "csv-parse";
+
+/**
+ * IO-pair files: JSONL (one object a line), a JSON array of objects, or CSV with a header.
+ * Objects carry `input`/`output` (or `prompt`/`completion`); CSV has `input,output` (or
+ * `prompt,completion`) columns. Files are read as streams, so validation and training never
+ * hold a whole JSONL or CSV file in memory (a JSON array is parsed whole; prefer JSONL for
+ * big files).
+ */
+export type IoFormat = "jsonl" | "json" | "csv";
+export const ioFormats: readonly IoFormat[] = ["jsonl", "json", "csv"];
+
+export interface IoPair {
+  input: string;
+  output: string;
+  /** 1-based line of the pair in its file. */
+  line: number;
+}
+
+/** A bad pair or a syntax error, with the line it is on. */
+export class IoPairError extends Error {
+  constructor(
+    readonly line: number,
+    readonly reason: string,
+  ) {
+    super(`line ${line}: ${reason}`);
+    this.name = "IoPairError";
+  }
+}
+
+/** Picks the format from the file name's extension, else from the first non-blank byte. */
+export async function detectFormat(filePath: string, name: string): Promise<IoFormat> {
+  const ext = name.toLowerCase().match(/\.(jsonl|ndjson|json|csv)$/)?.[1];
+  if (ext === "jsonl" || ext === "ndjson") return "jsonl";
+  if (ext === "json" || ext === "csv") return ext;
+  const handle = await fsp.open(filePath, "r");
+  try {
+    const { buffer, bytesRead } = await handle.read(Buffer.alloc(4096), 0, 4096, 0);
+    const first = buffer.subarray(0, bytesRead).toString("utf8").replace(/^\uFEFF/, "").trimStart()[0];
+    return first === "[" ? "json" : first === "{" ? "jsonl" : "csv";
+  } finally {
+    await handle.close();
+  }
+}
+
+function field(record: Record<string, unknown>, names: [string, string], line: number): string {
+  const [name, alias] = names;
+  const value = record[name] ?? record[alias];
+  if (value === undefined || value === null)
+    throw new IoPairError(line, `missing "${name}" (or "${alias}")`);
+  if (typeof value !== "string") throw new IoPairError(line, `"${name}" must be a string, got ${typeof value}`);
+  if (value.length === 0) throw new IoPairError(line, `"${name}" is empty`);
+  return value;
+}
+
+function toPair(value: unknown, line: number): IoPair {
+  if (typeof value !== "object" || value === null || Array.isArray(value))
+    throw new IoPairError(line, "expected an object with \"input\" and \"output\"");
+  const record = value as Record<string, unknown>;
+  return {
+    input: field(record, ["input", "prompt"], line),
+    output: field(record, ["output", "completion"], line),
+    line,
+  };
+}
+
+async function* readJsonl(filePath: string): AsyncGenerator<IoPair> {
+  const lines = readline.createInterface({ input: fs.createReadStream(filePath, "utf8"), crlfDelay: Infinity });
+  let line = 0;
+  for await (const text of lines) {
+    line++;
+    const trimmed = (line === 1 ? text.replace(/^\uFEFF/, "") : text).trim();
+    if (trimmed === "") continue;
+    let value: unknown;
+    try {
+      value = JSON.parse(trimmed);
+    } catch (error) {
+      throw new IoPairError(line, `invalid JSON (${(error as Error).message})`);
+    }
+    yield toPair(value, line);
+  }
+}
+
+/** Offsets where the top-level array's items start, so item errors can name a line. */
+function itemOffsets(text: string): number[] {
+  const offsets: number[] = [];
+  let depth = 0;
+  let inString = false;
+  let expectItem = false;
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i];
+    if (inString) {
+      if (c === "\\") i++;
+      else if (c === '"') inString = false;
+      continue;
+    }
+    if (expectItem && c !== " " && c !== "\n" && c !== "\r" && c !== "\t") {
+      expectItem = false;
+      if (c !== "]") offsets.push(i);
+    }
+    if (c === '"') inString = true;
+    else if (c === "[" || c === "{") {
+      depth++;
+      if (depth === 1 && c === "[") expectItem = true;
+    } else if (c === "]" || c === "}") depth--;
+    else if (c === "," && depth === 1) expectItem = true;
+  }
+  return offsets;
+}
+
+function countNewlines(text: string, from: number, to: number): number {
+  let count = 0;
+  for (let i = from; i < to && i < text.length; i++) if (text.charCodeAt(i) === 10) count++;
+  return count;
+}
+
+async function* readJsonArray(filePath: string): AsyncGenerator<IoPair> {
+  const text = (await fsp.readFile(filePath, "utf8")).replace(/^\uFEFF/, "");
+  let value: unknown;
+  try {
+    value = JSON.parse(text);
+  } catch (error) {
+    const message = (error as Error).message;
+    const position = Number(message.match(/position (\d+)/)?.[1] ?? NaN);
+    throw new IoPairError(Number.isNaN(position) ? 1 : 1 + countNewlines(text, 0, position), `invalid JSON (${message})`);
+  }
+  if (!Array.isArray(value)) throw new IoPairError(1, "a .json file must hold an array of {\"input\",\"output\"} objects");
+  const offsets = itemOffsets(text);
+  let line = 1;
+  let lastOffset = 0;
+  for (const [index, item] of value.entries()) {
+    const offset = offsets[index] ?? lastOffset;
+    line += countNewlines(text, lastOffset, offset);
+    lastOffset = offset;
+    yield toPair(item, line);
+  }
+}
+
+async function* readCsv(filePath: string): AsyncGenerator<IoPair> {
+  const parser = fs.createReadStream(filePath).pipe(
+    parseCsv({ bom: true, columns: true, skip_empty_lines: true, info: true, relax_quotes: false }),
+  );
+  let checkedHeader = false;
+  try {
+    for await (const { record, info } of parser as AsyncIterable<{ record: Record<string, string>; info: { lines: number } }>) {
+      if (!checkedHeader) {
+        checkedHeader = true;
+        const columns = Object.keys(record);
+        const hasPairs =
+          (columns.includes("input") || columns.includes("prompt")) &&
+          (columns.includes("output") || columns.includes("completion"));
+        if (!hasPairs) throw new IoPairError(1, 'the CSV header must have "input" and "output" columns');
+      }
+      yield toPair(record, info.lines);
+    }
+  } catch (error) {
+    if (error instanceof IoPairError) throw error;
+    const csvError = error as Error & { lines?: number };
+    throw new IoPairError(csvError.lines ?? 1, `invalid CSV (${csvError.message})`);
+  }
+}
+
+/** Streams the pairs of a stored file, validating each; throws `IoPairError` at the first bad one. */
+export function readIoPairs(filePath: string, format: IoFormat): AsyncGenerator<IoPair> {
+  switch (format) {
+    case "jsonl":
+      return readJsonl(filePath);
+    case "json":
+      return readJsonArray(filePath);
+    case "csv":
+      return readCsv(filePath);
+  }
+}
+
+/** Validates a whole file and counts its pairs. */
+export async function countIoPairs(filePath: string, format: IoFormat): Promise<number> {
+  let count = 0;
+  for await (const _pair of readIoPairs(filePath, format)) count++;
+  return count;
+}

@@ -1,0 +1,337 @@
+import type { Kysely } from "kysely";
+import type { Dialect } from "./database.ts";
+import type { Page } from "./DatasetRepository.ts";
+import type { Database, RunTable } from "./schema.ts";
+import { timestamp } from "./time.ts";
+
+/**
+ * Run states. QUEUED → RUNNING → READY | FAILED | CANCELLED; QUEUED → CANCELLED; a RUNNING run
+ * whose worker stopped heartbeating goes back to QUEUED (or FAILED after `maxAttempts`).
+ */
+export const runStatuses = ["QUEUED", "RUNNING", "READY", "FAILED", "CANCELLED"] as const;
+export type RunStatus = (typeof runStatuses)[number];
+export const activeStatuses: readonly RunStatus[] = ["QUEUED", "RUNNING"];
+
+export interface Run {
+  id: string;
+  userId: string;
+  datasetId: string;
+  datasetName: string;
+  name: string;
+  ioPairsCount: number;
+  status: RunStatus;
+  trackerUrl: string;
+  config: Record<string, unknown>;
+  stats: Record<string, unknown>;
+  logs: string[];
+  error: string | null;
+  modelPath: string | null;
+  attempts: number;
+  createdAt: string;
+  updatedAt: string;
+}
+
+export interface NewRun {
+  id: string;
+  userId: string;
+  datasetId: string;
+  datasetName: string;
+  name: string;
+  ioPairsCount: number;
+  trackerUrl: string;
+  config: Record<string, unknown>;
+}
+
+function toRun(row: RunTable, logs: string[]): Run {
+  return {
+    id: row.id,
+    userId: row.user_id,
+    datasetId: row.dataset_id,
+    datasetName: row.dataset_name,
+    name: row.name,
+    ioPairsCount: row.io_pairs_count,
+    status: row.status as RunStatus,
+    trackerUrl: row.tracker_url,
+    config: JSON.parse(row.config) as Record<string, unknown>,
+    stats: JSON.parse(row.stats) as Record<string, unknown>,
+    logs,
+    error: row.error,
+    modelPath: row.model_path,
+    attempts: row.attempts,
+    createdAt: row.created_at,
+    updatedAt: row.updated_at,
+  };
+}
+
+function later(ms: number): string {
+  return timestamp(new Date(Date.now() + ms));
+}
+
+/**
+ * Fine-tuning runs. The runs table is also the job queue: a worker claims the oldest QUEUED
+ * run with a lease it renews by heartbeat (`FOR UPDATE SKIP LOCKED` on PostgreSQL, so many
+ * workers can share one database). Every user-facing method takes the owner.
+ */
+export class RunRepository {
+  constructor(
+    private readonly db: Kysely<Database>,
+    private readonly dialect: Dialect,
+  ) {}
+
+  async create(run: NewRun): Promise<Run> {
+    const now = timestamp();
+    const row: RunTable = {
+      id: run.id,
+      user_id: run.userId,
+      dataset_id: run.datasetId,
+      dataset_name: run.datasetName,
+      name: run.name,
+      io_pairs_count: run.ioPairsCount,
+      status: "QUEUED",
+      tracker_url: run.trackerUrl,
+      config: JSON.stringify(run.config),
+      stats: "{}",
+      error: null,
+      model_path: null,
+      lease_owner: null,
+      lease_expires_at: null,
+      attempts: 0,
+      created_at: now,
+      updated_at: now,
+    };
+    await this.db.transaction().execute(async (tx) => {
+      await tx.insertInto("runs").values(row).execute();
+      await tx.insertInto("run_logs").values({ run_id: row.id, seq: 0, line: `${now} run queued`, created_at: now }).execute();
+    });
+    return toRun(row, [`${now} run queued`]);
+  }
+
+  async get(userId: string, id: string): Promise<Run | undefined> {
+    const row = await this.db
+      .selectFrom("runs")
+      .selectAll()
+      .where("id", "=", id)
+      .where("user_id", "=", userId)
+      .executeTakeFirst();
+    return row && toRun(row, await this.logsOf([row.id]).then((m) => m.get(row.id) ?? []));
+  }
+
+  /** For workers: a run by id regardless of owner. */
+  async getById(id: string): Promise<Run | undefined> {
+    const row = await this.db.selectFrom("runs").selectAll().where("id", "=", id).executeTakeFirst();
+    return row && toRun(row, await this.logsOf([row.id]).then((m) => m.get(row.id) ?? []));
+  }
+
+  async list(userId: string, page: Page): Promise<Run[]> {
+    const rows = await this.db
+      .selectFrom("runs")
+      .selectAll()
+      .where("user_id", "=", userId)
+      .orderBy("created_at", "desc")
+      .orderBy("id", "desc")
+      .limit(page.limit)
+      .offset(page.offset)
+      .execute();
+    const logs = await this.logsOf(rows.map((r) => r.id));
+    return rows.map((row) => toRun(row, logs.get(row.id) ?? []));
+  }
+
+  private async logsOf(runIds: string[]): Promise<Map<string, string[]>> {
+    const logs = new Map<string, string[]>();
+    if (runIds.length === 0) return logs;
+    const rows = await this.db
+      .selectFrom("run_logs")
+      .select(["run_id", "line"])
+      .where("run_id", "in", runIds)
+      .orderBy("run_id")
+      .orderBy("seq")
+      .execute();
+    for (const row of rows) {
+      const list = logs.get(row.run_id) ?? [];
+      list.push(row.line);
+      logs.set(row.run_id, list);
+    }
+    return logs;
+  }
+
+  /** Log lines after `afterSeq` (for live streams), with their sequence numbers. */
+  async logsSince(runId: string, afterSeq: number): Promise<{ seq: number; line: string }[]> {
+    return this.db
+      .selectFrom("run_logs")
+      .select(["seq", "line"])
+      .where("run_id", "=", runId)
+      .where("seq", ">", afterSeq)
+      .orderBy("seq")
+      .execute();
+  }
+
+  /** Appends a timestamped log line and touches `updatedAt`. */
+  async appendLog(runId: string, message: string): Promise<string> {
+    const now = timestamp();
+    const line = `${now} ${message}`;
+    await this.db.transaction().execute(async (tx) => {
+      const last = await tx
+        .selectFrom("run_logs")
+        .select((eb) => eb.fn.max("seq").as("seq"))
+        .where("run_id", "=", runId)
+        .executeTakeFirst();
+      const seq = Number(last?.seq ?? -1) + 1;
+      await tx.insertInto("run_logs").values({ run_id: runId, seq, line, created_at: now }).execute();
+      await tx.updateTable("runs").set({ updated_at: now }).where("id", "=", runId).execute();
+    });
+    return line;
+  }
+
+  /**
+   * Moves a QUEUED or RUNNING run to CANCELLED. Returns the status it had, or undefined if the
+   * user has no such run. A run in another state is left alone (the caller answers 409).
+   */
+  async cancel(userId: string, id: string): Promise<RunStatus | undefined> {
+    const run = await this.db
+      .selectFrom("runs")
+      .select("status")
+      .where("id", "=", id)
+      .where("user_id", "=", userId)
+      .executeTakeFirst();
+    if (!run) return undefined;
+    const result = await this.db
+      .updateTable("runs")
+      .set({ status: "CANCELLED", lease_owner: null, lease_expires_at: null, updated_at: timestamp() })
+      .where("id", "=", id)
+      .where("status", "in", activeStatuses)
+      .executeTakeFirst();
+    if (Number(result.numUpdatedRows) > 0) await this.appendLog(id, `run cancelled by the user (was ${run.status})`);
+    return run.status as RunStatus;
+  }
+
+  async delete(userId: string, id: string): Promise<boolean> {
+    return this.db.transaction().execute(async (tx) => {
+      await tx.deleteFrom("run_logs").where("run_id", "in", (eb) =>
+        eb.selectFrom("runs").select("id").where("id", "=", id).where("user_id", "=", userId),
+      ).execute();
+      const result = await tx.deleteFrom("runs").where("id", "=", id).where("user_id", "=", userId).executeTakeFirst();
+      return Number(result.numDeletedRows) > 0;
+    });
+  }
+
+  /** Claims the oldest QUEUED run for `owner` with a lease of `leaseMs`; undefined if none. */
+  async claimNext(owner: string, leaseMs: number): Promise<Run | undefined> {
+    const id = await this.db.transaction().execute(async (tx) => {
+      let query = tx
+        .selectFrom("runs")
+        .select("id")
+        .where("status", "=", "QUEUED")
+        .orderBy("created_at")
+        .orderBy("id")
+        .limit(1);
+      if (this.dialect === "postgres") query = query.forUpdate().skipLocked();
+      const next = await query.executeTakeFirst();
+      if (!next) return undefined;
+      const result = await tx
+        .updateTable("runs")
+        .set((eb) => ({
+          status: "RUNNING",
+          lease_owner: owner,
+          lease_expires_at: later(leaseMs),
+          attempts: eb("attempts", "+", 1),
+          updated_at: timestamp(),
+        }))
+        .where("id", "=", next.id)
+        .where("status", "=", "QUEUED")
+        .executeTakeFirst();
+      return Number(result.numUpdatedRows) > 0 ? next.id : undefined;
+    });
+    return id === undefined ? undefined : this.getById(id);
+  }
+
+  /** Renews the lease; false when the run is no longer this worker's RUNNING run (e.g. cancelled). */
+  async heartbeat(id: string, owner: string, leaseMs: number): Promise<boolean> {
+    const result = await this.db
+      .updateTable("runs")
+      .set({ lease_expires_at: later(leaseMs) })
+      .where("id", "=", id)
+      .where("status", "=", "RUNNING")
+      .where("lease_owner", "=", owner)
+      .executeTakeFirst();
+    return Number(result.numUpdatedRows) > 0;
+  }
+
+  /** Stores the latest stats of a run this worker holds; false if it no longer holds it. */
+  async updateStats(id: string, owner: string, stats: Record<string, unknown>): Promise<boolean> {
+    const result = await this.db
+      .updateTable("runs")
+      .set({ stats: JSON.stringify(stats), updated_at: timestamp() })
+      .where("id", "=", id)
+      .where("status", "=", "RUNNING")
+      .where("lease_owner", "=", owner)
+      .executeTakeFirst();
+    return Number(result.numUpdatedRows) > 0;
+  }
+
+  /** Ends a RUNNING run this worker holds; false if it was cancelled or taken meanwhile. */
+  async finish(
+    id: string,
+    owner: string,
+    outcome: { status: "READY" | "FAILED" | "CANCELLED"; modelPath?: string; error?: string },
+  ): Promise<boolean> {
+    const result = await this.db
+      .updateTable("runs")
+      .set({
+        status: outcome.status,
+        model_path: outcome.modelPath ?? null,
+        error: outcome.error ?? null,
+        lease_owner: null,
+        lease_expires_at: null,
+        updated_at: timestamp(),
+      })
+      .where("id", "=", id)
+      .where("status", "=", "RUNNING")
+      .where("lease_owner", "=", owner)
+      .executeTakeFirst();
+    return Number(result.numUpdatedRows) > 0;
+  }
+
+  /**
+   * Crash recovery: RUNNING runs whose lease has expired (their worker died) go back to QUEUED,
+   * or to FAILED once they have been started `maxAttempts` times. Returns the affected ids.
+   */
+  async recoverExpired(maxAttempts: number): Promise<{ requeued: string[]; failed: string[] }> {
+    const now = timestamp();
+    const expired = await this.db
+      .selectFrom("runs")
+      .select(["id", "attempts"])
+      .where("status", "=", "RUNNING")
+      .where((eb) => eb.or([eb("lease_expires_at", "is", null), eb("lease_expires_at", "<", now)]))
+      .execute();
+    const requeued: string[] = [];
+    const failed: string[] = [];
+    for (const run of expired) {
+      const fail = run.attempts >= maxAttempts;
+      const result = await this.db
+        .updateTable("runs")
+        .set({
+          status: fail ? "FAILED" : "QUEUED",
+          error: fail ? "the trainer stopped without finishing too many times" : null,
+          lease_owner: null,
+          lease_expires_at: null,
+          updated_at: now,
+        })
+        .where("id", "=", run.id)
+        .where("status", "=", "RUNNING")
+        .where((eb) => eb.or([eb("lease_expires_at", "is", null), eb("lease_expires_at", "<", now)]))
+        .executeTakeFirst();
+      if (Number(result.numUpdatedRows) === 0) continue;
+      if (fail) {
+        failed.push(run.id);
+        await this.appendLog(
+          run.id,
+          `run failed: its trainer stopped without finishing ${run.attempts} times (server crash or restart)`,
+        );
+      } else {
+        requeued.push(run.id);
+        await this.appendLog(run.id, "run re-queued: the server stopped while it was training; it starts again from the base model");
+      }
+    }
+    return { requeued, failed };
+  }
+}

@@ -1,0 +1,87 @@
+import type { Kysely, Migration, MigrationProvider } from "kysely";
+
+/**
+ * Numbered migrations, run before the server listens. Written with Kysely's schema builder so
+ * the same code creates the schema on SQLite and PostgreSQL. Never edit a released migration:
+ * add the next number.
+ */
+const migrations: Record<string, Migration> = {
+  "0001_initial": {
+    async up(db: Kysely<unknown>) {
+      await db.schema
+        .createTable("api_keys")
+        .addColumn("id", "text", (c) => c.primaryKey())
+        .addColumn("user_id", "text", (c) => c.notNull())
+        .addColumn("name", "text", (c) => c.notNull())
+        .addColumn("prefix", "text", (c) => c.notNull())
+        .addColumn("hash", "text", (c) => c.notNull().unique())
+        .addColumn("created_at", "text", (c) => c.notNull())
+        .addColumn("last_used_at", "text")
+        .execute();
+
+      await db.schema
+        .createTable("datasets")
+        .addColumn("id", "text", (c) => c.primaryKey())
+        .addColumn("user_id", "text", (c) => c.notNull())
+        .addColumn("name", "text", (c) => c.notNull())
+        .addColumn("io_pairs_count", "integer", (c) => c.notNull().defaultTo(0))
+        .addColumn("status", "text", (c) => c.notNull())
+        .addColumn("created_at", "text", (c) => c.notNull())
+        .addColumn("updated_at", "text", (c) => c.notNull())
+        .execute();
+      await db.schema.createIndex("datasets_user").on("datasets").columns(["user_id", "created_at"]).execute();
+
+      await db.schema
+        .createTable("files")
+        .addColumn("id", "text", (c) => c.primaryKey())
+        .addColumn("dataset_id", "text", (c) => c.notNull().references("datasets.id").onDelete("cascade"))
+        .addColumn("user_id", "text", (c) => c.notNull())
+        .addColumn("name", "text", (c) => c.notNull())
+        .addColumn("size", "bigint", (c) => c.notNull())
+        .addColumn("type", "text", (c) => c.notNull())
+        .addColumn("format", "text", (c) => c.notNull())
+        .addColumn("io_pairs_count", "integer", (c) => c.notNull())
+        .addColumn("blob", "text", (c) => c.notNull())
+        .addColumn("created_at", "text", (c) => c.notNull())
+        .addColumn("updated_at", "text", (c) => c.notNull())
+        .execute();
+      await db.schema.createIndex("files_dataset").on("files").columns(["dataset_id", "created_at"]).execute();
+
+      await db.schema
+        .createTable("runs")
+        .addColumn("id", "text", (c) => c.primaryKey())
+        .addColumn("user_id", "text", (c) => c.notNull())
+        .addColumn("dataset_id", "text", (c) => c.notNull())
+        .addColumn("dataset_name", "text", (c) => c.notNull())
+        .addColumn("name", "text", (c) => c.notNull())
+        .addColumn("io_pairs_count", "integer", (c) => c.notNull())
+        .addColumn("status", "text", (c) => c.notNull())
+        .addColumn("tracker_url", "text", (c) => c.notNull())
+        .addColumn("config", "text", (c) => c.notNull())
+        .addColumn("stats", "text", (c) => c.notNull())
+        .addColumn("error", "text")
+        .addColumn("model_path", "text")
+        .addColumn("lease_owner", "text")
+        .addColumn("lease_expires_at", "text")
+        .addColumn("attempts", "integer", (c) => c.notNull().defaultTo(0))
+        .addColumn("created_at", "text", (c) => c.notNull())
+        .addColumn("updated_at", "text", (c) => c.notNull())
+        .execute();
+      await db.schema.createIndex("runs_user").on("runs").columns(["user_id", "created_at"]).execute();
+      await db.schema.createIndex("runs_status").on("runs").columns(["status", "created_at"]).execute();
+
+      await db.schema
+        .createTable("run_logs")
+        .addColumn("run_id", "text", (c) => c.notNull().references("runs.id").onDelete("cascade"))
+        .addColumn("seq", "integer", (c) => c.notNull())
+        .addColumn("line", "text", (c) => c.notNull())
+        .addColumn("created_at", "text", (c) => c.notNull())
+        .addPrimaryKeyConstraint("run_logs_pk", ["run_id", "seq"])
+        .execute();
+    },
+  },
+};
+
+export const migrationProvider: MigrationProvider = {
+  getMigrations: async () => migrations,
+};

@@ -1,0 +1,253 @@
+import assert from "node:assert/strict";
+import { describe, test } from "node:test";
+import { asAlice, asBob, backends, build, KEY_A } from "./helper.ts";
+
+const jsonl = '{"input":"hi","output":"hello"}\n{"input":"bye","output":"goodbye"}\n';
+
+for (const backend of backends()) {
+  describe(`datasets (${backend})`, () => {
+    test("create, read, list, rename, delete", async (t) => {
+      const { app } = await build(t, backend);
+      const created = await app.inject({ method: "POST", url: "/conduit/dataset", headers: asAlice, payload: { name: "greetings" } });
+      assert.equal(created.statusCode, 200);
+      const dataset = created.json();
+      assert.match(dataset.id, /^ds_/);
+      assert.equal(dataset.userId, "alice");
+      assert.equal(dataset.name, "greetings");
+      assert.equal(dataset.ioPairsCount, 0);
+      assert.equal(dataset.status, "READY");
+      assert.match(dataset.createdAt, /^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}$/);
+      assert.equal(dataset.createdAt, dataset.updatedAt);
+
+      const read = await app.inject({ url: `/conduit/dataset/${dataset.id}`, headers: asAlice });
+      assert.deepEqual(read.json(), dataset);
+
+      const renamed = await app.inject({
+        method: "PATCH",
+        url: `/conduit/dataset/${dataset.id}`,
+        headers: { authorization: `Token ${KEY_A}` },
+        payload: { name: "salutations" },
+      });
+      assert.equal(renamed.statusCode, 200);
+      assert.deepEqual(renamed.json(), { message: "SUCCESS" });
+
+      const list = await app.inject({ url: "/conduit/dataset", headers: asAlice });
+      assert.equal(list.statusCode, 200);
+      assert.equal(list.json().length, 1);
+      assert.equal(list.json()[0].name, "salutations");
+
+      const deleted = await app.inject({ method: "DELETE", url: `/conduit/dataset/${dataset.id}`, headers: asAlice });
+      assert.deepEqual(deleted.json(), { message: "SUCCESS" });
+      const gone = await app.inject({ url: `/conduit/dataset/${dataset.id}`, headers: asAlice });
+      assert.equal(gone.statusCode, 404);
+      assert.equal(gone.json().error.code, "not_found");
+    });
+
+    test("lists page with limit and offset, newest first", async (t) => {
+      const { app } = await build(t, backend);
+      for (const name of ["a", "b", "c"])
+        await app.inject({ method: "POST", url: "/conduit/dataset", headers: asAlice, payload: { name } });
+      const page1 = await app.inject({ url: "/conduit/dataset?limit=2", headers: asAlice });
+      assert.deepEqual(page1.json().map((d: { name: string }) => d.name), ["c", "b"]);
+      const page2 = await app.inject({ url: "/conduit/dataset?limit=2&offset=2", headers: asAlice });
+      assert.deepEqual(page2.json().map((d: { name: string }) => d.name), ["a"]);
+      const bad = await app.inject({ url: "/conduit/dataset?limit=0", headers: asAlice });
+      assert.equal(bad.statusCode, 400);
+      assert.equal(bad.json().error.param, "limit");
+      const unknown = await app.inject({ url: "/conduit/dataset?page=2", headers: asAlice });
+      assert.equal(unknown.statusCode, 400);
+    });
+
+    test("bad bodies are 4xx naming the field", async (t) => {
+      const { app } = await build(t, backend);
+      const cases: { payload: string; contentType?: string; status: number; param?: string | null; code?: string }[] = [
+        { payload: "{}", status: 400, param: "name" },
+        { payload: '{"name":""}', status: 400, param: "name" },
+        { payload: '{"name":42}', status: 400, param: "name" },
+        { payload: '{"name":"x","color":"red"}', status: 400, param: "color" },
+        { payload: '{"name":', status: 400, code: "invalid_json" },
+        { payload: "[1,2]", status: 400, param: null },
+        { payload: "name=x", contentType: "application/x-www-form-urlencoded", status: 415, code: "unsupported_media_type" },
+        { payload: JSON.stringify({ name: "x".repeat(2_000_000) }), status: 413, code: "payload_too_large" },
+      ];
+      for (const c of cases) {
+        const res = await app.inject({
+          method: "POST",
+          url: "/conduit/dataset",
+          headers: { ...asAlice, "content-type": c.contentType ?? "application/json" },
+          payload: c.payload,
+        });
+        assert.equal(res.statusCode, c.status, `${c.payload.slice(0, 40)} → ${res.body}`);
+        const body = res.json();
+        assert.equal(typeof body.error.message, "string");
+        if (c.param !== undefined) assert.equal(body.error.param, c.param, res.body);
+        if (c.code) assert.equal(body.error.code, c.code);
+      }
+      const badRename = await app.inject({
+        method: "PATCH",
+        url: "/conduit/dataset/ds_nope",
+        headers: asAlice,
+        payload: { name: "" },
+      });
+      assert.equal(badRename.statusCode, 400);
+    });
+
+    test("upload JSONL, JSON, CSV, ioPairs, raw and multipart; counts pairs", async (t) => {
+      const { app } = await build(t, backend);
+      const ds = (await app.inject({ method: "POST", url: "/conduit/dataset", headers: asAlice, payload: { name: "d" } })).json();
+      const url = `/conduit/dataset/${ds.id}/upload`;
+
+      const a = await app.inject({ method: "POST", url, headers: asAlice, payload: { name: "a.jsonl", content: jsonl } });
+      assert.equal(a.statusCode, 200, a.body);
+      const file = a.json();
+      assert.match(file.id, /^file_/);
+      assert.equal(file.datasetId, ds.id);
+      assert.equal(file.datasetID, ds.id);
+      assert.equal(file.name, "a.jsonl");
+      assert.equal(file.size, Buffer.byteLength(jsonl));
+      assert.equal(file.type, "IO");
+      assert.equal(file.format, "jsonl");
+      assert.equal(file.ioPairsCount, 2);
+
+      const json = JSON.stringify([{ prompt: "p1", completion: "c1" }, { input: "i2", output: "o2" }, { input: "i3", output: "o3" }]);
+      const b = await app.inject({ method: "POST", url, headers: asAlice, payload: { name: "b.json", content: json } });
+      assert.equal(b.json().format, "json");
+      assert.equal(b.json().ioPairsCount, 3);
+
+      const csv = 'input,output\n"a, with comma","x"\nb,"multi\nline"\n';
+      const c = await app.inject({ method: "POST", url, headers: asAlice, payload: { name: "c.csv", content: csv } });
+      assert.equal(c.statusCode, 200, c.body);
+      assert.equal(c.json().ioPairsCount, 2);
+
+      const d = await app.inject({
+        method: "POST",
+        url,
+        headers: asAlice,
+        payload: { name: "direct", ioPairs: [{ input: "x", output: "y" }] },
+      });
+      assert.equal(d.json().ioPairsCount, 1);
+
+      const raw = await app.inject({
+        method: "POST",
+        url: `${url}?name=raw.jsonl`,
+        headers: { ...asAlice, "content-type": "application/jsonl" },
+        payload: jsonl,
+      });
+      assert.equal(raw.statusCode, 200, raw.body);
+      assert.equal(raw.json().name, "raw.jsonl");
+
+      const boundary = "----conduit";
+      const multipartBody =
+        `--${boundary}\r\nContent-Disposition: form-data; name="name"\r\n\r\nfrom-form.jsonl\r\n` +
+        `--${boundary}\r\nContent-Disposition: form-data; name="file"; filename="../../etc/passwd"\r\nContent-Type: application/octet-stream\r\n\r\n${jsonl}\r\n--${boundary}--\r\n`;
+      const m = await app.inject({
+        method: "POST",
+        url,
+        headers: { ...asAlice, "content-type": `multipart/form-data; boundary=${boundary}` },
+        payload: multipartBody,
+      });
+      assert.equal(m.statusCode, 200, m.body);
+      assert.equal(m.json().name, "from-form.jsonl");
+      assert.equal(m.json().ioPairsCount, 2);
+
+      const m2 = await app.inject({
+        method: "POST",
+        url,
+        headers: { ...asAlice, "content-type": `multipart/form-data; boundary=${boundary}` },
+        payload: `--${boundary}\r\nContent-Disposition: form-data; name="file"; filename="../../x.jsonl"\r\n\r\n${jsonl}\r\n--${boundary}--\r\n`,
+      });
+      assert.equal(m2.statusCode, 200, m2.body);
+      assert.equal(m2.json().name, "x.jsonl", "directories are stripped; the name is metadata only");
+
+      const dataset = (await app.inject({ url: `/conduit/dataset/${ds.id}`, headers: asAlice })).json();
+      assert.equal(dataset.ioPairsCount, 2 + 3 + 2 + 1 + 2 + 2 + 2);
+
+      const files = await app.inject({ url: `/conduit/dataset/${ds.id}/files`, headers: asAlice });
+      assert.equal(files.json().length, 7);
+
+      const preview = await app.inject({ url: `/conduit/dataset/${ds.id}/file/${c.json().id}/pairs`, headers: asAlice });
+      assert.deepEqual(preview.json(), [
+        { input: "a, with comma", output: "x", line: 2 },
+        { input: "b", output: "multi\nline", line: 4 },
+      ]);
+
+      const del = await app.inject({ method: "DELETE", url: `/conduit/dataset/${ds.id}/file/${b.json().id}`, headers: asAlice });
+      assert.deepEqual(del.json(), { message: "SUCCESS" });
+      const after = (await app.inject({ url: `/conduit/dataset/${ds.id}`, headers: asAlice })).json();
+      assert.equal(after.ioPairsCount, dataset.ioPairsCount - 3);
+      const again = await app.inject({ method: "DELETE", url: `/conduit/dataset/${ds.id}/file/${b.json().id}`, headers: asAlice });
+      assert.equal(again.statusCode, 404);
+    });
+
+    test("bad files are 400 naming the line, and nothing is stored", async (t) => {
+      const { app } = await build(t, backend);
+      const ds = (await app.inject({ method: "POST", url: "/conduit/dataset", headers: asAlice, payload: { name: "d" } })).json();
+      const url = `/conduit/dataset/${ds.id}/upload`;
+      const cases: [string, string, RegExp][] = [
+        ["a.jsonl", '{"input":"a","output":"b"}\n{"input":"a"}\n', /line 2: missing "output"/],
+        ["a.jsonl", '{"input":"a","output":"b"}\n\n{"input":"a","output":5}\n', /line 3: "output" must be a string/],
+        ["a.jsonl", '{"input":"a","output":"b"}\nnot json\n', /line 2: invalid JSON/],
+        ["a.jsonl", '["x"]\n', /line 1: expected an object/],
+        ["a.jsonl", '{"input":"","output":"b"}\n', /line 1: "input" is empty/],
+        ["a.json", '[\n  {"input":"a","output":"b"},\n  {"input":"a"}\n]', /line 3: missing "output"/],
+        ["a.json", '[\n  {"input":"a",\n', /line \d: invalid JSON/],
+        ["a.json", '{"input":"a","output":"b"}', /line 1: expected an object|array/],
+        ["a.csv", "question,answer\nq,a\n", /line 1: the CSV header must have "input" and "output"/],
+        ["a.csv", 'input,output\na,b\n"c,d\n', /line \d: invalid CSV/],
+        ["a.csv", "input,output\na,b\nc,d,e\n", /line 3: invalid CSV/],
+        ["a.jsonl", "\n\n", /no IO pairs/],
+      ];
+      for (const [name, content, expected] of cases) {
+        const res = await app.inject({ method: "POST", url, headers: asAlice, payload: { name, content } });
+        assert.equal(res.statusCode, 400, `${name} ${JSON.stringify(content)} → ${res.body}`);
+        assert.equal(res.json().error.code, "invalid_file");
+        assert.match(res.json().error.message, expected);
+      }
+      const empty = await app.inject({ method: "POST", url, headers: asAlice, payload: { name: "e.jsonl", content: "" } });
+      assert.equal(empty.statusCode, 400);
+      const both = await app.inject({ method: "POST", url, headers: asAlice, payload: { name: "x", content: "a", ioPairs: [] } });
+      assert.equal(both.statusCode, 400);
+      const neither = await app.inject({ method: "POST", url, headers: asAlice, payload: { name: "x" } });
+      assert.equal(neither.statusCode, 400);
+      const badPairs = await app.inject({ method: "POST", url, headers: asAlice, payload: { name: "x", ioPairs: [{ input: "a" }] } });
+      assert.equal(badPairs.statusCode, 400);
+      assert.equal(badPairs.json().error.param, "ioPairs.0.output");
+      const rawNoName = await app.inject({ method: "POST", url, headers: { ...asAlice, "content-type": "text/csv" }, payload: "input,output\na,b\n" });
+      assert.equal(rawNoName.statusCode, 400);
+      assert.equal(rawNoName.json().error.param, "name");
+      const wrongType = await app.inject({ method: "POST", url, headers: { ...asAlice, "content-type": "image/png" }, payload: "x" });
+      assert.equal(wrongType.statusCode, 415);
+
+      const files = await app.inject({ url: `/conduit/dataset/${ds.id}/files`, headers: asAlice });
+      assert.deepEqual(files.json(), []);
+      const dataset = (await app.inject({ url: `/conduit/dataset/${ds.id}`, headers: asAlice })).json();
+      assert.equal(dataset.ioPairsCount, 0);
+    });
+
+    test("uploads beyond the limit are 413 and leave nothing behind", async (t) => {
+      const { testEnv, buildTestApp } = await import("./helper.ts");
+      const env = await testEnv(t, backend, { CONDUIT_MAX_UPLOAD_BYTES: "1000" });
+      const { app } = await buildTestApp(t, env);
+      const ds = (await app.inject({ method: "POST", url: "/conduit/dataset", headers: asAlice, payload: { name: "d" } })).json();
+      const big = '{"input":"aaaaaaaaaaaaaaaaaaaa","output":"bbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"}\n'.repeat(40);
+      const url = `/conduit/dataset/${ds.id}/upload`;
+      const raw = await app.inject({ method: "POST", url: `${url}?name=big.jsonl`, headers: { ...asAlice, "content-type": "application/jsonl" }, payload: big });
+      assert.equal(raw.statusCode, 413, raw.body);
+      const boundary = "b0undary";
+      const multi = await app.inject({
+        method: "POST",
+        url,
+        headers: { ...asAlice, "content-type": `multipart/form-data; boundary=${boundary}` },
+        payload: `--${boundary}\r\nContent-Disposition: form-data; name="file"; filename="big.jsonl"\r\n\r\n${big}\r\n--${boundary}--\r\n`,
+      });
+      assert.equal(multi.statusCode, 413, multi.body);
+      const json = await app.inject({ method: "POST", url, headers: asAlice, payload: { name: "big.jsonl", content: big } });
+      assert.equal(json.statusCode, 413, json.body);
+      const fs = await import("node:fs");
+      const path = await import("node:path");
+      assert.deepEqual(fs.readdirSync(path.join(env.dataDir, "blobs", ".tmp")), []);
+      assert.deepEqual((await app.inject({ url: `/conduit/dataset/${ds.id}/files`, headers: asAlice })).json(), []);
+      assert.equal(asBob["x-api-key"].length > 0, true);
+    });
+  });
+}

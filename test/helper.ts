@@ -1,0 +1,82 @@
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import type { TestContext } from "node:test";
+import type { FastifyInstance } from "fastify";
+import pg from "pg";
+import { buildApp } from "../src/api/buildApp.ts";
+import { loadConfig, type Config } from "../src/config.ts";
+import { createCore, type CoreOverrides } from "../src/core.ts";
+
+export const KEY_A = "test-key-alice-0000000000";
+export const KEY_B = "test-key-bob-00000000000000";
+
+/** Storage backends the tests run against: SQLite always, PostgreSQL when CONDUIT_TEST_DATABASE_URL is set. */
+export function backends(): ("sqlite" | "postgres")[] {
+  return process.env.CONDUIT_TEST_DATABASE_URL ? ["sqlite", "postgres"] : ["sqlite"];
+}
+
+/** A fresh PostgreSQL schema for one test, dropped after it. Returns a DATABASE_URL pointing at it. */
+async function freshSchema(t: TestContext): Promise<string> {
+  const base = process.env.CONDUIT_TEST_DATABASE_URL;
+  if (!base) throw new Error("CONDUIT_TEST_DATABASE_URL is not set");
+  const schema = `t_${process.pid}_${Math.random().toString(36).slice(2, 10)}`;
+  const client = new pg.Client({ connectionString: base });
+  await client.connect();
+  await client.query(`CREATE SCHEMA ${schema}`);
+  await client.end();
+  t.after(async () => {
+    const c = new pg.Client({ connectionString: base });
+    await c.connect();
+    await c.query(`DROP SCHEMA ${schema} CASCADE`);
+    await c.end();
+  });
+  const url = new URL(base);
+  url.searchParams.set("options", `-c search_path=${schema}`);
+  return url.toString();
+}
+
+export interface TestEnv {
+  dataDir: string;
+  env: Record<string, string>;
+}
+
+/** A temp data dir (removed after the test) and the environment of a test server. */
+export async function testEnv(
+  t: TestContext,
+  backend: "sqlite" | "postgres" = "sqlite",
+  extra: Record<string, string> = {},
+): Promise<TestEnv> {
+  const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), "conduit-test-"));
+  t.after(() => fs.rmSync(dataDir, { recursive: true, force: true }));
+  const env: Record<string, string> = {
+    CONDUIT_DATA_DIR: dataDir,
+    CONDUIT_API_KEYS: `${KEY_A}:alice,${KEY_B}:bob`,
+    CONDUIT_LOG_LEVEL: "silent",
+    ...extra,
+  };
+  if (backend === "postgres") env.DATABASE_URL = await freshSchema(t);
+  return { dataDir, env };
+}
+
+/** Builds the app on a test environment; closed after the test. */
+export async function buildTestApp(
+  t: TestContext,
+  testEnvironment: TestEnv,
+  overrides: CoreOverrides = {},
+): Promise<{ app: FastifyInstance; config: Config }> {
+  const config = loadConfig(testEnvironment.env);
+  const core = await createCore(config, overrides);
+  for (const seed of config.apiKeys) await core.keys.ensure(seed.key, seed.userId);
+  const app = await buildApp(core, { logger: false });
+  t.after(() => app.close());
+  return { app, config };
+}
+
+/** The usual case: a fresh app with users alice (KEY_A) and bob (KEY_B). */
+export async function build(t: TestContext, backend: "sqlite" | "postgres" = "sqlite", overrides: CoreOverrides = {}) {
+  return buildTestApp(t, await testEnv(t, backend), overrides);
+}
+
+export const asAlice = { "x-api-key": KEY_A };
+export const asBob = { "x-api-key": KEY_B };
