@@ -1,0 +1,175 @@
+import assert from "node:assert/strict";
+import { describe, test } from "node:test";
+import type { FastifyInstance } from "fastify";
+import { asAlice, backends, build, KEY_A } from "./helper.ts";
+import type { CoreOverrides } from "../src/core.ts";
+
+// Run lifecycle over HTTP; training itself is covered by the trainer tests.
+const models: CoreOverrides = { models: { resolve: (id) => (id === "tiny" ? { id, path: "/dev/null" } : undefined) } };
+
+async function datasetWithPairs(app: FastifyInstance, name = "d") {
+  const ds = (await app.inject({ method: "POST", url: "/conduit/dataset", headers: asAlice, payload: { name } })).json();
+  await app.inject({
+    method: "POST",
+    url: `/conduit/dataset/${ds.id}/upload`,
+    headers: asAlice,
+    payload: { name: "a.jsonl", ioPairs: [{ input: "a", output: "b" }, { input: "c", output: "d" }] },
+  });
+  return ds as { id: string; name: string };
+}
+
+for (const backend of backends()) {
+  describe(`runs (${backend})`, () => {
+    test("create returns a queued run with every seed field and the effective config", async (t) => {
+      const { app } = await build(t, backend, models);
+      const ds = await datasetWithPairs(app);
+      const res = await app.inject({
+        method: "POST",
+        url: "/conduit/finetuning",
+        headers: asAlice,
+        payload: { datasetID: ds.id, baseModelName: "tiny", lr: 0.001, epochs: 2, name: "first", trackerProject: "p" },
+      });
+      assert.equal(res.statusCode, 200, res.body);
+      const run = res.json();
+      assert.match(run.id, /^ft_/);
+      assert.equal(run.userId, "alice");
+      assert.equal(run.datasetId, ds.id);
+      assert.equal(run.datasetID, ds.id);
+      assert.equal(run.datasetName, "d");
+      assert.equal(run.name, "first");
+      assert.equal(run.ioPairsCount, 2);
+      assert.equal(run.status, "QUEUED");
+      assert.match(run.trackerURL, new RegExp(`/ui/runs/${run.id}$`));
+      assert.ok(Array.isArray(run.logs) && run.logs.length === 1 && run.logs[0].endsWith("run queued"));
+      assert.deepEqual(run.stats, {});
+      assert.equal(run.error, null);
+      assert.equal(run.config.lr, 0.001);
+      assert.equal(run.config.epochs, 2);
+      assert.equal(run.config.complexity, 1);
+      assert.equal(run.config.steps, null);
+      assert.equal(run.config.baseModelName, "tiny");
+      assert.equal(run.config.trackerProject, "p");
+      assert.equal(run.config.trackerEntity, null);
+
+      const byName = await app.inject({
+        method: "POST",
+        url: "/conduit/finetuning",
+        headers: asAlice,
+        payload: { datasetName: "d", baseModelName: "tiny" },
+      });
+      assert.equal(byName.statusCode, 200, byName.body);
+      assert.equal(byName.json().datasetId, ds.id);
+      assert.equal(byName.json().name, "d-tiny");
+
+      const one = await app.inject({ url: `/conduit/finetuning/${run.id}`, headers: { authorization: `Token ${KEY_A}` } });
+      assert.deepEqual(one.json(), run);
+      const list = await app.inject({ url: "/conduit/finetuning", headers: asAlice });
+      assert.deepEqual(list.json().map((r: { id: string }) => r.id), [byName.json().id, run.id]);
+      const page = await app.inject({ url: "/conduit/finetuning?limit=1&offset=1", headers: asAlice });
+      assert.deepEqual(page.json().map((r: { id: string }) => r.id), [run.id]);
+    });
+
+    test("bad configs are 400/404 naming the field, and nothing is queued", async (t) => {
+      const { app } = await build(t, backend, models);
+      const ds = await datasetWithPairs(app);
+      const empty = (await app.inject({ method: "POST", url: "/conduit/dataset", headers: asAlice, payload: { name: "empty" } })).json();
+      const cases: [Record<string, unknown>, number, string][] = [
+        [{ baseModelName: "tiny" }, 400, "datasetID"],
+        [{ datasetID: ds.id, baseModelName: "tiny", lr: 0 }, 400, "lr"],
+        [{ datasetID: ds.id, baseModelName: "tiny", lr: -1 }, 400, "lr"],
+        [{ datasetID: ds.id, baseModelName: "tiny", lr: "fast" }, 400, "lr"],
+        [{ datasetID: ds.id, baseModelName: "tiny", epochs: 0 }, 400, "epochs"],
+        [{ datasetID: ds.id, baseModelName: "tiny", epochs: 1.5 }, 400, "epochs"],
+        [{ datasetID: ds.id, baseModelName: "tiny", complexity: 0 }, 400, "complexity"],
+        [{ datasetID: ds.id, baseModelName: "tiny", complexity: 1.5 }, 400, "complexity"],
+        [{ datasetID: ds.id, baseModelName: "tiny", steps: 0 }, 400, "steps"],
+        [{ datasetID: ds.id, baseModelName: "tiny", epoch: 3 }, 400, "epoch"],
+        [{ datasetID: ds.id }, 400, "baseModelName"],
+        [{ datasetID: ds.id, baseModelName: "nope" }, 404, "baseModelName"],
+        [{ datasetID: "ds_missing", baseModelName: "tiny" }, 404, "datasetID"],
+        [{ datasetName: "missing", baseModelName: "tiny" }, 404, "datasetName"],
+        [{ datasetID: empty.id, baseModelName: "tiny" }, 400, "datasetID"],
+      ];
+      for (const [payload, status, param] of cases) {
+        const res = await app.inject({ method: "POST", url: "/conduit/finetuning", headers: asAlice, payload });
+        assert.equal(res.statusCode, status, `${JSON.stringify(payload)} → ${res.body}`);
+        assert.equal(res.json().error.param, param, res.body);
+      }
+      assert.deepEqual((await app.inject({ url: "/conduit/finetuning", headers: asAlice })).json(), []);
+    });
+
+    test("cancel a queued run; cancelling again is 409; delete", async (t) => {
+      const { app } = await build(t, backend, models);
+      const ds = await datasetWithPairs(app);
+      const run = (
+        await app.inject({ method: "POST", url: "/conduit/finetuning", headers: asAlice, payload: { datasetID: ds.id, baseModelName: "tiny" } })
+      ).json();
+      const cancel = await app.inject({ method: "POST", url: `/conduit/finetuning/${run.id}/cancel`, headers: asAlice });
+      assert.equal(cancel.statusCode, 200);
+      assert.deepEqual(cancel.json(), { message: "SUCCESS" });
+      const after = (await app.inject({ url: `/conduit/finetuning/${run.id}`, headers: asAlice })).json();
+      assert.equal(after.status, "CANCELLED");
+      assert.match(after.logs.at(-1), /cancelled by the user/);
+      const again = await app.inject({ method: "POST", url: `/conduit/finetuning/${run.id}/cancel`, headers: asAlice });
+      assert.equal(again.statusCode, 409);
+      assert.equal(again.json().error.code, "conflict");
+      const del = await app.inject({ method: "DELETE", url: `/conduit/finetuning/${run.id}`, headers: asAlice });
+      assert.deepEqual(del.json(), { message: "SUCCESS" });
+      assert.equal((await app.inject({ url: `/conduit/finetuning/${run.id}`, headers: asAlice })).statusCode, 404);
+      assert.equal((await app.inject({ method: "DELETE", url: `/conduit/finetuning/${run.id}`, headers: asAlice })).statusCode, 404);
+      assert.equal((await app.inject({ method: "POST", url: `/conduit/finetuning/${run.id}/cancel`, headers: asAlice })).statusCode, 404);
+    });
+
+    test("the runs table is a job queue: claim, heartbeat, finish, crash recovery", async (t) => {
+      const { createCore } = await import("../src/core.ts");
+      const { loadConfig } = await import("../src/config.ts");
+      const { testEnv } = await import("./helper.ts");
+      const env = await testEnv(t, backend);
+      const core = await createCore(loadConfig(env.env), models);
+      t.after(() => core.close());
+      const ds = await core.datasets.create("alice", "d");
+      const { Readable } = await import("node:stream");
+      await core.datasets.upload("alice", ds.id, { name: "a.jsonl", source: Readable.from(['{"input":"a","output":"b"}\n']) });
+      const first = await core.runs.create("alice", { datasetID: ds.id, baseModelName: "tiny" });
+      const second = await core.runs.create("alice", { datasetID: ds.id, baseModelName: "tiny" });
+      const repo = core.runRepository;
+
+      const claimed = await repo.claimNext("w1", 60_000);
+      assert.equal(claimed?.id, first.id);
+      assert.equal(claimed?.status, "RUNNING");
+      assert.equal((await repo.claimNext("w2", 60_000))?.id, second.id);
+      assert.equal(await repo.claimNext("w3", 60_000), undefined);
+      assert.equal(await repo.heartbeat(first.id, "w1", 60_000), true);
+      assert.equal(await repo.heartbeat(first.id, "w2", 60_000), false, "only the holder renews");
+      assert.equal(await repo.updateStats(first.id, "w1", { step: 3 }), true);
+      assert.equal(await repo.finish(first.id, "w1", { status: "READY", modelPath: "/m.gguf" }), true);
+      const ready = await core.runs.get("alice", first.id);
+      assert.equal(ready.status, "READY");
+      assert.deepEqual(ready.stats, { step: 3 });
+      await assert.rejects(core.runs.cancel("alice", first.id), /cannot be cancelled/);
+
+      // The second worker dies: once its lease runs out the run goes back to the queue.
+      assert.equal(await repo.heartbeat(second.id, "w2", -1), true);
+      const recovered = await repo.recoverExpired(3);
+      assert.deepEqual(recovered, { requeued: [second.id], failed: [] });
+      const requeued = await core.runs.get("alice", second.id);
+      assert.equal(requeued.status, "QUEUED");
+      assert.match(requeued.logs.at(-1) ?? "", /re-queued/);
+      // Cancelled while running: the worker's heartbeat and finish see it and change nothing.
+      assert.equal((await repo.claimNext("w4", 60_000))?.id, second.id);
+      await core.runs.cancel("alice", second.id);
+      assert.equal(await repo.heartbeat(second.id, "w4", 60_000), false);
+      assert.equal(await repo.finish(second.id, "w4", { status: "READY" }), false);
+      assert.equal((await core.runs.get("alice", second.id)).status, "CANCELLED");
+      // Too many attempts: FAILED with the reason.
+      const third = await core.runs.create("alice", { datasetID: ds.id, baseModelName: "tiny" });
+      for (let i = 0; i < 3; i++) {
+        assert.equal((await repo.claimNext("w", -1))?.id, third.id);
+        await repo.recoverExpired(3);
+      }
+      const failed = await core.runs.get("alice", third.id);
+      assert.equal(failed.status, "FAILED");
+      assert.match(failed.error ?? "", /too many times/);
+    });
+  });
+}
