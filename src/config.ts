@@ -31,7 +31,8 @@ function integer(env: string, fallback: number, min: number, max = Number.MAX_SA
 }
 
 function text(fallback: string) {
-  return (raw: string | undefined): string => (raw === undefined || raw.trim() === "" ? fallback : raw.trim());
+  return (raw: string | undefined): string =>
+    raw === undefined || raw.trim() === "" ? fallback : raw.trim();
 }
 
 function optionalText(raw: string | undefined): string | undefined {
@@ -39,6 +40,10 @@ function optionalText(raw: string | undefined): string | undefined {
 }
 
 const MB = 1024 * 1024;
+
+function dataDirOf(raw: string | undefined): string {
+  return path.resolve(text("./data")(raw));
+}
 
 export const settings = {
   port: {
@@ -57,11 +62,12 @@ export const settings = {
     env: "CONDUIT_DATA_DIR",
     description: "Directory for the embedded database, uploaded files, models and run artifacts.",
     defaultText: "./data",
-    parse: (raw) => path.resolve(text("./data")(raw)),
+    parse: (raw) => dataDirOf(raw),
   },
   databaseUrl: {
     env: "DATABASE_URL",
-    description: "PostgreSQL connection string (`postgres://user@host:5432/db`). Unset: embedded SQLite in the data dir.",
+    description:
+      "PostgreSQL connection string (`postgres://user@host:5432/db`). Unset: embedded SQLite in the data dir.",
     defaultText: "unset (SQLite)",
     parse: optionalText,
   },
@@ -84,7 +90,9 @@ export const settings = {
     parse: (raw) => {
       const level = text("info")(raw);
       if (!["fatal", "error", "warn", "info", "debug", "trace", "silent"].includes(level))
-        throw new ConfigError(`CONDUIT_LOG_LEVEL must be one of fatal, error, warn, info, debug, trace, silent`);
+        throw new ConfigError(
+          `CONDUIT_LOG_LEVEL must be one of fatal, error, warn, info, debug, trace, silent`,
+        );
       return level;
     },
   },
@@ -104,7 +112,8 @@ export const settings = {
     env: "CONDUIT_MODELS_DIR",
     description: "Directory of `*.gguf` models; each file is a model whose id is its name without `.gguf`.",
     defaultText: "{data dir}/models",
-    parse: (raw, env) => path.resolve(raw?.trim() || path.join(settings.dataDir.parse(env.CONDUIT_DATA_DIR), "models")),
+    parse: (raw, env): string =>
+      path.resolve(raw?.trim() || path.join(dataDirOf(env.CONDUIT_DATA_DIR), "models")),
   },
   defaultModel: {
     env: "CONDUIT_DEFAULT_MODEL",

@@ -30,7 +30,10 @@ export interface CoreOverrides {
 }
 
 export async function createCore(config: Config, overrides: CoreOverrides = {}): Promise<Core> {
-  const db = await openDatabase({ databaseUrl: config.databaseUrl, sqlitePath: path.join(config.dataDir, "conduit.db") });
+  const db = await openDatabase({
+    databaseUrl: config.databaseUrl,
+    sqlitePath: path.join(config.dataDir, "conduit.db"),
+  });
   const blobs = new BlobStore(path.join(config.dataDir, "blobs"));
   await blobs.sweepTemp();
   const keys = new KeyRepository(db.kysely);

@@ -5,11 +5,20 @@ import { errorCatalog } from "../src/errors.ts";
 import { asAlice, asBob, backends, build, buildTestApp, KEY_A, testEnv } from "./helper.ts";
 import type { CoreOverrides } from "../src/core.ts";
 
-const models: CoreOverrides = { models: { resolve: (id) => (id === "tiny" ? { id, path: "/dev/null" } : undefined) } };
+const models: CoreOverrides = {
+  models: { resolve: (id) => (id === "tiny" ? { id, path: "/dev/null" } : undefined) },
+};
 
 /** Alice's resources, for checking that nobody else can reach them. */
 async function aliceWorld(app: FastifyInstance) {
-  const ds = (await app.inject({ method: "POST", url: "/conduit/dataset", headers: asAlice, payload: { name: "secret" } })).json();
+  const ds = (
+    await app.inject({
+      method: "POST",
+      url: "/conduit/dataset",
+      headers: asAlice,
+      payload: { name: "secret" },
+    })
+  ).json();
   const file = (
     await app.inject({
       method: "POST",
@@ -19,7 +28,12 @@ async function aliceWorld(app: FastifyInstance) {
     })
   ).json();
   const run = (
-    await app.inject({ method: "POST", url: "/conduit/finetuning", headers: asAlice, payload: { datasetID: ds.id, baseModelName: "tiny" } })
+    await app.inject({
+      method: "POST",
+      url: "/conduit/finetuning",
+      headers: asAlice,
+      payload: { datasetID: ds.id, baseModelName: "tiny" },
+    })
   ).json();
   return { ds: ds.id as string, file: file.id as string, run: run.id as string };
 }
@@ -29,7 +43,11 @@ function endpoints(w: { ds: string; file: string; run: string }) {
     { method: "GET", url: `/conduit/dataset/${w.ds}` },
     { method: "PATCH", url: `/conduit/dataset/${w.ds}`, payload: { name: "mine" } },
     { method: "GET", url: `/conduit/dataset/${w.ds}/files` },
-    { method: "POST", url: `/conduit/dataset/${w.ds}/upload`, payload: { name: "x.jsonl", ioPairs: [{ input: "a", output: "b" }] } },
+    {
+      method: "POST",
+      url: `/conduit/dataset/${w.ds}/upload`,
+      payload: { name: "x.jsonl", ioPairs: [{ input: "a", output: "b" }] },
+    },
     { method: "GET", url: `/conduit/dataset/${w.ds}/file/${w.file}` },
     { method: "GET", url: `/conduit/dataset/${w.ds}/file/${w.file}/pairs` },
     { method: "DELETE", url: `/conduit/dataset/${w.ds}/file/${w.file}` },
@@ -46,7 +64,12 @@ for (const backend of backends()) {
     const { app } = await build(t, backend, models);
     const world = await aliceWorld(app);
     for (const e of endpoints(world)) {
-      const res = await app.inject({ method: e.method, url: e.url, headers: asBob, ...("payload" in e ? { payload: e.payload } : {}) });
+      const res = await app.inject({
+        method: e.method,
+        url: e.url,
+        headers: asBob,
+        ...("payload" in e ? { payload: e.payload } : {}),
+      });
       assert.equal(res.statusCode, 404, `${e.method} ${e.url} as bob → ${res.statusCode} ${res.body}`);
       assert.equal(res.json().error.type, "not_found_error");
     }
@@ -56,21 +79,43 @@ for (const backend of backends()) {
     const ds = (await app.inject({ url: `/conduit/dataset/${world.ds}`, headers: asAlice })).json();
     assert.equal(ds.name, "secret");
     assert.equal(ds.ioPairsCount, 1);
-    assert.equal((await app.inject({ url: `/conduit/finetuning/${world.run}`, headers: asAlice })).json().status, "QUEUED");
+    assert.equal(
+      (await app.inject({ url: `/conduit/finetuning/${world.run}`, headers: asAlice })).json().status,
+      "QUEUED",
+    );
   });
 
   test(`auth: every endpoint needs a valid key, in any of the accepted headers (${backend})`, async (t) => {
     const { app } = await build(t, backend, models);
     const world = await aliceWorld(app);
-    const list = [...endpoints(world), { method: "GET", url: "/conduit/dataset" }, { method: "GET", url: "/conduit/finetuning" }];
-    for (const headers of [{}, { "x-api-key": "wrong-key-123" }, { authorization: "Token wrong" }, { authorization: KEY_A }, { authorization: `Basic ${KEY_A}` }]) {
+    const list = [
+      ...endpoints(world),
+      { method: "GET", url: "/conduit/dataset" },
+      { method: "GET", url: "/conduit/finetuning" },
+    ];
+    for (const headers of [
+      {},
+      { "x-api-key": "wrong-key-123" },
+      { authorization: "Token wrong" },
+      { authorization: KEY_A },
+      { authorization: `Basic ${KEY_A}` },
+    ]) {
       for (const e of list) {
-        const res = await app.inject({ method: e.method, url: e.url, headers, ...("payload" in e ? { payload: e.payload } : {}) });
+        const res = await app.inject({
+          method: e.method,
+          url: e.url,
+          headers,
+          ...("payload" in e ? { payload: e.payload } : {}),
+        });
         assert.equal(res.statusCode, 401, `${e.method} ${e.url} with ${JSON.stringify(headers)}`);
         assert.equal(res.json().error.code, "unauthorized");
       }
     }
-    for (const headers of [{ "x-api-key": KEY_A }, { authorization: `Token ${KEY_A}` }, { authorization: `Bearer ${KEY_A}` }]) {
+    for (const headers of [
+      { "x-api-key": KEY_A },
+      { authorization: `Token ${KEY_A}` },
+      { authorization: `Bearer ${KEY_A}` },
+    ]) {
       const res = await app.inject({ url: "/conduit/dataset", headers });
       assert.equal(res.statusCode, 200, JSON.stringify(headers));
     }
@@ -88,7 +133,11 @@ test("health, OpenAPI document and docs page need no key", async (t) => {
   assert.equal(spec.statusCode, 200);
   const doc = spec.json();
   assert.equal(doc.openapi.startsWith("3."), true);
-  for (const path of ["/conduit/dataset", "/conduit/dataset/{dataset_id}/upload", "/conduit/finetuning/{finetune_id}/cancel"])
+  for (const path of [
+    "/conduit/dataset",
+    "/conduit/dataset/{dataset_id}/upload",
+    "/conduit/finetuning/{finetune_id}/cancel",
+  ])
     assert.ok(doc.paths[path], `${path} documented`);
   const docs = await app.inject({ url: "/docs/" });
   assert.equal(docs.statusCode, 200);
@@ -102,13 +151,16 @@ test("a 5xx body never carries internal text", async (t) => {
   });
   const res = await app.inject({ url: "/boom", headers: asAlice });
   assert.equal(res.statusCode, 500);
-  assert.deepEqual(res.json(), { error: { message: "internal server error", type: "server_error", param: null, code: "internal_error" } });
+  assert.deepEqual(res.json(), {
+    error: { message: "internal server error", type: "server_error", param: null, code: "internal_error" },
+  });
 });
 
 test("every error code is documented in the README", async () => {
   const fs = await import("node:fs");
   const readme = fs.readFileSync(new URL("../README.md", import.meta.url), "utf8");
-  for (const code of Object.keys(errorCatalog)) assert.ok(readme.includes(`\`${code}\``), `README documents ${code}`);
+  for (const code of Object.keys(errorCatalog))
+    assert.ok(readme.includes(`\`${code}\``), `README documents ${code}`);
 });
 
 for (const backend of backends()) {
@@ -120,9 +172,16 @@ for (const backend of backends()) {
     const second = await buildTestApp(t, env, models);
     const ds = (await second.app.inject({ url: `/conduit/dataset/${world.ds}`, headers: asAlice })).json();
     assert.equal(ds.ioPairsCount, 1);
-    const pairs = (await second.app.inject({ url: `/conduit/dataset/${world.ds}/file/${world.file}/pairs`, headers: asAlice })).json();
+    const pairs = (
+      await second.app.inject({
+        url: `/conduit/dataset/${world.ds}/file/${world.file}/pairs`,
+        headers: asAlice,
+      })
+    ).json();
     assert.deepEqual(pairs, [{ input: "a", output: "b", line: 1 }]);
-    const run = (await second.app.inject({ url: `/conduit/finetuning/${world.run}`, headers: asAlice })).json();
+    const run = (
+      await second.app.inject({ url: `/conduit/finetuning/${world.run}`, headers: asAlice })
+    ).json();
     assert.equal(run.status, "QUEUED");
   });
 }

@@ -8,7 +8,12 @@ for (const backend of backends()) {
   describe(`datasets (${backend})`, () => {
     test("create, read, list, rename, delete", async (t) => {
       const { app } = await build(t, backend);
-      const created = await app.inject({ method: "POST", url: "/conduit/dataset", headers: asAlice, payload: { name: "greetings" } });
+      const created = await app.inject({
+        method: "POST",
+        url: "/conduit/dataset",
+        headers: asAlice,
+        payload: { name: "greetings" },
+      });
       assert.equal(created.statusCode, 200);
       const dataset = created.json();
       assert.match(dataset.id, /^ds_/);
@@ -36,7 +41,11 @@ for (const backend of backends()) {
       assert.equal(list.json().length, 1);
       assert.equal(list.json()[0].name, "salutations");
 
-      const deleted = await app.inject({ method: "DELETE", url: `/conduit/dataset/${dataset.id}`, headers: asAlice });
+      const deleted = await app.inject({
+        method: "DELETE",
+        url: `/conduit/dataset/${dataset.id}`,
+        headers: asAlice,
+      });
       assert.deepEqual(deleted.json(), { message: "SUCCESS" });
       const gone = await app.inject({ url: `/conduit/dataset/${dataset.id}`, headers: asAlice });
       assert.equal(gone.statusCode, 404);
@@ -48,9 +57,15 @@ for (const backend of backends()) {
       for (const name of ["a", "b", "c"])
         await app.inject({ method: "POST", url: "/conduit/dataset", headers: asAlice, payload: { name } });
       const page1 = await app.inject({ url: "/conduit/dataset?limit=2", headers: asAlice });
-      assert.deepEqual(page1.json().map((d: { name: string }) => d.name), ["c", "b"]);
+      assert.deepEqual(
+        page1.json().map((d: { name: string }) => d.name),
+        ["c", "b"],
+      );
       const page2 = await app.inject({ url: "/conduit/dataset?limit=2&offset=2", headers: asAlice });
-      assert.deepEqual(page2.json().map((d: { name: string }) => d.name), ["a"]);
+      assert.deepEqual(
+        page2.json().map((d: { name: string }) => d.name),
+        ["a"],
+      );
       const bad = await app.inject({ url: "/conduit/dataset?limit=0", headers: asAlice });
       assert.equal(bad.statusCode, 400);
       assert.equal(bad.json().error.param, "limit");
@@ -60,14 +75,25 @@ for (const backend of backends()) {
 
     test("bad bodies are 4xx naming the field", async (t) => {
       const { app } = await build(t, backend);
-      const cases: { payload: string; contentType?: string; status: number; param?: string | null; code?: string }[] = [
+      const cases: {
+        payload: string;
+        contentType?: string;
+        status: number;
+        param?: string | null;
+        code?: string;
+      }[] = [
         { payload: "{}", status: 400, param: "name" },
         { payload: '{"name":""}', status: 400, param: "name" },
         { payload: '{"name":42}', status: 400, param: "name" },
         { payload: '{"name":"x","color":"red"}', status: 400, param: "color" },
         { payload: '{"name":', status: 400, code: "invalid_json" },
         { payload: "[1,2]", status: 400, param: null },
-        { payload: "name=x", contentType: "application/x-www-form-urlencoded", status: 415, code: "unsupported_media_type" },
+        {
+          payload: "name=x",
+          contentType: "application/x-www-form-urlencoded",
+          status: 415,
+          code: "unsupported_media_type",
+        },
         { payload: JSON.stringify({ name: "x".repeat(2_000_000) }), status: 413, code: "payload_too_large" },
       ];
       for (const c of cases) {
@@ -94,10 +120,22 @@ for (const backend of backends()) {
 
     test("upload JSONL, JSON, CSV, ioPairs, raw and multipart; counts pairs", async (t) => {
       const { app } = await build(t, backend);
-      const ds = (await app.inject({ method: "POST", url: "/conduit/dataset", headers: asAlice, payload: { name: "d" } })).json();
+      const ds = (
+        await app.inject({
+          method: "POST",
+          url: "/conduit/dataset",
+          headers: asAlice,
+          payload: { name: "d" },
+        })
+      ).json();
       const url = `/conduit/dataset/${ds.id}/upload`;
 
-      const a = await app.inject({ method: "POST", url, headers: asAlice, payload: { name: "a.jsonl", content: jsonl } });
+      const a = await app.inject({
+        method: "POST",
+        url,
+        headers: asAlice,
+        payload: { name: "a.jsonl", content: jsonl },
+      });
       assert.equal(a.statusCode, 200, a.body);
       const file = a.json();
       assert.match(file.id, /^file_/);
@@ -109,13 +147,27 @@ for (const backend of backends()) {
       assert.equal(file.format, "jsonl");
       assert.equal(file.ioPairsCount, 2);
 
-      const json = JSON.stringify([{ prompt: "p1", completion: "c1" }, { input: "i2", output: "o2" }, { input: "i3", output: "o3" }]);
-      const b = await app.inject({ method: "POST", url, headers: asAlice, payload: { name: "b.json", content: json } });
+      const json = JSON.stringify([
+        { prompt: "p1", completion: "c1" },
+        { input: "i2", output: "o2" },
+        { input: "i3", output: "o3" },
+      ]);
+      const b = await app.inject({
+        method: "POST",
+        url,
+        headers: asAlice,
+        payload: { name: "b.json", content: json },
+      });
       assert.equal(b.json().format, "json");
       assert.equal(b.json().ioPairsCount, 3);
 
       const csv = 'input,output\n"a, with comma","x"\nb,"multi\nline"\n';
-      const c = await app.inject({ method: "POST", url, headers: asAlice, payload: { name: "c.csv", content: csv } });
+      const c = await app.inject({
+        method: "POST",
+        url,
+        headers: asAlice,
+        payload: { name: "c.csv", content: csv },
+      });
       assert.equal(c.statusCode, 200, c.body);
       assert.equal(c.json().ioPairsCount, 2);
 
@@ -165,27 +217,49 @@ for (const backend of backends()) {
       const files = await app.inject({ url: `/conduit/dataset/${ds.id}/files`, headers: asAlice });
       assert.equal(files.json().length, 7);
 
-      const preview = await app.inject({ url: `/conduit/dataset/${ds.id}/file/${c.json().id}/pairs`, headers: asAlice });
+      const preview = await app.inject({
+        url: `/conduit/dataset/${ds.id}/file/${c.json().id}/pairs`,
+        headers: asAlice,
+      });
       assert.deepEqual(preview.json(), [
         { input: "a, with comma", output: "x", line: 2 },
         { input: "b", output: "multi\nline", line: 4 },
       ]);
 
-      const del = await app.inject({ method: "DELETE", url: `/conduit/dataset/${ds.id}/file/${b.json().id}`, headers: asAlice });
+      const del = await app.inject({
+        method: "DELETE",
+        url: `/conduit/dataset/${ds.id}/file/${b.json().id}`,
+        headers: asAlice,
+      });
       assert.deepEqual(del.json(), { message: "SUCCESS" });
       const after = (await app.inject({ url: `/conduit/dataset/${ds.id}`, headers: asAlice })).json();
       assert.equal(after.ioPairsCount, dataset.ioPairsCount - 3);
-      const again = await app.inject({ method: "DELETE", url: `/conduit/dataset/${ds.id}/file/${b.json().id}`, headers: asAlice });
+      const again = await app.inject({
+        method: "DELETE",
+        url: `/conduit/dataset/${ds.id}/file/${b.json().id}`,
+        headers: asAlice,
+      });
       assert.equal(again.statusCode, 404);
     });
 
     test("bad files are 400 naming the line, and nothing is stored", async (t) => {
       const { app } = await build(t, backend);
-      const ds = (await app.inject({ method: "POST", url: "/conduit/dataset", headers: asAlice, payload: { name: "d" } })).json();
+      const ds = (
+        await app.inject({
+          method: "POST",
+          url: "/conduit/dataset",
+          headers: asAlice,
+          payload: { name: "d" },
+        })
+      ).json();
       const url = `/conduit/dataset/${ds.id}/upload`;
       const cases: [string, string, RegExp][] = [
         ["a.jsonl", '{"input":"a","output":"b"}\n{"input":"a"}\n', /line 2: missing "output"/],
-        ["a.jsonl", '{"input":"a","output":"b"}\n\n{"input":"a","output":5}\n', /line 3: "output" must be a string/],
+        [
+          "a.jsonl",
+          '{"input":"a","output":"b"}\n\n{"input":"a","output":5}\n',
+          /line 3: "output" must be a string/,
+        ],
         ["a.jsonl", '{"input":"a","output":"b"}\nnot json\n', /line 2: invalid JSON/],
         ["a.jsonl", '["x"]\n', /line 1: expected an object/],
         ["a.jsonl", '{"input":"","output":"b"}\n', /line 1: "input" is empty/],
@@ -203,19 +277,44 @@ for (const backend of backends()) {
         assert.equal(res.json().error.code, "invalid_file");
         assert.match(res.json().error.message, expected);
       }
-      const empty = await app.inject({ method: "POST", url, headers: asAlice, payload: { name: "e.jsonl", content: "" } });
+      const empty = await app.inject({
+        method: "POST",
+        url,
+        headers: asAlice,
+        payload: { name: "e.jsonl", content: "" },
+      });
       assert.equal(empty.statusCode, 400);
-      const both = await app.inject({ method: "POST", url, headers: asAlice, payload: { name: "x", content: "a", ioPairs: [] } });
+      const both = await app.inject({
+        method: "POST",
+        url,
+        headers: asAlice,
+        payload: { name: "x", content: "a", ioPairs: [] },
+      });
       assert.equal(both.statusCode, 400);
       const neither = await app.inject({ method: "POST", url, headers: asAlice, payload: { name: "x" } });
       assert.equal(neither.statusCode, 400);
-      const badPairs = await app.inject({ method: "POST", url, headers: asAlice, payload: { name: "x", ioPairs: [{ input: "a" }] } });
+      const badPairs = await app.inject({
+        method: "POST",
+        url,
+        headers: asAlice,
+        payload: { name: "x", ioPairs: [{ input: "a" }] },
+      });
       assert.equal(badPairs.statusCode, 400);
       assert.equal(badPairs.json().error.param, "ioPairs.0.output");
-      const rawNoName = await app.inject({ method: "POST", url, headers: { ...asAlice, "content-type": "text/csv" }, payload: "input,output\na,b\n" });
+      const rawNoName = await app.inject({
+        method: "POST",
+        url,
+        headers: { ...asAlice, "content-type": "text/csv" },
+        payload: "input,output\na,b\n",
+      });
       assert.equal(rawNoName.statusCode, 400);
       assert.equal(rawNoName.json().error.param, "name");
-      const wrongType = await app.inject({ method: "POST", url, headers: { ...asAlice, "content-type": "image/png" }, payload: "x" });
+      const wrongType = await app.inject({
+        method: "POST",
+        url,
+        headers: { ...asAlice, "content-type": "image/png" },
+        payload: "x",
+      });
       assert.equal(wrongType.statusCode, 415);
 
       const files = await app.inject({ url: `/conduit/dataset/${ds.id}/files`, headers: asAlice });
@@ -228,10 +327,22 @@ for (const backend of backends()) {
       const { testEnv, buildTestApp } = await import("./helper.ts");
       const env = await testEnv(t, backend, { CONDUIT_MAX_UPLOAD_BYTES: "1000" });
       const { app } = await buildTestApp(t, env);
-      const ds = (await app.inject({ method: "POST", url: "/conduit/dataset", headers: asAlice, payload: { name: "d" } })).json();
+      const ds = (
+        await app.inject({
+          method: "POST",
+          url: "/conduit/dataset",
+          headers: asAlice,
+          payload: { name: "d" },
+        })
+      ).json();
       const big = '{"input":"aaaaaaaaaaaaaaaaaaaa","output":"bbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"}\n'.repeat(40);
       const url = `/conduit/dataset/${ds.id}/upload`;
-      const raw = await app.inject({ method: "POST", url: `${url}?name=big.jsonl`, headers: { ...asAlice, "content-type": "application/jsonl" }, payload: big });
+      const raw = await app.inject({
+        method: "POST",
+        url: `${url}?name=big.jsonl`,
+        headers: { ...asAlice, "content-type": "application/jsonl" },
+        payload: big,
+      });
       assert.equal(raw.statusCode, 413, raw.body);
       const boundary = "b0undary";
       const multi = await app.inject({
@@ -241,12 +352,20 @@ for (const backend of backends()) {
         payload: `--${boundary}\r\nContent-Disposition: form-data; name="file"; filename="big.jsonl"\r\n\r\n${big}\r\n--${boundary}--\r\n`,
       });
       assert.equal(multi.statusCode, 413, multi.body);
-      const json = await app.inject({ method: "POST", url, headers: asAlice, payload: { name: "big.jsonl", content: big } });
+      const json = await app.inject({
+        method: "POST",
+        url,
+        headers: asAlice,
+        payload: { name: "big.jsonl", content: big },
+      });
       assert.equal(json.statusCode, 413, json.body);
       const fs = await import("node:fs");
       const path = await import("node:path");
       assert.deepEqual(fs.readdirSync(path.join(env.dataDir, "blobs", ".tmp")), []);
-      assert.deepEqual((await app.inject({ url: `/conduit/dataset/${ds.id}/files`, headers: asAlice })).json(), []);
+      assert.deepEqual(
+        (await app.inject({ url: `/conduit/dataset/${ds.id}/files`, headers: asAlice })).json(),
+        [],
+      );
       assert.equal(asBob["x-api-key"].length > 0, true);
     });
   });

@@ -74,7 +74,11 @@ export async function buildTestApp(
 }
 
 /** The usual case: a fresh app with users alice (KEY_A) and bob (KEY_B). */
-export async function build(t: TestContext, backend: "sqlite" | "postgres" = "sqlite", overrides: CoreOverrides = {}) {
+export async function build(
+  t: TestContext,
+  backend: "sqlite" | "postgres" = "sqlite",
+  overrides: CoreOverrides = {},
+) {
   return buildTestApp(t, await testEnv(t, backend), overrides);
 }
 

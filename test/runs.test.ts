@@ -5,15 +5,25 @@ import { asAlice, backends, build, KEY_A } from "./helper.ts";
 import type { CoreOverrides } from "../src/core.ts";
 
 // Run lifecycle over HTTP; training itself is covered by the trainer tests.
-const models: CoreOverrides = { models: { resolve: (id) => (id === "tiny" ? { id, path: "/dev/null" } : undefined) } };
+const models: CoreOverrides = {
+  models: { resolve: (id) => (id === "tiny" ? { id, path: "/dev/null" } : undefined) },
+};
 
 async function datasetWithPairs(app: FastifyInstance, name = "d") {
-  const ds = (await app.inject({ method: "POST", url: "/conduit/dataset", headers: asAlice, payload: { name } })).json();
+  const ds = (
+    await app.inject({ method: "POST", url: "/conduit/dataset", headers: asAlice, payload: { name } })
+  ).json();
   await app.inject({
     method: "POST",
     url: `/conduit/dataset/${ds.id}/upload`,
     headers: asAlice,
-    payload: { name: "a.jsonl", ioPairs: [{ input: "a", output: "b" }, { input: "c", output: "d" }] },
+    payload: {
+      name: "a.jsonl",
+      ioPairs: [
+        { input: "a", output: "b" },
+        { input: "c", output: "d" },
+      ],
+    },
   });
   return ds as { id: string; name: string };
 }
@@ -27,7 +37,14 @@ for (const backend of backends()) {
         method: "POST",
         url: "/conduit/finetuning",
         headers: asAlice,
-        payload: { datasetID: ds.id, baseModelName: "tiny", lr: 0.001, epochs: 2, name: "first", trackerProject: "p" },
+        payload: {
+          datasetID: ds.id,
+          baseModelName: "tiny",
+          lr: 0.001,
+          epochs: 2,
+          name: "first",
+          trackerProject: "p",
+        },
       });
       assert.equal(res.statusCode, 200, res.body);
       const run = res.json();
@@ -61,18 +78,34 @@ for (const backend of backends()) {
       assert.equal(byName.json().datasetId, ds.id);
       assert.equal(byName.json().name, "d-tiny");
 
-      const one = await app.inject({ url: `/conduit/finetuning/${run.id}`, headers: { authorization: `Token ${KEY_A}` } });
+      const one = await app.inject({
+        url: `/conduit/finetuning/${run.id}`,
+        headers: { authorization: `Token ${KEY_A}` },
+      });
       assert.deepEqual(one.json(), run);
       const list = await app.inject({ url: "/conduit/finetuning", headers: asAlice });
-      assert.deepEqual(list.json().map((r: { id: string }) => r.id), [byName.json().id, run.id]);
+      assert.deepEqual(
+        list.json().map((r: { id: string }) => r.id),
+        [byName.json().id, run.id],
+      );
       const page = await app.inject({ url: "/conduit/finetuning?limit=1&offset=1", headers: asAlice });
-      assert.deepEqual(page.json().map((r: { id: string }) => r.id), [run.id]);
+      assert.deepEqual(
+        page.json().map((r: { id: string }) => r.id),
+        [run.id],
+      );
     });
 
     test("bad configs are 400/404 naming the field, and nothing is queued", async (t) => {
       const { app } = await build(t, backend, models);
       const ds = await datasetWithPairs(app);
-      const empty = (await app.inject({ method: "POST", url: "/conduit/dataset", headers: asAlice, payload: { name: "empty" } })).json();
+      const empty = (
+        await app.inject({
+          method: "POST",
+          url: "/conduit/dataset",
+          headers: asAlice,
+          payload: { name: "empty" },
+        })
+      ).json();
       const cases: [Record<string, unknown>, number, string][] = [
         [{ baseModelName: "tiny" }, 400, "datasetID"],
         [{ datasetID: ds.id, baseModelName: "tiny", lr: 0 }, 400, "lr"],
@@ -91,7 +124,12 @@ for (const backend of backends()) {
         [{ datasetID: empty.id, baseModelName: "tiny" }, 400, "datasetID"],
       ];
       for (const [payload, status, param] of cases) {
-        const res = await app.inject({ method: "POST", url: "/conduit/finetuning", headers: asAlice, payload });
+        const res = await app.inject({
+          method: "POST",
+          url: "/conduit/finetuning",
+          headers: asAlice,
+          payload,
+        });
         assert.equal(res.statusCode, status, `${JSON.stringify(payload)} → ${res.body}`);
         assert.equal(res.json().error.param, param, res.body);
       }
@@ -102,22 +140,50 @@ for (const backend of backends()) {
       const { app } = await build(t, backend, models);
       const ds = await datasetWithPairs(app);
       const run = (
-        await app.inject({ method: "POST", url: "/conduit/finetuning", headers: asAlice, payload: { datasetID: ds.id, baseModelName: "tiny" } })
+        await app.inject({
+          method: "POST",
+          url: "/conduit/finetuning",
+          headers: asAlice,
+          payload: { datasetID: ds.id, baseModelName: "tiny" },
+        })
       ).json();
-      const cancel = await app.inject({ method: "POST", url: `/conduit/finetuning/${run.id}/cancel`, headers: asAlice });
+      const cancel = await app.inject({
+        method: "POST",
+        url: `/conduit/finetuning/${run.id}/cancel`,
+        headers: asAlice,
+      });
       assert.equal(cancel.statusCode, 200);
       assert.deepEqual(cancel.json(), { message: "SUCCESS" });
       const after = (await app.inject({ url: `/conduit/finetuning/${run.id}`, headers: asAlice })).json();
       assert.equal(after.status, "CANCELLED");
       assert.match(after.logs.at(-1), /cancelled by the user/);
-      const again = await app.inject({ method: "POST", url: `/conduit/finetuning/${run.id}/cancel`, headers: asAlice });
+      const again = await app.inject({
+        method: "POST",
+        url: `/conduit/finetuning/${run.id}/cancel`,
+        headers: asAlice,
+      });
       assert.equal(again.statusCode, 409);
       assert.equal(again.json().error.code, "conflict");
-      const del = await app.inject({ method: "DELETE", url: `/conduit/finetuning/${run.id}`, headers: asAlice });
+      const del = await app.inject({
+        method: "DELETE",
+        url: `/conduit/finetuning/${run.id}`,
+        headers: asAlice,
+      });
       assert.deepEqual(del.json(), { message: "SUCCESS" });
-      assert.equal((await app.inject({ url: `/conduit/finetuning/${run.id}`, headers: asAlice })).statusCode, 404);
-      assert.equal((await app.inject({ method: "DELETE", url: `/conduit/finetuning/${run.id}`, headers: asAlice })).statusCode, 404);
-      assert.equal((await app.inject({ method: "POST", url: `/conduit/finetuning/${run.id}/cancel`, headers: asAlice })).statusCode, 404);
+      assert.equal(
+        (await app.inject({ url: `/conduit/finetuning/${run.id}`, headers: asAlice })).statusCode,
+        404,
+      );
+      assert.equal(
+        (await app.inject({ method: "DELETE", url: `/conduit/finetuning/${run.id}`, headers: asAlice }))
+          .statusCode,
+        404,
+      );
+      assert.equal(
+        (await app.inject({ method: "POST", url: `/conduit/finetuning/${run.id}/cancel`, headers: asAlice }))
+          .statusCode,
+        404,
+      );
     });
 
     test("the runs table is a job queue: claim, heartbeat, finish, crash recovery", async (t) => {
@@ -129,7 +195,10 @@ for (const backend of backends()) {
       t.after(() => core.close());
       const ds = await core.datasets.create("alice", "d");
       const { Readable } = await import("node:stream");
-      await core.datasets.upload("alice", ds.id, { name: "a.jsonl", source: Readable.from(['{"input":"a","output":"b"}\n']) });
+      await core.datasets.upload("alice", ds.id, {
+        name: "a.jsonl",
+        source: Readable.from(['{"input":"a","output":"b"}\n']),
+      });
       const first = await core.runs.create("alice", { datasetID: ds.id, baseModelName: "tiny" });
       const second = await core.runs.create("alice", { datasetID: ds.id, baseModelName: "tiny" });
       const repo = core.runRepository;

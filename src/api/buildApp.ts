@@ -30,8 +30,20 @@ export async function buildApp(core: Core, options: BuildAppOptions = {}): Promi
 
   // Bodies are validated strictly (no type coercion, unknown fields are errors where a schema
   // forbids them); query strings and path params need coercion because they arrive as text.
-  const bodyAjv = new Ajv({ coerceTypes: false, useDefaults: true, removeAdditional: false, allErrors: false, strict: false });
-  const textAjv = new Ajv({ coerceTypes: true, useDefaults: true, removeAdditional: false, allErrors: false, strict: false });
+  const bodyAjv = new Ajv({
+    coerceTypes: false,
+    useDefaults: true,
+    removeAdditional: false,
+    allErrors: false,
+    strict: false,
+  });
+  const textAjv = new Ajv({
+    coerceTypes: true,
+    useDefaults: true,
+    removeAdditional: false,
+    allErrors: false,
+    strict: false,
+  });
   for (const schema of sharedSchemas) {
     bodyAjv.addSchema(schema);
     textAjv.addSchema(schema);
@@ -56,12 +68,18 @@ export async function buildApp(core: Core, options: BuildAppOptions = {}): Promi
       info: {
         title: "Conduit",
         version: "0.1.0",
-        description: "Self-hosted LLM inference and fine-tuning. Authenticate with `x-api-key: <key>` or `Authorization: Token <key>` (or `Bearer`).",
+        description:
+          "Self-hosted LLM inference and fine-tuning. Authenticate with `x-api-key: <key>` or `Authorization: Token <key>` (or `Bearer`).",
       },
       components: {
         securitySchemes: {
           apiKey: { type: "apiKey", in: "header", name: "x-api-key" },
-          token: { type: "apiKey", in: "header", name: "Authorization", description: "`Token <key>` or `Bearer <key>`" },
+          token: {
+            type: "apiKey",
+            in: "header",
+            name: "Authorization",
+            description: "`Token <key>` or `Bearer <key>`",
+          },
         },
       },
       security: [{ apiKey: [] }, { token: [] }],

@@ -45,7 +45,8 @@ const fastifyCodes: Record<string, ErrorCode> = {
 export function toConduitError(error: unknown): ConduitError | undefined {
   if (error instanceof ConduitError) return error;
   const fastifyError = error as FastifyError & { validationContext?: string };
-  if (fastifyError.validation) return fromValidation(fastifyError.validation as ValidationIssue[], fastifyError.validationContext);
+  if (fastifyError.validation)
+    return fromValidation(fastifyError.validation as ValidationIssue[], fastifyError.validationContext);
   const code = fastifyError.code ? fastifyCodes[fastifyError.code] : undefined;
   if (code) {
     const message =
@@ -56,7 +57,11 @@ export function toConduitError(error: unknown): ConduitError | undefined {
           : fastifyError.message;
     return new ConduitError(code, message);
   }
-  if (typeof fastifyError.statusCode === "number" && fastifyError.statusCode >= 400 && fastifyError.statusCode < 500) {
+  if (
+    typeof fastifyError.statusCode === "number" &&
+    fastifyError.statusCode >= 400 &&
+    fastifyError.statusCode < 500
+  ) {
     const status = fastifyError.statusCode;
     const mapped = (Object.keys(errorCatalog) as ErrorCode[]).find((c) => errorCatalog[c].status === status);
     return new ConduitError(mapped ?? "invalid_request", fastifyError.message);
@@ -72,7 +77,8 @@ export function registerErrorHandler(app: FastifyInstance): void {
       request.log.error({ err: error }, "request failed");
       conduitError ??= new ConduitError("internal_error", "internal server error");
     }
-    if (conduitError.retryAfter !== undefined) void reply.header("retry-after", String(conduitError.retryAfter));
+    if (conduitError.retryAfter !== undefined)
+      void reply.header("retry-after", String(conduitError.retryAfter));
     return reply.status(conduitError.status).send(errorBody(conduitError));
   });
 

@@ -5,7 +5,10 @@ import { Type, type Static, type TSchema } from "@sinclair/typebox";
  * from them, and the CLI and dashboard share the static types.
  */
 
-const Timestamp = Type.String({ description: "UTC time, `YYYY-MM-DD HH:MM:SS.mmm`", examples: ["2026-11-22 18:30:00.000"] });
+const Timestamp = Type.String({
+  description: "UTC time, `YYYY-MM-DD HH:MM:SS.mmm`",
+  examples: ["2026-11-22 18:30:00.000"],
+});
 const Id = Type.String({ minLength: 1, maxLength: 128 });
 const Name = Type.String({ minLength: 1, maxLength: 256, description: "1 to 256 characters" });
 
@@ -55,7 +58,11 @@ export const DatasetFile = Type.Object(
   { $id: "File" },
 );
 
-export const IoPairPreview = Type.Object({ input: Type.String(), output: Type.String(), line: Type.Integer() });
+export const IoPairPreview = Type.Object({
+  input: Type.String(),
+  output: Type.String(),
+  line: Type.Integer(),
+});
 
 export const RunStatus = Type.Union(
   ["QUEUED", "RUNNING", "READY", "FAILED", "CANCELLED"].map((s) => Type.Literal(s)),
@@ -85,7 +92,12 @@ export const Run = Type.Object(
 
 export const PageQuery = Type.Object(
   {
-    limit: Type.Integer({ minimum: 1, maximum: 1000, default: 100, description: "Items per page. Defaults to `100`." }),
+    limit: Type.Integer({
+      minimum: 1,
+      maximum: 1000,
+      default: 100,
+      description: "Items per page. Defaults to `100`.",
+    }),
     offset: Type.Integer({ minimum: 0, default: 0, description: "Items to skip. Defaults to `0`." }),
   },
   { additionalProperties: false },
@@ -108,7 +120,9 @@ export const UploadJsonBody = Type.Object(
   {
     name: Name,
     content: Type.Optional(Type.String({ description: "The file's text (JSONL, JSON array or CSV)." })),
-    ioPairs: Type.Optional(Type.Array(IoPairInput, { description: "Pairs given directly; stored as JSONL." })),
+    ioPairs: Type.Optional(
+      Type.Array(IoPairInput, { description: "Pairs given directly; stored as JSONL." }),
+    ),
     format: Type.Optional(Type.Union([Type.Literal("jsonl"), Type.Literal("json"), Type.Literal("csv")])),
   },
   { additionalProperties: false },
@@ -127,8 +141,16 @@ export const RunConfigFields = {
   datasetID: Type.Optional(Id),
   datasetId: Type.Optional(Id),
   datasetName: Type.Optional(Name),
-  baseModelName: Type.Optional(Type.String({ minLength: 1, maxLength: 256, description: "A model id (see GET /v1/models). Defaults to `CONDUIT_DEFAULT_MODEL`." })),
-  lr: Type.Optional(Type.Number({ exclusiveMinimum: 0, maximum: 1, description: "Learning rate. Defaults to `0.0005`." })),
+  baseModelName: Type.Optional(
+    Type.String({
+      minLength: 1,
+      maxLength: 256,
+      description: "A model id (see GET /v1/models). Defaults to `CONDUIT_DEFAULT_MODEL`.",
+    }),
+  ),
+  lr: Type.Optional(
+    Type.Number({ exclusiveMinimum: 0, maximum: 1, description: "Learning rate. Defaults to `0.0005`." }),
+  ),
   complexity: Type.Optional(
     Type.Number({
       exclusiveMinimum: 0,
@@ -136,9 +158,18 @@ export const RunConfigFields = {
       description: "Fraction of the top transformer blocks that train, in (0, 1]. Defaults to `1`.",
     }),
   ),
-  steps: Type.Optional(Type.Integer({ minimum: 1, description: "Cap on optimizer steps. Defaults to no cap." })),
-  epochs: Type.Optional(Type.Integer({ minimum: 1, maximum: 1000, description: "Passes over the data. Defaults to `3`." })),
-  systemPrompt: Type.Optional(Type.String({ maxLength: 100_000, description: "System prompt trained with and served with. Defaults to none." })),
+  steps: Type.Optional(
+    Type.Integer({ minimum: 1, description: "Cap on optimizer steps. Defaults to no cap." }),
+  ),
+  epochs: Type.Optional(
+    Type.Integer({ minimum: 1, maximum: 1000, description: "Passes over the data. Defaults to `3`." }),
+  ),
+  systemPrompt: Type.Optional(
+    Type.String({
+      maxLength: 100_000,
+      description: "System prompt trained with and served with. Defaults to none.",
+    }),
+  ),
   name: Type.Optional(Name),
   trackerProject: Type.Optional(Type.String({ maxLength: 256 })),
   trackerEntity: Type.Optional(Type.String({ maxLength: 256 })),

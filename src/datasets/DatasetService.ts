@@ -3,7 +3,14 @@ import { ConduitError } from "../errors.ts";
 import type { BlobStore } from "../store/BlobStore.ts";
 import type { Dataset, DatasetFile, DatasetRepository, Page } from "../store/DatasetRepository.ts";
 import { newId } from "../store/ids.ts";
-import { countIoPairs, detectFormat, IoPairError, readIoPairs, type IoFormat, type IoPair } from "./ioPairs.ts";
+import {
+  countIoPairs,
+  detectFormat,
+  IoPairError,
+  readIoPairs,
+  type IoFormat,
+  type IoPair,
+} from "./ioPairs.ts";
 
 export interface UploadInput {
   /** File name as the user gave it: metadata only, never part of a path. */
@@ -68,7 +75,10 @@ export class DatasetService {
 
   async getFile(userId: string, datasetId: string, fileId: string): Promise<DatasetFile> {
     const file = await this.datasets.getFile(userId, datasetId, fileId);
-    if (!file) throw new ConduitError("not_found", `file ${fileId} not found in dataset ${datasetId}`, { param: "file_id" });
+    if (!file)
+      throw new ConduitError("not_found", `file ${fileId} not found in dataset ${datasetId}`, {
+        param: "file_id",
+      });
     return file;
   }
 
@@ -84,7 +94,12 @@ export class DatasetService {
       transform(chunk: Buffer, _encoding, callback) {
         seen += chunk.length;
         if (seen > limit)
-          callback(new ConduitError("payload_too_large", `the file is larger than the upload limit of ${limit} bytes`));
+          callback(
+            new ConduitError(
+              "payload_too_large",
+              `the file is larger than the upload limit of ${limit} bytes`,
+            ),
+          );
         else callback(null, chunk);
       },
     });
@@ -93,7 +108,10 @@ export class DatasetService {
     try {
       // The multipart parser truncates rather than failing when a file hits its limit.
       if ((input.source as Readable & { truncated?: boolean }).truncated)
-        throw new ConduitError("payload_too_large", `the file is larger than the upload limit of ${limit} bytes`);
+        throw new ConduitError(
+          "payload_too_large",
+          `the file is larger than the upload limit of ${limit} bytes`,
+        );
       if (size === 0) throw new ConduitError("invalid_file", "the file is empty", { param: "file" });
       const format = input.format ?? (await detectFormat(tempPath, input.name));
       let ioPairsCount: number;
@@ -104,11 +122,19 @@ export class DatasetService {
           throw new ConduitError("invalid_file", `${input.name}: ${error.message}`, { param: "file" });
         throw error;
       }
-      if (ioPairsCount === 0) throw new ConduitError("invalid_file", `${input.name}: the file has no IO pairs`, { param: "file" });
+      if (ioPairsCount === 0)
+        throw new ConduitError("invalid_file", `${input.name}: the file has no IO pairs`, { param: "file" });
       const fileId = newId("file");
       const blob = `files/${datasetId}/${fileId}`;
       await this.blobs.commit(tempPath, blob);
-      const file = await this.datasets.addFile(userId, datasetId, { id: fileId, name: input.name, size, format, ioPairsCount, blob });
+      const file = await this.datasets.addFile(userId, datasetId, {
+        id: fileId,
+        name: input.name,
+        size,
+        format,
+        ioPairsCount,
+        blob,
+      });
       if (!file) {
         await this.blobs.remove(blob);
         throw new ConduitError("not_found", `dataset ${datasetId} not found`, { param: "dataset_id" });
@@ -122,7 +148,10 @@ export class DatasetService {
   async deleteFile(userId: string, datasetId: string, fileId: string): Promise<void> {
     await this.get(userId, datasetId);
     const blob = await this.datasets.deleteFile(userId, datasetId, fileId);
-    if (!blob) throw new ConduitError("not_found", `file ${fileId} not found in dataset ${datasetId}`, { param: "file_id" });
+    if (!blob)
+      throw new ConduitError("not_found", `file ${fileId} not found in dataset ${datasetId}`, {
+        param: "file_id",
+      });
     await this.blobs.remove(blob);
   }
 

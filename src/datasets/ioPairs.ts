@@ -39,7 +39,11 @@ export async function detectFormat(filePath: string, name: string): Promise<IoFo
   const handle = await fsp.open(filePath, "r");
   try {
     const { buffer, bytesRead } = await handle.read(Buffer.alloc(4096), 0, 4096, 0);
-    const first = buffer.subarray(0, bytesRead).toString("utf8").replace(/^\uFEFF/, "").trimStart()[0];
+    const first = buffer
+      .subarray(0, bytesRead)
+      .toString("utf8")
+      .replace(/^\uFEFF/, "")
+      .trimStart()[0];
     return first === "[" ? "json" : first === "{" ? "jsonl" : "csv";
   } finally {
     await handle.close();
@@ -49,16 +53,16 @@ export async function detectFormat(filePath: string, name: string): Promise<IoFo
 function field(record: Record<string, unknown>, names: [string, string], line: number): string {
   const [name, alias] = names;
   const value = record[name] ?? record[alias];
-  if (value === undefined || value === null)
-    throw new IoPairError(line, `missing "${name}" (or "${alias}")`);
-  if (typeof value !== "string") throw new IoPairError(line, `"${name}" must be a string, got ${typeof value}`);
+  if (value === undefined || value === null) throw new IoPairError(line, `missing "${name}" (or "${alias}")`);
+  if (typeof value !== "string")
+    throw new IoPairError(line, `"${name}" must be a string, got ${typeof value}`);
   if (value.length === 0) throw new IoPairError(line, `"${name}" is empty`);
   return value;
 }
 
 function toPair(value: unknown, line: number): IoPair {
   if (typeof value !== "object" || value === null || Array.isArray(value))
-    throw new IoPairError(line, "expected an object with \"input\" and \"output\"");
+    throw new IoPairError(line, 'expected an object with "input" and "output"');
   const record = value as Record<string, unknown>;
   return {
     input: field(record, ["input", "prompt"], line),
@@ -68,7 +72,10 @@ function toPair(value: unknown, line: number): IoPair {
 }
 
 async function* readJsonl(filePath: string): AsyncGenerator<IoPair> {
-  const lines = readline.createInterface({ input: fs.createReadStream(filePath, "utf8"), crlfDelay: Infinity });
+  const lines = readline.createInterface({
+    input: fs.createReadStream(filePath, "utf8"),
+    crlfDelay: Infinity,
+  });
   let line = 0;
   for await (const text of lines) {
     line++;
@@ -125,9 +132,13 @@ async function* readJsonArray(filePath: string): AsyncGenerator<IoPair> {
   } catch (error) {
     const message = (error as Error).message;
     const position = Number(message.match(/position (\d+)/)?.[1] ?? NaN);
-    throw new IoPairError(Number.isNaN(position) ? 1 : 1 + countNewlines(text, 0, position), `invalid JSON (${message})`);
+    throw new IoPairError(
+      Number.isNaN(position) ? 1 : 1 + countNewlines(text, 0, position),
+      `invalid JSON (${message})`,
+    );
   }
-  if (!Array.isArray(value)) throw new IoPairError(1, "a .json file must hold an array of {\"input\",\"output\"} objects");
+  if (!Array.isArray(value))
+    throw new IoPairError(1, 'a .json file must hold an array of {"input","output"} objects');
   const offsets = itemOffsets(text);
   let line = 1;
   let lastOffset = 0;
@@ -140,12 +151,15 @@ async function* readJsonArray(filePath: string): AsyncGenerator<IoPair> {
 }
 
 async function* readCsv(filePath: string): AsyncGenerator<IoPair> {
-  const parser = fs.createReadStream(filePath).pipe(
-    parseCsv({ bom: true, columns: true, skip_empty_lines: true, info: true, relax_quotes: false }),
-  );
+  const parser = fs
+    .createReadStream(filePath)
+    .pipe(parseCsv({ bom: true, columns: true, skip_empty_lines: true, info: true, relax_quotes: false }));
   let checkedHeader = false;
   try {
-    for await (const { record, info } of parser as AsyncIterable<{ record: Record<string, string>; info: { lines: number } }>) {
+    for await (const { record, info } of parser as AsyncIterable<{
+      record: Record<string, string>;
+      info: { lines: number };
+    }>) {
       if (!checkedHeader) {
         checkedHeader = true;
         const columns = Object.keys(record);

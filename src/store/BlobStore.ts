@@ -22,7 +22,10 @@ export class BlobStore {
 
   /** Absolute path of a blob key such as `files/ds_x/file_y`. Throws on keys that leave the root. */
   pathOf(key: string): string {
-    if (!/^[A-Za-z0-9_-]+(\/[A-Za-z0-9._-]+)*$/.test(key) || key.split("/").some((p) => p === ".." || p === "."))
+    if (
+      !/^[A-Za-z0-9_-]+(\/[A-Za-z0-9._-]+)*$/.test(key) ||
+      key.split("/").some((p) => p === ".." || p === ".")
+    )
       throw new Error(`invalid blob key: ${key}`);
     const full = path.resolve(this.root, key);
     if (!full.startsWith(this.root + path.sep)) throw new Error(`invalid blob key: ${key}`);
@@ -71,6 +74,7 @@ export class BlobStore {
 
   /** Removes temp files left by a crash. */
   async sweepTemp(): Promise<void> {
-    for (const name of await fsp.readdir(this.tmpDir)) await fsp.rm(path.join(this.tmpDir, name), { force: true });
+    for (const name of await fsp.readdir(this.tmpDir))
+      await fsp.rm(path.join(this.tmpDir, name), { force: true });
   }
 }

@@ -233,7 +233,10 @@ export class DatasetRepository {
       await tx.deleteFrom("files").where("id", "=", fileId).execute();
       await tx
         .updateTable("datasets")
-        .set((eb) => ({ io_pairs_count: eb("io_pairs_count", "-", file.io_pairs_count), updated_at: timestamp() }))
+        .set((eb) => ({
+          io_pairs_count: eb("io_pairs_count", "-", file.io_pairs_count),
+          updated_at: timestamp(),
+        }))
         .where("id", "=", datasetId)
         .execute();
       return file.blob;

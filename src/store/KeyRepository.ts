@@ -40,10 +40,18 @@ export class KeyRepository {
 
   /** Stores a key chosen by the operator (`CONDUIT_API_KEYS`); an existing identical key is left alone. */
   async ensure(key: string, userId: string, name = "env"): Promise<ApiKey> {
-    const existing = await this.db.selectFrom("api_keys").selectAll().where("hash", "=", hashKey(key)).executeTakeFirst();
+    const existing = await this.db
+      .selectFrom("api_keys")
+      .selectAll()
+      .where("hash", "=", hashKey(key))
+      .executeTakeFirst();
     if (existing) {
       if (existing.user_id !== userId)
-        await this.db.updateTable("api_keys").set({ user_id: userId }).where("id", "=", existing.id).execute();
+        await this.db
+          .updateTable("api_keys")
+          .set({ user_id: userId })
+          .where("id", "=", existing.id)
+          .execute();
       return toKey({ ...existing, user_id: userId });
     }
     return this.insert(key, userId, name);
@@ -80,7 +88,10 @@ export class KeyRepository {
   }
 
   async count(): Promise<number> {
-    const row = await this.db.selectFrom("api_keys").select((eb) => eb.fn.countAll<number>().as("n")).executeTakeFirst();
+    const row = await this.db
+      .selectFrom("api_keys")
+      .select((eb) => eb.fn.countAll<number>().as("n"))
+      .executeTakeFirst();
     return Number(row?.n ?? 0);
   }
 

@@ -101,7 +101,10 @@ export class RunRepository {
     };
     await this.db.transaction().execute(async (tx) => {
       await tx.insertInto("runs").values(row).execute();
-      await tx.insertInto("run_logs").values({ run_id: row.id, seq: 0, line: `${now} run queued`, created_at: now }).execute();
+      await tx
+        .insertInto("run_logs")
+        .values({ run_id: row.id, seq: 0, line: `${now} run queued`, created_at: now })
+        .execute();
     });
     return toRun(row, [`${now} run queued`]);
   }
@@ -200,16 +203,24 @@ export class RunRepository {
       .where("id", "=", id)
       .where("status", "in", activeStatuses)
       .executeTakeFirst();
-    if (Number(result.numUpdatedRows) > 0) await this.appendLog(id, `run cancelled by the user (was ${run.status})`);
+    if (Number(result.numUpdatedRows) > 0)
+      await this.appendLog(id, `run cancelled by the user (was ${run.status})`);
     return run.status as RunStatus;
   }
 
   async delete(userId: string, id: string): Promise<boolean> {
     return this.db.transaction().execute(async (tx) => {
-      await tx.deleteFrom("run_logs").where("run_id", "in", (eb) =>
-        eb.selectFrom("runs").select("id").where("id", "=", id).where("user_id", "=", userId),
-      ).execute();
-      const result = await tx.deleteFrom("runs").where("id", "=", id).where("user_id", "=", userId).executeTakeFirst();
+      await tx
+        .deleteFrom("run_logs")
+        .where("run_id", "in", (eb) =>
+          eb.selectFrom("runs").select("id").where("id", "=", id).where("user_id", "=", userId),
+        )
+        .execute();
+      const result = await tx
+        .deleteFrom("runs")
+        .where("id", "=", id)
+        .where("user_id", "=", userId)
+        .executeTakeFirst();
       return Number(result.numDeletedRows) > 0;
     });
   }
@@ -329,7 +340,10 @@ export class RunRepository {
         );
       } else {
         requeued.push(run.id);
-        await this.appendLog(run.id, "run re-queued: the server stopped while it was training; it starts again from the base model");
+        await this.appendLog(
+          run.id,
+          "run re-queued: the server stopped while it was training; it starts again from the base model",
+        );
       }
     }
     return { requeued, failed };

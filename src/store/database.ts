@@ -49,7 +49,9 @@ export async function openDatabase(options: OpenDatabaseOptions): Promise<Db> {
   const failed = results?.find((r) => r.status === "Error");
   if (error || failed) {
     await kysely.destroy();
-    throw new Error(`database migration ${failed?.migrationName ?? ""} failed: ${String(error)}`, { cause: error });
+    throw new Error(`database migration ${failed?.migrationName ?? ""} failed: ${String(error)}`, {
+      cause: error,
+    });
   }
 
   return { kysely, dialect, close: () => kysely.destroy() };

@@ -29,7 +29,11 @@ const migrations: Record<string, Migration> = {
         .addColumn("created_at", "text", (c) => c.notNull())
         .addColumn("updated_at", "text", (c) => c.notNull())
         .execute();
-      await db.schema.createIndex("datasets_user").on("datasets").columns(["user_id", "created_at"]).execute();
+      await db.schema
+        .createIndex("datasets_user")
+        .on("datasets")
+        .columns(["user_id", "created_at"])
+        .execute();
 
       await db.schema
         .createTable("files")
@@ -45,7 +49,11 @@ const migrations: Record<string, Migration> = {
         .addColumn("created_at", "text", (c) => c.notNull())
         .addColumn("updated_at", "text", (c) => c.notNull())
         .execute();
-      await db.schema.createIndex("files_dataset").on("files").columns(["dataset_id", "created_at"]).execute();
+      await db.schema
+        .createIndex("files_dataset")
+        .on("files")
+        .columns(["dataset_id", "created_at"])
+        .execute();
 
       await db.schema
         .createTable("runs")

@@ -64,19 +64,31 @@ export class RunService {
   async create(userId: string, body: CreateRunBodyWire): Promise<Run> {
     const datasetId = body.datasetID ?? body.datasetId;
     if (!datasetId && !body.datasetName)
-      throw new ConduitError("invalid_request", 'one of "datasetID" and "datasetName" is required', { param: "datasetID" });
+      throw new ConduitError("invalid_request", 'one of "datasetID" and "datasetName" is required', {
+        param: "datasetID",
+      });
     const dataset = await this.datasets.find(userId, { id: datasetId, name: body.datasetName });
     if (dataset.ioPairsCount === 0)
-      throw new ConduitError("invalid_request", `dataset ${dataset.id} has no IO pairs; upload a file first`, {
-        param: datasetId ? "datasetID" : "datasetName",
-      });
+      throw new ConduitError(
+        "invalid_request",
+        `dataset ${dataset.id} has no IO pairs; upload a file first`,
+        {
+          param: datasetId ? "datasetID" : "datasetName",
+        },
+      );
     const baseModelName = body.baseModelName ?? this.options.defaultModel;
     if (!baseModelName)
-      throw new ConduitError("invalid_request", '"baseModelName" is required (no CONDUIT_DEFAULT_MODEL is set)', {
+      throw new ConduitError(
+        "invalid_request",
+        '"baseModelName" is required (no CONDUIT_DEFAULT_MODEL is set)',
+        {
+          param: "baseModelName",
+        },
+      );
+    if (!this.models.resolve(baseModelName))
+      throw new ConduitError("model_not_found", `model "${baseModelName}" not found`, {
         param: "baseModelName",
       });
-    if (!this.models.resolve(baseModelName))
-      throw new ConduitError("model_not_found", `model "${baseModelName}" not found`, { param: "baseModelName" });
 
     const id = newId("ft");
     const config: RunConfig = {
@@ -123,7 +135,8 @@ export class RunService {
   /** Cancels a QUEUED or RUNNING run; a finished one is a 409. */
   async cancel(userId: string, id: string): Promise<void> {
     const previous = await this.runs.cancel(userId, id);
-    if (previous === undefined) throw new ConduitError("not_found", `run ${id} not found`, { param: "finetune_id" });
+    if (previous === undefined)
+      throw new ConduitError("not_found", `run ${id} not found`, { param: "finetune_id" });
     if (previous !== "QUEUED" && previous !== "RUNNING")
       throw new ConduitError("conflict", `run ${id} is ${previous} and cannot be cancelled`);
     this.events.emit("changed", id);
@@ -136,7 +149,8 @@ export class RunService {
       await this.runs.cancel(userId, id);
       this.events.emit("changed", id);
     }
-    if (!(await this.runs.delete(userId, id))) throw new ConduitError("not_found", `run ${id} not found`, { param: "finetune_id" });
+    if (!(await this.runs.delete(userId, id)))
+      throw new ConduitError("not_found", `run ${id} not found`, { param: "finetune_id" });
     return run;
   }
 }

@@ -22,7 +22,13 @@ import {
 import { datasetWire, fileWire, SUCCESS } from "../wire.ts";
 import type { IoFormat } from "../../datasets/ioPairs.ts";
 
-const rawContentTypes = ["application/jsonl", "application/x-ndjson", "text/csv", "text/plain", "application/octet-stream"];
+const rawContentTypes = [
+  "application/jsonl",
+  "application/x-ndjson",
+  "text/csv",
+  "text/plain",
+  "application/octet-stream",
+];
 const uploadJson = TypeCompiler.Compile(UploadJsonBody);
 
 interface UploadSource {
@@ -32,34 +38,58 @@ interface UploadSource {
 }
 
 /** The three ways to send a file: multipart, a raw body, or JSON (`content` or `ioPairs`). */
-async function uploadSource(request: FastifyRequest, query: { name?: string; format?: IoFormat }): Promise<UploadSource> {
+async function uploadSource(
+  request: FastifyRequest,
+  query: { name?: string; format?: IoFormat },
+): Promise<UploadSource> {
   if (request.isMultipart()) {
     const part = await request.file();
-    if (!part) throw new ConduitError("invalid_request", 'multipart body has no "file" field', { param: "file" });
+    if (!part)
+      throw new ConduitError("invalid_request", 'multipart body has no "file" field', { param: "file" });
     if (part.fieldname !== "file")
-      throw new ConduitError("invalid_request", `multipart field "${part.fieldname}" is not "file"`, { param: "file" });
+      throw new ConduitError("invalid_request", `multipart field "${part.fieldname}" is not "file"`, {
+        param: "file",
+      });
     const nameField = part.fields.name;
-    const fieldName = nameField && !Array.isArray(nameField) && nameField.type === "field" ? String(nameField.value) : undefined;
+    const fieldName =
+      nameField && !Array.isArray(nameField) && nameField.type === "field"
+        ? String(nameField.value)
+        : undefined;
     const name = fieldName || query.name || part.filename || "upload";
     return { name, source: part.file, format: query.format };
   }
   if (request.body instanceof Readable) {
-    if (!query.name) throw new ConduitError("invalid_request", 'query field "name" is required for a raw upload', { param: "name" });
+    if (!query.name)
+      throw new ConduitError("invalid_request", 'query field "name" is required for a raw upload', {
+        param: "name",
+      });
     return { name: query.name, source: request.body, format: query.format };
   }
   const body = request.body;
   if (!uploadJson.Check(body)) {
     const issue = uploadJson.Errors(body).First();
     const param = issue?.path.split("/").filter(Boolean).join(".") || null;
-    throw new ConduitError("invalid_request", `${param ? `field "${param}" ` : "body "}${issue?.message ?? "is invalid"}`, { param });
+    throw new ConduitError(
+      "invalid_request",
+      `${param ? `field "${param}" ` : "body "}${issue?.message ?? "is invalid"}`,
+      { param },
+    );
   }
   if ((body.content === undefined) === (body.ioPairs === undefined))
-    throw new ConduitError("invalid_request", 'send exactly one of "content" and "ioPairs"', { param: "content" });
+    throw new ConduitError("invalid_request", 'send exactly one of "content" and "ioPairs"', {
+      param: "content",
+    });
   if (body.ioPairs !== undefined) {
-    const lines = body.ioPairs.map((pair) => JSON.stringify({ input: pair.input, output: pair.output }) + "\n");
+    const lines = body.ioPairs.map(
+      (pair) => JSON.stringify({ input: pair.input, output: pair.output }) + "\n",
+    );
     return { name: body.name, source: Readable.from(lines), format: "jsonl" };
   }
-  return { name: body.name, source: Readable.from([Buffer.from(body.content ?? "", "utf8")]), format: body.format };
+  return {
+    name: body.name,
+    source: Readable.from([Buffer.from(body.content ?? "", "utf8")]),
+    format: body.format,
+  };
 }
 
 /** Seed 4.2: datasets and their files. */
@@ -70,25 +100,54 @@ export default async function datasetRoutes(app: FastifyInstance, { core }: { co
 
   r.post(
     "/conduit/dataset",
-    { schema: { tags, summary: "Create a dataset", body: CreateDatasetBody, response: responses({ 200: Dataset }) } },
+    {
+      schema: {
+        tags,
+        summary: "Create a dataset",
+        body: CreateDatasetBody,
+        response: responses({ 200: Dataset }),
+      },
+    },
     async (request) => datasetWire(await datasets.create(request.userId, request.body.name)),
   );
 
   r.get(
     "/conduit/dataset",
-    { schema: { tags, summary: "List your datasets, newest first", querystring: PageQuery, response: responses({ 200: Type.Array(Dataset) }) } },
+    {
+      schema: {
+        tags,
+        summary: "List your datasets, newest first",
+        querystring: PageQuery,
+        response: responses({ 200: Type.Array(Dataset) }),
+      },
+    },
     async (request) => (await datasets.list(request.userId, request.query)).map(datasetWire),
   );
 
   r.get(
     "/conduit/dataset/:dataset_id",
-    { schema: { tags, summary: "Read a dataset", params: DatasetParams, response: responses({ 200: Dataset }) } },
+    {
+      schema: {
+        tags,
+        summary: "Read a dataset",
+        params: DatasetParams,
+        response: responses({ 200: Dataset }),
+      },
+    },
     async (request) => datasetWire(await datasets.get(request.userId, request.params.dataset_id)),
   );
 
   r.patch(
     "/conduit/dataset/:dataset_id",
-    { schema: { tags, summary: "Rename a dataset", params: DatasetParams, body: RenameDatasetBody, response: responses({ 200: Message }) } },
+    {
+      schema: {
+        tags,
+        summary: "Rename a dataset",
+        params: DatasetParams,
+        body: RenameDatasetBody,
+        response: responses({ 200: Message }),
+      },
+    },
     async (request) => {
       await datasets.rename(request.userId, request.params.dataset_id, request.body.name);
       return SUCCESS;
@@ -97,7 +156,14 @@ export default async function datasetRoutes(app: FastifyInstance, { core }: { co
 
   r.delete(
     "/conduit/dataset/:dataset_id",
-    { schema: { tags, summary: "Delete a dataset and its files", params: DatasetParams, response: responses({ 200: Message }) } },
+    {
+      schema: {
+        tags,
+        summary: "Delete a dataset and its files",
+        params: DatasetParams,
+        response: responses({ 200: Message }),
+      },
+    },
     async (request) => {
       await datasets.delete(request.userId, request.params.dataset_id);
       return SUCCESS;
@@ -107,15 +173,30 @@ export default async function datasetRoutes(app: FastifyInstance, { core }: { co
   r.get(
     "/conduit/dataset/:dataset_id/files",
     {
-      schema: { tags, summary: "List a dataset's files, newest first", params: DatasetParams, querystring: PageQuery, response: responses({ 200: Type.Array(DatasetFile) }) },
+      schema: {
+        tags,
+        summary: "List a dataset's files, newest first",
+        params: DatasetParams,
+        querystring: PageQuery,
+        response: responses({ 200: Type.Array(DatasetFile) }),
+      },
     },
-    async (request) => (await datasets.listFiles(request.userId, request.params.dataset_id, request.query)).map(fileWire),
+    async (request) =>
+      (await datasets.listFiles(request.userId, request.params.dataset_id, request.query)).map(fileWire),
   );
 
   r.get(
     "/conduit/dataset/:dataset_id/file/:file_id",
-    { schema: { tags, summary: "Read a file's record", params: FileParams, response: responses({ 200: DatasetFile }) } },
-    async (request) => fileWire(await datasets.getFile(request.userId, request.params.dataset_id, request.params.file_id)),
+    {
+      schema: {
+        tags,
+        summary: "Read a file's record",
+        params: FileParams,
+        response: responses({ 200: DatasetFile }),
+      },
+    },
+    async (request) =>
+      fileWire(await datasets.getFile(request.userId, request.params.dataset_id, request.params.file_id)),
   );
 
   r.get(
@@ -129,12 +210,20 @@ export default async function datasetRoutes(app: FastifyInstance, { core }: { co
         response: responses({ 200: Type.Array(IoPairPreview) }),
       },
     },
-    async (request) => datasets.previewFile(request.userId, request.params.dataset_id, request.params.file_id, request.query),
+    async (request) =>
+      datasets.previewFile(request.userId, request.params.dataset_id, request.params.file_id, request.query),
   );
 
   r.delete(
     "/conduit/dataset/:dataset_id/file/:file_id",
-    { schema: { tags, summary: "Delete a file from a dataset", params: FileParams, response: responses({ 200: Message }) } },
+    {
+      schema: {
+        tags,
+        summary: "Delete a file from a dataset",
+        params: FileParams,
+        response: responses({ 200: Message }),
+      },
+    },
     async (request) => {
       await datasets.deleteFile(request.userId, request.params.dataset_id, request.params.file_id);
       return SUCCESS;

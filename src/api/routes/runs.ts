@@ -17,7 +17,8 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
       schema: {
         tags,
         summary: "Start a fine-tuning run",
-        description: "Validates the configuration and queues the run. `config` on the result shows every effective value.",
+        description:
+          "Validates the configuration and queues the run. `config` on the result shows every effective value.",
         body: CreateRunBody,
         response: responses({ 200: Run }),
       },
@@ -27,7 +28,14 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
 
   r.get(
     "/conduit/finetuning",
-    { schema: { tags, summary: "List your runs, newest first", querystring: PageQuery, response: responses({ 200: Type.Array(Run) }) } },
+    {
+      schema: {
+        tags,
+        summary: "List your runs, newest first",
+        querystring: PageQuery,
+        response: responses({ 200: Type.Array(Run) }),
+      },
+    },
     async (request) => (await runs.list(request.userId, request.query)).map(runWire),
   );
 
