@@ -41,11 +41,12 @@ keys
     if (!/^[A-Za-z0-9._@-]{1,128}$/.test(opts.user))
       throw new UsageError("user ids are letters, digits and . _ @ -");
     const { key, record } = await withCore((core) => core.keys.create(opts.user, opts.name));
-    console.log(
-      opts.json
-        ? JSON.stringify({ key, ...record })
-        : `${key}\n(id ${record.id}, user ${record.userId}; store it now, it is not shown again)`,
-    );
+    if (opts.json) console.log(JSON.stringify({ key, ...record }));
+    else {
+      // The key alone on stdout, so `KEY=$(conduit keys create -u me)` works.
+      console.log(key);
+      console.error(`key ${record.id} for user ${record.userId}: store it now, it is not shown again`);
+    }
   });
 
 keys
