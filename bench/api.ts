@@ -60,7 +60,7 @@ const started = performance.now();
 const upload = await fetch(`${conduit}/conduit/dataset/${dataset.id}/upload?name=big.jsonl`, {
   method: "POST",
   headers: { "x-api-key": key, "content-type": "application/jsonl" },
-  body: fs.createReadStream(file) as unknown as BodyInit,
+  body: fs.createReadStream(file) as unknown as ReadableStream,
   duplex: "half",
 } as RequestInit);
 const uploadSeconds = (performance.now() - started) / 1000;

@@ -18,9 +18,12 @@ const config = loadConfig({
   CONDUIT_MAX_UPLOAD_BYTES: String(200 * 1024 * 1024),
   ...(process.env.DATABASE_URL ? { DATABASE_URL: process.env.DATABASE_URL } : {}),
 });
-const core = await createCore(config, { models: { resolve: (id) => ({ id, path: "/dev/null" }) } });
+fs.mkdirSync(path.join(dataDir, "models"));
+// Run creation only checks that the base model exists; nothing trains or loads it here.
+fs.writeFileSync(path.join(dataDir, "models", "m.gguf"), "");
+const core = await createCore(config);
 for (const seed of config.apiKeys) await core.keys.ensure(seed.key, seed.userId);
-const app = await buildApp(core, { logger: false });
+const app = await buildApp(core);
 await app.listen({ port: 0, host: "127.0.0.1" });
 
 const bare = Fastify({ logger: false });

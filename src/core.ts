@@ -1,13 +1,18 @@
 import path from "node:path";
+import { pino, type Logger } from "pino";
 import { publicUrl, type Config } from "./config.ts";
 import { DatasetService } from "./datasets/DatasetService.ts";
+import type { Engine } from "./engine/Engine.ts";
+import { createLlamaEngine } from "./engine/LlamaEngine.ts";
+import { ModelRegistry } from "./engine/ModelRegistry.ts";
+import { InferenceService } from "./inference/InferenceService.ts";
 import { BlobStore } from "./store/BlobStore.ts";
 import { openDatabase, type Db } from "./store/database.ts";
 import { DatasetRepository } from "./store/DatasetRepository.ts";
 import { KeyRepository } from "./store/KeyRepository.ts";
 import { RunRepository } from "./store/RunRepository.ts";
-import { RunService, type ModelCatalog } from "./train/RunService.ts";
-// import { ModelRegistry } from "./engine/ModelRegistry.ts";
+import { RunService } from "./train/RunService.ts";
+import { Scheduler, type SchedulerOptions } from "./train/Scheduler.ts";
 
 /**
  * Everything the API and the CLI work with, assembled once: database, blob store,
@@ -15,21 +20,30 @@ import { RunService, type ModelCatalog } from "./train/RunService.ts";
  */
 export interface Core {
   config: Config;
+  log: Logger;
   db: Db;
   blobs: BlobStore;
   keys: KeyRepository;
   datasets: DatasetService;
   runRepository: RunRepository;
   runs: RunService;
-  models: ModelCatalog;
+  registry: ModelRegistry;
+  engine: Engine;
+  inference: InferenceService;
+  scheduler: Scheduler;
   close(): Promise<void>;
 }
 
 export interface CoreOverrides {
-  models?: ModelCatalog;
+  /** Replaces the llama.cpp engine (HTTP-shape tests). */
+  engine?: Engine;
+  /** Scheduler timings (tests use short leases). */
+  scheduler?: Partial<SchedulerOptions>;
+  log?: Logger;
 }
 
 export async function createCore(config: Config, overrides: CoreOverrides = {}): Promise<Core> {
+  const log = overrides.log ?? pino({ level: config.logLevel });
   const db = await openDatabase({
     databaseUrl: config.databaseUrl,
     sqlitePath: path.join(config.dataDir, "conduit.db"),
@@ -39,23 +53,47 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
   const keys = new KeyRepository(db.kysely);
   const datasets = new DatasetService(new DatasetRepository(db.kysely), blobs, config.maxUploadBytes);
   const runRepository = new RunRepository(db.kysely, db.dialect);
-  const models = overrides.models ?? { resolve: () => undefined }; // TODO registry
+  const registry = new ModelRegistry({ modelsDir: config.modelsDir });
   const base = publicUrl(config);
-  const runs = new RunService(runRepository, datasets, models, {
+  const runs = new RunService(runRepository, datasets, registry, {
     defaultModel: config.defaultModel,
     trackerUrl: (id) => `${base}/ui/runs/${id}`,
+  });
+  const engine =
+    overrides.engine ??
+    createLlamaEngine({
+      threads: config.threads,
+      contextSize: config.contextSize,
+      parallelSequences: config.parallelSequences,
+      maxQueue: config.maxQueue,
+      memoryBudgetBytes: config.modelMemoryBudget,
+      logger: (level, message) => log[level]({ source: "llama.cpp" }, message),
+    });
+  const inference = new InferenceService(engine, registry, runRepository, config.defaultModel);
+  const scheduler = new Scheduler(runRepository, runs, datasets, registry, blobs, log, {
+    concurrency: config.trainConcurrency,
+    threads: config.trainThreads,
+    ...overrides.scheduler,
   });
 
   return {
     config,
+    log,
     db,
     blobs,
     keys,
     datasets,
     runRepository,
     runs,
-    models,
-    close: () => db.close(),
+    registry,
+    engine,
+    inference,
+    scheduler,
+    async close() {
+      await scheduler.close();
+      await engine.dispose();
+      await db.close();
+    },
   };
 }
 

@@ -4,9 +4,7 @@ import type { FastifyInstance } from "fastify";
 import { asAlice, asBob, backends, build, buildTestApp, KEY_A, testEnv } from "./helper.ts";
 import type { CoreOverrides } from "../src/core.ts";
 
-const models: CoreOverrides = {
-  models: { resolve: (id) => (id === "tiny" ? { id, path: "/dev/null" } : undefined) },
-};
+const models: CoreOverrides = {};
 
 /** Alice's resources, for checking that nobody else can reach them. */
 async function aliceWorld(app: FastifyInstance) {

@@ -36,6 +36,21 @@ async function freshSchema(t: TestContext): Promise<string> {
   return url.toString();
 }
 
+let tinyModelFile: Promise<string> | undefined;
+
+/** The generated tiny model (made once per test process), served as `tiny` in every test env. */
+export function tinyModel(): Promise<string> {
+  tinyModelFile ??= (async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "conduit-tiny-"));
+    process.on("exit", () => fs.rmSync(dir, { recursive: true, force: true }));
+    const file = path.join(dir, "tiny.gguf");
+    // Placeholder until the GGUF writer lands.
+    fs.writeFileSync(file, "GGUF");
+    return file;
+  })();
+  return tinyModelFile;
+}
+
 export interface TestEnv {
   dataDir: string;
   env: Record<string, string>;
@@ -53,8 +68,12 @@ export async function testEnv(
     CONDUIT_DATA_DIR: dataDir,
     CONDUIT_API_KEYS: `${KEY_A}:alice,${KEY_B}:bob`,
     CONDUIT_LOG_LEVEL: "silent",
+    // Tests that train start the scheduler themselves.
+    CONDUIT_TRAIN_CONCURRENCY: "0",
     ...extra,
   };
+  fs.mkdirSync(path.join(dataDir, "models"), { recursive: true });
+  fs.copyFileSync(await tinyModel(), path.join(dataDir, "models", "tiny.gguf"));
   if (backend === "postgres") env.DATABASE_URL = await freshSchema(t);
   return { dataDir, env };
 }
@@ -68,7 +87,7 @@ export async function buildTestApp(
   const config = loadConfig(testEnvironment.env);
   const core = await createCore(config, overrides);
   for (const seed of config.apiKeys) await core.keys.ensure(seed.key, seed.userId);
-  const app = await buildApp(core, { logger: false });
+  const app = await buildApp(core);
   t.after(() => app.close());
   return { app, config };
 }

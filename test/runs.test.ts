@@ -5,9 +5,7 @@ import { asAlice, backends, build, KEY_A } from "./helper.ts";
 import type { CoreOverrides } from "../src/core.ts";
 
 // Run lifecycle over HTTP; training itself is covered by the trainer tests.
-const models: CoreOverrides = {
-  models: { resolve: (id) => (id === "tiny" ? { id, path: "/dev/null" } : undefined) },
-};
+const models: CoreOverrides = {};
 
 async function datasetWithPairs(app: FastifyInstance, name = "d") {
   const ds = (

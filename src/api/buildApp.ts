@@ -1,4 +1,4 @@
-import Fastify, { type FastifyInstance } from "fastify";
+import Fastify, { type FastifyBaseLogger, type FastifyInstance } from "fastify";
 import multipart from "@fastify/multipart";
 import swagger from "@fastify/swagger";
 import swaggerUi from "@fastify/swagger-ui";
@@ -10,19 +10,17 @@ import { sharedSchemas } from "./schemas.ts";
 import datasetRoutes from "./routes/datasets.ts";
 import healthRoutes from "./routes/health.ts";
 import runRoutes from "./routes/runs.ts";
-
-export interface BuildAppOptions {
-  /** Fastify logger setting. Defaults to the configured log level. */
-  logger?: boolean | { level: string };
-}
+import generationRoutes from "./routes/generation.ts";
+import openAiRoutes from "./routes/openai.ts";
+import metricsRoutes from "./routes/metrics.ts";
 
 /**
  * Assembles the HTTP app: plugins, the auth hook, the error handler and every route group,
  * listed here in one place. `server.ts` only listens; tests call this and `inject`.
  */
-export async function buildApp(core: Core, options: BuildAppOptions = {}): Promise<FastifyInstance> {
+export async function buildApp(core: Core): Promise<FastifyInstance> {
   const app = Fastify({
-    logger: options.logger ?? { level: core.config.logLevel },
+    loggerInstance: core.log as FastifyBaseLogger,
     bodyLimit: core.config.bodyLimit,
     // Request ids in logs; users see them in the `x-request-id` header.
     genReqId: () => crypto.randomUUID(),
@@ -93,9 +91,12 @@ export async function buildApp(core: Core, options: BuildAppOptions = {}): Promi
 
   app.get("/openapi.json", { config: { public: true }, schema: { hide: true } }, async () => app.swagger());
 
+  await app.register(metricsRoutes, { core });
   await app.register(healthRoutes, { core });
   await app.register(datasetRoutes, { core });
   await app.register(runRoutes, { core });
+  await app.register(generationRoutes, { core });
+  await app.register(openAiRoutes, { core });
 
   app.addHook("onClose", async () => core.close());
   return app;

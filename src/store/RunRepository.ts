@@ -139,6 +139,18 @@ export class RunRepository {
     return rows.map((row) => toRun(row, logs.get(row.id) ?? []));
   }
 
+  /** The user's READY runs (servable models), without logs. */
+  async listReady(userId: string): Promise<{ id: string; name: string; updatedAt: string }[]> {
+    const rows = await this.db
+      .selectFrom("runs")
+      .select(["id", "name", "updated_at"])
+      .where("user_id", "=", userId)
+      .where("status", "=", "READY")
+      .orderBy("created_at", "desc")
+      .execute();
+    return rows.map((r) => ({ id: r.id, name: r.name, updatedAt: r.updated_at }));
+  }
+
   private async logsOf(runIds: string[]): Promise<Map<string, string[]>> {
     const logs = new Map<string, string[]>();
     if (runIds.length === 0) return logs;
@@ -295,6 +307,25 @@ export class RunRepository {
         lease_expires_at: null,
         updated_at: timestamp(),
       })
+      .where("id", "=", id)
+      .where("status", "=", "RUNNING")
+      .where("lease_owner", "=", owner)
+      .executeTakeFirst();
+    return Number(result.numUpdatedRows) > 0;
+  }
+
+  /** Hands a RUNNING run this worker holds back to the queue (graceful shutdown). */
+  async release(id: string, owner: string): Promise<boolean> {
+    const result = await this.db
+      .updateTable("runs")
+      // A clean hand-back is not a failed attempt.
+      .set((eb) => ({
+        status: "QUEUED",
+        lease_owner: null,
+        lease_expires_at: null,
+        attempts: eb("attempts", "-", 1),
+        updated_at: timestamp(),
+      }))
       .where("id", "=", id)
       .where("status", "=", "RUNNING")
       .where("lease_owner", "=", owner)

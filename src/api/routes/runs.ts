@@ -2,8 +2,13 @@ import type { FastifyInstance } from "fastify";
 import { Type } from "@sinclair/typebox";
 import type { TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
 import type { Core } from "../../core.ts";
+import { ConduitError } from "../../errors.ts";
+import { respondWithGeneration } from "../generate.ts";
+import { RunInferenceBody } from "../generationSchemas.ts";
 import { CreateRunBody, Message, PageQuery, Run, RunParams, responses } from "../schemas.ts";
+import { openSse } from "../sse.ts";
 import { runWire, SUCCESS } from "../wire.ts";
+import { chatMessages, seedChatShape, seedSampling } from "./generation.ts";
 
 /** Seed 4.3: fine-tuning runs (plus `POST /conduit/finetuning`, which the seed does not show). */
 export default async function runRoutes(app: FastifyInstance, { core }: { core: Core }) {
@@ -78,4 +83,92 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
       return SUCCESS;
     },
   );
+
+  r.post(
+    "/conduit/finetuning/:finetune_id/inference",
+    {
+      schema: {
+        tags,
+        summary: "Generate with a READY run's fine-tuned model",
+        description:
+          "Takes the chat fields (`prompt`, `system_prompt`, `history`, sampling parameters; the system prompt defaults to " +
+          "the run's `systemPrompt`). The seed's run fields (`datasetID`, `lr`, ...) are accepted and ignored. " +
+          "A run that is not READY answers 409.",
+        params: RunParams,
+        body: RunInferenceBody,
+        response: responses({ 200: Type.Object({ response: Type.String() }) }, [400, 401, 404, 409, 429]),
+      },
+    },
+    async (request, reply) => {
+      const run = await runs.get(request.userId, request.params.finetune_id);
+      if (run.status !== "READY" || !run.modelPath)
+        throw new ConduitError("conflict", `run ${run.id} is ${run.status}, not READY; it cannot serve yet`);
+      const body = request.body;
+      const systemPrompt = body.system_prompt ?? String(run.config.systemPrompt ?? "");
+      const messages = chatMessages({
+        prompt: body.prompt,
+        system_prompt: systemPrompt,
+        history: body.history,
+      });
+      const input = { messages, sampling: seedSampling(body) };
+      const model = { id: run.id, path: run.modelPath };
+      if (body.stream)
+        return respondWithGeneration(core, request, reply, input, {
+          stream: true,
+          shape: seedChatShape,
+          model,
+        });
+      const result = await core.inference.generate(request.userId, input, model);
+      return { response: result.choices[0]?.text ?? "" };
+    },
+  );
+
+  r.get(
+    "/conduit/finetuning/:finetune_id/events",
+    {
+      schema: {
+        tags,
+        summary: "Follow a run live (Server-Sent Events)",
+        description:
+          "Events: `log` (`{line}`) for each log line (earlier lines first), `stats` (the run's `stats`) when they change, " +
+          "`status` (`{status, error}`) when the status changes. The stream ends after the run reaches READY, FAILED or CANCELLED.",
+        params: RunParams,
+      },
+    },
+    async (request, reply) => {
+      const first = await runs.get(request.userId, request.params.finetune_id);
+      const sse = openSse(request, reply);
+      let seq = -1;
+      let lastStats = "";
+      let lastStatus = "";
+      // Polls the database, so it follows a run trained by any worker sharing it.
+      while (!sse.signal.aborted) {
+        const run = await core.runRepository.get(request.userId, first.id);
+        if (!run) {
+          sse.send({ status: "DELETED", error: null }, "status");
+          break;
+        }
+        for (const log of await core.runRepository.logsSince(run.id, seq)) {
+          seq = log.seq;
+          sse.send({ line: log.line }, "log");
+        }
+        const stats = JSON.stringify(run.stats);
+        if (stats !== lastStats) {
+          lastStats = stats;
+          sse.send(run.stats, "stats");
+        }
+        if (run.status !== lastStatus) {
+          lastStatus = run.status;
+          sse.send({ status: run.status, error: run.error }, "status");
+        }
+        if (run.status === "READY" || run.status === "FAILED" || run.status === "CANCELLED") break;
+        await new Promise((resolve) => setTimeout(resolve, eventsPollMs));
+      }
+      sse.close();
+      return reply;
+    },
+  );
 }
+
+/** How often the events stream looks for news. */
+const eventsPollMs = 500;

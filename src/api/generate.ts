@@ -1,0 +1,94 @@
+import { randomBytes } from "node:crypto";
+import type { FastifyReply, FastifyRequest } from "fastify";
+import type { FinishReason } from "../engine/types.ts";
+import type { InferenceRequest, InferenceResult } from "../inference/InferenceService.ts";
+import type { ModelRef } from "../engine/types.ts";
+import type { Core } from "../core.ts";
+import { disconnectSignal, openSse, type SseStream } from "./sse.ts";
+
+/** How one endpoint shapes results and stream chunks; the generation itself is shared. */
+export interface ResponseShape {
+  idPrefix: string;
+  result(base: { id: string; created: number; model: string }, result: InferenceResult): unknown;
+  chunk(
+    base: { id: string; created: number; model: string },
+    index: number,
+    text: string,
+    finishReason: FinishReason | null,
+    first: boolean,
+  ): Record<string, unknown>;
+  /** `usage` goes on the last chunk (native) or in its own chunk (OpenAI `include_usage`), or nowhere. */
+  streamUsage: "last-chunk" | "separate" | "none";
+}
+
+export function usageOf(result: InferenceResult) {
+  return {
+    prompt_tokens: result.promptTokens,
+    completion_tokens: result.completionTokens,
+    total_tokens: result.promptTokens + result.completionTokens,
+  };
+}
+
+/**
+ * Runs a generation for any endpoint: JSON, or Server-Sent Events when `stream` is set. The
+ * stream opens with the first text, so errors before it (unknown model, full queue) keep their
+ * HTTP status; after it, an error is a final `data: {"error":...}` event. A client that goes
+ * away aborts the generation at once.
+ */
+export async function respondWithGeneration(
+  core: Core,
+  request: FastifyRequest,
+  reply: FastifyReply,
+  input: Omit<InferenceRequest, "signal" | "onText">,
+  options: { stream: boolean; shape: ResponseShape; model?: ModelRef },
+): Promise<unknown> {
+  const controller = disconnectSignal(reply);
+  const model = options.model ?? (await core.inference.resolve(request.userId, input.model));
+  const base = {
+    id: `${options.shape.idPrefix}-${randomBytes(12).toString("base64url")}`,
+    created: Math.floor(Date.now() / 1000),
+    model: model.id,
+  };
+  if (!options.stream)
+    return options.shape.result(
+      base,
+      await core.inference.generate(request.userId, { ...input, signal: controller.signal }, model),
+    );
+
+  let sse: SseStream | undefined;
+  const started = new Set<number>();
+  const emit = (index: number, text: string, finishReason: FinishReason | null) => {
+    sse ??= openSse(request, reply, controller);
+    const first = !started.has(index);
+    started.add(index);
+    sse.send(options.shape.chunk(base, index, text, finishReason, first));
+  };
+  try {
+    const result = await core.inference.generate(
+      request.userId,
+      { ...input, signal: controller.signal, onText: (index, text) => emit(index, text, null) },
+      model,
+    );
+    const last = result.choices.length - 1;
+    for (const choice of result.choices) {
+      sse ??= openSse(request, reply, controller);
+      const chunk = options.shape.chunk(
+        base,
+        choice.index,
+        "",
+        choice.finishReason,
+        !started.has(choice.index),
+      );
+      if (options.shape.streamUsage === "last-chunk" && choice.index === last) chunk.usage = usageOf(result);
+      sse.send(chunk);
+    }
+    if (options.shape.streamUsage === "separate")
+      sse?.send({ ...options.shape.chunk(base, 0, "", null, false), choices: [], usage: usageOf(result) });
+    sse?.done();
+  } catch (error) {
+    if (!sse) throw error;
+    if (controller.signal.aborted) sse.close();
+    else sse.fail(error);
+  }
+  return reply;
+}

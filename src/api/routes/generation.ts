@@ -1,0 +1,185 @@
+import type { FastifyInstance } from "fastify";
+import { Type } from "@sinclair/typebox";
+import type { TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
+import type { Core } from "../../core.ts";
+import { ConduitError } from "../../errors.ts";
+import type { ChatMessage, SamplingOptions } from "../../engine/types.ts";
+import { respondWithGeneration, usageOf, type ResponseShape } from "../generate.ts";
+import { ChatBody, ChatResult, CompletionResult, CompletionsBody } from "../generationSchemas.ts";
+import { responses } from "../schemas.ts";
+
+/** The seed's sampling fields → engine options. */
+export function seedSampling(body: {
+  max_tokens: number;
+  top_k: number;
+  top_p: number;
+  temperature: number;
+  presence_penalty: number;
+  frequency_penalty: number;
+  stop?: string | string[] | undefined;
+  seed?: number | undefined;
+}): SamplingOptions {
+  return {
+    maxTokens: body.max_tokens,
+    temperature: body.temperature,
+    topK: body.top_k,
+    topP: body.top_p,
+    presencePenalty: body.presence_penalty,
+    frequencyPenalty: body.frequency_penalty,
+    ...(body.stop !== undefined ? { stop: typeof body.stop === "string" ? [body.stop] : body.stop } : {}),
+    ...(body.seed !== undefined ? { seed: body.seed } : {}),
+  };
+}
+
+/** `system_prompt`, then `history` as alternating user/assistant turns, then `prompt` as the user's turn. */
+export function chatMessages(body: {
+  prompt: string;
+  system_prompt?: string | undefined;
+  history?: string[] | undefined;
+}): ChatMessage[] {
+  const history = body.history ?? [];
+  if (history.length % 2 !== 0)
+    throw new ConduitError(
+      "invalid_request",
+      'field "history" must alternate user and assistant turns (user first), so it needs an even number of entries',
+      { param: "history" },
+    );
+  const messages: ChatMessage[] = [];
+  if (body.system_prompt) messages.push({ role: "system", content: body.system_prompt });
+  history.forEach((content, i) => messages.push({ role: i % 2 === 0 ? "user" : "assistant", content }));
+  messages.push({ role: "user", content: body.prompt });
+  return messages;
+}
+
+/** Native chat result: each choice has `role` and the text as both `content` and `text`. */
+export const seedChatShape: ResponseShape = {
+  idPrefix: "chatcmpl",
+  result: (base, result) => ({
+    ...base,
+    object: "chat.completion",
+    choices: result.choices.map((c) => ({
+      index: c.index,
+      role: "assistant",
+      content: c.text,
+      text: c.text,
+      finish_reason: c.finishReason,
+    })),
+    usage: usageOf(result),
+  }),
+  chunk: (base, index, text, finishReason, first) => ({
+    ...base,
+    object: "chat.completion.chunk",
+    choices: [
+      {
+        index,
+        delta: first ? { role: "assistant", content: text } : { content: text },
+        finish_reason: finishReason,
+      },
+    ],
+  }),
+  streamUsage: "last-chunk",
+};
+
+export const completionShape: ResponseShape = {
+  idPrefix: "cmpl",
+  result: (base, result) => ({
+    ...base,
+    object: "text_completion",
+    choices: result.choices.map((c) => ({
+      text: c.text,
+      index: c.index,
+      logprobs: null,
+      finish_reason: c.finishReason,
+    })),
+    usage: usageOf(result),
+  }),
+  chunk: (base, index, text, finishReason) => ({
+    ...base,
+    object: "text_completion",
+    choices: [{ text, index, logprobs: null, finish_reason: finishReason }],
+  }),
+  streamUsage: "last-chunk",
+};
+
+const ModelEntry = Type.Object({
+  id: Type.String(),
+  object: Type.Literal("model"),
+  created: Type.Integer(),
+  owned_by: Type.String(),
+  kind: Type.Union([Type.Literal("base"), Type.Literal("fine-tuned")]),
+});
+
+/** Seed 4.1: generation. */
+export default async function generationRoutes(app: FastifyInstance, { core }: { core: Core }) {
+  const r = app.withTypeProvider<TypeBoxTypeProvider>();
+  const tags = ["generation"];
+  const errors = [400, 401, 404, 409, 429];
+
+  r.post(
+    "/conduit/v1/chat",
+    {
+      schema: {
+        tags,
+        summary: "Chat with a model",
+        description:
+          "`system_prompt`, then `history` (alternating user, assistant, … oldest first), then `prompt` as the user's turn, " +
+          "formatted with the model's chat template. `stream: true` answers with Server-Sent Events (`chat.completion.chunk`, then `data: [DONE]`).",
+        body: ChatBody,
+        response: responses({ 200: ChatResult }, errors),
+      },
+    },
+    async (request, reply) =>
+      respondWithGeneration(
+        core,
+        request,
+        reply,
+        {
+          model: request.body.model,
+          messages: chatMessages(request.body),
+          sampling: seedSampling(request.body),
+        },
+        { stream: request.body.stream, shape: seedChatShape },
+      ),
+  );
+
+  r.post(
+    "/conduit/v1/completions",
+    {
+      schema: {
+        tags,
+        summary: "Complete a conversation",
+        description:
+          "`messages` formatted with the model's chat template; the answer is a text completion. `stream: true` streams `text_completion` chunks.",
+        body: CompletionsBody,
+        response: responses({ 200: CompletionResult }, errors),
+      },
+    },
+    async (request, reply) =>
+      respondWithGeneration(
+        core,
+        request,
+        reply,
+        {
+          model: request.body.model,
+          messages: request.body.messages.map((m) => ({ role: m.role, content: m.content })),
+          sampling: seedSampling(request.body),
+        },
+        { stream: request.body.stream, shape: completionShape },
+      ),
+  );
+
+  r.get(
+    "/conduit/v1/models",
+    {
+      schema: {
+        tags,
+        summary: "Models you can generate with: the models directory and your READY runs",
+        response: responses(
+          { 200: Type.Object({ object: Type.Literal("list"), data: Type.Array(ModelEntry) }) },
+          [401],
+        ),
+      },
+    },
+    async (request) => ({ object: "list" as const, data: await core.inference.list(request.userId) }),
+  );
+}

@@ -1,0 +1,99 @@
+import type { FastifyInstance } from "fastify";
+import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from "prom-client";
+import type { Core } from "../../core.ts";
+
+/** A counter that mirrors a running total kept elsewhere (the engine's stats). */
+function mirroredCounter(registry: Registry, name: string, help: string, read: () => number) {
+  let seen = 0;
+  return new Counter({
+    name,
+    help,
+    registers: [registry],
+    collect() {
+      const now = read();
+      if (now > seen) this.inc(now - seen);
+      seen = now;
+    },
+  });
+}
+
+/** `GET /metrics`: Prometheus text format (needs a key, like every endpoint). */
+export default function metricsRoutes(app: FastifyInstance, options: { core: Core }) {
+  return metricsPlugin(app, options);
+}
+// Not encapsulated: its onResponse hook must see every route registered after it.
+(metricsRoutes as unknown as Record<symbol, boolean>)[Symbol.for("skip-override")] = true;
+
+async function metricsPlugin(app: FastifyInstance, { core }: { core: Core }) {
+  const registry = new Registry();
+  collectDefaultMetrics({ register: registry, prefix: "conduit_process_" });
+  const requests = new Counter({
+    name: "conduit_http_requests_total",
+    help: "HTTP requests by method, route and status",
+    labelNames: ["method", "route", "status"],
+    registers: [registry],
+  });
+  const latency = new Histogram({
+    name: "conduit_http_request_duration_seconds",
+    help: "HTTP request latency (streamed responses are not counted)",
+    labelNames: ["method", "route"],
+    buckets: [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60],
+    registers: [registry],
+  });
+  const stats = () => core.engine.stats();
+  mirroredCounter(
+    registry,
+    "conduit_generated_tokens_total",
+    "Completion tokens generated",
+    () => stats().completionTokens,
+  );
+  mirroredCounter(
+    registry,
+    "conduit_prompt_tokens_total",
+    "Prompt tokens evaluated",
+    () => stats().promptTokens,
+  );
+  mirroredCounter(
+    registry,
+    "conduit_generations_total",
+    "Generations finished",
+    () => stats().completedGenerations,
+  );
+  mirroredCounter(
+    registry,
+    "conduit_rejected_generations_total",
+    "Generations refused because the queue was full",
+    () => stats().rejectedRequests,
+  );
+  const gauge = (name: string, help: string, read: () => number) =>
+    new Gauge({
+      name,
+      help,
+      registers: [registry],
+      collect() {
+        this.set(read());
+      },
+    });
+  gauge(
+    "conduit_queue_depth",
+    "Generations waiting for a sequence or a model load",
+    () => stats().queueDepth,
+  );
+  gauge("conduit_active_generations", "Generations running now", () => stats().activeGenerations);
+  gauge("conduit_loaded_models", "Models held in memory", () => stats().loadedModels);
+
+  app.addHook("onResponse", async (request, reply) => {
+    const route = request.routeOptions.url ?? "unmatched";
+    requests.inc({ method: request.method, route, status: String(reply.statusCode) });
+    latency.observe({ method: request.method, route }, reply.elapsedTime / 1000);
+  });
+
+  app.get(
+    "/metrics",
+    { schema: { tags: ["service"], summary: "Prometheus metrics" } },
+    async (_request, reply) => {
+      void reply.header("content-type", registry.contentType);
+      return registry.metrics();
+    },
+  );
+}

@@ -1,0 +1,113 @@
+import { ConduitError } from "../errors.ts";
+import type { Engine } from "../engine/Engine.ts";
+import type { ModelRegistry } from "../engine/ModelRegistry.ts";
+import type { ChatMessage, GenerationResult, ModelRef, SamplingOptions } from "../engine/types.ts";
+import type { RunRepository } from "../store/RunRepository.ts";
+
+export interface InferenceRequest {
+  /** A model id from the registry, or the id of one of the user's READY runs. Defaults to `CONDUIT_DEFAULT_MODEL`. */
+  model?: string | undefined;
+  messages?: ChatMessage[];
+  prompt?: string;
+  sampling: SamplingOptions;
+  /** Independent generations for the same input (OpenAI `n`). Defaults to `1`. */
+  n?: number;
+  signal?: AbortSignal;
+  /** Streamed text of choice `index`. */
+  onText?: (index: number, text: string) => void;
+}
+
+export interface InferenceResult {
+  model: string;
+  choices: (GenerationResult & { index: number })[];
+  promptTokens: number;
+  completionTokens: number;
+}
+
+export interface ServableModel {
+  id: string;
+  object: "model";
+  created: number;
+  owned_by: string;
+  /** `base` for models in the models directory, `fine-tuned` for READY runs. */
+  kind: "base" | "fine-tuned";
+}
+
+/**
+ * The one generation function behind every endpoint: the seed's chat and completions, a run's
+ * inference, and the OpenAI-compatible routes all translate their requests into this.
+ */
+export class InferenceService {
+  constructor(
+    private readonly engine: Engine,
+    private readonly registry: ModelRegistry,
+    private readonly runs: RunRepository,
+    private readonly defaultModel: string | undefined,
+  ) {}
+
+  /** Resolves a model id for a user: their READY run with that id, else a registry model. */
+  async resolve(userId: string, id: string | undefined, param = "model"): Promise<ModelRef> {
+    const name = id ?? this.defaultModel;
+    if (!name)
+      throw new ConduitError("invalid_request", `"${param}" is required (no CONDUIT_DEFAULT_MODEL is set)`, {
+        param,
+      });
+    if (name.startsWith("ft_")) {
+      const run = await this.runs.get(userId, name);
+      if (run?.status === "READY" && run.modelPath) return { id: run.id, path: run.modelPath };
+      if (run)
+        throw new ConduitError("conflict", `run ${run.id} is ${run.status}, not READY; it cannot serve yet`, {
+          param,
+        });
+    }
+    const model = this.registry.resolve(name);
+    if (!model) throw new ConduitError("model_not_found", `model "${name}" not found`, { param });
+    return model;
+  }
+
+  async generate(userId: string, request: InferenceRequest, model?: ModelRef): Promise<InferenceResult> {
+    const ref = model ?? (await this.resolve(userId, request.model));
+    const n = request.n ?? 1;
+    const choices = await Promise.all(
+      Array.from({ length: n }, async (_, index) => {
+        const result = await this.engine.generate({
+          model: ref,
+          ...(request.messages ? { messages: request.messages } : { prompt: request.prompt ?? "" }),
+          sampling:
+            request.sampling.seed !== undefined && index > 0
+              ? { ...request.sampling, seed: request.sampling.seed + index }
+              : request.sampling,
+          ...(request.signal ? { signal: request.signal } : {}),
+          ...(request.onText ? { onText: (text: string) => request.onText?.(index, text) } : {}),
+        });
+        return { ...result, index };
+      }),
+    );
+    return {
+      model: ref.id,
+      choices,
+      promptTokens: choices[0]?.promptTokens ?? 0,
+      completionTokens: choices.reduce((sum, c) => sum + c.completionTokens, 0),
+    };
+  }
+
+  /** Models this user can name: the registry's and their READY runs. */
+  async list(userId: string): Promise<ServableModel[]> {
+    const base = this.registry.list().map((m) => ({
+      id: m.id,
+      object: "model" as const,
+      created: Math.floor(m.modifiedAt.getTime() / 1000),
+      owned_by: "conduit",
+      kind: "base" as const,
+    }));
+    const runs = await this.runs.listReady(userId);
+    const tuned = runs.map((r) => ({
+      id: r.id,
+      object: "model" as const,
+      created: Math.floor(Date.parse(`${r.updatedAt.replace(" ", "T")}Z`) / 1000),
+      owned_by: userId,
+      kind: "fine-tuned" as const,
+    }));
+    return [...base, ...tuned];
+  }
+}
