@@ -16,7 +16,7 @@ interface Setting<T> {
 
 type Env = Record<string, string | undefined>;
 
-class ConfigError extends Error {
+export class ConfigError extends Error {
   override name = "ConfigError";
 }
 
@@ -164,6 +164,18 @@ export const settings = {
     defaultText: "1",
     parse: integer("CONDUIT_TRAIN_THREADS", 1, 1, 256),
   },
+  serverUrl: {
+    env: "CONDUIT_URL",
+    description: "Server the CLI talks to (every command but `serve` and `keys`).",
+    defaultText: "http://127.0.0.1:8080",
+    parse: text("http://127.0.0.1:8080"),
+  },
+  apiKey: {
+    env: "CONDUIT_API_KEY",
+    description: "API key the CLI sends (or `--key`).",
+    defaultText: "unset",
+    parse: optionalText,
+  },
 } satisfies Record<string, Setting<unknown>>;
 
 export type Config = { [K in keyof typeof settings]: ReturnType<(typeof settings)[K]["parse"]> };
@@ -202,6 +214,7 @@ export function describeConfig(config: Config): Record<string, unknown> {
     ...config,
     databaseUrl: config.databaseUrl?.replace(/\/\/([^:@/]+):[^@/]*@/, "//$1:***@"),
     apiKeys: config.apiKeys.map((k) => `***:${k.userId}`),
+    apiKey: config.apiKey ? "***" : undefined,
   };
 }
 

@@ -1,12 +1,17 @@
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import type { TestContext } from "node:test";
 import type { FastifyInstance } from "fastify";
 import pg from "pg";
 import { buildApp } from "../src/api/buildApp.ts";
 import { loadConfig, type Config } from "../src/config.ts";
 import { createCore, type CoreOverrides } from "../src/core.ts";
+import { createTinyModel } from "../src/engine/tinyModel.ts";
+
+/** Where cleanup is registered: a test's `t`, or `{ after }` from node:test for a whole suite. */
+export interface Cleanup {
+  after(fn: () => unknown): void;
+}
 
 export const KEY_A = "test-key-alice-0000000000";
 export const KEY_B = "test-key-bob-00000000000000";
@@ -17,7 +22,7 @@ export function backends(): ("sqlite" | "postgres")[] {
 }
 
 /** A fresh PostgreSQL schema for one test, dropped after it. Returns a DATABASE_URL pointing at it. */
-async function freshSchema(t: TestContext): Promise<string> {
+async function freshSchema(t: Cleanup): Promise<string> {
   const base = process.env.CONDUIT_TEST_DATABASE_URL;
   if (!base) throw new Error("CONDUIT_TEST_DATABASE_URL is not set");
   const schema = `t_${process.pid}_${Math.random().toString(36).slice(2, 10)}`;
@@ -44,8 +49,7 @@ export function tinyModel(): Promise<string> {
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), "conduit-tiny-"));
     process.on("exit", () => fs.rmSync(dir, { recursive: true, force: true }));
     const file = path.join(dir, "tiny.gguf");
-    // Placeholder until the GGUF writer lands.
-    fs.writeFileSync(file, "GGUF");
+    await createTinyModel(file, { seed: 1 });
     return file;
   })();
   return tinyModelFile;
@@ -58,7 +62,7 @@ export interface TestEnv {
 
 /** A temp data dir (removed after the test) and the environment of a test server. */
 export async function testEnv(
-  t: TestContext,
+  t: Cleanup,
   backend: "sqlite" | "postgres" = "sqlite",
   extra: Record<string, string> = {},
 ): Promise<TestEnv> {
@@ -80,7 +84,7 @@ export async function testEnv(
 
 /** Builds the app on a test environment; closed after the test. */
 export async function buildTestApp(
-  t: TestContext,
+  t: Cleanup,
   testEnvironment: TestEnv,
   overrides: CoreOverrides = {},
 ): Promise<{ app: FastifyInstance; config: Config }> {
@@ -94,7 +98,7 @@ export async function buildTestApp(
 
 /** The usual case: a fresh app with users alice (KEY_A) and bob (KEY_B). */
 export async function build(
-  t: TestContext,
+  t: Cleanup,
   backend: "sqlite" | "postgres" = "sqlite",
   overrides: CoreOverrides = {},
 ) {

@@ -13,6 +13,7 @@ import runRoutes from "./routes/runs.ts";
 import generationRoutes from "./routes/generation.ts";
 import openAiRoutes from "./routes/openai.ts";
 import metricsRoutes from "./routes/metrics.ts";
+import uiRoutes from "./routes/ui.ts";
 
 /**
  * Assembles the HTTP app: plugins, the auth hook, the error handler and every route group,
@@ -97,6 +98,7 @@ export async function buildApp(core: Core): Promise<FastifyInstance> {
   await app.register(runRoutes, { core });
   await app.register(generationRoutes, { core });
   await app.register(openAiRoutes, { core });
+  await app.register(uiRoutes, { core });
 
   app.addHook("onClose", async () => core.close());
   return app;

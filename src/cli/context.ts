@@ -1,0 +1,63 @@
+import type { Command } from "commander";
+import { loadConfig, type Config } from "../config.ts";
+import { ApiClient } from "./client.ts";
+
+/** Exit codes: 0 ok, 1 failure, 2 usage or invalid input, 3 not found, 4 bad or missing key, 5 conflict. */
+export const exitCodes = { failure: 1, usage: 2, notFound: 3, unauthorized: 4, conflict: 5 } as const;
+
+/** A failure the CLI reports with a specific exit code. */
+export class CliError extends Error {
+  constructor(
+    message: string,
+    readonly exitCode: number = exitCodes.failure,
+  ) {
+    super(message);
+    this.name = "CliError";
+  }
+}
+
+export interface GlobalOptions {
+  url?: string;
+  key?: string;
+  json?: boolean;
+}
+
+/** What every command gets: the config, an HTTP client, and output helpers honouring `--json`. */
+export class CliContext {
+  readonly config: Config;
+
+  constructor(private readonly program: Command) {
+    this.config = loadConfig();
+  }
+
+  get options(): GlobalOptions {
+    return this.program.opts<GlobalOptions>();
+  }
+
+  get json(): boolean {
+    return this.options.json === true;
+  }
+
+  client(): ApiClient {
+    const key = this.options.key ?? this.config.apiKey;
+    if (!key) throw new CliError("no API key: pass --key or set CONDUIT_API_KEY", exitCodes.unauthorized);
+    return new ApiClient(this.options.url ?? this.config.serverUrl, key);
+  }
+
+  /** JSON for scripts, else the human form. */
+  print(data: unknown, human: () => void): void {
+    if (this.json) console.log(JSON.stringify(data, null, 2));
+    else human();
+  }
+}
+
+/** Aligned columns for listings. */
+export function table(rows: string[][]): string {
+  const widths: number[] = [];
+  for (const row of rows) row.forEach((cell, i) => (widths[i] = Math.max(widths[i] ?? 0, cell.length)));
+  return rows
+    .map((row) =>
+      row.map((cell, i) => (i === row.length - 1 ? cell : cell.padEnd(widths[i] ?? 0))).join("  "),
+    )
+    .join("\n");
+}

@@ -1,0 +1,60 @@
+import path from "node:path";
+import { SingleBar } from "cli-progress";
+import type { Command } from "commander";
+import { isValidModelId, ModelRegistry } from "../engine/ModelRegistry.ts";
+import { createTinyModel } from "../engine/tinyModel.ts";
+import type { ServableModel } from "../inference/InferenceService.ts";
+import { CliError, exitCodes, table, type CliContext } from "./context.ts";
+
+export function modelsCommand(program: Command, ctx: CliContext): void {
+  const models = program
+    .command("models")
+    .description("list models (server), download or create models (local CONDUIT_MODELS_DIR)");
+
+  models
+    .command("list")
+    .description("models the server can serve: the models directory and your READY runs")
+    .action(async () => {
+      const list = await ctx.client().request<{ data: ServableModel[] }>("GET", "/conduit/v1/models");
+      ctx.print(list.data, () =>
+        console.log(table([["ID", "KIND", "OWNER"], ...list.data.map((m) => [m.id, m.kind, m.owned_by])])),
+      );
+    });
+
+  models
+    .command("pull")
+    .description(
+      "download a model into the models directory (hf:user/repo:quant, hf:user/repo/file.gguf or https://…)",
+    )
+    .argument("<ref>")
+    .action(async (ref: string) => {
+      const registry = new ModelRegistry({ modelsDir: ctx.config.modelsDir });
+      const bar = ctx.json
+        ? undefined
+        : new SingleBar({ format: "{bar} {percentage}% {value}/{total} MB", stream: process.stderr });
+      let started = false;
+      const info = await registry.pull(ref, ({ downloadedBytes, totalBytes }) => {
+        if (!bar || totalBytes === 0) return;
+        const mb = (n: number) => Math.round(n / 1024 / 1024);
+        if (!started) bar.start(mb(totalBytes), 0);
+        started = true;
+        bar.update(mb(downloadedBytes));
+      });
+      bar?.stop();
+      ctx.print(info, () => console.log(`${info.id} (${info.path})`));
+    });
+
+  models
+    .command("create-tiny")
+    .description("write a tiny randomly initialised Llama model (for tests, demos and offline installs)")
+    .option("--id <id>", "model id (file name without .gguf)", "tiny")
+    .option("--seed <n>", "random seed (same seed, same file)", "1")
+    .action(async (opts: { id: string; seed: string }) => {
+      if (!isValidModelId(opts.id)) throw new CliError(`invalid model id "${opts.id}"`, exitCodes.usage);
+      const seed = Number(opts.seed);
+      if (!Number.isInteger(seed)) throw new CliError("--seed must be an integer", exitCodes.usage);
+      const file = path.join(ctx.config.modelsDir, `${opts.id}.gguf`);
+      const info = await createTinyModel(file, { seed });
+      ctx.print({ id: opts.id, path: file, ...info }, () => console.log(`${opts.id} (${file})`));
+    });
+}

@@ -1,0 +1,188 @@
+import { SingleBar } from "cli-progress";
+import type { Command } from "commander";
+import type { RunWire } from "../api/schemas.ts";
+import { CliError, exitCodes, table, type CliContext } from "./context.ts";
+
+function number(name: string) {
+  return (value: string): number => {
+    const n = Number(value);
+    if (!Number.isFinite(n)) throw new CliError(`--${name} must be a number`, exitCodes.usage);
+    return n;
+  };
+}
+
+function formatSeconds(seconds: unknown): string {
+  if (typeof seconds !== "number" || !Number.isFinite(seconds)) return "-";
+  const s = Math.round(seconds);
+  return s >= 60 ? `${Math.floor(s / 60)}m${String(s % 60).padStart(2, "0")}s` : `${s}s`;
+}
+
+/** Follows a run's event stream with a progress bar; resolves with its final status. */
+async function watch(ctx: CliContext, id: string): Promise<string> {
+  const bar = ctx.json
+    ? undefined
+    : new SingleBar({
+        format:
+          "step {value}/{total} [{bar}] epoch {epoch} loss {loss} eval {evalLoss} {tps} tok/s ETA {eta}",
+        stream: process.stderr,
+        hideCursor: true,
+        noTTYOutput: true,
+        notTTYSchedule: 5000,
+      });
+  let started = false;
+  let status = "UNKNOWN";
+  for await (const event of ctx
+    .client()
+    .events("GET", `/conduit/finetuning/${encodeURIComponent(id)}/events`)) {
+    const data = JSON.parse(event.data) as Record<string, unknown>;
+    if (ctx.json) console.log(JSON.stringify({ event: event.event, data }));
+    if (event.event === "log") {
+      if (bar && started) bar.stop();
+      if (!ctx.json) console.log(String(data.line));
+      started = false;
+    } else if (event.event === "stats" && bar && typeof data.totalSteps === "number") {
+      const payload = {
+        epoch: `${String(data.epoch ?? "-")}/${String(data.epochs ?? "-")}`,
+        loss: typeof data.trainLoss === "number" ? data.trainLoss.toFixed(4) : "-",
+        evalLoss: typeof data.evalLoss === "number" ? data.evalLoss.toFixed(4) : "-",
+        tps: typeof data.tokensPerSecond === "number" ? data.tokensPerSecond.toFixed(0) : "-",
+        eta: formatSeconds(data.etaSeconds),
+      };
+      if (!started) bar.start(data.totalSteps, Number(data.step ?? 0), payload);
+      else bar.update(Number(data.step ?? 0), payload);
+      started = true;
+    } else if (event.event === "status") {
+      status = String(data.status);
+      if (bar && started) bar.stop();
+      started = false;
+      if (!ctx.json) console.log(`status: ${status}${data.error ? ` (${String(data.error)})` : ""}`);
+    }
+  }
+  if (bar && started) bar.stop();
+  return status;
+}
+
+export function runsCommand(program: Command, ctx: CliContext): void {
+  const runs = program.command("runs").description("start, follow, cancel and delete fine-tuning runs");
+
+  runs
+    .command("create")
+    .description("start a fine-tuning run (defaults as documented in the README)")
+    .option("-d, --dataset <id>", "dataset id")
+    .option("--dataset-name <name>", "dataset name (instead of --dataset)")
+    .option("-m, --model <id>", "base model id (default: the server's CONDUIT_DEFAULT_MODEL)")
+    .option("--lr <rate>", "learning rate", number("lr"))
+    .option("--epochs <n>", "passes over the data", number("epochs"))
+    .option("--steps <n>", "cap on optimizer steps", number("steps"))
+    .option(
+      "--complexity <fraction>",
+      "fraction of the top blocks that train, in (0, 1]",
+      number("complexity"),
+    )
+    .option("--system-prompt <text>", "system prompt to train and serve with")
+    .option("--name <name>", "run name")
+    .option("--tracker-project <name>", "experiment tracker project")
+    .option("--tracker-entity <name>", "experiment tracker entity")
+    .option("-w, --watch", "follow the run until it ends")
+    .action(async (opts: Record<string, string | number | boolean | undefined>) => {
+      if (!opts.dataset && !opts.datasetName)
+        throw new CliError("pass --dataset <id> or --dataset-name <name>", exitCodes.usage);
+      const body = Object.fromEntries(
+        Object.entries({
+          datasetID: opts.dataset,
+          datasetName: opts.datasetName,
+          baseModelName: opts.model,
+          lr: opts.lr,
+          epochs: opts.epochs,
+          steps: opts.steps,
+          complexity: opts.complexity,
+          systemPrompt: opts.systemPrompt,
+          name: opts.name,
+          trackerProject: opts.trackerProject,
+          trackerEntity: opts.trackerEntity,
+        }).filter(([, v]) => v !== undefined),
+      );
+      const run = await ctx.client().request<RunWire>("POST", "/conduit/finetuning", body);
+      ctx.print(run, () => console.log(`${run.id} ${run.status} (${run.trackerURL})`));
+      if (opts.watch) {
+        const status = await watch(ctx, run.id);
+        if (status !== "READY") process.exitCode = exitCodes.failure;
+      }
+    });
+
+  runs
+    .command("list")
+    .description("list your runs, newest first")
+    .option("--limit <n>", "how many", "100")
+    .option("--offset <n>", "skip this many", "0")
+    .action(async (opts: { limit: string; offset: string }) => {
+      const list = await ctx
+        .client()
+        .request<RunWire[]>(
+          "GET",
+          `/conduit/finetuning?limit=${encodeURIComponent(opts.limit)}&offset=${encodeURIComponent(opts.offset)}`,
+        );
+      ctx.print(list, () =>
+        console.log(
+          table([
+            ["ID", "NAME", "STATUS", "MODEL", "DATASET", "CREATED"],
+            ...list.map((r) => [
+              r.id,
+              r.name,
+              r.status,
+              String(r.config.baseModelName ?? ""),
+              r.datasetName,
+              r.createdAt,
+            ]),
+          ]),
+        ),
+      );
+    });
+
+  runs
+    .command("show")
+    .description("show a run: status, config, stats and log")
+    .argument("<run-id>")
+    .action(async (id: string) => {
+      const run = await ctx.client().request<RunWire>("GET", `/conduit/finetuning/${encodeURIComponent(id)}`);
+      ctx.print(run, () => {
+        console.log(`${run.name} (${run.id}): ${run.status}${run.error ? ` — ${run.error}` : ""}`);
+        console.log(
+          `dataset ${run.datasetName} (${run.datasetId}), ${run.ioPairsCount} pairs; ${run.trackerURL}`,
+        );
+        console.log(`config ${JSON.stringify(run.config)}`);
+        const { lossSeries: _l, evalLossSeries: _e, ...stats } = run.stats;
+        if (Object.keys(stats).length > 0) console.log(`stats ${JSON.stringify(stats)}`);
+        for (const line of run.logs) console.log(line);
+      });
+    });
+
+  runs
+    .command("watch")
+    .description("follow a run live with a progress bar until it ends (exit 0 when READY)")
+    .argument("<run-id>")
+    .action(async (id: string) => {
+      const status = await watch(ctx, id);
+      if (status !== "READY") process.exitCode = exitCodes.failure;
+    });
+
+  runs
+    .command("cancel")
+    .description("cancel a queued or running run")
+    .argument("<run-id>")
+    .action(async (id: string) => {
+      const result = await ctx
+        .client()
+        .request("POST", `/conduit/finetuning/${encodeURIComponent(id)}/cancel`);
+      ctx.print(result, () => console.log(`cancelled ${id}`));
+    });
+
+  runs
+    .command("delete")
+    .description("delete a run and its model (a live run is cancelled first)")
+    .argument("<run-id>")
+    .action(async (id: string) => {
+      const result = await ctx.client().request("DELETE", `/conduit/finetuning/${encodeURIComponent(id)}`);
+      ctx.print(result, () => console.log(`deleted ${id}`));
+    });
+}
