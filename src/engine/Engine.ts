@@ -1,0 +1,52 @@
+import type { GenerationRequest, GenerationResult, ModelRef } from "./types.ts";
+
+/** A model the engine holds in memory. */
+export interface LoadedModelInfo {
+  id: string;
+  path: string;
+  sizeBytes: number;
+  /** Generations running on this model now (at most `parallelSequences`). */
+  activeSequences: number;
+  /** Generations waiting for one of this model's sequences. */
+  queuedRequests: number;
+  /** Tokens each sequence holds (prompt + completion), after capping at the model's training context. */
+  contextSize: number;
+  lastUsedAt: Date;
+}
+
+export interface EngineStats {
+  /** Requests waiting for a sequence or for their model to load, across all models. */
+  queueDepth: number;
+  /** Generations running now, across all models. */
+  activeGenerations: number;
+  loadedModels: number;
+  /** Models being loaded now. */
+  loadingModels: number;
+  /** Generations finished since start (any finish reason; aborted and failed ones not counted). */
+  completedGenerations: number;
+  /** Requests refused with `rate_limited` since start. */
+  rejectedRequests: number;
+  promptTokens: number;
+  completionTokens: number;
+}
+
+/**
+ * The narrow seam between the HTTP API and inference. `createLlamaEngine` is the real one; tests of the
+ * HTTP shape can pass a fake.
+ */
+export interface Engine {
+  /**
+   * Runs one generation. Waits in a bounded queue when all sequences of the model are busy. Throws
+   * `ConduitError` `rate_limited` (queue full, with `retryAfter`), `invalid_request` (e.g. `max_tokens` beyond
+   * the context), `unavailable` (the model failed to load, or the engine is shutting down); rejects with the
+   * signal's reason when `request.signal` aborts.
+   */
+  generate(request: GenerationRequest): Promise<GenerationResult>;
+  /** Loads a model (if it is not loaded) and keeps it warm; `generate` does this on first use. */
+  load(model: ModelRef): Promise<void>;
+  /** The models held in memory. */
+  loaded(): LoadedModelInfo[];
+  stats(): EngineStats;
+  /** Stops everything: queued and running generations fail with `unavailable`, models are released. */
+  dispose(): Promise<void>;
+}

@@ -1,0 +1,690 @@
+import crypto from "node:crypto";
+import fs from "node:fs";
+import { getLlama, LlamaLogLevel } from "node-llama-cpp";
+import type { Llama, LlamaContext, LlamaModel, Token } from "node-llama-cpp";
+import { ConduitError } from "../errors.ts";
+import { loadChatTemplate } from "./chatTemplate.ts";
+import type { ChatTemplate } from "./chatTemplate.ts";
+import type { Engine, EngineStats, LoadedModelInfo } from "./Engine.ts";
+import { bindNative } from "./nativeBatch.ts";
+import type { NativeBinding, NativeSampler } from "./nativeBatch.ts";
+import { TextOutput } from "./TextOutput.ts";
+import type {
+  FinishReason,
+  GenerationRequest,
+  GenerationResult,
+  ModelRef,
+  SamplingOptions,
+} from "./types.ts";
+
+export interface LlamaEngineOptions {
+  /**
+   * llama.cpp compute threads per model, for prompts and generation. Measured on the 2-core machines here
+   * (bench/engineThreads.ts, stories260K): 1 thread generates 1,750–2,600 tok/s, 2 threads 11–99 tok/s, and
+   * 2 threads also lose on prompt batches (SmolLM2-135M pp128: 81 vs 22 tok/s in llama-bench). node-llama-cpp
+   * attaches no persistent threadpool, so each decode creates its worker threads, which then busy-wait at
+   * every barrier for a partner the shared cores have descheduled. Raise it only on dedicated cores.
+   * Defaults to `1`.
+   */
+  threads?: number;
+  /** Tokens per sequence (prompt + completion), capped at the model's training context. Defaults to `2048`. */
+  contextSize?: number;
+  /**
+   * Generations that run at once per model, batched into one decode per token step. Each sequence has its own
+   * KV cache of `contextSize` tokens. On 2 cores, 8 concurrent streams got about the same aggregate tokens/s
+   * with 4 sequences as with 8 (bench/engine.ts). Defaults to `4`.
+   */
+  parallelSequences?: number;
+  /**
+   * Requests that may wait (for a free sequence or for their model to load) across all models; one more is
+   * refused with `rate_limited` and a `retryAfter` estimate. Defaults to `32`.
+   */
+  maxQueue?: number;
+  /**
+   * Bytes of model files kept loaded. Loading a model that would exceed it first unloads the least recently
+   * used models that have no running or queued generation; a model bigger than the budget still loads alone.
+   * Defaults to `8 GiB`.
+   */
+  memoryBudgetBytes?: number;
+  /**
+   * `false`: CPU only. `"auto"`: use a GPU when node-llama-cpp finds one, offloading as many layers as fit.
+   * Defaults to `false`.
+   */
+  gpu?: false | "auto";
+  /**
+   * Most tokens evaluated in one decode step (capped at `contextSize`); long prompts are split across steps
+   * so running streams keep flowing. Defaults to `512`.
+   */
+  batchSize?: number;
+  /**
+   * An existing node-llama-cpp instance to use; the engine does not dispose it. Creating one costs ~1 s (it
+   * test-runs the prebuilt binary in a child process), so tests and benchmarks share one. Defaults to one
+   * created on first use (CPU or GPU per `gpu`) and disposed with the engine.
+   */
+  llama?: Llama;
+  /** Receives llama.cpp's warnings and errors. Defaults to `console.warn`. */
+  logger?: (level: "error" | "warn", message: string) => void;
+}
+
+const DEFAULTS = {
+  threads: 1,
+  contextSize: 2048,
+  parallelSequences: 4,
+  maxQueue: 32,
+  memoryBudgetBytes: 8 * 1024 ** 3,
+  batchSize: 512,
+} as const;
+
+/** Creates the node-llama-cpp engine. Nothing native is loaded until the first `generate` or `load`. */
+export function createLlamaEngine(options: LlamaEngineOptions = {}): Engine {
+  return new LlamaEngine(options);
+}
+
+interface Waiter {
+  resolve(sequenceId: number): void;
+  reject(error: unknown): void;
+}
+
+/** One running generation on one sequence of a loaded model. */
+interface Generation {
+  sequenceId: number;
+  sampler: NativeSampler;
+  /** Tokens still to be evaluated: the prompt (in chunks), then each sampled token. */
+  pending: number[];
+  /** Position of the next token in the sequence. */
+  position: number;
+  output: TextOutput;
+  completionTokens: number;
+  promptTokens: number;
+  maxTokens: number;
+  onText: ((text: string) => void) | undefined;
+  /** Set once the caller has its answer (finished, failed or aborted); the slot is released by the step loop. */
+  settled: boolean;
+  resolve(result: GenerationResult): void;
+  reject(error: unknown): void;
+  startedAt: number;
+}
+
+interface LoadedModel {
+  key: string;
+  ref: ModelRef;
+  sizeBytes: number;
+  model: LlamaModel;
+  context: LlamaContext;
+  native: NativeBinding;
+  /** Read at load, so formatting a request never waits. */
+  template: ChatTemplate;
+  contextSize: number;
+  addBos: boolean;
+  bos: number | undefined;
+  freeSequences: number[];
+  active: Set<Generation>;
+  waiters: Waiter[];
+  lastUsed: number;
+  stepping: boolean;
+  /** Requests waiting for one of this model's sequences; such a model is never evicted. */
+  users: number;
+  /** Resolves when the step loop has stopped (used by unload and dispose). */
+  idle: Promise<void>;
+  markIdle: () => void;
+}
+
+class LlamaEngine implements Engine {
+  private readonly threads: number;
+  private readonly contextSize: number;
+  private readonly parallel: number;
+  private readonly maxQueue: number;
+  private readonly memoryBudget: number;
+  private readonly gpu: false | "auto";
+  private readonly batchSize: number;
+  private readonly logger: (level: "error" | "warn", message: string) => void;
+
+  private llama: Promise<Llama> | undefined;
+  private readonly ownsLlama: boolean;
+  private readonly models = new Map<string, LoadedModel>();
+  private readonly loading = new Map<string, Promise<LoadedModel>>();
+  private waiting = 0;
+  /** Requests waiting for their model to load. */
+  private loadWaiting = 0;
+  private disposed = false;
+  private readonly counters = { completed: 0, rejected: 0, promptTokens: 0, completionTokens: 0 };
+  /** Moving average of generation time in ms, for `retryAfter`. */
+  private averageGenerationMs = 1000;
+
+  constructor(options: LlamaEngineOptions) {
+    this.threads = positiveInteger(options.threads ?? DEFAULTS.threads, "threads");
+    this.contextSize = positiveInteger(options.contextSize ?? DEFAULTS.contextSize, "contextSize");
+    this.parallel = positiveInteger(
+      options.parallelSequences ?? DEFAULTS.parallelSequences,
+      "parallelSequences",
+    );
+    this.maxQueue = Math.max(0, Math.floor(options.maxQueue ?? DEFAULTS.maxQueue));
+    this.memoryBudget = options.memoryBudgetBytes ?? DEFAULTS.memoryBudgetBytes;
+    this.gpu = options.gpu ?? false;
+    this.batchSize = positiveInteger(options.batchSize ?? DEFAULTS.batchSize, "batchSize");
+    this.logger = options.logger ?? ((level, message) => console.warn(`[llama.cpp ${level}] ${message}`));
+    this.ownsLlama = options.llama === undefined;
+    if (options.llama) this.llama = Promise.resolve(options.llama);
+  }
+
+  async generate(request: GenerationRequest): Promise<GenerationResult> {
+    this.ensureOpen();
+    const { sampling, signal } = request;
+    if ((request.messages === undefined) === (request.prompt === undefined))
+      throw new ConduitError("invalid_request", "Give exactly one of `messages` and `prompt`.", {
+        param: "messages",
+      });
+    validateSampling(sampling);
+    signal?.throwIfAborted();
+
+    const ready = this.models.get(request.model.path);
+    let loaded: LoadedModel;
+    if (ready) loaded = ready;
+    else {
+      // A burst for a cold model is bounded too: as many as will find a sequence once it is loaded, plus
+      // the queue. (Counting them against the queue alone would refuse even the first request when
+      // maxQueue is 0.)
+      if (this.loadWaiting >= this.maxQueue + this.parallel) this.refuse();
+      this.loadWaiting++;
+      try {
+        loaded = await abortable(this.loadModel(request.model), signal);
+      } finally {
+        this.loadWaiting--;
+      }
+      this.ensureOpen();
+    }
+    loaded.lastUsed = Date.now();
+    // Synchronous from here to taking a sequence, so the free-sequence check and the queue bound cannot race.
+    const prompt = this.tokenizeRequest(loaded, request);
+    signal?.throwIfAborted();
+    let sequenceId = loaded.waiters.length === 0 ? loaded.freeSequences.shift() : undefined;
+    if (sequenceId === undefined) {
+      this.admitToQueue();
+      loaded.users++;
+      try {
+        sequenceId = await this.waitForSequence(loaded, signal);
+      } finally {
+        this.waiting--;
+        loaded.users--;
+      }
+    }
+    return this.start(loaded, sequenceId, prompt, request);
+  }
+
+  /** Counts one more waiting request, or refuses it with `rate_limited` when the queue is full. */
+  private admitToQueue(): void {
+    if (this.waiting >= this.maxQueue) this.refuse();
+    this.waiting++;
+  }
+
+  private refuse(): never {
+    this.counters.rejected++;
+    throw new ConduitError("rate_limited", "Too many generations are waiting; retry later.", {
+      retryAfter: this.retryAfterSeconds(),
+    });
+  }
+
+  async load(model: ModelRef): Promise<void> {
+    this.ensureOpen();
+    await this.loadModel(model);
+  }
+
+  loaded(): LoadedModelInfo[] {
+    return [...this.models.values()].map((m) => ({
+      id: m.ref.id,
+      path: m.ref.path,
+      sizeBytes: m.sizeBytes,
+      activeSequences: m.active.size,
+      queuedRequests: m.waiters.length,
+      contextSize: m.contextSize,
+      lastUsedAt: new Date(m.lastUsed),
+    }));
+  }
+
+  stats(): EngineStats {
+    let active = 0;
+    for (const m of this.models.values()) active += m.active.size;
+    return {
+      queueDepth: this.waiting + this.loadWaiting,
+      activeGenerations: active,
+      loadedModels: this.models.size,
+      loadingModels: this.loading.size,
+      completedGenerations: this.counters.completed,
+      rejectedRequests: this.counters.rejected,
+      promptTokens: this.counters.promptTokens,
+      completionTokens: this.counters.completionTokens,
+    };
+  }
+
+  async dispose(): Promise<void> {
+    if (this.disposed) return;
+    this.disposed = true;
+    const shuttingDown = () => new ConduitError("unavailable", "The inference engine is shutting down.");
+    await Promise.allSettled(this.loading.values());
+    for (const m of this.models.values()) {
+      for (const waiter of m.waiters.splice(0)) waiter.reject(shuttingDown());
+      for (const gen of m.active) settle(gen, () => gen.reject(shuttingDown()));
+    }
+    await Promise.all([...this.models.values()].map((m) => this.unload(m)));
+    const llama = this.llama;
+    this.llama = undefined;
+    if (llama && this.ownsLlama) await (await llama.catch(() => undefined))?.dispose();
+  }
+
+  // ---- loading ----
+
+  private getLlama(): Promise<Llama> {
+    this.llama ??= getLlama({
+      gpu: this.gpu,
+      // Prebuilt binaries only: never compile llama.cpp (or download anything) inside a server.
+      build: "never",
+      // 0 turns off node-llama-cpp's thread splitter, so `threads` is exactly what llama.cpp uses.
+      maxThreads: 0,
+      logLevel: LlamaLogLevel.warn,
+      logger: (level, message) => {
+        const text = message.trim();
+        if (text === "") return;
+        if (level === LlamaLogLevel.error || level === LlamaLogLevel.fatal) this.logger("error", text);
+        else if (level === LlamaLogLevel.warn) this.logger("warn", text);
+      },
+    });
+    return this.llama;
+  }
+
+  /** Loads a model once; concurrent callers share the same promise. */
+  private loadModel(ref: ModelRef): Promise<LoadedModel> {
+    const key = ref.path;
+    const loaded = this.models.get(key);
+    if (loaded) return Promise.resolve(loaded);
+    let promise = this.loading.get(key);
+    if (!promise) {
+      promise = this.doLoad(ref).finally(() => this.loading.delete(key));
+      this.loading.set(key, promise);
+    }
+    return promise;
+  }
+
+  private async doLoad(ref: ModelRef): Promise<LoadedModel> {
+    let sizeBytes: number;
+    try {
+      sizeBytes = fs.statSync(ref.path).size;
+    } catch (error) {
+      throw new ConduitError("model_not_found", `The model '${ref.id}' does not exist.`, {
+        param: "model",
+        cause: error,
+      });
+    }
+    await this.makeRoomFor(sizeBytes);
+    let model: LlamaModel | undefined;
+    try {
+      const llama = await this.getLlama();
+      model = await llama.loadModel({ modelPath: ref.path, gpuLayers: this.gpu === false ? 0 : "auto" });
+      const contextSize = Math.max(
+        16,
+        Math.min(this.contextSize, model.trainContextSize || this.contextSize),
+      );
+      const context = await model.createContext({
+        contextSize,
+        sequences: this.parallel,
+        threads: this.threads,
+        batchSize: Math.min(this.batchSize, contextSize),
+        // One loaded context serves many requests; do not fail over to a smaller size silently.
+        failedCreationRemedy: false,
+      });
+      const template = await loadChatTemplate(ref);
+      const native = bindNative(llama, model, context);
+      native.context.setThreads(this.threads);
+      const entry: LoadedModel = {
+        key: ref.path,
+        ref,
+        sizeBytes,
+        model,
+        context,
+        native,
+        template,
+        contextSize: context.contextSize,
+        addBos: model.tokens.shouldPrependBosToken,
+        bos: model.tokens.bos ?? undefined,
+        freeSequences: Array.from({ length: this.parallel }, (_, i) => i),
+        active: new Set(),
+        waiters: [],
+        lastUsed: Date.now(),
+        stepping: false,
+        users: 0,
+        idle: Promise.resolve(),
+        markIdle: () => {},
+      };
+      if (this.disposed) {
+        await context.dispose();
+        await model.dispose();
+        throw new ConduitError("unavailable", "The inference engine is shutting down.");
+      }
+      this.models.set(entry.key, entry);
+      return entry;
+    } catch (error) {
+      await model?.dispose().catch(() => {});
+      if (error instanceof ConduitError) throw error;
+      this.logger(
+        "error",
+        `loading model '${ref.id}' failed: ${error instanceof Error ? error.message : error}`,
+      );
+      throw new ConduitError("unavailable", `The model '${ref.id}' could not be loaded.`, { cause: error });
+    }
+  }
+
+  /** Unloads least recently used idle models until `incoming` more bytes fit the budget. */
+  private async makeRoomFor(incoming: number): Promise<void> {
+    let used = 0;
+    for (const m of this.models.values()) used += m.sizeBytes;
+    const idle = [...this.models.values()]
+      .filter((m) => m.active.size === 0 && m.waiters.length === 0 && m.users === 0)
+      .sort((a, b) => a.lastUsed - b.lastUsed);
+    for (const victim of idle) {
+      if (used + incoming <= this.memoryBudget) break;
+      // Unloading awaits; a victim may have been picked up by a request meanwhile.
+      if (victim.active.size > 0 || victim.waiters.length > 0 || victim.users > 0) continue;
+      used -= victim.sizeBytes;
+      await this.unload(victim);
+    }
+  }
+
+  private async unload(m: LoadedModel): Promise<void> {
+    this.models.delete(m.key);
+    await m.idle;
+    await m.context.dispose().catch(() => {});
+    await m.model.dispose().catch(() => {});
+  }
+
+  // ---- admission ----
+
+  private tokenizeRequest(m: LoadedModel, request: GenerationRequest): number[] {
+    const text =
+      request.messages !== undefined
+        ? m.template.render(request.messages, { addGenerationPrompt: true })
+        : (request.prompt ?? "");
+    // Special tokens are parsed: chat templates write control tokens (<|im_start|>) as text.
+    const tokens = m.model.tokenize(text, true) as number[];
+    if (m.addBos && m.bos !== undefined && tokens[0] !== m.bos) tokens.unshift(m.bos);
+    const param = request.messages !== undefined ? "messages" : "prompt";
+    if (tokens.length === 0) throw new ConduitError("invalid_request", "The prompt is empty.", { param });
+    if (tokens.length >= m.contextSize)
+      throw new ConduitError(
+        "invalid_request",
+        `The prompt is ${tokens.length} tokens; this model's context holds ${m.contextSize}.`,
+        { param },
+      );
+    if (tokens.length + request.sampling.maxTokens > m.contextSize)
+      throw new ConduitError(
+        "invalid_request",
+        `max_tokens (${request.sampling.maxTokens}) plus the prompt (${tokens.length} tokens) exceeds this model's context of ${m.contextSize} tokens.`,
+        { param: "max_tokens" },
+      );
+    return tokens;
+  }
+
+  private waitForSequence(m: LoadedModel, signal: AbortSignal | undefined): Promise<number> {
+    return new Promise<number>((resolve, reject) => {
+      const onAbort = () => {
+        const index = m.waiters.indexOf(waiter);
+        if (index !== -1) m.waiters.splice(index, 1);
+        reject(signal?.reason);
+      };
+      const waiter: Waiter = {
+        resolve: (id) => {
+          signal?.removeEventListener("abort", onAbort);
+          resolve(id);
+        },
+        reject: (error) => {
+          signal?.removeEventListener("abort", onAbort);
+          reject(error);
+        },
+      };
+      m.waiters.push(waiter);
+      signal?.addEventListener("abort", onAbort, { once: true });
+    });
+  }
+
+  /** Frees a generation's sequence. Only called between decode steps (the KV cache is not in use). */
+  private releaseSequence(m: LoadedModel, gen: Generation): void {
+    m.active.delete(gen);
+    gen.sampler.dispose();
+    // The next user of this sequence must start from an empty KV cache.
+    m.native.context.disposeSequence(gen.sequenceId);
+    this.returnSequence(m, gen.sequenceId);
+  }
+
+  /** Hands a free sequence to the next waiter, or back to the pool. */
+  private returnSequence(m: LoadedModel, sequenceId: number): void {
+    const next = m.waiters.shift();
+    if (next && !this.disposed) next.resolve(sequenceId);
+    else m.freeSequences.push(sequenceId);
+  }
+
+  // ---- generation ----
+
+  private start(m: LoadedModel, sequenceId: number, prompt: number[], request: GenerationRequest) {
+    const { sampling, signal } = request;
+    const model = m.model;
+    let sampler: NativeSampler;
+    try {
+      sampler = m.native.createSampler();
+    } catch (error) {
+      this.returnSequence(m, sequenceId);
+      throw error;
+    }
+    sampler.applyConfig({
+      temperature: sampling.temperature,
+      topK: sampling.topK,
+      topP: sampling.topP,
+      seed: sampling.seed ?? crypto.randomInt(0, 2 ** 31),
+      // OpenAI's presence/frequency penalties are llama.cpp's additive penalties (logit -= count * frequency +
+      // (count > 0) * presence), applied to the tokens generated so far; the multiplicative repeat penalty stays
+      // off (1). The history covers the whole completion; the sampler adds each sampled token itself.
+      repeatPenalty: 1,
+      repeatPenaltyMaxTokens: Math.max(1, sampling.maxTokens),
+      repeatPenaltyTokens: new Uint32Array(0),
+      repeatPenaltyPresencePenalty: sampling.presencePenalty,
+      repeatPenaltyFrequencyPenalty: sampling.frequencyPenalty,
+    });
+    const output = new TextOutput(
+      (tokens, previous) => model.detokenize(tokens as Token[], false, previous as Token[]),
+      sampling.stop ?? [],
+    );
+    return new Promise<GenerationResult>((resolve, reject) => {
+      const gen: Generation = {
+        sequenceId,
+        sampler,
+        pending: prompt,
+        position: 0,
+        output,
+        completionTokens: 0,
+        promptTokens: prompt.length,
+        maxTokens: sampling.maxTokens,
+        onText: request.onText,
+        settled: false,
+        resolve,
+        reject,
+        startedAt: performance.now(),
+      };
+      if (signal) {
+        // Answer at once; the step loop frees the sequence before its next decode.
+        const onAbort = () => settle(gen, () => reject(signal.reason));
+        signal.addEventListener("abort", onAbort, { once: true });
+        const cleanup = () => signal.removeEventListener("abort", onAbort);
+        gen.resolve = (result) => (cleanup(), resolve(result));
+        gen.reject = (error) => (cleanup(), reject(error));
+      }
+      m.active.add(gen);
+      this.ensureStepping(m);
+    });
+  }
+
+  private ensureStepping(m: LoadedModel): void {
+    if (m.stepping) return;
+    m.stepping = true;
+    m.idle = new Promise<void>((resolve) => (m.markIdle = resolve));
+    void this.stepLoop(m)
+      .catch((error: unknown) => {
+        // Not a decode error (those fail only their batch): something is badly wrong; fail everything running.
+        this.logger("error", `step loop failed: ${error instanceof Error ? error.message : error}`);
+        for (const gen of m.active) {
+          settle(gen, () => gen.reject(error));
+          try {
+            this.releaseSequence(m, gen);
+          } catch {
+            m.active.delete(gen);
+          }
+        }
+      })
+      .finally(() => {
+        m.stepping = false;
+        m.markIdle();
+        // A generation may have joined after the loop's last check.
+        if (m.active.size > 0 && !this.disposed) this.ensureStepping(m);
+      });
+  }
+
+  /**
+   * Continuous batching: each step evaluates, in one decode, the next token of every generating sequence plus
+   * chunks of new prompts (up to `batchSize` tokens), then samples every sequence that produced logits.
+   */
+  private async stepLoop(m: LoadedModel): Promise<void> {
+    const ctx = m.native.context;
+    while (m.active.size > 0) {
+      for (const gen of m.active) if (gen.settled) this.releaseSequence(m, gen);
+      if (m.active.size === 0) break;
+
+      // Generating sequences (one pending token) first, so a long new prompt cannot stall running streams.
+      const order = [...m.active].sort((a, b) => a.pending.length - b.pending.length);
+      const batch: { gen: Generation; tokens: number[]; logits: boolean }[] = [];
+      let budget = Math.min(this.batchSize, m.context.batchSize);
+      for (const gen of order) {
+        if (budget === 0) break;
+        const take = Math.min(gen.pending.length, budget);
+        const tokens = gen.pending.slice(0, take);
+        batch.push({ gen, tokens, logits: take === gen.pending.length });
+        budget -= take;
+      }
+      const total = batch.reduce((n, item) => n + item.tokens.length, 0);
+
+      const sampleAt: { gen: Generation; index: number }[] = [];
+      try {
+        ctx.initBatch(total);
+        for (const item of batch) {
+          const logitIndexes = item.logits ? Uint32Array.of(item.tokens.length - 1) : new Uint32Array(0);
+          const indexes = ctx.addToBatch(
+            item.gen.sequenceId,
+            item.gen.position,
+            Uint32Array.from(item.tokens),
+            logitIndexes,
+          );
+          item.gen.position += item.tokens.length;
+          item.gen.pending = item.gen.pending.slice(item.tokens.length);
+          const index = indexes[0];
+          if (item.logits && index !== undefined) sampleAt.push({ gen: item.gen, index });
+        }
+        await ctx.decodeBatch();
+        // Sampling runs on libuv's pool, one job per sequence, concurrently.
+        const tokens = await Promise.all(
+          sampleAt.map(({ gen, index }) => ctx.sampleToken(index, gen.sampler)),
+        );
+        for (let i = 0; i < sampleAt.length; i++) this.accept(m, sampleAt[i]!.gen, tokens[i]!);
+      } catch (error) {
+        // A failed decode leaves these sequences in an unknown state: fail them (and free their slots).
+        for (const item of batch) settle(item.gen, () => item.gen.reject(error));
+        this.logger("error", `decode failed: ${error instanceof Error ? error.message : error}`);
+      }
+    }
+  }
+
+  private accept(m: LoadedModel, gen: Generation, token: number): void {
+    if (gen.settled) return;
+    if (token < 0 || m.model.isEogToken(token as Token)) return this.finish(m, gen, "stop");
+    gen.completionTokens++;
+    const piece = gen.output.push(token);
+    if (piece !== "") this.stream(gen, piece);
+    if (gen.settled) return;
+    if (gen.output.stopped) return this.finish(m, gen, "stop");
+    if (gen.completionTokens >= gen.maxTokens) return this.finish(m, gen, "length");
+    gen.pending = [token];
+  }
+
+  private stream(gen: Generation, piece: string): void {
+    if (!gen.onText) return;
+    try {
+      gen.onText(piece);
+    } catch (error) {
+      // A throwing consumer ends its own generation, not the step loop.
+      settle(gen, () => gen.reject(error));
+    }
+  }
+
+  private finish(m: LoadedModel, gen: Generation, finishReason: FinishReason): void {
+    const rest = gen.output.finish();
+    if (rest !== "") this.stream(gen, rest);
+    if (gen.settled) return;
+    const result: GenerationResult = {
+      text: gen.output.text,
+      finishReason,
+      promptTokens: gen.promptTokens,
+      completionTokens: gen.completionTokens,
+    };
+    this.counters.completed++;
+    this.counters.promptTokens += result.promptTokens;
+    this.counters.completionTokens += result.completionTokens;
+    const elapsed = performance.now() - gen.startedAt;
+    this.averageGenerationMs = this.averageGenerationMs * 0.8 + elapsed * 0.2;
+    m.lastUsed = Date.now();
+    settle(gen, () => gen.resolve(result));
+    this.releaseSequence(m, gen);
+  }
+
+  private retryAfterSeconds(): number {
+    const rounds = Math.ceil((this.waiting + 1) / this.parallel);
+    return Math.min(60, Math.max(1, Math.ceil((rounds * this.averageGenerationMs) / 1000)));
+  }
+
+  private ensureOpen(): void {
+    if (this.disposed) throw new ConduitError("unavailable", "The inference engine is shutting down.");
+  }
+}
+
+function settle(gen: Generation, answer: () => void): void {
+  if (gen.settled) return;
+  gen.settled = true;
+  answer();
+}
+
+/** Waits for `promise` but gives up (with the signal's reason) when `signal` aborts; the work itself goes on. */
+function abortable<T>(promise: Promise<T>, signal: AbortSignal | undefined): Promise<T> {
+  if (!signal) return promise;
+  signal.throwIfAborted();
+  return new Promise<T>((resolve, reject) => {
+    const onAbort = () => reject(signal.reason);
+    signal.addEventListener("abort", onAbort, { once: true });
+    promise.then(
+      (value) => (signal.removeEventListener("abort", onAbort), resolve(value)),
+      (error: unknown) => (signal.removeEventListener("abort", onAbort), reject(error)),
+    );
+  });
+}
+
+function positiveInteger(value: number, name: string): number {
+  if (!Number.isInteger(value) || value < 1)
+    throw new RangeError(`${name} must be a positive integer, got ${value}`);
+  return value;
+}
+
+function validateSampling(s: SamplingOptions): void {
+  const bad = (param: string, message: string) => new ConduitError("invalid_request", message, { param });
+  if (!Number.isInteger(s.maxTokens) || s.maxTokens < 1)
+    throw bad("max_tokens", "max_tokens must be at least 1.");
+  if (!(s.temperature >= 0)) throw bad("temperature", "temperature must be 0 or more.");
+  if (!(s.topP > 0 && s.topP <= 1)) throw bad("top_p", "top_p must be in (0, 1].");
+  if (!Number.isInteger(s.topK) || s.topK < 0) throw bad("top_k", "top_k must be a whole number, 0 or more.");
+  if (!Number.isFinite(s.presencePenalty))
+    throw bad("presence_penalty", "presence_penalty must be a number.");
+  if (!Number.isFinite(s.frequencyPenalty))
+    throw bad("frequency_penalty", "frequency_penalty must be a number.");
+  if (s.seed !== undefined && !Number.isInteger(s.seed)) throw bad("seed", "seed must be an integer.");
+}

@@ -1,0 +1,147 @@
+import fs from "node:fs/promises";
+import { Template } from "@huggingface/jinja";
+import { readGgufFileInfo } from "node-llama-cpp";
+import { ConduitError } from "../errors.ts";
+import type { ChatMessage, ModelRef } from "./types.ts";
+
+/**
+ * The template used when a model has no `tokenizer.chat_template` (base models such as stories260K).
+ * ChatML because it is the most common instruct format and needs no special tokens to be readable:
+ * a model without `<|im_start|>`/`<|im_end|>` tokens still sees plain, consistent text, and fine-tuning
+ * a base model on it teaches the model this format. The inference prompt (generation prompt on) is a
+ * prefix of the training conversation (assistant message included, generation prompt off).
+ */
+export const CHATML_TEMPLATE =
+  "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}" +
+  "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+export interface FormatChatOptions {
+  /** Append the opening of an assistant turn (inference). Off when formatting a whole conversation (training). */
+  addGenerationPrompt: boolean;
+}
+
+/** A model's chat template, ready to render. */
+export interface ChatTemplate {
+  /** The Jinja source: the model's own `tokenizer.chat_template`, or `CHATML_TEMPLATE`. */
+  source: string;
+  /** True when the model has no template and `CHATML_TEMPLATE` is used. */
+  isFallback: boolean;
+  /** BOS token text as the template sees it (`bos_token`); empty when the model has none. */
+  bosToken: string;
+  /** EOS token text as the template sees it (`eos_token`); empty when the model has none. */
+  eosToken: string;
+  render(messages: readonly ChatMessage[], options: FormatChatOptions): string;
+}
+
+// Keyed by path, size and mtime: a fine-tuned model written over an old file gets its template re-read.
+const cache = new Map<string, Promise<ChatTemplate>>();
+const CACHE_LIMIT = 64;
+
+/**
+ * Renders `messages` with the model's own chat template (`tokenizer.chat_template` in the GGUF), or with
+ * ChatML when the model has none (see `CHATML_TEMPLATE`). The template sees `messages`,
+ * `add_generation_prompt`, `bos_token` and `eos_token`.
+ *
+ * This is the one formatting function: the trainer formats IO pairs with it (assistant answer included,
+ * `addGenerationPrompt: false`) and inference formats requests with it (`addGenerationPrompt: true`), so a
+ * fine-tuned model is served exactly the text it was trained on. The text is tokenized with special tokens
+ * parsed; a BOS token is prepended only when the model asks for one (`tokenizer.ggml.add_bos_token`) and the
+ * text does not already start with it.
+ *
+ * Throws `invalid_request` (param `messages`) when the template rejects the conversation (`raise_exception`).
+ */
+export async function formatChat(
+  model: ModelRef,
+  messages: readonly ChatMessage[],
+  options: FormatChatOptions,
+): Promise<string> {
+  const template = await loadChatTemplate(model);
+  return template.render(messages, options);
+}
+
+/** The model's chat template (cached per file). Throws `model_not_found` when the file cannot be read. */
+export async function loadChatTemplate(model: ModelRef): Promise<ChatTemplate> {
+  let key: string;
+  try {
+    const stat = await fs.stat(model.path);
+    key = `${model.path}\0${stat.size}\0${stat.mtimeMs}`;
+  } catch (error) {
+    throw new ConduitError("model_not_found", `The model '${model.id}' does not exist.`, {
+      param: "model",
+      cause: error,
+    });
+  }
+  let entry = cache.get(key);
+  if (!entry) {
+    entry = readChatTemplate(model);
+    // Failed reads are not cached, so a model that is being written can be retried.
+    entry.catch(() => cache.delete(key));
+    if (cache.size >= CACHE_LIMIT) cache.delete(cache.keys().next().value!);
+    cache.set(key, entry);
+  }
+  return entry;
+}
+
+async function readChatTemplate(model: ModelRef): Promise<ChatTemplate> {
+  let info;
+  try {
+    info = await readGgufFileInfo(model.path, { readTensorInfo: false, logWarnings: false });
+  } catch (error) {
+    throw new ConduitError("unavailable", `The model '${model.id}' is not a readable GGUF file.`, {
+      cause: error,
+    });
+  }
+  const tokenizer = info.metadata.tokenizer;
+  const tokens = tokenizer?.ggml?.tokens;
+  const tokenText = (id: number | undefined) => (id === undefined ? "" : (tokens?.[id] ?? ""));
+  const own = tokenizer?.chat_template;
+  const source = typeof own === "string" && own.trim() !== "" ? own : CHATML_TEMPLATE;
+  return compileChatTemplate(source, {
+    isFallback: source === CHATML_TEMPLATE,
+    bosToken: tokenText(tokenizer?.ggml?.bos_token_id),
+    eosToken: tokenText(tokenizer?.ggml?.eos_token_id),
+  });
+}
+
+/** Compiles a Jinja chat template. Exported for callers that hold a template without a GGUF file (tests). */
+export function compileChatTemplate(
+  source: string,
+  tokens: { isFallback?: boolean; bosToken?: string; eosToken?: string } = {},
+): ChatTemplate {
+  let template: Template;
+  try {
+    template = new Template(source);
+  } catch (error) {
+    // A template the renderer cannot parse is a model problem, not the request's.
+    throw new ConduitError("unavailable", "The model's chat template cannot be parsed.", { cause: error });
+  }
+  const bosToken = tokens.bosToken ?? "";
+  const eosToken = tokens.eosToken ?? "";
+  return {
+    source,
+    isFallback: tokens.isFallback ?? false,
+    bosToken,
+    eosToken,
+    render(messages, options) {
+      try {
+        return template.render({
+          // Copies, so a template cannot mutate the caller's objects.
+          messages: messages.map((m) => ({ role: m.role, content: m.content })),
+          add_generation_prompt: options.addGenerationPrompt,
+          bos_token: bosToken,
+          eos_token: eosToken,
+        });
+      } catch (error) {
+        const reason = error instanceof Error ? error.message : String(error);
+        throw new ConduitError(
+          "invalid_request",
+          `The model's chat template rejected the messages: ${reason}`,
+          {
+            param: "messages",
+            cause: error,
+          },
+        );
+      }
+    },
+  };
+}

@@ -1,0 +1,93 @@
+import type { Llama, LlamaContext, LlamaModel } from "node-llama-cpp";
+
+/**
+ * The one place that reaches under node-llama-cpp's public API (pinned to exactly 3.22.1 in package.json).
+ *
+ * Why: `LlamaContextSequence.evaluate` adds per-token JavaScript work on top of the two native calls a token
+ * needs (decode, sample): an evaluation lock, a `setImmediate` batch-dispatch cycle, a sampler lock, a
+ * thread-splitter reservation with a `setTimeout` release, re-resolving and re-applying the sampler config
+ * (a fresh `Uint32Array` of penalty tokens each token), token meters and array copies. Measured on stories260K
+ * with 1 thread that costs ~40% of single-stream speed (≈1,150–1,400 tok/s through `evaluate` against
+ * ≈1,900–2,400 tok/s driving the same native context directly; see bench/engine.ts). So the engine creates the
+ * context with the public API (memory checks, sequences, threads) and then batches all of a model's sequences
+ * itself, through the context's native handle: one `decodeBatch` per step for every active sequence, then one
+ * `sampleToken` per sequence (run concurrently on libuv's pool).
+ *
+ * `bindNative` checks every member it uses and fails loudly, so a node-llama-cpp upgrade that changes them
+ * breaks at model load with a clear message (and in test/engine.test.ts), not mid-generation.
+ */
+
+export interface NativeContext {
+  initBatch(size: number): void;
+  /** Returns the batch indexes of the logits requested by `logitIndexes` (indexes into `tokens`). */
+  addToBatch(
+    sequenceId: number,
+    firstTokenPosition: number,
+    tokens: Uint32Array,
+    logitIndexes: Uint32Array,
+  ): Uint32Array;
+  decodeBatch(): Promise<void>;
+  /** Samples from the logits at `batchLogitIndex` and feeds the token to the sampler's penalty history; -1: none. */
+  sampleToken(batchLogitIndex: number, sampler: NativeSampler): Promise<number>;
+  /** Removes every KV cell of the sequence (`llama_memory_seq_rm(seq, -1, -1)`). */
+  disposeSequence(sequenceId: number): void;
+  setThreads(threads: number): void;
+}
+
+/** Options of the native sampler chain (token bias → penalties → top-k → top-p → temperature → dist, or greedy). */
+export interface NativeSamplerConfig {
+  /** 0 or less: greedy (top-k, top-p and seed are then unused). */
+  temperature: number;
+  /** 0 or less: the whole vocabulary. */
+  topK: number;
+  topP: number;
+  seed: number;
+  /** Multiplicative repeat penalty; 1 disables it. */
+  repeatPenalty: number;
+  /** How many of the most recent sampled tokens the penalties look at. */
+  repeatPenaltyMaxTokens: number;
+  /** Tokens already in the penalty history before the first sample. */
+  repeatPenaltyTokens: Uint32Array;
+  repeatPenaltyPresencePenalty: number;
+  repeatPenaltyFrequencyPenalty: number;
+}
+
+export interface NativeSampler {
+  applyConfig(config: NativeSamplerConfig): void;
+  dispose(): void;
+}
+
+export interface NativeBinding {
+  context: NativeContext;
+  createSampler(): NativeSampler;
+}
+
+type SamplerConstructor = new (model: unknown) => NativeSampler;
+
+export function bindNative(llama: Llama, model: LlamaModel, context: LlamaContext): NativeBinding {
+  const ctx = (context as unknown as { _ctx?: NativeContext })._ctx;
+  const nativeModel = (model as unknown as { _model?: unknown })._model;
+  const Sampler = (llama as unknown as { _bindings?: { AddonSampler?: SamplerConstructor } })._bindings
+    ?.AddonSampler;
+  const contextMethods = [
+    "initBatch",
+    "addToBatch",
+    "decodeBatch",
+    "sampleToken",
+    "disposeSequence",
+    "setThreads",
+  ];
+  const missing = [
+    ...contextMethods.filter((m) => typeof (ctx as Record<string, unknown> | undefined)?.[m] !== "function"),
+    ...(nativeModel == null ? ["model._model"] : []),
+    ...(typeof Sampler !== "function" || typeof Sampler.prototype?.applyConfig !== "function"
+      ? ["AddonSampler.applyConfig"]
+      : []),
+  ];
+  if (missing.length > 0 || !ctx || !Sampler)
+    throw new Error(
+      `node-llama-cpp's native context API changed (missing: ${missing.join(", ")}); ` +
+        "src/engine/nativeBatch.ts is written for node-llama-cpp 3.22.1",
+    );
+  return { context: ctx, createSampler: () => new Sampler(nativeModel) };
+}

@@ -1,0 +1,356 @@
+import assert from "node:assert/strict";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { after, before, describe, test } from "node:test";
+import { getLlama, LlamaLogLevel } from "node-llama-cpp";
+import type { Llama, Token } from "node-llama-cpp";
+import { ConduitError } from "../src/errors.ts";
+import {
+  CHATML_TEMPLATE,
+  compileChatTemplate,
+  formatChat,
+  loadChatTemplate,
+} from "../src/engine/chatTemplate.ts";
+import type { Engine } from "../src/engine/Engine.ts";
+import { createLlamaEngine } from "../src/engine/LlamaEngine.ts";
+import { isValidModelId, ModelRegistry } from "../src/engine/ModelRegistry.ts";
+import { TextOutput } from "../src/engine/TextOutput.ts";
+import { createTinyModel } from "../src/engine/tinyModel.ts";
+import type { ModelRef, SamplingOptions } from "../src/engine/types.ts";
+
+const dir = fs.mkdtempSync(path.join(os.tmpdir(), "conduit-engine-"));
+let model: ModelRef;
+// One node-llama-cpp instance for every engine here: creating one test-runs its binary (~1 s).
+let llama: Llama;
+
+before(async () => {
+  // A random llama-architecture model with a byte-fallback vocabulary and its own ChatML template.
+  const file = path.join(dir, "tiny.gguf");
+  await createTinyModel(file, { seed: 1 });
+  model = { id: "tiny", path: file };
+  llama = await getLlama({ gpu: false, build: "never", logLevel: LlamaLogLevel.error, logger: () => {} });
+});
+after(async () => {
+  await llama.dispose();
+  fs.rmSync(dir, { recursive: true, force: true });
+});
+
+const greedy = (maxTokens: number, extra: Partial<SamplingOptions> = {}): SamplingOptions => ({
+  maxTokens,
+  temperature: 0,
+  topK: 40,
+  topP: 1,
+  presencePenalty: 0,
+  frequencyPenalty: 0,
+  ...extra,
+});
+
+const shared = () => ({ llama, logger: () => {} });
+
+function isCode(code: string) {
+  return (error: unknown) => error instanceof ConduitError && error.code === code;
+}
+
+describe("TextOutput", () => {
+  // A fake byte-level detokenizer: token = one byte, decoded as UTF-8 the way llama.cpp's strings are.
+  const bytes = (tokens: readonly number[]) => Buffer.from(tokens).toString("utf8");
+
+  test("never splits a multi-byte character across pieces", () => {
+    const out = new TextOutput((tokens) => bytes(tokens));
+    const pieces = [...Buffer.from("aé€😀b")].map((b) => out.push(b)).concat(out.finish());
+    assert.equal(pieces.join(""), "aé€😀b");
+    for (const piece of pieces) assert.ok(!piece.includes("\uFFFD"), JSON.stringify(pieces));
+    assert.deepEqual(
+      pieces.filter((p) => p !== ""),
+      ["a", "é", "€", "😀", "b"],
+    );
+  });
+
+  test("holds back a possible stop string and cuts at the first one", () => {
+    const out = new TextOutput((tokens) => bytes(tokens), ["END", "xyz"]);
+    const streamed = [...Buffer.from("abcENxENDmore")].map((b) => out.push(b)).join("");
+    assert.equal(streamed, "abcENx");
+    assert.equal(out.text, "abcENx");
+    assert.ok(out.stopped);
+    assert.equal(out.finish(), "");
+  });
+});
+
+describe("chat template", () => {
+  const messages = [
+    { role: "system" as const, content: "Be brief." },
+    { role: "user" as const, content: "Hi" },
+  ];
+
+  test("ChatML fallback renders the standard format; the prompt is a prefix of the training text", () => {
+    const chatml = compileChatTemplate(CHATML_TEMPLATE, { isFallback: true });
+    const prompt = chatml.render(messages, { addGenerationPrompt: true });
+    assert.equal(
+      prompt,
+      "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
+    );
+    const training = chatml.render([...messages, { role: "assistant", content: "Hello!" }], {
+      addGenerationPrompt: false,
+    });
+    assert.equal(training, `${prompt}Hello!<|im_end|>\n`);
+  });
+
+  test("formatChat renders the model's own template (or ChatML when it has none)", async () => {
+    const prompt = await formatChat(model, messages, { addGenerationPrompt: true });
+    const training = await formatChat(model, [...messages, { role: "assistant", content: "Hello!" }], {
+      addGenerationPrompt: false,
+    });
+    assert.ok(
+      training.startsWith(prompt),
+      `${JSON.stringify(prompt)} is not a prefix of ${JSON.stringify(training)}`,
+    );
+    // The tiny model carries its own ChatML template (written differently from the fallback's source).
+    assert.equal((await loadChatTemplate(model)).isFallback, false);
+    assert.match(prompt, /<\|im_start\|>user\nHi<\|im_end\|>\n<\|im_start\|>assistant\n$/);
+  });
+
+  test("a template's raise_exception is an invalid_request on messages", () => {
+    const strict = compileChatTemplate("{{ raise_exception('roles must alternate') }}");
+    assert.throws(
+      () => strict.render(messages, { addGenerationPrompt: true }),
+      (error: unknown) => isCode("invalid_request")(error) && (error as ConduitError).param === "messages",
+    );
+  });
+});
+
+describe("ModelRegistry", () => {
+  test("lists *.gguf files by id and never resolves outside the directory", () => {
+    const modelsDir = path.join(dir, "models");
+    fs.mkdirSync(modelsDir);
+    fs.writeFileSync(path.join(modelsDir, "b-model.gguf"), "x");
+    fs.writeFileSync(path.join(modelsDir, "a.Q8_0.gguf"), "xy");
+    fs.writeFileSync(path.join(modelsDir, "notes.txt"), "");
+    fs.writeFileSync(path.join(dir, "outside.gguf"), "");
+    const registry = new ModelRegistry({ modelsDir });
+
+    assert.deepEqual(
+      registry.list().map((m) => [m.id, m.sizeBytes]),
+      [
+        ["a.Q8_0", 2],
+        ["b-model", 1],
+      ],
+    );
+    assert.equal(registry.resolve("b-model")?.path, path.join(modelsDir, "b-model.gguf"));
+    for (const id of [
+      "../outside",
+      "..",
+      "../models/b-model",
+      "sub/b-model",
+      "/etc/passwd",
+      "b-model\0",
+      "",
+      ".x",
+      "b-model.gguf",
+    ])
+      assert.equal(registry.resolve(id), undefined, id);
+    assert.equal(isValidModelId("..%2foutside"), false);
+    assert.throws(() => registry.require("../outside"), isCode("model_not_found"));
+  });
+});
+
+describe("LlamaEngine", () => {
+  let engine: Engine;
+  before(() => {
+    engine = createLlamaEngine({ parallelSequences: 2, maxQueue: 1, contextSize: 128, ...shared() });
+  });
+  after(() => engine.dispose());
+
+  test("greedy output is deterministic, also when sequences are reused", async () => {
+    const runs = [];
+    for (let i = 0; i < 3; i++)
+      runs.push(await engine.generate({ model, prompt: "Once upon a time", sampling: greedy(24) }));
+    assert.ok(runs[0]!.text.length > 0);
+    assert.deepEqual(runs[1], runs[0]);
+    assert.deepEqual(runs[2], runs[0]);
+    assert.ok(runs[0]!.promptTokens > 0);
+  });
+
+  test("seeded sampling repeats; presence/frequency penalties change the output", async () => {
+    const sampled = (seed: number) =>
+      engine.generate({ model, prompt: "Once upon a time", sampling: greedy(24, { temperature: 1, seed }) });
+    assert.deepEqual(await sampled(42), await sampled(42));
+    const plain = await engine.generate({ model, prompt: "Once upon a time", sampling: greedy(40) });
+    const penalized = await engine.generate({
+      model,
+      prompt: "Once upon a time",
+      sampling: greedy(40, { presencePenalty: 2, frequencyPenalty: 2 }),
+    });
+    assert.notEqual(penalized.text, plain.text);
+  });
+
+  test("maxTokens ends with finishReason length", async () => {
+    const result = await engine.generate({ model, prompt: "Once upon a time", sampling: greedy(5) });
+    assert.equal(result.finishReason, "length");
+    assert.equal(result.completionTokens, 5);
+  });
+
+  test("stop strings end the output before the stop text", async () => {
+    const full = await engine.generate({ model, prompt: "Once upon a time", sampling: greedy(40) });
+    const chars = Array.from(full.text);
+    assert.ok(chars.length >= 8, JSON.stringify(full.text));
+    const stop = chars.slice(4, 6).join("");
+    const expected = full.text.slice(0, full.text.indexOf(stop));
+    const stopped = await engine.generate({
+      model,
+      prompt: "Once upon a time",
+      sampling: greedy(40, { stop: [stop, "\u0000never"] }),
+    });
+    assert.equal(stopped.finishReason, "stop");
+    assert.equal(stopped.text, expected);
+  });
+
+  test("streamed pieces concatenate to the text, which matches plain node-llama-cpp greedy decoding", async () => {
+    const messages = [{ role: "user" as const, content: "Tell me a story" }];
+    const pieces: string[] = [];
+    const result = await engine.generate({
+      model,
+      messages,
+      sampling: greedy(30),
+      onText: (t) => pieces.push(t),
+    });
+    assert.equal(pieces.join(""), result.text);
+    assert.ok(pieces.every((piece) => piece.length > 0));
+
+    // Reference: the same prompt through node-llama-cpp's public API, detokenized in one go, so a character
+    // split across streamed pieces (or a wrong token) would show as a difference.
+    const reference = await llama.loadModel({ modelPath: model.path, gpuLayers: 0 });
+    try {
+      const context = await reference.createContext({ contextSize: 128, sequences: 1, threads: 1 });
+      const text = await formatChat(model, messages, { addGenerationPrompt: true });
+      const input = reference.tokenize(text, true);
+      if (reference.tokens.shouldPrependBosToken && input[0] !== reference.tokens.bos)
+        input.unshift(reference.tokens.bos!);
+      assert.equal(result.promptTokens, input.length);
+      const generated: Token[] = [];
+      for await (const token of context.getSequence().evaluate(input, { temperature: 0 })) {
+        generated.push(token);
+        if (generated.length === 30) break;
+      }
+      assert.equal(result.completionTokens, generated.length);
+      assert.equal(result.text, reference.detokenize(generated));
+      await context.dispose();
+    } finally {
+      await reference.dispose();
+    }
+  });
+
+  test("the event loop keeps running while a generation runs", async () => {
+    let ticked = false;
+    let done = false;
+    const timer = setTimeout(() => (ticked = !done), 0);
+    await engine.generate({ model, prompt: "Once upon a time", sampling: greedy(40) });
+    done = true;
+    clearTimeout(timer);
+    assert.ok(ticked);
+  });
+
+  test("max_tokens beyond the context is invalid_request on max_tokens", async () => {
+    await assert.rejects(
+      engine.generate({ model, prompt: "Once upon a time", sampling: greedy(10_000) }),
+      (error: unknown) => isCode("invalid_request")(error) && (error as ConduitError).param === "max_tokens",
+    );
+  });
+
+  test("parallel requests all complete; one past the queue is rate_limited", async () => {
+    // 2 sequences + 1 queue place: the 4th concurrent request is refused.
+    const controller = new AbortController();
+    const running = [0, 1, 2].map((i) =>
+      engine.generate({
+        model,
+        prompt: `Once upon a time ${i}`,
+        sampling: greedy(20),
+        signal: controller.signal,
+      }),
+    );
+    await assert.rejects(
+      engine.generate({ model, prompt: "Once", sampling: greedy(5) }),
+      (error: unknown) => isCode("rate_limited")(error) && ((error as ConduitError).retryAfter ?? 0) >= 1,
+    );
+    const results = await Promise.all(running);
+    for (const r of results) assert.ok(r.completionTokens > 0 && r.completionTokens <= 20);
+    assert.equal(engine.stats().queueDepth, 0);
+    assert.equal(engine.stats().activeGenerations, 0);
+  });
+});
+
+describe("LlamaEngine, one sequence", () => {
+  let engine: Engine;
+  before(() => {
+    engine = createLlamaEngine({ parallelSequences: 1, maxQueue: 4, contextSize: 128, ...shared() });
+  });
+  after(() => engine.dispose());
+
+  test("abort stops a generation at once and the queued request then runs", async () => {
+    const controller = new AbortController();
+    let streamed = 0;
+    const first = engine.generate({
+      model,
+      prompt: "Once upon a time",
+      sampling: greedy(100, { stop: ["\u0000never"] }),
+      signal: controller.signal,
+      onText: () => {
+        if (++streamed === 2) controller.abort();
+      },
+    });
+    const queued = engine.generate({ model, prompt: "Once upon a time", sampling: greedy(5) });
+    await assert.rejects(first, (error: unknown) => error instanceof Error && error.name === "AbortError");
+    assert.equal(streamed, 2);
+    const next = await queued;
+    assert.equal(next.completionTokens, 5);
+  });
+
+  test("a request aborted while queued leaves the queue", async () => {
+    const controller = new AbortController();
+    const running = engine.generate({ model, prompt: "Once upon a time", sampling: greedy(30) });
+    const waiting = engine.generate({
+      model,
+      prompt: "Once",
+      sampling: greedy(5),
+      signal: controller.signal,
+    });
+    await new Promise((resolve) => setImmediate(resolve));
+    assert.equal(engine.stats().queueDepth, 1);
+    controller.abort();
+    await assert.rejects(waiting, (error: unknown) => error instanceof Error && error.name === "AbortError");
+    assert.equal(engine.stats().queueDepth, 0);
+    await running;
+  });
+});
+
+describe("LlamaEngine, loading", () => {
+  test("concurrent loads share one model; the memory budget unloads the least recently used idle model", async () => {
+    const other = { id: "other", path: path.join(dir, "other.gguf") };
+    fs.copyFileSync(model.path, other.path);
+    const size = fs.statSync(model.path).size;
+    const engine = createLlamaEngine({ contextSize: 128, memoryBudgetBytes: size + 1, ...shared() });
+    try {
+      await Promise.all([engine.load(model), engine.load(model), engine.load(model)]);
+      assert.deepEqual(
+        engine.loaded().map((m) => m.id),
+        ["tiny"],
+      );
+      await engine.generate({ model: other, prompt: "Once", sampling: greedy(2) });
+      assert.deepEqual(
+        engine.loaded().map((m) => m.id),
+        ["other"],
+      );
+      await assert.rejects(
+        engine.generate({
+          model: { id: "missing", path: path.join(dir, "missing.gguf") },
+          prompt: "x",
+          sampling: greedy(2),
+        }),
+        isCode("model_not_found"),
+      );
+    } finally {
+      await engine.dispose();
+    }
+    await assert.rejects(engine.generate({ model, prompt: "x", sampling: greedy(2) }), isCode("unavailable"));
+  });
+});
