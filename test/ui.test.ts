@@ -1,0 +1,342 @@
+import assert from "node:assert/strict";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { test, type TestContext } from "node:test";
+import { fileURLToPath } from "node:url";
+import Fastify from "fastify";
+import { chromium, type Browser, type Page } from "playwright-core";
+import { buildApp } from "../src/api/buildApp.ts";
+import uiRoutes from "../src/api/routes/ui.ts";
+import { loadConfig } from "../src/config.ts";
+import { createCore } from "../src/core.ts";
+import { readSse, type SseEvent } from "../ui/src/sse.ts";
+import { KEY_A, testEnv } from "./helper.ts";
+
+/**
+ * The dashboard end to end: a real server on 127.0.0.1, a real headless Chromium, the whole loop
+ * (sign in, dataset, upload, run, live chart, READY, chat). Screenshots go to test-artifacts/ui/.
+ */
+
+const chromiumPath = "/usr/bin/chromium";
+const root = fileURLToPath(new URL("..", import.meta.url));
+const distDir = path.join(root, "ui", "dist");
+const shots = path.join(root, "test-artifacts", "ui");
+
+/** Builds the dashboard when this checkout has no build yet (`npm run build:ui` does the same). */
+async function ensureBuilt(): Promise<void> {
+  if (fs.existsSync(path.join(distDir, "index.html"))) return;
+  const { build } = await import("vite");
+  await build({ configFile: path.join(root, "ui", "vite.config.ts"), logLevel: "warn" });
+}
+
+/** A listening server like `npm start`'s (users alice and bob), with the trainer running. */
+async function startServer(t: TestContext): Promise<string> {
+  const environment = await testEnv(t, "sqlite", { CONDUIT_TRAIN_CONCURRENCY: "1" });
+  const config = loadConfig(environment.env);
+  const core = await createCore(config, { scheduler: { pollMs: 250 } });
+  for (const seed of config.apiKeys) await core.keys.ensure(seed.key, seed.userId);
+  const app = await buildApp(core);
+  t.after(() => app.close());
+  core.scheduler.start();
+  return app.listen({ host: "127.0.0.1", port: 0 });
+}
+
+async function shot(page: Page, name: string): Promise<void> {
+  await page.screenshot({ path: path.join(shots, `${name}.png`), fullPage: true });
+}
+
+const launchArgs = [
+  "--headless",
+  "--no-sandbox",
+  "--disable-gpu",
+  "--disable-quic",
+  "--no-first-run",
+  "--disable-background-networking",
+  "--disable-component-update",
+  "--disable-sync",
+];
+
+test("the dashboard's SSE reader: events split anywhere, any line ending, comments, multi-line data", async () => {
+  const wire =
+    ': keep-alive\r\n\r\nevent: log\r\ndata: {"line":"café"}\r\n\r\n' +
+    'event: stats\ndata: {"step":1}\n\n' +
+    "data: first\rdata: second\r\r" +
+    "id: 7\nretry: 10\ndata\n\n" +
+    "data: [DONE]\n\n";
+  const expected: SseEvent[] = [
+    { event: "log", data: '{"line":"café"}' },
+    { event: "stats", data: '{"step":1}' },
+    { event: "message", data: "first\nsecond" },
+    { event: "message", data: "" },
+    { event: "message", data: "[DONE]" },
+  ];
+  const bytes = new TextEncoder().encode(wire);
+  // Every split point, including inside "\r\n" and inside the two bytes of "é".
+  for (let cut = 0; cut <= bytes.length; cut++) {
+    const body = new ReadableStream<Uint8Array>({
+      start(controller) {
+        controller.enqueue(bytes.slice(0, cut));
+        controller.enqueue(bytes.slice(cut));
+        controller.close();
+      },
+    });
+    const events: SseEvent[] = [];
+    for await (const event of readSse(body)) events.push(event);
+    assert.deepEqual(events, expected, `split at byte ${cut}`);
+  }
+});
+
+test("/ui routes: SPA fallback, public assets, 404 for missing files, 503 without a build", async (t) => {
+  await ensureBuilt();
+  const app = Fastify();
+  await app.register(uiRoutes, { distDir });
+  const missing = Fastify();
+  await missing.register(uiRoutes, { distDir: path.join(os.tmpdir(), "conduit-no-such-dist") });
+  t.after(() => Promise.all([app.close(), missing.close()]));
+
+  for (const url of [
+    "/ui",
+    "/ui/",
+    "/ui/index.html",
+    "/ui/runs/ft_123",
+    "/ui/datasets/ds_1",
+    "/ui/playground?model=tiny",
+  ]) {
+    const res = await app.inject({ url });
+    assert.equal(res.statusCode, 200, url);
+    assert.match(res.headers["content-type"] as string, /text\/html/);
+    assert.match(res.body, /<div id="app">/);
+    assert.match(res.headers["content-security-policy"] as string, /default-src 'self'/);
+  }
+  const index = (await app.inject({ url: "/ui/" })).body;
+  const asset = index.match(/\/ui\/(assets\/[^"]+\.js)/)?.[1];
+  assert.ok(asset, "index.html loads a script from /ui/assets/");
+  const script = await app.inject({ url: `/ui/${asset}` });
+  assert.equal(script.statusCode, 200);
+  assert.match(script.headers["content-type"] as string, /javascript/);
+  assert.match(script.headers["cache-control"] as string, /immutable/);
+  assert.equal((await app.inject({ url: "/ui/assets/nope.js" })).statusCode, 404);
+  const escape = await app.inject({ url: "/ui/assets/..%2f..%2f..%2fpackage.json" });
+  assert.ok(
+    escape.statusCode >= 400 && !escape.body.includes('"name": "conduit"'),
+    "no files outside ui/dist",
+  );
+
+  const notBuilt = await missing.inject({ url: "/ui/runs/ft_1" });
+  assert.equal(notBuilt.statusCode, 503);
+  assert.match(notBuilt.body, /npm run build:ui/);
+});
+
+test("dashboard end to end in Chromium", { timeout: 600_000 }, async (t) => {
+  if (!fs.existsSync(chromiumPath)) {
+    t.skip(`${chromiumPath} is missing: install Debian's chromium to run the dashboard test`);
+    return;
+  }
+  await ensureBuilt();
+  fs.mkdirSync(shots, { recursive: true });
+  const base = await startServer(t);
+
+  const browser: Browser = await chromium.launch({ executablePath: chromiumPath, args: launchArgs });
+  t.after(() => browser.close());
+  const context = await browser.newContext({ viewport: { width: 1280, height: 860 } });
+  // The page may reach this server only: anything else is refused and fails the test.
+  const elsewhere: string[] = [];
+  await context.route("**/*", (route) => {
+    const url = route.request().url();
+    if (url.startsWith(`${base}/`) || url.startsWith("data:")) return route.continue();
+    elsewhere.push(url);
+    return route.abort();
+  });
+  const page = await context.newPage();
+  const pageErrors: string[] = [];
+  page.on("pageerror", (error) => pageErrors.push(error.message));
+  // Refused API calls (the wrong key, the bad file) log "Failed to load resource"; anything else is a bug.
+  page.on("console", (message) => {
+    if (message.type() === "error" && !message.text().startsWith("Failed to load resource"))
+      pageErrors.push(message.text());
+  });
+  page.setDefaultTimeout(15_000);
+
+  await t.test("signs in with the keyboard; a wrong key is refused in plain words", async () => {
+    await page.goto(`${base}/ui/`);
+    await page.getByRole("heading", { name: "Conduit" }).waitFor();
+    await shot(page, "signin");
+    await page.keyboard.press("Tab");
+    assert.equal(await page.evaluate(() => document.activeElement?.id), "api-key");
+    await page.keyboard.type("not-a-key-at-all");
+    await page.keyboard.press("Enter");
+    await page.getByRole("alert").filter({ hasText: "That API key was not accepted." }).waitFor();
+    await page.getByLabel("API key", { exact: true }).fill(KEY_A);
+    await page.keyboard.press("Enter");
+    await page.getByRole("heading", { name: "Datasets", level: 1 }).waitFor();
+    assert.equal(await page.evaluate(() => localStorage.getItem("conduit.apiKey")), KEY_A);
+  });
+
+  await t.test("creates a dataset, refuses a bad file by line, uploads and previews a good one", async () => {
+    await page.getByLabel("Dataset name", { exact: true }).fill("greetings");
+    await page.getByRole("button", { name: "Create dataset" }).click();
+    await page.getByRole("heading", { name: "greetings", level: 1 }).waitFor();
+    assert.match(page.url(), /\/ui\/datasets\/ds_/);
+
+    await page.getByLabel("File", { exact: true }).setInputFiles({
+      name: "bad.jsonl",
+      mimeType: "application/jsonl",
+      buffer: Buffer.from('{"input":"a","output":"b"}\n{"input":"a"}\n'),
+    });
+    await page.getByRole("button", { name: "Upload" }).click();
+    const refusal = page.getByRole("alert").filter({ hasText: "The file was not accepted" });
+    await refusal.waitFor();
+    assert.match(await refusal.innerText(), /line 2/);
+    await shot(page, "dataset-invalid-file");
+
+    // A slow link shows the progress bar; the file is then deleted again.
+    const cdp = await context.newCDPSession(page);
+    await cdp.send("Network.enable");
+    await cdp.send("Network.emulateNetworkConditions", {
+      offline: false,
+      latency: 0,
+      downloadThroughput: -1,
+      uploadThroughput: 400 * 1024,
+    });
+    const big = Array.from({ length: 12_000 }, (_, i) =>
+      JSON.stringify({ input: `q${i}`, output: `a${i} ${"x".repeat(60)}` }),
+    );
+    await page.getByLabel("File", { exact: true }).setInputFiles({
+      name: "big.jsonl",
+      mimeType: "application/jsonl",
+      buffer: Buffer.from(`${big.join("\n")}\n`),
+    });
+    await page.getByRole("button", { name: "Upload" }).click();
+    const progress = page.getByRole("progressbar", { name: "Upload progress" });
+    await progress.waitFor();
+    await page.waitForFunction(() => Number(document.querySelector("progress")?.value) > 0);
+    await shot(page, "dataset-upload-progress");
+    await page
+      .getByRole("status")
+      .filter({ hasText: "Uploaded big.jsonl: 12000 IO pairs." })
+      .waitFor({ timeout: 60_000 });
+    await cdp.send("Network.emulateNetworkConditions", {
+      offline: false,
+      latency: 0,
+      downloadThroughput: -1,
+      uploadThroughput: -1,
+    });
+    page.once("dialog", (dialog) => void dialog.accept());
+    await page.getByRole("button", { name: "Delete big.jsonl" }).click();
+    await page.getByRole("button", { name: "Delete big.jsonl" }).waitFor({ state: "detached" });
+
+    const pairs = Array.from({ length: 60 }, (_, i) =>
+      JSON.stringify({ input: `say hi ${i % 6}`, output: `hello ${i % 6}!` }),
+    );
+    await page.getByLabel("File", { exact: true }).setInputFiles({
+      name: "greetings.jsonl",
+      mimeType: "application/jsonl",
+      buffer: Buffer.from(`${pairs.join("\n")}\n`),
+    });
+    await page.getByRole("button", { name: "Upload" }).click();
+    await page.getByRole("status").filter({ hasText: "Uploaded greetings.jsonl: 60 IO pairs." }).waitFor();
+    await page.getByRole("button", { name: "Preview greetings.jsonl" }).click();
+    const preview = page.getByRole("table").filter({ hasText: "say hi 0" });
+    await preview.waitFor();
+    assert.equal(await preview.locator("tbody tr").count(), 50);
+    assert.equal(await preview.locator("tbody tr").first().locator("td").first().innerText(), "1");
+
+    await page.getByLabel("New name", { exact: true }).fill("hellos");
+    await page.getByRole("button", { name: "Rename" }).click();
+    await page.getByRole("heading", { name: "hellos", level: 1 }).waitFor();
+    await shot(page, "dataset");
+    await page.getByRole("link", { name: "Datasets" }).first().click();
+    await page.getByRole("link", { name: "hellos", exact: true }).waitFor();
+    await shot(page, "datasets");
+  });
+
+  await t.test("starts a run on tiny from the form, with every field and its default", async () => {
+    await page.getByRole("navigation").getByRole("link", { name: "Runs" }).click();
+    await page.getByRole("heading", { name: "Start a run" }).waitFor();
+    assert.equal(await page.getByLabel("Learning rate", { exact: true }).inputValue(), "0.0005");
+    assert.equal(await page.getByLabel("Epochs", { exact: true }).inputValue(), "3");
+    assert.equal(await page.getByLabel("Complexity", { exact: true }).inputValue(), "1");
+    assert.equal(await page.getByLabel("Steps", { exact: true }).inputValue(), "");
+    for (const label of ["System prompt", "Name", "Tracker project", "Tracker entity"])
+      await page.getByLabel(label, { exact: true }).waitFor();
+    await page.getByLabel("Dataset", { exact: true }).selectOption({ label: "hellos (60 pairs)" });
+    await page.getByLabel("Base model", { exact: true }).selectOption("tiny");
+    // Enough steps that the chart is seen growing before the run ends.
+    await page.getByLabel("Epochs", { exact: true }).fill("12");
+    await page.getByLabel("Name", { exact: true }).fill("hello-run");
+    await shot(page, "runs");
+    await page.getByRole("button", { name: "Start run" }).click();
+    await page.getByRole("heading", { name: /hello-run/, level: 1 }).waitFor();
+    assert.match(page.url(), /\/ui\/runs\/ft_/);
+  });
+
+  await t.test("training: the chart and log update live and the run becomes READY", async () => {
+    // The page never reloads: what changes comes over the events stream.
+    const heading = page.getByRole("heading", { level: 1 });
+    const summary = page.locator("figure.chart figcaption");
+    const seen = new Set<string>();
+    const deadline = Date.now() + 240_000;
+    while (!(await heading.innerText()).includes("READY")) {
+      assert.ok(Date.now() < deadline, "the run became READY within 4 minutes");
+      seen.add((await summary.textContent()) ?? "");
+      await page.waitForTimeout(100);
+    }
+    const lossSummaries = [...seen].filter((text) => /Loss over \d+ steps/.test(text));
+    assert.ok(lossSummaries.length >= 2, `the chart grew while training: ${[...seen].join(" | ")}`);
+    assert.match(
+      (await summary.textContent()) ?? "",
+      /Loss over \d+ steps\. Train loss [\d.]+ at step \d+\. Eval loss/,
+    );
+    assert.match(await page.getByLabel("Run log", { exact: true }).innerText(), /READY/);
+    assert.ok((await page.locator(".chart canvas").count()) > 0);
+    await shot(page, "run");
+  });
+
+  await t.test("playground: chats with the READY run, streaming the answer", async () => {
+    await page.getByRole("link", { name: "Chat with this model" }).click();
+    await page.getByRole("heading", { name: "Playground" }).waitFor();
+    assert.match(await page.getByLabel("Model", { exact: true }).inputValue(), /^ft_/);
+    assert.equal(await page.getByLabel("Max tokens", { exact: true }).inputValue(), "256");
+    await page.getByLabel("Max tokens", { exact: true }).fill("16");
+    await page.getByLabel("Message", { exact: true }).fill("say hi 1");
+    await page.keyboard.press("Enter");
+    const answer = page.locator(".turn-assistant p");
+    await answer.waitFor();
+    // "Clear conversation" is enabled again once the answer has finished streaming.
+    await page.locator("button:enabled", { hasText: "Clear conversation" }).waitFor({ timeout: 120_000 });
+    assert.ok((await answer.innerText()).trim().length > 0, "the model answered");
+    await shot(page, "playground");
+  });
+
+  await t.test("phone width: pages fit the screen", async () => {
+    await page.setViewportSize({ width: 390, height: 844 });
+    for (const [name, url] of [
+      ["datasets-phone", "/ui/datasets"],
+      ["runs-phone", "/ui/runs"],
+      ["playground-phone", "/ui/playground"],
+    ] as const) {
+      await page.goto(`${base}${url}`);
+      await page.locator("main h1").waitFor();
+      await page.waitForLoadState("networkidle");
+      const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+      assert.ok(overflow <= 1, `${url} overflows the phone screen by ${overflow}px`);
+      await shot(page, name);
+    }
+    const runLink = page.getByRole("link", { name: "hello-run", exact: true });
+    await page.goto(`${base}/ui/runs`);
+    await runLink.click();
+    await page.getByRole("heading", { name: "Loss" }).waitFor();
+    await shot(page, "run-phone");
+    await page.setViewportSize({ width: 1280, height: 860 });
+  });
+
+  await t.test("signs out", async () => {
+    await page.getByRole("button", { name: "Sign out" }).click();
+    await page.getByLabel("API key", { exact: true }).waitFor();
+    assert.equal(await page.evaluate(() => localStorage.getItem("conduit.apiKey")), null);
+  });
+
+  assert.deepEqual(elsewhere, [], "the page reached only the Conduit server");
+  assert.deepEqual(pageErrors, [], "no script errors or Content-Security-Policy violations on the page");
+});

@@ -1,0 +1,35 @@
+/** Display helpers: numbers, sizes, durations and the API's UTC timestamps. */
+
+export function formatBytes(bytes: number): string {
+  if (bytes < 1024) return `${bytes} B`;
+  const units = ["KB", "MB", "GB", "TB"];
+  let value = bytes / 1024;
+  let unit = 0;
+  while (value >= 1024 && unit < units.length - 1) {
+    value /= 1024;
+    unit++;
+  }
+  return `${value.toFixed(value < 10 ? 1 : 0)} ${units[unit]}`;
+}
+
+export function formatDuration(seconds: number | undefined): string {
+  if (seconds === undefined || !Number.isFinite(seconds)) return "—";
+  const s = Math.max(0, Math.round(seconds));
+  const h = Math.floor(s / 3600);
+  const m = Math.floor((s % 3600) / 60);
+  const rest = s % 60;
+  if (h > 0) return `${h}h ${m}m`;
+  if (m > 0) return `${m}m ${rest}s`;
+  return `${rest}s`;
+}
+
+export function formatNumber(value: number | undefined, digits = 4): string {
+  if (value === undefined || !Number.isFinite(value)) return "—";
+  return Number(value.toPrecision(digits)).toString();
+}
+
+/** `2026-11-22 18:30:00.000` (UTC) in the reader's local time. */
+export function formatTime(timestamp: string): string {
+  const date = new Date(`${timestamp.replace(" ", "T")}Z`);
+  return Number.isNaN(date.getTime()) ? timestamp : date.toLocaleString();
+}

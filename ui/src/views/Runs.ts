@@ -1,0 +1,214 @@
+import { h } from "preact";
+import { useEffect, useState } from "preact/hooks";
+import { api, isLive, type CreateRunBody, type Dataset, type Model, type Run } from "../api.ts";
+import { ErrorNote, Field, Loading, StatusBadge, TableScroll } from "../components/common.ts";
+import { formatTime } from "../format.ts";
+import { useAction, useInterval, useResource } from "../hooks.ts";
+import { Link, navigate } from "../router.ts";
+
+/** Fine-tuning runs: the creation form and the list, refreshed while any run is live. */
+export function Runs({ datasetId }: { datasetId: string | null }) {
+  const runs = useResource(() => api.runs(), []);
+  useInterval(runs.reload, 3000, runs.data?.some((r) => isLive(r.status)) ?? false);
+  return h(
+    "div",
+    { class: "page" },
+    h("h1", null, "Fine-tuning runs"),
+    h(RunForm, { datasetId }),
+    h("h2", null, "Runs"),
+    h(ErrorNote, { message: runs.error }),
+    runs.data === undefined
+      ? runs.error
+        ? null
+        : h(Loading, { what: "runs" })
+      : runs.data.length === 0
+        ? h("p", { class: "muted" }, "No runs yet.")
+        : h(RunTable, { runs: runs.data }),
+  );
+}
+
+function RunTable({ runs }: { runs: Run[] }) {
+  return h(
+    TableScroll,
+    { label: "Runs" },
+    h(
+      "table",
+      null,
+      h(
+        "thead",
+        null,
+        h(
+          "tr",
+          null,
+          h("th", { scope: "col" }, "Name"),
+          h("th", { scope: "col" }, "Status"),
+          h("th", { scope: "col" }, "Dataset"),
+          h("th", { scope: "col" }, "Base model"),
+          h("th", { scope: "col" }, "Created"),
+        ),
+      ),
+      h(
+        "tbody",
+        null,
+        runs.map((r) =>
+          h(
+            "tr",
+            { key: r.id },
+            h("td", null, h(Link, { href: `/ui/runs/${encodeURIComponent(r.id)}` }, r.name)),
+            h("td", null, h(StatusBadge, { status: r.status })),
+            h("td", null, r.datasetName),
+            h("td", null, String(r.config.baseModelName ?? "")),
+            h("td", null, formatTime(r.createdAt)),
+          ),
+        ),
+      ),
+    ),
+  );
+}
+
+/** Every field of `POST /conduit/finetuning`, as text so an empty field means "the default". */
+interface FormState {
+  datasetID: string;
+  baseModelName: string;
+  lr: string;
+  epochs: string;
+  steps: string;
+  complexity: string;
+  systemPrompt: string;
+  name: string;
+  trackerProject: string;
+  trackerEntity: string;
+}
+
+const defaults = { lr: "0.0005", epochs: "3", steps: "", complexity: "1" };
+
+/** The request body: numbers parsed, empty optional fields left out so the server's defaults apply. */
+function runBody(form: FormState): CreateRunBody {
+  const body: CreateRunBody = { datasetID: form.datasetID };
+  if (form.baseModelName) body.baseModelName = form.baseModelName;
+  if (form.lr.trim()) body.lr = Number(form.lr);
+  if (form.epochs.trim()) body.epochs = Number(form.epochs);
+  if (form.steps.trim()) body.steps = Number(form.steps);
+  if (form.complexity.trim()) body.complexity = Number(form.complexity);
+  if (form.systemPrompt) body.systemPrompt = form.systemPrompt;
+  if (form.name.trim()) body.name = form.name.trim();
+  if (form.trackerProject.trim()) body.trackerProject = form.trackerProject.trim();
+  if (form.trackerEntity.trim()) body.trackerEntity = form.trackerEntity.trim();
+  return body;
+}
+
+function RunForm({ datasetId }: { datasetId: string | null }) {
+  const options = useResource(async () => {
+    const [datasets, models] = await Promise.all([api.datasets(), api.models()]);
+    return { datasets, models: models.filter((m) => m.kind === "base") };
+  }, []);
+  const [form, setForm] = useState<FormState>({
+    datasetID: datasetId ?? "",
+    baseModelName: "",
+    systemPrompt: "",
+    name: "",
+    trackerProject: "",
+    trackerEntity: "",
+    ...defaults,
+  });
+  const create = useAction();
+  // Preselect the first model: a server without CONDUIT_DEFAULT_MODEL needs one named.
+  const firstModel = options.data?.models[0]?.id;
+  useEffect(() => {
+    if (firstModel) setForm((f) => (f.baseModelName ? f : { ...f, baseModelName: firstModel }));
+  }, [firstModel]);
+  const set = (field: keyof FormState) => (event: Event) => {
+    const value = (event.currentTarget as HTMLInputElement | HTMLSelectElement | HTMLTextAreaElement).value;
+    setForm((f) => ({ ...f, [field]: value }));
+  };
+  const submit = async (event: Event) => {
+    event.preventDefault();
+    const run = await create.run(() => api.createRun(runBody(form)));
+    if (run) navigate(`/ui/runs/${encodeURIComponent(run.id)}`);
+  };
+
+  const datasets: Dataset[] = options.data?.datasets ?? [];
+  const models: Model[] = options.data?.models ?? [];
+  const text = (field: keyof FormState, extra: Record<string, unknown> = {}) =>
+    h("input", { name: field, value: form[field], onInput: set(field), ...extra });
+
+  return h(
+    "form",
+    { class: "card run-form", onSubmit: submit, "aria-labelledby": "new-run" },
+    h("h2", { id: "new-run" }, "Start a run"),
+    h(ErrorNote, { message: options.error }),
+    h(
+      "div",
+      { class: "grid" },
+      h(
+        Field,
+        {
+          label: "Dataset",
+          hint: datasets.length === 0 && options.data ? "Create a dataset first." : undefined,
+        },
+        h(
+          "select",
+          { name: "datasetID", required: true, value: form.datasetID, onChange: set("datasetID") },
+          h("option", { value: "" }, "Choose a dataset…"),
+          datasets.map((d) => h("option", { key: d.id, value: d.id }, `${d.name} (${d.ioPairsCount} pairs)`)),
+        ),
+      ),
+      h(
+        Field,
+        { label: "Base model", hint: "Defaults to the server's CONDUIT_DEFAULT_MODEL." },
+        h(
+          "select",
+          { name: "baseModelName", value: form.baseModelName, onChange: set("baseModelName") },
+          h("option", { value: "" }, "Server default"),
+          models.map((m) => h("option", { key: m.id, value: m.id }, m.id)),
+        ),
+      ),
+      h(
+        Field,
+        { label: "Learning rate", hint: "In (0, 1]. Default 0.0005." },
+        text("lr", { type: "number", step: "any", min: "0", max: "1", inputMode: "decimal" }),
+      ),
+      h(
+        Field,
+        { label: "Epochs", hint: "Passes over the data, 1 to 1000. Default 3." },
+        text("epochs", { type: "number", step: "1", min: "1", max: "1000" }),
+      ),
+      h(
+        Field,
+        { label: "Steps", hint: "Cap on optimizer steps. Default: no cap." },
+        text("steps", { type: "number", step: "1", min: "1", placeholder: "no cap" }),
+      ),
+      h(
+        Field,
+        {
+          label: "Complexity",
+          hint: "Fraction of the top transformer blocks that train, in (0, 1]. Default 1.",
+        },
+        text("complexity", { type: "number", step: "any", min: "0", max: "1", inputMode: "decimal" }),
+      ),
+      h(
+        Field,
+        { label: "Name", hint: "Default: <dataset>-<model>." },
+        text("name", { maxLength: 256, placeholder: "dataset-model" }),
+      ),
+      h(Field, { label: "Tracker project", hint: "Optional." }, text("trackerProject", { maxLength: 256 })),
+      h(Field, { label: "Tracker entity", hint: "Optional." }, text("trackerEntity", { maxLength: 256 })),
+      h(
+        Field,
+        { label: "System prompt", hint: "Trained with and served with. Default: none.", wide: true },
+        h("textarea", {
+          name: "systemPrompt",
+          rows: 3,
+          value: form.systemPrompt,
+          onInput: set("systemPrompt"),
+        }),
+      ),
+    ),
+    h(ErrorNote, { message: create.error }),
+    h(
+      "button",
+      { type: "submit", class: "primary", disabled: create.busy || !options.data },
+      create.busy ? "Starting…" : "Start run",
+    ),
+  );
+}
