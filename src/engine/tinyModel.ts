@@ -70,7 +70,8 @@ const WORDS = words(`
   what can one all we an they do if will there so my no yes hello world
 `);
 
-interface Vocab {
+/** The tokenizer as GGUF arrays, indexed by token id. */
+export interface TinyVocab {
   tokens: string[];
   scores: Float32Array;
   types: Int32Array;
@@ -83,7 +84,7 @@ interface Vocab {
  * exactly: text that no piece covers becomes `<0xNN>` byte tokens. Kept around 500 tokens so the output
  * layer, and with it training, stays cheap.
  */
-export function buildTinyVocab(): Vocab {
+export function buildTinyVocab(): TinyVocab {
   const tokens: string[] = [];
   const scores: number[] = [];
   const types: number[] = [];

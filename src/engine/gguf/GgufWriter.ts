@@ -1,5 +1,6 @@
 import { createHash, randomBytes } from "node:crypto";
 import fs from "node:fs/promises";
+import os from "node:os";
 import path from "node:path";
 import { float32ToFloat16 } from "./float16.ts";
 
@@ -283,8 +284,12 @@ async function* valuesOf(tensor: GgufTensor): AsyncIterable<Float32Array> {
   else yield* tensor.data();
 }
 
+const LITTLE_ENDIAN = os.endianness() === "LE";
+
 function encodeValues(values: Float32Array, type: GgmlTensorType): Buffer {
   if (type === "F32") {
+    // The in-memory bytes already are the file's bytes on little-endian hosts (nearly all of them).
+    if (LITTLE_ENDIAN) return Buffer.from(values.buffer, values.byteOffset, values.byteLength);
     const buf = Buffer.allocUnsafe(values.length * 4);
     for (let i = 0; i < values.length; i++) buf.writeFloatLE(values[i] as number, i * 4);
     return buf;
