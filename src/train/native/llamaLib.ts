@@ -1,0 +1,483 @@
+/**
+ * koffi bindings to the training API of the libllama that node-llama-cpp ships (llama.cpp release
+ * `v0.5.0`, node-llama-cpp `3.22.1`). Struct layouts are copied from that release's `include/llama.h`
+ * and `ggml/include/ggml-opt.h`; {@link checkAbi} refuses to run against anything else, because a
+ * by-value struct with a shifted field does not fail, it silently passes garbage to native code.
+ */
+import fs from "node:fs";
+import path from "node:path";
+import { createRequire } from "node:module";
+import koffi from "koffi";
+
+/** The llama.cpp release these bindings were written against. */
+export const PINNED_LLAMA_CPP_RELEASE = "v0.5.0";
+
+/** Native pointers are BigInts in koffi 3 (null for NULL). */
+export type Pointer = bigint;
+
+/** `sizeof` in this release, verified against the headers (x86-64 / arm64 LP64). */
+export const EXPECTED_STRUCT_SIZES = {
+  llama_model_params: 80,
+  llama_context_params: 160,
+  llama_opt_params: 48,
+  ggml_opt_optimizer_params: 28,
+  llama_model_quantize_params: 64,
+  llama_batch: 56,
+} as const;
+
+const LlamaModelParams = koffi.struct("llama_model_params", {
+  devices: "void *",
+  tensor_buft_overrides: "void *",
+  n_gpu_layers: "int32_t",
+  split_mode: "int32_t",
+  load_mode: "int32_t",
+  lazy_mode: "int32_t",
+  main_gpu: "int32_t",
+  tensor_split: "void *",
+  progress_callback: "void *",
+  progress_callback_user_data: "void *",
+  kv_overrides: "void *",
+  vocab_only: "bool",
+  check_tensors: "bool",
+  use_extra_bufts: "bool",
+  no_host: "bool",
+  no_alloc: "bool",
+  load_mtp: "bool",
+});
+
+const LlamaContextParams = koffi.struct("llama_context_params", {
+  n_ctx: "uint32_t",
+  n_batch: "uint32_t",
+  n_ubatch: "uint32_t",
+  n_seq_max: "uint32_t",
+  n_rs_seq: "uint32_t",
+  n_outputs_max: "uint32_t",
+  n_outputs_max_per_seq: "uint32_t",
+  n_threads: "int32_t",
+  n_threads_batch: "int32_t",
+  ctx_type: "int32_t",
+  rope_scaling_type: "int32_t",
+  pooling_type: "int32_t",
+  attention_type: "int32_t",
+  flash_attn_type: "int32_t",
+  rope_freq_base: "float",
+  rope_freq_scale: "float",
+  yarn_ext_factor: "float",
+  yarn_attn_factor: "float",
+  yarn_beta_fast: "float",
+  yarn_beta_slow: "float",
+  yarn_orig_ctx: "uint32_t",
+  defrag_thold: "float",
+  cb_eval: "void *",
+  cb_eval_user_data: "void *",
+  type_k: "int32_t",
+  type_v: "int32_t",
+  abort_callback: "void *",
+  abort_callback_data: "void *",
+  embeddings: "bool",
+  offload_kqv: "bool",
+  no_perf: "bool",
+  op_offload: "bool",
+  swa_full: "bool",
+  kv_unified: "bool",
+  samplers: "void *",
+  n_samplers: "size_t",
+  ctx_other: "void *",
+});
+
+const LlamaOptParams = koffi.struct("llama_opt_params", {
+  n_ctx_train: "uint32_t",
+  param_filter: "void *",
+  param_filter_ud: "void *",
+  get_opt_pars: "void *",
+  get_opt_pars_ud: "void *",
+  optimizer_type: "int32_t",
+});
+
+/** Seven floats; the training loop owns one and rewrites it before every step (learning-rate schedules). */
+export const GgmlOptOptimizerParams = koffi.struct("ggml_opt_optimizer_params", {
+  adamw: koffi.struct({ alpha: "float", beta1: "float", beta2: "float", eps: "float", wd: "float" }),
+  sgd: koffi.struct({ alpha: "float", wd: "float" }),
+});
+
+const LlamaModelQuantizeParams = koffi.struct("llama_model_quantize_params", {
+  nthread: "int32_t",
+  ftype: "int32_t",
+  output_tensor_type: "int32_t",
+  token_embedding_type: "int32_t",
+  allow_requantize: "bool",
+  quantize_output_tensor: "bool",
+  only_copy: "bool",
+  pure: "bool",
+  keep_split: "bool",
+  dry_run: "bool",
+  imatrix: "void *",
+  kv_overrides: "void *",
+  tt_overrides: "void *",
+  prune_layers: "void *",
+  max_buf_size: "size_t",
+});
+
+const LlamaBatch = koffi.struct("llama_batch", {
+  n_tokens: "int32_t",
+  token: "void *",
+  embd: "void *",
+  pos: "void *",
+  n_seq_id: "void *",
+  seq_id: "void *",
+  logits: "void *",
+});
+
+/** `ggml_backend_sched_eval_callback`: asked for every node (ask = true), then told once it has run. */
+export const SchedEvalCallback = koffi.proto(
+  "bool ggml_backend_sched_eval_callback(void *t, bool ask, void *ud)",
+);
+/** `llama_opt_param_filter`: whether a tensor is trainable. */
+export const OptParamFilter = koffi.proto("bool llama_opt_param_filter(void *tensor, void *ud)");
+
+/** Byte offsets into `struct ggml_tensor` of this release (type, buffer, ne[4], nb[4], op, op_params[16], flags, src[10], ...). */
+export const GGML_TENSOR_OP_OFFSET = 80;
+export const GGML_TENSOR_SRC_OFFSET = 152;
+/** `enum ggml_op` value of `GGML_OP_OPT_STEP_ADAMW` (checked against `ggml_op_name` at load). */
+export const GGML_OP_OPT_STEP_ADAMW = 98;
+export const GGML_MAX_SRC = 10;
+
+export const GGML_TYPE_F32 = 0;
+export const GGML_TYPE_I32 = 26;
+export const LLAMA_LOAD_MODE_NONE = 0;
+export const LLAMA_FLASH_ATTN_TYPE_DISABLED = 0;
+export const GGML_OPT_OPTIMIZER_TYPE_ADAMW = 0;
+
+/** `enum llama_ftype` values of this release for the output types we offer. */
+export const LLAMA_FTYPES = {
+  F32: 0,
+  F16: 1,
+  Q4_0: 2,
+  Q4_1: 3,
+  Q8_0: 7,
+  Q5_0: 8,
+  Q5_1: 9,
+  Q2_K: 10,
+  Q3_K_S: 11,
+  Q3_K_M: 12,
+  Q3_K_L: 13,
+  Q4_K_S: 14,
+  Q4_K_M: 15,
+  Q5_K_S: 16,
+  Q5_K_M: 17,
+  Q6_K: 18,
+  BF16: 32,
+} as const;
+
+export type OutputType = keyof typeof LLAMA_FTYPES;
+
+export interface LlamaModelParamsValue {
+  n_gpu_layers: number;
+  load_mode: number;
+  [field: string]: unknown;
+}
+
+export interface LlamaContextParamsValue {
+  n_ctx: number;
+  n_batch: number;
+  n_ubatch: number;
+  n_seq_max: number;
+  n_threads: number;
+  n_threads_batch: number;
+  flash_attn_type: number;
+  cb_eval: Pointer | null;
+  cb_eval_user_data: Pointer | null;
+  type_k: number;
+  type_v: number;
+  [field: string]: unknown;
+}
+
+export interface LlamaOptParamsValue {
+  n_ctx_train: number;
+  param_filter: Pointer | null;
+  param_filter_ud: Pointer | null;
+  get_opt_pars: Pointer | null;
+  get_opt_pars_ud: Pointer | null;
+  optimizer_type: number;
+}
+
+export interface LlamaModelQuantizeParamsValue {
+  nthread: number;
+  ftype: number;
+  allow_requantize: boolean;
+  [field: string]: unknown;
+}
+
+/** The subset of libllama / libggml the trainer uses, typed. */
+export interface LlamaLib {
+  binDir: string;
+  llama_version(): string;
+  llama_backend_init(): void;
+  llama_backend_free(): void;
+  ggml_backend_load_all_from_path(dir: string): void;
+  llama_model_default_params(): LlamaModelParamsValue;
+  llama_context_default_params(): LlamaContextParamsValue;
+  llama_model_quantize_default_params(): LlamaModelQuantizeParamsValue;
+  llama_model_load_from_file(path: string, params: LlamaModelParamsValue): Pointer | null;
+  llama_model_free(model: Pointer): void;
+  llama_init_from_model(model: Pointer, params: LlamaContextParamsValue): Pointer | null;
+  llama_free(ctx: Pointer): void;
+  llama_model_get_vocab(model: Pointer): Pointer;
+  llama_model_n_layer(model: Pointer): number;
+  llama_vocab_n_tokens(vocab: Pointer): number;
+  llama_vocab_bos(vocab: Pointer): number;
+  llama_vocab_eos(vocab: Pointer): number;
+  llama_vocab_get_add_bos(vocab: Pointer): boolean;
+  llama_tokenize(
+    vocab: Pointer,
+    text: string,
+    textLength: number,
+    tokens: Int32Array,
+    maxTokens: number,
+    addSpecial: boolean,
+    parseSpecial: boolean,
+  ): number;
+  llama_batch_get_one(tokens: Pointer, nTokens: number): Record<string, unknown>;
+  llama_decode(ctx: Pointer, batch: Record<string, unknown>): number;
+  llama_opt_init(ctx: Pointer, model: Pointer, params: LlamaOptParamsValue): void;
+  llama_opt_epoch(
+    ctx: Pointer,
+    dataset: Pointer,
+    resultTrain: Pointer | null,
+    resultEval: Pointer | null,
+    idataSplit: number,
+    callbackTrain: Pointer | null,
+    callbackEval: Pointer | null,
+  ): void;
+  llama_model_save_to_file(model: Pointer, path: string): void;
+  llama_model_quantize(input: string, output: string, params: LlamaModelQuantizeParamsValue): number;
+  ggml_opt_dataset_init(
+    typeData: number,
+    typeLabel: number,
+    neDatapoint: number,
+    neLabel: number,
+    ndata: number,
+    ndataShard: number,
+  ): Pointer | null;
+  ggml_opt_dataset_free(dataset: Pointer): void;
+  ggml_opt_dataset_data(dataset: Pointer): Pointer;
+  ggml_opt_dataset_labels(dataset: Pointer): Pointer;
+  ggml_opt_result_init(): Pointer;
+  ggml_opt_result_free(result: Pointer): void;
+  ggml_opt_result_reset(result: Pointer): void;
+  ggml_opt_result_loss(result: Pointer, loss: Float64Array, unc: Float64Array): void;
+  ggml_get_name(tensor: Pointer): string;
+  ggml_op_name(op: number): string;
+  ggml_nbytes(tensor: Pointer): number;
+  ggml_nelements(tensor: Pointer): number;
+  ggml_backend_tensor_set(tensor: Pointer, data: Int32Array, offset: number, size: number): void;
+  ggml_backend_tensor_memset(tensor: Pointer, value: number, offset: number, size: number): void;
+  /** Address of `ggml_opt_get_constant_optimizer_params`, the native `get_opt_pars` callback. */
+  constantOptimizerParamsFn: Pointer;
+}
+
+/**
+ * The directory holding node-llama-cpp's prebuilt libllama for this platform. The CPU package is the
+ * default; `gpu: "cuda"` picks `@node-llama-cpp/linux-x64-cuda` when it is installed (it needs the
+ * CUDA runtime on the host).
+ */
+export function findBinDir(gpu: "cpu" | "cuda" = "cpu"): string {
+  const platform = `${process.platform}-${process.arch}`;
+  const packageName = gpu === "cuda" ? `@node-llama-cpp/${platform}-cuda` : `@node-llama-cpp/${platform}`;
+  // The package exports only its entry (dist/index.js), not package.json; bins/ sits next to dist/.
+  // It is a dependency of node-llama-cpp, so look next to it too in case npm nested it there.
+  let entry: string | undefined;
+  for (const from of [
+    import.meta.url,
+    resolveOrUndefined(createRequire(import.meta.url), "node-llama-cpp"),
+  ]) {
+    if (from === undefined) continue;
+    entry = resolveOrUndefined(createRequire(from), packageName);
+    if (entry !== undefined) break;
+  }
+  if (entry === undefined)
+    throw new Error(`trainer: ${packageName} is not installed, so there is no libllama to train with`);
+  const binsRoot = path.join(path.dirname(entry), "..", "bins");
+  const dirs = fs.existsSync(binsRoot) ? fs.readdirSync(binsRoot) : [];
+  const dir = dirs.find((name) => fs.existsSync(path.join(binsRoot, name, "_nlcBuildMetadata.json")));
+  if (dir === undefined) throw new Error(`trainer: no prebuilt binaries under ${binsRoot}`);
+  return path.join(binsRoot, dir);
+}
+
+function resolveOrUndefined(require: NodeJS.Require, specifier: string): string | undefined {
+  try {
+    return require.resolve(specifier);
+  } catch {
+    return undefined;
+  }
+}
+
+function findLibrary(binDir: string, pattern: RegExp): string {
+  const name = fs.readdirSync(binDir).find((file) => pattern.test(file));
+  if (name === undefined) throw new Error(`trainer: no library matching ${pattern} in ${binDir}`);
+  return path.join(binDir, name);
+}
+
+/** Throws unless the binaries were built from {@link PINNED_LLAMA_CPP_RELEASE}. */
+function checkRelease(binDir: string): void {
+  const metadata = JSON.parse(fs.readFileSync(path.join(binDir, "_nlcBuildMetadata.json"), "utf8")) as {
+    buildOptions?: { llamaCpp?: { release?: string } };
+  };
+  const release = metadata.buildOptions?.llamaCpp?.release;
+  if (release !== PINNED_LLAMA_CPP_RELEASE) {
+    throw new Error(
+      `trainer: libllama in ${binDir} is llama.cpp ${release ?? "(unknown)"}, but the training bindings ` +
+        `were written for ${PINNED_LLAMA_CPP_RELEASE}; re-check the struct layouts before upgrading`,
+    );
+  }
+}
+
+/**
+ * Fails loudly when the struct definitions above drift from the sizes in the pinned headers, and when
+ * the library's default parameters do not decode to the documented defaults (a shifted field would).
+ */
+export function checkAbi(
+  lib?: Pick<LlamaLib, "llama_context_default_params" | "llama_model_default_params" | "ggml_op_name">,
+  expected: Record<keyof typeof EXPECTED_STRUCT_SIZES, number> = EXPECTED_STRUCT_SIZES,
+): void {
+  const actual: Record<keyof typeof EXPECTED_STRUCT_SIZES, number> = {
+    llama_model_params: koffi.sizeof(LlamaModelParams),
+    llama_context_params: koffi.sizeof(LlamaContextParams),
+    llama_opt_params: koffi.sizeof(LlamaOptParams),
+    ggml_opt_optimizer_params: koffi.sizeof(GgmlOptOptimizerParams),
+    llama_model_quantize_params: koffi.sizeof(LlamaModelQuantizeParams),
+    llama_batch: koffi.sizeof(LlamaBatch),
+  };
+  const wrong = Object.entries(expected).filter(
+    ([name, size]) => actual[name as keyof typeof EXPECTED_STRUCT_SIZES] !== size,
+  );
+  if (wrong.length > 0) {
+    const detail = wrong
+      .map(
+        ([name, size]) =>
+          `${name} is ${actual[name as keyof typeof EXPECTED_STRUCT_SIZES]} bytes, expected ${size}`,
+      )
+      .join("; ");
+    throw new Error(`trainer: struct layout mismatch with llama.cpp ${PINNED_LLAMA_CPP_RELEASE}: ${detail}`);
+  }
+  if (lib === undefined) return;
+  const cparams = lib.llama_context_default_params();
+  const mparams = lib.llama_model_default_params();
+  const looksRight =
+    cparams.n_ctx === 512 &&
+    cparams.n_batch === 2048 &&
+    cparams.n_ubatch === 512 &&
+    cparams.n_seq_max === 1 &&
+    cparams.cb_eval === null &&
+    cparams.type_k === 1 &&
+    cparams.type_v === 1 &&
+    cparams["defrag_thold"] === -1 &&
+    cparams["offload_kqv"] === true &&
+    cparams["n_samplers"] === 0 &&
+    cparams["ctx_other"] === null &&
+    mparams.n_gpu_layers === -1 &&
+    mparams["devices"] === null &&
+    mparams["kv_overrides"] === null;
+  if (!looksRight || lib.ggml_op_name(GGML_OP_OPT_STEP_ADAMW) !== "OPT_STEP_ADAMW") {
+    throw new Error(
+      `trainer: llama_context_default_params/llama_model_default_params or ggml_op_name decode to ` +
+        `unexpected values; the struct layouts or enums do not match this libllama`,
+    );
+  }
+}
+
+let loaded: LlamaLib | undefined;
+
+/**
+ * Loads libggml-base, libggml and libllama from node-llama-cpp's prebuilt binaries, once per process,
+ * and checks the ABI before anything is called with a struct.
+ */
+export function loadLlamaLib(options: { binDir?: string; gpu?: "cpu" | "cuda" } = {}): LlamaLib {
+  if (loaded !== undefined) return loaded;
+  checkAbi();
+  const binDir = options.binDir ?? findBinDir(options.gpu);
+  checkRelease(binDir);
+  // Loaded in dependency order so that libllama's DT_NEEDED entries resolve to these exact files.
+  const base = koffi.load(findLibrary(binDir, /^libggml-base\.so$/));
+  const ggml = koffi.load(findLibrary(binDir, /^libggml\.(cuda\.)?v[\d.]+\.so$/));
+  const llama = koffi.load(findLibrary(binDir, /^libllama\.(cuda\.)?v[\d.]+\.so$/));
+
+  const lib: LlamaLib = {
+    binDir,
+    llama_version: llama.func("const char *llama_version(void)"),
+    llama_backend_init: llama.func("void llama_backend_init(void)"),
+    llama_backend_free: llama.func("void llama_backend_free(void)"),
+    ggml_backend_load_all_from_path: ggml.func("void ggml_backend_load_all_from_path(const char *dir)"),
+    llama_model_default_params: llama.func("llama_model_params llama_model_default_params(void)"),
+    llama_context_default_params: llama.func("llama_context_params llama_context_default_params(void)"),
+    llama_model_quantize_default_params: llama.func(
+      "llama_model_quantize_params llama_model_quantize_default_params(void)",
+    ),
+    llama_model_load_from_file: llama.func(
+      "void *llama_model_load_from_file(const char *path, llama_model_params params)",
+    ),
+    llama_model_free: llama.func("void llama_model_free(void *model)"),
+    llama_init_from_model: llama.func(
+      "void *llama_init_from_model(void *model, llama_context_params params)",
+    ),
+    llama_free: llama.func("void llama_free(void *ctx)"),
+    llama_model_get_vocab: llama.func("void *llama_model_get_vocab(void *model)"),
+    llama_model_n_layer: llama.func("int32_t llama_model_n_layer(void *model)"),
+    llama_vocab_n_tokens: llama.func("int32_t llama_vocab_n_tokens(void *vocab)"),
+    llama_vocab_bos: llama.func("int32_t llama_vocab_bos(void *vocab)"),
+    llama_vocab_eos: llama.func("int32_t llama_vocab_eos(void *vocab)"),
+    llama_vocab_get_add_bos: llama.func("bool llama_vocab_get_add_bos(void *vocab)"),
+    llama_tokenize: llama.func(
+      "int32_t llama_tokenize(void *vocab, const char *text, int32_t text_len, _Out_ int32_t *tokens, " +
+        "int32_t n_tokens_max, bool add_special, bool parse_special)",
+    ),
+    llama_batch_get_one: llama.func("llama_batch llama_batch_get_one(void *tokens, int32_t n_tokens)"),
+    llama_decode: llama.func("int32_t llama_decode(void *ctx, llama_batch batch)"),
+    llama_opt_init: llama.func("void llama_opt_init(void *ctx, void *model, llama_opt_params params)"),
+    llama_opt_epoch: llama.func(
+      "void llama_opt_epoch(void *ctx, void *dataset, void *result_train, void *result_eval, " +
+        "int64_t idata_split, void *callback_train, void *callback_eval)",
+    ),
+    llama_model_save_to_file: llama.func("void llama_model_save_to_file(void *model, const char *path)"),
+    llama_model_quantize: llama.func(
+      "uint32_t llama_model_quantize(const char *input, const char *output, const llama_model_quantize_params *params)",
+    ),
+    ggml_opt_dataset_init: base.func(
+      "void *ggml_opt_dataset_init(int type_data, int type_label, int64_t ne_datapoint, int64_t ne_label, " +
+        "int64_t ndata, int64_t ndata_shard)",
+    ),
+    ggml_opt_dataset_free: base.func("void ggml_opt_dataset_free(void *dataset)"),
+    ggml_opt_dataset_data: base.func("void *ggml_opt_dataset_data(void *dataset)"),
+    ggml_opt_dataset_labels: base.func("void *ggml_opt_dataset_labels(void *dataset)"),
+    ggml_opt_result_init: base.func("void *ggml_opt_result_init(void)"),
+    ggml_opt_result_free: base.func("void ggml_opt_result_free(void *result)"),
+    ggml_opt_result_reset: base.func("void ggml_opt_result_reset(void *result)"),
+    ggml_opt_result_loss: base.func(
+      "void ggml_opt_result_loss(void *result, _Out_ double *loss, _Out_ double *unc)",
+    ),
+    ggml_get_name: base.func("const char *ggml_get_name(void *tensor)"),
+    ggml_op_name: base.func("const char *ggml_op_name(int op)"),
+    ggml_nbytes: base.func("size_t ggml_nbytes(void *tensor)"),
+    ggml_nelements: base.func("int64_t ggml_nelements(void *tensor)"),
+    ggml_backend_tensor_set: base.func(
+      "void ggml_backend_tensor_set(void *tensor, const int32_t *data, size_t offset, size_t size)",
+    ),
+    ggml_backend_tensor_memset: base.func(
+      "void ggml_backend_tensor_memset(void *tensor, uint8_t value, size_t offset, size_t size)",
+    ),
+    constantOptimizerParamsFn: base.symbol("ggml_opt_get_constant_optimizer_params") as Pointer,
+  };
+  checkAbi(lib);
+  loaded = lib;
+  return lib;
+}
+
+/** Reads `tensor->op`. */
+export function tensorOp(tensor: Pointer): number {
+  return koffi.decode(tensor, GGML_TENSOR_OP_OFFSET, "int32_t") as number;
+}
+
+/** Reads `tensor->src[index]` (a pointer, or null). */
+export function tensorSource(tensor: Pointer, index: number): Pointer | null {
+  return koffi.decode(tensor, GGML_TENSOR_SRC_OFFSET + 8 * index, "void *") as Pointer | null;
+}

@@ -1,0 +1,436 @@
+/**
+ * The training loop: llama.cpp's own training API (`llama_opt_init` / `llama_opt_epoch`, ggml-opt)
+ * driven through koffi. Runs inside the trainer child process only: it blocks its thread for a whole
+ * optimizer step, sets process-global llama.cpp state, and a native crash must not take the API down.
+ */
+import fs from "node:fs";
+import path from "node:path";
+import koffi from "koffi";
+import type { ResolvedTrainerJob, TrainerProgress, TrainingStats } from "../protocol.ts";
+import { learningRateAt } from "./learningRate.ts";
+import {
+  GGML_OPT_OPTIMIZER_TYPE_ADAMW,
+  GGML_TYPE_F32,
+  GGML_TYPE_I32,
+  GgmlOptOptimizerParams,
+  LLAMA_FLASH_ATTN_TYPE_DISABLED,
+  LLAMA_FTYPES,
+  LLAMA_LOAD_MODE_NONE,
+  OptParamFilter,
+  SchedEvalCallback,
+  GGML_OP_OPT_STEP_ADAMW,
+  loadLlamaLib,
+  tensorOp,
+  tensorSource,
+  type LlamaLib,
+  type Pointer,
+} from "./llamaLib.ts";
+import {
+  countWindows,
+  packWindows,
+  seededRandom,
+  shuffledOrder,
+  type TrainingWindow,
+} from "./packWindows.ts";
+import { isTrainableTensor } from "./trainableTensor.ts";
+
+export interface TrainingHooks {
+  log(line: string): void;
+  progress(progress: TrainerProgress): void;
+  /** Polled between optimizer steps; true stops the run at that step boundary. */
+  isCancelled(): boolean;
+  /** Lets the event loop run between steps so that a cancel message can arrive. */
+  yieldToEventLoop(): Promise<void>;
+}
+
+export type TrainingResult =
+  { status: "completed"; outputPath: string; stats: TrainingStats } | { status: "cancelled" };
+
+/** Window sizes are multiples of this (llama.cpp pads the KV cache to 256 and asserts n_ctx % n_batch). */
+const WINDOW_MULTIPLE = 256;
+const PROGRESS_INTERVAL_MS = 500;
+
+/** Native handles, freed in reverse order whatever happens. */
+class NativeScope {
+  private readonly cleanups: Array<() => void> = [];
+  defer(cleanup: () => void): void {
+    this.cleanups.push(cleanup);
+  }
+  dispose(): void {
+    for (const cleanup of this.cleanups.reverse()) cleanup();
+    this.cleanups.length = 0;
+  }
+}
+
+export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks): Promise<TrainingResult> {
+  const startedAt = performance.now();
+  const lib = loadLlamaLib();
+  hooks.log(`trainer: llama.cpp ${lib.llama_version()} from ${lib.binDir}`);
+  lib.ggml_backend_load_all_from_path(lib.binDir);
+  lib.llama_backend_init();
+
+  fs.mkdirSync(job.workDir, { recursive: true });
+  const baseF32Path = path.join(job.workDir, "base-f32.gguf");
+  const trainedF32Path = path.join(job.workDir, "trained-f32.gguf");
+  const scope = new NativeScope();
+  try {
+    // Only F32 tensors train (others silently stay frozen), so every base model is converted first.
+    hooks.log(`trainer: converting ${job.baseModelPath} to F32`);
+    quantize(lib, job.baseModelPath, baseF32Path, "F32", job.threads, "read the base model");
+    if (hooks.isCancelled()) return { status: "cancelled" };
+
+    const model = loadModel(lib, baseF32Path, scope);
+    const vocab = lib.llama_model_get_vocab(model);
+    const nLayers = lib.llama_model_n_layer(model);
+    const eos = lib.llama_vocab_eos(vocab);
+    const endToken = eos >= 0 ? eos : Math.max(0, lib.llama_vocab_bos(vocab));
+
+    const windowSize = Math.ceil(job.contextSize / WINDOW_MULTIPLE) * WINDOW_MULTIPLE;
+    const trainSamples = job.samples.map((text) => tokenize(lib, vocab, text)).filter((t) => t.length > 0);
+    const evalSamples = job.evalSamples.map((text) => tokenize(lib, vocab, text)).filter((t) => t.length > 0);
+    if (trainSamples.length === 0) throw new Error("trainer: no training samples");
+    const evalWindows = packWindows(evalSamples, windowSize, endToken);
+
+    // Sample order is reshuffled every epoch; all orders are drawn up front so totalSteps is exact.
+    const random = seededRandom(job.seed);
+    const lengths = trainSamples.map((t) => t.length);
+    const orders: number[][] = [];
+    const stepsPerEpoch: number[] = [];
+    let totalSteps = 0;
+    while (orders.length < job.epochs && (job.maxSteps === null || totalSteps < job.maxSteps)) {
+      const order = shuffledOrder(trainSamples.length, random);
+      const windows = countWindows(
+        order.map((i) => lengths[i] ?? 0),
+        windowSize,
+      );
+      const steps = job.maxSteps === null ? windows : Math.min(windows, job.maxSteps - totalSteps);
+      orders.push(order);
+      stepsPerEpoch.push(steps);
+      totalSteps += steps;
+    }
+    const epochs = orders.length;
+
+    const { ctx, checkCallback } = createContext(lib, model, windowSize, job.threads, scope);
+    const optimizerParams = koffi.alloc(GgmlOptOptimizerParams, 1) as Pointer;
+    scope.defer(() => koffi.free(optimizerParams));
+    const { tensors, parameters } = initOptimizer(lib, ctx, model, nLayers, job.complexity, optimizerParams);
+    hooks.log(
+      `trainer: ${nLayers} blocks, complexity ${job.complexity}: ${tensors} trainable tensors ` +
+        `(${parameters} parameters); ${trainSamples.length} samples in windows of ${windowSize} tokens, ` +
+        `${epochs} epochs, ${totalSteps} steps` +
+        (evalWindows.length > 0 ? `, ${evalWindows.length} eval windows` : ""),
+    );
+
+    const dataset = lib.ggml_opt_dataset_init(GGML_TYPE_I32, GGML_TYPE_I32, windowSize, windowSize, 1, 1);
+    if (dataset === null) throw new Error("trainer: ggml_opt_dataset_init failed");
+    scope.defer(() => lib.ggml_opt_dataset_free(dataset));
+    const result = lib.ggml_opt_result_init();
+    scope.defer(() => lib.ggml_opt_result_free(result));
+    const lossOut = new Float64Array(1);
+    const uncertaintyOut = new Float64Array(1);
+
+    /** One window through llama_opt_epoch: a training step, or a forward pass when `train` is false. */
+    const runWindow = (window: TrainingWindow, train: boolean): number => {
+      // The dataset memory is not zeroed by ggml: both tensors are written in full every time.
+      lib.ggml_backend_tensor_set(lib.ggml_opt_dataset_data(dataset), window.input, 0, windowSize * 4);
+      lib.ggml_backend_tensor_set(lib.ggml_opt_dataset_labels(dataset), window.labels, 0, windowSize * 4);
+      lib.ggml_opt_result_reset(result);
+      lib.llama_opt_epoch(
+        ctx,
+        dataset,
+        train ? result : null,
+        train ? null : result,
+        train ? 1 : 0,
+        null,
+        null,
+      );
+      checkCallback();
+      lib.ggml_opt_result_loss(result, lossOut, uncertaintyOut);
+      const loss = lossOut[0] ?? Number.NaN;
+      if (!Number.isFinite(loss)) throw new Error(`trainer: loss became ${loss}; try a lower learning rate`);
+      return loss;
+    };
+
+    let step = 0;
+    let trainTokens = 0;
+    let sampleTokens = 0;
+    let trainSeconds = 0;
+    let evalSeconds = 0;
+    let lastProgressAt = 0;
+    let finalTrainLoss = Number.NaN;
+    let finalEvalLoss: number | undefined;
+    let epochsDone = 0;
+    let learningRate = job.learningRate;
+
+    const report = (epoch: number, trainLoss: number, evalLoss: number | undefined, force: boolean) => {
+      const now = performance.now();
+      if (!force && now - lastProgressAt < PROGRESS_INTERVAL_MS) return;
+      lastProgressAt = now;
+      const secondsPerStep = step > 0 ? (trainSeconds + evalSeconds) / step : 0;
+      hooks.progress({
+        step,
+        totalSteps,
+        epoch,
+        epochs,
+        trainLoss,
+        ...(evalLoss === undefined ? {} : { evalLoss }),
+        learningRate,
+        tokensPerSecond: trainSeconds > 0 ? trainTokens / trainSeconds : 0,
+        elapsedSeconds: (now - startedAt) / 1000,
+        etaSeconds: secondsPerStep * (totalSteps - step),
+      });
+    };
+
+    for (let epoch = 0; epoch < epochs; epoch++) {
+      const order = orders[epoch] ?? [];
+      const windows = packWindows(
+        order.map((i) => trainSamples[i] ?? new Int32Array(0)),
+        windowSize,
+        endToken,
+      ).slice(0, stepsPerEpoch[epoch]);
+      let lossSum = 0;
+      for (const [index, window] of windows.entries()) {
+        await hooks.yieldToEventLoop();
+        if (hooks.isCancelled()) return { status: "cancelled" };
+        learningRate = learningRateAt(job.learningRate, job.lrSchedule, step, totalSteps);
+        koffi.encode(optimizerParams, GgmlOptOptimizerParams, {
+          adamw: { alpha: learningRate, beta1: 0.9, beta2: 0.999, eps: 1e-8, wd: job.weightDecay },
+          sgd: { alpha: learningRate, wd: job.weightDecay },
+        });
+        const t0 = performance.now();
+        lossSum += runWindow(window, true);
+        trainSeconds += (performance.now() - t0) / 1000;
+        step += 1;
+        trainTokens += windowSize;
+        sampleTokens += window.sampleTokens;
+        finalTrainLoss = lossSum / (index + 1);
+        if (index < windows.length - 1) report(epoch + 1, finalTrainLoss, undefined, false);
+      }
+
+      let evalLoss: number | undefined;
+      if (evalWindows.length > 0) {
+        const t0 = performance.now();
+        let evalSum = 0;
+        for (const window of evalWindows) {
+          await hooks.yieldToEventLoop();
+          if (hooks.isCancelled()) return { status: "cancelled" };
+          evalSum += runWindow(window, false);
+        }
+        evalSeconds += (performance.now() - t0) / 1000;
+        evalLoss = evalSum / evalWindows.length;
+        finalEvalLoss = evalLoss;
+      }
+      epochsDone = epoch + 1;
+      report(epoch + 1, finalTrainLoss, evalLoss, true);
+      hooks.log(
+        `trainer: epoch ${epoch + 1}/${epochs} train loss ${finalTrainLoss.toFixed(4)}` +
+          (evalLoss === undefined ? "" : ` eval loss ${evalLoss.toFixed(4)}`) +
+          ` lr ${learningRate.toExponential(2)}`,
+      );
+    }
+
+    await hooks.yieldToEventLoop();
+    if (hooks.isCancelled()) return { status: "cancelled" };
+    hooks.log(`trainer: saving and writing ${job.outputType} to ${job.outputPath}`);
+    lib.llama_model_save_to_file(model, trainedF32Path);
+    // The context and model hold the F32 weights and optimizer state; release them before quantizing.
+    scope.dispose();
+    writeOutput(lib, trainedF32Path, job);
+    lib.llama_backend_free();
+
+    return {
+      status: "completed",
+      outputPath: job.outputPath,
+      stats: {
+        steps: step,
+        epochs: epochsDone,
+        trainTokens,
+        sampleTokens,
+        finalTrainLoss,
+        ...(finalEvalLoss === undefined ? {} : { finalEvalLoss }),
+        tokensPerSecond: trainSeconds > 0 ? trainTokens / trainSeconds : 0,
+        trainSeconds: trainSeconds + evalSeconds,
+        elapsedSeconds: (performance.now() - startedAt) / 1000,
+        trainableTensors: tensors,
+        trainableParameters: parameters,
+        peakRssBytes: process.resourceUsage().maxRSS * 1024,
+      },
+    };
+  } finally {
+    scope.dispose();
+    fs.rmSync(baseF32Path, { force: true });
+    fs.rmSync(trainedF32Path, { force: true });
+  }
+}
+
+function quantize(
+  lib: LlamaLib,
+  input: string,
+  output: string,
+  type: keyof typeof LLAMA_FTYPES,
+  threads: number,
+  what: string,
+): void {
+  const params = lib.llama_model_quantize_default_params();
+  params.ftype = LLAMA_FTYPES[type];
+  params.nthread = threads;
+  // Needed to go from one quantized type to another (and to dequantize to F32).
+  params.allow_requantize = true;
+  const status = lib.llama_model_quantize(input, output, params);
+  if (status !== 0)
+    throw new Error(`trainer: could not ${what} (llama_model_quantize ${input} -> ${type} failed)`);
+}
+
+function loadModel(lib: LlamaLib, modelPath: string, scope: NativeScope): Pointer {
+  const params = lib.llama_model_default_params();
+  params.n_gpu_layers = 0;
+  // Training writes to the weights in place: they must be plain allocations, not a read-only mmap.
+  params.load_mode = LLAMA_LOAD_MODE_NONE;
+  // Repacked CPU buffers are not trainable weights.
+  params["use_extra_bufts"] = false;
+  const model = lib.llama_model_load_from_file(modelPath, params);
+  if (model === null) throw new Error(`trainer: could not load ${modelPath}`);
+  scope.defer(() => lib.llama_model_free(model));
+  return model;
+}
+
+/** A context sized for one training window, with the gradient-zeroing eval callback installed. */
+function createContext(
+  lib: LlamaLib,
+  model: Pointer,
+  windowSize: number,
+  threads: number,
+  scope: NativeScope,
+) {
+  let callbackError: unknown;
+  let layoutChecked = false;
+  // Workaround for this release: ggml-opt never zeroes parameter gradients between optimizer steps,
+  // so each step would apply the running sum of every past gradient and nothing is learned. Once the
+  // scheduler has run `adamw step for X`, the gradient it consumed (its src[1], `grad for X`) is spent:
+  // zero it so the next step starts from nothing. The callback is asked about every node of every
+  // graph, so that path only reads the op field.
+  const cbEval = koffi.register((tensor: Pointer, ask: boolean): boolean => {
+    try {
+      if (ask) return tensorOp(tensor) === GGML_OP_OPT_STEP_ADAMW;
+      const grad = tensorSource(tensor, 1);
+      if (grad === null) return true;
+      if (!layoutChecked) {
+        const names = `${lib.ggml_get_name(tensor)} <- ${lib.ggml_get_name(grad)}`;
+        if (!/^adamw step for .* <- grad for /.test(names)) {
+          throw new Error(`trainer: unexpected optimizer graph (${names}); ggml_tensor layout mismatch?`);
+        }
+        layoutChecked = true;
+      }
+      lib.ggml_backend_tensor_memset(grad, 0, 0, Number(lib.ggml_nbytes(grad)));
+      return true;
+    } catch (error) {
+      callbackError ??= error;
+      return false; // aborts the graph computation rather than training on with stale gradients
+    }
+  }, koffi.pointer(SchedEvalCallback));
+  const params = lib.llama_context_default_params();
+  params.n_ctx = windowSize;
+  params.n_batch = windowSize;
+  params.n_ubatch = windowSize;
+  params.n_seq_max = 1;
+  params.n_threads = threads;
+  params.n_threads_batch = threads;
+  // OUT_PROD has no F16 backward and FLASH_ATTN_EXT no backward pass at all.
+  params.type_k = GGML_TYPE_F32;
+  params.type_v = GGML_TYPE_F32;
+  params.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+  params.cb_eval = cbEval;
+  params.cb_eval_user_data = null;
+  params["no_perf"] = true;
+  const ctx = lib.llama_init_from_model(model, params);
+  if (ctx === null) {
+    koffi.unregister(cbEval);
+    throw new Error("trainer: could not create a llama context");
+  }
+  scope.defer(() => koffi.unregister(cbEval));
+  scope.defer(() => lib.llama_free(ctx));
+
+  // One decode before training: it applies the thread count and installs cb_eval on the scheduler,
+  // which llama_opt_epoch alone does not do.
+  const token = koffi.alloc("int32_t", 1) as Pointer;
+  try {
+    const bos = lib.llama_vocab_bos(lib.llama_model_get_vocab(model));
+    koffi.encode(token, "int32_t", Math.max(0, bos));
+    const status = lib.llama_decode(ctx, lib.llama_batch_get_one(token, 1));
+    if (status !== 0) throw new Error(`trainer: warm-up llama_decode failed (${status})`);
+  } finally {
+    koffi.free(token);
+  }
+  const checkCallback = () => {
+    if (callbackError !== undefined) throw callbackError;
+  };
+  return { ctx, checkCallback };
+}
+
+function initOptimizer(
+  lib: LlamaLib,
+  ctx: Pointer,
+  model: Pointer,
+  nLayers: number,
+  complexity: number,
+  optimizerParams: Pointer,
+): { tensors: number; parameters: number } {
+  let tensors = 0;
+  let parameters = 0;
+  // llama_opt_init only offers F32 tensors to the filter, and only calls it during llama_opt_init.
+  const filter = koffi.register((tensor: Pointer): boolean => {
+    const name = lib.ggml_get_name(tensor);
+    if (name.startsWith("rope_freqs.") || !isTrainableTensor(name, nLayers, complexity)) return false;
+    tensors += 1;
+    parameters += Number(lib.ggml_nelements(tensor));
+    return true;
+  }, koffi.pointer(OptParamFilter));
+  try {
+    lib.llama_opt_init(ctx, model, {
+      n_ctx_train: 0,
+      param_filter: filter,
+      param_filter_ud: null,
+      get_opt_pars: lib.constantOptimizerParamsFn,
+      // ggml_opt_get_constant_optimizer_params returns *userdata: the buffer rewritten before each step.
+      get_opt_pars_ud: optimizerParams,
+      optimizer_type: GGML_OPT_OPTIMIZER_TYPE_ADAMW,
+    });
+  } finally {
+    koffi.unregister(filter);
+  }
+  if (tensors === 0) throw new Error("trainer: no trainable tensors (is the model F32?)");
+  return { tensors, parameters };
+}
+
+/** Tokenizes with BOS as the vocab asks and special-token text parsed as control tokens. */
+function tokenize(lib: LlamaLib, vocab: Pointer, text: string): Int32Array {
+  if (text.length === 0) return new Int32Array(0);
+  const bytes = Buffer.byteLength(text);
+  let tokens = new Int32Array(bytes + 8);
+  let count = lib.llama_tokenize(vocab, text, bytes, tokens, tokens.length, true, true);
+  if (count < 0) {
+    tokens = new Int32Array(-count);
+    count = lib.llama_tokenize(vocab, text, bytes, tokens, tokens.length, true, true);
+  }
+  if (count < 0) throw new Error("trainer: tokenization failed");
+  return tokens.slice(0, count);
+}
+
+/** Writes the trained model as the requested type to `outputPath`: temp file, fsync, rename. */
+function writeOutput(lib: LlamaLib, trainedF32Path: string, job: ResolvedTrainerJob): void {
+  fs.mkdirSync(path.dirname(job.outputPath), { recursive: true });
+  const temp = `${job.outputPath}.tmp-${process.pid}`;
+  try {
+    if (job.outputType === "F32") fs.copyFileSync(trainedF32Path, temp);
+    else quantize(lib, trainedF32Path, temp, job.outputType, job.threads, `write ${job.outputType}`);
+    const fd = fs.openSync(temp, "r");
+    try {
+      fs.fsyncSync(fd);
+    } finally {
+      fs.closeSync(fd);
+    }
+    fs.renameSync(temp, job.outputPath);
+  } finally {
+    fs.rmSync(temp, { force: true });
+  }
+}

@@ -1,0 +1,23 @@
+/**
+ * Decides which model tensors train for a given `complexity` (the fraction of transformer blocks,
+ * counted from the top, that train). Used as llama.cpp's `llama_opt_param_filter`.
+ *
+ * - `blk.N.*` trains when block N is among the top `ceil(complexity * nLayers)` blocks.
+ * - `output.*` and `output_norm.*` always train: they sit above every block, and the top blocks'
+ *   updates are useless if the head that reads them cannot adapt.
+ * - `token_embd.*` never trains (this llama.cpp release skips it; its gradient is not implemented).
+ * - Any other tensor (position embeddings, input norms) trains only at complexity 1, since it sits
+ *   below the lowest block.
+ */
+export function isTrainableTensor(name: string, nLayers: number, complexity: number): boolean {
+  if (name.startsWith("token_embd.")) return false;
+  if (name.startsWith("output.") || name.startsWith("output_norm.")) return true;
+  const block = /^blk\.(\d+)\./.exec(name);
+  if (block === null) return complexity >= 1;
+  return Number(block[1]) >= nLayers - trainableBlocks(nLayers, complexity);
+}
+
+/** How many of `nLayers` blocks train at `complexity` in (0, 1]: at least one. */
+export function trainableBlocks(nLayers: number, complexity: number): number {
+  return Math.min(nLayers, Math.max(1, Math.ceil(complexity * nLayers - 1e-9)));
+}

@@ -1,0 +1,133 @@
+/**
+ * What the API process and the trainer child process say to each other over the `child_process.fork`
+ * IPC channel, and the job they agree on. One job per child: the parent sends `{type: "job"}`, may
+ * send `{type: "cancel"}`, and the child answers with logs and progress, then exactly one of `done`,
+ * `cancelled` or `error`, and exits.
+ */
+
+/** Quantization types the trained model can be written as (llama.cpp `llama_ftype` names). */
+export type TrainerOutputType =
+  | "F32"
+  | "F16"
+  | "BF16"
+  | "Q8_0"
+  | "Q4_0"
+  | "Q4_1"
+  | "Q5_0"
+  | "Q5_1"
+  | "Q2_K"
+  | "Q3_K_S"
+  | "Q3_K_M"
+  | "Q3_K_L"
+  | "Q4_K_S"
+  | "Q4_K_M"
+  | "Q5_K_S"
+  | "Q5_K_M"
+  | "Q6_K";
+
+/** How the learning rate moves over the run's optimizer steps. */
+export interface LearningRateSchedule {
+  /**
+   * `constant` keeps `learningRate`; `linear` and `cosine` decay from `learningRate` towards
+   * `learningRate * minFraction` over the steps after warm-up. Defaults to `"constant"`.
+   */
+  kind?: "constant" | "linear" | "cosine";
+  /** Steps over which the rate ramps up linearly to `learningRate` first. Defaults to `0`. */
+  warmupSteps?: number;
+  /** Where a decay ends, as a fraction of `learningRate` (the rate never reaches 0). Defaults to `0`. */
+  minFraction?: number;
+}
+
+/** A fine-tuning job: full-weight training of the top transformer blocks of a GGUF model. */
+export interface TrainerJob {
+  /** The GGUF model to start from; any type llama.cpp can dequantize (it is converted to F32 first). */
+  baseModelPath: string;
+  /** Where the trained GGUF is written, atomically (temp file + rename in the same directory). */
+  outputPath: string;
+  /** Scratch directory for the F32 copies of the model; the caller owns and removes it. */
+  workDir: string;
+  /** Training texts. Special-token text such as `<|im_end|>` is parsed as the control token. */
+  samples: string[];
+  /** Held-out texts whose loss is reported after each epoch. Defaults to none. */
+  evalSamples?: string[];
+  /** Peak AdamW learning rate. */
+  learningRate: number;
+  /** Passes over `samples`. */
+  epochs: number;
+  /** Caps the total number of optimizer steps (one step per context window). Defaults to no cap. */
+  maxSteps?: number;
+  /**
+   * Fraction of the transformer blocks that train, counted from the top: 1 trains every block,
+   * 0.25 the top quarter (at least one block). `output` and `output_norm` always train.
+   * Defaults to `1`.
+   */
+  complexity?: number;
+  /** Tokens per training window; rounded up to a multiple of 256. Defaults to `512`. */
+  contextSize?: number;
+  /** CPU threads for llama.cpp. Defaults to `1`. */
+  threads?: number;
+  /** Type of the written model. Defaults to `"Q8_0"`. */
+  outputType?: TrainerOutputType;
+  /** Seeds the order in which samples are packed into windows each epoch. Defaults to `0`. */
+  seed?: number;
+  /** Learning-rate schedule. Defaults to a constant rate. */
+  lrSchedule?: LearningRateSchedule;
+  /** AdamW decoupled weight decay. Defaults to `0`. */
+  weightDecay?: number;
+}
+
+/** A job with every default applied; this is what crosses the IPC channel. */
+export type ResolvedTrainerJob = Required<Omit<TrainerJob, "maxSteps" | "lrSchedule">> & {
+  maxSteps: number | null;
+  lrSchedule: Required<LearningRateSchedule>;
+};
+
+export interface TrainerProgress {
+  /** Optimizer steps done so far (1-based once the first has run). */
+  step: number;
+  totalSteps: number;
+  /** The epoch in progress (1-based). */
+  epoch: number;
+  /** Epochs the run will start, after `maxSteps` is applied. */
+  epochs: number;
+  /** Mean training loss over the steps of the current epoch so far. */
+  trainLoss: number;
+  /** Mean loss on `evalSamples`, present on the progress report that ends an epoch. */
+  evalLoss?: number;
+  /** The learning rate of the last step. */
+  learningRate: number;
+  /** Training tokens (whole windows, padding included) per second of training so far. */
+  tokensPerSecond: number;
+  elapsedSeconds: number;
+  etaSeconds: number;
+}
+
+export interface TrainingStats {
+  steps: number;
+  /** Epochs completed (the last may be partial when `maxSteps` cut it). */
+  epochs: number;
+  /** Window positions trained on (padding included). */
+  trainTokens: number;
+  /** Sample tokens trained on (padding excluded). */
+  sampleTokens: number;
+  finalTrainLoss: number;
+  finalEvalLoss?: number;
+  tokensPerSecond: number;
+  /** Seconds spent in optimizer steps and evaluation. */
+  trainSeconds: number;
+  /** Seconds for the whole job, conversions and saving included. */
+  elapsedSeconds: number;
+  trainableTensors: number;
+  trainableParameters: number;
+  /** Peak resident memory of the trainer process. */
+  peakRssBytes: number;
+}
+
+export type ParentMessage = { type: "job"; job: ResolvedTrainerJob } | { type: "cancel" };
+
+export type ChildMessage =
+  | { type: "log"; line: string }
+  | ({ type: "progress" } & TrainerProgress)
+  | { type: "done"; outputPath: string; stats: TrainingStats }
+  | { type: "error"; message: string }
+  | { type: "cancelled" };

@@ -1,0 +1,238 @@
+/**
+ * Parent side of the trainer: starts one child process per job (`trainerProcess.ts`), relays its logs
+ * and progress, and turns however it ends (a final message, a cancel, a crash) into one outcome.
+ */
+import { fork } from "node:child_process";
+import readline from "node:readline";
+import { fileURLToPath } from "node:url";
+import type {
+  ChildMessage,
+  ParentMessage,
+  ResolvedTrainerJob,
+  TrainerJob,
+  TrainerOutputType,
+  TrainerProgress,
+  TrainingStats,
+} from "./protocol.ts";
+
+export type {
+  LearningRateSchedule,
+  TrainerJob,
+  TrainerOutputType,
+  TrainerProgress,
+  TrainingStats,
+} from "./protocol.ts";
+
+export interface TrainerHandlers {
+  /** The trainer's own log lines (phases, one summary per epoch). */
+  onLog?: (line: string) => void;
+  /** Progress, at most about twice a second and once at the end of every epoch. */
+  onProgress?: (progress: TrainerProgress) => void;
+  /** llama.cpp's native log (model loading, quantization), line by line; verbose. */
+  onNativeLog?: (line: string) => void;
+}
+
+export interface StartTrainerOptions {
+  /** After `cancel()`, how long the child gets to stop at a step boundary before it is killed. Defaults to `10_000`. */
+  cancelGraceMs?: number;
+}
+
+export type TrainerOutcome =
+  | { status: "completed"; outputPath: string; stats: TrainingStats }
+  /** Stopped by `cancel()` or `kill()`. */
+  | { status: "cancelled" }
+  /** The job failed (`exitCode` 1 with the trainer's message) or the process died (`signal`, or an unexpected code). */
+  | { status: "failed"; reason: string; exitCode: number | null; signal: NodeJS.Signals | null };
+
+export interface TrainerHandle {
+  /** The child's process id (undefined if it could not be started). */
+  readonly pid: number | undefined;
+  /** Asks the trainer to stop at the next step boundary; it is killed if it has not after the grace period. */
+  cancel(): void;
+  /** Stops the trainer at once (SIGKILL). The outcome is `cancelled`. */
+  kill(): void;
+  /** Settles once the child process has exited; never rejects. */
+  readonly done: Promise<TrainerOutcome>;
+}
+
+export const TRAINER_OUTPUT_TYPES: readonly TrainerOutputType[] = [
+  "F32",
+  "F16",
+  "BF16",
+  "Q8_0",
+  "Q4_0",
+  "Q4_1",
+  "Q5_0",
+  "Q5_1",
+  "Q2_K",
+  "Q3_K_S",
+  "Q3_K_M",
+  "Q3_K_L",
+  "Q4_K_S",
+  "Q4_K_M",
+  "Q5_K_S",
+  "Q5_K_M",
+  "Q6_K",
+];
+
+/** Native log lines kept to explain a crash (an assert message is printed just before the abort). */
+const NATIVE_TAIL_LINES = 8;
+
+/** Applies defaults and validates a job; throws a RangeError naming the bad field. */
+export function resolveTrainerJob(job: TrainerJob): ResolvedTrainerJob {
+  const check = (ok: boolean, field: string, rule: string) => {
+    if (!ok) throw new RangeError(`trainer job: ${field} ${rule}`);
+  };
+  const isPositiveInteger = (value: number) => Number.isInteger(value) && value >= 1;
+  const resolved: ResolvedTrainerJob = {
+    baseModelPath: job.baseModelPath,
+    outputPath: job.outputPath,
+    workDir: job.workDir,
+    samples: job.samples,
+    evalSamples: job.evalSamples ?? [],
+    learningRate: job.learningRate,
+    epochs: job.epochs,
+    maxSteps: job.maxSteps ?? null,
+    complexity: job.complexity ?? 1,
+    contextSize: job.contextSize ?? 512,
+    threads: job.threads ?? 1,
+    outputType: job.outputType ?? "Q8_0",
+    seed: job.seed ?? 0,
+    lrSchedule: {
+      kind: job.lrSchedule?.kind ?? "constant",
+      warmupSteps: job.lrSchedule?.warmupSteps ?? 0,
+      minFraction: job.lrSchedule?.minFraction ?? 0,
+    },
+    weightDecay: job.weightDecay ?? 0,
+  };
+  check(resolved.samples.length > 0, "samples", "must not be empty");
+  check(Number.isFinite(resolved.learningRate) && resolved.learningRate > 0, "learningRate", "must be > 0");
+  check(isPositiveInteger(resolved.epochs), "epochs", "must be an integer >= 1");
+  check(
+    resolved.maxSteps === null || isPositiveInteger(resolved.maxSteps),
+    "maxSteps",
+    "must be an integer >= 1",
+  );
+  check(resolved.complexity > 0 && resolved.complexity <= 1, "complexity", "must be in (0, 1]");
+  check(isPositiveInteger(resolved.contextSize), "contextSize", "must be an integer >= 1");
+  check(isPositiveInteger(resolved.threads), "threads", "must be an integer >= 1");
+  check(
+    TRAINER_OUTPUT_TYPES.includes(resolved.outputType),
+    "outputType",
+    `must be one of ${TRAINER_OUTPUT_TYPES.join(", ")}`,
+  );
+  check(Number.isInteger(resolved.seed), "seed", "must be an integer");
+  check(["constant", "linear", "cosine"].includes(resolved.lrSchedule.kind), "lrSchedule.kind", "is unknown");
+  check(
+    Number.isInteger(resolved.lrSchedule.warmupSteps) && resolved.lrSchedule.warmupSteps >= 0,
+    "lrSchedule.warmupSteps",
+    "must be an integer >= 0",
+  );
+  check(
+    resolved.lrSchedule.minFraction >= 0 && resolved.lrSchedule.minFraction <= 1,
+    "lrSchedule.minFraction",
+    "must be in [0, 1]",
+  );
+  check(resolved.weightDecay >= 0 && resolved.weightDecay <= 1, "weightDecay", "must be in [0, 1]");
+  return resolved;
+}
+
+/** The child's entry file and the Node flags that let it load TypeScript (tsx, resolved from here). */
+function childEntry(): { file: string; execArgv: string[] } {
+  const file = fileURLToPath(new URL("./trainerProcess.ts", import.meta.url));
+  // Resolved to an absolute URL so the child finds tsx whatever its working directory is.
+  return { file, execArgv: ["--import", import.meta.resolve("tsx")] };
+}
+
+/**
+ * Starts a training job in a child process. Throws (RangeError) only for an invalid job; everything
+ * that goes wrong later, including a native crash, ends as a `failed` outcome.
+ */
+export function startTrainer(
+  job: TrainerJob,
+  handlers: TrainerHandlers = {},
+  options: StartTrainerOptions = {},
+): TrainerHandle {
+  const resolved = resolveTrainerJob(job);
+  const cancelGraceMs = options.cancelGraceMs ?? 10_000;
+  const { file, execArgv } = childEntry();
+  const child = fork(file, [], { execArgv, stdio: ["ignore", "pipe", "pipe", "ipc"] });
+
+  let final: ChildMessage | undefined;
+  let stopRequested = false;
+  let killTimer: NodeJS.Timeout | undefined;
+  let spawnError: Error | undefined;
+  const nativeTail: string[] = [];
+
+  const onNativeLine = (line: string) => {
+    nativeTail.push(line);
+    if (nativeTail.length > NATIVE_TAIL_LINES) nativeTail.shift();
+    handlers.onNativeLog?.(line);
+  };
+  for (const stream of [child.stdout, child.stderr]) {
+    if (stream !== null)
+      readline.createInterface({ input: stream, crlfDelay: Infinity }).on("line", onNativeLine);
+  }
+
+  child.on("message", (message: ChildMessage) => {
+    switch (message.type) {
+      case "log":
+        handlers.onLog?.(message.line);
+        break;
+      case "progress": {
+        const { type: _type, ...progress } = message;
+        handlers.onProgress?.(progress);
+        break;
+      }
+      default:
+        final = message;
+    }
+  });
+  child.on("error", (error) => {
+    spawnError ??= error;
+  });
+
+  const sendToChild = (message: ParentMessage) => {
+    if (child.connected) child.send(message, (error) => void error); // a closed channel is handled on exit
+  };
+  sendToChild({ type: "job", job: resolved });
+
+  const done = new Promise<TrainerOutcome>((resolve) => {
+    // `close` comes after `exit` once stdout/stderr are drained, so the native tail is complete.
+    child.on("close", (exitCode, signal) => {
+      clearTimeout(killTimer);
+      resolve(outcome(exitCode, signal));
+    });
+  });
+
+  const outcome = (exitCode: number | null, signal: NodeJS.Signals | null): TrainerOutcome => {
+    if (final?.type === "done")
+      return { status: "completed", outputPath: final.outputPath, stats: final.stats };
+    if (final?.type === "cancelled") return { status: "cancelled" };
+    if (final?.type === "error") return { status: "failed", reason: final.message, exitCode, signal };
+    if (stopRequested) return { status: "cancelled" };
+    const how =
+      spawnError !== undefined
+        ? `could not be started: ${spawnError.message}`
+        : signal !== null
+          ? `was killed by ${signal}`
+          : `exited with code ${exitCode}`;
+    const tail = nativeTail.length > 0 ? `; last output: ${nativeTail.join(" | ")}` : "";
+    return { status: "failed", reason: `trainer process ${how}${tail}`, exitCode, signal };
+  };
+
+  return {
+    pid: child.pid,
+    cancel() {
+      if (stopRequested) return;
+      stopRequested = true;
+      sendToChild({ type: "cancel" });
+      killTimer = setTimeout(() => child.kill("SIGKILL"), cancelGraceMs);
+    },
+    kill() {
+      stopRequested = true;
+      child.kill("SIGKILL");
+    },
+    done,
+  };
+}
