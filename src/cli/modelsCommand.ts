@@ -55,6 +55,6 @@ export function modelsCommand(program: Command, ctx: CliContext): void {
       if (!Number.isInteger(seed)) throw new CliError("--seed must be an integer", exitCodes.usage);
       const file = path.join(ctx.config.modelsDir, `${opts.id}.gguf`);
       const info = await createTinyModel(file, { seed });
-      ctx.print({ id: opts.id, path: file, ...info }, () => console.log(`${opts.id} (${file})`));
+      ctx.print({ id: opts.id, ...info }, () => console.log(`${opts.id} (${file})`));
     });
 }
