@@ -25,8 +25,11 @@ export interface RunConfig {
   name: string;
   trackerProject: string | null;
   trackerEntity: string | null;
-  /** Tokens per training window. */
+  /** Tokens per training window (samples are packed into windows of this size). */
   contextSize: number;
+  /** How the learning rate moves: cosine decay from `lr` to `lr * lrMinFraction` over the run. */
+  lrSchedule: "cosine" | "linear" | "constant";
+  lrMinFraction: number;
   /** Weight type of the served model. */
   outputType: string;
   /** Fraction of pairs held out for eval loss, when the dataset has at least 10 pairs. */
@@ -38,7 +41,9 @@ export const runDefaults = {
   lr: 5e-4,
   epochs: 3,
   complexity: 1,
-  contextSize: 512,
+  contextSize: 256,
+  lrSchedule: "cosine" as const,
+  lrMinFraction: 0.1,
   outputType: "Q8_0",
   evalFraction: 0.1,
   seed: 42,
@@ -104,6 +109,8 @@ export class RunService {
       trackerProject: body.trackerProject ?? null,
       trackerEntity: body.trackerEntity ?? null,
       contextSize: runDefaults.contextSize,
+      lrSchedule: runDefaults.lrSchedule,
+      lrMinFraction: runDefaults.lrMinFraction,
       outputType: runDefaults.outputType,
       evalFraction: runDefaults.evalFraction,
       seed: runDefaults.seed,

@@ -194,6 +194,7 @@ export class Scheduler {
           ...(config.steps ? { maxSteps: config.steps } : {}),
           complexity: config.complexity,
           contextSize: config.contextSize,
+          lrSchedule: { kind: config.lrSchedule, minFraction: config.lrMinFraction },
           threads: this.options.threads,
           outputType: config.outputType as TrainerOutputType,
           seed: config.seed,
