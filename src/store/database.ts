@@ -5,6 +5,7 @@ import { Kysely, Migrator, PostgresDialect, SqliteDialect } from "kysely";
 import pg from "pg";
 import { migrationProvider } from "./migrations.ts";
 import type { Database } from "./schema.ts";
+import { withStatementCache } from "./statementCache.ts";
 
 export type Dialect = "sqlite" | "postgres";
 
@@ -41,7 +42,7 @@ export async function openDatabase(options: OpenDatabaseOptions): Promise<Db> {
     sqlite.pragma("synchronous = NORMAL");
     sqlite.pragma("busy_timeout = 5000");
     sqlite.pragma("foreign_keys = ON");
-    kysely = new Kysely<Database>({ dialect: new SqliteDialect({ database: sqlite }) });
+    kysely = new Kysely<Database>({ dialect: new SqliteDialect({ database: withStatementCache(sqlite) }) });
   }
 
   const migrator = new Migrator({ db: kysely, provider: migrationProvider });
