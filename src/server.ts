@@ -16,6 +16,7 @@ export async function startServer(config: Config): Promise<{ close(): Promise<vo
     );
   }
   const url = await app.listen({ port: config.port, host: config.host });
+  core.scheduler.start();
 
   let closing: Promise<void> | undefined;
   const close = () => (closing ??= app.close());

@@ -257,6 +257,19 @@ describe("LlamaEngine", () => {
     );
   });
 
+  test("a max_tokens that fits the context but not after the prompt stops when the context is full", async () => {
+    await engine.generate({ model, prompt: "Once", sampling: greedy(1) });
+    const context = engine.loaded()[0]!.contextSize;
+    const result = await engine.generate({
+      model,
+      prompt: "Once upon a time",
+      sampling: greedy(context - 1),
+    });
+    assert.ok(result.promptTokens + result.completionTokens <= context, JSON.stringify(result));
+    if (result.finishReason === "length")
+      assert.equal(result.promptTokens + result.completionTokens, context);
+  });
+
   test("parallel requests all complete; one past the queue is rate_limited", async () => {
     // 2 sequences + 1 queue place: the 4th concurrent request is refused.
     const controller = new AbortController();

@@ -15,6 +15,7 @@ import {
 } from "node-llama-cpp";
 import { writeGguf, type GgufTensor } from "../src/engine/gguf/GgufWriter.ts";
 import { float16ToFloat32, float32ToFloat16 } from "../src/engine/gguf/float16.ts";
+import { readGgufString, readGgufUint32, writeGgufUint32 } from "../src/engine/gguf/GgufPatch.ts";
 import { buildTinyVocab, createTinyModel, type TinyModelInfo } from "../src/engine/tinyModel.ts";
 
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), "conduit-tinymodel-"));
@@ -295,4 +296,18 @@ describe("createTinyModel", () => {
     await assert.rejects(createTinyModel(out, { headCount: 4, headCountKv: 3 }), RangeError);
     assert.equal(fs.existsSync(out), false);
   });
+});
+
+test("GGUF metadata can be read and a uint32 patched in place", async (t) => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "gguf-patch-"));
+  t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
+  const file = path.join(dir, "m.gguf");
+  await createTinyModel(file, { contextLength: 512 });
+  const size = fs.statSync(file).size;
+  assert.equal(await readGgufString(file, "general.architecture"), "llama");
+  assert.equal(await readGgufUint32(file, "llama.context_length"), 512);
+  assert.equal(await writeGgufUint32(file, "llama.context_length", 2048), true);
+  assert.equal(await readGgufUint32(file, "llama.context_length"), 2048);
+  assert.equal(fs.statSync(file).size, size);
+  assert.equal(await writeGgufUint32(file, "no.such.key", 1), false);
 });

@@ -143,6 +143,16 @@ describe("fine-tuning runs on the tiny model", () => {
     }
     assert.ok(exact >= 18, `${exact}/20 reproduced exactly`);
 
+    // The served model keeps its base's context (llama.cpp's save writes the training window),
+    // so the seed's default max_tokens of 256 works.
+    const defaults = await app.inject({
+      method: "POST",
+      url: `/conduit/finetuning/${id}/inference`,
+      headers: asAlice,
+      payload: { prompt: learned.input },
+    });
+    assert.equal(defaults.statusCode, 200, defaults.body);
+
     // The run id is a model everywhere else too.
     const chat = await app.inject({
       method: "POST",

@@ -413,10 +413,13 @@ class LlamaEngine implements Engine {
         `The prompt is ${tokens.length} tokens; this model's context holds ${m.contextSize}.`,
         { param },
       );
-    if (tokens.length + request.sampling.maxTokens > m.contextSize)
+    // max_tokens is a cap: a request whose prompt leaves less room than that stops with
+    // finish_reason "length" when the context is full (the seed's default of 256 would otherwise
+    // be refused by every small-context model). Only a cap no context could hold is an error.
+    if (request.sampling.maxTokens >= m.contextSize)
       throw new ConduitError(
         "invalid_request",
-        `max_tokens (${request.sampling.maxTokens}) plus the prompt (${tokens.length} tokens) exceeds this model's context of ${m.contextSize} tokens.`,
+        `max_tokens (${request.sampling.maxTokens}) must be below this model's context of ${m.contextSize} tokens.`,
         { param: "max_tokens" },
       );
     return tokens;
@@ -499,7 +502,7 @@ class LlamaEngine implements Engine {
         output,
         completionTokens: 0,
         promptTokens: prompt.length,
-        maxTokens: sampling.maxTokens,
+        maxTokens: Math.min(sampling.maxTokens, m.contextSize - prompt.length),
         onText: request.onText,
         settled: false,
         resolve,

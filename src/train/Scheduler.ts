@@ -4,6 +4,7 @@ import os from "node:os";
 import type { Logger } from "pino";
 import type { DatasetService } from "../datasets/DatasetService.ts";
 import { formatChat } from "../engine/chatTemplate.ts";
+import { readGgufString, readGgufUint32, writeGgufUint32 } from "../engine/gguf/GgufPatch.ts";
 import type { ChatMessage, ModelRef } from "../engine/types.ts";
 import type { BlobStore } from "../store/BlobStore.ts";
 import type { Run, RunRepository } from "../store/RunRepository.ts";
@@ -217,6 +218,7 @@ export class Scheduler {
       const outcome = await handle.done;
 
       if (outcome.status === "completed") {
+        await restoreContextLength(base.path, outputPath);
         await writeStats({ final: outcome.stats });
         const finished = await this.runs.finish(run.id, this.workerId, {
           status: "READY",
@@ -288,6 +290,18 @@ export class Scheduler {
       if (await this.runs.release(active.run.id, this.workerId))
         await this.appendLog(active.run.id, "run re-queued: the server shut down while it was training");
   }
+}
+
+/**
+ * llama.cpp's save writes the training window as the model's context length; the fine-tuned
+ * model can attend as far as its base, so the base's value is put back (in place, same size).
+ */
+async function restoreContextLength(basePath: string, outputPath: string): Promise<void> {
+  const architecture = await readGgufString(basePath, "general.architecture");
+  if (!architecture) return;
+  const key = `${architecture}.context_length`;
+  const base = await readGgufUint32(basePath, key);
+  if (base !== undefined) await writeGgufUint32(outputPath, key, base);
 }
 
 /** At most `max` points, evenly thinned, always keeping the latest. */
