@@ -55,7 +55,7 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
   const runRepository = new RunRepository(db.kysely, db.dialect);
   const registry = new ModelRegistry({ modelsDir: config.modelsDir });
   const base = publicUrl(config);
-  const runs = new RunService(runRepository, datasets, registry, {
+  const runs = new RunService(runRepository, datasets, registry, blobs, {
     defaultModel: config.defaultModel,
     trackerUrl: (id) => `${base}/ui/runs/${id}`,
   });

@@ -170,6 +170,22 @@ describe("fine-tuning runs on the tiny model", () => {
     assert.equal(chat.json().choices[0].text, learned.output);
     const models = (await app.inject({ url: "/v1/models", headers: asAlice })).json();
     assert.ok(models.data.some((m: { id: string }) => m.id === id));
+
+    // Deleting a READY run removes its model.
+    const modelDir = path.join(env.dataDir, "blobs", "runs", id);
+    assert.ok(fs.existsSync(path.join(modelDir, "model.gguf")));
+    assert.equal(
+      (await app.inject({ method: "DELETE", url: `/conduit/finetuning/${id}`, headers: asAlice })).statusCode,
+      200,
+    );
+    assert.equal(fs.existsSync(modelDir), false);
+    const gone = await app.inject({
+      method: "POST",
+      url: "/conduit/v1/chat",
+      headers: asAlice,
+      payload: { model: id, prompt: "x" },
+    });
+    assert.equal(gone.statusCode, 404);
   });
 });
 

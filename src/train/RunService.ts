@@ -1,6 +1,7 @@
 import { EventEmitter } from "node:events";
 import type { CreateRunBodyWire } from "../api/schemas.ts";
 import type { DatasetService } from "../datasets/DatasetService.ts";
+import type { BlobStore } from "../store/BlobStore.ts";
 import type { ModelRef } from "../engine/types.ts";
 import { ConduitError } from "../errors.ts";
 import { newId } from "../store/ids.ts";
@@ -63,6 +64,7 @@ export class RunService {
     private readonly runs: RunRepository,
     private readonly datasets: DatasetService,
     private readonly models: ModelCatalog,
+    private readonly blobs: BlobStore,
     private readonly options: { defaultModel: string | undefined; trackerUrl: (runId: string) => string },
   ) {}
 
@@ -158,6 +160,8 @@ export class RunService {
     }
     if (!(await this.runs.delete(userId, id)))
       throw new ConduitError("not_found", `run ${id} not found`, { param: "finetune_id" });
+    // A live run's files are removed by its worker once the trainer has stopped.
+    if (run.status !== "QUEUED" && run.status !== "RUNNING") await this.blobs.remove(`runs/${id}`);
     return run;
   }
 }
