@@ -4,34 +4,25 @@ import type { Core } from "../../core.ts";
 import type { ChatMessage, SamplingOptions } from "../../engine/types.ts";
 import { respondWithGeneration, usageOf, type ResponseShape } from "../generate.ts";
 import { OpenAiChatBody, OpenAiCompletionBody, type OpenAiChatBodyWire } from "../generationSchemas.ts";
-import { completionShape } from "./generation.ts";
+import { completionShape, seedSampling } from "./generation.ts";
 
 /**
  * OpenAI-compatible routes. They translate OpenAI requests into the same generation call as
  * the seed's endpoints; only the shapes differ. Without `max_tokens` a completion stops at 256
  * tokens, like the seed's default.
  */
-function openAiSampling(body: {
-  max_tokens?: number | undefined;
-  max_completion_tokens?: number | undefined;
-  temperature: number;
-  top_p: number;
-  top_k: number;
-  presence_penalty: number;
-  frequency_penalty: number;
-  stop?: string | string[] | undefined;
-  seed?: number | undefined;
-}): SamplingOptions {
-  return {
-    maxTokens: body.max_completion_tokens ?? body.max_tokens ?? 256,
-    temperature: body.temperature,
-    topK: body.top_k,
-    topP: body.top_p,
-    presencePenalty: body.presence_penalty,
-    frequencyPenalty: body.frequency_penalty,
-    ...(body.stop !== undefined ? { stop: typeof body.stop === "string" ? [body.stop] : body.stop } : {}),
-    ...(body.seed !== undefined ? { seed: body.seed >>> 0 } : {}),
-  };
+function openAiSampling(
+  body: Omit<Parameters<typeof seedSampling>[0], "max_tokens"> & {
+    max_tokens?: number | undefined;
+    max_completion_tokens?: number | undefined;
+  },
+): SamplingOptions {
+  return seedSampling({
+    ...body,
+    max_tokens: body.max_completion_tokens ?? body.max_tokens ?? 256,
+    // OpenAI seeds are any integer; the sampler takes 32 bits.
+    seed: body.seed === undefined ? undefined : body.seed >>> 0,
+  });
 }
 
 function openAiMessages(messages: OpenAiChatBodyWire["messages"]): ChatMessage[] {
