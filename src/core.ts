@@ -49,7 +49,6 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
     sqlitePath: path.join(config.dataDir, "conduit.db"),
   });
   const blobs = new BlobStore(path.join(config.dataDir, "blobs"));
-  await blobs.sweepTemp();
   const keys = new KeyRepository(db.kysely);
   const datasets = new DatasetService(new DatasetRepository(db.kysely), blobs, config.maxUploadBytes);
   const runRepository = new RunRepository(db.kysely, db.dialect);
@@ -63,6 +62,7 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
     overrides.engine ??
     createLlamaEngine({
       threads: config.threads,
+      promptThreads: config.promptThreads,
       contextSize: config.contextSize,
       parallelSequences: config.parallelSequences,
       maxQueue: config.maxQueue,

@@ -1,8 +1,10 @@
 import assert from "node:assert/strict";
-import { describe, test } from "node:test";
+import { Readable } from "node:stream";
+import { describe, test, type TestContext } from "node:test";
 import type { FastifyInstance } from "fastify";
-import { asAlice, backends, build, KEY_A } from "./helper.ts";
-import type { CoreOverrides } from "../src/core.ts";
+import { asAlice, backends, build, KEY_A, testEnv } from "./helper.ts";
+import { loadConfig } from "../src/config.ts";
+import { createCore, type CoreOverrides } from "../src/core.ts";
 
 // Run lifecycle over HTTP; training itself is covered by the trainer tests.
 const models: CoreOverrides = {};
@@ -24,6 +26,19 @@ async function datasetWithPairs(app: FastifyInstance, name = "d") {
     },
   });
   return ds as { id: string; name: string };
+}
+
+/** A core without HTTP (the queue's own view) and a dataset with one pair. */
+async function queueCore(t: TestContext, backend: "sqlite" | "postgres") {
+  const env = await testEnv(t, backend);
+  const core = await createCore(loadConfig(env.env), models);
+  t.after(() => core.close());
+  const ds = await core.datasets.create("alice", "d");
+  await core.datasets.upload("alice", ds.id, {
+    name: "a.jsonl",
+    source: Readable.from(['{"input":"a","output":"b"}\n']),
+  });
+  return { core, ds, env };
 }
 
 for (const backend of backends()) {
@@ -185,18 +200,7 @@ for (const backend of backends()) {
     });
 
     test("the runs table is a job queue: claim, heartbeat, finish, crash recovery", async (t) => {
-      const { createCore } = await import("../src/core.ts");
-      const { loadConfig } = await import("../src/config.ts");
-      const { testEnv } = await import("./helper.ts");
-      const env = await testEnv(t, backend);
-      const core = await createCore(loadConfig(env.env), models);
-      t.after(() => core.close());
-      const ds = await core.datasets.create("alice", "d");
-      const { Readable } = await import("node:stream");
-      await core.datasets.upload("alice", ds.id, {
-        name: "a.jsonl",
-        source: Readable.from(['{"input":"a","output":"b"}\n']),
-      });
+      const { core, ds } = await queueCore(t, backend);
       const first = await core.runs.create("alice", { datasetID: ds.id, baseModelName: "tiny" });
       const second = await core.runs.create("alice", { datasetID: ds.id, baseModelName: "tiny" });
       const repo = core.runRepository;
@@ -237,6 +241,70 @@ for (const backend of backends()) {
       const failed = await core.runs.get("alice", third.id);
       assert.equal(failed.status, "FAILED");
       assert.match(failed.error ?? "", /too many times/);
+    });
+
+    test("the queue is first in, first out, also for runs created in the same millisecond", async (t) => {
+      const { core, ds } = await queueCore(t, backend);
+      const created: string[] = [];
+      for (let i = 0; i < 40; i++)
+        created.push((await core.runs.create("alice", { datasetID: ds.id, baseModelName: "tiny" })).id);
+      const claimed: string[] = [];
+      for (let run = await core.runRepository.claimNext("w", 60_000); run; run = await core.runRepository.claimNext("w", 60_000))
+        claimed.push(run.id);
+      assert.deepEqual(claimed, created);
+      const listed = (await core.runs.list("alice", { limit: 100, offset: 0 })).map((r) => r.id);
+      assert.deepEqual(listed, created.toReversed(), "the list is newest first");
+    });
+
+    test("log lines appended at once are all kept, in call order", async (t) => {
+      const { core, ds, env } = await queueCore(t, backend);
+      const run = await core.runs.create("alice", { datasetID: ds.id, baseModelName: "tiny" });
+      const lines = Array.from({ length: 40 }, (_, i) => `line ${i}`);
+      await Promise.all(lines.map((line) => core.runRepository.appendLog(run.id, line)));
+      // Servers sharing one PostgreSQL database append to the same run (a cancel on one while
+      // another trains it). SQLite is one server's alone.
+      const other = backend === "postgres" ? await createCore(loadConfig(env.env), models) : undefined;
+      if (other) t.after(() => other.close());
+      await Promise.all(
+        lines.flatMap((line) => [
+          core.runRepository.appendLog(run.id, `a ${line}`),
+          (other ?? core).runRepository.appendLog(run.id, `b ${line}`),
+        ]),
+      );
+      const logs = (await core.runs.get("alice", run.id)).logs.map((l) => l.replace(/^\S+ \S+ /, ""));
+      assert.equal(logs.length, 1 + 3 * lines.length);
+      assert.deepEqual(logs.slice(1, 1 + lines.length), lines);
+      for (const server of ["a", "b"])
+        assert.deepEqual(
+          logs.filter((l) => l.startsWith(`${server} `)),
+          lines.map((l) => `${server} ${l}`),
+        );
+      const seqs = (await core.runRepository.logsSince(run.id, -1)).map((l) => l.seq);
+      assert.deepEqual(seqs, [...seqs.keys()]);
+    });
+
+    test("a cancel racing the run's end answers SUCCESS only when the run ends CANCELLED", async (t) => {
+      const { core, ds } = await queueCore(t, backend);
+      const repo = core.runRepository;
+      const ids: string[] = [];
+      for (let i = 0; i < 10; i++) {
+        ids.push((await core.runs.create("alice", { datasetID: ds.id, baseModelName: "tiny" })).id);
+        assert.ok(await repo.claimNext("w", 60_000));
+      }
+      await Promise.all(
+        ids.map(async (id) => {
+          const [cancel] = await Promise.allSettled([
+            core.runs.cancel("alice", id),
+            repo.finish(id, "w", { status: "READY", modelPath: "/m.gguf" }),
+          ]);
+          const final = (await core.runs.get("alice", id)).status;
+          if (cancel.status === "fulfilled") assert.equal(final, "CANCELLED", `${id}: cancel said SUCCESS`);
+          else {
+            assert.match(String(cancel.reason), /READY and cannot be cancelled/);
+            assert.equal(final, "READY");
+          }
+        }),
+      );
     });
   });
 }

@@ -72,9 +72,20 @@ export class BlobStore {
     await fsp.rm(this.pathOf(key), { force: true, recursive: true });
   }
 
-  /** Removes temp files left by a crash. */
-  async sweepTemp(): Promise<void> {
-    for (const name of await fsp.readdir(this.tmpDir))
-      await fsp.rm(path.join(this.tmpDir, name), { force: true });
+  /**
+   * Removes temp files left by a crash: those untouched for `olderThanMs`. Younger ones may be
+   * uploads in progress on another server sharing the data dir. Defaults to an hour.
+   */
+  async sweepTemp(olderThanMs = 60 * 60 * 1000): Promise<string[]> {
+    const cutoff = Date.now() - olderThanMs;
+    const removed: string[] = [];
+    for (const name of await fsp.readdir(this.tmpDir)) {
+      const file = path.join(this.tmpDir, name);
+      const stat = await fsp.stat(file).catch(() => undefined);
+      if (!stat || stat.mtimeMs >= cutoff) continue;
+      await fsp.rm(file, { force: true, recursive: true });
+      removed.push(name);
+    }
+    return removed;
   }
 }

@@ -10,7 +10,6 @@ export interface ApiKey {
   name: string;
   prefix: string;
   createdAt: string;
-  lastUsedAt: string | null;
 }
 
 function hashKey(key: string): string {
@@ -24,7 +23,6 @@ function toKey(row: ApiKeyTable): ApiKey {
     name: row.name,
     prefix: row.prefix,
     createdAt: row.created_at,
-    lastUsedAt: row.last_used_at,
   };
 }
 
@@ -65,7 +63,6 @@ export class KeyRepository {
       prefix: key.slice(0, 8),
       hash: hashKey(key),
       created_at: timestamp(),
-      last_used_at: null,
     };
     await this.db.insertInto("api_keys").values(row).execute();
     return toKey(row);

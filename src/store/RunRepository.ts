@@ -1,4 +1,4 @@
-import type { Kysely } from "kysely";
+import { sql, type Kysely } from "kysely";
 import type { Dialect } from "./database.ts";
 import type { Page } from "./DatasetRepository.ts";
 import type { Database, RunTable } from "./schema.ts";
@@ -73,6 +73,9 @@ function later(ms: number): string {
  * workers can share one database). Every user-facing method takes the owner.
  */
 export class RunRepository {
+  /** The last pending append of each run, so its lines are written one after another. */
+  private readonly appending = new Map<string, Promise<unknown>>();
+
   constructor(
     private readonly db: Kysely<Database>,
     private readonly dialect: Dialect,
@@ -147,6 +150,7 @@ export class RunRepository {
       .where("user_id", "=", userId)
       .where("status", "=", "READY")
       .orderBy("created_at", "desc")
+      .orderBy("id", "desc")
       .execute();
     return rows.map((r) => ({ id: r.id, name: r.name, updatedAt: r.updated_at }));
   }
@@ -180,44 +184,78 @@ export class RunRepository {
       .execute();
   }
 
-  /** Appends a timestamped log line and touches `updatedAt`. */
-  async appendLog(runId: string, message: string): Promise<string> {
+  /**
+   * Appends a timestamped log line and touches `updatedAt`. The scheduler does not wait for each
+   * line, so appends to one run are queued here in call order. Touching the run first locks its
+   * row, so a line from another process sharing the database waits and takes the next number.
+   */
+  appendLog(runId: string, message: string): Promise<string> {
+    const append = (this.appending.get(runId) ?? Promise.resolve()).then(() =>
+      this.insertLog(runId, message),
+    );
+    const settled = append.then(
+      () => undefined,
+      () => undefined,
+    );
+    this.appending.set(runId, settled);
+    void settled.then(() => {
+      if (this.appending.get(runId) === settled) this.appending.delete(runId);
+    });
+    return append;
+  }
+
+  private async insertLog(runId: string, message: string): Promise<string> {
     const now = timestamp();
     const line = `${now} ${message}`;
     await this.db.transaction().execute(async (tx) => {
-      const last = await tx
-        .selectFrom("run_logs")
-        .select((eb) => eb.fn.max("seq").as("seq"))
-        .where("run_id", "=", runId)
-        .executeTakeFirst();
-      const seq = Number(last?.seq ?? -1) + 1;
-      await tx.insertInto("run_logs").values({ run_id: runId, seq, line, created_at: now }).execute();
       await tx.updateTable("runs").set({ updated_at: now }).where("id", "=", runId).execute();
+      await tx
+        .insertInto("run_logs")
+        .columns(["run_id", "seq", "line", "created_at"])
+        .expression((eb) =>
+          eb
+            .selectFrom("run_logs")
+            .select([
+              sql<string>`${runId}`.as("run_id"),
+              sql<number>`coalesce(max(seq), -1) + 1`.as("seq"),
+              sql<string>`${line}`.as("line"),
+              sql<string>`${now}`.as("created_at"),
+            ])
+            .where("run_id", "=", runId),
+        )
+        .execute();
     });
     return line;
   }
 
   /**
-   * Moves a QUEUED or RUNNING run to CANCELLED. Returns the status it had, or undefined if the
-   * user has no such run. A run in another state is left alone (the caller answers 409).
+   * Moves a QUEUED or RUNNING run to CANCELLED. Returns the status it had when it was cancelled,
+   * or, when it had already ended, the status it ended with (the caller answers 409); undefined
+   * if the user has no such run. The update is conditional on the status just read, so a run
+   * that ends (or starts) in between is read again rather than misreported.
    */
   async cancel(userId: string, id: string): Promise<RunStatus | undefined> {
-    const run = await this.db
-      .selectFrom("runs")
-      .select("status")
-      .where("id", "=", id)
-      .where("user_id", "=", userId)
-      .executeTakeFirst();
-    if (!run) return undefined;
-    const result = await this.db
-      .updateTable("runs")
-      .set({ status: "CANCELLED", lease_owner: null, lease_expires_at: null, updated_at: timestamp() })
-      .where("id", "=", id)
-      .where("status", "in", activeStatuses)
-      .executeTakeFirst();
-    if (Number(result.numUpdatedRows) > 0)
-      await this.appendLog(id, `run cancelled by the user (was ${run.status})`);
-    return run.status as RunStatus;
+    for (;;) {
+      const run = await this.db
+        .selectFrom("runs")
+        .select("status")
+        .where("id", "=", id)
+        .where("user_id", "=", userId)
+        .executeTakeFirst();
+      if (!run) return undefined;
+      const status = run.status as RunStatus;
+      if (!activeStatuses.includes(status)) return status;
+      const result = await this.db
+        .updateTable("runs")
+        .set({ status: "CANCELLED", lease_owner: null, lease_expires_at: null, updated_at: timestamp() })
+        .where("id", "=", id)
+        .where("status", "=", status)
+        .executeTakeFirst();
+      if (Number(result.numUpdatedRows) > 0) {
+        await this.appendLog(id, `run cancelled by the user (was ${status})`);
+        return status;
+      }
+    }
   }
 
   async delete(userId: string, id: string): Promise<boolean> {

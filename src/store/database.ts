@@ -1,7 +1,7 @@
 import fs from "node:fs";
 import path from "node:path";
 import SqliteDatabase from "better-sqlite3";
-import { Kysely, Migrator, PostgresDialect, SqliteDialect } from "kysely";
+import { Kysely, Migrator, PostgresDialect, SqliteDialect, sql } from "kysely";
 import pg from "pg";
 import { migrationProvider } from "./migrations.ts";
 import type { Database } from "./schema.ts";
@@ -45,7 +45,18 @@ export async function openDatabase(options: OpenDatabaseOptions): Promise<Db> {
     kysely = new Kysely<Database>({ dialect: new SqliteDialect({ database: withStatementCache(sqlite) }) });
   }
 
-  const migrator = new Migrator({ db: kysely, provider: migrationProvider });
+  // Kysely looks for its migration tables in every schema unless told which one: a database that has
+  // them in another schema (another install, `public` when this one runs under a search_path) would
+  // make it skip creating its own and then fail. They belong in the schema this connection writes to.
+  const migrationTableSchema =
+    dialect === "postgres"
+      ? (await sql<{ schema: string }>`select current_schema() as schema`.execute(kysely)).rows[0]?.schema
+      : undefined;
+  const migrator = new Migrator({
+    db: kysely,
+    provider: migrationProvider,
+    ...(migrationTableSchema ? { migrationTableSchema } : {}),
+  });
   const { error, results } = await migrator.migrateToLatest();
   const failed = results?.find((r) => r.status === "Error");
   if (error || failed) {

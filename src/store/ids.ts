@@ -1,6 +1,13 @@
-import { randomBytes } from "node:crypto";
+import { monotonicFactory } from "ulid";
 
-/** Opaque ids: a type prefix and 16 random bytes, e.g. `ds_3kTf...`. */
+const nextUlid = monotonicFactory();
+
+/**
+ * Ids: a type prefix and a ULID, e.g. `ft_01JD3KTF...`. A ULID starts with its creation time
+ * and is strictly increasing within this process, so `ORDER BY created_at, id` is creation order
+ * even for rows made in the same millisecond (the run queue is first in, first out). Its 80
+ * random bits keep ids unguessable across processes; access still checks the owner.
+ */
 export function newId(prefix: "ds" | "file" | "ft" | "key"): string {
-  return `${prefix}_${randomBytes(16).toString("base64url")}`;
+  return `${prefix}_${nextUlid()}`;
 }

@@ -88,6 +88,12 @@ const migrations: Record<string, Migration> = {
         .execute();
     },
   },
+  // Never written: checking it on every request costs a write per request, and nothing showed it.
+  "0002_drop_key_last_used": {
+    async up(db: Kysely<unknown>) {
+      await db.schema.alterTable("api_keys").dropColumn("last_used_at").execute();
+    },
+  },
 };
 
 export const migrationProvider: MigrationProvider = {

@@ -9,7 +9,6 @@ export interface ApiKeyTable {
   /** SHA-256 of the key, hex. Keys are random 32-byte secrets, so a fast hash is enough. */
   hash: string;
   created_at: string;
-  last_used_at: string | null;
 }
 
 export interface DatasetTable {
