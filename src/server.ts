@@ -8,6 +8,9 @@ export async function startServer(config: Config): Promise<{ close(): Promise<vo
   const firstKey = await bootstrapKeys(core);
   const app = await buildApp(core);
   app.log.info({ config: describeConfig(config) }, "effective config");
+  // Only the server sweeps (the CLI opens the same data dir), and only stale files.
+  const swept = await core.blobs.sweepTemp();
+  if (swept.length > 0) app.log.info({ files: swept.length }, "removed stale temp files");
   if (firstKey) {
     // Printed once, on the first start only: the database keeps just its hash.
     process.stdout.write(
@@ -19,11 +22,15 @@ export async function startServer(config: Config): Promise<{ close(): Promise<vo
   core.scheduler.start();
 
   let closing: Promise<void> | undefined;
-  const close = () => (closing ??= app.close());
-  for (const signal of ["SIGINT", "SIGTERM"] as const)
-    process.once(signal, () => {
-      app.log.info(`${signal}: shutting down`);
-      void close().then(() => process.exit(0));
-    });
+  const signals = ["SIGINT", "SIGTERM"] as const;
+  const onSignal = (signal: NodeJS.Signals) => {
+    app.log.info(`${signal}: shutting down`);
+    void close().then(() => process.exit(0));
+  };
+  const close = () => {
+    for (const signal of signals) process.off(signal, onSignal);
+    return (closing ??= app.close());
+  };
+  for (const signal of signals) process.once(signal, onSignal);
   return { close, url };
 }

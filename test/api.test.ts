@@ -1,39 +1,9 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import type { FastifyInstance } from "fastify";
-import { asAlice, asBob, backends, build, buildTestApp, KEY_A, testEnv } from "./helper.ts";
+import { aliceWorld, asAlice, asBob, backends, build, buildTestApp, KEY_A, testEnv } from "./helper.ts";
 import type { CoreOverrides } from "../src/core.ts";
 
 const models: CoreOverrides = {};
-
-/** Alice's resources, for checking that nobody else can reach them. */
-async function aliceWorld(app: FastifyInstance) {
-  const ds = (
-    await app.inject({
-      method: "POST",
-      url: "/conduit/dataset",
-      headers: asAlice,
-      payload: { name: "secret" },
-    })
-  ).json();
-  const file = (
-    await app.inject({
-      method: "POST",
-      url: `/conduit/dataset/${ds.id}/upload`,
-      headers: asAlice,
-      payload: { name: "a.jsonl", ioPairs: [{ input: "a", output: "b" }] },
-    })
-  ).json();
-  const run = (
-    await app.inject({
-      method: "POST",
-      url: "/conduit/finetuning",
-      headers: asAlice,
-      payload: { datasetID: ds.id, baseModelName: "tiny" },
-    })
-  ).json();
-  return { ds: ds.id as string, file: file.id as string, run: run.id as string };
-}
 
 function endpoints(w: { ds: string; file: string; run: string }) {
   return [
@@ -50,9 +20,24 @@ function endpoints(w: { ds: string; file: string; run: string }) {
     { method: "DELETE", url: `/conduit/dataset/${w.ds}/file/${w.file}` },
     { method: "DELETE", url: `/conduit/dataset/${w.ds}` },
     { method: "POST", url: "/conduit/finetuning", payload: { datasetID: w.ds, baseModelName: "tiny" } },
+    { method: "POST", url: "/conduit/finetuning", payload: { datasetName: "secret", baseModelName: "tiny" } },
     { method: "GET", url: `/conduit/finetuning/${w.run}` },
+    { method: "GET", url: `/conduit/finetuning/${w.run}/events` },
+    { method: "POST", url: `/conduit/finetuning/${w.run}/inference`, payload: { prompt: "hi" } },
+    ...generationWithRun(w.run),
     { method: "POST", url: `/conduit/finetuning/${w.run}/cancel` },
     { method: "DELETE", url: `/conduit/finetuning/${w.run}` },
+  ] as const;
+}
+
+/** Every generation endpoint, naming a run as the model. */
+function generationWithRun(run: string) {
+  const messages = [{ role: "user", content: "hi" }];
+  return [
+    { method: "POST", url: "/conduit/v1/chat", payload: { model: run, prompt: "hi" } },
+    { method: "POST", url: "/conduit/v1/completions", payload: { model: run, messages } },
+    { method: "POST", url: "/v1/chat/completions", payload: { model: run, messages } },
+    { method: "POST", url: "/v1/completions", payload: { model: run, prompt: "hi" } },
   ] as const;
 }
 
@@ -69,6 +54,19 @@ for (const backend of backends()) {
       });
       assert.equal(res.statusCode, 404, `${e.method} ${e.url} as bob → ${res.statusCode} ${res.body}`);
       assert.equal(res.json().error.type, "not_found_error");
+    }
+    // Naming another user's run as the model reads exactly like naming no run at all.
+    const nobody = "ft_AAAAAAAAAAAAAAAAAAAAAA";
+    assert.equal(nobody.length, world.run.length);
+    const generation = generationWithRun(world.run);
+    for (const [i, e] of generationWithRun(nobody).entries()) {
+      const payload = generation[i]?.payload;
+      const unknown = await app.inject({ method: e.method, url: e.url, headers: asBob, payload: e.payload });
+      const alices = await app.inject({ method: e.method, url: e.url, headers: asBob, payload });
+      assert.equal(alices.json().error.code, "model_not_found", alices.body);
+      assert.equal(alices.body.replaceAll(world.run, nobody), unknown.body, e.url);
+      const owner = await app.inject({ method: e.method, url: e.url, headers: asAlice, payload });
+      assert.equal(owner.statusCode, 409, `the owner is told the run is not READY: ${owner.body}`);
     }
     assert.deepEqual((await app.inject({ url: "/conduit/dataset", headers: asBob })).json(), []);
     assert.deepEqual((await app.inject({ url: "/conduit/finetuning", headers: asBob })).json(), []);
@@ -122,6 +120,129 @@ for (const backend of backends()) {
   });
 }
 
+/** Values that pass a plain type check but that a database refuses or mis-stores. */
+function badInputs(w: { ds: string; file: string; run: string }) {
+  const pairs = [{ input: "a", output: "b" }];
+  const run = { datasetID: w.ds, baseModelName: "tiny" };
+  return [
+    { method: "POST", url: "/conduit/dataset", payload: { name: "a\u0000b" }, param: "name" },
+    { method: "POST", url: "/conduit/dataset", payload: { name: "tab\there" }, param: "name" },
+    { method: "PATCH", url: `/conduit/dataset/${w.ds}`, payload: { name: "x\u001b[2J" }, param: "name" },
+    { method: "GET", url: "/conduit/dataset?offset=1e30", param: "offset" },
+    { method: "GET", url: `/conduit/dataset/${w.ds}/files?offset=1000000001`, param: "offset" },
+    { method: "GET", url: `/conduit/dataset/${w.ds}/file/${w.file}/pairs?offset=1e30`, param: "offset" },
+    { method: "GET", url: "/conduit/finetuning?offset=1e30", param: "offset" },
+    { method: "GET", url: "/conduit/dataset/ds_%00", param: "dataset_id" },
+    { method: "GET", url: `/conduit/dataset/${w.ds}/file/file_%00`, param: "file_id" },
+    { method: "GET", url: "/conduit/finetuning/ft_%00", param: "finetune_id" },
+    {
+      method: "POST",
+      url: `/conduit/dataset/${w.ds}/upload`,
+      payload: { name: "a\u0000.jsonl", ioPairs: pairs },
+      param: "name",
+    },
+    {
+      method: "POST",
+      url: `/conduit/dataset/${w.ds}/upload?name=a%00.jsonl`,
+      headers: { "content-type": "application/jsonl" },
+      payload: '{"input":"a","output":"b"}\n',
+      param: "name",
+    },
+    { method: "POST", url: "/conduit/finetuning", payload: { ...run, steps: 10_000_000 }, param: "steps" },
+    { method: "POST", url: "/conduit/finetuning", payload: { ...run, name: "r\u0000" }, param: "name" },
+    {
+      method: "POST",
+      url: "/conduit/finetuning",
+      payload: { ...run, systemPrompt: "Be brief.\u0000" },
+      param: "systemPrompt",
+    },
+    {
+      method: "POST",
+      url: "/conduit/finetuning",
+      payload: { ...run, trackerProject: "p\u0000" },
+      param: "trackerProject",
+    },
+    {
+      method: "POST",
+      url: "/conduit/finetuning",
+      payload: { ...run, trackerEntity: "e\n" },
+      param: "trackerEntity",
+    },
+    {
+      method: "POST",
+      url: "/conduit/finetuning",
+      payload: { datasetName: "secret\u0000", baseModelName: "tiny" },
+      param: "datasetName",
+    },
+    {
+      method: "POST",
+      url: "/conduit/finetuning",
+      payload: { datasetID: "ds_\u0000", baseModelName: "tiny" },
+      param: "datasetID",
+    },
+    {
+      method: "POST",
+      url: "/conduit/finetuning",
+      payload: { datasetID: w.ds, baseModelName: "tiny\u0000" },
+      param: "baseModelName",
+    },
+    {
+      method: "POST",
+      url: "/conduit/v1/chat",
+      payload: { model: "ft_\u0000", prompt: "hi" },
+      param: "model",
+    },
+    {
+      method: "POST",
+      url: "/v1/chat/completions",
+      payload: { model: "ft_\u0000", messages: [{ role: "user", content: "hi" }] },
+      param: "model",
+    },
+  ] as const;
+}
+
+for (const backend of backends()) {
+  test(`control characters and out-of-range numbers are 400 naming the field (${backend})`, async (t) => {
+    const { app } = await build(t, backend, models);
+    const world = await aliceWorld(app);
+    for (const e of badInputs(world)) {
+      const res = await app.inject({
+        method: e.method,
+        url: e.url,
+        headers: { ...asAlice, ...("headers" in e ? e.headers : {}) },
+        ...("payload" in e ? { payload: e.payload } : {}),
+      });
+      const label = `${e.method} ${e.url} ${JSON.stringify("payload" in e ? e.payload : "")}`;
+      assert.equal(res.statusCode, 400, `${label} → ${res.statusCode} ${res.body}`);
+      assert.equal(res.json().error.code, "invalid_request", label);
+      assert.equal(res.json().error.param, e.param, `${label} → ${res.body}`);
+    }
+    const named = await app.inject({
+      method: "POST",
+      url: "/conduit/dataset",
+      headers: asAlice,
+      payload: { name: "x\u0000" },
+    });
+    assert.match(named.json().error.message, /"name" must not contain control characters/);
+    const prompt = await app.inject({
+      method: "POST",
+      url: "/conduit/finetuning",
+      headers: asAlice,
+      payload: { datasetID: world.ds, baseModelName: "tiny", systemPrompt: "line one\nline two" },
+    });
+    assert.equal(prompt.statusCode, 200, "a system prompt may span lines");
+    assert.deepEqual(
+      (await app.inject({ url: "/conduit/dataset", headers: asAlice }))
+        .json()
+        .map((d: { name: string }) => d.name),
+      ["secret"],
+    );
+    assert.equal((await app.inject({ url: "/conduit/finetuning", headers: asAlice })).json().length, 2);
+    const files = await app.inject({ url: `/conduit/dataset/${world.ds}/files`, headers: asAlice });
+    assert.equal(files.json().length, 1);
+  });
+}
+
 test("health, OpenAPI document and docs page need no key", async (t) => {
   const { app } = await build(t);
   const health = await app.inject({ url: "/healthz" });
@@ -152,6 +273,23 @@ test("a 5xx body never carries internal text", async (t) => {
     error: { message: "internal server error", type: "server_error", param: null, code: "internal_error" },
   });
 });
+
+if (backends().includes("postgres"))
+  test("two installs in two schemas of one PostgreSQL database each migrate their own", async (t) => {
+    // Kysely finds its migration tables in any schema unless told which: the second install would skip
+    // creating its own and fail ('relation "kysely_migration_lock" does not exist').
+    const first = await buildTestApp(t, await testEnv(t, "postgres"), models);
+    const second = await buildTestApp(t, await testEnv(t, "postgres"), models);
+    for (const { app } of [first, second]) {
+      const created = await app.inject({
+        method: "POST",
+        url: "/conduit/dataset",
+        headers: asAlice,
+        payload: { name: "x" },
+      });
+      assert.equal(created.statusCode, 200);
+    }
+  });
 
 for (const backend of backends()) {
   test(`data survives a restart (${backend})`, async (t) => {

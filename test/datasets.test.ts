@@ -1,8 +1,12 @@
 import assert from "node:assert/strict";
+import fs from "node:fs";
+import path from "node:path";
+import { Readable } from "node:stream";
 import { describe, test } from "node:test";
-import { asAlice, asBob, backends, build, KEY_A } from "./helper.ts";
+import { asAlice, asBob, backends, build, createDataset, KEY_A } from "./helper.ts";
 
 const jsonl = '{"input":"hi","output":"hello"}\n{"input":"bye","output":"goodbye"}\n';
+const boundary = "----conduit";
 
 for (const backend of backends()) {
   describe(`datasets (${backend})`, () => {
@@ -120,14 +124,7 @@ for (const backend of backends()) {
 
     test("upload JSONL, JSON, CSV, ioPairs, raw and multipart; counts pairs", async (t) => {
       const { app } = await build(t, backend);
-      const ds = (
-        await app.inject({
-          method: "POST",
-          url: "/conduit/dataset",
-          headers: asAlice,
-          payload: { name: "d" },
-        })
-      ).json();
+      const ds = await createDataset(app);
       const url = `/conduit/dataset/${ds.id}/upload`;
 
       const a = await app.inject({
@@ -188,7 +185,6 @@ for (const backend of backends()) {
       assert.equal(raw.statusCode, 200, raw.body);
       assert.equal(raw.json().name, "raw.jsonl");
 
-      const boundary = "----conduit";
       const multipartBody =
         `--${boundary}\r\nContent-Disposition: form-data; name="name"\r\n\r\nfrom-form.jsonl\r\n` +
         `--${boundary}\r\nContent-Disposition: form-data; name="file"; filename="../../etc/passwd"\r\nContent-Type: application/octet-stream\r\n\r\n${jsonl}\r\n--${boundary}--\r\n`;
@@ -242,16 +238,36 @@ for (const backend of backends()) {
       assert.equal(again.statusCode, 404);
     });
 
+    test("a file's record; deleting a file or its dataset removes the files from disk", async (t) => {
+      const { app, config } = await build(t, backend);
+      const ds = await createDataset(app);
+      const upload = async (name: string) =>
+        (
+          await app.inject({
+            method: "POST",
+            url: `/conduit/dataset/${ds.id}/upload`,
+            headers: asAlice,
+            payload: { name, content: jsonl },
+          })
+        ).json();
+      const a = await upload("a.jsonl");
+      const b = await upload("b.jsonl");
+      const read = await app.inject({ url: `/conduit/dataset/${ds.id}/file/${a.id}`, headers: asAlice });
+      assert.equal(read.statusCode, 200);
+      assert.deepEqual(read.json(), a);
+
+      const dir = path.join(config.dataDir, "blobs", "files", ds.id);
+      assert.deepEqual(fs.readdirSync(dir).sort(), [a.id, b.id].sort());
+      assert.equal(fs.readFileSync(path.join(dir, a.id), "utf8"), jsonl);
+      await app.inject({ method: "DELETE", url: `/conduit/dataset/${ds.id}/file/${a.id}`, headers: asAlice });
+      assert.deepEqual(fs.readdirSync(dir), [b.id]);
+      await app.inject({ method: "DELETE", url: `/conduit/dataset/${ds.id}`, headers: asAlice });
+      assert.equal(fs.existsSync(dir), false);
+    });
+
     test("bad files are 400 naming the line, and nothing is stored", async (t) => {
       const { app } = await build(t, backend);
-      const ds = (
-        await app.inject({
-          method: "POST",
-          url: "/conduit/dataset",
-          headers: asAlice,
-          payload: { name: "d" },
-        })
-      ).json();
+      const ds = await createDataset(app);
       const url = `/conduit/dataset/${ds.id}/upload`;
       const cases: [string, string, RegExp][] = [
         ["a.jsonl", '{"input":"a","output":"b"}\n{"input":"a"}\n', /line 2: missing "output"/],
@@ -270,6 +286,12 @@ for (const backend of backends()) {
         ["a.csv", 'input,output\na,b\n"c,d\n', /line \d: invalid CSV/],
         ["a.csv", "input,output\na,b\nc,d,e\n", /line 3: invalid CSV/],
         ["a.jsonl", "\n\n", /no IO pairs/],
+        [
+          "a.jsonl",
+          '{"input":"a","output":"b"}\n{"input":"x\\u0000y","output":"b"}\n',
+          /line 2: "input" contains a NUL character/,
+        ],
+        ["a.csv", "input,output\na,b\nc,d\u0000\n", /line 3: "output" contains a NUL character/],
       ];
       for (const [name, content, expected] of cases) {
         const res = await app.inject({ method: "POST", url, headers: asAlice, payload: { name, content } });
@@ -301,6 +323,21 @@ for (const backend of backends()) {
       });
       assert.equal(badPairs.statusCode, 400);
       assert.equal(badPairs.json().error.param, "ioPairs.0.output");
+      const nulPair = await app.inject({
+        method: "POST",
+        url,
+        headers: asAlice,
+        payload: {
+          name: "x",
+          ioPairs: [
+            { input: "a", output: "b" },
+            { input: "a", output: "\u0000" },
+          ],
+        },
+      });
+      assert.equal(nulPair.statusCode, 400);
+      assert.equal(nulPair.json().error.code, "invalid_file");
+      assert.match(nulPair.json().error.message, /line 2: "output" contains a NUL character/);
       const rawNoName = await app.inject({
         method: "POST",
         url,
@@ -323,18 +360,104 @@ for (const backend of backends()) {
       assert.equal(dataset.ioPairsCount, 0);
     });
 
+    test("multipart: name and format fields before or after the file, checked like any name", async (t) => {
+      const { app, config } = await build(t, backend);
+      const ds = await createDataset(app);
+      const url = `/conduit/dataset/${ds.id}/upload`;
+      const filePart = (filename: string, content = jsonl) =>
+        `--${boundary}\r\nContent-Disposition: form-data; name="file"; filename="${filename}"\r\n\r\n${content}\r\n`;
+      const field = (name: string, value: string) =>
+        `--${boundary}\r\nContent-Disposition: form-data; name="${name}"\r\n\r\n${value}\r\n`;
+      const end = `--${boundary}--\r\n`;
+      // Part by part, as a client on a network sends it: the parser sees the file before the name.
+      const upload = (...parts: string[]) =>
+        app.inject({
+          method: "POST",
+          url,
+          headers: { ...asAlice, "content-type": `multipart/form-data; boundary=${boundary}` },
+          payload: Readable.from(
+            (async function* () {
+              for (const part of parts) {
+                yield Buffer.from(part);
+                await new Promise((resolve) => setTimeout(resolve, 5));
+              }
+            })(),
+          ),
+        });
+
+      const after = await upload(filePart("x.jsonl"), field("name", "named-after.jsonl"), end);
+      assert.equal(after.statusCode, 200, after.body);
+      assert.equal(after.json().name, "named-after.jsonl");
+      const before = await upload(field("name", "named-before.jsonl"), filePart("x.jsonl"), end);
+      assert.equal(before.json().name, "named-before.jsonl");
+      const csv = await upload(filePart("pairs.txt", "input,output\na,b\n"), field("format", "csv"), end);
+      assert.equal(csv.statusCode, 200, csv.body);
+      assert.equal(csv.json().format, "csv");
+      const longFileName = "f".repeat(300) + ".jsonl";
+      const renamed = await upload(filePart(longFileName), field("name", "short.jsonl"), end);
+      assert.equal(renamed.json().name, "short.jsonl");
+
+      const cases: [string[], string | null, RegExp][] = [
+        [[filePart("x.jsonl"), field("name", "a\u0000b"), end], "name", /"name" must be 1 to 256 characters/],
+        [[filePart("x.jsonl"), field("name", "n".repeat(257)), end], "name", /"name" must be 1 to 256/],
+        [[filePart("x.jsonl"), field("name", ""), end], "name", /"name" must be 1 to 256/],
+        [[filePart(longFileName), end], "file", /send a "name" field/],
+        [[filePart("bell\u0007.jsonl"), end], "file", /without control characters/],
+        [[filePart("x.jsonl"), field("format", "xml"), end], "format", /"format" must be/],
+        [[filePart("x.jsonl"), field("color", "red"), end], "color", /"color" is not known/],
+        [[field("name", "x.jsonl"), end], "file", /no "file" field/],
+      ];
+      for (const [parts, param, message] of cases) {
+        const res = await upload(...parts);
+        assert.equal(res.statusCode, 400, `${JSON.stringify(parts).slice(0, 120)} → ${res.body}`);
+        assert.equal(res.json().error.code, "invalid_request");
+        assert.equal(res.json().error.param, param, res.body);
+        assert.match(res.json().error.message, message);
+      }
+      const files = await app.inject({ url: `/conduit/dataset/${ds.id}/files`, headers: asAlice });
+      assert.equal(files.json().length, 4);
+      assert.deepEqual(fs.readdirSync(path.join(config.dataDir, "blobs", ".tmp")), []);
+    });
+
+    test("malformed multipart bodies are 400 and store nothing", async (t) => {
+      const { app, config } = await build(t, backend);
+      const ds = await createDataset(app);
+      const url = `/conduit/dataset/${ds.id}/upload`;
+      const head = `--${boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.jsonl"\r\n\r\n`;
+      const cases: [string, string][] = [
+        ["multipart/form-data", `${head}${jsonl}\r\n--${boundary}--\r\n`],
+        [`multipart/form-data; boundary=${boundary}`, `${head}${jsonl}`],
+        [
+          `multipart/form-data; boundary=${boundary}`,
+          `${head}${jsonl}\r\n--${boundary}\r\nContent-Disposition: form-da`,
+        ],
+        [`multipart/form-data; boundary=${boundary}`, "--" + boundary + "\r\nContent-Disp"],
+      ];
+      const base = await app.listen({ port: 0, host: "127.0.0.1" });
+      for (const [contentType, body] of cases) {
+        // Over a real socket: the end of the request is what tells the parser the body is cut short.
+        const res = await fetch(base + url, {
+          method: "POST",
+          headers: { ...asAlice, "content-type": contentType },
+          body,
+          signal: AbortSignal.timeout(5000),
+        });
+        const text = await res.text();
+        assert.equal(res.status, 400, `${contentType} ${JSON.stringify(body.slice(-30))} → ${text}`);
+        const error = JSON.parse(text).error;
+        assert.equal(error.code, "invalid_request");
+        assert.match(error.message, /malformed multipart body/);
+      }
+      const files = await app.inject({ url: `/conduit/dataset/${ds.id}/files`, headers: asAlice });
+      assert.deepEqual(files.json(), []);
+      assert.deepEqual(fs.readdirSync(path.join(config.dataDir, "blobs", ".tmp")), []);
+    });
+
     test("uploads beyond the limit are 413 and leave nothing behind", async (t) => {
       const { testEnv, buildTestApp } = await import("./helper.ts");
       const env = await testEnv(t, backend, { CONDUIT_MAX_UPLOAD_BYTES: "1000" });
       const { app } = await buildTestApp(t, env);
-      const ds = (
-        await app.inject({
-          method: "POST",
-          url: "/conduit/dataset",
-          headers: asAlice,
-          payload: { name: "d" },
-        })
-      ).json();
+      const ds = await createDataset(app);
       const big = '{"input":"aaaaaaaaaaaaaaaaaaaa","output":"bbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"}\n'.repeat(40);
       const url = `/conduit/dataset/${ds.id}/upload`;
       const raw = await app.inject({
@@ -359,8 +482,6 @@ for (const backend of backends()) {
         payload: { name: "big.jsonl", content: big },
       });
       assert.equal(json.statusCode, 413, json.body);
-      const fs = await import("node:fs");
-      const path = await import("node:path");
       assert.deepEqual(fs.readdirSync(path.join(env.dataDir, "blobs", ".tmp")), []);
       assert.deepEqual(
         (await app.inject({ url: `/conduit/dataset/${ds.id}/files`, headers: asAlice })).json(),

@@ -109,3 +109,37 @@ export async function build(
 
 export const asAlice = { "x-api-key": KEY_A };
 export const asBob = { "x-api-key": KEY_B };
+
+/** Creates a dataset for Alice and returns its record. */
+export async function createDataset(app: FastifyInstance, name = "d") {
+  const response = await app.inject({
+    method: "POST",
+    url: "/conduit/dataset",
+    headers: asAlice,
+    payload: { name },
+  });
+  if (response.statusCode !== 200) throw new Error(`creating dataset ${name}: ${response.body}`);
+  return response.json() as { id: string; name: string; ioPairsCount: number };
+}
+
+/** Alice's resources, for checking that nobody else can reach them. */
+export async function aliceWorld(app: FastifyInstance) {
+  const ds = await createDataset(app, "secret");
+  const file = (
+    await app.inject({
+      method: "POST",
+      url: `/conduit/dataset/${ds.id}/upload`,
+      headers: asAlice,
+      payload: { name: "a.jsonl", ioPairs: [{ input: "a", output: "b" }] },
+    })
+  ).json();
+  const run = (
+    await app.inject({
+      method: "POST",
+      url: "/conduit/finetuning",
+      headers: asAlice,
+      payload: { datasetID: ds.id, baseModelName: "tiny" },
+    })
+  ).json();
+  return { ds: ds.id as string, file: file.id as string, run: run.id as string };
+}

@@ -7,6 +7,7 @@ import type { Core } from "../core.ts";
 import { registerAuth } from "./auth.ts";
 import { registerErrorHandler } from "./errorHandler.ts";
 import { sharedSchemas } from "./schemas.ts";
+import { registerSse } from "./sse.ts";
 import datasetRoutes from "./routes/datasets.ts";
 import healthRoutes from "./routes/health.ts";
 import runRoutes from "./routes/runs.ts";
@@ -58,6 +59,7 @@ export async function buildApp(core: Core): Promise<FastifyInstance> {
 
   registerErrorHandler(app);
   registerAuth(app, core.keys);
+  registerSse(app);
 
   await app.register(multipart, {
     limits: { fileSize: core.config.maxUploadBytes + 1, files: 1, fields: 8, fieldSize: 1024 },

@@ -1,5 +1,6 @@
 import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import { ConduitError, errorCatalog, type ErrorCode } from "../errors.ts";
+import { patternReasons } from "./schemas.ts";
 
 export function errorBody(error: ConduitError) {
   const entry = errorCatalog[error.code];
@@ -25,6 +26,7 @@ function fromValidation(issues: ValidationIssue[], context: string | undefined):
   let reason = issue.message ?? "is invalid";
   if (issue.keyword === "required") reason = "is required";
   if (issue.keyword === "additionalProperties") reason = "is not a known field";
+  if (issue.keyword === "pattern") reason = patternReasons[String(issue.params.pattern)] ?? reason;
   if (issue.keyword === "type" && segments.length === 0) reason = `must be ${String(issue.params.type)}`;
   const subject = param ? `${where === "body" ? "" : `${where} `}field "${param}"` : where;
   return new ConduitError("invalid_request", `${subject} ${reason}`.trim(), { param });

@@ -1,4 +1,5 @@
 import { Type, type Static } from "@sinclair/typebox";
+import { noControlCharacters } from "./schemas.ts";
 
 /** Wire types of generation: the seed's chat and completions, and the OpenAI-compatible routes. */
 
@@ -41,6 +42,7 @@ export const SeedSampling = {
     Type.String({
       minLength: 1,
       maxLength: 256,
+      pattern: noControlCharacters,
       description: "A model id or a READY run id. Defaults to `CONDUIT_DEFAULT_MODEL`.",
     }),
   ),
@@ -145,7 +147,7 @@ export const CompletionResult = Type.Object(
 
 /** OpenAI's request bodies: their defaults (penalties 0, top_p 1), extra fields ignored. */
 const OpenAiSampling = {
-  model: Type.Optional(Type.String({ minLength: 1, maxLength: 256 })),
+  model: Type.Optional(Type.String({ minLength: 1, maxLength: 256, pattern: noControlCharacters })),
   max_tokens: Type.Optional(Type.Integer({ minimum: 1 })),
   max_completion_tokens: Type.Optional(Type.Integer({ minimum: 1 })),
   temperature: Type.Number({ minimum: 0, maximum: 2, default: 1 }),

@@ -9,8 +9,29 @@ const Timestamp = Type.String({
   description: "UTC time, `YYYY-MM-DD HH:MM:SS.mmm`",
   examples: ["2026-11-22 18:30:00.000"],
 });
-const Id = Type.String({ minLength: 1, maxLength: 128 });
-const Name = Type.String({ minLength: 1, maxLength: 256, description: "1 to 256 characters" });
+/**
+ * Names and ids are stored and listed, so they carry no control characters: PostgreSQL refuses
+ * NUL in text, and the others only hide in listings and logs.
+ */
+export const noControlCharacters = "^[^\\u0000-\\u001f\\u007f]*$";
+/** Free text (a system prompt) may span lines, but not hold NUL, which is never meaningful text. */
+export const noNul = "^[^\\u0000]*$";
+/** Why a value failed one of the patterns above, for the 400's message. */
+export const patternReasons: Record<string, string> = {
+  [noControlCharacters]: "must not contain control characters",
+  [noNul]: "must not contain NUL characters",
+};
+
+const Id = Type.String({ minLength: 1, maxLength: 128, pattern: noControlCharacters });
+export const Name = Type.String({
+  minLength: 1,
+  maxLength: 256,
+  pattern: noControlCharacters,
+  description: "1 to 256 characters, no control characters",
+});
+
+/** IO-pair file formats. */
+export const FileFormat = Type.Union([Type.Literal("jsonl"), Type.Literal("json"), Type.Literal("csv")]);
 
 export const ErrorBody = Type.Object(
   {
@@ -50,7 +71,7 @@ export const DatasetFile = Type.Object(
     name: Type.String(),
     size: Type.Integer({ description: "Bytes." }),
     type: Type.Literal("IO"),
-    format: Type.Union([Type.Literal("jsonl"), Type.Literal("json"), Type.Literal("csv")]),
+    format: FileFormat,
     ioPairsCount: Type.Integer(),
     createdAt: Timestamp,
     updatedAt: Timestamp,
@@ -98,7 +119,12 @@ export const PageQuery = Type.Object(
       default: 100,
       description: "Items per page. Defaults to `100`.",
     }),
-    offset: Type.Integer({ minimum: 0, default: 0, description: "Items to skip. Defaults to `0`." }),
+    offset: Type.Integer({
+      minimum: 0,
+      maximum: 1_000_000_000,
+      default: 0,
+      description: "Items to skip, up to 1e9. Defaults to `0`.",
+    }),
   },
   { additionalProperties: false },
 );
@@ -123,7 +149,7 @@ export const UploadJsonBody = Type.Object(
     ioPairs: Type.Optional(
       Type.Array(IoPairInput, { description: "Pairs given directly; stored as JSONL." }),
     ),
-    format: Type.Optional(Type.Union([Type.Literal("jsonl"), Type.Literal("json"), Type.Literal("csv")])),
+    format: Type.Optional(FileFormat),
   },
   { additionalProperties: false },
 );
@@ -131,7 +157,7 @@ export const UploadJsonBody = Type.Object(
 export const UploadQuery = Type.Object(
   {
     name: Type.Optional(Name),
-    format: Type.Optional(Type.Union([Type.Literal("jsonl"), Type.Literal("json"), Type.Literal("csv")])),
+    format: Type.Optional(FileFormat),
   },
   { additionalProperties: false },
 );
@@ -145,6 +171,7 @@ export const RunConfigFields = {
     Type.String({
       minLength: 1,
       maxLength: 256,
+      pattern: noControlCharacters,
       description: "A model id (see GET /v1/models). Defaults to `CONDUIT_DEFAULT_MODEL`.",
     }),
   ),
@@ -159,7 +186,11 @@ export const RunConfigFields = {
     }),
   ),
   steps: Type.Optional(
-    Type.Integer({ minimum: 1, description: "Cap on optimizer steps. Defaults to no cap." }),
+    Type.Integer({
+      minimum: 1,
+      maximum: 1_000_000,
+      description: "Cap on optimizer steps, up to 1e6. Defaults to no cap.",
+    }),
   ),
   epochs: Type.Optional(
     Type.Integer({ minimum: 1, maximum: 1000, description: "Passes over the data. Defaults to `3`." }),
@@ -167,12 +198,13 @@ export const RunConfigFields = {
   systemPrompt: Type.Optional(
     Type.String({
       maxLength: 100_000,
+      pattern: noNul,
       description: "System prompt trained with and served with. Defaults to none.",
     }),
   ),
   name: Type.Optional(Name),
-  trackerProject: Type.Optional(Type.String({ maxLength: 256 })),
-  trackerEntity: Type.Optional(Type.String({ maxLength: 256 })),
+  trackerProject: Type.Optional(Type.String({ maxLength: 256, pattern: noControlCharacters })),
+  trackerEntity: Type.Optional(Type.String({ maxLength: 256, pattern: noControlCharacters })),
 };
 
 export const CreateRunBody = Type.Object(RunConfigFields, { additionalProperties: false });

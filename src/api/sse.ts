@@ -1,6 +1,25 @@
-import type { FastifyReply, FastifyRequest } from "fastify";
+import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import { ConduitError } from "../errors.ts";
 import { errorBody, toConduitError } from "./errorHandler.ts";
+
+declare module "fastify" {
+  interface FastifyInstance {
+    /** Ends each open Server-Sent Events stream; `registerSse` calls them when the app closes. */
+    sseStreams: Set<() => void>;
+  }
+}
+
+/**
+ * Open streams would hold shutdown up (the server waits for its connections), so when the app
+ * starts closing each one gets a final `unavailable` error event and ends, and its work is aborted.
+ */
+export function registerSse(app: FastifyInstance): void {
+  const streams = new Set<() => void>();
+  app.decorate("sseStreams", streams);
+  app.addHook("preClose", async () => {
+    for (const end of [...streams]) end();
+  });
+}
 
 /** An open Server-Sent Events response. */
 export interface SseStream {
@@ -52,11 +71,21 @@ export function openSse(
   const write = (text: string) => {
     if (!ended && !raw.destroyed) raw.write(text);
   };
+  const streams = request.server.sseStreams;
   const close = () => {
     if (ended) return;
     ended = true;
+    streams.delete(shutdown);
     raw.end();
   };
+  function shutdown() {
+    const error = new ConduitError("unavailable", "the server is shutting down");
+    write(`data: ${JSON.stringify(errorBody(error))}\n\n`);
+    close();
+    controller.abort(error);
+  }
+  streams.add(shutdown);
+  raw.once("close", () => streams.delete(shutdown));
   return {
     signal: controller.signal,
     send(data, event) {

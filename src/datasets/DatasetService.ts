@@ -1,4 +1,4 @@
-import { Transform, type Readable } from "node:stream";
+import { pipeline, Transform, type Readable } from "node:stream";
 import { ConduitError } from "../errors.ts";
 import type { BlobStore } from "../store/BlobStore.ts";
 import type { Dataset, DatasetFile, DatasetRepository, Page } from "../store/DatasetRepository.ts";
@@ -12,10 +12,17 @@ import {
   type IoPair,
 } from "./ioPairs.ts";
 
+/** An upload already streamed to a temp file by `DatasetService.receive`. */
+export interface ReceivedFile {
+  tempPath: string;
+  size: number;
+}
+
 export interface UploadInput {
   /** File name as the user gave it: metadata only, never part of a path. */
   name: string;
-  source: Readable;
+  /** The bytes: a stream, or a file `receive` took in first (`upload` discards it either way). */
+  source: Readable | ReceivedFile;
   format?: IoFormat | undefined;
 }
 
@@ -66,6 +73,7 @@ export class DatasetService {
     const blobs = await this.datasets.delete(userId, id);
     if (!blobs) throw new ConduitError("not_found", `dataset ${id} not found`, { param: "dataset_id" });
     await Promise.all(blobs.map((blob) => this.blobs.remove(blob)));
+    await this.blobs.remove(`files/${id}`);
   }
 
   async listFiles(userId: string, datasetId: string, page: Page): Promise<DatasetFile[]> {
@@ -83,35 +91,46 @@ export class DatasetService {
   }
 
   /**
-   * Streams an upload to a temp file (never whole into memory), validates every pair, and
-   * only then stores it: a bad line is a 400 naming the line, and nothing is kept.
+   * Streams an upload to a temp file (never whole into memory) within the upload limit. Pass the
+   * result to `upload`, or to `discard` if the request fails before that.
    */
-  async upload(userId: string, datasetId: string, input: UploadInput): Promise<DatasetFile> {
-    await this.get(userId, datasetId);
+  async receive(source: Readable): Promise<ReceivedFile> {
     const limit = this.maxUploadBytes;
+    const tooLarge = () =>
+      new ConduitError("payload_too_large", `the file is larger than the upload limit of ${limit} bytes`);
     let seen = 0;
     const limiter = new Transform({
       transform(chunk: Buffer, _encoding, callback) {
         seen += chunk.length;
-        if (seen > limit)
-          callback(
-            new ConduitError(
-              "payload_too_large",
-              `the file is larger than the upload limit of ${limit} bytes`,
-            ),
-          );
+        if (seen > limit) callback(tooLarge());
         else callback(null, chunk);
       },
     });
-    input.source.on("error", (error) => limiter.destroy(error));
-    const { tempPath, size } = await this.blobs.writeTemp(input.source.pipe(limiter));
+    // pipeline, not pipe: it also sees a source that failed before we got it (a multipart
+    // part cut short is destroyed with its error while the request is still being parsed).
+    const received = await this.blobs.writeTemp(pipeline(source, limiter, () => undefined));
+    // The multipart parser truncates rather than failing when a file hits its limit.
+    if ((source as Readable & { truncated?: boolean }).truncated) {
+      await this.discard(received);
+      throw tooLarge();
+    }
+    return received;
+  }
+
+  discard(file: ReceivedFile): Promise<void> {
+    return this.blobs.discard(file.tempPath);
+  }
+
+  /**
+   * Validates every pair of an upload and only then stores it: a bad line is a 400 naming the
+   * line, and nothing is kept.
+   */
+  async upload(userId: string, datasetId: string, input: UploadInput): Promise<DatasetFile> {
+    let received = "tempPath" in input.source ? input.source : undefined;
     try {
-      // The multipart parser truncates rather than failing when a file hits its limit.
-      if ((input.source as Readable & { truncated?: boolean }).truncated)
-        throw new ConduitError(
-          "payload_too_large",
-          `the file is larger than the upload limit of ${limit} bytes`,
-        );
+      await this.get(userId, datasetId);
+      received ??= await this.receive(input.source as Readable);
+      const { tempPath, size } = received;
       if (size === 0) throw new ConduitError("invalid_file", "the file is empty", { param: "file" });
       const format = input.format ?? (await detectFormat(tempPath, input.name));
       let ioPairsCount: number;
@@ -141,7 +160,7 @@ export class DatasetService {
       }
       return file;
     } finally {
-      await this.blobs.discard(tempPath);
+      if (received) await this.discard(received);
     }
   }
 

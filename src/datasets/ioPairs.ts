@@ -57,6 +57,8 @@ function field(record: Record<string, unknown>, names: [string, string], line: n
   if (typeof value !== "string")
     throw new IoPairError(line, `"${name}" must be a string, got ${typeof value}`);
   if (value.length === 0) throw new IoPairError(line, `"${name}" is empty`);
+  // Never meaningful in text, and refused in every name and prompt too.
+  if (value.includes("\u0000")) throw new IoPairError(line, `"${name}" contains a NUL character`);
   return value;
 }
 

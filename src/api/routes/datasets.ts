@@ -1,10 +1,7 @@
-import { Readable } from "node:stream";
-import type { FastifyInstance, FastifyRequest } from "fastify";
+import type { FastifyInstance } from "fastify";
 import { Type } from "@sinclair/typebox";
-import { TypeCompiler } from "@sinclair/typebox/compiler";
 import type { TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
 import type { Core } from "../../core.ts";
-import { ConduitError } from "../../errors.ts";
 import {
   CreateDatasetBody,
   Dataset,
@@ -15,82 +12,11 @@ import {
   Message,
   PageQuery,
   RenameDatasetBody,
-  UploadJsonBody,
   UploadQuery,
   responses,
 } from "../schemas.ts";
+import { rawContentTypes, uploadSource } from "../uploadSource.ts";
 import { datasetWire, fileWire, SUCCESS } from "../wire.ts";
-import type { IoFormat } from "../../datasets/ioPairs.ts";
-
-const rawContentTypes = [
-  "application/jsonl",
-  "application/x-ndjson",
-  "text/csv",
-  "text/plain",
-  "application/octet-stream",
-];
-const uploadJson = TypeCompiler.Compile(UploadJsonBody);
-
-interface UploadSource {
-  name: string;
-  source: Readable;
-  format?: IoFormat | undefined;
-}
-
-/** The three ways to send a file: multipart, a raw body, or JSON (`content` or `ioPairs`). */
-async function uploadSource(
-  request: FastifyRequest,
-  query: { name?: string; format?: IoFormat },
-): Promise<UploadSource> {
-  if (request.isMultipart()) {
-    const part = await request.file();
-    if (!part)
-      throw new ConduitError("invalid_request", 'multipart body has no "file" field', { param: "file" });
-    if (part.fieldname !== "file")
-      throw new ConduitError("invalid_request", `multipart field "${part.fieldname}" is not "file"`, {
-        param: "file",
-      });
-    const nameField = part.fields.name;
-    const fieldName =
-      nameField && !Array.isArray(nameField) && nameField.type === "field"
-        ? String(nameField.value)
-        : undefined;
-    const name = fieldName || query.name || part.filename || "upload";
-    return { name, source: part.file, format: query.format };
-  }
-  if (request.body instanceof Readable) {
-    if (!query.name)
-      throw new ConduitError("invalid_request", 'query field "name" is required for a raw upload', {
-        param: "name",
-      });
-    return { name: query.name, source: request.body, format: query.format };
-  }
-  const body = request.body;
-  if (!uploadJson.Check(body)) {
-    const issue = uploadJson.Errors(body).First();
-    const param = issue?.path.split("/").filter(Boolean).join(".") || null;
-    throw new ConduitError(
-      "invalid_request",
-      `${param ? `field "${param}" ` : "body "}${issue?.message ?? "is invalid"}`,
-      { param },
-    );
-  }
-  if ((body.content === undefined) === (body.ioPairs === undefined))
-    throw new ConduitError("invalid_request", 'send exactly one of "content" and "ioPairs"', {
-      param: "content",
-    });
-  if (body.ioPairs !== undefined) {
-    const lines = body.ioPairs.map(
-      (pair) => JSON.stringify({ input: pair.input, output: pair.output }) + "\n",
-    );
-    return { name: body.name, source: Readable.from(lines), format: "jsonl" };
-  }
-  return {
-    name: body.name,
-    source: Readable.from([Buffer.from(body.content ?? "", "utf8")]),
-    format: body.format,
-  };
-}
 
 /** Seed 4.2: datasets and their files. */
 export default async function datasetRoutes(app: FastifyInstance, { core }: { core: Core }) {
@@ -241,7 +167,7 @@ export default async function datasetRoutes(app: FastifyInstance, { core }: { co
           tags,
           summary: "Upload a file of IO pairs",
           description:
-            "Send the file as `multipart/form-data` (field `file`, optional field `name`), as a raw body " +
+            "Send the file as `multipart/form-data` (field `file`, optional fields `name` and `format`, in any order), as a raw body " +
             "(`Content-Type: application/jsonl`, `text/csv`, ... with `?name=`), or as JSON " +
             "`{name, content}` / `{name, ioPairs:[{input,output}]}`. Formats: JSONL, JSON array, CSV " +
             "(`input,output` columns; `prompt`/`completion` also accepted). Every pair is validated before " +
@@ -252,8 +178,8 @@ export default async function datasetRoutes(app: FastifyInstance, { core }: { co
         },
       },
       async (request) => {
-        const source = await uploadSource(request, request.query);
-        return fileWire(await datasets.upload(request.userId, request.params.dataset_id, source));
+        const input = await uploadSource(request, request.query, datasets);
+        return fileWire(await datasets.upload(request.userId, request.params.dataset_id, input));
       },
     );
   });

@@ -26,7 +26,7 @@ export default function metricsRoutes(app: FastifyInstance, options: { core: Cor
 
 async function metricsPlugin(app: FastifyInstance, { core }: { core: Core }) {
   const registry = new Registry();
-  collectDefaultMetrics({ register: registry, prefix: "conduit_process_" });
+  collectDefaultMetrics({ register: registry, prefix: "conduit_" });
   const requests = new Counter({
     name: "conduit_http_requests_total",
     help: "HTTP requests by method, route and status",

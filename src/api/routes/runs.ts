@@ -1,3 +1,4 @@
+import { setTimeout as sleep } from "node:timers/promises";
 import type { FastifyInstance } from "fastify";
 import { Type } from "@sinclair/typebox";
 import type { TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
@@ -162,7 +163,8 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
           sse.send({ status: run.status, error: run.error }, "status");
         }
         if (run.status === "READY" || run.status === "FAILED" || run.status === "CANCELLED") break;
-        await new Promise((resolve) => setTimeout(resolve, eventsPollMs));
+        // Wakes early when the client leaves or the server shuts down.
+        await sleep(eventsPollMs, undefined, { signal: sse.signal }).catch(() => undefined);
       }
       sse.close();
       return reply;

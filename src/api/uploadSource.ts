@@ -1,0 +1,134 @@
+import { Readable } from "node:stream";
+import type { FastifyRequest } from "fastify";
+import { TypeCompiler } from "@sinclair/typebox/compiler";
+import type { DatasetService, ReceivedFile, UploadInput } from "../datasets/DatasetService.ts";
+import type { IoFormat } from "../datasets/ioPairs.ts";
+import { ConduitError } from "../errors.ts";
+import { FileFormat, Name, patternReasons, UploadJsonBody } from "./schemas.ts";
+
+/** Raw-body uploads: the request body is the file. */
+export const rawContentTypes = [
+  "application/jsonl",
+  "application/x-ndjson",
+  "text/csv",
+  "text/plain",
+  "application/octet-stream",
+];
+
+const uploadJson = TypeCompiler.Compile(UploadJsonBody);
+const fileName = TypeCompiler.Compile(Name);
+const fileFormat = TypeCompiler.Compile(FileFormat);
+
+interface UploadQuery {
+  name?: string | undefined;
+  format?: IoFormat | undefined;
+}
+
+/**
+ * The three ways to send a file: multipart, a raw body, or JSON (`content` or `ioPairs`). The
+ * name is checked by the same rule whichever way it comes.
+ */
+export async function uploadSource(
+  request: FastifyRequest,
+  query: UploadQuery,
+  datasets: DatasetService,
+): Promise<UploadInput> {
+  if (request.isMultipart()) return multipartSource(request, query, datasets);
+  if (request.body instanceof Readable) {
+    if (!query.name)
+      throw new ConduitError("invalid_request", 'query field "name" is required for a raw upload', {
+        param: "name",
+      });
+    return { name: query.name, source: request.body, format: query.format };
+  }
+  const body = request.body;
+  if (!uploadJson.Check(body)) {
+    const issue = uploadJson.Errors(body).First();
+    const param = issue?.path.split("/").filter(Boolean).join(".") || null;
+    const pattern = (issue?.schema as { pattern?: string } | undefined)?.pattern;
+    const reason = (pattern && patternReasons[pattern]) || (issue?.message ?? "is invalid");
+    throw new ConduitError("invalid_request", `${param ? `field "${param}" ` : "body "}${reason}`, { param });
+  }
+  if ((body.content === undefined) === (body.ioPairs === undefined))
+    throw new ConduitError("invalid_request", 'send exactly one of "content" and "ioPairs"', {
+      param: "content",
+    });
+  if (body.ioPairs !== undefined) {
+    const lines = body.ioPairs.map(
+      (pair) => JSON.stringify({ input: pair.input, output: pair.output }) + "\n",
+    );
+    return { name: body.name, source: Readable.from(lines), format: "jsonl" };
+  }
+  return {
+    name: body.name,
+    source: Readable.from([Buffer.from(body.content ?? "", "utf8")]),
+    format: body.format,
+  };
+}
+
+/**
+ * Multipart: the `file` part streams to a temp file, and the `name` and `format` fields count
+ * wherever they come (curl sends them in the order of its `-F` options). The body is read to its
+ * end before anything is stored, so a truncated one is refused.
+ */
+async function multipartSource(
+  request: FastifyRequest,
+  query: UploadQuery,
+  datasets: DatasetService,
+): Promise<UploadInput> {
+  let file: ReceivedFile | undefined;
+  try {
+    let filename: string | undefined;
+    const fields: { name?: string; format?: string } = {};
+    for await (const part of request.parts()) {
+      if (part.type === "file") {
+        if (part.fieldname !== "file") {
+          part.file.resume();
+          throw new ConduitError(
+            "invalid_request",
+            `multipart file field "${part.fieldname}" is not "file"`,
+            {
+              param: "file",
+            },
+          );
+        }
+        file = await datasets.receive(part.file);
+        filename = part.filename;
+      } else if (part.fieldname === "name" || part.fieldname === "format") {
+        fields[part.fieldname] = String(part.value);
+      } else {
+        throw new ConduitError(
+          "invalid_request",
+          `multipart field "${part.fieldname}" is not known; send "file" and optionally "name" and "format"`,
+          { param: part.fieldname },
+        );
+      }
+    }
+    if (!file)
+      throw new ConduitError("invalid_request", 'multipart body has no "file" field', { param: "file" });
+    if (fields.format !== undefined && !fileFormat.Check(fields.format))
+      throw new ConduitError("invalid_request", 'field "format" must be "jsonl", "json" or "csv"', {
+        param: "format",
+      });
+    const name = fields.name ?? query.name ?? (filename || "upload");
+    if (!fileName.Check(name))
+      throw new ConduitError(
+        "invalid_request",
+        fields.name !== undefined
+          ? 'field "name" must be 1 to 256 characters without control characters'
+          : 'the file\'s name must be 1 to 256 characters without control characters; send a "name" field',
+        { param: fields.name !== undefined ? "name" : "file" },
+      );
+    return { name, source: file, format: (fields.format as IoFormat | undefined) ?? query.format };
+  } catch (error) {
+    if (file) await datasets.discard(file);
+    throw malformed(error);
+  }
+}
+
+/** busboy's parse errors carry no code: they mean the client sent a malformed multipart body. */
+function malformed(error: unknown): unknown {
+  if (!(error instanceof Error) || error instanceof ConduitError || "code" in error) return error;
+  if (!/^Multipart: |multipart data/.test(error.message)) return error;
+  return new ConduitError("invalid_request", `malformed multipart body: ${error.message}`);
+}
