@@ -13,7 +13,7 @@ import {
   loadChatTemplate,
 } from "../src/engine/chatTemplate.ts";
 import type { Engine } from "../src/engine/Engine.ts";
-import { createLlamaEngine } from "../src/engine/LlamaEngine.ts";
+import { createLlamaEngine, PROMPT_BATCH_TOKENS } from "../src/engine/LlamaEngine.ts";
 import { isValidModelId, ModelRegistry } from "../src/engine/ModelRegistry.ts";
 import { TextOutput } from "../src/engine/TextOutput.ts";
 import { createTinyModel } from "../src/engine/tinyModel.ts";
@@ -289,6 +289,24 @@ describe("LlamaEngine", () => {
     for (const r of results) assert.ok(r.completionTokens > 0 && r.completionTokens <= 20);
     assert.equal(engine.stats().queueDepth, 0);
     assert.equal(engine.stats().activeGenerations, 0);
+  });
+});
+
+describe("LlamaEngine, prompt threads", () => {
+  test("prompts evaluated on more threads give the same greedy output as on one", async () => {
+    // A prompt of well over PROMPT_BATCH_TOKENS tokens, so its first step runs on promptThreads.
+    const prompt = "The quick brown fox jumps over the lazy dog. ".repeat(4);
+    const answers = [];
+    for (const promptThreads of [1, 2]) {
+      const engine = createLlamaEngine({ contextSize: 256, promptThreads, ...shared() });
+      try {
+        answers.push(await engine.generate({ model, prompt, sampling: greedy(16) }));
+      } finally {
+        await engine.dispose();
+      }
+    }
+    assert.ok(answers[0]!.promptTokens >= PROMPT_BATCH_TOKENS);
+    assert.deepEqual(answers[1], answers[0]);
   });
 });
 

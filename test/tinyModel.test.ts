@@ -15,7 +15,12 @@ import {
 } from "node-llama-cpp";
 import { writeGguf, type GgufTensor } from "../src/engine/gguf/GgufWriter.ts";
 import { float16ToFloat32, float32ToFloat16 } from "../src/engine/gguf/float16.ts";
-import { readGgufString, readGgufUint32, writeGgufUint32 } from "../src/engine/gguf/GgufPatch.ts";
+import {
+  readGgufString,
+  readGgufTensorInfos,
+  readGgufUint32,
+  writeGgufUint32,
+} from "../src/engine/gguf/GgufPatch.ts";
 import { buildTinyVocab, createTinyModel, type TinyModelInfo } from "../src/engine/tinyModel.ts";
 
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), "conduit-tinymodel-"));
@@ -310,4 +315,18 @@ test("GGUF metadata can be read and a uint32 patched in place", async (t) => {
   assert.equal(await readGgufUint32(file, "llama.context_length"), 2048);
   assert.equal(fs.statSync(file).size, size);
   assert.equal(await writeGgufUint32(file, "no.such.key", 1), false);
+});
+
+test("GGUF tensor infos read back as written", async (t) => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "gguf-tensors-"));
+  t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
+  const file = path.join(dir, "m.gguf");
+  const info = await createTinyModel(file, { embeddingLength: 32, blockCount: 3, headCount: 2 });
+  const tensors = await readGgufTensorInfos(file);
+  // token_embd, output_norm, output and 9 tensors per block.
+  assert.equal(tensors.length, 3 + 9 * info.blockCount);
+  const byName = new Map(tensors.map((x) => [x.name, x.dims]));
+  assert.deepEqual(byName.get("token_embd.weight"), [32, info.vocabSize]);
+  assert.deepEqual(byName.get("blk.2.ffn_down.weight"), [info.feedForwardLength, 32]);
+  assert.deepEqual(byName.get("blk.0.attn_norm.weight"), [32]);
 });

@@ -17,68 +17,114 @@ const scalarSize: Record<number, number> = {
 const UINT32 = 4;
 const STRING = 8;
 
-/** Where a metadata key's value sits in a GGUF file and its type, or undefined if the key is absent. */
-async function findValue(
-  file: fsp.FileHandle,
-  key: string,
-): Promise<{ offset: number; type: number } | undefined> {
-  // The metadata precedes the tensor data; grow the window until the key section fits.
+/** A cursor over the start of a GGUF file; throws a RangeError when the window ends before the header. */
+class HeaderCursor {
+  offset = 8;
+  constructor(private readonly data: Buffer) {
+    if (data.toString("latin1", 0, 4) !== "GGUF") throw new Error("not a GGUF file");
+  }
+  private need(n: number): void {
+    if (this.offset + n > this.data.length) throw new RangeError("window");
+  }
+  u32(): number {
+    this.need(4);
+    const value = this.data.readUInt32LE(this.offset);
+    this.offset += 4;
+    return value;
+  }
+  u64(): number {
+    this.need(8);
+    const value = Number(this.data.readBigUInt64LE(this.offset));
+    this.offset += 8;
+    return value;
+  }
+  string(): string {
+    const length = this.u64();
+    this.need(length);
+    const text = this.data.toString("utf8", this.offset, this.offset + length);
+    this.offset += length;
+    return text;
+  }
+  skipValue(type: number): void {
+    if (type === STRING) this.string();
+    else if (type === 9) {
+      const itemType = this.u32();
+      const count = this.u64();
+      const size = scalarSize[itemType];
+      if (size !== undefined) {
+        this.need(count * size);
+        this.offset += count * size;
+      } else for (let i = 0; i < count; i++) this.skipValue(itemType);
+    } else {
+      const size = scalarSize[type];
+      if (size === undefined) throw new Error(`unknown GGUF value type ${type}`);
+      this.need(size);
+      this.offset += size;
+    }
+  }
+}
+
+/**
+ * Runs `parse` over the start of the file, growing the window until the part it reads (the header lies
+ * before the tensor data, which is never read) fits.
+ */
+async function parseHeader<T>(file: fsp.FileHandle, parse: (cursor: HeaderCursor) => T): Promise<T> {
   for (let windowSize = 1 << 20; ; windowSize *= 4) {
     const buffer = Buffer.alloc(windowSize);
     const { bytesRead } = await file.read(buffer, 0, windowSize, 0);
-    const data = buffer.subarray(0, bytesRead);
-    if (data.toString("latin1", 0, 4) !== "GGUF") throw new Error("not a GGUF file");
-    let offset = 8;
-    const need = (n: number) => {
-      if (offset + n > data.length) throw new RangeError("window");
-    };
-    const readU64 = () => {
-      need(8);
-      const value = Number(data.readBigUInt64LE(offset));
-      offset += 8;
-      return value;
-    };
-    const readString = () => {
-      const length = readU64();
-      need(length);
-      const text = data.toString("utf8", offset, offset + length);
-      offset += length;
-      return text;
-    };
-    const skipValue = (type: number): void => {
-      if (type === 8) readString();
-      else if (type === 9) {
-        need(4);
-        const itemType = data.readUInt32LE(offset);
-        offset += 4;
-        const count = readU64();
-        if (itemType in scalarSize) {
-          need(count * scalarSize[itemType]!);
-          offset += count * scalarSize[itemType]!;
-        } else for (let i = 0; i < count; i++) skipValue(itemType);
-      } else {
-        const size = scalarSize[type];
-        if (size === undefined) throw new Error(`unknown GGUF value type ${type}`);
-        need(size);
-        offset += size;
-      }
-    };
     try {
-      readU64(); // tensor count
-      const kvCount = readU64();
-      for (let i = 0; i < kvCount; i++) {
-        const name = readString();
-        need(4);
-        const type = data.readUInt32LE(offset);
-        offset += 4;
-        if (name === key) return { offset, type };
-        skipValue(type);
-      }
-      return undefined;
+      return parse(new HeaderCursor(buffer.subarray(0, bytesRead)));
     } catch (error) {
       if (error instanceof RangeError && bytesRead === windowSize) continue;
       throw error;
     }
+  }
+}
+
+/** Where a metadata key's value sits in a GGUF file and its type, or undefined if the key is absent. */
+function findValue(file: fsp.FileHandle, key: string): Promise<{ offset: number; type: number } | undefined> {
+  return parseHeader(file, (cursor) => {
+    cursor.u64(); // tensor count
+    const kvCount = cursor.u64();
+    for (let i = 0; i < kvCount; i++) {
+      const name = cursor.string();
+      const type = cursor.u32();
+      if (name === key) return { offset: cursor.offset, type };
+      cursor.skipValue(type);
+    }
+    return undefined;
+  });
+}
+
+export interface GgufTensorInfo {
+  name: string;
+  /** Shape in ggml order (`dims[0]` is the row length). */
+  dims: number[];
+}
+
+/** The tensors a GGUF file holds (names and shapes, not their data). */
+export async function readGgufTensorInfos(path: string): Promise<GgufTensorInfo[]> {
+  const file = await fsp.open(path, "r");
+  try {
+    return await parseHeader(file, (cursor) => {
+      const tensorCount = cursor.u64();
+      const kvCount = cursor.u64();
+      for (let i = 0; i < kvCount; i++) {
+        cursor.string();
+        cursor.skipValue(cursor.u32());
+      }
+      const tensors: GgufTensorInfo[] = [];
+      for (let i = 0; i < tensorCount; i++) {
+        const name = cursor.string();
+        const dims = Array.from({ length: cursor.u32() }, () => cursor.u64());
+        cursor.u32(); // type
+        cursor.u64(); // data offset
+        tensors.push({ name, dims });
+      }
+      return tensors;
+    });
+  } finally {
+    await file.close();
   }
 }
 
