@@ -221,6 +221,19 @@ describe("trainer process", () => {
     assert.ok(!fs.existsSync(job.outputPath));
   });
 
+  test("a deep model trains: llama.cpp's training graph gets the headroom it lacks", async () => {
+    // 24 blocks: 219 tensors, for which this llama.cpp release sizes graphs at 1,752 nodes while a
+    // training step needs ~2,500; without the headroom adapter the trainer aborts in ggml_opt_build.
+    const deep = path.join(dir, "deep.gguf");
+    await createTinyModel(deep, { seed: 3, embeddingLength: 32, blockCount: 24, headCount: 2 });
+    const logs: string[] = [];
+    const job = longJob("deep", { baseModelPath: deep, epochs: 1, maxSteps: 2, outputType: "F32" });
+    const outcome = await startTrainer(job, { onLog: (line) => logs.push(line) }).done;
+    assert.equal(outcome.status, "completed", JSON.stringify(outcome));
+    assert.ok(logs.some((line) => /need a larger training graph; loaded a zero LoRA adapter/.test(line)));
+    assert.ok(fs.existsSync(job.outputPath));
+  });
+
   test("a corrupt base model fails with the trainer's reason", async () => {
     const corrupt = path.join(dir, "corrupt.gguf");
     fs.writeFileSync(corrupt, Buffer.concat([Buffer.from("GGUF"), Buffer.alloc(64, 0xff)]));

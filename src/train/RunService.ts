@@ -33,7 +33,10 @@ export interface RunConfig {
   lrMinFraction: number;
   /** Weight type of the served model. */
   outputType: string;
-  /** Fraction of pairs held out for eval loss, when the dataset has at least 10 pairs. */
+  /**
+   * Fraction of pairs held out for eval loss, when the dataset has at least 50 pairs (the
+   * scheduler's `minPairsForEval`).
+   */
   evalFraction: number;
   seed: number;
 }

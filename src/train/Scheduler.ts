@@ -58,6 +58,8 @@ interface ActiveRun {
   run: Run;
   handle?: TrainerHandle;
   stopping?: "cancel" | "shutdown";
+  /** Settles once `train` is done with the run, trainer or not. */
+  done?: Promise<void>;
 }
 
 /**
@@ -118,10 +120,12 @@ export class Scheduler {
         if (!run) break;
         const active: ActiveRun = { run };
         this.active.set(run.id, active);
-        void this.train(active).finally(() => {
-          this.active.delete(run.id);
-          if (!this.closed) void this.tick();
-        });
+        active.done = this.train(active)
+          .catch((error: unknown) => this.log.error({ err: error, runId: run.id }, "run ended badly"))
+          .finally(() => {
+            this.active.delete(run.id);
+            if (!this.closed) void this.tick();
+          });
       }
     } catch (error) {
       this.log.error({ err: error }, "scheduler tick failed");
@@ -285,7 +289,9 @@ export class Scheduler {
     await this.ticking;
     const running = [...this.active.values()];
     for (const active of running) this.stop(active, "shutdown");
-    await Promise.all(running.map((active) => active.handle?.done.catch(() => undefined)));
+    // Waits for `train` itself, not just the trainer: a run still being prepared has none yet,
+    // and must be finished with the database before it closes.
+    await Promise.all(running.map((active) => active.done));
     for (const active of running)
       if (await this.runs.release(active.run.id, this.workerId))
         await this.appendLog(active.run.id, "run re-queued: the server shut down while it was training");

@@ -250,6 +250,8 @@ export interface LlamaLib {
     callbackEval: Pointer | null,
   ): void;
   llama_model_save_to_file(model: Pointer, path: string): void;
+  llama_adapter_lora_init(model: Pointer, path: string): Pointer | null;
+  llama_adapter_lora_free(adapter: Pointer): void;
   llama_model_quantize(input: string, output: string, params: LlamaModelQuantizeParamsValue): number;
   ggml_opt_dataset_init(
     typeData: number,
@@ -439,6 +441,8 @@ export function loadLlamaLib(options: { binDir?: string; gpu?: "cpu" | "cuda" } 
         "int64_t idata_split, void *callback_train, void *callback_eval)",
     ),
     llama_model_save_to_file: llama.func("void llama_model_save_to_file(void *model, const char *path)"),
+    llama_adapter_lora_init: llama.func("void *llama_adapter_lora_init(void *model, const char *path)"),
+    llama_adapter_lora_free: llama.func("void llama_adapter_lora_free(void *adapter)"),
     llama_model_quantize: llama.func(
       "uint32_t llama_model_quantize(const char *input, const char *output, const llama_model_quantize_params *params)",
     ),

@@ -32,6 +32,7 @@ import {
   shuffledOrder,
   type TrainingWindow,
 } from "./packWindows.ts";
+import { writeHeadroomAdapter } from "./graphHeadroom.ts";
 import { isTrainableTensor } from "./trainableTensor.ts";
 
 export interface TrainingHooks {
@@ -82,6 +83,15 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
     const model = loadModel(lib, baseF32Path, scope);
     const vocab = lib.llama_model_get_vocab(model);
     const nLayers = lib.llama_model_n_layer(model);
+    await makeGraphHeadroom(
+      lib,
+      model,
+      baseF32Path,
+      path.join(job.workDir, "headroom.gguf"),
+      nLayers,
+      scope,
+      hooks,
+    );
     const eos = lib.llama_vocab_eos(vocab);
     const endToken = eos >= 0 ? eos : Math.max(0, lib.llama_vocab_bos(vocab));
 
@@ -263,6 +273,26 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
   }
 }
 
+/**
+ * Converts a GGUF model file to another type with llama.cpp's own quantizer, outside a training job
+ * (bench/train.ts gives `llama-finetune` the same F32 weights the trainer starts from).
+ */
+export function convertModel(
+  input: string,
+  output: string,
+  type: keyof typeof LLAMA_FTYPES,
+  threads = 1,
+): void {
+  const lib = loadLlamaLib();
+  lib.ggml_backend_load_all_from_path(lib.binDir);
+  lib.llama_backend_init();
+  try {
+    quantize(lib, input, output, type, threads, `convert ${input}`);
+  } finally {
+    lib.llama_backend_free();
+  }
+}
+
 function quantize(
   lib: LlamaLib,
   input: string,
@@ -292,6 +322,30 @@ function loadModel(lib: LlamaLib, modelPath: string, scope: NativeScope): Pointe
   if (model === null) throw new Error(`trainer: could not load ${modelPath}`);
   scope.defer(() => lib.llama_model_free(model));
   return model;
+}
+
+/** Loads the graph-headroom adapter on `model` as often as training a model this deep needs (see graphHeadroom.ts). */
+async function makeGraphHeadroom(
+  lib: LlamaLib,
+  model: Pointer,
+  modelPath: string,
+  adapterPath: string,
+  blocks: number,
+  scope: NativeScope,
+  hooks: TrainingHooks,
+): Promise<void> {
+  const adapter = await writeHeadroomAdapter(modelPath, adapterPath);
+  if (adapter === undefined) return;
+  for (let i = 0; i < adapter.loads; i++) {
+    const handle = lib.llama_adapter_lora_init(model, adapterPath);
+    if (handle === null) throw new Error(`trainer: could not load the graph headroom adapter ${adapterPath}`);
+    scope.defer(() => lib.llama_adapter_lora_free(handle));
+  }
+  fs.rmSync(adapterPath, { force: true });
+  hooks.log(
+    `trainer: ${blocks} blocks need a larger training graph; loaded a zero LoRA adapter ${adapter.loads}x ` +
+      `(+${6 * adapter.pairs * adapter.loads} graph nodes; it is never applied)`,
+  );
 }
 
 /** A context sized for one training window, with the gradient-zeroing eval callback installed. */
