@@ -1,8 +1,11 @@
 import assert from "node:assert/strict";
-import { execFile } from "node:child_process";
+import { execFile, spawn } from "node:child_process";
+import { once } from "node:events";
 import fs from "node:fs";
+import net from "node:net";
+import os from "node:os";
 import path from "node:path";
-import { test } from "node:test";
+import { test, type TestContext } from "node:test";
 import { fileURLToPath } from "node:url";
 import type { FastifyInstance } from "fastify";
 import { buildTestApp, testEnv } from "./helper.ts";
@@ -15,17 +18,26 @@ interface CliResult {
   stderr: string;
 }
 
-/** Runs the real `conduit` binary. */
-function conduit(env: Record<string, string>, ...args: string[]): Promise<CliResult> {
+/** Runs the real `conduit` binary, with `input` on its stdin (or none). */
+function conduitWithInput(
+  env: Record<string, string>,
+  input: string | undefined,
+  ...args: string[]
+): Promise<CliResult> {
   return new Promise((resolve) => {
-    execFile(
+    const child = execFile(
       process.execPath,
       [bin, ...args],
       { env: { PATH: process.env.PATH ?? "", ...env }, timeout: 120_000 },
       (error, stdout, stderr) =>
         resolve({ code: error ? (typeof error.code === "number" ? error.code : 1) : 0, stdout, stderr }),
     );
+    child.stdin?.end(input);
   });
+}
+
+function conduit(env: Record<string, string>, ...args: string[]): Promise<CliResult> {
+  return conduitWithInput(env, undefined, ...args);
 }
 
 test("the conduit CLI drives the whole loop against a real server", async (t) => {
@@ -74,8 +86,10 @@ test("the conduit CLI drives the whole loop against a real server", async (t) =>
   assert.equal((await conduit(env, "datasets", "rename", dataset.id, "hellos")).code, 0);
   assert.match((await conduit(env, "datasets", "show", dataset.id)).stdout, /^hellos/);
 
+  // `--json` output is one JSON document per line: the run, then each event it goes through.
   const watched = await conduit(
     env,
+    "--json",
     "runs",
     "create",
     "--dataset",
@@ -87,9 +101,21 @@ test("the conduit CLI drives the whole loop against a real server", async (t) =>
     "--watch",
   );
   assert.equal(watched.code, 0, watched.stdout + watched.stderr);
-  assert.match(watched.stdout, /status: READY/);
-  const runId = watched.stdout.match(/^(ft_\S+) QUEUED/m)?.[1];
-  assert.ok(runId, watched.stdout);
+  const lines = watched.stdout.trim().split("\n");
+  const [run, ...events] = lines.map((line) => JSON.parse(line) as Record<string, unknown>);
+  const runId = String(run?.id);
+  assert.match(runId, /^ft_/);
+  assert.equal(run?.status, "QUEUED");
+  assert.ok(events.length > 0, watched.stdout);
+  for (const event of events) assert.ok(["log", "stats", "status"].includes(String(event.event)));
+  assert.ok(
+    events.some((e) => e.event === "stats" && typeof (e.data as { step?: unknown }).step === "number"),
+  );
+  assert.deepEqual(events.at(-1), { event: "status", data: { status: "READY", error: null } });
+  // Following a finished run replays it, in words this time.
+  const followed = await conduit(env, "runs", "watch", runId);
+  assert.equal(followed.code, 0, followed.stderr);
+  assert.match(followed.stdout, /status: READY/);
   const runs = JSON.parse((await conduit(env, "--json", "runs", "list")).stdout);
   assert.equal(runs[0].id, runId);
   assert.match((await conduit(env, "runs", "show", runId)).stdout, /READY/);
@@ -133,6 +159,29 @@ test("the conduit CLI drives the whole loop against a real server", async (t) =>
     "streamed and JSON answers agree (greedy)",
   );
 
+  // Interactive chat with --json: one chat.completion per answer, one per line; prompts on stderr.
+  const interactive = await conduitWithInput(
+    env,
+    "hi\nhey\n\n",
+    "--json",
+    "chat",
+    "--model",
+    runId,
+    "--max-tokens",
+    "4",
+    "--temperature",
+    "0",
+  );
+  assert.equal(interactive.code, 0, interactive.stderr);
+  const answers = interactive.stdout
+    .trim()
+    .split("\n")
+    .map((line) => JSON.parse(line) as { object: string; choices: { text: string }[] });
+  assert.equal(answers.length, 2, interactive.stdout);
+  assert.ok(answers.every((a) => a.object === "chat.completion"));
+  assert.equal(answers[0]?.choices[0]?.text, chatJson.choices[0].text, "same prompt, same greedy answer");
+  assert.match(interactive.stderr, /> /);
+
   // Exit codes that mean something.
   const ended = await conduit(env, "runs", "cancel", runId);
   assert.equal(ended.code, 5, "a finished run cannot be cancelled: conflict");
@@ -154,6 +203,16 @@ test("the conduit CLI drives the whole loop against a real server", async (t) =>
   );
   assert.equal(badLr.code, 2);
   assert.match(badLr.stderr, /lr/);
+  const missingFile = await conduit(
+    env,
+    "datasets",
+    "upload",
+    dataset.id,
+    path.join(environment.dataDir, "nope.jsonl"),
+  );
+  assert.equal(missingFile.code, 2, "a missing local file is bad input");
+  assert.match(missingFile.stderr, /nope\.jsonl: no such file/);
+  assert.equal((await conduit(env, "datasets", "upload", dataset.id, environment.dataDir)).code, 2);
   const wrongKey = await conduit({ ...env, CONDUIT_API_KEY: "wrong-key-123" }, "datasets", "list");
   assert.equal(wrongKey.code, 4);
   assert.match(wrongKey.stderr, /invalid API key/);
@@ -169,4 +228,82 @@ test("the conduit CLI drives the whole loop against a real server", async (t) =>
   assert.equal((await conduit(env, "keys", "revoke", keys[0].id)).code, 0);
   assert.equal((await conduit(env, "datasets", "list")).code, 4, "a revoked key stops working");
   assert.equal((await conduit(env, "keys", "revoke", keys[0].id)).code, 3);
+});
+
+/** A TCP port nothing listens on right now. */
+async function freePort(): Promise<number> {
+  const server = net.createServer().listen(0, "127.0.0.1");
+  await once(server, "listening");
+  const { port } = server.address() as net.AddressInfo;
+  server.close();
+  await once(server, "close");
+  return port;
+}
+
+/** `conduit serve` as its own process (killed after the test if still running), once /healthz answers. */
+async function serve(t: TestContext, env: Record<string, string>, url: string) {
+  const child = spawn(process.execPath, [bin, "serve"], {
+    env: { PATH: process.env.PATH ?? "", ...env },
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  let stdout = "";
+  let stderr = "";
+  child.stdout.setEncoding("utf8").on("data", (chunk: string) => (stdout += chunk));
+  child.stderr.setEncoding("utf8").on("data", (chunk: string) => (stderr += chunk));
+  // "close" comes after the output has been read in full.
+  const closed = once(child, "close") as Promise<[number | null, NodeJS.Signals | null]>;
+  t.after(() => {
+    if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL");
+  });
+  const deadline = Date.now() + 60_000;
+  for (;;) {
+    assert.equal(child.exitCode, null, `conduit serve exited early: ${stdout}${stderr}`);
+    assert.ok(Date.now() < deadline, `conduit serve did not answer within 60 s: ${stdout}${stderr}`);
+    const healthy = await fetch(`${url}/healthz`).then(
+      (response) => response.ok,
+      () => false,
+    );
+    if (healthy) break;
+    await new Promise((resolve) => setTimeout(resolve, 200));
+  }
+  return {
+    output: () => stdout,
+    /** SIGTERM, then the exit code and signal once its output is all read. */
+    async stop(): Promise<[number | null, NodeJS.Signals | null]> {
+      child.kill("SIGTERM");
+      return closed;
+    },
+  };
+}
+
+test("conduit serve: a first-start key printed once, graceful SIGTERM, no key on a second start", async (t) => {
+  const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), "conduit-serve-"));
+  t.after(() => fs.rmSync(dataDir, { recursive: true, force: true }));
+  const port = await freePort();
+  const url = `http://127.0.0.1:${port}`;
+  // No CONDUIT_API_KEYS and an empty database: the server makes the first key itself.
+  const env = { CONDUIT_DATA_DIR: dataDir, CONDUIT_PORT: String(port) };
+
+  const first = await serve(t, env, url);
+  // Printed before the server listens; the pipe may deliver it a moment after /healthz answers.
+  for (let i = 0; i < 50 && !/cnd_/.test(first.output()); i++)
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  const key = first.output().match(/cnd_[A-Za-z0-9_-]+/)?.[0];
+  assert.ok(key, `a first start prints a key: ${first.output()}`);
+  const listed = await fetch(`${url}/conduit/dataset`, { headers: { "x-api-key": key } });
+  assert.equal(listed.status, 200);
+  assert.deepEqual(await listed.json(), []);
+  assert.equal((await fetch(`${url}/conduit/dataset`)).status, 401);
+  assert.deepEqual(await first.stop(), [0, null], "SIGTERM shuts down cleanly with exit code 0");
+  assert.equal(
+    first.output().split(key).length - 1,
+    1,
+    `the key is printed once and logged nowhere else: ${first.output()}`,
+  );
+
+  const second = await serve(t, env, url);
+  const again = await fetch(`${url}/conduit/dataset`, { headers: { "x-api-key": key } });
+  assert.equal(again.status, 200, "the first key still works");
+  assert.deepEqual(await second.stop(), [0, null]);
+  assert.doesNotMatch(second.output(), /cnd_|No API key existed/, "a second start prints no key");
 });

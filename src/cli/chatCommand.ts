@@ -2,6 +2,10 @@ import readline from "node:readline/promises";
 import type { Command } from "commander";
 import { CliError, exitCodes, type CliContext } from "./context.ts";
 
+interface ChatCompletion {
+  choices: { text: string }[];
+}
+
 interface ChatOptions {
   model?: string;
   system?: string;
@@ -10,8 +14,16 @@ interface ChatOptions {
   temperature: string;
 }
 
-/** Streams one answer to stdout and returns its text. */
+/**
+ * Prints one answer and returns its text: streamed as it is generated, or with `--json` the whole
+ * `chat.completion` document on one line.
+ */
 async function ask(ctx: CliContext, body: Record<string, unknown>): Promise<string> {
+  if (ctx.json) {
+    const result = await ctx.client().request<ChatCompletion>("POST", "/conduit/v1/chat", body);
+    console.log(JSON.stringify(result));
+    return result.choices[0]?.text ?? "";
+  }
   let text = "";
   for await (const event of ctx.client().events("POST", "/conduit/v1/chat", { ...body, stream: true })) {
     if (event.data === "[DONE]") break;
@@ -31,7 +43,9 @@ async function ask(ctx: CliContext, body: Record<string, unknown>): Promise<stri
 export function chatCommand(program: Command, ctx: CliContext): void {
   program
     .command("chat")
-    .description("chat with a model or a READY run, streaming (interactive unless --prompt is given)")
+    .description(
+      "chat with a model or a READY run, streaming (interactive unless --prompt is given; --json: one answer per line)",
+    )
     .option("-m, --model <id>", "model id or run id (default: the server's default model)")
     .option("-s, --system <text>", "system prompt")
     .option("-p, --prompt <text>", "ask once and exit")
@@ -47,28 +61,26 @@ export function chatCommand(program: Command, ctx: CliContext): void {
         ...sampling,
       };
       if (opts.prompt !== undefined) {
-        if (ctx.json) {
-          const result = await ctx
-            .client()
-            .request("POST", "/conduit/v1/chat", { ...base, prompt: opts.prompt });
-          console.log(JSON.stringify(result, null, 2));
-        } else await ask(ctx, { ...base, prompt: opts.prompt });
+        await ask(ctx, { ...base, prompt: opts.prompt });
         return;
       }
       const history: string[] = [];
-      const rl = readline.createInterface({ input: process.stdin, output: process.stdout });
+      // With --json, stdout carries only the answers (one JSON document per line): prompts go to stderr.
+      const rl = readline.createInterface({
+        input: process.stdin,
+        output: ctx.json ? process.stderr : process.stdout,
+      });
       console.error("Type a message; an empty line or Ctrl-D ends the chat.");
       try {
-        for (;;) {
-          let prompt: string;
-          try {
-            prompt = await rl.question("> ");
-          } catch {
-            break;
-          }
+        // Iterating the lines (not `question()`) queues what arrives while an answer streams, so
+        // piped input is read in full.
+        rl.setPrompt("> ");
+        rl.prompt();
+        for await (const prompt of rl) {
           if (prompt.trim() === "") break;
           const answer = await ask(ctx, { ...base, prompt, history });
           history.push(prompt, answer);
+          rl.prompt();
         }
       } finally {
         rl.close();

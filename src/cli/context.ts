@@ -44,9 +44,9 @@ export class CliContext {
     return new ApiClient(this.options.url ?? this.config.serverUrl, key);
   }
 
-  /** JSON for scripts, else the human form. */
+  /** JSON for scripts (one document per line, so streams of them stay parseable), else the human form. */
   print(data: unknown, human: () => void): void {
-    if (this.json) console.log(JSON.stringify(data, null, 2));
+    if (this.json) console.log(JSON.stringify(data));
     else human();
   }
 }

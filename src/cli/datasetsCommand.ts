@@ -4,13 +4,28 @@ import { Readable } from "node:stream";
 import { SingleBar, Presets } from "cli-progress";
 import type { Command } from "commander";
 import type { DatasetFileWire, DatasetWire } from "../api/schemas.ts";
-import { table, type CliContext } from "./context.ts";
+import { CliError, exitCodes, table, type CliContext } from "./context.ts";
 
 const contentTypes: Record<string, string> = {
   ".jsonl": "application/jsonl",
   ".ndjson": "application/jsonl",
   ".csv": "text/csv",
 };
+
+/** The size of a local file to upload; a path that is not a readable file is bad input. */
+function fileSize(file: string): number {
+  let stat: fs.Stats;
+  try {
+    stat = fs.statSync(file);
+    fs.accessSync(file, fs.constants.R_OK);
+  } catch (error) {
+    const reason =
+      (error as NodeJS.ErrnoException).code === "ENOENT" ? "no such file" : (error as Error).message;
+    throw new CliError(`cannot read ${file}: ${reason}`, exitCodes.usage);
+  }
+  if (!stat.isFile()) throw new CliError(`cannot read ${file}: not a file`, exitCodes.usage);
+  return stat.size;
+}
 
 export function datasetsCommand(program: Command, ctx: CliContext): void {
   const datasets = program
@@ -101,7 +116,7 @@ export function datasetsCommand(program: Command, ctx: CliContext): void {
     .argument("<file>")
     .option("--name <name>", "file name to store (default: the file's name)")
     .action(async (id: string, file: string, opts: { name?: string }) => {
-      const size = fs.statSync(file).size;
+      const size = fileSize(file);
       const name = opts.name ?? path.basename(file);
       const bar =
         ctx.json || !process.stderr.isTTY

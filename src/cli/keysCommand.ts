@@ -26,12 +26,11 @@ export function keysCommand(program: Command, ctx: CliContext): void {
       if (!/^[A-Za-z0-9._@-]{1,128}$/.test(opts.user))
         throw new CliError("user ids are 1–128 letters, digits and . _ @ -", exitCodes.usage);
       const { key, record } = await withCore((core) => core.keys.create(opts.user, opts.name));
-      if (ctx.json) console.log(JSON.stringify({ key, ...record }, null, 2));
-      else {
+      ctx.print({ key, ...record }, () => {
         // The key alone on stdout, so `KEY=$(conduit keys create -u me)` works.
         console.log(key);
         console.error(`key ${record.id} for user ${record.userId}: store it now, it is not shown again`);
-      }
+      });
     });
 
   keys

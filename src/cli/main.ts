@@ -18,7 +18,7 @@ const program = new Command()
   .description("Self-hosted LLM inference and fine-tuning service")
   .option("--url <url>", "server URL (CONDUIT_URL; default http://127.0.0.1:8080)")
   .option("--key <key>", "API key (CONDUIT_API_KEY)")
-  .option("--json", "print JSON for scripts")
+  .option("--json", "print JSON for scripts (one document per line)")
   .showHelpAfterError()
   .exitOverride();
 
