@@ -262,8 +262,10 @@ test("dashboard end to end in Chromium", { timeout: 600_000 }, async (t) => {
       await page.getByLabel(label, { exact: true }).waitFor();
     await page.getByLabel("Dataset", { exact: true }).selectOption({ label: "hellos (60 pairs)" });
     await page.getByLabel("Base model", { exact: true }).selectOption("tiny");
-    // Enough steps that the chart is seen growing before the run ends.
-    await page.getByLabel("Epochs", { exact: true }).fill("12");
+    // Enough steps that the chart is seen growing before the run ends, and that the run learns
+    // the shape of the answers ("hello N!").
+    await page.getByLabel("Epochs", { exact: true }).fill("40");
+    await page.getByLabel("Learning rate", { exact: true }).fill("0.003");
     await page.getByLabel("Name", { exact: true }).fill("hello-run");
     await shot(page, "runs");
     await page.getByRole("button", { name: "Start run" }).click();
@@ -298,22 +300,115 @@ test("dashboard end to end in Chromium", { timeout: 600_000 }, async (t) => {
     await page.getByRole("heading", { name: "Playground" }).waitFor();
     assert.match(await page.getByLabel("Model", { exact: true }).inputValue(), /^ft_/);
     assert.equal(await page.getByLabel("Max tokens", { exact: true }).inputValue(), "256");
+    // Greedy, without the seed's repetition penalties: the run answers what it learned.
     await page.getByLabel("Max tokens", { exact: true }).fill("16");
+    await page.getByLabel("Temperature", { exact: true }).fill("0");
+    await page.getByLabel("Presence penalty", { exact: true }).fill("0");
+    await page.getByLabel("Frequency penalty", { exact: true }).fill("0");
+    // Every text the answer shows while it streams, in order.
+    await page.evaluate(() => {
+      const seen: string[] = [];
+      Object.assign(window, { answerTexts: seen });
+      const transcript = document.querySelector(".transcript") as HTMLElement;
+      new MutationObserver(() => {
+        const text = document.querySelector(".turn-assistant p")?.textContent;
+        if (text !== undefined && text !== null && text !== seen.at(-1)) seen.push(text);
+      }).observe(transcript, { subtree: true, childList: true, characterData: true });
+    });
     await page.getByLabel("Message", { exact: true }).fill("say hi 1");
+    const chat = page.waitForResponse((response) => response.url().endsWith("/conduit/v1/chat"));
     await page.keyboard.press("Enter");
-    const answer = page.locator(".turn-assistant p");
-    await answer.waitFor();
+    const response = await chat;
+    assert.match(response.headers()["content-type"] ?? "", /text\/event-stream/);
+    const request = response.request().postDataJSON() as Record<string, unknown>;
+    assert.equal(request.stream, true);
     // "Clear conversation" is enabled again once the answer has finished streaming.
     await page.locator("button:enabled", { hasText: "Clear conversation" }).waitFor({ timeout: 120_000 });
-    // A briefly trained tiny model may answer with its end-of-turn token at once, so the
-    // answer can be empty; what matters is that the stream completed without an error.
-    assert.equal(await answer.count(), 1, "the model answered");
     assert.equal(await page.getByRole("alert").count(), 0, "no error shown");
+    const answer = await page.locator(".turn-assistant p").innerText();
+    assert.match(answer, /^hello \d!$/, "the run answers in the shape of its data");
+    // The same greedy request streams the same chunks, which the page shows joined.
+    const again = await fetch(`${base}/conduit/v1/chat`, {
+      method: "POST",
+      headers: { "x-api-key": KEY_A, "content-type": "application/json" },
+      body: JSON.stringify(request),
+    });
+    const deltas: string[] = [];
+    for await (const event of readSse(again.body as ReadableStream<Uint8Array>)) {
+      if (event.data === "[DONE]") break;
+      const chunk = JSON.parse(event.data) as { choices: { delta: { content?: string } }[] };
+      const content = chunk.choices[0]?.delta.content;
+      if (content) deltas.push(content);
+    }
+    assert.ok(deltas.length >= 2, `the answer came in several chunks: ${JSON.stringify(deltas)}`);
+    assert.equal(deltas.join(""), answer);
+    // The turn showed "…" first, then the answer as it grew.
+    const [placeholder, ...shown] = await page.evaluate(
+      () => (window as unknown as { answerTexts: string[] }).answerTexts,
+    );
+    assert.equal(placeholder, "…", "the turn was on screen before the answer arrived");
+    assert.equal(shown.at(-1), answer);
+    for (const text of shown)
+      assert.ok(answer.startsWith(text), `the answer only grew: ${shown.join(" | ")}`);
     await shot(page, "playground");
   });
 
-  await t.test("phone width: pages fit the screen", async () => {
+  await t.test("the runs list follows a live run by fetching just that run", async () => {
+    // Started over the API with enough epochs to stay live for a while; cancelled from here.
+    const datasets = (await (
+      await fetch(`${base}/conduit/dataset`, { headers: { "x-api-key": KEY_A } })
+    ).json()) as { id: string }[];
+    const created = await fetch(`${base}/conduit/finetuning`, {
+      method: "POST",
+      headers: { "x-api-key": KEY_A, "content-type": "application/json" },
+      body: JSON.stringify({
+        datasetID: datasets[0]?.id,
+        baseModelName: "tiny",
+        epochs: 1000,
+        name: "long-run",
+      }),
+    });
+    assert.equal(created.status, 200);
+    const { id } = (await created.json()) as { id: string };
+    const runsRequests: string[] = [];
+    const record = (request: { url(): string }) => {
+      const url = new URL(request.url());
+      if (url.pathname.startsWith("/conduit/finetuning")) runsRequests.push(`${url.pathname}${url.search}`);
+    };
+    page.on("request", record);
+    await page.getByRole("navigation").getByRole("link", { name: "Runs" }).click();
+    const row = page.getByRole("row").filter({ hasText: "long-run" });
+    await row.waitFor();
+    await page.waitForRequest((r) => r.url().endsWith(`/conduit/finetuning/${id}`), { timeout: 10_000 });
+    const cancelled = await fetch(`${base}/conduit/finetuning/${id}/cancel`, {
+      method: "POST",
+      headers: { "x-api-key": KEY_A },
+    });
+    assert.equal(cancelled.status, 200);
+    await row.getByText("CANCELLED").waitFor({ timeout: 10_000 });
+    page.off("request", record);
+    assert.equal(
+      runsRequests.filter((url) => url.startsWith("/conduit/finetuning?")).length,
+      1,
+      `the list is fetched once, then only the live run: ${runsRequests.join(" ")}`,
+    );
+    const deleted = await fetch(`${base}/conduit/finetuning/${id}`, {
+      method: "DELETE",
+      headers: { "x-api-key": KEY_A },
+    });
+    assert.equal(deleted.status, 200);
+  });
+
+  await t.test("phone width: pages and their tables fit the screen", async () => {
     await page.setViewportSize({ width: 390, height: 844 });
+    /** How far the page, or any table inside its scroll box, is wider than the screen. */
+    const overflow = () =>
+      page.evaluate(() =>
+        Math.max(
+          document.documentElement.scrollWidth - window.innerWidth,
+          ...[...document.querySelectorAll(".table-scroll")].map((box) => box.scrollWidth - box.clientWidth),
+        ),
+      );
     for (const [name, url] of [
       ["datasets-phone", "/ui/datasets"],
       ["runs-phone", "/ui/runs"],
@@ -322,10 +417,18 @@ test("dashboard end to end in Chromium", { timeout: 600_000 }, async (t) => {
       await page.goto(`${base}${url}`);
       await page.locator("main h1").waitFor();
       await page.waitForLoadState("networkidle");
-      const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
-      assert.ok(overflow <= 1, `${url} overflows the phone screen by ${overflow}px`);
+      const over = await overflow();
+      assert.ok(over <= 1, `${url} overflows the phone screen by ${over}px`);
       await shot(page, name);
     }
+    // The dataset page: its files table and a preview, stacked like the lists.
+    await page.goto(`${base}/ui/datasets`);
+    await page.getByRole("link", { name: "hellos", exact: true }).click();
+    await page.getByRole("button", { name: "Preview greetings.jsonl" }).click();
+    await page.getByRole("table").filter({ hasText: "say hi 0" }).waitFor();
+    const over = await overflow();
+    assert.ok(over <= 1, `the dataset page overflows the phone screen by ${over}px`);
+    await shot(page, "dataset-phone");
     const runLink = page.getByRole("link", { name: "hello-run", exact: true });
     await page.goto(`${base}/ui/runs`);
     await runLink.click();

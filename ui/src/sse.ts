@@ -1,3 +1,5 @@
+import { createParser } from "eventsource-parser";
+
 /** One Server-Sent Event: its `event:` name ("message" when none) and its `data:` lines joined. */
 export interface SseEvent {
   event: string;
@@ -6,42 +8,26 @@ export interface SseEvent {
 
 /**
  * Reads Server-Sent Events from a fetch() body. EventSource cannot send the API key header, so
- * the dashboard streams with fetch and parses the wire format itself (comments, `id:` and
- * `retry:` are ignored; any line ending is accepted).
+ * the dashboard streams with fetch and parses with eventsource-parser, as the CLI's client does
+ * (`id:`, `retry:` and comments are read and ignored).
  */
 export async function* readSse(body: ReadableStream<Uint8Array>): AsyncGenerator<SseEvent> {
-  const reader = body.getReader();
+  const events: SseEvent[] = [];
+  const parser = createParser({
+    onEvent: (event) => events.push({ event: event.event ?? "message", data: event.data }),
+  });
   const decoder = new TextDecoder();
-  let buffer = "";
-  let event = "";
-  let data: string[] = [];
+  const reader = body.getReader();
   try {
     for (;;) {
       const { value, done } = await reader.read();
-      if (done) break;
-      buffer += decoder.decode(value, { stream: true });
-      let newline: number;
-      while ((newline = buffer.search(/\r\n|\r|\n/)) >= 0) {
-        // A lone "\r" at the end may be the first half of "\r\n": wait for more.
-        if (buffer[newline] === "\r" && newline === buffer.length - 1) break;
-        const line = buffer.slice(0, newline);
-        buffer = buffer.slice(newline + (buffer.startsWith("\r\n", newline) ? 2 : 1));
-        if (line === "") {
-          if (data.length > 0) yield { event: event || "message", data: data.join("\n") };
-          event = "";
-          data = [];
-          continue;
-        }
-        if (line.startsWith(":")) continue;
-        const colon = line.indexOf(":");
-        const field = colon < 0 ? line : line.slice(0, colon);
-        let value = colon < 0 ? "" : line.slice(colon + 1);
-        if (value.startsWith(" ")) value = value.slice(1);
-        if (field === "event") event = value;
-        else if (field === "data") data.push(value);
-      }
+      if (done) return;
+      parser.feed(decoder.decode(value, { stream: true }));
+      while (events.length > 0) yield events.shift() as SseEvent;
     }
   } finally {
-    reader.releaseLock();
+    // A caller that stops early (`[DONE]`, leaving the page) closes the response too; after the
+    // end of the stream this does nothing.
+    await reader.cancel().catch(() => undefined);
   }
 }

@@ -42,7 +42,10 @@ interface ControlProps {
   "aria-describedby"?: string;
 }
 
-/** Tables scroll sideways on narrow screens instead of overflowing the page. */
+/**
+ * Tables scroll sideways on narrow screens instead of overflowing the page; a table with class
+ * `stack` and a `data-label` on each cell shows one card per row on phones instead.
+ */
 export function TableScroll({ label, children }: { label: string; children?: ComponentChildren }) {
   return h("div", { class: "table-scroll", role: "region", "aria-label": label, tabIndex: 0 }, children);
 }

@@ -86,7 +86,7 @@ export function DatasetPage({ id }: { id: string }) {
             { label: "Files" },
             h(
               "table",
-              null,
+              { class: "stack" },
               h(
                 "thead",
                 null,
@@ -108,11 +108,11 @@ export function DatasetPage({ id }: { id: string }) {
                   h(
                     "tr",
                     { key: f.id, class: preview?.id === f.id ? "selected" : undefined },
-                    h("td", null, f.name),
-                    h("td", null, f.format.toUpperCase()),
-                    h("td", { class: "num" }, f.ioPairsCount),
-                    h("td", { class: "num" }, formatBytes(f.size)),
-                    h("td", null, formatTime(f.createdAt)),
+                    h("td", { "data-label": "Name" }, f.name),
+                    h("td", { "data-label": "Format" }, f.format.toUpperCase()),
+                    h("td", { class: "num", "data-label": "IO pairs" }, f.ioPairsCount),
+                    h("td", { class: "num", "data-label": "Size" }, formatBytes(f.size)),
+                    h("td", { "data-label": "Uploaded" }, formatTime(f.createdAt)),
                     h(
                       "td",
                       { class: "actions" },
@@ -257,7 +257,7 @@ function PairsPreview({ datasetId, file }: { datasetId: string; file: DatasetFil
       { label: `Pairs of ${file.name}` },
       h(
         "table",
-        { class: "pairs" },
+        { class: "pairs stack" },
         h(
           "thead",
           null,
@@ -276,9 +276,9 @@ function PairsPreview({ datasetId, file }: { datasetId: string; file: DatasetFil
             h(
               "tr",
               { key: p.line },
-              h("td", { class: "num" }, p.line),
-              h("td", null, p.input),
-              h("td", null, p.output),
+              h("td", { class: "num", "data-label": "Line" }, p.line),
+              h("td", { "data-label": "Input" }, p.input),
+              h("td", { "data-label": "Output" }, p.output),
             ),
           ),
         ),

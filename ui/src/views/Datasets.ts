@@ -61,7 +61,7 @@ export function Datasets() {
             { label: "Datasets" },
             h(
               "table",
-              null,
+              { class: "stack" },
               h(
                 "thead",
                 null,
@@ -81,9 +81,13 @@ export function Datasets() {
                   h(
                     "tr",
                     { key: d.id },
-                    h("td", null, h(Link, { href: `/ui/datasets/${encodeURIComponent(d.id)}` }, d.name)),
-                    h("td", { class: "num" }, d.ioPairsCount),
-                    h("td", null, formatTime(d.createdAt)),
+                    h(
+                      "td",
+                      { "data-label": "Name" },
+                      h(Link, { href: `/ui/datasets/${encodeURIComponent(d.id)}` }, d.name),
+                    ),
+                    h("td", { class: "num", "data-label": "IO pairs" }, d.ioPairsCount),
+                    h("td", { "data-label": "Created" }, formatTime(d.createdAt)),
                     h(
                       "td",
                       { class: "actions" },

@@ -3,13 +3,37 @@ import { useEffect, useState } from "preact/hooks";
 import { api, isLive, type CreateRunBody, type Dataset, type Model, type Run } from "../api.ts";
 import { ErrorNote, Field, Loading, StatusBadge, TableScroll } from "../components/common.ts";
 import { formatTime } from "../format.ts";
-import { useAction, useInterval, useResource } from "../hooks.ts";
+import { useAction, useInterval, useResource, type Resource } from "../hooks.ts";
 import { Link, navigate } from "../router.ts";
+
+/**
+ * The list of runs, kept current while any is live by fetching just the live ones again every
+ * 3 s (a run carries its whole log, so the list is not fetched again). One that cannot be fetched
+ * (deleted meanwhile) reloads the list.
+ */
+function useRuns(): Resource<Run[]> {
+  const runs = useResource(() => api.runs(), []);
+  const [fresh, setFresh] = useState<ReadonlyMap<string, Run>>(new Map());
+  useEffect(() => setFresh(new Map()), [runs.data]);
+  const data = runs.data?.map((r) => fresh.get(r.id) ?? r);
+  const live = (data ?? []).filter((r) => isLive(r.status)).map((r) => r.id);
+  useInterval(
+    () => {
+      Promise.all(live.map((id) => api.run(id))).then(
+        (updated) =>
+          setFresh((previous) => new Map([...previous, ...updated.map((r) => [r.id, r] as const)])),
+        () => runs.reload(),
+      );
+    },
+    3000,
+    live.length > 0,
+  );
+  return { ...runs, data };
+}
 
 /** Fine-tuning runs: the creation form and the list, refreshed while any run is live. */
 export function Runs({ datasetId }: { datasetId: string | null }) {
-  const runs = useResource(() => api.runs(), []);
-  useInterval(runs.reload, 3000, runs.data?.some((r) => isLive(r.status)) ?? false);
+  const runs = useRuns();
   return h(
     "div",
     { class: "page" },
@@ -33,7 +57,7 @@ function RunTable({ runs }: { runs: Run[] }) {
     { label: "Runs" },
     h(
       "table",
-      null,
+      { class: "stack" },
       h(
         "thead",
         null,
@@ -54,11 +78,15 @@ function RunTable({ runs }: { runs: Run[] }) {
           h(
             "tr",
             { key: r.id },
-            h("td", null, h(Link, { href: `/ui/runs/${encodeURIComponent(r.id)}` }, r.name)),
-            h("td", null, h(StatusBadge, { status: r.status })),
-            h("td", null, r.datasetName),
-            h("td", null, String(r.config.baseModelName ?? "")),
-            h("td", null, formatTime(r.createdAt)),
+            h(
+              "td",
+              { "data-label": "Name" },
+              h(Link, { href: `/ui/runs/${encodeURIComponent(r.id)}` }, r.name),
+            ),
+            h("td", { "data-label": "Status" }, h(StatusBadge, { status: r.status })),
+            h("td", { "data-label": "Dataset" }, r.datasetName),
+            h("td", { "data-label": "Base model" }, String(r.config.baseModelName ?? "")),
+            h("td", { "data-label": "Created" }, formatTime(r.createdAt)),
           ),
         ),
       ),
