@@ -6,17 +6,38 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import Fastify from "fastify";
+import pg from "pg";
 import { buildApp } from "../src/api/buildApp.ts";
 import { loadConfig } from "../src/config.ts";
 import { createCore } from "../src/core.ts";
 
 const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), "conduit-bench-"));
+// On PostgreSQL the bench works in a schema of its own, dropped at the end, so it leaves the database as it was.
+const schema = `conduit_bench_${process.pid}`;
+const databaseUrl = process.env.DATABASE_URL ? await benchSchema(process.env.DATABASE_URL) : undefined;
+
+async function benchSchema(base: string): Promise<string> {
+  await withClient(base, (client) => client.query(`CREATE SCHEMA ${schema}`));
+  const url = new URL(base);
+  url.searchParams.set("options", `-c search_path=${schema}`);
+  return url.toString();
+}
+
+async function withClient(url: string, use: (client: pg.Client) => Promise<unknown>): Promise<void> {
+  const client = new pg.Client({ connectionString: url });
+  await client.connect();
+  try {
+    await use(client);
+  } finally {
+    await client.end();
+  }
+}
 const config = loadConfig({
   CONDUIT_DATA_DIR: dataDir,
   CONDUIT_API_KEYS: "bench-key-0000000000:bench",
   CONDUIT_LOG_LEVEL: "silent",
   CONDUIT_MAX_UPLOAD_BYTES: String(200 * 1024 * 1024),
-  ...(process.env.DATABASE_URL ? { DATABASE_URL: process.env.DATABASE_URL } : {}),
+  ...(databaseUrl ? { DATABASE_URL: databaseUrl } : {}),
 });
 fs.mkdirSync(path.join(dataDir, "models"));
 // Run creation only checks that the base model exists; nothing trains or loads it here.
@@ -39,6 +60,8 @@ process.on("message", async (message) => {
     await app.close();
     await bare.close();
     fs.rmSync(dataDir, { recursive: true, force: true });
+    if (process.env.DATABASE_URL)
+      await withClient(process.env.DATABASE_URL, (client) => client.query(`DROP SCHEMA ${schema} CASCADE`));
     process.exit(0);
   }
 });
