@@ -56,8 +56,8 @@ for (const backend of backends()) {
       assert.equal(res.json().error.type, "not_found_error");
     }
     // Naming another user's run as the model reads exactly like naming no run at all.
-    const nobody = "ft_AAAAAAAAAAAAAAAAAAAAAA";
-    assert.equal(nobody.length, world.run.length);
+    const nobody = "ft_01AAAAAAAAAAAAAAAAAAAAAAAA";
+    assert.equal(nobody.length, world.run.length, "an id of the same shape, so the bodies compare");
     const generation = generationWithRun(world.run);
     for (const [i, e] of generationWithRun(nobody).entries()) {
       const payload = generation[i]?.payload;
