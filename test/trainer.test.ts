@@ -7,7 +7,7 @@ import { getLlama, LlamaLogLevel } from "node-llama-cpp";
 import type { Llama, LlamaModel, Token } from "node-llama-cpp";
 import { createTinyModel } from "../src/engine/tinyModel.ts";
 import { learningRateAt } from "../src/train/native/learningRate.ts";
-import { checkAbi, EXPECTED_STRUCT_SIZES } from "../src/train/native/llamaLib.ts";
+import { checkAbi, EXPECTED_STRUCT_SIZES, localBuildDir } from "../src/train/native/llamaLib.ts";
 import { countWindows, packWindows } from "../src/train/native/packWindows.ts";
 import { isTrainableTensor, trainableBlocks } from "../src/train/native/trainableTensor.ts";
 import {
@@ -43,6 +43,19 @@ function longJob(name: string, overrides: Partial<TrainerJob> = {}): TrainerJob 
 }
 
 describe("trainer building blocks", () => {
+  test("a finished local node-llama-cpp build is found, a half-written one is not", (t) => {
+    const root = fs.mkdtempSync(path.join(os.tmpdir(), "conduit-nlc-"));
+    t.after(() => fs.rmSync(root, { recursive: true, force: true }));
+    const folder = path.join(root, "llama", "localBuilds", `${process.platform}-${process.arch}`);
+    const release = path.join(folder, "Release");
+    fs.mkdirSync(release, { recursive: true });
+    fs.writeFileSync(path.join(release, "_nlcBuildMetadata.json"), "{}");
+    assert.equal(localBuildDir(root, "cpu"), undefined, "no buildDone.status: still building");
+    fs.writeFileSync(path.join(folder, "buildDone.status"), "");
+    assert.equal(localBuildDir(root, "cpu"), release);
+    assert.equal(localBuildDir(root, "cuda"), undefined, "a CPU build is not a CUDA build");
+  });
+
   test("struct layouts match the pinned llama.cpp headers, and a mismatch fails loudly", () => {
     assert.deepEqual(
       { ...EXPECTED_STRUCT_SIZES },

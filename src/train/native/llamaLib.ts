@@ -279,20 +279,21 @@ export interface LlamaLib {
 }
 
 /**
- * The directory holding node-llama-cpp's prebuilt libllama for this platform. The CPU package is the
- * default; `gpu: "cuda"` picks `@node-llama-cpp/linux-x64-cuda` when it is installed (it needs the
- * CUDA runtime on the host).
+ * The directory holding the libllama that node-llama-cpp itself loads, so the trainer runs the same
+ * kernels as generation: a local build made with `npx --no node-llama-cpp source build --gpu false`
+ * (compiled for this CPU) when there is a finished one, else the prebuilt package for this platform.
+ * `gpu: "cuda"` picks the CUDA build or `@node-llama-cpp/linux-x64-cuda` (it needs the CUDA runtime).
  */
 export function findBinDir(gpu: "cpu" | "cuda" = "cpu"): string {
   const platform = `${process.platform}-${process.arch}`;
+  const nodeLlamaCpp = resolveOrUndefined(createRequire(import.meta.url), "node-llama-cpp");
+  const local = nodeLlamaCpp && localBuildDir(path.join(path.dirname(nodeLlamaCpp), ".."), gpu);
+  if (local) return local;
   const packageName = gpu === "cuda" ? `@node-llama-cpp/${platform}-cuda` : `@node-llama-cpp/${platform}`;
   // The package exports only its entry (dist/index.js), not package.json; bins/ sits next to dist/.
   // It is a dependency of node-llama-cpp, so look next to it too in case npm nested it there.
   let entry: string | undefined;
-  for (const from of [
-    import.meta.url,
-    resolveOrUndefined(createRequire(import.meta.url), "node-llama-cpp"),
-  ]) {
+  for (const from of [import.meta.url, nodeLlamaCpp]) {
     if (from === undefined) continue;
     entry = resolveOrUndefined(createRequire(from), packageName);
     if (entry !== undefined) break;
@@ -304,6 +305,26 @@ export function findBinDir(gpu: "cpu" | "cuda" = "cpu"): string {
   const dir = dirs.find((name) => fs.existsSync(path.join(binsRoot, name, "_nlcBuildMetadata.json")));
   if (dir === undefined) throw new Error(`trainer: no prebuilt binaries under ${binsRoot}`);
   return path.join(binsRoot, dir);
+}
+
+/**
+ * A finished local build of node-llama-cpp (its own layout, see its getLocalBuildBinaryPath):
+ * `llama/localBuilds/<platform>-<arch>[-cuda]/Release`, valid once `buildDone.status` is written.
+ * node-llama-cpp's engine (with `build: "never"`) loads this folder first too.
+ */
+export function localBuildDir(nodeLlamaCppRoot: string, gpu: "cpu" | "cuda"): string | undefined {
+  const platform = `${process.platform}-${process.arch}`;
+  const folder = path.join(
+    nodeLlamaCppRoot,
+    "llama",
+    "localBuilds",
+    gpu === "cuda" ? `${platform}-cuda` : platform,
+  );
+  const release = path.join(folder, "Release");
+  const done =
+    fs.existsSync(path.join(folder, "buildDone.status")) &&
+    fs.existsSync(path.join(release, "_nlcBuildMetadata.json"));
+  return done ? release : undefined;
 }
 
 function resolveOrUndefined(require: NodeJS.Require, specifier: string): string | undefined {
