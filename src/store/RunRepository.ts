@@ -63,6 +63,11 @@ function toRun(row: RunTable, logs: string[]): Run {
   };
 }
 
+/** PostgreSQL's driver parses JSON columns; SQLite returns the text. */
+function parseLines(value: string | string[]): string[] {
+  return typeof value === "string" ? (JSON.parse(value) as string[]) : value;
+}
+
 function later(ms: number): string {
   return timestamp(new Date(Date.now() + ms));
 }
@@ -116,30 +121,36 @@ export class RunRepository {
     const row = await this.db
       .selectFrom("runs")
       .selectAll()
+      .select(this.logLines())
       .where("id", "=", id)
       .where("user_id", "=", userId)
       .executeTakeFirst();
-    return row && toRun(row, await this.logsOf([row.id]).then((m) => m.get(row.id) ?? []));
+    return row && toRun(row, parseLines(row.log_lines));
   }
 
   /** For workers: a run by id regardless of owner. */
   async getById(id: string): Promise<Run | undefined> {
-    const row = await this.db.selectFrom("runs").selectAll().where("id", "=", id).executeTakeFirst();
-    return row && toRun(row, await this.logsOf([row.id]).then((m) => m.get(row.id) ?? []));
+    const row = await this.db
+      .selectFrom("runs")
+      .selectAll()
+      .select(this.logLines())
+      .where("id", "=", id)
+      .executeTakeFirst();
+    return row && toRun(row, parseLines(row.log_lines));
   }
 
   async list(userId: string, page: Page): Promise<Run[]> {
     const rows = await this.db
       .selectFrom("runs")
       .selectAll()
+      .select(this.logLines())
       .where("user_id", "=", userId)
       .orderBy("created_at", "desc")
       .orderBy("id", "desc")
       .limit(page.limit)
       .offset(page.offset)
       .execute();
-    const logs = await this.logsOf(rows.map((r) => r.id));
-    return rows.map((row) => toRun(row, logs.get(row.id) ?? []));
+    return rows.map((row) => toRun(row, parseLines(row.log_lines)));
   }
 
   /** The user's READY runs (servable models), without logs. */
@@ -155,22 +166,18 @@ export class RunRepository {
     return rows.map((r) => ({ id: r.id, name: r.name, updatedAt: r.updated_at }));
   }
 
-  private async logsOf(runIds: string[]): Promise<Map<string, string[]>> {
-    const logs = new Map<string, string[]>();
-    if (runIds.length === 0) return logs;
-    const rows = await this.db
-      .selectFrom("run_logs")
-      .select(["run_id", "line"])
-      .where("run_id", "in", runIds)
-      .orderBy("run_id")
-      .orderBy("seq")
-      .execute();
-    for (const row of rows) {
-      const list = logs.get(row.run_id) ?? [];
-      list.push(row.line);
-      logs.set(row.run_id, list);
-    }
-    return logs;
+  /**
+   * The run's log lines as one JSON array column, in order, so a run and its log are one query
+   * (one round trip to PostgreSQL). Both dialects order inside the aggregate.
+   */
+  private logLines() {
+    const lines =
+      this.dialect === "postgres"
+        ? sql`json_agg(run_logs.line order by run_logs.seq)`
+        : sql`json_group_array(run_logs.line order by run_logs.seq)`;
+    return sql<
+      string | string[]
+    >`(select coalesce(${lines}, '[]') from run_logs where run_logs.run_id = runs.id)`.as("log_lines");
   }
 
   /** Log lines after `afterSeq` (for live streams), with their sequence numbers. */
