@@ -145,6 +145,10 @@ async function conduitTrainer(model: string, samples: string[]): Promise<Measure
       threads,
     },
     {
+      // Which libllama it trains with: node-llama-cpp's local build for this CPU, or its prebuilt one.
+      onLog: (line) => {
+        if (line.startsWith("trainer: llama.cpp ")) console.log(`  ${line}`);
+      },
       onProgress: (progress: TrainerProgress) => {
         const point = { at: performance.now(), step: progress.step };
         first ??= point;
