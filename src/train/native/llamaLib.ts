@@ -280,7 +280,7 @@ export interface LlamaLib {
 
 /**
  * The directory holding the libllama that node-llama-cpp itself loads, so the trainer runs the same
- * kernels as generation: a local build made with `npx --no node-llama-cpp source build --gpu false`
+ * kernels as generation: a local build made with `npx --no node-llama-cpp source download --gpu false`
  * (compiled for this CPU) when there is a finished one, else the prebuilt package for this platform.
  * `gpu: "cuda"` picks the CUDA build or `@node-llama-cpp/linux-x64-cuda` (it needs the CUDA runtime).
  */
