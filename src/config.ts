@@ -81,6 +81,13 @@ export const settings = {
     defaultText: "unset",
     parse: (raw) => parseApiKeys(raw),
   },
+  metricsUsers: {
+    env: "CONDUIT_METRICS_USERS",
+    description:
+      "Users whose keys may read `/metrics`, comma-separated; `*` for every key. The first-start key's user is `default`.",
+    defaultText: "`default`",
+    parse: (raw) => parseUserList("CONDUIT_METRICS_USERS", raw, ["default"]),
+  },
   publicUrl: {
     env: "CONDUIT_PUBLIC_URL",
     description: "Base URL users reach the service at; used for `trackerURL` links.",
@@ -209,6 +216,14 @@ function parseApiKeys(raw: string | undefined): ApiKeySeed[] {
       );
     return { key, userId };
   });
+}
+
+function parseUserList(env: string, raw: string | undefined, fallback: string[]): string[] {
+  if (raw === undefined || raw.trim() === "") return fallback;
+  const users = raw.split(",").map((user) => user.trim());
+  if (!users.every((user) => user === "*" || /^[A-Za-z0-9._@-]{1,128}$/.test(user)))
+    throw new ConfigError(`${env} must be user ids (letters, digits, . _ @ -) separated by commas, or *`);
+  return users;
 }
 
 /** Reads every setting once. Throws a `ConfigError` naming the variable on a bad value. */

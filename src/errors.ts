@@ -17,6 +17,11 @@ export const errorCatalog = {
     doc: "An uploaded file is not valid IO-pair data; the message names the line and the reason.",
   },
   unauthorized: { status: 401, type: "authentication_error", doc: "The API key is missing or wrong." },
+  forbidden: {
+    status: 403,
+    type: "permission_error",
+    doc: "The key is valid but its user may not do this (`/metrics` is for the users in `CONDUIT_METRICS_USERS`).",
+  },
   not_found: {
     status: 404,
     type: "not_found_error",

@@ -2,7 +2,7 @@ import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import type { FastifyInstance } from "fastify";
 import OpenAI from "openai";
-import { asAlice, build, buildTestApp, KEY_A, testEnv } from "./helper.ts";
+import { asAlice, asBob, build, buildTestApp, KEY_A, testEnv } from "./helper.ts";
 
 /** Parses an SSE body into its `data:` payloads. */
 function sseData(body: string): string[] {
@@ -220,6 +220,11 @@ describe("generation on the tiny model", () => {
     assert.match(res.body, /^conduit_queue_depth 0$/m);
     assert.match(res.body, /^conduit_loaded_models 1$/m);
     assert.equal((await app.inject({ url: "/metrics" })).statusCode, 401);
+    // The counters cover every tenant: a user not in CONDUIT_METRICS_USERS is refused.
+    const bob = await app.inject({ url: "/metrics", headers: asBob });
+    assert.equal(bob.statusCode, 403);
+    assert.equal(bob.json().error.code, "forbidden");
+    assert.match(bob.json().error.message, /CONDUIT_METRICS_USERS/);
   });
 });
 

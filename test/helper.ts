@@ -71,6 +71,8 @@ export async function testEnv(
   const env: Record<string, string> = {
     CONDUIT_DATA_DIR: dataDir,
     CONDUIT_API_KEYS: `${KEY_A}:alice,${KEY_B}:bob`,
+    // Alice is the operator: she may read /metrics, bob may not.
+    CONDUIT_METRICS_USERS: "alice",
     CONDUIT_LOG_LEVEL: "silent",
     // Tests that train start the scheduler themselves.
     CONDUIT_TRAIN_CONCURRENCY: "0",

@@ -29,6 +29,27 @@ for (const backend of backends()) {
   });
 }
 
+test("/metrics: the first-start key reads it by default; CONDUIT_METRICS_USERS names others or *", async (t) => {
+  const env = await testEnv(t, "sqlite", { CONDUIT_API_KEYS: "", CONDUIT_METRICS_USERS: "" });
+  assert.deepEqual(loadConfig(env.env).metricsUsers, ["default"]);
+  const { app } = await buildTestApp(t, env);
+  const core = (app as unknown as { conduit: Awaited<ReturnType<typeof createCore>> }).conduit;
+  const key = await bootstrapKeys(core);
+  assert.equal((await app.inject({ url: "/metrics", headers: { "x-api-key": key ?? "" } })).statusCode, 200);
+  const { key: carol } = await core.keys.create("carol");
+  assert.equal((await app.inject({ url: "/metrics", headers: { "x-api-key": carol } })).statusCode, 403);
+
+  assert.deepEqual(loadConfig({ ...env.env, CONDUIT_METRICS_USERS: " ops, carol " }).metricsUsers, [
+    "ops",
+    "carol",
+  ]);
+  assert.deepEqual(loadConfig({ ...env.env, CONDUIT_METRICS_USERS: "*" }).metricsUsers, ["*"]);
+  assert.throws(
+    () => loadConfig({ ...env.env, CONDUIT_METRICS_USERS: "ops,,carol" }),
+    /CONDUIT_METRICS_USERS/,
+  );
+});
+
 test("keys from CONDUIT_API_KEYS count: no default key is made beside them", async (t) => {
   const env = await testEnv(t);
   const core = await createCore(loadConfig(env.env));

@@ -1,6 +1,7 @@
 import type { FastifyInstance } from "fastify";
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from "prom-client";
 import type { Core } from "../../core.ts";
+import { ConduitError } from "../../errors.ts";
 
 /** A counter that mirrors a running total kept elsewhere (the engine's stats). */
 function mirroredCounter(registry: Registry, name: string, help: string, read: () => number) {
@@ -17,7 +18,10 @@ function mirroredCounter(registry: Registry, name: string, help: string, read: (
   });
 }
 
-/** `GET /metrics`: Prometheus text format (needs a key, like every endpoint). */
+/**
+ * `GET /metrics`: Prometheus text format. The counters cover every tenant, so only the keys of the
+ * users in `CONDUIT_METRICS_USERS` may read them.
+ */
 export default function metricsRoutes(app: FastifyInstance, options: { core: Core }) {
   return metricsPlugin(app, options);
 }
@@ -91,7 +95,13 @@ async function metricsPlugin(app: FastifyInstance, { core }: { core: Core }) {
   app.get(
     "/metrics",
     { schema: { tags: ["service"], summary: "Prometheus metrics" } },
-    async (_request, reply) => {
+    async (request, reply) => {
+      const allowed = core.config.metricsUsers;
+      if (!allowed.includes("*") && !allowed.includes(request.userId))
+        throw new ConduitError(
+          "forbidden",
+          `metrics are for operators: user "${request.userId}" is not in CONDUIT_METRICS_USERS`,
+        );
       void reply.header("content-type", registry.contentType);
       return registry.metrics();
     },
