@@ -1,5 +1,7 @@
 import assert from "node:assert/strict";
 import fs from "node:fs";
+import http from "node:http";
+import type { AddressInfo } from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { after, before, describe, test } from "node:test";
@@ -151,6 +153,44 @@ describe("ModelRegistry", () => {
       assert.equal(registry.resolve(id), undefined, id);
     assert.equal(isValidModelId("..%2foutside"), false);
     assert.throws(() => registry.require("../outside"), isCode("model_not_found"));
+  });
+
+  test("pull downloads over HTTP with progress into the models directory; a failed one leaves nothing", async (t) => {
+    // The same download code `hf:` references use, against a local server (no internet here).
+    const body = fs.readFileSync(model.path);
+    const server = http.createServer((request, response) => {
+      if (request.url !== "/files/tiny.gguf") return void response.writeHead(404).end("no such file");
+      response.writeHead(200, { "content-type": "application/octet-stream", "content-length": body.length });
+      response.end(body);
+    });
+    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+    t.after(() => server.close());
+    const base = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+    const modelsDir = fs.mkdtempSync(path.join(dir, "pull-"));
+    const registry = new ModelRegistry({ modelsDir });
+
+    const progress: number[] = [];
+    const info = await registry.pull(`${base}/files/tiny.gguf`, (p) => progress.push(p.downloadedBytes), {
+      id: "pulled",
+    });
+    assert.equal(info.id, "pulled");
+    assert.deepEqual(fs.readFileSync(path.join(modelsDir, "pulled.gguf")), body);
+    assert.equal(progress.at(-1), body.length, "progress reaches the whole file");
+    assert.deepEqual(
+      registry.list().map((m) => m.id),
+      ["pulled"],
+    );
+
+    await assert.rejects(
+      registry.pull(`${base}/files/missing.gguf`, undefined, { id: "missing" }),
+      isCode("unavailable"),
+    );
+    await assert.rejects(registry.pull("ftp://example.com/x.gguf"), isCode("invalid_request"));
+    await assert.rejects(
+      registry.pull(`${base}/files/tiny.gguf`, undefined, { id: "../x" }),
+      isCode("invalid_request"),
+    );
+    assert.deepEqual(fs.readdirSync(modelsDir), ["pulled.gguf"]);
   });
 });
 
