@@ -249,7 +249,11 @@ for (const backend of backends()) {
       for (let i = 0; i < 40; i++)
         created.push((await core.runs.create("alice", { datasetID: ds.id, baseModelName: "tiny" })).id);
       const claimed: string[] = [];
-      for (let run = await core.runRepository.claimNext("w", 60_000); run; run = await core.runRepository.claimNext("w", 60_000))
+      for (
+        let run = await core.runRepository.claimNext("w", 60_000);
+        run;
+        run = await core.runRepository.claimNext("w", 60_000)
+      )
         claimed.push(run.id);
       assert.deepEqual(claimed, created);
       const listed = (await core.runs.list("alice", { limit: 100, offset: 0 })).map((r) => r.id);
@@ -281,6 +285,16 @@ for (const backend of backends()) {
         );
       const seqs = (await core.runRepository.logsSince(run.id, -1)).map((l) => l.seq);
       assert.deepEqual(seqs, [...seqs.keys()]);
+    });
+
+    test("a log line for a deleted run is dropped quietly (delete right after cancel)", async (t) => {
+      const { core, ds } = await queueCore(t, backend);
+      const run = await core.runs.create("alice", { datasetID: ds.id, baseModelName: "tiny" });
+      await core.runs.cancel("alice", run.id);
+      await core.runs.delete("alice", run.id);
+      await core.runRepository.appendLog(run.id, "trainer stopped: partial files removed");
+      assert.deepEqual(await core.runRepository.logsSince(run.id, -1), []);
+      assert.equal(await core.runRepository.getById(run.id), undefined);
     });
 
     test("a cancel racing the run's end answers SUCCESS only when the run ends CANCELLED", async (t) => {

@@ -215,7 +215,14 @@ export class RunRepository {
     const now = timestamp();
     const line = `${now} ${message}`;
     await this.db.transaction().execute(async (tx) => {
-      await tx.updateTable("runs").set({ updated_at: now }).where("id", "=", runId).execute();
+      const touched = await tx
+        .updateTable("runs")
+        .set({ updated_at: now })
+        .where("id", "=", runId)
+        .executeTakeFirst();
+      // A run deleted while its trainer winds down (delete right after cancel): the line has
+      // nowhere to go, and that is not an error.
+      if (Number(touched.numUpdatedRows) === 0) return;
       await tx
         .insertInto("run_logs")
         .columns(["run_id", "seq", "line", "created_at"])
