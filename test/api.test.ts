@@ -1,6 +1,16 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { aliceWorld, asAlice, asBob, backends, build, buildTestApp, KEY_A, testEnv } from "./helper.ts";
+import {
+  aliceWorld,
+  asAlice,
+  asBob,
+  backends,
+  build,
+  buildTestApp,
+  createDataset,
+  KEY_A,
+  testEnv,
+} from "./helper.ts";
 import type { CoreOverrides } from "../src/core.ts";
 
 const models: CoreOverrides = {};
@@ -280,15 +290,7 @@ if (backends().includes("postgres"))
     // creating its own and fail ('relation "kysely_migration_lock" does not exist').
     const first = await buildTestApp(t, await testEnv(t, "postgres"), models);
     const second = await buildTestApp(t, await testEnv(t, "postgres"), models);
-    for (const { app } of [first, second]) {
-      const created = await app.inject({
-        method: "POST",
-        url: "/conduit/dataset",
-        headers: asAlice,
-        payload: { name: "x" },
-      });
-      assert.equal(created.statusCode, 200);
-    }
+    for (const { app } of [first, second]) assert.equal((await createDataset(app, "x")).name, "x");
   });
 
 for (const backend of backends()) {
