@@ -4,7 +4,7 @@ import { publicUrl, type Config } from "./config.ts";
 import { DatasetService } from "./datasets/DatasetService.ts";
 import type { Engine } from "./engine/Engine.ts";
 import { createLlamaEngine } from "./engine/LlamaEngine.ts";
-import { ModelRegistry } from "./engine/ModelRegistry.ts";
+import { ModelRegistry } from "./model/ModelRegistry.ts";
 import { InferenceService } from "./inference/InferenceService.ts";
 import { BlobStore } from "./store/BlobStore.ts";
 import { openDatabase, type Db } from "./store/database.ts";

@@ -13,12 +13,12 @@ import {
   compileChatTemplate,
   formatChat,
   loadChatTemplate,
-} from "../src/engine/chatTemplate.ts";
+} from "../src/model/chatTemplate.ts";
 import type { Engine } from "../src/engine/Engine.ts";
 import { createLlamaEngine, PROMPT_BATCH_TOKENS } from "../src/engine/LlamaEngine.ts";
-import { isValidModelId, ModelRegistry } from "../src/engine/ModelRegistry.ts";
+import { isValidModelId, ModelRegistry } from "../src/model/ModelRegistry.ts";
 import { TextOutput } from "../src/engine/TextOutput.ts";
-import { createTinyModel } from "../src/engine/tinyModel.ts";
+import { createTinyModel } from "../src/model/tinyModel.ts";
 import type { ModelRef, SamplingOptions } from "../src/engine/types.ts";
 
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), "conduit-engine-"));

@@ -6,7 +6,7 @@ import pg from "pg";
 import { buildApp } from "../src/api/buildApp.ts";
 import { loadConfig, type Config } from "../src/config.ts";
 import { createCore, type CoreOverrides } from "../src/core.ts";
-import { createTinyModel } from "../src/engine/tinyModel.ts";
+import { createTinyModel } from "../src/model/tinyModel.ts";
 
 /** Where cleanup is registered: a test's `t`, or `{ after }` from node:test for a whole suite. */
 export interface Cleanup {

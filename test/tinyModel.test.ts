@@ -13,15 +13,15 @@ import {
   type LlamaModel,
   type Token,
 } from "node-llama-cpp";
-import { writeGguf, type GgufTensor } from "../src/engine/gguf/GgufWriter.ts";
-import { float16ToFloat32, float32ToFloat16 } from "../src/engine/gguf/float16.ts";
+import { writeGguf, type GgufTensor } from "../src/model/gguf/GgufWriter.ts";
+import { float16ToFloat32, float32ToFloat16 } from "../src/model/gguf/float16.ts";
 import {
   readGgufString,
   readGgufTensorInfos,
   readGgufUint32,
   writeGgufUint32,
-} from "../src/engine/gguf/GgufPatch.ts";
-import { buildTinyVocab, createTinyModel, type TinyModelInfo } from "../src/engine/tinyModel.ts";
+} from "../src/model/gguf/GgufPatch.ts";
+import { buildTinyVocab, createTinyModel, type TinyModelInfo } from "../src/model/tinyModel.ts";
 
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), "conduit-tinymodel-"));
 after(() => fs.rmSync(dir, { recursive: true, force: true }));

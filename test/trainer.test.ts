@@ -5,7 +5,7 @@ import path from "node:path";
 import { after, before, describe, test } from "node:test";
 import { getLlama, LlamaLogLevel } from "node-llama-cpp";
 import type { Llama, LlamaModel, Token } from "node-llama-cpp";
-import { createTinyModel } from "../src/engine/tinyModel.ts";
+import { createTinyModel } from "../src/model/tinyModel.ts";
 import { learningRateAt } from "../src/train/native/learningRate.ts";
 import { checkAbi, EXPECTED_STRUCT_SIZES, localBuildDir } from "../src/train/native/llamaLib.ts";
 import { countWindows, packWindows } from "../src/train/native/packWindows.ts";

@@ -3,7 +3,7 @@ import fs from "node:fs";
 import path from "node:path";
 import { describe, test } from "node:test";
 import type { FastifyInstance } from "fastify";
-import { createTinyModel } from "../src/engine/tinyModel.ts";
+import { createTinyModel } from "../src/model/tinyModel.ts";
 import { asAlice, buildTestApp, testEnv, type TestEnv } from "./helper.ts";
 
 /** Twenty made-up pairs: nothing a random model could produce by chance. */

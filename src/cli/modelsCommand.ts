@@ -1,8 +1,8 @@
 import path from "node:path";
 import { SingleBar } from "cli-progress";
 import type { Command } from "commander";
-import { isValidModelId, ModelRegistry } from "../engine/ModelRegistry.ts";
-import { createTinyModel } from "../engine/tinyModel.ts";
+import { isValidModelId, ModelRegistry } from "../model/ModelRegistry.ts";
+import { createTinyModel } from "../model/tinyModel.ts";
 import type { ServableModel } from "../inference/InferenceService.ts";
 import { CliError, exitCodes, table, type CliContext } from "./context.ts";
 

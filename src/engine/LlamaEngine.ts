@@ -3,8 +3,8 @@ import fs from "node:fs";
 import { getLlama, LlamaLogLevel } from "node-llama-cpp";
 import type { Llama, LlamaContext, LlamaModel, Token } from "node-llama-cpp";
 import { ConduitError } from "../errors.ts";
-import { loadChatTemplate } from "./chatTemplate.ts";
-import type { ChatTemplate } from "./chatTemplate.ts";
+import { loadChatTemplate } from "../model/chatTemplate.ts";
+import type { ChatTemplate } from "../model/chatTemplate.ts";
 import type { Engine, EngineStats, LoadedModelInfo } from "./Engine.ts";
 import { bindNative } from "./nativeBatch.ts";
 import type { NativeBinding, NativeSampler } from "./nativeBatch.ts";
@@ -425,15 +425,9 @@ class LlamaEngine implements Engine {
         `The prompt is ${tokens.length} tokens; this model's context holds ${m.contextSize}.`,
         { param },
       );
-    // max_tokens is a cap: a request whose prompt leaves less room than that stops with
-    // finish_reason "length" when the context is full (the seed's default of 256 would otherwise
-    // be refused by every small-context model). Only a cap no context could hold is an error.
-    if (request.sampling.maxTokens >= m.contextSize)
-      throw new ConduitError(
-        "invalid_request",
-        `max_tokens (${request.sampling.maxTokens}) must be below this model's context of ${m.contextSize} tokens.`,
-        { param: "max_tokens" },
-      );
+    // max_tokens is a cap, as in llama-server, never refused for the context size: a generation stops with
+    // finish_reason "length" when the context is full (`start` caps it), so the default of 256 works on a
+    // model with a 128-token context.
     return tokens;
   }
 
@@ -480,6 +474,8 @@ class LlamaEngine implements Engine {
   private start(m: LoadedModel, sequenceId: number, prompt: number[], request: GenerationRequest) {
     const { sampling, signal } = request;
     const model = m.model;
+    // max_tokens is a cap: the generation also ends when the context is full.
+    const maxTokens = Math.min(sampling.maxTokens, m.contextSize - prompt.length);
     let sampler: NativeSampler;
     try {
       sampler = m.native.createSampler();
@@ -496,14 +492,18 @@ class LlamaEngine implements Engine {
       // (count > 0) * presence), applied to the tokens generated so far; the multiplicative repeat penalty stays
       // off (1). The history covers the whole completion; the sampler adds each sampled token itself.
       repeatPenalty: 1,
-      repeatPenaltyMaxTokens: Math.max(1, sampling.maxTokens),
+      // Capped like max_tokens: the native sampler allocates a history of this many tokens.
+      repeatPenaltyMaxTokens: Math.max(1, maxTokens),
       repeatPenaltyTokens: new Uint32Array(0),
       repeatPenaltyPresencePenalty: sampling.presencePenalty,
       repeatPenaltyFrequencyPenalty: sampling.frequencyPenalty,
     });
+    // A chat answer on the fallback ChatML template also ends at its turn markers: a model without ChatML
+    // control tokens writes them as text (see CHATML_STOP_STRINGS). Raw prompts are left alone.
+    const turnStops = request.messages !== undefined ? m.template.stopStrings : [];
     const output = new TextOutput(
       (tokens, previous) => model.detokenize(tokens as Token[], false, previous as Token[]),
-      sampling.stop ?? [],
+      [...(sampling.stop ?? []), ...turnStops],
     );
     return new Promise<GenerationResult>((resolve, reject) => {
       const gen: Generation = {
@@ -514,7 +514,7 @@ class LlamaEngine implements Engine {
         output,
         completionTokens: 0,
         promptTokens: prompt.length,
-        maxTokens: Math.min(sampling.maxTokens, m.contextSize - prompt.length),
+        maxTokens,
         onText: request.onText,
         settled: false,
         resolve,

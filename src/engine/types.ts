@@ -1,11 +1,7 @@
-/** Wire-independent types shared by the API, the engine and the trainer. */
+/** Wire-independent generation types shared by the API and the engine. */
+import type { ChatMessage, ModelRef } from "../model/types.ts";
 
-export type ChatRole = "system" | "user" | "assistant";
-
-export interface ChatMessage {
-  role: ChatRole;
-  content: string;
-}
+export type { ChatMessage, ChatRole, ModelRef } from "../model/types.ts";
 
 /** Sampling options after defaults are applied (the seed's defaults live in the API schemas). */
 export interface SamplingOptions {
@@ -18,12 +14,6 @@ export interface SamplingOptions {
   frequencyPenalty: number;
   stop?: string[];
   seed?: number;
-}
-
-/** A model the engine can load: an id users name and the GGUF file behind it. */
-export interface ModelRef {
-  id: string;
-  path: string;
 }
 
 export interface GenerationRequest {

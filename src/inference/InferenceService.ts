@@ -1,6 +1,6 @@
 import { ConduitError } from "../errors.ts";
 import type { Engine } from "../engine/Engine.ts";
-import type { ModelRegistry } from "../engine/ModelRegistry.ts";
+import type { ModelRegistry } from "../model/ModelRegistry.ts";
 import type { ChatMessage, GenerationResult, ModelRef, SamplingOptions } from "../engine/types.ts";
 import type { RunRepository } from "../store/RunRepository.ts";
 

@@ -2,7 +2,7 @@ import { EventEmitter } from "node:events";
 import type { CreateRunBodyWire } from "../api/schemas.ts";
 import type { DatasetService } from "../datasets/DatasetService.ts";
 import type { BlobStore } from "../store/BlobStore.ts";
-import type { ModelRef } from "../engine/types.ts";
+import type { ModelRef } from "../model/types.ts";
 import { ConduitError } from "../errors.ts";
 import { newId } from "../store/ids.ts";
 import type { Page } from "../store/DatasetRepository.ts";

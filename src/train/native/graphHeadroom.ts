@@ -11,8 +11,8 @@
  * the training graphs need; it is never attached to a context, so it changes no computation, and it costs
  * (rows + columns) × 4 bytes per weight matrix.
  */
-import { readGgufString, readGgufTensorInfos } from "../../engine/gguf/GgufPatch.ts";
-import { gguf, writeGguf, type GgufTensor } from "../../engine/gguf/GgufWriter.ts";
+import { readGgufString, readGgufTensorInfos } from "../../model/gguf/GgufPatch.ts";
+import { gguf, writeGguf, type GgufTensor } from "../../model/gguf/GgufWriter.ts";
 
 /** Graph nodes llama.cpp gives a context of this model with no adapter loaded. */
 export function baseGraphNodes(modelTensors: number): number {

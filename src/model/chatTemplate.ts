@@ -15,6 +15,14 @@ export const CHATML_TEMPLATE =
   "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}" +
   "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
+/**
+ * Where the fallback template's assistant turn ends. A model without ChatML control tokens (stories260K, or a
+ * base model fine-tuned on this format) writes them as plain text, and its answer would otherwise end with a
+ * literal `<|im_end|>`, often followed by further made-up turns. Chat requests on a model using
+ * `CHATML_TEMPLATE` stop at the first of these (in addition to the request's own `stop`); raw prompts do not.
+ */
+export const CHATML_STOP_STRINGS: readonly string[] = ["<|im_end|>", "<|im_start|>"];
+
 export interface FormatChatOptions {
   /** Append the opening of an assistant turn (inference). Off when formatting a whole conversation (training). */
   addGenerationPrompt: boolean;
@@ -26,6 +34,11 @@ export interface ChatTemplate {
   source: string;
   /** True when the model has no template and `CHATML_TEMPLATE` is used. */
   isFallback: boolean;
+  /**
+   * Text that ends an assistant turn written as plain text: `CHATML_STOP_STRINGS` for the fallback, none for a
+   * model's own template (its end-of-turn is a control token the engine stops at).
+   */
+  stopStrings: readonly string[];
   /** BOS token text as the template sees it (`bos_token`); empty when the model has none. */
   bosToken: string;
   /** EOS token text as the template sees it (`eos_token`); empty when the model has none. */
@@ -117,9 +130,11 @@ export function compileChatTemplate(
   }
   const bosToken = tokens.bosToken ?? "";
   const eosToken = tokens.eosToken ?? "";
+  const isFallback = tokens.isFallback ?? false;
   return {
     source,
-    isFallback: tokens.isFallback ?? false,
+    isFallback,
+    stopStrings: isFallback ? CHATML_STOP_STRINGS : [],
     bosToken,
     eosToken,
     render(messages, options) {
