@@ -290,11 +290,19 @@ describe("LlamaEngine", () => {
     assert.ok(ticked);
   });
 
-  test("max_tokens beyond the context is invalid_request on max_tokens", async () => {
-    await assert.rejects(
-      engine.generate({ model, prompt: "Once upon a time", sampling: greedy(10_000) }),
-      (error: unknown) => isCode("invalid_request")(error) && (error as ConduitError).param === "max_tokens",
-    );
+  test("max_tokens beyond the context is a cap: the generation ends when the context is full", async () => {
+    await engine.generate({ model, prompt: "Once", sampling: greedy(1) });
+    const context = engine.loaded()[0]!.contextSize;
+    // With the penalties on: their token history (allocated up front) is capped to the context too.
+    const result = await engine.generate({
+      model,
+      prompt: "Once upon a time",
+      sampling: greedy(1_000_000, { presencePenalty: 0.5, frequencyPenalty: 0.5 }),
+    });
+    assert.ok(result.promptTokens + result.completionTokens <= context, JSON.stringify(result));
+    if (result.finishReason === "length")
+      assert.equal(result.promptTokens + result.completionTokens, context);
+    else assert.equal(result.finishReason, "stop");
   });
 
   test("a max_tokens that fits the context but not after the prompt stops when the context is full", async () => {

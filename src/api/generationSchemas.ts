@@ -8,7 +8,8 @@ export const SeedSampling = {
   max_tokens: Type.Integer({
     minimum: 1,
     default: 256,
-    description: "Most tokens to generate. Defaults to `256`.",
+    description:
+      "Most tokens to generate, a cap: generation also ends (`length`) when the model's context is full. Defaults to `256`.",
   }),
   top_k: Type.Integer({
     minimum: 0,
