@@ -9,6 +9,7 @@ import { getLlama, LlamaLogLevel } from "node-llama-cpp";
 import type { Llama, Token } from "node-llama-cpp";
 import { ConduitError } from "../src/errors.ts";
 import {
+  CHATML_STOP_STRINGS,
   CHATML_TEMPLATE,
   compileChatTemplate,
   formatChat,
@@ -19,6 +20,7 @@ import { createLlamaEngine, PROMPT_BATCH_TOKENS } from "../src/engine/LlamaEngin
 import { isValidModelId, ModelRegistry } from "../src/model/ModelRegistry.ts";
 import { TextOutput } from "../src/engine/TextOutput.ts";
 import { createTinyModel } from "../src/model/tinyModel.ts";
+import { gguf, writeGguf } from "../src/model/gguf/GgufWriter.ts";
 import type { ModelRef, SamplingOptions } from "../src/engine/types.ts";
 
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), "conduit-engine-"));
@@ -110,6 +112,17 @@ describe("chat template", () => {
     // The tiny model carries its own ChatML template (written differently from the fallback's source).
     assert.equal((await loadChatTemplate(model)).isFallback, false);
     assert.match(prompt, /<\|im_start\|>user\nHi<\|im_end\|>\n<\|im_start\|>assistant\n$/);
+  });
+
+  test("the fallback template's turn markers are stop strings; a model's own template has none", async () => {
+    assert.deepEqual(CHATML_STOP_STRINGS, ["<|im_end|>", "<|im_start|>"]);
+    assert.deepEqual(
+      compileChatTemplate(CHATML_TEMPLATE, { isFallback: true }).stopStrings,
+      CHATML_STOP_STRINGS,
+    );
+    assert.deepEqual(compileChatTemplate(CHATML_TEMPLATE).stopStrings, []);
+    // The tiny model's own ChatML template ends a turn with its <|im_end|> control token instead.
+    assert.deepEqual((await loadChatTemplate(model)).stopStrings, []);
   });
 
   test("a template's raise_exception is an invalid_request on messages", () => {
@@ -432,4 +445,152 @@ describe("LlamaEngine, loading", () => {
     }
     await assert.rejects(engine.generate({ model, prompt: "x", sampling: greedy(2) }), isCode("unavailable"));
   });
+});
+
+/**
+ * Writes a model whose next token depends only on the last one: after `chain[i]` it writes `chain[i + 1]`
+ * (after the last, the first), so once it reaches the chain it writes it over and over. Its blocks are all
+ * zeros, so the hidden state is the last
+ * token's embedding, a one-hot vector, and the output matrix maps it to the next token. The vocabulary is
+ * SentencePiece bytes plus `pieces` as normal tokens; a chain entry is a piece or a single byte. It has no
+ * chat template and no ChatML control tokens, like a base model.
+ */
+async function writeScriptedModel(file: string, pieces: readonly string[], chain: readonly string[]) {
+  const tokens = ["<unk>", "<s>", "</s>"];
+  for (let b = 0; b < 256; b++) tokens.push(`<0x${b.toString(16).toUpperCase().padStart(2, "0")}>`);
+  tokens.push(...pieces);
+  const types = tokens.map((_, id) => (id === 0 ? 2 : id < 3 ? 3 : id < 259 ? 6 : 1));
+  const idOf = (text: string) => {
+    const id = tokens.indexOf(text);
+    if (id !== -1) return id;
+    const bytes = Buffer.from(text);
+    assert.equal(bytes.length, 1, `${JSON.stringify(text)} is neither a piece nor a byte`);
+    return 3 + bytes[0]!;
+  };
+  const ids = chain.map(idOf);
+  const width = 64;
+  assert.ok(ids.length <= width && new Set(ids).size === ids.length);
+  const embd = new Float32Array(width * tokens.length);
+  const output = new Float32Array(width * tokens.length);
+  ids.forEach((id, slot) => {
+    embd[id * width + slot] = 1;
+    output[ids[(slot + 1) % ids.length]! * width + slot] = 1;
+  });
+  const tensor = (name: string, dims: number[], data = new Float32Array(dims[0]! * (dims[1] ?? 1))) => ({
+    name,
+    dims,
+    type: "F32" as const,
+    data,
+  });
+  const ones = (name: string) => tensor(name, [width], new Float32Array(width).fill(1));
+  await writeGguf(
+    file,
+    {
+      "general.architecture": gguf.str("llama"),
+      "general.file_type": gguf.u32(0),
+      "llama.vocab_size": gguf.u32(tokens.length),
+      "llama.context_length": gguf.u32(512),
+      "llama.embedding_length": gguf.u32(width),
+      "llama.block_count": gguf.u32(1),
+      "llama.feed_forward_length": gguf.u32(width),
+      "llama.attention.head_count": gguf.u32(4),
+      "llama.attention.head_count_kv": gguf.u32(4),
+      "llama.attention.layer_norm_rms_epsilon": gguf.f32(1e-5),
+      "llama.rope.dimension_count": gguf.u32(width / 4),
+      "tokenizer.ggml.model": gguf.str("llama"),
+      "tokenizer.ggml.tokens": gguf.strings(tokens),
+      "tokenizer.ggml.scores": gguf.f32s(new Float32Array(tokens.length)),
+      "tokenizer.ggml.token_type": gguf.i32s(types),
+      "tokenizer.ggml.bos_token_id": gguf.u32(1),
+      "tokenizer.ggml.eos_token_id": gguf.u32(2),
+      "tokenizer.ggml.add_bos_token": gguf.bool(true),
+      "tokenizer.ggml.add_space_prefix": gguf.bool(false),
+    },
+    [
+      tensor("token_embd.weight", [width, tokens.length], embd),
+      ones("output_norm.weight"),
+      tensor("output.weight", [width, tokens.length], output),
+      ones("blk.0.attn_norm.weight"),
+      tensor("blk.0.attn_q.weight", [width, width]),
+      tensor("blk.0.attn_k.weight", [width, width]),
+      tensor("blk.0.attn_v.weight", [width, width]),
+      tensor("blk.0.attn_output.weight", [width, width]),
+      ones("blk.0.ffn_norm.weight"),
+      tensor("blk.0.ffn_gate.weight", [width, width]),
+      tensor("blk.0.ffn_up.weight", [width, width]),
+      tensor("blk.0.ffn_down.weight", [width, width]),
+    ],
+  );
+}
+
+describe("LlamaEngine, fallback chat template", () => {
+  test("a chat answer stops at the ChatML turn markers a model writes as text; a raw prompt does not", async () => {
+    // After the generation prompt's final "\n" the model answers "Hi", then writes <|im_end|> as three
+    // ordinary tokens and starts over: what a base model fine-tuned on the fallback format does.
+    const scripted = { id: "scripted", path: path.join(dir, "scripted.gguf") };
+    await writeScriptedModel(scripted.path, ["Hi", "<|", "im_end", "|>"], ["\n", "Hi", "<|", "im_end", "|>"]);
+    const template = await loadChatTemplate(scripted);
+    assert.equal(template.isFallback, true);
+    const engine = createLlamaEngine({ contextSize: 128, ...shared() });
+    try {
+      const raw = await engine.generate({ model: scripted, prompt: "\n", sampling: greedy(9) });
+      assert.equal(raw.text, "Hi<|im_end|>\nHi<|im_end|>");
+      assert.equal(raw.finishReason, "length");
+
+      const pieces: string[] = [];
+      const chat = await engine.generate({
+        model: scripted,
+        messages: [{ role: "user", content: "Hello" }],
+        sampling: greedy(100),
+        onText: (piece) => pieces.push(piece),
+      });
+      assert.equal(chat.text, "Hi");
+      assert.equal(chat.finishReason, "stop");
+      assert.equal(pieces.join(""), "Hi");
+
+      // The request's own stop strings still apply alongside the markers.
+      const stopped = await engine.generate({
+        model: scripted,
+        messages: [{ role: "user", content: "Hello" }],
+        sampling: greedy(100, { stop: ["i"] }),
+      });
+      assert.equal(stopped.text, "H");
+    } finally {
+      await engine.dispose();
+    }
+  });
+
+  const stories = path.resolve(import.meta.dirname, "../../shared/models/stories260Ktok512.gguf");
+  test(
+    "stories260K (no chat template, a 128-token context) answers a chat with the default max_tokens",
+    {
+      skip: !fs.existsSync(stories) && "../shared/models/stories260Ktok512.gguf is not here (a fresh clone)",
+    },
+    async () => {
+      const ref = { id: "stories260K", path: stories };
+      const template = await loadChatTemplate(ref);
+      assert.equal(template.isFallback, true);
+      assert.deepEqual(template.stopStrings, CHATML_STOP_STRINGS);
+      const engine = createLlamaEngine({ ...shared() });
+      try {
+        // The seed's default of 256 is more than the whole context: a cap, not an error.
+        const result = await engine.generate({
+          model: ref,
+          messages: [
+            { role: "system", content: "You tell stories." },
+            { role: "user", content: "Tell me a story" },
+          ],
+          sampling: greedy(256),
+        });
+        assert.equal(engine.loaded()[0]!.contextSize, 128);
+        assert.ok(result.text.length > 0);
+        for (const marker of CHATML_STOP_STRINGS) assert.ok(!result.text.includes(marker), result.text);
+        if (result.finishReason === "length")
+          assert.equal(result.promptTokens + result.completionTokens, 128);
+        else assert.equal(result.finishReason, "stop");
+      } finally {
+        await engine.dispose();
+      }
+    },
+  );
 });
