@@ -4,7 +4,8 @@ import { describe, test, type TestContext } from "node:test";
 import type { FastifyInstance } from "fastify";
 import { asAlice, backends, build, KEY_A, testEnv } from "./helper.ts";
 import { loadConfig } from "../src/config.ts";
-import { createCore, type CoreOverrides } from "../src/core.ts";
+import { createCore, type Core, type CoreOverrides } from "../src/core.ts";
+import { LORA_TARGETS } from "../src/train/loraTargets.ts";
 
 // Run lifecycle over HTTP; training itself is covered by the trainer tests.
 const models: CoreOverrides = {};
@@ -26,6 +27,17 @@ async function datasetWithPairs(app: FastifyInstance, name = "d") {
     },
   });
   return ds as { id: string; name: string };
+}
+
+/** The core behind a test app (helper.ts decorates the app with it). */
+function coreOf(app: FastifyInstance): Core {
+  return (app as FastifyInstance & { conduit: Core }).conduit;
+}
+
+async function createRun(app: FastifyInstance, payload: Record<string, unknown>) {
+  const res = await app.inject({ method: "POST", url: "/conduit/finetuning", headers: asAlice, payload });
+  assert.equal(res.statusCode, 200, res.body);
+  return res.json() as { id: string; status: string; config: Record<string, unknown> };
 }
 
 /** A core without HTTP (the queue's own view) and a dataset with one pair. */
@@ -146,6 +158,102 @@ for (const backend of backends()) {
         assert.equal(res.statusCode, status, `${JSON.stringify(payload)} → ${res.body}`);
         assert.equal(res.json().error.param, param, res.body);
       }
+      assert.deepEqual((await app.inject({ url: "/conduit/finetuning", headers: asAlice })).json(), []);
+    });
+
+    test("LoRA is the default method; explicit LoRA settings are stored; a full run stores null for them", async (t) => {
+      const { app } = await build(t, backend, models);
+      const ds = await datasetWithPairs(app);
+      const lora = (s: Record<string, unknown>) => ({
+        method: s.method,
+        loraRank: s.loraRank,
+        loraAlpha: s.loraAlpha,
+        loraTargets: s.loraTargets,
+      });
+      const cases: [Record<string, unknown>, Record<string, unknown>][] = [
+        [{}, { method: "lora", loraRank: 16, loraAlpha: 32, loraTargets: [...LORA_TARGETS] }],
+        [{ method: "lora" }, { method: "lora", loraRank: 16, loraAlpha: 32, loraTargets: [...LORA_TARGETS] }],
+        // alpha follows the rank unless given
+        [{ loraRank: 4 }, { method: "lora", loraRank: 4, loraAlpha: 8, loraTargets: [...LORA_TARGETS] }],
+        [
+          { loraRank: 256, loraAlpha: 0.5, loraTargets: ["ffn_down", "attn_q"] },
+          { method: "lora", loraRank: 256, loraAlpha: 0.5, loraTargets: ["ffn_down", "attn_q"] },
+        ],
+        [
+          { loraRank: 1, loraAlpha: 4096 },
+          { method: "lora", loraRank: 1, loraAlpha: 4096, loraTargets: [...LORA_TARGETS] },
+        ],
+        [{ method: "full" }, { method: "full", loraRank: null, loraAlpha: null, loraTargets: null }],
+      ];
+      for (const [settings, expected] of cases) {
+        const run = await createRun(app, { datasetID: ds.id, baseModelName: "tiny", ...settings });
+        assert.deepEqual(lora(run.config), expected, JSON.stringify(settings));
+        assert.equal(run.config.complexity, 1);
+        const stored = (await app.inject({ url: `/conduit/finetuning/${run.id}`, headers: asAlice })).json();
+        assert.deepEqual(lora(stored.config), expected, "as stored");
+      }
+    });
+
+    test("bad LoRA settings are a 400 naming the field, and nothing is queued", async (t) => {
+      const { app } = await build(t, backend, models);
+      const ds = await datasetWithPairs(app);
+      const cases: [Record<string, unknown>, string, RegExp][] = [
+        [{ loraRank: 0 }, "loraRank", /"loraRank" must be >= 1/],
+        [{ loraRank: 257 }, "loraRank", /"loraRank" must be <= 256/],
+        [{ loraRank: 1.5 }, "loraRank", /"loraRank" must be integer/],
+        [{ loraRank: "16" }, "loraRank", /"loraRank" must be integer/],
+        [{ loraAlpha: 0 }, "loraAlpha", /"loraAlpha" must be > 0/],
+        [{ loraAlpha: -1 }, "loraAlpha", /"loraAlpha" must be > 0/],
+        [{ loraAlpha: 4097 }, "loraAlpha", /"loraAlpha" must be <= 4096/],
+        [{ loraTargets: [] }, "loraTargets", /"loraTargets" must NOT have fewer than 1 items/],
+        [{ loraTargets: "attn_q" }, "loraTargets", /"loraTargets" must be array/],
+        [
+          { loraTargets: ["attn_k"] },
+          "loraTargets",
+          /"attn_k" cannot be a LoRA target: .*no gradient.*KV cache/,
+        ],
+        [{ loraTargets: ["attn_q", "attn_v"] }, "loraTargets", /"attn_v" cannot be a LoRA target/],
+        [
+          { loraTargets: ["attn_q", "mlp"] },
+          "loraTargets",
+          /"mlp" is not a LoRA target; the targets are attn_q, /,
+        ],
+        [{ loraTargets: ["ffn_up", "ffn_up"] }, "loraTargets", /"loraTargets" must NOT have duplicate items/],
+        [{ method: "qlora" }, "method", /"method" must be one of "lora", "full"/],
+        [
+          { method: "full", loraRank: 8 },
+          "loraRank",
+          /"loraRank" is a LoRA setting; leave it out with "method": "full"/,
+        ],
+        [{ method: "full", loraAlpha: 16 }, "loraAlpha", /"loraAlpha" is a LoRA setting/],
+        [{ method: "full", loraTargets: ["attn_q"] }, "loraTargets", /"loraTargets" is a LoRA setting/],
+      ];
+      for (const [settings, param, message] of cases) {
+        const res = await app.inject({
+          method: "POST",
+          url: "/conduit/finetuning",
+          headers: asAlice,
+          payload: { datasetID: ds.id, baseModelName: "tiny", ...settings },
+        });
+        assert.equal(res.statusCode, 400, `${JSON.stringify(settings)} → ${res.body}`);
+        const { error } = res.json();
+        assert.equal(error.code, "invalid_request", res.body);
+        assert.equal(error.param, param, res.body);
+        assert.match(error.message, message);
+      }
+      // The service refuses the same without the HTTP schema (the scheduler's and tests' way in).
+      await assert.rejects(
+        coreOf(app).runs.create("alice", { datasetID: ds.id, baseModelName: "tiny", loraTargets: [] }),
+        /at least one target/,
+      );
+      await assert.rejects(
+        coreOf(app).runs.create("alice", {
+          datasetID: ds.id,
+          baseModelName: "tiny",
+          loraTargets: ["attn_q", "attn_q"],
+        }),
+        /lists a target twice/,
+      );
       assert.deepEqual((await app.inject({ url: "/conduit/finetuning", headers: asAlice })).json(), []);
     });
 

@@ -9,9 +9,27 @@ export function errorBody(error: ConduitError) {
 
 interface ValidationIssue {
   instancePath: string;
+  schemaPath: string;
   keyword: string;
   message?: string;
   params: Record<string, unknown>;
+}
+
+/**
+ * The allowed values when a value failed a union of constants (TypeBox's union of literals: one
+ * `const` issue per branch, then `anyOf`), so the 400 lists them instead of "must be equal to constant".
+ */
+function unionOfConstants(issues: ValidationIssue[], instancePath: string): unknown[] | undefined {
+  const at = issues.filter((i) => i.instancePath === instancePath);
+  const union = at.find((i) => i.keyword === "anyOf");
+  if (!union) return undefined;
+  const prefix = `${union.schemaPath}/`;
+  const branch = (i: ValidationIssue) =>
+    i.schemaPath.startsWith(prefix) ? i.schemaPath.slice(prefix.length).split("/")[0] : undefined;
+  const branches = new Set(at.map(branch).filter((b) => b !== undefined));
+  const constants = at.filter((i) => i.keyword === "const");
+  if (constants.length === 0 || new Set(constants.map(branch)).size !== branches.size) return undefined;
+  return constants.map((i) => i.params.allowedValue);
 }
 
 /** Turns an Ajv validation failure into a 400 naming the field. */
@@ -28,6 +46,8 @@ function fromValidation(issues: ValidationIssue[], context: string | undefined):
   if (issue.keyword === "additionalProperties") reason = "is not a known field";
   if (issue.keyword === "pattern") reason = patternReasons[String(issue.params.pattern)] ?? reason;
   if (issue.keyword === "type" && segments.length === 0) reason = `must be ${String(issue.params.type)}`;
+  const allowed = unionOfConstants(issues, issue.instancePath);
+  if (allowed) reason = `must be one of ${allowed.map((v) => JSON.stringify(v)).join(", ")}`;
   const subject = param ? `${where === "body" ? "" : `${where} `}field "${param}"` : where;
   return new ConduitError("invalid_request", `${subject} ${reason}`.trim(), { param });
 }

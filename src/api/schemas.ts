@@ -1,4 +1,6 @@
 import { Type, type Static, type TSchema } from "@sinclair/typebox";
+import { LORA_TARGETS, UNTRAINABLE_LORA_TARGETS } from "../train/loraTargets.ts";
+import { loraLimits, runDefaults, TRAIN_METHODS } from "../train/RunService.ts";
 
 /**
  * One schema per wire type. Routes validate with these, the OpenAPI document is generated
@@ -178,11 +180,49 @@ export const RunConfigFields = {
   lr: Type.Optional(
     Type.Number({ exclusiveMinimum: 0, maximum: 1, description: "Learning rate. Defaults to `0.0005`." }),
   ),
+  method: Type.Optional(
+    Type.Union(
+      TRAIN_METHODS.map((m) => Type.Literal(m)),
+      {
+        description:
+          "`lora` trains a LoRA adapter on the frozen base model; `full` trains the model's weights themselves. " +
+          `Defaults to \`${runDefaults.method}\`.`,
+      },
+    ),
+  ),
+  loraRank: Type.Optional(
+    Type.Integer({
+      minimum: loraLimits.minRank,
+      maximum: loraLimits.maxRank,
+      description: `LoRA rank, ${loraLimits.minRank} to ${loraLimits.maxRank}; \`lora\` only. Defaults to \`${runDefaults.loraRank}\`.`,
+    }),
+  ),
+  loraAlpha: Type.Optional(
+    Type.Number({
+      exclusiveMinimum: 0,
+      maximum: loraLimits.maxAlpha,
+      description:
+        `LoRA alpha, in (0, ${loraLimits.maxAlpha}]; the adapter's output is scaled by alpha / rank; \`lora\` only. ` +
+        `Defaults to \`${runDefaults.loraAlphaPerRank}\` × \`loraRank\`.`,
+    }),
+  ),
+  loraTargets: Type.Optional(
+    Type.Array(Type.Union(LORA_TARGETS.map((t) => Type.Literal(t))), {
+      minItems: 1,
+      uniqueItems: true,
+      description:
+        "The weights that get adapters, by llama.cpp tensor name, each at most once; `lora` only. " +
+        `${UNTRAINABLE_LORA_TARGETS.map((t) => `\`${t}\``).join(" and ")} cannot be targets: this llama.cpp ` +
+        "release gives them no gradient (K and V pass through the KV cache). " +
+        `Defaults to all of them: ${LORA_TARGETS.map((t) => `\`${t}\``).join(", ")}.`,
+    }),
+  ),
   complexity: Type.Optional(
     Type.Number({
       exclusiveMinimum: 0,
       maximum: 1,
-      description: "Fraction of the top transformer blocks that train, in (0, 1]. Defaults to `1`.",
+      description:
+        "Fraction of the top transformer blocks that get adapters (`lora`) or train (`full`), in (0, 1]. Defaults to `1`.",
     }),
   ),
   steps: Type.Optional(

@@ -7,20 +7,39 @@ import { ConduitError } from "../errors.ts";
 import { newId } from "../store/ids.ts";
 import type { Page } from "../store/DatasetRepository.ts";
 import type { Run, RunRepository } from "../store/RunRepository.ts";
+import { LORA_TARGETS, UNTRAINABLE_LORA_TARGETS, type LoraTarget } from "./loraTargets.ts";
 
 /** Finds base models by id (the engine's model registry). */
 export interface ModelCatalog {
   resolve(id: string): ModelRef | undefined;
 }
 
+/** How a run fine-tunes: `lora` trains an adapter on the frozen base model, `full` the weights themselves. */
+export const TRAIN_METHODS = ["lora", "full"] as const;
+export type TrainMethod = (typeof TRAIN_METHODS)[number];
+
+/** Bounds of the LoRA settings; the API refuses values outside them. */
+export const loraLimits = { minRank: 1, maxRank: 256, maxAlpha: 4096 } as const;
+
+/**
+ * The method's settings as stored: a LoRA run holds its effective rank, alpha (the adapter's
+ * output is scaled by alpha / rank) and targets; a full run holds `null` for all three.
+ */
+export type TrainMethodConfig =
+  | { method: "lora"; loraRank: number; loraAlpha: number; loraTargets: LoraTarget[] }
+  | { method: "full"; loraRank: null; loraAlpha: null; loraTargets: null };
+
 /** The effective configuration of a run, as stored in `config` and shown to users. */
-export interface RunConfig {
+export type RunConfig = RunConfigFields & TrainMethodConfig;
+
+interface RunConfigFields {
   baseModelName: string;
   datasetID: string;
   datasetName: string;
   lr: number;
   epochs: number;
   steps: number | null;
+  /** Fraction of the top transformer blocks that get adapters (`lora`) or train (`full`). */
   complexity: number;
   systemPrompt: string;
   name: string;
@@ -42,6 +61,11 @@ export interface RunConfig {
 }
 
 export const runDefaults = {
+  method: "lora" as TrainMethod,
+  loraRank: 16,
+  /** The default alpha is this times the rank (a scale of 2). */
+  loraAlphaPerRank: 2,
+  loraTargets: LORA_TARGETS,
   lr: 5e-4,
   epochs: 3,
   complexity: 1,
@@ -52,6 +76,63 @@ export const runDefaults = {
   evalFraction: 0.1,
   seed: 42,
 };
+
+/**
+ * A run's method from its stored config. Runs created before LoRA existed have no `method`: they
+ * trained every weight.
+ */
+export function methodOf(config: Record<string, unknown>): TrainMethod {
+  return config.method === "lora" ? "lora" : "full";
+}
+
+/**
+ * Refuses LoRA targets that are not in `LORA_TARGETS`, naming the reason. Runs before the body
+ * schema's own check too (the route's `preValidation`), so that `attn_k` and `attn_v` get theirs
+ * instead of a bare "must be one of". Anything that is not a list of strings is left to the schema.
+ */
+export function checkLoraTargets(targets: unknown): void {
+  if (!Array.isArray(targets)) return;
+  for (const target of targets) {
+    if (typeof target !== "string" || (LORA_TARGETS as readonly string[]).includes(target)) continue;
+    const allowed = LORA_TARGETS.join(", ");
+    const message = (UNTRAINABLE_LORA_TARGETS as readonly string[]).includes(target)
+      ? `"${target}" cannot be a LoRA target: this llama.cpp release gives the attention K and V weights ` +
+        `no gradient (K and V pass through the KV cache), so an adapter on them would never train; ` +
+        `the targets are ${allowed}`
+      : `${JSON.stringify(target)} is not a LoRA target; the targets are ${allowed}`;
+    throw new ConduitError("invalid_request", message, { param: "loraTargets" });
+  }
+}
+
+/** The method and its settings, with defaults filled in; LoRA settings with method `full` are a 400. */
+function methodConfig(body: CreateRunBodyWire): TrainMethodConfig {
+  const method = body.method ?? runDefaults.method;
+  if (method === "full") {
+    for (const field of ["loraRank", "loraAlpha", "loraTargets"] as const)
+      if (body[field] !== undefined)
+        throw new ConduitError(
+          "invalid_request",
+          `"${field}" is a LoRA setting; leave it out with "method": "full" (or use "method": "lora")`,
+          { param: field },
+        );
+    return { method, loraRank: null, loraAlpha: null, loraTargets: null };
+  }
+  checkLoraTargets(body.loraTargets);
+  const targets = body.loraTargets ?? runDefaults.loraTargets;
+  if (targets.length === 0)
+    throw new ConduitError("invalid_request", '"loraTargets" needs at least one target', {
+      param: "loraTargets",
+    });
+  if (new Set(targets).size !== targets.length)
+    throw new ConduitError("invalid_request", '"loraTargets" lists a target twice', { param: "loraTargets" });
+  const loraRank = body.loraRank ?? runDefaults.loraRank;
+  return {
+    method,
+    loraRank,
+    loraAlpha: body.loraAlpha ?? runDefaults.loraAlphaPerRank * loraRank,
+    loraTargets: [...targets],
+  };
+}
 
 export interface RunEvents {
   /** A run was created or cancelled; the scheduler wakes up. */
@@ -72,6 +153,7 @@ export class RunService {
   ) {}
 
   async create(userId: string, body: CreateRunBodyWire): Promise<Run> {
+    const method = methodConfig(body);
     const datasetId = body.datasetID ?? body.datasetId;
     if (!datasetId && !body.datasetName)
       throw new ConduitError("invalid_request", 'one of "datasetID" and "datasetName" is required', {
@@ -109,6 +191,7 @@ export class RunService {
       epochs: body.epochs ?? runDefaults.epochs,
       steps: body.steps ?? null,
       complexity: body.complexity ?? runDefaults.complexity,
+      ...method,
       systemPrompt: body.systemPrompt ?? "",
       name: body.name ?? `${dataset.name}-${baseModelName}`,
       trackerProject: body.trackerProject ?? null,

@@ -4,6 +4,7 @@ import { Type } from "@sinclair/typebox";
 import type { TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
 import type { Core } from "../../core.ts";
 import { ConduitError } from "../../errors.ts";
+import { checkLoraTargets } from "../../train/RunService.ts";
 import { respondWithGeneration } from "../generate.ts";
 import { RunInferenceBody } from "../generationSchemas.ts";
 import { CreateRunBody, Message, PageQuery, Run, RunParams, responses } from "../schemas.ts";
@@ -28,6 +29,9 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
         body: CreateRunBody,
         response: responses({ 200: Run }),
       },
+      // Before the schema, so that a target like `attn_k` is refused with its reason.
+      preValidation: async (request) =>
+        checkLoraTargets((request.body as { loraTargets?: unknown } | null)?.loraTargets),
     },
     async (request) => runWire(await runs.create(request.userId, request.body)),
   );
