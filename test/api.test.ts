@@ -35,6 +35,7 @@ function endpoints(w: { ds: string; file: string; run: string }) {
     { method: "GET", url: `/conduit/finetuning/${w.run}/events` },
     { method: "POST", url: `/conduit/finetuning/${w.run}/inference`, payload: { prompt: "hi" } },
     ...generationWithRun(w.run),
+    { method: "GET", url: `/conduit/finetuning/${w.run}/artifact` },
     { method: "POST", url: `/conduit/finetuning/${w.run}/cancel` },
     { method: "DELETE", url: `/conduit/finetuning/${w.run}` },
   ] as const;

@@ -1,8 +1,10 @@
 import assert from "node:assert/strict";
+import fs from "node:fs";
+import path from "node:path";
 import { Readable } from "node:stream";
 import { describe, test, type TestContext } from "node:test";
 import type { FastifyInstance } from "fastify";
-import { asAlice, backends, build, KEY_A, testEnv } from "./helper.ts";
+import { asAlice, asBob, backends, build, KEY_A, testEnv } from "./helper.ts";
 import { loadConfig } from "../src/config.ts";
 import { createCore, type Core, type CoreOverrides } from "../src/core.ts";
 import { LORA_TARGETS } from "../src/train/loraTargets.ts";
@@ -38,6 +40,18 @@ async function createRun(app: FastifyInstance, payload: Record<string, unknown>)
   const res = await app.inject({ method: "POST", url: "/conduit/finetuning", headers: asAlice, payload });
   assert.equal(res.statusCode, 200, res.body);
   return res.json() as { id: string; status: string; config: Record<string, unknown> };
+}
+
+/** Polls a run until it has ended. */
+async function waitUntilEnded(app: FastifyInstance, id: string, timeoutMs = 120_000) {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const run = (await app.inject({ url: `/conduit/finetuning/${id}`, headers: asAlice })).json();
+    if (["READY", "FAILED", "CANCELLED"].includes(run.status))
+      return run as { status: string; logs: string[] };
+    if (Date.now() > deadline) throw new Error(`timed out; run is ${run.status}: ${run.logs.join("\n")}`);
+    await new Promise((r) => setTimeout(r, 200));
+  }
 }
 
 /** A core without HTTP (the queue's own view) and a dataset with one pair. */
@@ -257,6 +271,62 @@ for (const backend of backends()) {
       assert.deepEqual((await app.inject({ url: "/conduit/finetuning", headers: asAlice })).json(), []);
     });
 
+    test("artifact: the owner downloads a READY run's file; 409 before READY, 404 for others, 401 without a key", async (t) => {
+      const { app, config } = await build(t, backend, models);
+      const ds = await datasetWithPairs(app);
+      const run = await createRun(app, { datasetID: ds.id, baseModelName: "tiny" });
+      const url = `/conduit/finetuning/${run.id}/artifact`;
+
+      const queued = await app.inject({ url, headers: asAlice });
+      assert.equal(queued.statusCode, 409, queued.body);
+      assert.equal(queued.json().error.code, "conflict");
+      assert.match(queued.json().error.message, new RegExp(`run ${run.id} is QUEUED, not READY`));
+      const bobs = await app.inject({ url, headers: asBob });
+      assert.equal(bobs.statusCode, 404, bobs.body);
+      assert.equal(bobs.json().error.code, "not_found");
+      assert.equal((await app.inject({ url })).statusCode, 401);
+      assert.equal((await app.inject({ url, headers: { "x-api-key": "wrong-key-123" } })).statusCode, 401);
+
+      // READY, as a worker finishes it (training itself is below and in training.test.ts).
+      const file = path.join(config.dataDir, "adapter.gguf");
+      const bytes = Buffer.concat([Buffer.from("GGUF"), Buffer.alloc(300_000, 7)]);
+      fs.writeFileSync(file, bytes);
+      const repo = coreOf(app).runRepository;
+      assert.equal((await repo.claimNext("w", 60_000))?.id, run.id);
+      assert.ok(await repo.finish(run.id, "w", { status: "READY", modelPath: file }));
+      const res = await app.inject({ url, headers: asAlice });
+      assert.equal(res.statusCode, 200, res.body);
+      assert.equal(res.headers["content-type"], "application/octet-stream");
+      assert.equal(res.headers["content-length"], String(bytes.length));
+      assert.equal(res.headers["content-disposition"], `attachment; filename="${run.id}-lora.gguf"`);
+      assert.ok(res.rawPayload.equals(bytes), "the downloaded bytes are the stored file");
+      assert.equal((await app.inject({ url, headers: asBob })).statusCode, 404, "still not bob's");
+
+      // The file gone from disk: a clear 404, not a 500, and no server path in it.
+      fs.rmSync(file);
+      const missing = await app.inject({ url, headers: asAlice });
+      assert.equal(missing.statusCode, 404, missing.body);
+      assert.equal(missing.json().error.code, "not_found");
+      assert.match(
+        missing.json().error.message,
+        /is READY but its file .*-lora\.gguf is not in this server's storage/,
+      );
+      assert.ok(!missing.body.includes(config.dataDir), missing.body);
+
+      const cancelled = await createRun(app, { datasetID: ds.id, baseModelName: "tiny", method: "full" });
+      await app.inject({
+        method: "POST",
+        url: `/conduit/finetuning/${cancelled.id}/cancel`,
+        headers: asAlice,
+      });
+      const notReady = await app.inject({
+        url: `/conduit/finetuning/${cancelled.id}/artifact`,
+        headers: asAlice,
+      });
+      assert.equal(notReady.statusCode, 409);
+      assert.match(notReady.json().error.message, /is CANCELLED, not READY/);
+    });
+
     test("cancel a queued run; cancelling again is 409; delete", async (t) => {
       const { app } = await build(t, backend, models);
       const ds = await datasetWithPairs(app);
@@ -430,3 +500,22 @@ for (const backend of backends()) {
     });
   });
 }
+
+test("artifact: a full run trained on the tiny model downloads as <run id>.gguf, the stored model byte for byte", async (t) => {
+  const { app } = await build(t, "sqlite", { scheduler: { pollMs: 200, concurrency: 1 } });
+  coreOf(app).scheduler.start();
+  const ds = await datasetWithPairs(app);
+  const run = await createRun(app, { datasetID: ds.id, baseModelName: "tiny", method: "full", epochs: 1 });
+  const ended = await waitUntilEnded(app, run.id);
+  assert.equal(ended.status, "READY", ended.logs.join("\n"));
+  const stored = await coreOf(app).runs.artifact("alice", run.id);
+  const res = await app.inject({ url: `/conduit/finetuning/${run.id}/artifact`, headers: asAlice });
+  assert.equal(res.statusCode, 200, res.body);
+  assert.equal(res.headers["content-type"], "application/octet-stream");
+  assert.equal(res.headers["content-disposition"], `attachment; filename="${run.id}.gguf"`);
+  const expected = fs.readFileSync(stored.path);
+  assert.equal(res.headers["content-length"], String(expected.length));
+  assert.equal(stored.sizeBytes, expected.length);
+  assert.equal(res.rawPayload.subarray(0, 4).toString(), "GGUF");
+  assert.ok(res.rawPayload.equals(expected), "the downloaded bytes are the stored model");
+});

@@ -1,4 +1,5 @@
 import { EventEmitter } from "node:events";
+import fsp from "node:fs/promises";
 import type { CreateRunBodyWire } from "../api/schemas.ts";
 import type { DatasetService } from "../datasets/DatasetService.ts";
 import type { BlobStore } from "../store/BlobStore.ts";
@@ -134,6 +135,14 @@ function methodConfig(body: CreateRunBodyWire): TrainMethodConfig {
   };
 }
 
+/** A READY run's downloadable file: the adapter of a LoRA run, the model of a full run. */
+export interface RunArtifact {
+  path: string;
+  /** `<run id>-lora.gguf` or `<run id>.gguf`. */
+  fileName: string;
+  sizeBytes: number;
+}
+
 export interface RunEvents {
   /** A run was created or cancelled; the scheduler wakes up. */
   changed: [runId: string];
@@ -221,6 +230,28 @@ export class RunService {
     const run = await this.runs.get(userId, id);
     if (!run) throw new ConduitError("not_found", `run ${id} not found`, { param: "finetune_id" });
     return run;
+  }
+
+  /**
+   * What a READY run produced, for download: its adapter (`lora`) or its model (`full`). A run that
+   * is not READY is a 409; a READY run whose file is not on this server's disk a 404.
+   */
+  async artifact(userId: string, id: string): Promise<RunArtifact> {
+    const run = await this.get(userId, id);
+    if (run.status !== "READY" || !run.modelPath)
+      throw new ConduitError(
+        "conflict",
+        `run ${run.id} is ${run.status}, not READY; it has nothing to download yet`,
+      );
+    const fileName = methodOf(run.config) === "lora" ? `${run.id}-lora.gguf` : `${run.id}.gguf`;
+    const stat = await fsp.stat(run.modelPath).catch(() => undefined);
+    if (!stat?.isFile())
+      throw new ConduitError(
+        "not_found",
+        `run ${run.id} is READY but its file ${fileName} is not in this server's storage ` +
+          "(removed from disk, or trained by a server that does not share this one's data directory)",
+      );
+    return { path: run.modelPath, fileName, sizeBytes: stat.size };
   }
 
   list(userId: string, page: Page): Promise<Run[]> {

@@ -1,3 +1,4 @@
+import fs from "node:fs";
 import { setTimeout as sleep } from "node:timers/promises";
 import type { FastifyInstance } from "fastify";
 import { Type } from "@sinclair/typebox";
@@ -53,6 +54,46 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
     "/conduit/finetuning/:finetune_id",
     { schema: { tags, summary: "Read a run", params: RunParams, response: responses({ 200: Run }) } },
     async (request) => runWire(await runs.get(request.userId, request.params.finetune_id)),
+  );
+
+  r.get(
+    "/conduit/finetuning/:finetune_id/artifact",
+    {
+      schema: {
+        tags,
+        summary: "Download what a READY run produced",
+        description:
+          "Streams the run's GGUF file: for `method` `lora` its adapter (`<run id>-lora.gguf`, use it with the base " +
+          "model: `llama-server -m base.gguf --lora adapter.gguf`), for `full` the whole model (`<run id>.gguf`). " +
+          "A run that is not READY answers 409; a READY run whose file is not on this server's disk, 404.",
+        params: RunParams,
+        response: {
+          200: {
+            description: "The GGUF file, as an attachment.",
+            headers: {
+              "content-disposition": {
+                type: "string",
+                description:
+                  '`attachment; filename="<run id>-lora.gguf"` (LoRA) or `"<run id>.gguf"` (full).',
+              },
+              "content-length": { type: "integer", description: "The file's size in bytes." },
+            },
+            content: {
+              "application/octet-stream": { schema: Type.Unsafe({ type: "string", format: "binary" }) },
+            },
+          },
+          ...responses({}, [401, 404, 409]),
+        },
+      },
+    },
+    async (request, reply) => {
+      const artifact = await runs.artifact(request.userId, request.params.finetune_id);
+      return reply
+        .header("content-type", "application/octet-stream")
+        .header("content-length", String(artifact.sizeBytes))
+        .header("content-disposition", `attachment; filename="${artifact.fileName}"`)
+        .send(fs.createReadStream(artifact.path));
+    },
   );
 
   r.post(
