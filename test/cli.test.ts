@@ -9,6 +9,7 @@ import { test, type TestContext } from "node:test";
 import { fileURLToPath } from "node:url";
 import type { FastifyInstance } from "fastify";
 import { buildTestApp, testEnv } from "./helper.ts";
+import type { Core } from "../src/core.ts";
 
 const bin = fileURLToPath(new URL("../bin/conduit.js", import.meta.url));
 
@@ -181,6 +182,31 @@ test("the conduit CLI drives the whole loop against a real server", async (t) =>
   assert.ok(answers.every((a) => a.object === "chat.completion"));
   assert.equal(answers[0]?.choices[0]?.text, chatJson.choices[0].text, "same prompt, same greedy answer");
   assert.match(interactive.stderr, /> /);
+
+  // The run's result streams to a file: the bytes the server stored.
+  const result = path.join(environment.dataDir, "result.gguf");
+  const downloaded = await conduit(env, "--json", "runs", "download", runId, "-o", result);
+  assert.equal(downloaded.code, 0, downloaded.stderr);
+  const stored = await (app as FastifyInstance & { conduit: Core }).conduit.runs.artifact("carol", runId);
+  assert.deepEqual(JSON.parse(downloaded.stdout), { id: runId, path: result, sizeBytes: stored.sizeBytes });
+  assert.ok(fs.readFileSync(result).equals(fs.readFileSync(stored.path)));
+  const nothing = path.join(environment.dataDir, "nothing.gguf");
+  assert.equal((await conduit(env, "runs", "download", "ft_missing", "-o", nothing)).code, 3);
+  assert.equal(fs.existsSync(nothing) || fs.existsSync(`${nothing}.part`), false);
+  // LoRA settings are run options; the server refuses them with --method full (bad input).
+  const loraWithFull = await conduit(
+    env,
+    "runs",
+    "create",
+    "--dataset",
+    dataset.id,
+    "--method",
+    "full",
+    "--lora-rank",
+    "8",
+  );
+  assert.equal(loraWithFull.code, 2);
+  assert.match(loraWithFull.stderr, /"loraRank" is a LoRA setting/);
 
   // Exit codes that mean something.
   const ended = await conduit(env, "runs", "cancel", runId);

@@ -78,6 +78,11 @@ export class ApiClient {
     return (await response.json()) as T;
   }
 
+  /** A GET whose answer is a file: the response, with its headers and a body to stream to disk. */
+  async download(path: string): Promise<Response> {
+    return this.fetch(path, { method: "GET", headers: this.headers() });
+  }
+
   /** Server-Sent Events of a GET or POST, as messages; ends with the stream. */
   async *events(
     method: string,

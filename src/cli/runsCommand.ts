@@ -1,3 +1,7 @@
+import fs from "node:fs";
+import fsp from "node:fs/promises";
+import path from "node:path";
+import { pipeline } from "node:stream/promises";
 import { SingleBar } from "cli-progress";
 import type { Command } from "commander";
 import type { RunWire } from "../api/schemas.ts";
@@ -15,6 +19,49 @@ function formatSeconds(seconds: unknown): string {
   if (typeof seconds !== "number" || !Number.isFinite(seconds)) return "-";
   const s = Math.round(seconds);
   return s >= 60 ? `${Math.floor(s / 60)}m${String(s % 60).padStart(2, "0")}s` : `${s}s`;
+}
+
+/** The file name in a `Content-Disposition: attachment; filename="..."`, if it is a plain one. */
+function attachmentName(header: string | null): string | undefined {
+  const name = /filename="([^"]+)"/.exec(header ?? "")?.[1];
+  return name && /^[\w.-]+$/.test(name) && !name.startsWith(".") ? name : undefined;
+}
+
+/** Streams a READY run's artifact to `file` (through `<file>.part`, so a failed download leaves nothing). */
+async function download(ctx: CliContext, id: string, output: string | undefined) {
+  const response = await ctx.client().download(`/conduit/finetuning/${encodeURIComponent(id)}/artifact`);
+  const file = output ?? attachmentName(response.headers.get("content-disposition")) ?? `${id}.gguf`;
+  const total = Number(response.headers.get("content-length") ?? 0);
+  const mb = (n: number) => Math.round(n / 1024 / 1024);
+  const bar =
+    ctx.json || total === 0
+      ? undefined
+      : new SingleBar({ format: "{bar} {percentage}% {value}/{total} MB", stream: process.stderr });
+  bar?.start(mb(total), 0);
+  const part = `${file}.part`;
+  let received = 0;
+  try {
+    await pipeline(
+      response.body as unknown as AsyncIterable<Uint8Array>,
+      async function* (source: AsyncIterable<Uint8Array>) {
+        for await (const chunk of source) {
+          received += chunk.length;
+          bar?.update(mb(received));
+          yield chunk;
+        }
+      },
+      fs.createWriteStream(part),
+    );
+    if (total > 0 && received !== total)
+      throw new CliError(`the download of ${id} ended after ${received} of ${total} bytes`);
+    await fsp.rename(part, file);
+  } catch (error) {
+    await fsp.rm(part, { force: true });
+    throw error;
+  } finally {
+    bar?.stop();
+  }
+  return { id, path: path.resolve(file), sizeBytes: received };
 }
 
 /** Follows a run's event stream with a progress bar; resolves with its final status. */
@@ -75,8 +122,19 @@ export function runsCommand(program: Command, ctx: CliContext): void {
     .option("--epochs <n>", "passes over the data", number("epochs"))
     .option("--steps <n>", "cap on optimizer steps", number("steps"))
     .option(
+      "--method <method>",
+      'how to fine-tune: "lora" (an adapter, the default) or "full" (every weight)',
+    )
+    .option("--lora-rank <n>", "LoRA rank, 1 to 256 (default 16)", number("lora-rank"))
+    .option("--lora-alpha <n>", "LoRA alpha, in (0, 4096] (default 2 × rank)", number("lora-alpha"))
+    .option(
+      "--lora-targets <list>",
+      "comma-separated weights that get adapters (default all: attn_q,attn_output,ffn_gate,ffn_up,ffn_down)",
+      (value: string) => value.split(",").map((t) => t.trim()),
+    )
+    .option(
       "--complexity <fraction>",
-      "fraction of the top blocks that train, in (0, 1]",
+      "fraction of the top blocks that get adapters (lora) or train (full), in (0, 1]",
       number("complexity"),
     )
     .option("--system-prompt <text>", "system prompt to train and serve with")
@@ -84,7 +142,7 @@ export function runsCommand(program: Command, ctx: CliContext): void {
     .option("--tracker-project <name>", "experiment tracker project")
     .option("--tracker-entity <name>", "experiment tracker entity")
     .option("-w, --watch", "follow the run until it ends")
-    .action(async (opts: Record<string, string | number | boolean | undefined>) => {
+    .action(async (opts: Record<string, string | string[] | number | boolean | undefined>) => {
       if (!opts.dataset && !opts.datasetName)
         throw new CliError("pass --dataset <id> or --dataset-name <name>", exitCodes.usage);
       const body = Object.fromEntries(
@@ -95,6 +153,10 @@ export function runsCommand(program: Command, ctx: CliContext): void {
           lr: opts.lr,
           epochs: opts.epochs,
           steps: opts.steps,
+          method: opts.method,
+          loraRank: opts.loraRank,
+          loraAlpha: opts.loraAlpha,
+          loraTargets: opts.loraTargets,
           complexity: opts.complexity,
           systemPrompt: opts.systemPrompt,
           name: opts.name,
@@ -164,6 +226,16 @@ export function runsCommand(program: Command, ctx: CliContext): void {
     .action(async (id: string) => {
       const status = await watch(ctx, id);
       if (status !== "READY") process.exitCode = exitCodes.failure;
+    });
+
+  runs
+    .command("download")
+    .description("download a READY run's result: its LoRA adapter, or the model of a full run")
+    .argument("<run-id>")
+    .option("-o, --output <file>", "file to write (default: <run id>-lora.gguf or <run id>.gguf, here)")
+    .action(async (id: string, opts: { output?: string }) => {
+      const result = await download(ctx, id, opts.output);
+      ctx.print(result, () => console.log(`${result.path} (${result.sizeBytes} bytes)`));
     });
 
   runs
