@@ -258,6 +258,14 @@ test("dashboard end to end in Chromium", { timeout: 600_000 }, async (t) => {
     assert.equal(await page.getByLabel("Epochs", { exact: true }).inputValue(), "3");
     assert.equal(await page.getByLabel("Complexity", { exact: true }).inputValue(), "1");
     assert.equal(await page.getByLabel("Steps", { exact: true }).inputValue(), "");
+    assert.equal(await page.getByLabel("Method", { exact: true }).inputValue(), "lora");
+    assert.equal(await page.getByLabel("LoRA rank", { exact: true }).inputValue(), "16");
+    assert.equal(await page.getByLabel("LoRA alpha", { exact: true }).inputValue(), "");
+    // The LoRA settings are there for LoRA runs only.
+    await page.getByLabel("Method", { exact: true }).selectOption("full");
+    assert.equal(await page.getByLabel("LoRA rank", { exact: true }).count(), 0);
+    await page.getByLabel("Method", { exact: true }).selectOption("lora");
+    await page.getByLabel("LoRA rank", { exact: true }).waitFor();
     for (const label of ["System prompt", "Name", "Tracker project", "Tracker entity"])
       await page.getByLabel(label, { exact: true }).waitFor();
     await page.getByLabel("Dataset", { exact: true }).selectOption({ label: "hellos (60 pairs)" });

@@ -101,6 +101,9 @@ interface FormState {
   lr: string;
   epochs: string;
   steps: string;
+  method: NonNullable<CreateRunBody["method"]>;
+  loraRank: string;
+  loraAlpha: string;
   complexity: string;
   systemPrompt: string;
   name: string;
@@ -108,7 +111,15 @@ interface FormState {
   trackerEntity: string;
 }
 
-const defaults = { lr: "0.0005", epochs: "3", steps: "", complexity: "1" };
+const defaults = {
+  lr: "0.0005",
+  epochs: "3",
+  steps: "",
+  method: "lora" as const,
+  loraRank: "16",
+  loraAlpha: "",
+  complexity: "1",
+};
 
 /** The request body: numbers parsed, empty optional fields left out so the server's defaults apply. */
 function runBody(form: FormState): CreateRunBody {
@@ -117,6 +128,10 @@ function runBody(form: FormState): CreateRunBody {
   if (form.lr.trim()) body.lr = Number(form.lr);
   if (form.epochs.trim()) body.epochs = Number(form.epochs);
   if (form.steps.trim()) body.steps = Number(form.steps);
+  body.method = form.method;
+  // The LoRA settings belong to LoRA runs only (the server refuses them with "full").
+  if (form.method === "lora" && form.loraRank.trim()) body.loraRank = Number(form.loraRank);
+  if (form.method === "lora" && form.loraAlpha.trim()) body.loraAlpha = Number(form.loraAlpha);
   if (form.complexity.trim()) body.complexity = Number(form.complexity);
   if (form.systemPrompt) body.systemPrompt = form.systemPrompt;
   if (form.name.trim()) body.name = form.name.trim();
@@ -209,8 +224,43 @@ function RunForm({ datasetId }: { datasetId: string | null }) {
       h(
         Field,
         {
+          label: "Method",
+          hint: "LoRA trains a small adapter on the frozen base model; full trains every weight. Default LoRA.",
+        },
+        h(
+          "select",
+          { name: "method", value: form.method, onChange: set("method") },
+          h("option", { value: "lora" }, "LoRA adapter"),
+          h("option", { value: "full" }, "Full fine-tune"),
+        ),
+      ),
+      form.method === "lora" &&
+        h(
+          Field,
+          { label: "LoRA rank", hint: "1 to 256. Default 16." },
+          text("loraRank", { type: "number", step: "1", min: "1", max: "256" }),
+        ),
+      form.method === "lora" &&
+        h(
+          Field,
+          {
+            label: "LoRA alpha",
+            hint: "The adapter is scaled by alpha / rank; in (0, 4096]. Default 2 × rank.",
+          },
+          text("loraAlpha", {
+            type: "number",
+            step: "any",
+            min: "0",
+            max: "4096",
+            inputMode: "decimal",
+            placeholder: "2 × rank",
+          }),
+        ),
+      h(
+        Field,
+        {
           label: "Complexity",
-          hint: "Fraction of the top transformer blocks that train, in (0, 1]. Default 1.",
+          hint: "Fraction of the top transformer blocks that get adapters (LoRA) or train (full), in (0, 1]. Default 1.",
         },
         text("complexity", { type: "number", step: "any", min: "0", max: "1", inputMode: "decimal" }),
       ),
