@@ -241,7 +241,7 @@ export class RunService {
     if (run.status !== "READY" || !run.modelPath)
       throw new ConduitError(
         "conflict",
-        `run ${run.id} is ${run.status}, not READY; it has nothing to download yet`,
+        `run ${run.id} is ${run.status}, not READY; only a READY run has a file to download`,
       );
     const fileName = methodOf(run.config) === "lora" ? `${run.id}-lora.gguf` : `${run.id}.gguf`;
     const stat = await fsp.stat(run.modelPath).catch(() => undefined);
