@@ -96,6 +96,7 @@ function endlessEngine(): Engine {
       queueDepth: 0,
       activeGenerations: 0,
       loadedModels: 0,
+      loadedBases: 0,
       loadingModels: 0,
       completedGenerations: 0,
       rejectedRequests: 0,

@@ -95,7 +95,7 @@ function startScheduler(app: FastifyInstance) {
 }
 
 describe("fine-tuning runs on the tiny model", () => {
-  test("memorises 20 IO pairs: greedy inference through the API reproduces at least 18", async (t) => {
+  test("full fine-tuning memorises 20 IO pairs: greedy inference through the API reproduces at least 18", async (t) => {
     const env = await testEnv(t);
     // The default tiny model (64 wide) memorises too slowly for a test; 128 wide does it in ~30 s.
     await createTinyModel(path.join(env.dataDir, "models", "tiny128.gguf"), {
@@ -105,7 +105,13 @@ describe("fine-tuning runs on the tiny model", () => {
     const app = await trainingApp(t, env);
     startScheduler(app);
     const datasetID = await datasetOf(app, pairs);
-    const id = await startRun(app, { datasetID, baseModelName: "tiny128", lr: 0.003, epochs: 200 });
+    const id = await startRun(app, {
+      datasetID,
+      baseModelName: "tiny128",
+      method: "full",
+      lr: 0.003,
+      epochs: 200,
+    });
     const run = await waitFor(app, id, (r) => ["READY", "FAILED", "CANCELLED"].includes(r.status));
     assert.equal(run.status, "READY", run.logs.join("\n"));
     assert.ok(run.stats.step > 0 && run.stats.step === run.stats.totalSteps);

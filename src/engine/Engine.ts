@@ -3,7 +3,10 @@ import type { GenerationRequest, GenerationResult, ModelRef } from "./types.ts";
 /** A model the engine holds in memory. */
 export interface LoadedModelInfo {
   id: string;
+  /** The weights' file (the shared base, for a LoRA model). */
   path: string;
+  /** The LoRA adapter applied on `path`, if any. */
+  lora?: string;
   sizeBytes: number;
   /** Generations running on this model now (at most `parallelSequences`). */
   activeSequences: number;
@@ -19,7 +22,10 @@ export interface EngineStats {
   queueDepth: number;
   /** Generations running now, across all models. */
   activeGenerations: number;
+  /** Servable models loaded (a base and each of its adapters count one each). */
   loadedModels: number;
+  /** Distinct weight files in memory: LoRA adapters of one base share it. */
+  loadedBases: number;
   /** Models being loaded now. */
   loadingModels: number;
   /** Generations finished since start (any finish reason; aborted and failed ones not counted). */

@@ -115,10 +115,26 @@ interface Generation {
   startedAt: number;
 }
 
+/** Base weights in memory, shared by every context (the bare model and each LoRA adapter) that uses them. */
+interface LoadedBase {
+  path: string;
+  model: LlamaModel;
+  sizeBytes: number;
+  /** Contexts (LoadedModel entries) on these weights; the weights are released with the last one. */
+  users: number;
+}
+
+/**
+ * One servable model: a context with its sequences on a loaded base, with a LoRA adapter applied when the
+ * ref has one. llama.cpp applies adapters per context, so each adapter in use has its own context (and KV
+ * cache) while the weights are loaded once: bench/README.md §LoRA serving measures this against switching.
+ */
 interface LoadedModel {
   key: string;
   ref: ModelRef;
+  /** The adapter file's size for a LoRA model, else the base's (the base itself is counted once, in `bases`). */
   sizeBytes: number;
+  base: LoadedBase;
   model: LlamaModel;
   context: LlamaContext;
   native: NativeBinding;
@@ -154,6 +170,8 @@ class LlamaEngine implements Engine {
   private readonly ownsLlama: boolean;
   private readonly models = new Map<string, LoadedModel>();
   private readonly loading = new Map<string, Promise<LoadedModel>>();
+  private readonly bases = new Map<string, LoadedBase>();
+  private readonly loadingBases = new Map<string, Promise<LoadedBase>>();
   private waiting = 0;
   /** Requests waiting for their model to load. */
   private loadWaiting = 0;
@@ -189,7 +207,7 @@ class LlamaEngine implements Engine {
     validateSampling(sampling);
     signal?.throwIfAborted();
 
-    const ready = this.models.get(request.model.path);
+    const ready = this.models.get(modelKey(request.model));
     let loaded: LoadedModel;
     if (ready) loaded = ready;
     else {
@@ -245,6 +263,7 @@ class LlamaEngine implements Engine {
     return [...this.models.values()].map((m) => ({
       id: m.ref.id,
       path: m.ref.path,
+      ...(m.ref.lora ? { lora: m.ref.lora.path } : {}),
       sizeBytes: m.sizeBytes,
       activeSequences: m.active.size,
       queuedRequests: m.waiters.length,
@@ -260,6 +279,7 @@ class LlamaEngine implements Engine {
       queueDepth: this.waiting + this.loadWaiting,
       activeGenerations: active,
       loadedModels: this.models.size,
+      loadedBases: this.bases.size,
       loadingModels: this.loading.size,
       completedGenerations: this.counters.completed,
       rejectedRequests: this.counters.rejected,
@@ -305,7 +325,7 @@ class LlamaEngine implements Engine {
 
   /** Loads a model once; concurrent callers share the same promise. */
   private loadModel(ref: ModelRef): Promise<LoadedModel> {
-    const key = ref.path;
+    const key = modelKey(ref);
     const loaded = this.models.get(key);
     if (loaded) return Promise.resolve(loaded);
     let promise = this.loading.get(key);
@@ -317,39 +337,50 @@ class LlamaEngine implements Engine {
   }
 
   private async doLoad(ref: ModelRef): Promise<LoadedModel> {
-    let sizeBytes: number;
+    const sizeOf = (file: string) => {
+      try {
+        return fs.statSync(file).size;
+      } catch (error) {
+        throw new ConduitError("model_not_found", `The model '${ref.id}' does not exist.`, {
+          param: "model",
+          cause: error,
+        });
+      }
+    };
+    const baseBytes = sizeOf(ref.path);
+    const adapterBytes = ref.lora ? sizeOf(ref.lora.path) : 0;
+    // A base already in memory costs nothing more; an adapter costs its own file.
+    const sizeBytes = ref.lora ? adapterBytes : baseBytes;
+    await this.makeRoomFor((this.bases.has(ref.path) ? 0 : baseBytes) + (ref.lora ? adapterBytes : 0));
+    let base: LoadedBase | undefined;
+    let context: LlamaContext | undefined;
     try {
-      sizeBytes = fs.statSync(ref.path).size;
-    } catch (error) {
-      throw new ConduitError("model_not_found", `The model '${ref.id}' does not exist.`, {
-        param: "model",
-        cause: error,
-      });
-    }
-    await this.makeRoomFor(sizeBytes);
-    let model: LlamaModel | undefined;
-    try {
-      const llama = await this.getLlama();
-      model = await llama.loadModel({ modelPath: ref.path, gpuLayers: this.gpu === false ? 0 : "auto" });
+      base = await this.acquireBase(ref.path, baseBytes);
+      const model = base.model;
       const contextSize = Math.max(
         16,
         Math.min(this.contextSize, model.trainContextSize || this.contextSize),
       );
-      const context = await model.createContext({
+      context = await model.createContext({
         contextSize,
         sequences: this.parallel,
         threads: this.threads,
         batchSize: Math.min(this.batchSize, contextSize),
         // One loaded context serves many requests; do not fail over to a smaller size silently.
         failedCreationRemedy: false,
+        ...(ref.lora
+          ? { lora: { adapters: [{ filePath: ref.lora.path, scale: ref.lora.scale ?? 1 }] } }
+          : {}),
       });
       const template = await loadChatTemplate(ref);
+      const llama = await this.getLlama();
       const native = bindNative(llama, model, context);
       native.context.setThreads(this.threads);
       const entry: LoadedModel = {
-        key: ref.path,
+        key: modelKey(ref),
         ref,
         sizeBytes,
+        base,
         model,
         context,
         native,
@@ -366,15 +397,12 @@ class LlamaEngine implements Engine {
         idle: Promise.resolve(),
         markIdle: () => {},
       };
-      if (this.disposed) {
-        await context.dispose();
-        await model.dispose();
-        throw new ConduitError("unavailable", "The inference engine is shutting down.");
-      }
+      if (this.disposed) throw new ConduitError("unavailable", "The inference engine is shutting down.");
       this.models.set(entry.key, entry);
       return entry;
     } catch (error) {
-      await model?.dispose().catch(() => {});
+      await context?.dispose().catch(() => {});
+      if (base) await this.releaseBase(base);
       if (error instanceof ConduitError) throw error;
       this.logger(
         "error",
@@ -384,10 +412,43 @@ class LlamaEngine implements Engine {
     }
   }
 
+  /** The base weights at `path`, loaded once and counted as one more user. */
+  private async acquireBase(path: string, sizeBytes: number): Promise<LoadedBase> {
+    let base = this.bases.get(path);
+    if (!base) {
+      let loading = this.loadingBases.get(path);
+      if (!loading) {
+        loading = (async () => {
+          const llama = await this.getLlama();
+          const model = await llama.loadModel({
+            modelPath: path,
+            gpuLayers: this.gpu === false ? 0 : "auto",
+          });
+          const loaded: LoadedBase = { path, model, sizeBytes, users: 0 };
+          this.bases.set(path, loaded);
+          return loaded;
+        })().finally(() => this.loadingBases.delete(path));
+        this.loadingBases.set(path, loading);
+      }
+      base = await loading;
+    }
+    base.users++;
+    return base;
+  }
+
+  /** One user fewer; the weights are freed with the last. */
+  private async releaseBase(base: LoadedBase): Promise<void> {
+    base.users--;
+    if (base.users > 0) return;
+    this.bases.delete(base.path);
+    await base.model.dispose().catch(() => {});
+  }
+
   /** Unloads least recently used idle models until `incoming` more bytes fit the budget. */
   private async makeRoomFor(incoming: number): Promise<void> {
     let used = 0;
-    for (const m of this.models.values()) used += m.sizeBytes;
+    for (const b of this.bases.values()) used += b.sizeBytes;
+    for (const m of this.models.values()) if (m.ref.lora) used += m.sizeBytes;
     const idle = [...this.models.values()]
       .filter((m) => m.active.size === 0 && m.waiters.length === 0 && m.users === 0)
       .sort((a, b) => a.lastUsed - b.lastUsed);
@@ -395,7 +456,9 @@ class LlamaEngine implements Engine {
       if (used + incoming <= this.memoryBudget) break;
       // Unloading awaits; a victim may have been picked up by a request meanwhile.
       if (victim.active.size > 0 || victim.waiters.length > 0 || victim.users > 0) continue;
-      used -= victim.sizeBytes;
+      // The base's bytes come back only when its last context goes.
+      used -=
+        (victim.ref.lora ? victim.sizeBytes : 0) + (victim.base.users === 1 ? victim.base.sizeBytes : 0);
       await this.unload(victim);
     }
   }
@@ -404,7 +467,7 @@ class LlamaEngine implements Engine {
     this.models.delete(m.key);
     await m.idle;
     await m.context.dispose().catch(() => {});
-    await m.model.dispose().catch(() => {});
+    await this.releaseBase(m.base);
   }
 
   // ---- admission ----
@@ -665,6 +728,11 @@ class LlamaEngine implements Engine {
   private ensureOpen(): void {
     if (this.disposed) throw new ConduitError("unavailable", "The inference engine is shutting down.");
   }
+}
+
+/** Models are told apart by their weights and their adapter: one base serves many adapters. */
+function modelKey(ref: ModelRef): string {
+  return ref.lora ? `${ref.path}\0${ref.lora.path}\0${ref.lora.scale ?? 1}` : ref.path;
 }
 
 function settle(gen: Generation, answer: () => void): void {

@@ -3,6 +3,7 @@ import type { Engine } from "../engine/Engine.ts";
 import type { ModelRegistry } from "../model/ModelRegistry.ts";
 import type { ChatMessage, GenerationResult, ModelRef, SamplingOptions } from "../engine/types.ts";
 import type { RunRepository } from "../store/RunRepository.ts";
+import { methodOf } from "../train/RunService.ts";
 
 export interface InferenceRequest {
   /** A model id from the registry, or the id of one of the user's READY runs. Defaults to `CONDUIT_DEFAULT_MODEL`. */
@@ -54,7 +55,19 @@ export class InferenceService {
       });
     if (name.startsWith("ft_")) {
       const run = await this.runs.get(userId, name);
-      if (run?.status === "READY" && run.modelPath) return { id: run.id, path: run.modelPath };
+      if (run?.status === "READY" && run.modelPath) {
+        if (methodOf(run.config) === "full") return { id: run.id, path: run.modelPath };
+        // A LoRA run is its base model plus its adapter: the engine loads the base once for all of them.
+        const baseName = String(run.config.baseModelName);
+        const base = this.registry.resolve(baseName);
+        if (!base)
+          throw new ConduitError(
+            "conflict",
+            `run ${run.id} is a LoRA adapter of base model "${baseName}", which is no longer in the models directory`,
+            { param },
+          );
+        return { id: run.id, path: base.path, lora: { path: run.modelPath } };
+      }
       if (run)
         throw new ConduitError("conflict", `run ${run.id} is ${run.status}, not READY; it cannot serve yet`, {
           param,

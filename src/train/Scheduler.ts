@@ -9,7 +9,7 @@ import type { ChatMessage, ModelRef } from "../model/types.ts";
 import type { BlobStore } from "../store/BlobStore.ts";
 import type { Run, RunRepository } from "../store/RunRepository.ts";
 import type { TrainerOutputType, TrainerProgress } from "./protocol.ts";
-import type { ModelCatalog, RunConfig, RunService } from "./RunService.ts";
+import { methodOf, type ModelCatalog, type RunConfig, type RunService } from "./RunService.ts";
 import { startTrainer, type TrainerHandle } from "./trainer.ts";
 
 export interface SchedulerOptions {
@@ -157,9 +157,11 @@ export class Scheduler {
   private async train(active: ActiveRun): Promise<void> {
     const { run } = active;
     const config = run.config as unknown as RunConfig;
+    const lora = methodOf(run.config) === "lora" && config.method === "lora" ? config : undefined;
     const runDir = `runs/${run.id}`;
     const workDir = this.blobs.pathOf(`${runDir}/work`);
-    const outputPath = this.blobs.pathOf(`${runDir}/model.gguf`);
+    // A LoRA run keeps only its adapter; it is served on the shared base model.
+    const outputPath = this.blobs.pathOf(`${runDir}/${lora ? "adapter" : "model"}.gguf`);
     try {
       await this.appendLog(run.id, `training started on ${this.workerId} (attempt ${run.attempts})`);
       const base = this.models.resolve(config.baseModelName);
@@ -189,6 +191,10 @@ export class Scheduler {
       if (active.stopping) return;
       const handle = startTrainer(
         {
+          method: lora ? "lora" : "full",
+          ...(lora
+            ? { lora: { rank: lora.loraRank, alpha: lora.loraAlpha, targets: lora.loraTargets } }
+            : {}),
           baseModelPath: base.path,
           outputPath,
           workDir,
@@ -222,14 +228,19 @@ export class Scheduler {
       const outcome = await handle.done;
 
       if (outcome.status === "completed") {
-        await restoreContextLength(base.path, outputPath);
+        if (!lora) await restoreContextLength(base.path, outputPath);
         await writeStats({ final: outcome.stats });
         const finished = await this.runs.finish(run.id, this.workerId, {
           status: "READY",
           modelPath: outputPath,
         });
         if (finished)
-          await this.appendLog(run.id, `run READY: the fine-tuned model is served as "${run.id}"`);
+          await this.appendLog(
+            run.id,
+            lora
+              ? `run READY: served as "${run.id}" (LoRA adapter of ${(outcome.stats.outputBytes / 2 ** 20).toFixed(2)} MiB on ${base.id})`
+              : `run READY: the fine-tuned model is served as "${run.id}"`,
+          );
         else await this.blobs.remove(runDir);
       } else if (outcome.status === "cancelled" || active.stopping === "cancel") {
         await this.blobs.remove(runDir);
@@ -250,7 +261,8 @@ export class Scheduler {
     this.log.warn({ runId: run.id, reason }, "run failed");
     await this.appendLog(run.id, `run failed: ${reason}`);
     await this.runs.finish(run.id, this.workerId, { status: "FAILED", error: reason });
-    await this.blobs.remove(`runs/${run.id}/model.gguf`).catch(() => undefined);
+    for (const file of ["model.gguf", "adapter.gguf"])
+      await this.blobs.remove(`runs/${run.id}/${file}`).catch(() => undefined);
   }
 
   /** Each pair as a conversation in the base model's chat template: exactly what inference will format. */

@@ -5,6 +5,8 @@
  * `cancelled` or `error`, and exits.
  */
 
+import type { LoraTarget } from "./loraTargets.ts";
+
 /** Quantization types the trained model can be written as (llama.cpp `llama_ftype` names). */
 export type TrainerOutputType =
   | "F32"
@@ -38,8 +40,28 @@ export interface LearningRateSchedule {
   minFraction?: number;
 }
 
-/** A fine-tuning job: full-weight training of the top transformer blocks of a GGUF model. */
+/** A LoRA adapter's shape. */
+export interface LoraJobOptions {
+  /** Rank of the A·B update. */
+  rank: number;
+  /** llama.cpp scales the update by `alpha / rank`. */
+  alpha: number;
+  /** Weights of each adapted block that get an adapter. */
+  targets: LoraTarget[];
+}
+
+/**
+ * A fine-tuning job on a GGUF model: a LoRA adapter trained on the frozen base (`method: "lora"`), or
+ * full-weight training of the top transformer blocks (`"full"`).
+ */
 export interface TrainerJob {
+  /**
+   * `"lora"` writes an adapter GGUF to `outputPath` (the base stays frozen, in its own type when quantized);
+   * `"full"` writes a whole model. Defaults to `"full"`.
+   */
+  method?: "lora" | "full";
+  /** The adapter's rank, alpha and targets; required with `method: "lora"`. */
+  lora?: LoraJobOptions;
   /** The GGUF model to start from; any type llama.cpp can dequantize (it is converted to F32 first). */
   baseModelPath: string;
   /** Where the trained GGUF is written, atomically (temp file + rename in the same directory). */
@@ -77,9 +99,11 @@ export interface TrainerJob {
 }
 
 /** A job with every default applied; this is what crosses the IPC channel. */
-export type ResolvedTrainerJob = Required<Omit<TrainerJob, "maxSteps" | "lrSchedule">> & {
+export type ResolvedTrainerJob = Required<Omit<TrainerJob, "maxSteps" | "lrSchedule" | "lora">> & {
   maxSteps: number | null;
   lrSchedule: Required<LearningRateSchedule>;
+  /** Set with `method: "lora"`, else `null`. */
+  lora: LoraJobOptions | null;
 };
 
 export interface TrainerProgress {
@@ -119,6 +143,8 @@ export interface TrainingStats {
   elapsedSeconds: number;
   trainableTensors: number;
   trainableParameters: number;
+  /** Size of what was written: the adapter (LoRA) or the model (full). */
+  outputBytes: number;
   /** Peak resident memory of the trainer process. */
   peakRssBytes: number;
 }

@@ -5,6 +5,7 @@
 import { fork } from "node:child_process";
 import readline from "node:readline";
 import { fileURLToPath } from "node:url";
+import { LORA_TARGETS } from "./loraTargets.ts";
 import type {
   ChildMessage,
   ParentMessage,
@@ -17,6 +18,7 @@ import type {
 
 export type {
   LearningRateSchedule,
+  LoraJobOptions,
   TrainerJob,
   TrainerOutputType,
   TrainerProgress,
@@ -84,7 +86,10 @@ export function resolveTrainerJob(job: TrainerJob): ResolvedTrainerJob {
     if (!ok) throw new RangeError(`trainer job: ${field} ${rule}`);
   };
   const isPositiveInteger = (value: number) => Number.isInteger(value) && value >= 1;
+  const method = job.method ?? "full";
   const resolved: ResolvedTrainerJob = {
+    method,
+    lora: method === "lora" ? (job.lora ?? null) : null,
     baseModelPath: job.baseModelPath,
     outputPath: job.outputPath,
     workDir: job.workDir,
@@ -105,6 +110,18 @@ export function resolveTrainerJob(job: TrainerJob): ResolvedTrainerJob {
     },
     weightDecay: job.weightDecay ?? 0,
   };
+  check(method === "lora" || method === "full", "method", 'must be "lora" or "full"');
+  if (method === "lora") {
+    const lora = resolved.lora;
+    check(lora !== null, "lora", 'is required with method "lora"');
+    check(isPositiveInteger(lora!.rank), "lora.rank", "must be an integer >= 1");
+    check(Number.isFinite(lora!.alpha) && lora!.alpha > 0, "lora.alpha", "must be > 0");
+    check(
+      lora!.targets.length > 0 && lora!.targets.every((t) => (LORA_TARGETS as readonly string[]).includes(t)),
+      "lora.targets",
+      `must be a non-empty list of ${LORA_TARGETS.join(", ")}`,
+    );
+  }
   check(resolved.samples.length > 0, "samples", "must not be empty");
   check(Number.isFinite(resolved.learningRate) && resolved.learningRate > 0, "learningRate", "must be > 0");
   check(isPositiveInteger(resolved.epochs), "epochs", "must be an integer >= 1");

@@ -84,7 +84,16 @@ async function metricsPlugin(app: FastifyInstance, { core }: { core: Core }) {
     () => stats().queueDepth,
   );
   gauge("conduit_active_generations", "Generations running now", () => stats().activeGenerations);
-  gauge("conduit_loaded_models", "Models held in memory", () => stats().loadedModels);
+  gauge(
+    "conduit_loaded_models",
+    "Servable models held in memory (a base and each LoRA adapter on it count one each)",
+    () => stats().loadedModels,
+  );
+  gauge(
+    "conduit_loaded_base_models",
+    "Distinct model weights held in memory (LoRA adapters share their base)",
+    () => stats().loadedBases,
+  );
 
   app.addHook("onResponse", async (request, reply) => {
     const route = request.routeOptions.url ?? "unmatched";

@@ -100,6 +100,8 @@ export interface GgufTensorInfo {
   name: string;
   /** Shape in ggml order (`dims[0]` is the row length). */
   dims: number[];
+  /** `enum ggml_type` of the data (0 F32, 1 F16, 2 Q4_0, 3 Q4_1, 8 Q8_0, 12 Q4_K, ...). */
+  type: number;
 }
 
 /** The tensors a GGUF file holds (names and shapes, not their data). */
@@ -117,9 +119,9 @@ export async function readGgufTensorInfos(path: string): Promise<GgufTensorInfo[
       for (let i = 0; i < tensorCount; i++) {
         const name = cursor.string();
         const dims = Array.from({ length: cursor.u32() }, () => cursor.u64());
-        cursor.u32(); // type
+        const type = cursor.u32();
         cursor.u64(); // data offset
-        tensors.push({ name, dims });
+        tensors.push({ name, dims, type });
       }
       return tensors;
     });

@@ -29,6 +29,19 @@ export function trainingGraphNodes(modelTensors: number): number {
   return 14 * modelTensors + 256;
 }
 
+/**
+ * Extra graph nodes a LoRA training step needs per adapted weight (pair of adapter tensors), on top of
+ * {@link trainingGraphNodes}: forward (2 MUL_MAT, SCALE, ADD), their backward, gradient accumulation and two
+ * AdamW steps. Measured on this release by counting the nodes of a training graph (LORA_NODES_PER_PAIR
+ * comment in bench/README.md §LoRA); this carries a margin.
+ */
+export const LORA_NODES_PER_PAIR = 24;
+
+/** Graph nodes a LoRA training step with `loraPairs` adapted weights needs, with margin. */
+export function loraTrainingGraphNodes(modelTensors: number, loraPairs: number): number {
+  return trainingGraphNodes(modelTensors) + LORA_NODES_PER_PAIR * loraPairs;
+}
+
 export interface HeadroomAdapter {
   /** Tensor pairs in the adapter (each loaded copy adds 6 graph nodes per pair). */
   pairs: number;
@@ -43,11 +56,14 @@ export interface HeadroomAdapter {
 export async function writeHeadroomAdapter(
   modelPath: string,
   adapterPath: string,
+  loraPairs = 0,
 ): Promise<HeadroomAdapter | undefined> {
   // Read by hand rather than with node-llama-cpp's reader: importing node-llama-cpp would add ~40 MB to
   // the trainer process.
   const tensors = await readGgufTensorInfos(modelPath);
-  const missing = trainingGraphNodes(tensors.length) - baseGraphNodes(tensors.length);
+  // A LoRA run's own adapter is loaded on the model too, and llama.cpp gives it 6 nodes per pair.
+  const missing =
+    loraTrainingGraphNodes(tensors.length, loraPairs) - baseGraphNodes(tensors.length) - 6 * loraPairs;
   if (missing <= 0) return undefined;
 
   // Every 2-D weight of a block can carry a LoRA pair: lora_a is [columns, 1], lora_b [1, rows].

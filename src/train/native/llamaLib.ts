@@ -141,6 +141,8 @@ export const GGML_TENSOR_SRC_OFFSET = 152;
 /** `enum ggml_op` value of `GGML_OP_OPT_STEP_ADAMW` (checked against `ggml_op_name` at load). */
 export const GGML_OP_OPT_STEP_ADAMW = 98;
 export const GGML_MAX_SRC = 10;
+/** `enum ggml_op` name of a matrix multiplication; its value is looked up at load ({@link opByName}). */
+export const GGML_OP_MUL_MAT_NAME = "MUL_MAT";
 
 export const GGML_TYPE_F32 = 0;
 export const GGML_TYPE_I32 = 26;
@@ -252,6 +254,7 @@ export interface LlamaLib {
   llama_model_save_to_file(model: Pointer, path: string): void;
   llama_adapter_lora_init(model: Pointer, path: string): Pointer | null;
   llama_adapter_lora_free(adapter: Pointer): void;
+  llama_set_adapters_lora(ctx: Pointer, adapters: Pointer[], count: number, scales: Float32Array): number;
   llama_model_quantize(input: string, output: string, params: LlamaModelQuantizeParamsValue): number;
   ggml_opt_dataset_init(
     typeData: number,
@@ -269,6 +272,8 @@ export interface LlamaLib {
   ggml_opt_result_reset(result: Pointer): void;
   ggml_opt_result_loss(result: Pointer, loss: Float64Array, unc: Float64Array): void;
   ggml_get_name(tensor: Pointer): string;
+  ggml_set_param(tensor: Pointer): void;
+  ggml_backend_tensor_get(tensor: Pointer, data: Float32Array, offset: number, size: number): void;
   ggml_op_name(op: number): string;
   ggml_nbytes(tensor: Pointer): number;
   ggml_nelements(tensor: Pointer): number;
@@ -464,6 +469,9 @@ export function loadLlamaLib(options: { binDir?: string; gpu?: "cpu" | "cuda" } 
     llama_model_save_to_file: llama.func("void llama_model_save_to_file(void *model, const char *path)"),
     llama_adapter_lora_init: llama.func("void *llama_adapter_lora_init(void *model, const char *path)"),
     llama_adapter_lora_free: llama.func("void llama_adapter_lora_free(void *adapter)"),
+    llama_set_adapters_lora: llama.func(
+      "int32_t llama_set_adapters_lora(void *ctx, void **adapters, size_t n_adapters, float *scales)",
+    ),
     llama_model_quantize: llama.func(
       "uint32_t llama_model_quantize(const char *input, const char *output, const llama_model_quantize_params *params)",
     ),
@@ -481,6 +489,10 @@ export function loadLlamaLib(options: { binDir?: string; gpu?: "cpu" | "cuda" } 
       "void ggml_opt_result_loss(void *result, _Out_ double *loss, _Out_ double *unc)",
     ),
     ggml_get_name: base.func("const char *ggml_get_name(void *tensor)"),
+    ggml_set_param: base.func("void ggml_set_param(void *tensor)"),
+    ggml_backend_tensor_get: base.func(
+      "void ggml_backend_tensor_get(void *tensor, _Out_ float *data, size_t offset, size_t size)",
+    ),
     ggml_op_name: base.func("const char *ggml_op_name(int op)"),
     ggml_nbytes: base.func("size_t ggml_nbytes(void *tensor)"),
     ggml_nelements: base.func("int64_t ggml_nelements(void *tensor)"),
@@ -495,6 +507,15 @@ export function loadLlamaLib(options: { binDir?: string; gpu?: "cpu" | "cuda" } 
   checkAbi(lib);
   loaded = lib;
   return lib;
+}
+
+/**
+ * The `enum ggml_op` value whose `ggml_op_name` is `name`, searched below `GGML_OP_OPT_STEP_ADAMW` (whose
+ * value {@link checkAbi} has verified, so every smaller value is inside ggml's name table).
+ */
+export function opByName(lib: Pick<LlamaLib, "ggml_op_name">, name: string): number {
+  for (let op = 0; op < GGML_OP_OPT_STEP_ADAMW; op++) if (lib.ggml_op_name(op) === name) return op;
+  throw new Error(`trainer: this ggml has no ${name} op`);
 }
 
 /** Reads `tensor->op`. */

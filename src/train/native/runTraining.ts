@@ -19,7 +19,9 @@ import {
   OptParamFilter,
   SchedEvalCallback,
   GGML_OP_OPT_STEP_ADAMW,
+  GGML_OP_MUL_MAT_NAME,
   loadLlamaLib,
+  opByName,
   tensorOp,
   tensorSource,
   type LlamaLib,
@@ -33,6 +35,14 @@ import {
   type TrainingWindow,
 } from "./packWindows.ts";
 import { writeHeadroomAdapter } from "./graphHeadroom.ts";
+import {
+  loraWeights,
+  writeInitialAdapter,
+  writeTrainedAdapter,
+  type LoraSpec,
+  type LoraWeight,
+} from "./loraAdapter.ts";
+import { loraBaseConversion } from "./loraBase.ts";
 import { isTrainableTensor } from "./trainableTensor.ts";
 
 export interface TrainingHooks {
@@ -73,25 +83,62 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
   fs.mkdirSync(job.workDir, { recursive: true });
   const baseF32Path = path.join(job.workDir, "base-f32.gguf");
   const trainedF32Path = path.join(job.workDir, "trained-f32.gguf");
+  const baseConvertedPath = path.join(job.workDir, "base-converted.gguf");
+  const initialAdapterPath = path.join(job.workDir, "adapter-initial.gguf");
   const scope = new NativeScope();
+  const lora: (LoraSpec & { weights: LoraWeight[] }) | undefined =
+    job.method === "lora" && job.lora !== null
+      ? { ...job.lora, complexity: job.complexity, weights: [] }
+      : undefined;
   try {
-    // Only F32 tensors train (others silently stay frozen), so every base model is converted first.
-    hooks.log(`trainer: converting ${job.baseModelPath} to F32`);
-    quantize(lib, job.baseModelPath, baseF32Path, "F32", job.threads, "read the base model");
+    let basePath: string;
+    if (lora === undefined) {
+      // Only F32 tensors train (others silently stay frozen), so the base model is converted first.
+      hooks.log(`trainer: converting ${job.baseModelPath} to F32`);
+      quantize(lib, job.baseModelPath, baseF32Path, "F32", job.threads, "read the base model");
+      basePath = baseF32Path;
+    } else {
+      // LoRA leaves the base frozen in its own type (QLoRA when it is quantized); only types whose
+      // backward pass this llama.cpp has (and that were measured) are kept, others are converted once.
+      const conversion = await loraBaseConversion(job.baseModelPath);
+      if (conversion === undefined) basePath = job.baseModelPath;
+      else {
+        hooks.log(`trainer: ${conversion.reason}; converting the base to ${conversion.to} for training`);
+        quantize(
+          lib,
+          job.baseModelPath,
+          baseConvertedPath,
+          conversion.to,
+          job.threads,
+          "read the base model",
+        );
+        basePath = baseConvertedPath;
+      }
+      lora.weights = await loraWeights(basePath, lora);
+      await writeInitialAdapter(basePath, initialAdapterPath, lora.weights, lora, job.seed);
+    }
     if (hooks.isCancelled()) return { status: "cancelled" };
 
-    const model = loadModel(lib, baseF32Path, scope);
+    const model = loadModel(lib, basePath, scope, lora === undefined);
     const vocab = lib.llama_model_get_vocab(model);
     const nLayers = lib.llama_model_n_layer(model);
     await makeGraphHeadroom(
       lib,
       model,
-      baseF32Path,
+      basePath,
       path.join(job.workDir, "headroom.gguf"),
       nLayers,
+      lora?.weights.length ?? 0,
       scope,
       hooks,
     );
+    let adapter: Pointer | undefined;
+    if (lora !== undefined) {
+      const handle = lib.llama_adapter_lora_init(model, initialAdapterPath);
+      if (handle === null) throw new Error("trainer: llama.cpp could not load the initial LoRA adapter");
+      scope.defer(() => lib.llama_adapter_lora_free(handle));
+      adapter = handle;
+    }
     const eos = lib.llama_vocab_eos(vocab);
     const endToken = eos >= 0 ? eos : Math.max(0, lib.llama_vocab_bos(vocab));
 
@@ -120,14 +167,41 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
     }
     const epochs = orders.length;
 
-    const { ctx, checkCallback } = createContext(lib, model, windowSize, job.threads, scope);
+    const { ctx, checkCallback, adapterTensors } = createContext(
+      lib,
+      model,
+      windowSize,
+      job.threads,
+      scope,
+      adapter,
+    );
+    if (lora !== undefined) {
+      // Every adapted weight must have shown both of its tensors in the warm-up graph.
+      for (const weight of lora.weights)
+        for (const suffix of ["lora_a", "lora_b"])
+          if (!adapterTensors.has(`${weight.name}.${suffix}`))
+            throw new Error(`trainer: ${weight.name}.${suffix} is not in the model's graph`);
+      // Only now (after the warm-up decode) are the adapter tensors flagged as parameters.
+      for (const tensor of adapterTensors.values()) lib.ggml_set_param(tensor);
+    }
     const optimizerParams = koffi.alloc(GgmlOptOptimizerParams, 1) as Pointer;
     scope.defer(() => koffi.free(optimizerParams));
-    const { tensors, parameters } = initOptimizer(lib, ctx, model, nLayers, job.complexity, optimizerParams);
+    const { tensors, parameters } = initOptimizer(
+      lib,
+      ctx,
+      model,
+      nLayers,
+      job.complexity,
+      optimizerParams,
+      lora === undefined ? undefined : [...adapterTensors.values()],
+    );
     hooks.log(
-      `trainer: ${nLayers} blocks, complexity ${job.complexity}: ${tensors} trainable tensors ` +
-        `(${parameters} parameters); ${trainSamples.length} samples in windows of ${windowSize} tokens, ` +
-        `${epochs} epochs, ${totalSteps} steps` +
+      (lora === undefined
+        ? `trainer: full fine-tune, ${nLayers} blocks, complexity ${job.complexity}: `
+        : `trainer: LoRA rank ${lora.rank} alpha ${lora.alpha} on ${lora.targets.join(", ")} of ` +
+          `${new Set(lora.weights.map((w) => w.name.split(".")[1])).size}/${nLayers} blocks: `) +
+        `${tensors} trainable tensors (${parameters} parameters); ${trainSamples.length} samples in windows of ` +
+        `${windowSize} tokens, ${epochs} epochs, ${totalSteps} steps` +
         (evalWindows.length > 0 ? `, ${evalWindows.length} eval windows` : ""),
     );
 
@@ -241,11 +315,27 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
 
     await hooks.yieldToEventLoop();
     if (hooks.isCancelled()) return { status: "cancelled" };
-    hooks.log(`trainer: saving and writing ${job.outputType} to ${job.outputPath}`);
-    lib.llama_model_save_to_file(model, trainedF32Path);
-    // The context and model hold the F32 weights and optimizer state; release them before quantizing.
-    scope.dispose();
-    writeOutput(lib, trainedF32Path, job);
+    let outputBytes: number;
+    if (lora === undefined) {
+      hooks.log(`trainer: saving and writing ${job.outputType} to ${job.outputPath}`);
+      lib.llama_model_save_to_file(model, trainedF32Path);
+      // The context and model hold the F32 weights and optimizer state; release them before quantizing.
+      scope.dispose();
+      writeOutput(lib, trainedF32Path, job);
+      outputBytes = fs.statSync(job.outputPath).size;
+    } else {
+      const values = new Map<string, Float32Array>();
+      for (const [name, tensor] of adapterTensors) {
+        const data = new Float32Array(Number(lib.ggml_nelements(tensor)));
+        lib.ggml_backend_tensor_get(tensor, data, 0, data.byteLength);
+        values.set(name, data);
+      }
+      scope.dispose();
+      outputBytes = await writeTrainedAdapter(basePath, job.outputPath, lora.weights, lora, values);
+      hooks.log(
+        `trainer: wrote the LoRA adapter (${(outputBytes / 2 ** 20).toFixed(2)} MiB) to ${job.outputPath}`,
+      );
+    }
     lib.llama_backend_free();
 
     return {
@@ -263,13 +353,14 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
         elapsedSeconds: (performance.now() - startedAt) / 1000,
         trainableTensors: tensors,
         trainableParameters: parameters,
+        outputBytes,
         peakRssBytes: process.resourceUsage().maxRSS * 1024,
       },
     };
   } finally {
     scope.dispose();
-    fs.rmSync(baseF32Path, { force: true });
-    fs.rmSync(trainedF32Path, { force: true });
+    for (const file of [baseF32Path, trainedF32Path, baseConvertedPath, initialAdapterPath])
+      fs.rmSync(file, { force: true });
   }
 }
 
@@ -311,11 +402,12 @@ function quantize(
     throw new Error(`trainer: could not ${what} (llama_model_quantize ${input} -> ${type} failed)`);
 }
 
-function loadModel(lib: LlamaLib, modelPath: string, scope: NativeScope): Pointer {
+function loadModel(lib: LlamaLib, modelPath: string, scope: NativeScope, writable: boolean): Pointer {
   const params = lib.llama_model_default_params();
   params.n_gpu_layers = 0;
-  // Training writes to the weights in place: they must be plain allocations, not a read-only mmap.
-  params.load_mode = LLAMA_LOAD_MODE_NONE;
+  // Full training writes to the weights in place: they must be plain allocations, not a read-only mmap.
+  // A LoRA base is only read, so it stays mapped (shared with the page cache, not copied).
+  if (writable) params.load_mode = LLAMA_LOAD_MODE_NONE;
   // Repacked CPU buffers are not trainable weights.
   params["use_extra_bufts"] = false;
   const model = lib.llama_model_load_from_file(modelPath, params);
@@ -331,10 +423,11 @@ async function makeGraphHeadroom(
   modelPath: string,
   adapterPath: string,
   blocks: number,
+  loraPairs: number,
   scope: NativeScope,
   hooks: TrainingHooks,
 ): Promise<void> {
-  const adapter = await writeHeadroomAdapter(modelPath, adapterPath);
+  const adapter = await writeHeadroomAdapter(modelPath, adapterPath, loraPairs);
   if (adapter === undefined) return;
   for (let i = 0; i < adapter.loads; i++) {
     const handle = lib.llama_adapter_lora_init(model, adapterPath);
@@ -355,9 +448,15 @@ function createContext(
   windowSize: number,
   threads: number,
   scope: NativeScope,
+  adapter: Pointer | undefined,
 ) {
   let callbackError: unknown;
   let layoutChecked = false;
+  // LoRA: the adapter's tensors are not reachable through the public API, but every one of them is the
+  // first operand of a MUL_MAT in the graph (build_lora_mm: B·(A·x)). The warm-up decode collects them.
+  const adapterTensors = new Map<string, Pointer>();
+  let collecting = adapter !== undefined;
+  const mulMat = adapter === undefined ? -1 : opByName(lib, GGML_OP_MUL_MAT_NAME);
   // Workaround for this release: ggml-opt never zeroes parameter gradients between optimizer steps,
   // so each step would apply the running sum of every past gradient and nothing is learned. Once the
   // scheduler has run `adamw step for X`, the gradient it consumed (its src[1], `grad for X`) is spent:
@@ -365,7 +464,15 @@ function createContext(
   // graph, so that path only reads the op field.
   const cbEval = koffi.register((tensor: Pointer, ask: boolean): boolean => {
     try {
-      if (ask) return tensorOp(tensor) === GGML_OP_OPT_STEP_ADAMW;
+      if (ask) {
+        const op = tensorOp(tensor);
+        if (collecting && op === mulMat) {
+          const weight = tensorSource(tensor, 0);
+          const name = weight === null ? "" : lib.ggml_get_name(weight);
+          if (weight !== null && /\.lora_[ab]$/.test(name)) adapterTensors.set(name, weight);
+        }
+        return op === GGML_OP_OPT_STEP_ADAMW;
+      }
       const grad = tensorSource(tensor, 1);
       if (grad === null) return true;
       if (!layoutChecked) {
@@ -404,6 +511,9 @@ function createContext(
   scope.defer(() => koffi.unregister(cbEval));
   scope.defer(() => lib.llama_free(ctx));
 
+  // The adapter goes on the context before the warm-up decode, so that decode's graph contains it.
+  if (adapter !== undefined && lib.llama_set_adapters_lora(ctx, [adapter], 1, Float32Array.of(1)) !== 0)
+    throw new Error("trainer: llama_set_adapters_lora failed");
   // One decode before training: it applies the thread count and installs cb_eval on the scheduler,
   // which llama_opt_epoch alone does not do.
   const token = koffi.alloc("int32_t", 1) as Pointer;
@@ -415,10 +525,12 @@ function createContext(
   } finally {
     koffi.free(token);
   }
+  collecting = false;
   const checkCallback = () => {
     if (callbackError !== undefined) throw callbackError;
   };
-  return { ctx, checkCallback };
+  checkCallback();
+  return { ctx, checkCallback, adapterTensors };
 }
 
 function initOptimizer(
@@ -428,11 +540,18 @@ function initOptimizer(
   nLayers: number,
   complexity: number,
   optimizerParams: Pointer,
+  adapterTensors: Pointer[] | undefined,
 ): { tensors: number; parameters: number } {
   let tensors = 0;
   let parameters = 0;
-  // llama_opt_init only offers F32 tensors to the filter, and only calls it during llama_opt_init.
+  for (const tensor of adapterTensors ?? []) {
+    tensors += 1;
+    parameters += Number(lib.ggml_nelements(tensor));
+  }
+  // llama_opt_init only offers F32 model tensors to the filter, and only calls it during llama_opt_init.
+  // With LoRA every model tensor stays frozen: the adapter's tensors were flagged with ggml_set_param.
   const filter = koffi.register((tensor: Pointer): boolean => {
+    if (adapterTensors !== undefined) return false;
     const name = lib.ggml_get_name(tensor);
     if (name.startsWith("rope_freqs.") || !isTrainableTensor(name, nLayers, complexity)) return false;
     tensors += 1;

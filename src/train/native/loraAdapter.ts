@@ -1,0 +1,127 @@
+/**
+ * LoRA adapter files as llama.cpp reads them (`llama_adapter_lora_init`): a GGUF with
+ * `general.type = adapter`, `adapter.type = lora`, `adapter.lora.alpha`, and for every adapted weight
+ * `W` (ggml shape `[in, out]`) a pair `W.lora_a` `[in, rank]` and `W.lora_b` `[rank, out]`. llama.cpp adds
+ * `scale × alpha / rank × B·(A·x)` to `W·x`, so an adapter whose B is zero changes nothing: training starts
+ * exactly at the base model (as PEFT does: A random, B zero).
+ */
+import { readGgufString, readGgufTensorInfos } from "../../model/gguf/GgufPatch.ts";
+import { gguf, writeGguf, type GgufTensor } from "../../model/gguf/GgufWriter.ts";
+import { type LoraTarget } from "../loraTargets.ts";
+import { seededRandom } from "./packWindows.ts";
+import { trainableBlocks } from "./trainableTensor.ts";
+
+export interface LoraSpec {
+  rank: number;
+  alpha: number;
+  targets: readonly LoraTarget[];
+  /** Fraction of the top blocks that get adapters, in (0, 1]. */
+  complexity: number;
+}
+
+/** One adapted weight: its name and ggml shape `[in, out]`. */
+export interface LoraWeight {
+  name: string;
+  inputs: number;
+  outputs: number;
+}
+
+/**
+ * The weights of `modelPath` that get adapters: `blk.N.<target>.weight` of the top blocks. Throws when none
+ * match (a model whose tensors are named differently, or targets it does not have).
+ */
+export async function loraWeights(modelPath: string, spec: LoraSpec): Promise<LoraWeight[]> {
+  const tensors = await readGgufTensorInfos(modelPath);
+  const blocks = new Set<number>();
+  for (const tensor of tensors) {
+    const match = /^blk\.(\d+)\./.exec(tensor.name);
+    if (match) blocks.add(Number(match[1]));
+  }
+  const nLayers = blocks.size;
+  const firstTrained = nLayers - trainableBlocks(nLayers, spec.complexity);
+  const targets = new Set<string>(spec.targets);
+  const weights: LoraWeight[] = [];
+  for (const tensor of tensors) {
+    const match = /^blk\.(\d+)\.([a-z_]+)\.weight$/.exec(tensor.name);
+    // The output head (absent when tied to the embeddings, which no adapter can train) sits above every block.
+    const wanted =
+      tensor.name === "output.weight"
+        ? targets.has("output")
+        : match !== null && Number(match[1]) >= firstTrained && targets.has(match[2]!);
+    if (!wanted) continue;
+    const [inputs, outputs, ...rest] = tensor.dims;
+    if (inputs === undefined || outputs === undefined || rest.some((d) => d !== 1)) continue;
+    weights.push({ name: tensor.name, inputs, outputs });
+  }
+  if (weights.length === 0)
+    throw new Error(
+      `trainer: ${modelPath} has no ${[...targets].join("/")} weights in its top blocks to adapt ` +
+        "(is it a llama.cpp model with blk.N.* tensors?)",
+    );
+  return weights;
+}
+
+/** Adapter metadata: what llama.cpp checks before it loads an adapter on a model. */
+async function adapterMetadata(modelPath: string, alpha: number) {
+  const architecture = await readGgufString(modelPath, "general.architecture");
+  if (architecture === undefined) throw new Error(`trainer: ${modelPath} names no general.architecture`);
+  return {
+    "general.architecture": gguf.str(architecture),
+    "general.type": gguf.str("adapter"),
+    "general.name": gguf.str("conduit-lora"),
+    "adapter.type": gguf.str("lora"),
+    "adapter.lora.alpha": gguf.f32(alpha),
+  };
+}
+
+/**
+ * Writes the starting adapter: A uniform in ±1/√in (PEFT's Kaiming-uniform default), B zero. Seeded, so a
+ * run's retry starts from the same point.
+ */
+export async function writeInitialAdapter(
+  modelPath: string,
+  adapterPath: string,
+  weights: readonly LoraWeight[],
+  spec: LoraSpec,
+  seed: number,
+): Promise<void> {
+  const random = seededRandom(seed ^ 0x10ea);
+  const tensors: GgufTensor[] = [];
+  for (const weight of weights) {
+    const a = new Float32Array(weight.inputs * spec.rank);
+    const bound = 1 / Math.sqrt(weight.inputs);
+    for (let i = 0; i < a.length; i++) a[i] = (random() * 2 - 1) * bound;
+    tensors.push(
+      { name: `${weight.name}.lora_a`, dims: [weight.inputs, spec.rank], type: "F32", data: a },
+      {
+        name: `${weight.name}.lora_b`,
+        dims: [spec.rank, weight.outputs],
+        type: "F32",
+        data: new Float32Array(spec.rank * weight.outputs),
+      },
+    );
+  }
+  await writeGguf(adapterPath, await adapterMetadata(modelPath, spec.alpha), tensors);
+}
+
+/** Writes the trained adapter (atomically): the same layout with the trained values. */
+export async function writeTrainedAdapter(
+  modelPath: string,
+  adapterPath: string,
+  weights: readonly LoraWeight[],
+  spec: LoraSpec,
+  values: ReadonlyMap<string, Float32Array>,
+): Promise<number> {
+  const tensors: GgufTensor[] = [];
+  for (const weight of weights) {
+    const a = values.get(`${weight.name}.lora_a`);
+    const b = values.get(`${weight.name}.lora_b`);
+    if (!a || !b) throw new Error(`trainer: the trained adapter has no tensors for ${weight.name}`);
+    tensors.push(
+      { name: `${weight.name}.lora_a`, dims: [weight.inputs, spec.rank], type: "F32", data: a },
+      { name: `${weight.name}.lora_b`, dims: [spec.rank, weight.outputs], type: "F32", data: b },
+    );
+  }
+  const result = await writeGguf(adapterPath, await adapterMetadata(modelPath, spec.alpha), tensors);
+  return result.bytes;
+}
