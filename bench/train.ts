@@ -21,8 +21,11 @@ import os from "node:os";
 import path from "node:path";
 import { parseArgs } from "node:util";
 import { writeHeadroomAdapter } from "../src/train/native/graphHeadroom.ts";
+import { loadLlamaLib } from "../src/train/native/llamaLib.ts";
+import { readModelFile } from "../src/train/native/modelFile.ts";
 import { convertModel } from "../src/train/native/runTraining.ts";
 import { startTrainer, type TrainerProgress } from "../src/train/trainer.ts";
+import { corpus } from "./lib/corpus.ts";
 import { modelPath, requireFile, toolPath, type BenchModel } from "./lib/reference.ts";
 
 const { values, positionals } = parseArgs({
@@ -45,32 +48,6 @@ const kb = Number(values.kb ?? (fs.statSync(source).size > 20e6 ? 6 : 160));
 const work = fs.mkdtempSync(path.join(os.tmpdir(), "conduit-bench-train-"));
 process.on("exit", () => fs.rmSync(work, { recursive: true, force: true }));
 
-/** Deterministic TinyStories-like paragraphs, `kib` KiB in all. */
-function corpus(kib: number): string[] {
-  const names = ["Lily", "Tom", "Sam", "Mia", "Ben", "Anna", "Max", "Sue"];
-  const things = ["a red ball", "a little dog", "a big tree", "a shiny box", "a blue kite", "a small cat"];
-  const verbs = ["found", "saw", "liked", "wanted", "shared", "lost", "painted", "hugged"];
-  const ends = ["They were very happy.", "It was a fun day.", "Mom smiled at them.", "Then they went home."];
-  let state = 42;
-  const pick = <T>(xs: T[]): T => {
-    state = (state * 1103515245 + 12345) % 2 ** 31;
-    return xs[state % xs.length]!;
-  };
-  const paragraphs: string[] = [];
-  let size = 0;
-  while (size < kib * 1024) {
-    let text = "";
-    for (let i = 0; i < 4; i++) {
-      const a = pick(names);
-      const b = pick(names);
-      text += `Once upon a time, ${a} ${pick(verbs)} ${pick(things)}. ${a} showed it to ${b}. ${b} said, "I like it!" ${pick(ends)} `;
-    }
-    paragraphs.push(text.trim());
-    size += text.length + 2;
-  }
-  return paragraphs;
-}
-
 interface Measured {
   tokensPerSecond: number;
   steps: number;
@@ -91,7 +68,7 @@ async function llamaFinetune(model: string, text: string): Promise<Measured> {
   // llama-finetune aborts on deep models for want of graph nodes, as the trainer would: give it the same
   // headroom adapter, loaded with scale 0 (never applied), as the trainer loads it.
   const headroom = path.join(work, "headroom.gguf");
-  const adapter = await writeHeadroomAdapter(model, headroom);
+  const adapter = await writeHeadroomAdapter(readModelFile(loadLlamaLib(), model), headroom);
   if (adapter)
     args.push("--lora-scaled", Array.from({ length: adapter.loads }, () => `${headroom}:0`).join(","));
   const started = performance.now();
@@ -158,7 +135,8 @@ async function conduitTrainer(model: string, samples: string[]): Promise<Measure
   );
   const outcome = await handle.done;
   if (outcome.status !== "completed") throw new Error(`trainer: ${JSON.stringify(outcome)}`);
-  if (!first || !last || last.step <= first.step) throw new Error("the trainer trained fewer than 2 steps: raise --kb");
+  if (!first || !last || last.step <= first.step)
+    throw new Error("the trainer trained fewer than 2 steps: raise --kb");
   return {
     tokensPerSecond: ((last.step - first.step) * ctx) / ((last.at - first.at) / 1000),
     steps: outcome.stats.steps,

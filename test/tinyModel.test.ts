@@ -15,12 +15,9 @@ import {
 } from "node-llama-cpp";
 import { writeGguf, type GgufTensor } from "../src/model/gguf/GgufWriter.ts";
 import { float16ToFloat32, float32ToFloat16 } from "../src/model/gguf/float16.ts";
-import {
-  readGgufString,
-  readGgufTensorInfos,
-  readGgufUint32,
-  writeGgufUint32,
-} from "../src/model/gguf/GgufPatch.ts";
+import { writeGgufUint32 } from "../src/model/gguf/GgufPatch.ts";
+import { loadLlamaLib } from "../src/train/native/llamaLib.ts";
+import { readModelFile } from "../src/train/native/modelFile.ts";
 import { buildTinyVocab, createTinyModel, type TinyModelInfo } from "../src/model/tinyModel.ts";
 
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), "conduit-tinymodel-"));
@@ -303,26 +300,35 @@ describe("createTinyModel", () => {
   });
 });
 
-test("GGUF metadata can be read and a uint32 patched in place", async (t) => {
+test("a uint32 GGUF metadata value is patched in place", async (t) => {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "gguf-patch-"));
   t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
   const file = path.join(dir, "m.gguf");
   await createTinyModel(file, { contextLength: 512 });
   const size = fs.statSync(file).size;
-  assert.equal(await readGgufString(file, "general.architecture"), "llama");
-  assert.equal(await readGgufUint32(file, "llama.context_length"), 512);
+  const contextLength = async () =>
+    (await readGgufFileInfo(file, { readTensorInfo: false, logWarnings: false })).metadata.llama
+      ?.context_length;
+  assert.equal(await contextLength(), 512);
   assert.equal(await writeGgufUint32(file, "llama.context_length", 2048), true);
-  assert.equal(await readGgufUint32(file, "llama.context_length"), 2048);
+  assert.equal(await contextLength(), 2048);
   assert.equal(fs.statSync(file).size, size);
   assert.equal(await writeGgufUint32(file, "no.such.key", 1), false);
 });
 
-test("GGUF tensor infos read back as written", async (t) => {
+test("the trainer's GGUF reader (ggml's gguf_* API) reads tensor infos back as written", async (t) => {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "gguf-tensors-"));
   t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
   const file = path.join(dir, "m.gguf");
   const info = await createTinyModel(file, { embeddingLength: 32, blockCount: 3, headCount: 2 });
-  const tensors = await readGgufTensorInfos(file);
+  const model = readModelFile(loadLlamaLib(), file);
+  assert.equal(model.architecture, "llama");
+  assert.equal(model.blockCount, 3);
+  assert.ok(
+    model.tensors.every((x) => x.type === 0),
+    "all F32",
+  );
+  const tensors = model.tensors;
   // token_embd, output_norm, output and 9 tensors per block.
   assert.equal(tensors.length, 3 + 9 * info.blockCount);
   const byName = new Map(tensors.map((x) => [x.name, x.dims]));

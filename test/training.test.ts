@@ -313,3 +313,170 @@ describe("run lifecycle with a real trainer", () => {
     assert.equal(missing.status, 404);
   });
 });
+
+/** Greedy answers of `model` (a run id) to each input, through the seed's chat endpoint. */
+async function answers(app: FastifyInstance, model: string, inputs: string[]): Promise<string[]> {
+  const out: string[] = [];
+  for (const input of inputs) {
+    const res = await app.inject({
+      method: "POST",
+      url: "/conduit/v1/chat",
+      headers: asAlice,
+      payload: {
+        model,
+        prompt: input,
+        temperature: 0,
+        presence_penalty: 0,
+        frequency_penalty: 0,
+        max_tokens: 24,
+      },
+    });
+    assert.equal(res.statusCode, 200, res.body);
+    out.push(res.json().choices[0].text);
+  }
+  return out;
+}
+
+function engineOf(app: FastifyInstance) {
+  return (app as unknown as { conduit: { engine: import("../src/engine/Engine.ts").Engine } }).conduit.engine;
+}
+
+describe("LoRA runs on the tiny model", () => {
+  /** Settings with which a LoRA adapter memorises the 20 pairs on the random tiny model (see bench/README.md §LoRA). */
+  const memorise = { method: "lora", loraRank: 16, loraAlpha: 32, lr: 0.003, epochs: 200 };
+
+  for (const baseType of ["F32", "Q8_0"] as const) {
+    test(`memorises 20 IO pairs on a frozen ${baseType} base: >= 18 exact through the API, a small adapter`, async (t) => {
+      const env = await testEnv(t);
+      const f32 = path.join(env.dataDir, "models", "tiny128.gguf");
+      await createTinyModel(f32, { seed: 1, embeddingLength: 128 });
+      if (baseType !== "F32") {
+        const { convertModel } = await import("../src/train/native/runTraining.ts");
+        convertModel(f32, path.join(env.dataDir, "models", "tiny128-q8.gguf"), "Q8_0");
+        fs.rmSync(f32);
+      }
+      const baseModelName = baseType === "F32" ? "tiny128" : "tiny128-q8";
+      const baseBytes = fs.statSync(path.join(env.dataDir, "models", `${baseModelName}.gguf`)).size;
+      const app = await trainingApp(t, env);
+      startScheduler(app);
+      const datasetID = await datasetOf(app, pairs);
+      const id = await startRun(app, { datasetID, baseModelName, ...memorise });
+      const run = await waitFor(app, id, (r) => ["READY", "FAILED", "CANCELLED"].includes(r.status), 240_000);
+      assert.equal(run.status, "READY", run.logs.join("\n"));
+      assert.ok(
+        run.logs.some((line) => line.includes("LoRA rank 16")),
+        run.logs.join("\n"),
+      );
+      // QLoRA: a quantized base is trained through as it is, never converted.
+      assert.ok(!run.logs.some((line) => /convert/i.test(line)), run.logs.join("\n"));
+
+      const got = await answers(
+        app,
+        id,
+        pairs.map((p) => p.input),
+      );
+      const exact = got.filter((text, i) => text === pairs[i]!.output).length;
+      t.diagnostic(`${baseType} base: ${exact}/20 exact`);
+      assert.ok(exact >= 18, `${exact}/20 exact: ${JSON.stringify(got)}`);
+
+      // The run keeps only its adapter, a fraction of the model.
+      const adapter = path.join(env.dataDir, "blobs", "runs", id, "adapter.gguf");
+      const adapterBytes = fs.statSync(adapter).size;
+      assert.ok(adapterBytes < baseBytes / 2, `adapter ${adapterBytes} B, base ${baseBytes} B`);
+      assert.equal(fs.existsSync(path.join(env.dataDir, "blobs", "runs", id, "model.gguf")), false);
+      assert.equal(run.stats.final.outputBytes, adapterBytes);
+
+      // The artifact is that adapter, and it loads on the base in plain node-llama-cpp.
+      const download = await app.inject({ url: `/conduit/finetuning/${id}/artifact`, headers: asAlice });
+      assert.equal(download.statusCode, 200);
+      assert.match(String(download.headers["content-disposition"]), new RegExp(`${id}-lora\\.gguf`));
+      assert.deepEqual(download.rawPayload, fs.readFileSync(adapter));
+      const copy = path.join(env.dataDir, "downloaded.gguf");
+      fs.writeFileSync(copy, download.rawPayload);
+      const { getLlama } = await import("node-llama-cpp");
+      const llama = await getLlama({ gpu: false, build: "never" });
+      const model = await llama.loadModel({
+        modelPath: path.join(env.dataDir, "models", `${baseModelName}.gguf`),
+      });
+      t.after(() => model.dispose());
+      const context = await model.createContext({
+        contextSize: 256,
+        lora: { adapters: [{ filePath: copy }] },
+      });
+      const learned = pairs.find((p, i) => got[i] === p.output)!;
+      const sequence = context.getSequence();
+      const prompt = `<|im_start|>user\n${learned.input}<|im_end|>\n<|im_start|>assistant\n`;
+      const generated: number[] = [];
+      for await (const token of sequence.evaluate(
+        [...(model.tokens.bos !== null ? [model.tokens.bos] : []), ...model.tokenize(prompt, true)],
+        { temperature: 0 },
+      )) {
+        if (model.isEogToken(token) || generated.length >= 24) break;
+        generated.push(token);
+      }
+      assert.equal(model.detokenize(generated as never), learned.output);
+      await context.dispose();
+
+      // Deleting the run removes its adapter.
+      assert.equal(
+        (await app.inject({ method: "DELETE", url: `/conduit/finetuning/${id}`, headers: asAlice }))
+          .statusCode,
+        200,
+      );
+      assert.equal(fs.existsSync(adapter), false);
+    });
+  }
+
+  test("two LoRA runs of one base answer differently while the base is loaded once", async (t) => {
+    const env = await testEnv(t);
+    await createTinyModel(path.join(env.dataDir, "models", "tiny128.gguf"), {
+      seed: 1,
+      embeddingLength: 128,
+    });
+    const app = await trainingApp(t, env);
+    startScheduler(app);
+    // The same four questions, answered differently by each dataset.
+    const questions = pairs.slice(0, 4).map((p) => p.input);
+    const first = questions.map((input, i) => ({ input, output: `${words[i + 10]} ${i}` }));
+    const second = questions.map((input, i) => ({ input, output: `${words[i + 15]} ${i + 5}` }));
+    const ids: string[] = [];
+    for (const items of [first, second]) {
+      const id = await startRun(app, {
+        datasetID: await datasetOf(app, items),
+        baseModelName: "tiny128",
+        ...memorise,
+        epochs: 120,
+      });
+      const run = await waitFor(app, id, (r) => ["READY", "FAILED", "CANCELLED"].includes(r.status), 240_000);
+      assert.equal(run.status, "READY", run.logs.join("\n"));
+      ids.push(id);
+    }
+    const engine = engineOf(app);
+    const before = engine.stats();
+    const a = await answers(app, ids[0]!, questions);
+    const b = await answers(app, ids[1]!, questions);
+    const base = await answers(app, "tiny128", questions);
+    assert.deepEqual(
+      a,
+      first.map((p) => p.output),
+    );
+    assert.deepEqual(
+      b,
+      second.map((p) => p.output),
+    );
+    assert.notDeepEqual(base, a);
+    const stats = engine.stats();
+    // Three servable models (the base and two adapters), one copy of the weights.
+    assert.equal(stats.loadedModels - before.loadedModels, 3);
+    assert.equal(stats.loadedBases, 1);
+    const loaded = engine.loaded();
+    assert.equal(new Set(loaded.map((m) => m.path)).size, 1);
+    assert.deepEqual(
+      loaded
+        .filter((m) => m.lora !== undefined)
+        .map((m) => m.id)
+        .sort(),
+      [...ids].sort(),
+    );
+  });
+});

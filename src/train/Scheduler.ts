@@ -4,7 +4,8 @@ import os from "node:os";
 import type { Logger } from "pino";
 import type { DatasetService } from "../datasets/DatasetService.ts";
 import { formatChat } from "../model/chatTemplate.ts";
-import { readGgufString, readGgufUint32, writeGgufUint32 } from "../model/gguf/GgufPatch.ts";
+import { readGgufFileInfo } from "node-llama-cpp";
+import { writeGgufUint32 } from "../model/gguf/GgufPatch.ts";
 import type { ChatMessage, ModelRef } from "../model/types.ts";
 import type { BlobStore } from "../store/BlobStore.ts";
 import type { Run, RunRepository } from "../store/RunRepository.ts";
@@ -315,11 +316,12 @@ export class Scheduler {
  * model can attend as far as its base, so the base's value is put back (in place, same size).
  */
 async function restoreContextLength(basePath: string, outputPath: string): Promise<void> {
-  const architecture = await readGgufString(basePath, "general.architecture");
+  const { metadata } = await readGgufFileInfo(basePath, { readTensorInfo: false, logWarnings: false });
+  const architecture = metadata.general?.architecture;
   if (!architecture) return;
-  const key = `${architecture}.context_length`;
-  const base = await readGgufUint32(basePath, key);
-  if (base !== undefined) await writeGgufUint32(outputPath, key, base);
+  const base = (metadata as unknown as Record<string, { context_length?: unknown } | undefined>)[architecture]
+    ?.context_length;
+  if (typeof base === "number") await writeGgufUint32(outputPath, `${architecture}.context_length`, base);
 }
 
 /** At most `max` points, evenly thinned, always keeping the latest. */

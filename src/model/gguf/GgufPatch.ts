@@ -1,3 +1,8 @@
+/**
+ * Patches a GGUF file's metadata in place. Reading is left to the real readers (node-llama-cpp's
+ * `readGgufFileInfo` in the server, ggml's `gguf_*` API in the trainer); neither writes into an existing file,
+ * which restoring a fine-tuned model's context length needs.
+ */
 import fsp from "node:fs/promises";
 
 /** Byte sizes of GGUF scalar value types (8 = string and 9 = array are variable). */
@@ -96,74 +101,9 @@ function findValue(file: fsp.FileHandle, key: string): Promise<{ offset: number;
   });
 }
 
-export interface GgufTensorInfo {
-  name: string;
-  /** Shape in ggml order (`dims[0]` is the row length). */
-  dims: number[];
-  /** `enum ggml_type` of the data (0 F32, 1 F16, 2 Q4_0, 3 Q4_1, 8 Q8_0, 12 Q4_K, ...). */
-  type: number;
-}
-
-/** The tensors a GGUF file holds (names and shapes, not their data). */
-export async function readGgufTensorInfos(path: string): Promise<GgufTensorInfo[]> {
-  const file = await fsp.open(path, "r");
-  try {
-    return await parseHeader(file, (cursor) => {
-      const tensorCount = cursor.u64();
-      const kvCount = cursor.u64();
-      for (let i = 0; i < kvCount; i++) {
-        cursor.string();
-        cursor.skipValue(cursor.u32());
-      }
-      const tensors: GgufTensorInfo[] = [];
-      for (let i = 0; i < tensorCount; i++) {
-        const name = cursor.string();
-        const dims = Array.from({ length: cursor.u32() }, () => cursor.u64());
-        const type = cursor.u32();
-        cursor.u64(); // data offset
-        tensors.push({ name, dims, type });
-      }
-      return tensors;
-    });
-  } finally {
-    await file.close();
-  }
-}
-
 async function findUint32(file: fsp.FileHandle, key: string): Promise<number | undefined> {
   const found = await findValue(file, key);
   return found?.type === UINT32 ? found.offset : undefined;
-}
-
-/** Reads a uint32 metadata value (e.g. `llama.context_length`). */
-export async function readGgufUint32(path: string, key: string): Promise<number | undefined> {
-  const file = await fsp.open(path, "r");
-  try {
-    const offset = await findUint32(file, key);
-    if (offset === undefined) return undefined;
-    const buffer = Buffer.alloc(4);
-    await file.read(buffer, 0, 4, offset);
-    return buffer.readUInt32LE(0);
-  } finally {
-    await file.close();
-  }
-}
-
-/** Reads a string metadata value (e.g. `general.architecture`). */
-export async function readGgufString(path: string, key: string): Promise<string | undefined> {
-  const file = await fsp.open(path, "r");
-  try {
-    const found = await findValue(file, key);
-    if (found?.type !== STRING) return undefined;
-    const header = Buffer.alloc(8);
-    await file.read(header, 0, 8, found.offset);
-    const length = Number(header.readBigUInt64LE(0));
-    const text = Buffer.alloc(length);
-    await file.read(text, 0, length, found.offset + 8);
-    return text.toString("utf8");
-  } finally {
-    await file.close();
-  }
 }
 
 /** Overwrites a uint32 metadata value in place (same size, so nothing else moves). Returns false if absent. */

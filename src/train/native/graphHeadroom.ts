@@ -11,8 +11,8 @@
  * the training graphs need; it is never attached to a context, so it changes no computation, and it costs
  * (rows + columns) × 4 bytes per weight matrix.
  */
-import { readGgufString, readGgufTensorInfos } from "../../model/gguf/GgufPatch.ts";
 import { gguf, writeGguf, type GgufTensor } from "../../model/gguf/GgufWriter.ts";
+import type { ModelFileInfo } from "./modelFile.ts";
 
 /** Graph nodes llama.cpp gives a context of this model with no adapter loaded. */
 export function baseGraphNodes(modelTensors: number): number {
@@ -54,13 +54,11 @@ export interface HeadroomAdapter {
  * training, and says how often to load it; `undefined` when no adapter is needed.
  */
 export async function writeHeadroomAdapter(
-  modelPath: string,
+  model: ModelFileInfo,
   adapterPath: string,
   loraPairs = 0,
 ): Promise<HeadroomAdapter | undefined> {
-  // Read by hand rather than with node-llama-cpp's reader: importing node-llama-cpp would add ~40 MB to
-  // the trainer process.
-  const tensors = await readGgufTensorInfos(modelPath);
+  const tensors = model.tensors;
   // A LoRA run's own adapter is loaded on the model too, and llama.cpp gives it 6 nodes per pair.
   const missing =
     loraTrainingGraphNodes(tensors.length, loraPairs) - baseGraphNodes(tensors.length) - 6 * loraPairs;
@@ -80,12 +78,10 @@ export async function writeHeadroomAdapter(
   }
   const pairCount = pairs.length / 2;
   if (pairCount === 0) return undefined;
-  const architecture = await readGgufString(modelPath, "general.architecture");
-  if (architecture === undefined) throw new Error(`trainer: ${modelPath} names no general.architecture`);
   await writeGguf(
     adapterPath,
     {
-      "general.architecture": gguf.str(architecture),
+      "general.architecture": gguf.str(model.architecture),
       "general.type": gguf.str("adapter"),
       "adapter.type": gguf.str("lora"),
       "adapter.lora.alpha": gguf.f32(1),

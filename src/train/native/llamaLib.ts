@@ -118,6 +118,9 @@ const LlamaModelQuantizeParams = koffi.struct("llama_model_quantize_params", {
   max_buf_size: "size_t",
 });
 
+// Registered by name for gguf_init_from_file (passed by value).
+koffi.struct("gguf_init_params", { no_alloc: "bool", ctx: "void *" });
+
 const LlamaBatch = koffi.struct("llama_batch", {
   n_tokens: "int32_t",
   token: "void *",
@@ -272,6 +275,16 @@ export interface LlamaLib {
   ggml_opt_result_reset(result: Pointer): void;
   ggml_opt_result_loss(result: Pointer, loss: Float64Array, unc: Float64Array): void;
   ggml_get_name(tensor: Pointer): string;
+  gguf_init_from_file(path: string, params: { no_alloc: boolean; ctx: Pointer | null }): Pointer | null;
+  gguf_free(ctx: Pointer): void;
+  gguf_find_key(ctx: Pointer, key: string): number | bigint;
+  gguf_get_kv_type(ctx: Pointer, keyId: number | bigint): number;
+  gguf_get_val_str(ctx: Pointer, keyId: number | bigint): string;
+  gguf_get_val_u32(ctx: Pointer, keyId: number | bigint): number;
+  gguf_get_n_tensors(ctx: Pointer): number | bigint;
+  gguf_get_tensor_name(ctx: Pointer, tensorId: number): string;
+  gguf_get_tensor_ne(ctx: Pointer, tensorId: number): Pointer;
+  gguf_get_tensor_type(ctx: Pointer, tensorId: number): number;
   ggml_set_param(tensor: Pointer): void;
   ggml_backend_tensor_get(tensor: Pointer, data: Float32Array, offset: number, size: number): void;
   ggml_op_name(op: number): string;
@@ -489,6 +502,16 @@ export function loadLlamaLib(options: { binDir?: string; gpu?: "cpu" | "cuda" } 
       "void ggml_opt_result_loss(void *result, _Out_ double *loss, _Out_ double *unc)",
     ),
     ggml_get_name: base.func("const char *ggml_get_name(void *tensor)"),
+    gguf_init_from_file: base.func("void *gguf_init_from_file(const char *fname, gguf_init_params params)"),
+    gguf_free: base.func("void gguf_free(void *ctx)"),
+    gguf_find_key: base.func("int64_t gguf_find_key(void *ctx, const char *key)"),
+    gguf_get_kv_type: base.func("int gguf_get_kv_type(void *ctx, int64_t key_id)"),
+    gguf_get_val_str: base.func("const char *gguf_get_val_str(void *ctx, int64_t key_id)"),
+    gguf_get_val_u32: base.func("uint32_t gguf_get_val_u32(void *ctx, int64_t key_id)"),
+    gguf_get_n_tensors: base.func("int64_t gguf_get_n_tensors(void *ctx)"),
+    gguf_get_tensor_name: base.func("const char *gguf_get_tensor_name(void *ctx, int64_t tensor_id)"),
+    gguf_get_tensor_ne: base.func("void *gguf_get_tensor_ne(void *ctx, int64_t tensor_id)"),
+    gguf_get_tensor_type: base.func("int gguf_get_tensor_type(void *ctx, int64_t tensor_id)"),
     ggml_set_param: base.func("void ggml_set_param(void *tensor)"),
     ggml_backend_tensor_get: base.func(
       "void ggml_backend_tensor_get(void *tensor, _Out_ float *data, size_t offset, size_t size)",

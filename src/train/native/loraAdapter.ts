@@ -5,9 +5,9 @@
  * `scale × alpha / rank × B·(A·x)` to `W·x`, so an adapter whose B is zero changes nothing: training starts
  * exactly at the base model (as PEFT does: A random, B zero).
  */
-import { readGgufString, readGgufTensorInfos } from "../../model/gguf/GgufPatch.ts";
 import { gguf, writeGguf, type GgufTensor } from "../../model/gguf/GgufWriter.ts";
 import { type LoraTarget } from "../loraTargets.ts";
+import type { ModelFileInfo } from "./modelFile.ts";
 import { seededRandom } from "./packWindows.ts";
 import { trainableBlocks } from "./trainableTensor.ts";
 
@@ -30,14 +30,9 @@ export interface LoraWeight {
  * The weights of `modelPath` that get adapters: `blk.N.<target>.weight` of the top blocks. Throws when none
  * match (a model whose tensors are named differently, or targets it does not have).
  */
-export async function loraWeights(modelPath: string, spec: LoraSpec): Promise<LoraWeight[]> {
-  const tensors = await readGgufTensorInfos(modelPath);
-  const blocks = new Set<number>();
-  for (const tensor of tensors) {
-    const match = /^blk\.(\d+)\./.exec(tensor.name);
-    if (match) blocks.add(Number(match[1]));
-  }
-  const nLayers = blocks.size;
+export function loraWeights(model: ModelFileInfo, spec: LoraSpec): LoraWeight[] {
+  const tensors = model.tensors;
+  const nLayers = model.blockCount;
   const firstTrained = nLayers - trainableBlocks(nLayers, spec.complexity);
   const targets = new Set<string>(spec.targets);
   const weights: LoraWeight[] = [];
@@ -55,18 +50,16 @@ export async function loraWeights(modelPath: string, spec: LoraSpec): Promise<Lo
   }
   if (weights.length === 0)
     throw new Error(
-      `trainer: ${modelPath} has no ${[...targets].join("/")} weights in its top blocks to adapt ` +
+      `trainer: ${model.path} has no ${[...targets].join("/")} weights in its top blocks to adapt ` +
         "(is it a llama.cpp model with blk.N.* tensors?)",
     );
   return weights;
 }
 
 /** Adapter metadata: what llama.cpp checks before it loads an adapter on a model. */
-async function adapterMetadata(modelPath: string, alpha: number) {
-  const architecture = await readGgufString(modelPath, "general.architecture");
-  if (architecture === undefined) throw new Error(`trainer: ${modelPath} names no general.architecture`);
+function adapterMetadata(model: ModelFileInfo, alpha: number) {
   return {
-    "general.architecture": gguf.str(architecture),
+    "general.architecture": gguf.str(model.architecture),
     "general.type": gguf.str("adapter"),
     "general.name": gguf.str("conduit-lora"),
     "adapter.type": gguf.str("lora"),
@@ -79,7 +72,7 @@ async function adapterMetadata(modelPath: string, alpha: number) {
  * run's retry starts from the same point.
  */
 export async function writeInitialAdapter(
-  modelPath: string,
+  model: ModelFileInfo,
   adapterPath: string,
   weights: readonly LoraWeight[],
   spec: LoraSpec,
@@ -101,12 +94,12 @@ export async function writeInitialAdapter(
       },
     );
   }
-  await writeGguf(adapterPath, await adapterMetadata(modelPath, spec.alpha), tensors);
+  await writeGguf(adapterPath, adapterMetadata(model, spec.alpha), tensors);
 }
 
 /** Writes the trained adapter (atomically): the same layout with the trained values. */
 export async function writeTrainedAdapter(
-  modelPath: string,
+  model: ModelFileInfo,
   adapterPath: string,
   weights: readonly LoraWeight[],
   spec: LoraSpec,
@@ -122,6 +115,6 @@ export async function writeTrainedAdapter(
       { name: `${weight.name}.lora_b`, dims: [spec.rank, weight.outputs], type: "F32", data: b },
     );
   }
-  const result = await writeGguf(adapterPath, await adapterMetadata(modelPath, spec.alpha), tensors);
+  const result = await writeGguf(adapterPath, adapterMetadata(model, spec.alpha), tensors);
   return result.bytes;
 }

@@ -7,8 +7,8 @@
  * BF16, the other K-quants, ...) is converted once to Q8_0, the measured default: it trains at F32's speed
  * within a few percent while holding a quarter of F32's memory (numbers in bench/README.md §LoRA).
  */
-import { readGgufTensorInfos } from "../../model/gguf/GgufPatch.ts";
 import type { OutputType } from "./llamaLib.ts";
+import type { ModelFileInfo } from "./modelFile.ts";
 
 /** `enum ggml_type` values whose weights a LoRA adapter can train through, with their names. */
 export const LORA_BASE_TYPES: ReadonlyMap<number, string> = new Map([
@@ -23,10 +23,8 @@ export const LORA_BASE_TYPES: ReadonlyMap<number, string> = new Map([
 export const LORA_FALLBACK_BASE_TYPE: OutputType = "Q8_0";
 
 /** `undefined` when the base trains as it is, else the type to convert it to and why. */
-export async function loraBaseConversion(
-  modelPath: string,
-): Promise<{ to: OutputType; reason: string } | undefined> {
-  const tensors = await readGgufTensorInfos(modelPath);
+export function loraBaseConversion(model: ModelFileInfo): { to: OutputType; reason: string } | undefined {
+  const tensors = model.tensors;
   // Only the 2-D block weights go through the backward matrix products; norms and embeddings are read only.
   const other = tensors.find(
     (t) => /^blk\.\d+\..*\.weight$/.test(t.name) && t.dims.length >= 2 && !LORA_BASE_TYPES.has(t.type),

@@ -43,6 +43,7 @@ import {
   type LoraWeight,
 } from "./loraAdapter.ts";
 import { loraBaseConversion } from "./loraBase.ts";
+import { readModelFile, type ModelFileInfo } from "./modelFile.ts";
 import { isTrainableTensor } from "./trainableTensor.ts";
 
 export interface TrainingHooks {
@@ -100,7 +101,7 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
     } else {
       // LoRA leaves the base frozen in its own type (QLoRA when it is quantized); only types whose
       // backward pass this llama.cpp has (and that were measured) are kept, others are converted once.
-      const conversion = await loraBaseConversion(job.baseModelPath);
+      const conversion = loraBaseConversion(readModelFile(lib, job.baseModelPath));
       if (conversion === undefined) basePath = job.baseModelPath;
       else {
         hooks.log(`trainer: ${conversion.reason}; converting the base to ${conversion.to} for training`);
@@ -114,8 +115,11 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
         );
         basePath = baseConvertedPath;
       }
-      lora.weights = await loraWeights(basePath, lora);
-      await writeInitialAdapter(basePath, initialAdapterPath, lora.weights, lora, job.seed);
+    }
+    const baseInfo = readModelFile(lib, basePath);
+    if (lora !== undefined) {
+      lora.weights = loraWeights(baseInfo, lora);
+      await writeInitialAdapter(baseInfo, initialAdapterPath, lora.weights, lora, job.seed);
     }
     if (hooks.isCancelled()) return { status: "cancelled" };
 
@@ -125,7 +129,7 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
     await makeGraphHeadroom(
       lib,
       model,
-      basePath,
+      baseInfo,
       path.join(job.workDir, "headroom.gguf"),
       nLayers,
       lora?.weights.length ?? 0,
@@ -331,7 +335,7 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
         values.set(name, data);
       }
       scope.dispose();
-      outputBytes = await writeTrainedAdapter(basePath, job.outputPath, lora.weights, lora, values);
+      outputBytes = await writeTrainedAdapter(baseInfo, job.outputPath, lora.weights, lora, values);
       hooks.log(
         `trainer: wrote the LoRA adapter (${(outputBytes / 2 ** 20).toFixed(2)} MiB) to ${job.outputPath}`,
       );
@@ -420,14 +424,14 @@ function loadModel(lib: LlamaLib, modelPath: string, scope: NativeScope, writabl
 async function makeGraphHeadroom(
   lib: LlamaLib,
   model: Pointer,
-  modelPath: string,
+  modelInfo: ModelFileInfo,
   adapterPath: string,
   blocks: number,
   loraPairs: number,
   scope: NativeScope,
   hooks: TrainingHooks,
 ): Promise<void> {
-  const adapter = await writeHeadroomAdapter(modelPath, adapterPath, loraPairs);
+  const adapter = await writeHeadroomAdapter(modelInfo, adapterPath, loraPairs);
   if (adapter === undefined) return;
   for (let i = 0; i < adapter.loads; i++) {
     const handle = lib.llama_adapter_lora_init(model, adapterPath);
