@@ -7,6 +7,7 @@
  * same system prompt. Prints exact-match accuracy on the held-out pairs, before and after.
  *
  *   node --import tsx bench/quality.ts [smollm2-135m|file.gguf] [--epochs 3] [--lr 0.0001] [--threads 1]
+ *     [--method lora|full] [--rank 16]
  */
 import path from "node:path";
 import { parseArgs } from "node:util";
@@ -17,6 +18,8 @@ const { values, positionals } = parseArgs({
   allowPositionals: true,
   options: {
     epochs: { type: "string", default: "3" },
+    method: { type: "string", default: "full" },
+    rank: { type: "string", default: "16" },
     lr: { type: "string", default: "0.0001" },
     complexity: { type: "string", default: "1" },
     threads: { type: "string", default: "1" },
@@ -112,6 +115,8 @@ try {
       systemPrompt: SYSTEM,
       epochs: Number(values.epochs),
       lr: Number(values.lr),
+      method: values.method,
+      ...(values.method === "lora" ? { loraRank: Number(values.rank) } : {}),
       complexity: Number(values.complexity),
     },
   );
@@ -146,6 +151,7 @@ try {
   };
   console.log(
     `\nmodel ${path.basename(model)}; task: ISO date → words; ${train.length} training pairs, ${heldOut.length} held out; ` +
+      `${values.method}${values.method === "lora" ? ` rank ${values.rank}` : ""}, ` +
       `epochs ${values.epochs}, lr ${values.lr}, complexity ${values.complexity}, ${values.threads} thread(s)`,
   );
   console.log(
