@@ -6,8 +6,18 @@ import { after, before, describe, test } from "node:test";
 import { getLlama, LlamaLogLevel } from "node-llama-cpp";
 import type { Llama, LlamaModel, Token } from "node-llama-cpp";
 import { createTinyModel } from "../src/model/tinyModel.ts";
+import { LORA_TARGETS } from "../src/train/loraTargets.ts";
 import { learningRateAt } from "../src/train/native/learningRate.ts";
-import { checkAbi, EXPECTED_STRUCT_SIZES, localBuildDir } from "../src/train/native/llamaLib.ts";
+import { loraWeights, type LoraSpec } from "../src/train/native/loraAdapter.ts";
+import { loraBaseConversion } from "../src/train/native/loraBase.ts";
+import { readModelFile } from "../src/train/native/modelFile.ts";
+import { convertModel } from "../src/train/native/runTraining.ts";
+import {
+  checkAbi,
+  EXPECTED_STRUCT_SIZES,
+  loadLlamaLib,
+  localBuildDir,
+} from "../src/train/native/llamaLib.ts";
 import { countWindows, packWindows } from "../src/train/native/packWindows.ts";
 import { isTrainableTensor, trainableBlocks } from "../src/train/native/trainableTensor.ts";
 import {
@@ -106,6 +116,30 @@ describe("trainer building blocks", () => {
     assert.ok(isTrainableTensor("output.weight", 8, 0.25));
     assert.ok(isTrainableTensor("output_norm.weight", 8, 0.25));
     assert.ok(!isTrainableTensor("token_embd.weight", 8, 1));
+    // No gradient reaches K and V in this llama.cpp: training them would only let weight decay shrink them.
+    assert.ok(!isTrainableTensor("blk.7.attn_k.weight", 8, 1));
+    assert.ok(!isTrainableTensor("blk.7.attn_v.weight", 8, 1));
+    assert.ok(isTrainableTensor("blk.7.attn_output.weight", 8, 1));
+  });
+
+  test("LoRA adapts the targeted weights of the top blocks and the output head; odd base types are converted", () => {
+    const lib = loadLlamaLib();
+    const model = readModelFile(lib, baseModel);
+    const names = (spec: Partial<LoraSpec>) =>
+      loraWeights(model, { rank: 4, alpha: 8, targets: [...LORA_TARGETS], complexity: 1, ...spec }).map(
+        (w) => w.name,
+      );
+    assert.deepEqual(names({ targets: ["ffn_up", "output"], complexity: 0.5 }).sort(), [
+      "blk.1.ffn_up.weight",
+      "output.weight",
+    ]);
+    assert.equal(names({}).length, 2 * 5 + 1);
+    const [down] = loraWeights(model, { rank: 4, alpha: 8, targets: ["ffn_down"], complexity: 0.5 });
+    assert.deepEqual(down, { name: "blk.1.ffn_down.weight", inputs: 3 * 128, outputs: 128 });
+    assert.equal(loraBaseConversion(model), undefined, "F32 trains as it is");
+    const f16 = path.join(dir, "tiny-f16.gguf");
+    convertModel(baseModel, f16, "F16");
+    assert.equal(loraBaseConversion(readModelFile(lib, f16))?.to, "Q8_0");
   });
 
   test("learning-rate schedules warm up, decay, and stay positive", () => {
