@@ -203,7 +203,8 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
       (lora === undefined
         ? `trainer: full fine-tune, ${nLayers} blocks, complexity ${job.complexity}: `
         : `trainer: LoRA rank ${lora.rank} alpha ${lora.alpha} on ${lora.targets.join(", ")} of ` +
-          `${new Set(lora.weights.map((w) => w.name.split(".")[1])).size}/${nLayers} blocks: `) +
+          `${new Set(lora.weights.filter((w) => w.name.startsWith("blk.")).map((w) => w.name.split(".")[1])).size}` +
+          `/${nLayers} blocks${lora.weights.some((w) => w.name === "output.weight") ? " and the output head" : ""}: `) +
         `${tensors} trainable tensors (${parameters} parameters); ${trainSamples.length} samples in windows of ` +
         `${windowSize} tokens, ${epochs} epochs, ${totalSteps} steps` +
         (evalWindows.length > 0 ? `, ${evalWindows.length} eval windows` : ""),
