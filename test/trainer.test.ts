@@ -140,6 +140,12 @@ describe("trainer building blocks", () => {
     const f16 = path.join(dir, "tiny-f16.gguf");
     convertModel(baseModel, f16, "F16");
     assert.equal(loraBaseConversion(readModelFile(lib, f16))?.to, "Q8_0");
+    const q4 = path.join(dir, "tiny-q4_0.gguf");
+    convertModel(baseModel, q4, "Q4_0");
+    assert.equal(loraBaseConversion(readModelFile(lib, q4))?.to, "Q8_0", "4-bit bases train faster as Q8_0");
+    const q8 = path.join(dir, "tiny-q8_0.gguf");
+    convertModel(baseModel, q8, "Q8_0");
+    assert.equal(loraBaseConversion(readModelFile(lib, q8)), undefined);
   });
 
   test("learning-rate schedules warm up, decay, and stay positive", () => {

@@ -1,22 +1,19 @@
 /**
- * Which base models a LoRA run trains on as they are (QLoRA when quantized) and which are converted first.
- *
- * The adapter trains through the frozen base's matrix multiplications; their backward pass needs
- * `OUT_PROD`/`MUL_MAT` on the weight's type. In the pinned llama.cpp the CPU backend has those for F32 and
- * the quantized types below (verified by training on each: bench/README.md §LoRA). Any other type (F16,
- * BF16, the other K-quants, ...) is converted once to Q8_0, the measured default: it trains at F32's speed
- * within a few percent while holding a quarter of F32's memory (numbers in bench/README.md §LoRA).
+ * Which base models a LoRA run trains on as they are and which are converted first, chosen by measurement
+ * (bench/lora.ts, SmolLM2-135M, 1 thread, same run; bench/README.md §LoRA): against full fine-tuning, LoRA
+ * trains at 1.43× the tokens/s with 0.51× the peak RSS on an F32 base, 1.08× / 0.35× on Q8_0, and only
+ * 0.59–0.63× / 0.33× on Q4_1 or Q4_0 (the CPU backward through 4-bit weights takes ggml's slow `OUT_PROD`
+ * path). So F32 and Q8_0 bases train as they are; any other type (Q4_x, K-quants, F16, BF16, ...) is converted
+ * once to Q8_0, which trains 1.8× faster than a 4-bit base for ~5% more memory, and keeps a 4-bit model's
+ * values (Q8_0 holds them almost exactly). The adapter is then served on the original file.
  */
 import type { OutputType } from "./llamaLib.ts";
 import type { ModelFileInfo } from "./modelFile.ts";
 
-/** `enum ggml_type` values whose weights a LoRA adapter can train through, with their names. */
+/** `enum ggml_type` values of the block weights a LoRA run trains through as they are. */
 export const LORA_BASE_TYPES: ReadonlyMap<number, string> = new Map([
   [0, "F32"],
-  [2, "Q4_0"],
-  [3, "Q4_1"],
   [8, "Q8_0"],
-  [12, "Q4_K"],
 ]);
 
 /** The type a base of any other type is converted to before LoRA training. */
@@ -32,6 +29,6 @@ export function loraBaseConversion(model: ModelFileInfo): { to: OutputType; reas
   if (other === undefined) return undefined;
   return {
     to: LORA_FALLBACK_BASE_TYPE,
-    reason: `${other.name} is of ggml type ${other.type}, which LoRA cannot train through in this llama.cpp`,
+    reason: `${other.name} is of ggml type ${other.type}; LoRA trains fastest through F32 or Q8_0 weights`,
   };
 }
