@@ -99,8 +99,8 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
       quantize(lib, job.baseModelPath, baseF32Path, "F32", job.threads, "read the base model");
       basePath = baseF32Path;
     } else {
-      // LoRA leaves the base frozen in its own type (QLoRA when it is quantized); only types whose
-      // backward pass this llama.cpp has (and that were measured) are kept, others are converted once.
+      // LoRA leaves the base frozen: F32 and Q8_0 (QLoRA) train as they are, any other type is converted
+      // once to Q8_0, the fastest and lightest to train through by measurement (see loraBase.ts).
       const conversion = loraBaseConversion(readModelFile(lib, job.baseModelPath));
       if (conversion === undefined) basePath = job.baseModelPath;
       else {
