@@ -376,6 +376,21 @@ describe("LoRA runs on the tiny model", () => {
         pairs.map((p) => p.input),
       );
       const exact = got.filter((text, i) => text === pairs[i]!.output).length;
+      // The seed's run endpoint serves the same adapter on the same base.
+      const seed = await app.inject({
+        method: "POST",
+        url: `/conduit/finetuning/${id}/inference`,
+        headers: asAlice,
+        payload: {
+          prompt: pairs[0]!.input,
+          temperature: 0,
+          presence_penalty: 0,
+          frequency_penalty: 0,
+          max_tokens: 24,
+        },
+      });
+      assert.equal(seed.statusCode, 200, seed.body);
+      assert.equal(seed.json().response, got[0]);
       t.diagnostic(`${baseType} base: ${exact}/20 exact`);
       assert.ok(exact >= 18, `${exact}/20 exact: ${JSON.stringify(got)}`);
 

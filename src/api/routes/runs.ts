@@ -157,7 +157,8 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
         history: body.history,
       });
       const input = { messages, sampling: seedSampling(body) };
-      const model = { id: run.id, path: run.modelPath };
+      // The one resolver: a LoRA run is its base model plus its adapter, not a model file of its own.
+      const model = await core.inference.resolve(request.userId, run.id);
       if (body.stream)
         return respondWithGeneration(core, request, reply, input, {
           stream: true,
