@@ -83,6 +83,13 @@ async function waitFor(
   }
 }
 
+/** The tiny model, 128 wide (the default 64 memorises too slowly for a test), as model `tiny128`. */
+async function tiny128(env: TestEnv): Promise<string> {
+  const file = path.join(env.dataDir, "models", "tiny128.gguf");
+  await createTinyModel(file, { seed: 1, embeddingLength: 128 });
+  return file;
+}
+
 async function trainingApp(t: { after(fn: () => unknown): void }, env?: TestEnv) {
   const { app } = await buildTestApp(t, env ?? (await testEnv(t)), {
     scheduler: { pollMs: 200, concurrency: 1 },
@@ -98,10 +105,7 @@ describe("fine-tuning runs on the tiny model", () => {
   test("full fine-tuning memorises 20 IO pairs: greedy inference through the API reproduces at least 18", async (t) => {
     const env = await testEnv(t);
     // The default tiny model (64 wide) memorises too slowly for a test; 128 wide does it in ~30 s.
-    await createTinyModel(path.join(env.dataDir, "models", "tiny128.gguf"), {
-      seed: 1,
-      embeddingLength: 128,
-    });
+    await tiny128(env);
     const app = await trainingApp(t, env);
     startScheduler(app);
     const datasetID = await datasetOf(app, pairs);
@@ -348,8 +352,7 @@ describe("LoRA runs on the tiny model", () => {
   for (const baseType of ["F32", "Q8_0"] as const) {
     test(`memorises 20 IO pairs on a frozen ${baseType} base: >= 18 exact through the API, a small adapter`, async (t) => {
       const env = await testEnv(t);
-      const f32 = path.join(env.dataDir, "models", "tiny128.gguf");
-      await createTinyModel(f32, { seed: 1, embeddingLength: 128 });
+      const f32 = await tiny128(env);
       const f32Bytes = fs.statSync(f32).size;
       if (baseType !== "F32") {
         const { convertModel } = await import("../src/train/native/runTraining.ts");
@@ -449,10 +452,7 @@ describe("LoRA runs on the tiny model", () => {
 
   test("two LoRA runs of one base answer differently while the base is loaded once", async (t) => {
     const env = await testEnv(t);
-    await createTinyModel(path.join(env.dataDir, "models", "tiny128.gguf"), {
-      seed: 1,
-      embeddingLength: 128,
-    });
+    await tiny128(env);
     const app = await trainingApp(t, env);
     startScheduler(app);
     // The same four questions, answered differently by each dataset.

@@ -2,7 +2,7 @@ import { ConduitError } from "../errors.ts";
 import type { Engine } from "../engine/Engine.ts";
 import type { ModelRegistry } from "../model/ModelRegistry.ts";
 import type { ChatMessage, GenerationResult, ModelRef, SamplingOptions } from "../engine/types.ts";
-import type { RunRepository } from "../store/RunRepository.ts";
+import type { Run, RunRepository } from "../store/RunRepository.ts";
 import { methodOf } from "../train/RunService.ts";
 
 export interface InferenceRequest {
@@ -55,27 +55,34 @@ export class InferenceService {
       });
     if (name.startsWith("ft_")) {
       const run = await this.runs.get(userId, name);
-      if (run?.status === "READY" && run.modelPath) {
-        if (methodOf(run.config) === "full") return { id: run.id, path: run.modelPath };
-        // A LoRA run is its base model plus its adapter: the engine loads the base once for all of them.
-        const baseName = String(run.config.baseModelName);
-        const base = this.registry.resolve(baseName);
-        if (!base)
-          throw new ConduitError(
-            "conflict",
-            `run ${run.id} is a LoRA adapter of base model "${baseName}", which is no longer in the models directory`,
-            { param },
-          );
-        return { id: run.id, path: base.path, lora: { path: run.modelPath } };
-      }
-      if (run)
-        throw new ConduitError("conflict", `run ${run.id} is ${run.status}, not READY; it cannot serve yet`, {
-          param,
-        });
+      if (run) return this.refOfRun(run, param);
     }
     const model = this.registry.resolve(name);
     if (!model) throw new ConduitError("model_not_found", `model "${name}" not found`, { param });
     return model;
+  }
+
+  /**
+   * What serves `run`: its model file, or for a LoRA run its base model plus its adapter (the engine loads the
+   * base once for all of them). Throws `conflict` when the run is not READY or its base is gone.
+   */
+  refOfRun(run: Run, param?: string): ModelRef {
+    if (run.status !== "READY" || !run.modelPath)
+      throw new ConduitError(
+        "conflict",
+        `run ${run.id} is ${run.status}, not READY; it cannot serve yet`,
+        param === undefined ? {} : { param },
+      );
+    if (methodOf(run.config) === "full") return { id: run.id, path: run.modelPath };
+    const baseName = String(run.config.baseModelName);
+    const base = this.registry.resolve(baseName);
+    if (!base)
+      throw new ConduitError(
+        "conflict",
+        `run ${run.id} is a LoRA adapter of base model "${baseName}", which is no longer in the models directory`,
+        param === undefined ? {} : { param },
+      );
+    return { id: run.id, path: base.path, lora: { path: run.modelPath } };
   }
 
   async generate(userId: string, request: InferenceRequest, model?: ModelRef): Promise<InferenceResult> {

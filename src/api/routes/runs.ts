@@ -4,7 +4,6 @@ import type { FastifyInstance } from "fastify";
 import { Type } from "@sinclair/typebox";
 import type { TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
 import type { Core } from "../../core.ts";
-import { ConduitError } from "../../errors.ts";
 import { checkLoraTargets } from "../../train/RunService.ts";
 import { respondWithGeneration } from "../generate.ts";
 import { RunInferenceBody } from "../generationSchemas.ts";
@@ -147,8 +146,8 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
     },
     async (request, reply) => {
       const run = await runs.get(request.userId, request.params.finetune_id);
-      if (run.status !== "READY" || !run.modelPath)
-        throw new ConduitError("conflict", `run ${run.id} is ${run.status}, not READY; it cannot serve yet`);
+      // The one resolver: a LoRA run is its base model plus its adapter, not a model file of its own.
+      const model = core.inference.refOfRun(run);
       const body = request.body;
       const systemPrompt = body.system_prompt ?? String(run.config.systemPrompt ?? "");
       const messages = chatMessages({
@@ -157,8 +156,6 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
         history: body.history,
       });
       const input = { messages, sampling: seedSampling(body) };
-      // The one resolver: a LoRA run is its base model plus its adapter, not a model file of its own.
-      const model = await core.inference.resolve(request.userId, run.id);
       if (body.stream)
         return respondWithGeneration(core, request, reply, input, {
           stream: true,
