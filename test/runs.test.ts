@@ -4,10 +4,12 @@ import path from "node:path";
 import { Readable } from "node:stream";
 import { describe, test, type TestContext } from "node:test";
 import type { FastifyInstance } from "fastify";
-import { asAlice, asBob, backends, build, KEY_A, testEnv } from "./helper.ts";
+import { asAlice, asBob, backends, build, KEY_A, testEnv, tinyModel } from "./helper.ts";
 import { loadConfig } from "../src/config.ts";
 import { createCore, type Core, type CoreOverrides } from "../src/core.ts";
+import { chooseAutoSettings, readModelShape } from "../src/train/autoSettings.ts";
 import { LORA_TARGETS } from "../src/train/loraTargets.ts";
+import type { TrainMethod } from "../src/train/RunService.ts";
 
 // Run lifecycle over HTTP; training itself is covered by the trainer tests.
 const models: CoreOverrides = {};
@@ -31,6 +33,41 @@ async function datasetWithPairs(app: FastifyInstance, name = "d") {
   return ds as { id: string; name: string };
 }
 
+/** Uploads pairs as a file of a dataset of Alice's; returns the file's record. */
+async function upload(
+  app: FastifyInstance,
+  datasetId: string,
+  name: string,
+  pairs: number,
+  headers = asAlice,
+) {
+  const res = await app.inject({
+    method: "POST",
+    url: `/conduit/dataset/${datasetId}/upload`,
+    headers,
+    payload: {
+      name,
+      ioPairs: Array.from({ length: pairs }, (_, i) => ({ input: `q${i}`, output: `a${i}` })),
+    },
+  });
+  assert.equal(res.statusCode, 200, res.body);
+  return res.json() as { id: string; name: string; size: number; ioPairsCount: number };
+}
+
+/** What "auto" chooses for Alice's dataset (all of its files) on the tiny model. */
+async function autoChoice(app: FastifyInstance, datasetId: string, method: TrainMethod, except?: string) {
+  const files = (
+    await app.inject({ url: `/conduit/dataset/${datasetId}/files`, headers: asAlice })
+  ).json() as { id: string; size: number; ioPairsCount: number }[];
+  const training = files.filter((f) => f.id !== except);
+  return chooseAutoSettings({
+    method,
+    pairs: training.reduce((sum, f) => sum + f.ioPairsCount, 0),
+    characters: training.reduce((sum, f) => sum + f.size, 0),
+    model: await readModelShape(await tinyModel()),
+  });
+}
+
 /** The core behind a test app (helper.ts decorates the app with it). */
 function coreOf(app: FastifyInstance): Core {
   return (app as FastifyInstance & { conduit: Core }).conduit;
@@ -39,7 +76,7 @@ function coreOf(app: FastifyInstance): Core {
 async function createRun(app: FastifyInstance, payload: Record<string, unknown>) {
   const res = await app.inject({ method: "POST", url: "/conduit/finetuning", headers: asAlice, payload });
   assert.equal(res.statusCode, 200, res.body);
-  return res.json() as { id: string; status: string; config: Record<string, unknown> };
+  return res.json() as { id: string; status: string; config: Record<string, unknown>; logs: string[] };
 }
 
 /** Polls a run until it has ended. */
@@ -96,11 +133,18 @@ for (const backend of backends()) {
       assert.equal(run.ioPairsCount, 2);
       assert.equal(run.status, "QUEUED");
       assert.match(run.trackerURL, new RegExp(`/ui/runs/${run.id}$`));
-      assert.ok(Array.isArray(run.logs) && run.logs.length === 1 && run.logs[0].endsWith("run queued"));
+      assert.ok(Array.isArray(run.logs) && run.logs[0].endsWith("run queued"), run.logs.join("\n"));
       assert.deepEqual(run.stats, {});
       assert.equal(run.error, null);
       assert.equal(run.config.lr, 0.001);
       assert.equal(run.config.epochs, 2);
+      // The numbers given are kept; the rank was left to "auto".
+      assert.deepEqual(run.config.autoSettings, ["loraRank"]);
+      assert.equal(run.logs.length, 2);
+      assert.match(run.logs[1], /auto settings: LoRA rank/);
+      assert.equal(run.config.trainOnInputs, false);
+      assert.equal(run.config.validationFileID, null);
+      assert.equal(run.config.earlyStoppingPatience, null);
       assert.equal(run.config.complexity, 1);
       assert.equal(run.config.steps, null);
       assert.equal(run.config.baseModelName, "tiny");
@@ -150,8 +194,34 @@ for (const backend of backends()) {
         [{ datasetID: ds.id, baseModelName: "tiny", lr: 0 }, 400, "lr"],
         [{ datasetID: ds.id, baseModelName: "tiny", lr: -1 }, 400, "lr"],
         [{ datasetID: ds.id, baseModelName: "tiny", lr: "fast" }, 400, "lr"],
+        [{ datasetID: ds.id, baseModelName: "tiny", lr: 1.5 }, 400, "lr"],
         [{ datasetID: ds.id, baseModelName: "tiny", epochs: 0 }, 400, "epochs"],
         [{ datasetID: ds.id, baseModelName: "tiny", epochs: 1.5 }, 400, "epochs"],
+        [{ datasetID: ds.id, baseModelName: "tiny", epochs: 1001 }, 400, "epochs"],
+        [{ datasetID: ds.id, baseModelName: "tiny", epochs: "AUTO" }, 400, "epochs"],
+        [{ datasetID: ds.id, baseModelName: "tiny", trainOnInputs: "yes" }, 400, "trainOnInputs"],
+        [{ datasetID: ds.id, baseModelName: "tiny", earlyStoppingPatience: 0 }, 400, "earlyStoppingPatience"],
+        [
+          { datasetID: ds.id, baseModelName: "tiny", earlyStoppingPatience: 101 },
+          400,
+          "earlyStoppingPatience",
+        ],
+        [
+          { datasetID: ds.id, baseModelName: "tiny", earlyStoppingPatience: 2.5 },
+          400,
+          "earlyStoppingPatience",
+        ],
+        [
+          { datasetID: ds.id, baseModelName: "tiny", earlyStoppingPatience: "3" },
+          400,
+          "earlyStoppingPatience",
+        ],
+        [{ datasetID: ds.id, baseModelName: "tiny", validationFileID: "" }, 400, "validationFileID"],
+        [
+          { datasetID: ds.id, baseModelName: "tiny", validationFileID: "file_missing" },
+          404,
+          "validationFileID",
+        ],
         [{ datasetID: ds.id, baseModelName: "tiny", complexity: 0 }, 400, "complexity"],
         [{ datasetID: ds.id, baseModelName: "tiny", complexity: 1.5 }, 400, "complexity"],
         [{ datasetID: ds.id, baseModelName: "tiny", steps: 0 }, 400, "steps"],
@@ -184,9 +254,13 @@ for (const backend of backends()) {
         loraAlpha: s.loraAlpha,
         loraTargets: s.loraTargets,
       });
+      const rank = (await autoChoice(app, ds.id, "lora")).loraRank;
       const cases: [Record<string, unknown>, Record<string, unknown>][] = [
-        [{}, { method: "lora", loraRank: 16, loraAlpha: 32, loraTargets: [...LORA_TARGETS] }],
-        [{ method: "lora" }, { method: "lora", loraRank: 16, loraAlpha: 32, loraTargets: [...LORA_TARGETS] }],
+        [{}, { method: "lora", loraRank: rank, loraAlpha: 2 * rank, loraTargets: [...LORA_TARGETS] }],
+        [
+          { method: "lora" },
+          { method: "lora", loraRank: rank, loraAlpha: 2 * rank, loraTargets: [...LORA_TARGETS] },
+        ],
         // alpha follows the rank unless given
         [{ loraRank: 4 }, { method: "lora", loraRank: 4, loraAlpha: 8, loraTargets: [...LORA_TARGETS] }],
         [
@@ -214,8 +288,9 @@ for (const backend of backends()) {
       const cases: [Record<string, unknown>, string, RegExp][] = [
         [{ loraRank: 0 }, "loraRank", /"loraRank" must be >= 1/],
         [{ loraRank: 257 }, "loraRank", /"loraRank" must be <= 256/],
-        [{ loraRank: 1.5 }, "loraRank", /"loraRank" must be integer/],
-        [{ loraRank: "16" }, "loraRank", /"loraRank" must be integer/],
+        [{ loraRank: 1.5 }, "loraRank", /"loraRank" must be integer or "auto"/],
+        [{ loraRank: "16" }, "loraRank", /"loraRank" must be integer or "auto"/],
+        [{ loraRank: "Auto" }, "loraRank", /"loraRank" must be integer or "auto"/],
         [{ loraAlpha: 0 }, "loraAlpha", /"loraAlpha" must be > 0/],
         [{ loraAlpha: -1 }, "loraAlpha", /"loraAlpha" must be > 0/],
         [{ loraAlpha: 4097 }, "loraAlpha", /"loraAlpha" must be <= 4096/],
@@ -239,6 +314,7 @@ for (const backend of backends()) {
           "loraRank",
           /"loraRank" is a LoRA setting; leave it out with "method": "full"/,
         ],
+        [{ method: "full", loraRank: "auto" }, "loraRank", /"loraRank" is a LoRA setting/],
         [{ method: "full", loraAlpha: 16 }, "loraAlpha", /"loraAlpha" is a LoRA setting/],
         [{ method: "full", loraTargets: ["attn_q"] }, "loraTargets", /"loraTargets" is a LoRA setting/],
       ];
@@ -269,6 +345,259 @@ for (const backend of backends()) {
         /lists a target twice/,
       );
       assert.deepEqual((await app.inject({ url: "/conduit/finetuning", headers: asAlice })).json(), []);
+    });
+
+    test('"auto" is the default for epochs, lr and rank: config holds the chosen numbers, autoSettings and a log line says why', async (t) => {
+      const { app } = await build(t, backend, models);
+      const ds = await datasetWithPairs(app);
+      const lora = await autoChoice(app, ds.id, "lora");
+      const full = await autoChoice(app, ds.id, "full");
+      const cases: [Record<string, unknown>, Record<string, unknown>][] = [
+        [
+          {},
+          {
+            epochs: lora.epochs,
+            lr: lora.lr,
+            loraRank: lora.loraRank,
+            autoSettings: ["epochs", "lr", "loraRank"],
+          },
+        ],
+        [
+          { epochs: "auto", lr: "auto", loraRank: "auto" },
+          {
+            epochs: lora.epochs,
+            lr: lora.lr,
+            loraRank: lora.loraRank,
+            autoSettings: ["epochs", "lr", "loraRank"],
+          },
+        ],
+        // Explicit numbers win, each on its own.
+        [
+          { epochs: 7, lr: 0.01, loraRank: 8 },
+          { epochs: 7, lr: 0.01, loraRank: 8, autoSettings: [] },
+        ],
+        [
+          { epochs: 7 },
+          { epochs: 7, lr: lora.lr, loraRank: lora.loraRank, autoSettings: ["lr", "loraRank"] },
+        ],
+        [
+          { lr: 0.02, loraRank: "auto" },
+          { epochs: lora.epochs, lr: 0.02, loraRank: lora.loraRank, autoSettings: ["epochs", "loraRank"] },
+        ],
+        // A full run has no rank to choose, and its own learning rate.
+        [
+          { method: "full" },
+          { epochs: full.epochs, lr: full.lr, loraRank: null, autoSettings: ["epochs", "lr"] },
+        ],
+      ];
+      const chosen = (c: Record<string, unknown>) => ({
+        epochs: c.epochs,
+        lr: c.lr,
+        loraRank: c.loraRank,
+        autoSettings: c.autoSettings,
+      });
+      for (const [settings, expected] of cases) {
+        const run = await createRun(app, { datasetID: ds.id, baseModelName: "tiny", ...settings });
+        const label = JSON.stringify(settings);
+        assert.deepEqual(chosen(run.config), expected, label);
+        assert.ok(Number.isInteger(run.config.epochs), label);
+        assert.equal(typeof run.config.lr, "number", label);
+        const stored = (await app.inject({ url: `/conduit/finetuning/${run.id}`, headers: asAlice })).json();
+        assert.deepEqual(chosen(stored.config), expected, `${label} as stored`);
+        assert.deepEqual(stored.logs, run.logs, `${label}: the response shows the stored log`);
+        const auto = expected.autoSettings as ("epochs" | "lr" | "loraRank")[];
+        if (auto.length === 0) {
+          assert.equal(run.logs.length, 1, `${label}: nothing chosen, nothing said`);
+          continue;
+        }
+        assert.equal(run.logs.length, 2, label);
+        const [, line] = run.logs;
+        const choice = settings.method === "full" ? full : lora;
+        assert.match(line ?? "", /^\S+ \S+ auto settings: /, label);
+        for (const setting of ["epochs", "lr", "loraRank"] as const)
+          assert.equal(
+            line?.includes(choice.reasons[setting]),
+            auto.includes(setting),
+            `${label}: ${setting}`,
+          );
+      }
+    });
+
+    test("a validation file: another own dataset's or this one's (left out of training); another user's is a 404, an empty one a 400", async (t) => {
+      const { app } = await build(t, backend, models);
+      const ds = await datasetWithPairs(app, "train");
+      const other = (
+        await app.inject({
+          method: "POST",
+          url: "/conduit/dataset",
+          headers: asAlice,
+          payload: { name: "held" },
+        })
+      ).json();
+      const held = await upload(app, other.id, "held.jsonl", 3);
+      const run = await createRun(app, {
+        datasetID: ds.id,
+        baseModelName: "tiny",
+        validationFileID: held.id,
+        trainOnInputs: true,
+        earlyStoppingPatience: 3,
+      });
+      assert.equal(run.config.validationFileID, held.id);
+      assert.equal(run.config.validationFileName, "held.jsonl");
+      assert.equal(run.config.trainOnInputs, true);
+      assert.equal(run.config.earlyStoppingPatience, 3);
+      assert.equal(
+        run.config.epochs,
+        (await autoChoice(app, ds.id, "lora")).epochs,
+        "another dataset's file counts no training pairs",
+      );
+
+      // A file of the training dataset itself: auto counts the pairs that are left to train on.
+      const big = await datasetWithPairs(app, "big");
+      await upload(app, big.id, "more.jsonl", 30);
+      const own = await upload(app, big.id, "own-held.jsonl", 40);
+      const withOwn = await createRun(app, {
+        datasetID: big.id,
+        baseModelName: "tiny",
+        validationFileID: own.id,
+      });
+      const left = await autoChoice(app, big.id, "lora", own.id);
+      const all = await autoChoice(app, big.id, "lora");
+      assert.deepEqual(
+        { epochs: withOwn.config.epochs, lr: withOwn.config.lr, loraRank: withOwn.config.loraRank },
+        { epochs: left.epochs, lr: left.lr, loraRank: left.loraRank },
+      );
+      assert.notEqual(left.epochs, all.epochs, "the test tells the two counts apart");
+      assert.equal(withOwn.config.validationFileID, own.id);
+
+      // Bob's file is not Alice's to name, whatever he uploads.
+      const bobs = (
+        await app.inject({ method: "POST", url: "/conduit/dataset", headers: asBob, payload: { name: "b" } })
+      ).json();
+      const bobsFile = await upload(app, bobs.id, "b.jsonl", 2, asBob);
+      const empty = await upload(app, other.id, "empty.jsonl", 1);
+      await coreOf(app)
+        .db.kysely.updateTable("files")
+        .set({ io_pairs_count: 0 })
+        .where("id", "=", empty.id)
+        .execute();
+      const onlyFile = (
+        (await app.inject({ url: `/conduit/dataset/${ds.id}/files`, headers: asAlice })).json() as {
+          id: string;
+        }[]
+      )[0]?.id;
+      const cases: [string | undefined, number, RegExp][] = [
+        [bobsFile.id, 404, new RegExp(`file ${bobsFile.id} not found`)],
+        [empty.id, 400, /has no IO pairs/],
+        [onlyFile, 400, /holds every pair of dataset .*none would be left to train on/],
+      ];
+      for (const [validationFileID, status, message] of cases) {
+        const res = await app.inject({
+          method: "POST",
+          url: "/conduit/finetuning",
+          headers: asAlice,
+          payload: { datasetID: ds.id, baseModelName: "tiny", validationFileID },
+        });
+        assert.equal(res.statusCode, status, res.body);
+        assert.equal(res.json().error.param, "validationFileID", res.body);
+        assert.match(res.json().error.message, message);
+      }
+      const patience = async (earlyStoppingPatience: number) =>
+        (await createRun(app, { datasetID: ds.id, baseModelName: "tiny", earlyStoppingPatience })).config
+          .earlyStoppingPatience;
+      assert.equal(await patience(1), 1);
+      assert.equal(await patience(100), 100);
+    });
+
+    test("examples: a READY run's examples with their loss, worst first, by split, paged; 409 before READY or without them, 404 for others", async (t) => {
+      const { app } = await build(t, backend, models);
+      const ds = await datasetWithPairs(app);
+      const run = await createRun(app, { datasetID: ds.id, baseModelName: "tiny" });
+      const url = `/conduit/finetuning/${run.id}/examples`;
+      const get = (query = "", headers = asAlice) => app.inject({ url: `${url}${query}`, headers });
+
+      const queued = await get();
+      assert.equal(queued.statusCode, 409, queued.body);
+      assert.equal(queued.json().error.code, "conflict");
+      assert.match(queued.json().error.message, new RegExp(`run ${run.id} is QUEUED, not READY`));
+      assert.equal((await get("", asBob)).statusCode, 404);
+      assert.equal(
+        (await app.inject({ url: "/conduit/finetuning/ft_missing/examples", headers: asAlice })).statusCode,
+        404,
+      );
+      assert.equal((await app.inject({ url })).statusCode, 401);
+
+      const repo = coreOf(app).runRepository;
+      assert.equal((await repo.claimNext("w", 60_000))?.id, run.id);
+      assert.ok(await repo.finish(run.id, "w", { status: "READY", modelPath: "/m.gguf" }));
+      const none = await get();
+      assert.equal(none.statusCode, 409, none.body);
+      assert.match(none.json().error.message, /is READY but has no per-example losses/);
+
+      // The file the scheduler writes when a run ends READY (in no particular order here).
+      type Example = {
+        split: string;
+        index: number;
+        input: string;
+        output: string;
+        loss: number | null;
+        tokens: number;
+      };
+      const example = (split: string, index: number, loss: number | null): Example => ({
+        split,
+        index,
+        input: `${split} in ${index}`,
+        output: `${split} out ${index}`,
+        loss,
+        tokens: 3 + index,
+      });
+      const examples = [
+        example("validation", 1, 2.5),
+        example("train", 2, 0.1),
+        example("train", 0, 1.5),
+        example("validation", 0, null),
+        example("train", 3, null),
+        example("train", 1, 2.5),
+        example("validation", 2, 0.05),
+        example("train", 4, 3),
+      ];
+      const file = coreOf(app).blobs.pathOf(`runs/${run.id}/examples.jsonl`);
+      fs.mkdirSync(path.dirname(file), { recursive: true });
+      fs.writeFileSync(file, examples.map((e) => JSON.stringify(e)).join("\n") + "\n");
+      const keys = (res: { json(): unknown }) =>
+        (res.json() as Example[]).map((e) => `${e.split[0]}${e.index}`);
+
+      const worst = await get();
+      assert.equal(worst.statusCode, 200, worst.body);
+      assert.equal(worst.headers["x-total-count"], "8");
+      // Highest loss first; ties train before validation, then by index; no loss last.
+      assert.deepEqual(keys(worst), ["t4", "t1", "v1", "t0", "t2", "v2", "t3", "v0"]);
+      assert.deepEqual((worst.json() as Example[])[0], example("train", 4, 3));
+      assert.deepEqual(keys(await get("?sort=loss&limit=3")), ["t4", "t1", "v1"]);
+      assert.deepEqual(keys(await get("?limit=3&offset=6")), ["t3", "v0"]);
+      assert.deepEqual(keys(await get("?offset=8")), []);
+      const byIndex = await get("?sort=index");
+      assert.deepEqual(keys(byIndex), ["t0", "t1", "t2", "t3", "t4", "v0", "v1", "v2"]);
+      const validation = await get("?split=validation");
+      assert.equal(validation.headers["x-total-count"], "3");
+      assert.deepEqual(keys(validation), ["v1", "v2", "v0"]);
+      const trainPage = await get("?split=train&sort=index&limit=2&offset=1");
+      assert.equal(trainPage.headers["x-total-count"], "5");
+      assert.deepEqual(keys(trainPage), ["t1", "t2"]);
+      const bad: [string, string][] = [
+        ["?sort=worst", "sort"],
+        ["?split=test", "split"],
+        ["?limit=0", "limit"],
+        ["?limit=1001", "limit"],
+        ["?offset=-1", "offset"],
+        ["?page=2", "page"],
+      ];
+      for (const [query, param] of bad) {
+        const res = await get(query);
+        assert.equal(res.statusCode, 400, `${query} → ${res.body}`);
+        assert.equal(res.json().error.param, param, res.body);
+      }
+      assert.equal((await get("", asBob)).statusCode, 404, "still not bob's");
     });
 
     test("artifact: the owner downloads a READY run's file; 409 before READY, 404 for others, 401 without a key", async (t) => {
@@ -454,8 +783,10 @@ for (const backend of backends()) {
         ]),
       );
       const logs = (await core.runs.get("alice", run.id)).logs.map((l) => l.replace(/^\S+ \S+ /, ""));
-      assert.equal(logs.length, 1 + 3 * lines.length);
-      assert.deepEqual(logs.slice(1, 1 + lines.length), lines);
+      // After the lines the run was created with ("run queued", what auto chose).
+      const first = run.logs.length;
+      assert.equal(logs.length, first + 3 * lines.length);
+      assert.deepEqual(logs.slice(first, first + lines.length), lines);
       for (const server of ["a", "b"])
         assert.deepEqual(
           logs.filter((l) => l.startsWith(`${server} `)),

@@ -32,6 +32,17 @@ function unionOfConstants(issues: ValidationIssue[], instancePath: string): unkn
   return constants.map((i) => i.params.allowedValue);
 }
 
+/**
+ * The constants a value could have been instead, when it failed a union of a type and constants
+ * (a number or `"auto"`): the type's issue comes first, and "must be number" alone would hide `"auto"`.
+ */
+function alternativeConstants(issues: ValidationIssue[], instancePath: string): unknown[] | undefined {
+  const at = issues.filter((i) => i.instancePath === instancePath);
+  if (!at.some((i) => i.keyword === "anyOf")) return undefined;
+  const constants = at.filter((i) => i.keyword === "const").map((i) => i.params.allowedValue);
+  return constants.length > 0 ? constants : undefined;
+}
+
 /** Turns an Ajv validation failure into a 400 naming the field. */
 function fromValidation(issues: ValidationIssue[], context: string | undefined): ConduitError {
   const issue = issues[0];
@@ -46,6 +57,10 @@ function fromValidation(issues: ValidationIssue[], context: string | undefined):
   if (issue.keyword === "additionalProperties") reason = "is not a known field";
   if (issue.keyword === "pattern") reason = patternReasons[String(issue.params.pattern)] ?? reason;
   if (issue.keyword === "type" && segments.length === 0) reason = `must be ${String(issue.params.type)}`;
+  const alternatives =
+    issue.keyword === "type" ? alternativeConstants(issues, issue.instancePath) : undefined;
+  if (alternatives)
+    reason = `must be ${String(issue.params.type)} or ${alternatives.map((v) => JSON.stringify(v)).join(" or ")}`;
   const allowed = unionOfConstants(issues, issue.instancePath);
   if (allowed) reason = `must be one of ${allowed.map((v) => JSON.stringify(v)).join(", ")}`;
   const subject = param ? `${where === "body" ? "" : `${where} `}field "${param}"` : where;

@@ -164,6 +164,14 @@ export const UploadQuery = Type.Object(
   { additionalProperties: false },
 );
 
+/**
+ * A setting that takes a number or `"auto"` (chosen from the dataset and the model by
+ * `src/train/autoSettings.ts`).
+ */
+function orAuto<T extends TSchema>(schema: T, description: string) {
+  return Type.Union([schema, Type.Literal("auto")], { description });
+}
+
 /** Run configuration (seed 4.3's inference fields); every field is optional with a documented default. */
 export const RunConfigFields = {
   datasetID: Type.Optional(Id),
@@ -178,7 +186,11 @@ export const RunConfigFields = {
     }),
   ),
   lr: Type.Optional(
-    Type.Number({ exclusiveMinimum: 0, maximum: 1, description: "Learning rate. Defaults to `0.0005`." }),
+    orAuto(
+      Type.Number({ exclusiveMinimum: 0, maximum: 1 }),
+      "Learning rate, in (0, 1], or `auto`: chosen from the model's width and the method (`lora` trains at a " +
+        "higher rate than `full`). Defaults to `auto`.",
+    ),
   ),
   method: Type.Optional(
     Type.Union(
@@ -191,11 +203,11 @@ export const RunConfigFields = {
     ),
   ),
   loraRank: Type.Optional(
-    Type.Integer({
-      minimum: loraLimits.minRank,
-      maximum: loraLimits.maxRank,
-      description: `LoRA rank, ${loraLimits.minRank} to ${loraLimits.maxRank}; \`lora\` only. Defaults to \`${runDefaults.loraRank}\`.`,
-    }),
+    orAuto(
+      Type.Integer({ minimum: loraLimits.minRank, maximum: loraLimits.maxRank }),
+      `LoRA rank, ${loraLimits.minRank} to ${loraLimits.maxRank}, or \`auto\`: chosen from the amount of text in the ` +
+        "dataset and the model's width; `lora` only. Defaults to `auto`.",
+    ),
   ),
   loraAlpha: Type.Optional(
     Type.Number({
@@ -203,7 +215,7 @@ export const RunConfigFields = {
       maximum: loraLimits.maxAlpha,
       description:
         `LoRA alpha, in (0, ${loraLimits.maxAlpha}]; the adapter's output is scaled by alpha / rank; \`lora\` only. ` +
-        `Defaults to \`${runDefaults.loraAlphaPerRank}\` × \`loraRank\`.`,
+        `Defaults to \`${runDefaults.loraAlphaPerRank}\` × the effective \`loraRank\`.`,
     }),
   ),
   loraTargets: Type.Optional(
@@ -233,7 +245,40 @@ export const RunConfigFields = {
     }),
   ),
   epochs: Type.Optional(
-    Type.Integer({ minimum: 1, maximum: 1000, description: "Passes over the data. Defaults to `3`." }),
+    orAuto(
+      Type.Integer({ minimum: 1, maximum: 1000 }),
+      "Passes over the data, 1 to 1000, or `auto`: chosen from the number of training pairs (many passes over " +
+        "a small dataset, fewer over a large one). Defaults to `auto`.",
+    ),
+  ),
+  trainOnInputs: Type.Optional(
+    Type.Boolean({
+      description:
+        "`false`: the loss counts only the assistant's answers (the `output` of each pair); `true`: the whole " +
+        "conversation, system prompt, `input` and chat template included. Defaults to `false`.",
+    }),
+  ),
+  validationFileID: Type.Optional(
+    Type.String({
+      minLength: 1,
+      maxLength: 128,
+      pattern: noControlCharacters,
+      description:
+        "A file of this dataset or of another of your datasets whose pairs are the validation set: their loss " +
+        "is reported after every epoch (and per example, `GET /conduit/finetuning/{id}/examples`). A file of the " +
+        "training dataset is left out of training. Defaults to none: with at least 50 pairs, a random " +
+        "`evalFraction` of them is held out instead.",
+    }),
+  ),
+  earlyStoppingPatience: Type.Optional(
+    Type.Integer({
+      minimum: 1,
+      maximum: 100,
+      description:
+        "Stop training after this many evaluations of the validation set in a row without a new best " +
+        "validation loss, 1 to 100; needs a validation set (a `validationFileID`, or at least 50 pairs). " +
+        "Defaults to none: every epoch trains.",
+    }),
   ),
   systemPrompt: Type.Optional(
     Type.String({
@@ -249,11 +294,50 @@ export const RunConfigFields = {
 
 export const CreateRunBody = Type.Object(RunConfigFields, { additionalProperties: false });
 
+/** Which pairs an example belongs to: the training set or the validation set. */
+export const ExampleSplit = Type.Union([Type.Literal("train"), Type.Literal("validation")]);
+
+export const RunExample = Type.Object(
+  {
+    split: ExampleSplit,
+    index: Type.Integer({ description: "Position in its split, in upload order, from 0." }),
+    input: Type.String(),
+    output: Type.String(),
+    loss: Type.Union([Type.Number(), Type.Null()], {
+      description:
+        "Mean loss in nats per answer token with the served weights (lower: the model gives this answer more " +
+        "readily); null when the example could not be evaluated (longer than the training window, say).",
+    }),
+    tokens: Type.Integer({ description: "Answer tokens the loss is averaged over." }),
+  },
+  { $id: "RunExample", description: "One training or validation pair of a READY run, with its loss." },
+);
+
+export const ExamplesQuery = Type.Object(
+  {
+    sort: Type.Union([Type.Literal("loss"), Type.Literal("index")], {
+      default: "loss",
+      description:
+        "`loss`: the worst learned first (highest loss; examples without a loss last); `index`: training " +
+        "examples then validation examples, each in upload order. Defaults to `loss`.",
+    }),
+    split: Type.Optional(
+      Type.Union([Type.Literal("train"), Type.Literal("validation")], {
+        description: "Only the training or only the validation examples. Defaults to both.",
+      }),
+    ),
+    ...PageQuery.properties,
+  },
+  { additionalProperties: false },
+);
+
 export type DatasetWire = Static<typeof Dataset>;
 export type DatasetFileWire = Static<typeof DatasetFile>;
 export type RunWire = Static<typeof Run>;
 export type CreateRunBodyWire = Static<typeof CreateRunBody>;
 export type UploadJsonBodyWire = Static<typeof UploadJsonBody>;
+export type RunExampleWire = Static<typeof RunExample>;
+export type ExamplesQueryWire = Static<typeof ExamplesQuery>;
 
 /** Responses: the success schema and the error schema for every listed status. */
 export function responses(ok: Record<number, TSchema>, errors: number[] = [400, 401, 404]) {
@@ -262,4 +346,4 @@ export function responses(ok: Record<number, TSchema>, errors: number[] = [400, 
   return out;
 }
 
-export const sharedSchemas = [ErrorBody, Message, Dataset, DatasetFile, Run];
+export const sharedSchemas = [ErrorBody, Message, Dataset, DatasetFile, Run, RunExample];

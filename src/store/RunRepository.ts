@@ -40,6 +40,8 @@ export interface NewRun {
   ioPairsCount: number;
   trackerUrl: string;
   config: Record<string, unknown>;
+  /** Log lines after `run queued`, written with the run (how its settings were chosen). Defaults to none. */
+  logs?: string[];
 }
 
 function toRun(row: RunTable, logs: string[]): Run {
@@ -107,14 +109,15 @@ export class RunRepository {
       created_at: now,
       updated_at: now,
     };
+    const lines = ["run queued", ...(run.logs ?? [])].map((message) => `${now} ${message}`);
     await this.db.transaction().execute(async (tx) => {
       await tx.insertInto("runs").values(row).execute();
       await tx
         .insertInto("run_logs")
-        .values({ run_id: row.id, seq: 0, line: `${now} run queued`, created_at: now })
+        .values(lines.map((line, seq) => ({ run_id: row.id, seq, line, created_at: now })))
         .execute();
     });
-    return toRun(row, [`${now} run queued`]);
+    return toRun(row, lines);
   }
 
   async get(userId: string, id: string): Promise<Run | undefined> {

@@ -1,13 +1,22 @@
 import { EventEmitter } from "node:events";
+import fs from "node:fs";
 import fsp from "node:fs/promises";
-import type { CreateRunBodyWire } from "../api/schemas.ts";
+import readline from "node:readline";
+import type { CreateRunBodyWire, ExamplesQueryWire, RunExampleWire } from "../api/schemas.ts";
 import type { DatasetService } from "../datasets/DatasetService.ts";
 import type { BlobStore } from "../store/BlobStore.ts";
 import type { ModelRef } from "../model/types.ts";
 import { ConduitError } from "../errors.ts";
 import { newId } from "../store/ids.ts";
-import type { Page } from "../store/DatasetRepository.ts";
+import type { DatasetFile, Page } from "../store/DatasetRepository.ts";
 import type { Run, RunRepository } from "../store/RunRepository.ts";
+import {
+  AUTO_SETTINGS,
+  chooseAutoSettings,
+  readModelShape,
+  type AutoSetting,
+  type ModelShape,
+} from "./autoSettings.ts";
 import { LORA_TARGETS, UNTRAINABLE_LORA_TARGETS, type LoraTarget } from "./loraTargets.ts";
 
 /** Finds base models by id (the engine's model registry). */
@@ -59,18 +68,26 @@ interface RunConfigFields {
    */
   evalFraction: number;
   seed: number;
+  /** Train on the whole conversation (prompt and template included) instead of the answers only. */
+  trainOnInputs: boolean;
+  /** A file (of this or another of the user's datasets) whose pairs are the eval set; replaces the random hold-out. */
+  validationFileID: string | null;
+  /** The validation file's name when the run was created, for people reading the config. */
+  validationFileName: string | null;
+  /** Evaluations without a new best eval loss before training stops; `null` never stops early. */
+  earlyStoppingPatience: number | null;
+  /** Which of `epochs`, `lr` and `loraRank` were chosen by `"auto"` (their chosen values are in their fields). */
+  autoSettings: AutoSetting[];
 }
 
+/** Defaults of the settings that are not `"auto"` (epochs, lr and loraRank are chosen per run). */
 export const runDefaults = {
   method: "lora" as TrainMethod,
-  loraRank: 16,
   /** The default alpha is this times the rank (a scale of 2). */
   loraAlphaPerRank: 2,
   loraTargets: LORA_TARGETS,
-  lr: 5e-4,
-  epochs: 3,
   complexity: 1,
-  contextSize: 256,
+  contextSize: 1024,
   lrSchedule: "cosine" as const,
   lrMinFraction: 0.1,
   outputType: "Q8_0",
@@ -105,8 +122,13 @@ export function checkLoraTargets(targets: unknown): void {
   }
 }
 
+/** The method's settings as asked for: a LoRA rank may still be `"auto"` and the alpha left to follow it. */
+type MethodRequest =
+  | { method: "lora"; loraRank: number | "auto"; loraAlpha: number | undefined; loraTargets: LoraTarget[] }
+  | { method: "full"; loraRank: null; loraAlpha: null; loraTargets: null };
+
 /** The method and its settings, with defaults filled in; LoRA settings with method `full` are a 400. */
-function methodConfig(body: CreateRunBodyWire): TrainMethodConfig {
+function methodRequest(body: CreateRunBodyWire): MethodRequest {
   const method = body.method ?? runDefaults.method;
   if (method === "full") {
     for (const field of ["loraRank", "loraAlpha", "loraTargets"] as const)
@@ -126,13 +148,33 @@ function methodConfig(body: CreateRunBodyWire): TrainMethodConfig {
     });
   if (new Set(targets).size !== targets.length)
     throw new ConduitError("invalid_request", '"loraTargets" lists a target twice', { param: "loraTargets" });
-  const loraRank = body.loraRank ?? runDefaults.loraRank;
+  return { method, loraRank: body.loraRank ?? "auto", loraAlpha: body.loraAlpha, loraTargets: [...targets] };
+}
+
+/** The stored method settings once the rank is known; the alpha follows the rank unless given. */
+function methodConfig(request: MethodRequest, autoRank: () => number): TrainMethodConfig {
+  if (request.method === "full") return request;
+  const loraRank = request.loraRank === "auto" ? autoRank() : request.loraRank;
   return {
-    method,
+    ...request,
     loraRank,
-    loraAlpha: body.loraAlpha ?? runDefaults.loraAlphaPerRank * loraRank,
-    loraTargets: [...targets],
+    loraAlpha: request.loraAlpha ?? runDefaults.loraAlphaPerRank * loraRank,
   };
+}
+
+/** The order examples are listed in: worst loss first (none last), or training then validation by index. */
+function compareExamples(sort: ExamplesQueryWire["sort"]) {
+  const byIndex = (a: RunExampleWire, b: RunExampleWire) =>
+    (a.split === b.split ? 0 : a.split === "train" ? -1 : 1) || a.index - b.index;
+  if (sort === "index") return byIndex;
+  return (a: RunExampleWire, b: RunExampleWire) =>
+    (a.loss === null ? (b.loss === null ? 0 : 1) : b.loss === null ? -1 : b.loss - a.loss) || byIndex(a, b);
+}
+
+/** A page of a READY run's examples, and how many there are in all (of the asked split). */
+export interface ExamplesPage {
+  examples: RunExampleWire[];
+  total: number;
 }
 
 /** A READY run's downloadable file: the adapter of a LoRA run, the model of a full run. */
@@ -162,7 +204,7 @@ export class RunService {
   ) {}
 
   async create(userId: string, body: CreateRunBodyWire): Promise<Run> {
-    const method = methodConfig(body);
+    const method = methodRequest(body);
     const datasetId = body.datasetID ?? body.datasetId;
     if (!datasetId && !body.datasetName)
       throw new ConduitError("invalid_request", 'one of "datasetID" and "datasetName" is required', {
@@ -186,21 +228,41 @@ export class RunService {
           param: "baseModelName",
         },
       );
-    if (!this.models.resolve(baseModelName))
+    const model = this.models.resolve(baseModelName);
+    if (!model)
       throw new ConduitError("model_not_found", `model "${baseModelName}" not found`, {
         param: "baseModelName",
       });
+    const training = await this.trainingSet(userId, dataset, body.validationFileID);
+
+    // Explicit numbers win, each on its own; what is left to "auto" is chosen from the data and the model.
+    const asked = { epochs: body.epochs ?? "auto", lr: body.lr ?? "auto", loraRank: method.loraRank };
+    // A full run has no rank (`null`), so it is not among them.
+    const autoSettings = AUTO_SETTINGS.filter((setting) => asked[setting] === "auto");
+    const choice =
+      autoSettings.length > 0
+        ? chooseAutoSettings({
+            method: method.method,
+            pairs: training.pairs,
+            characters: training.characters,
+            model: await this.modelShape(baseModelName, model.path),
+          })
+        : undefined;
+    const chosen = (setting: AutoSetting): number => {
+      if (!choice) throw new Error(`no auto choice for ${setting}`);
+      return choice[setting];
+    };
 
     const id = newId("ft");
     const config: RunConfig = {
       baseModelName,
       datasetID: dataset.id,
       datasetName: dataset.name,
-      lr: body.lr ?? runDefaults.lr,
-      epochs: body.epochs ?? runDefaults.epochs,
+      lr: typeof body.lr === "number" ? body.lr : chosen("lr"),
+      epochs: typeof body.epochs === "number" ? body.epochs : chosen("epochs"),
       steps: body.steps ?? null,
       complexity: body.complexity ?? runDefaults.complexity,
-      ...method,
+      ...methodConfig(method, () => chosen("loraRank")),
       systemPrompt: body.systemPrompt ?? "",
       name: body.name ?? `${dataset.name}-${baseModelName}`,
       trackerProject: body.trackerProject ?? null,
@@ -211,6 +273,11 @@ export class RunService {
       outputType: runDefaults.outputType,
       evalFraction: runDefaults.evalFraction,
       seed: runDefaults.seed,
+      trainOnInputs: body.trainOnInputs ?? false,
+      validationFileID: training.validation?.id ?? null,
+      validationFileName: training.validation?.name ?? null,
+      earlyStoppingPatience: body.earlyStoppingPatience ?? null,
+      autoSettings,
     };
     const run = await this.runs.create({
       id,
@@ -221,9 +288,66 @@ export class RunService {
       ioPairsCount: dataset.ioPairsCount,
       trackerUrl: this.options.trackerUrl(id),
       config: { ...config },
+      logs: choice
+        ? [`auto settings: ${autoSettings.map((setting) => choice.reasons[setting]).join("; ")}`]
+        : [],
     });
     this.events.emit("changed", id);
     return run;
+  }
+
+  /**
+   * What the run trains on: the dataset's pairs and bytes (the text auto settings look at), less
+   * the validation file when it is one of the dataset's own. The validation file must be one of
+   * the user's (else a 404), hold pairs, and leave some to train on.
+   */
+  private async trainingSet(
+    userId: string,
+    dataset: { id: string; ioPairsCount: number },
+    validationFileId: string | undefined,
+  ): Promise<{ pairs: number; characters: number; validation: DatasetFile | undefined }> {
+    let pairs = dataset.ioPairsCount;
+    let characters = 0;
+    const pageSize = 1000;
+    for (let offset = 0; ; offset += pageSize) {
+      const files = await this.datasets.listFiles(userId, dataset.id, { limit: pageSize, offset });
+      for (const file of files) characters += file.size;
+      if (files.length < pageSize) break;
+    }
+    if (validationFileId === undefined) return { pairs, characters, validation: undefined };
+    const validation = await this.datasets.getUserFile(userId, validationFileId);
+    if (validation.ioPairsCount === 0)
+      throw new ConduitError(
+        "invalid_request",
+        `file ${validation.id} has no IO pairs; a validation file needs at least one`,
+        { param: "validationFileID" },
+      );
+    if (validation.datasetId === dataset.id) {
+      pairs -= validation.ioPairsCount;
+      characters -= validation.size;
+      if (pairs <= 0)
+        throw new ConduitError(
+          "invalid_request",
+          `file ${validation.id} holds every pair of dataset ${dataset.id}, so none would be left to train on; ` +
+            "upload the validation pairs as a file of their own",
+          { param: "validationFileID" },
+        );
+    }
+    return { pairs, characters, validation };
+  }
+
+  /** The base model's shape for auto settings; a file that cannot be read is the model's fault, a 400. */
+  private async modelShape(name: string, modelPath: string): Promise<ModelShape> {
+    try {
+      return await readModelShape(modelPath);
+    } catch (error) {
+      throw new ConduitError(
+        "invalid_request",
+        `model "${name}" cannot be read to choose the "auto" settings (${(error as Error).message}); ` +
+          "give epochs, lr and loraRank as numbers, or check the model file",
+        { param: "baseModelName" },
+      );
+    }
   }
 
   async get(userId: string, id: string): Promise<Run> {
@@ -252,6 +376,63 @@ export class RunService {
           "(removed from disk, or trained by a server that does not share this one's data directory)",
       );
     return { path: run.modelPath, fileName, sizeBytes: stat.size };
+  }
+
+  /**
+   * A READY run's examples with their loss (the scheduler writes `runs/{id}/examples.jsonl` when
+   * the run ends), of one split or both, sorted and paged. The file is streamed; at most
+   * `offset + limit` examples are held, the best candidates for the page so far. A run that is not
+   * READY, or has no such file, is a 409.
+   */
+  async examples(userId: string, id: string, query: ExamplesQueryWire): Promise<ExamplesPage> {
+    const run = await this.get(userId, id);
+    if (run.status !== "READY")
+      throw new ConduitError(
+        "conflict",
+        `run ${run.id} is ${run.status}, not READY; per-example losses are measured when a run ends READY`,
+      );
+    const file = this.blobs.pathOf(`runs/${run.id}/examples.jsonl`);
+    const stream = fs.createReadStream(file, { encoding: "utf8" });
+    const opened = new Promise<void>((resolve, reject) => {
+      stream.once("open", () => resolve());
+      stream.once("error", reject);
+    });
+    try {
+      await opened;
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code !== "ENOENT") throw error;
+      throw new ConduitError(
+        "conflict",
+        `run ${run.id} is READY but has no per-example losses (it was trained before Conduit measured ` +
+          "them, or by a server that does not share this one's data directory)",
+      );
+    }
+    const compare = compareExamples(query.sort);
+    const keep = query.offset + query.limit;
+    const kept: RunExampleWire[] = [];
+    let total = 0;
+    try {
+      for await (const line of readline.createInterface({ input: stream, crlfDelay: Infinity })) {
+        if (!line.trim()) continue;
+        const example = JSON.parse(line) as RunExampleWire;
+        if (query.split && example.split !== query.split) continue;
+        total++;
+        // Binary insertion into the sorted candidates, dropping the one that falls off the end.
+        let low = 0;
+        let high = kept.length;
+        while (low < high) {
+          const middle = (low + high) >> 1;
+          if (compare(kept[middle] as RunExampleWire, example) <= 0) low = middle + 1;
+          else high = middle;
+        }
+        if (low >= keep) continue;
+        kept.splice(low, 0, example);
+        if (kept.length > keep) kept.pop();
+      }
+    } finally {
+      stream.destroy();
+    }
+    return { examples: kept.slice(query.offset), total };
   }
 
   list(userId: string, page: Page): Promise<Run[]> {

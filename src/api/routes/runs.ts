@@ -7,7 +7,16 @@ import type { Core } from "../../core.ts";
 import { checkLoraTargets } from "../../train/RunService.ts";
 import { respondWithGeneration } from "../generate.ts";
 import { RunInferenceBody } from "../generationSchemas.ts";
-import { CreateRunBody, Message, PageQuery, Run, RunParams, responses } from "../schemas.ts";
+import {
+  CreateRunBody,
+  ExamplesQuery,
+  Message,
+  PageQuery,
+  Run,
+  RunExample,
+  RunParams,
+  responses,
+} from "../schemas.ts";
 import { openSse } from "../sse.ts";
 import { runWire, SUCCESS } from "../wire.ts";
 import { chatMessages, seedChatShape, seedSampling } from "./generation.ts";
@@ -92,6 +101,40 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
         .header("content-length", String(artifact.sizeBytes))
         .header("content-disposition", `attachment; filename="${artifact.fileName}"`)
         .send(fs.createReadStream(artifact.path));
+    },
+  );
+
+  r.get(
+    "/conduit/finetuning/:finetune_id/examples",
+    {
+      schema: {
+        tags,
+        summary: "A READY run's examples, each with its loss",
+        description:
+          "Every training and validation pair of a READY run with its loss under the served weights (mean nats " +
+          "per answer token), to find what the model did not learn: by default the worst first. A JSON array like " +
+          "the other lists, paged with `limit` and `offset`; the `x-total-count` header counts the examples of the " +
+          "asked split in all. A run that is not READY, or has no per-example losses, answers 409.",
+        params: RunParams,
+        querystring: ExamplesQuery,
+        response: {
+          200: {
+            ...Type.Array(RunExample),
+            headers: {
+              "x-total-count": {
+                type: "integer",
+                description: "Examples of the asked split (or both) in all, whatever the page.",
+              },
+            },
+          },
+          ...responses({}, [400, 401, 404, 409]),
+        },
+      },
+    },
+    async (request, reply) => {
+      const page = await runs.examples(request.userId, request.params.finetune_id, request.query);
+      void reply.header("x-total-count", String(page.total));
+      return page.examples;
     },
   );
 
