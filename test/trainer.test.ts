@@ -3,7 +3,7 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { after, before, describe, test } from "node:test";
-import { getLlama, LlamaLogLevel } from "node-llama-cpp";
+import { getLlama, LlamaLogLevel, readGgufFileInfo } from "node-llama-cpp";
 import type { Llama, LlamaModel, Token } from "node-llama-cpp";
 import { createTinyModel } from "../src/model/tinyModel.ts";
 import { LORA_TARGETS } from "../src/train/loraTargets.ts";
@@ -18,7 +18,7 @@ import {
   loadLlamaLib,
   localBuildDir,
 } from "../src/train/native/llamaLib.ts";
-import { countWindows, packWindows } from "../src/train/native/packWindows.ts";
+import { countWindows, lossPositions, packWindows } from "../src/train/native/packWindows.ts";
 import { isTrainableTensor, trainableBlocks } from "../src/train/native/trainableTensor.ts";
 import {
   resolveTrainerJob,
@@ -85,25 +85,45 @@ describe("trainer building blocks", () => {
     );
   });
 
-  test("packs whole samples into windows with next-token labels and an end label", () => {
+  test("packs whole samples into windows with next-token labels, an end label and a loss mask", () => {
     const eos = 2;
-    const samples = [Int32Array.of(1, 10, 11), Int32Array.of(1, 20), Int32Array.of(1, 30, 31, 32)];
-    const windows = packWindows(samples, 6, eos);
+    const all = (tokens: Int32Array) => ({ tokens, trained: new Uint8Array(tokens.length).fill(1) });
+    const samples = [
+      all(Int32Array.of(1, 10, 11)),
+      all(Int32Array.of(1, 20)),
+      all(Int32Array.of(1, 30, 31, 32)),
+    ];
+    const windows = packWindows(samples, [0, 1, 2], 6, eos);
     assert.equal(windows.length, 2);
     assert.equal(countWindows([3, 2, 4], 6), 2);
     assert.deepEqual([...windows[0]!.input], [1, 10, 11, 1, 20, eos]);
     assert.deepEqual([...windows[0]!.labels], [10, 11, eos, 20, eos, eos]);
     assert.deepEqual([...windows[1]!.input], [1, 30, 31, 32, eos, eos]);
     assert.deepEqual([...windows[1]!.labels], [30, 31, 32, eos, eos, eos]);
+    // Padding never counts in the loss.
+    assert.deepEqual([...windows[0]!.lossMask], [1, 1, 1, 1, 1, 0]);
+    assert.deepEqual([...windows[1]!.lossMask], [1, 1, 1, 1, 0, 0]);
     assert.deepEqual(
-      windows.map((w) => w.sampleTokens),
-      [5, 4],
+      windows.map((w) => [w.sampleTokens, w.lossTokens]),
+      [
+        [5, 5],
+        [4, 4],
+      ],
     );
+    assert.deepEqual(windows[1]!.spans, [{ sample: 2, start: 0, length: 4 }]);
 
-    // A sample longer than a window is split, and the split point keeps the true next token.
-    const long = packWindows([Int32Array.of(1, 2, 3, 4, 5)], 3, 0);
-    assert.deepEqual([...long[0]!.labels], [2, 3, 4]);
-    assert.deepEqual([...long[1]!.input, ...long[1]!.labels], [4, 5, 0, 5, 0, 0]);
+    // Answer-only: a position counts when its label is an answer token, and the end label after the answer.
+    const qa = { tokens: Int32Array.of(1, 40, 41, 50, 51), trained: Uint8Array.of(0, 0, 0, 1, 1) };
+    assert.deepEqual([...lossPositions(qa)], [0, 0, 1, 1, 1]);
+    const [window] = packWindows([qa], [0], 6, eos);
+    assert.deepEqual([...window!.lossMask], [0, 0, 1, 1, 1, 0]);
+    assert.equal(window!.lossTokens, 3);
+
+    // A sample longer than a window is refused (the trainer sizes the window to fit, or fails the run first).
+    assert.throws(
+      () => packWindows([all(Int32Array.of(1, 2, 3, 4, 5))], [0], 3, 0),
+      /5 tokens, more than the window of 3/,
+    );
   });
 
   test("complexity selects the top blocks; the head always trains, token_embd never", () => {
@@ -308,5 +328,96 @@ describe("trainer process", () => {
     assert.ok(outcome.status === "failed");
     assert.equal(outcome.signal, "SIGKILL");
     assert.match(outcome.reason, /killed by SIGKILL/);
+  });
+
+  /** Every F32 tensor of a GGUF file (the adapters the trainer writes are F32). */
+  async function readF32Tensors(file: string): Promise<Map<string, Float32Array>> {
+    const info = await readGgufFileInfo(file, { logWarnings: false });
+    const bytes = fs.readFileSync(file);
+    const tensors = new Map<string, Float32Array>();
+    for (const tensor of info.fullTensorInfo ?? []) {
+      const count = tensor.dimensions.reduce((a: number, b) => a * Number(b), 1);
+      const start = Number(tensor.fileOffset);
+      tensors.set(
+        tensor.name,
+        new Float32Array(bytes.buffer.slice(bytes.byteOffset + start, bytes.byteOffset + start + count * 4)),
+      );
+    }
+    return tensors;
+  }
+
+  test("the loss mask is exact: with SGD the update of a window is the sum of its two halves' updates", async () => {
+    // One step of plain SGD from the same start: the update is linear in the gradient, and the gradient
+    // is the sum over the positions that count, so masking one half and then the other must add up.
+    const prompt = "<|im_start|>user\napple river<|im_end|>\n<|im_start|>assistant\n";
+    const answer = "stone 7<|im_end|>\n";
+    const train = async (name: string, promptTrained: boolean, answerTrained: boolean) => {
+      const outcome = await startTrainer({
+        method: "lora",
+        lora: { rank: 4, alpha: 4, targets: [...LORA_TARGETS] },
+        optimizer: "sgd",
+        baseModelPath: baseModel,
+        outputPath: path.join(dir, `${name}.gguf`),
+        workDir: path.join(dir, `${name}-work`),
+        samples: [
+          [
+            { text: prompt, train: promptTrained },
+            { text: answer, train: answerTrained },
+          ],
+        ],
+        learningRate: 0.5,
+        epochs: 1,
+        seed: 3,
+      }).done;
+      assert.equal(outcome.status, "completed", JSON.stringify(outcome));
+      assert.ok(outcome.status === "completed");
+      return { tensors: await readF32Tensors(outcome.outputPath), stats: outcome.stats };
+    };
+    const whole = await train("mask-whole", true, true);
+    const first = await train("mask-prompt", true, false);
+    const second = await train("mask-answer", false, true);
+    assert.equal(whole.stats.lossTokens, first.stats.lossTokens + second.stats.lossTokens);
+    assert.ok(second.stats.lossTokens >= 3 && first.stats.lossTokens > second.stats.lossTokens);
+
+    let compared = 0;
+    let worst = 0;
+    let changed = 0;
+    for (const [name, full] of whole.tensors) {
+      // B starts at zero, so B is its own update; A gets no gradient while B is zero.
+      if (!name.endsWith(".lora_b")) continue;
+      const a = first.tensors.get(name)!;
+      const b = second.tensors.get(name)!;
+      for (let i = 0; i < full.length; i++) {
+        const sum = a[i]! + b[i]!;
+        worst = Math.max(worst, Math.abs(full[i]! - sum) / Math.max(1e-6, Math.abs(full[i]!)));
+        if (Math.abs(b[i]!) > 1e-7) changed += 1;
+        compared += 1;
+      }
+    }
+    assert.ok(compared > 1000, `compared ${compared} values`);
+    // The answer-only half moved the weights, and the halves add up to the whole (float rounding only).
+    assert.ok(changed > compared / 10, `only ${changed}/${compared} values changed`);
+    assert.ok(worst < 1e-3, `the halves differ from the whole by up to ${worst}`);
+  });
+
+  test("a window with every position masked does not train", async () => {
+    const outcome = await startTrainer({
+      method: "lora",
+      lora: { rank: 4, alpha: 4, targets: [...LORA_TARGETS] },
+      baseModelPath: baseModel,
+      outputPath: path.join(dir, "masked.gguf"),
+      workDir: path.join(dir, "masked-work"),
+      samples: [[{ text: "<|im_start|>user\nonly a prompt<|im_end|>\n", train: false }]],
+      learningRate: 0.5,
+      epochs: 3,
+    }).done;
+    assert.ok(outcome.status === "completed", JSON.stringify(outcome));
+    assert.equal(outcome.stats.lossTokens, 0);
+    for (const [name, values] of await readF32Tensors(outcome.outputPath))
+      if (name.endsWith(".lora_b"))
+        assert.ok(
+          values.every((v) => v === 0),
+          `${name} changed`,
+        );
   });
 });

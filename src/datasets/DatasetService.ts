@@ -187,9 +187,25 @@ export class DatasetService {
     return pairs;
   }
 
-  /** Every pair of a dataset, file by file in upload order (training input). */
-  async *pairs(userId: string, datasetId: string): AsyncGenerator<IoPair> {
+  /** A file of any of the user's datasets (a run's validation file); 404 if there is none. */
+  async getUserFile(userId: string, fileId: string): Promise<DatasetFile> {
+    const file = await this.datasets.getUserFile(userId, fileId);
+    if (!file) throw new ConduitError("not_found", `file ${fileId} not found`, { param: "validationFileID" });
+    return file;
+  }
+
+  /**
+   * Every pair of a dataset, file by file in upload order (training input), leaving out the file
+   * `except` (a validation file that belongs to the training dataset).
+   */
+  async *pairs(userId: string, datasetId: string, except?: string): AsyncGenerator<IoPair> {
     for (const file of await this.datasets.allFiles(userId, datasetId))
-      yield* readIoPairs(this.blobs.pathOf(file.blob), file.format as IoFormat);
+      if (file.id !== except) yield* readIoPairs(this.blobs.pathOf(file.blob), file.format as IoFormat);
+  }
+
+  /** Every pair of one of the user's files, in order. */
+  async *filePairs(userId: string, fileId: string): AsyncGenerator<IoPair> {
+    const file = await this.getUserFile(userId, fileId);
+    yield* readIoPairs(this.blobs.pathOf(file.blob), file.format as IoFormat);
   }
 }

@@ -175,6 +175,17 @@ export class DatasetRepository {
     return rows.map(toFile);
   }
 
+  /** A file of any of the user's datasets. */
+  async getUserFile(userId: string, fileId: string): Promise<DatasetFile | undefined> {
+    const row = await this.db
+      .selectFrom("files")
+      .selectAll()
+      .where("id", "=", fileId)
+      .where("user_id", "=", userId)
+      .executeTakeFirst();
+    return row && toFile(row);
+  }
+
   async getFile(userId: string, datasetId: string, fileId: string): Promise<DatasetFile | undefined> {
     const row = await this.db
       .selectFrom("files")

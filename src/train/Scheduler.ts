@@ -3,15 +3,16 @@ import fsp from "node:fs/promises";
 import os from "node:os";
 import type { Logger } from "pino";
 import type { DatasetService } from "../datasets/DatasetService.ts";
-import { formatChat } from "../model/chatTemplate.ts";
+import fs from "node:fs";
 import { readGgufFileInfo } from "node-llama-cpp";
 import { writeGgufUint32 } from "../model/gguf/GgufPatch.ts";
-import type { ChatMessage, ModelRef } from "../model/types.ts";
 import type { BlobStore } from "../store/BlobStore.ts";
+import type { ModelRef } from "../model/types.ts";
 import type { Run, RunRepository } from "../store/RunRepository.ts";
 import type { TrainerOutputType, TrainerProgress } from "./protocol.ts";
 import { methodOf, type ModelCatalog, type RunConfig, type RunService } from "./RunService.ts";
-import { startTrainer, type TrainerHandle } from "./trainer.ts";
+import { prepareExamples, type PreparedExample } from "./samples.ts";
+import { startTrainer, type ExampleLoss, type TrainerHandle } from "./trainer.ts";
 
 export interface SchedulerOptions {
   /** Runs trained at once by this process. Defaults to `1`. */
@@ -26,33 +27,6 @@ export interface SchedulerOptions {
   maxAttempts?: number;
   /** Minimum pairs before some are held out for eval loss. Defaults to `50`. */
   minPairsForEval?: number;
-}
-
-/** The system prompt (if any), the user's input, and, for training, the answer. */
-export function conversation(systemPrompt: string, input: string, output?: string): ChatMessage[] {
-  const messages: ChatMessage[] = [];
-  if (systemPrompt) messages.push({ role: "system", content: systemPrompt });
-  messages.push({ role: "user", content: input });
-  if (output !== undefined) messages.push({ role: "assistant", content: output });
-  return messages;
-}
-
-/** Deterministic shuffle (mulberry32), so a run's eval split is the same on every attempt. */
-function shuffled<T>(items: T[], seed: number): T[] {
-  const out = [...items];
-  let state = seed >>> 0;
-  const next = () => {
-    state = (state + 0x6d2b79f5) >>> 0;
-    let t = state;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-  for (let i = out.length - 1; i > 0; i--) {
-    const j = Math.floor(next() * (i + 1));
-    [out[i], out[j]] = [out[j] as T, out[i] as T];
-  }
-  return out;
 }
 
 interface ActiveRun {
@@ -161,17 +135,31 @@ export class Scheduler {
     const lora = methodOf(run.config) === "lora" && config.method === "lora" ? config : undefined;
     const runDir = `runs/${run.id}`;
     const workDir = this.blobs.pathOf(`${runDir}/work`);
+    // Kept across attempts (a restart resumes from it); removed once the run has ended.
+    const checkpointDir = `${runDir}/checkpoint`;
     // A LoRA run keeps only its adapter; it is served on the shared base model.
     const outputPath = this.blobs.pathOf(`${runDir}/${lora ? "adapter" : "model"}.gguf`);
     try {
       await this.appendLog(run.id, `training started on ${this.workerId} (attempt ${run.attempts})`);
       const base = this.models.resolve(config.baseModelName);
       if (!base) throw new Error(`base model "${config.baseModelName}" is no longer available`);
-      const { samples, evalSamples } = await this.samples(run, config, base);
+      const examples = await this.examples(run, config, base);
       await this.appendLog(
         run.id,
-        `${samples.length} training conversations${evalSamples.length ? `, ${evalSamples.length} held out for eval loss` : ""}; base model ${base.id}`,
+        `${examples.train.length} training conversations` +
+          (examples.validation.length === 0
+            ? ""
+            : examples.validationSource === "file"
+              ? `, ${examples.validation.length} from validation file ${config.validationFileID} for eval loss`
+              : `, ${examples.validation.length} held out for eval loss`) +
+          `; ${config.trainOnInputs ? "trained on whole conversations (trainOnInputs)" : "trained on the answers only"}` +
+          `; base model ${base.id}`,
       );
+      if (examples.unsplit > 0)
+        await this.appendLog(
+          run.id,
+          `${examples.unsplit} examples are trained on in full: the chat template's text did not show where their answer starts`,
+        );
       await fsp.mkdir(workDir, { recursive: true });
 
       let lastStatsWrite = 0;
@@ -199,8 +187,10 @@ export class Scheduler {
           baseModelPath: base.path,
           outputPath,
           workDir,
-          samples,
-          evalSamples,
+          samples: examples.train.map((e) => e.sample),
+          evalSamples: examples.validation.map((e) => e.sample),
+          earlyStoppingPatience: config.earlyStoppingPatience ?? null,
+          checkpointDir: this.blobs.pathOf(checkpointDir),
           learningRate: config.lr,
           epochs: config.epochs,
           ...(config.steps ? { maxSteps: config.steps } : {}),
@@ -230,7 +220,10 @@ export class Scheduler {
 
       if (outcome.status === "completed") {
         if (!lora) await restoreContextLength(base.path, outputPath);
-        await writeStats({ final: outcome.stats });
+        await writeExamples(this.blobs.pathOf(`${runDir}/examples.jsonl`), examples, outcome.examples);
+        const { bestEpoch, bestStep, bestEvalLoss, warnings, stoppedEarly } = outcome.stats;
+        await writeStats({ final: outcome.stats, bestEpoch, bestStep, bestEvalLoss, warnings, stoppedEarly });
+        await this.blobs.remove(checkpointDir);
         const finished = await this.runs.finish(run.id, this.workerId, {
           status: "READY",
           modelPath: outputPath,
@@ -262,36 +255,32 @@ export class Scheduler {
     this.log.warn({ runId: run.id, reason }, "run failed");
     await this.appendLog(run.id, `run failed: ${reason}`);
     await this.runs.finish(run.id, this.workerId, { status: "FAILED", error: reason });
-    for (const file of ["model.gguf", "adapter.gguf"])
+    for (const file of ["model.gguf", "adapter.gguf", "examples.jsonl", "checkpoint"])
       await this.blobs.remove(`runs/${run.id}/${file}`).catch(() => undefined);
   }
 
-  /** Each pair as a conversation in the base model's chat template: exactly what inference will format. */
-  private async samples(
-    run: Run,
-    config: RunConfig,
-    base: ModelRef,
-  ): Promise<{ samples: string[]; evalSamples: string[] }> {
-    const texts: string[] = [];
+  /** The run's training and validation examples, formatted for the base model. */
+  private async examples(run: Run, config: RunConfig, base: ModelRef) {
+    let examples;
     try {
-      for await (const pair of this.datasets.pairs(run.userId, run.datasetId))
-        texts.push(
-          await formatChat(base, conversation(config.systemPrompt, pair.input, pair.output), {
-            addGenerationPrompt: false,
-          }),
-        );
+      examples = await prepareExamples(this.datasets, base, {
+        userId: run.userId,
+        datasetId: run.datasetId,
+        systemPrompt: config.systemPrompt,
+        trainOnInputs: config.trainOnInputs ?? true,
+        validationFileId: config.validationFileID ?? null,
+        evalFraction: config.evalFraction,
+        minPairsForEval: this.minPairsForEval,
+        seed: config.seed,
+      });
     } catch (error) {
       throw new Error(`could not read dataset ${run.datasetId}: ${(error as Error).message}`, {
         cause: error,
       });
     }
-    if (texts.length === 0)
-      throw new Error(`dataset ${run.datasetId} has no IO pairs (was it deleted or emptied?)`);
-    if (texts.length < this.minPairsForEval || config.evalFraction <= 0)
-      return { samples: texts, evalSamples: [] };
-    const order = shuffled(texts, config.seed);
-    const held = Math.max(1, Math.floor(texts.length * config.evalFraction));
-    return { samples: order.slice(held), evalSamples: order.slice(0, held) };
+    if (examples.train.length === 0)
+      throw new Error(`dataset ${run.datasetId} has no IO pairs to train on (was it deleted or emptied?)`);
+    return examples;
   }
 
   /** Stops trainers and hands their runs back to the queue, so another start picks them up. */
@@ -332,4 +321,40 @@ function thin<T>(points: T[], max: number): T[] {
   for (let i = 0; i < max - 1; i++) out.push(points[Math.floor(i * stride)] as T);
   out.push(points[points.length - 1] as T);
   return out;
+}
+
+/** Writes every example with its loss, one JSON object per line (`GET /conduit/finetuning/{id}/examples`). */
+async function writeExamples(
+  file: string,
+  examples: { train: PreparedExample[]; validation: PreparedExample[] },
+  losses: { train: ExampleLoss[]; eval: ExampleLoss[] },
+): Promise<void> {
+  const temp = `${file}.tmp-${process.pid}`;
+  const out = fs.createWriteStream(temp);
+  const write = (line: string) =>
+    out.write(line) ? Promise.resolve() : new Promise<void>((resolve) => out.once("drain", () => resolve()));
+  try {
+    for (const [split, list, loss] of [
+      ["train", examples.train, losses.train],
+      ["validation", examples.validation, losses.eval],
+    ] as const)
+      for (const [index, example] of list.entries())
+        await write(
+          `${JSON.stringify({
+            split,
+            index,
+            input: example.input,
+            output: example.output,
+            loss: loss[index]?.loss ?? null,
+            tokens: loss[index]?.tokens ?? 0,
+          })}\n`,
+        );
+    await new Promise<void>((resolve, reject) =>
+      out.end((error?: Error | null) => (error ? reject(error) : resolve())),
+    );
+    await fsp.rename(temp, file);
+  } finally {
+    out.destroy();
+    await fsp.rm(temp, { force: true });
+  }
 }

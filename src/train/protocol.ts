@@ -40,6 +40,27 @@ export interface LearningRateSchedule {
   minFraction?: number;
 }
 
+/** A piece of a training text, and whether its tokens are trained on (count in the loss). */
+export interface SampleSegment {
+  text: string;
+  train: boolean;
+}
+
+/**
+ * One training example: a text trained on in full, or segments of which only those with
+ * `train: true` count in the loss (the assistant's answers and their end markers). Segments are
+ * tokenized one by one and joined, exactly as inference tokenizes the prompt and then generates.
+ */
+export type TrainingSample = string | readonly SampleSegment[];
+
+/** The loss of one example with the served weights. */
+export interface ExampleLoss {
+  /** Mean loss in nats per trained token; `null` when the example has no trained token. */
+  loss: number | null;
+  /** Its trained tokens. */
+  tokens: number;
+}
+
 /** A LoRA adapter's shape. */
 export interface LoraJobOptions {
   /** Rank of the A·B update. */
@@ -68,10 +89,23 @@ export interface TrainerJob {
   outputPath: string;
   /** Scratch directory for the F32 copies of the model; the caller owns and removes it. */
   workDir: string;
-  /** Training texts. Special-token text such as `<|im_end|>` is parsed as the control token. */
-  samples: string[];
-  /** Held-out texts whose loss is reported after each epoch. Defaults to none. */
-  evalSamples?: string[];
+  /** Training examples. Special-token text such as `<|im_end|>` is parsed as the control token. */
+  samples: TrainingSample[];
+  /** Held-out examples whose loss is measured after each epoch (and every quarter of a long one). Defaults to none. */
+  evalSamples?: TrainingSample[];
+  /**
+   * Evaluations in a row without a new best eval loss after which training stops. Defaults to
+   * `null` (never stops early).
+   */
+  earlyStoppingPatience?: number | null;
+  /**
+   * Where the latest and the best checkpoint are kept. A job started again with the same settings
+   * and samples resumes from the latest (the optimizer's moments start again from zero). The caller
+   * owns and removes it. Defaults to none (no checkpoints: the best weights are still kept in memory).
+   */
+  checkpointDir?: string | null;
+  /** `sgd` exists for tests of the gradient (its update is linear in it). Defaults to `"adamw"`. */
+  optimizer?: "adamw" | "sgd";
   /** Peak AdamW learning rate. */
   learningRate: number;
   /** Passes over `samples`. */
@@ -84,7 +118,11 @@ export interface TrainerJob {
    * Defaults to `1`.
    */
   complexity?: number;
-  /** Tokens per training window; rounded up to a multiple of 256. Defaults to `512`. */
+  /**
+   * The longest training window. The window is the smallest multiple of 64 tokens (at least 256) that
+   * holds the longest example, capped by this and by the model's trained context; an example longer
+   * than the cap fails the job before training. Defaults to `1024`.
+   */
   contextSize?: number;
   /** CPU threads for llama.cpp. Defaults to `1`. */
   threads?: number;
@@ -99,7 +137,11 @@ export interface TrainerJob {
 }
 
 /** A job with every default applied; this is what crosses the IPC channel. */
-export type ResolvedTrainerJob = Required<Omit<TrainerJob, "maxSteps" | "lrSchedule" | "lora">> & {
+export type ResolvedTrainerJob = Required<
+  Omit<TrainerJob, "maxSteps" | "lrSchedule" | "lora" | "earlyStoppingPatience" | "checkpointDir">
+> & {
+  earlyStoppingPatience: number | null;
+  checkpointDir: string | null;
   maxSteps: number | null;
   lrSchedule: Required<LearningRateSchedule>;
   /** Set with `method: "lora"`, else `null`. */
@@ -114,9 +156,9 @@ export interface TrainerProgress {
   epoch: number;
   /** Epochs the run will start, after `maxSteps` is applied. */
   epochs: number;
-  /** Mean training loss over the steps of the current epoch so far. */
+  /** Mean loss per trained token over the current epoch so far. */
   trainLoss: number;
-  /** Mean loss on `evalSamples`, present on the progress report that ends an epoch. */
+  /** Mean loss per trained token on `evalSamples`, present on the progress report of an evaluation. */
   evalLoss?: number;
   /** The learning rate of the last step. */
   learningRate: number;
@@ -134,8 +176,22 @@ export interface TrainingStats {
   trainTokens: number;
   /** Sample tokens trained on (padding excluded). */
   sampleTokens: number;
+  /** Tokens whose loss counted (answers only, unless the samples train on everything). */
+  lossTokens: number;
+  /** The training window in tokens. */
+  windowSize: number;
   finalTrainLoss: number;
   finalEvalLoss?: number;
+  /** The evaluation with the lowest eval loss: its weights are the ones written. */
+  bestEvalLoss?: number;
+  bestEpoch?: number;
+  bestStep?: number;
+  /** Training stopped because the eval loss had not improved for `earlyStoppingPatience` evaluations. */
+  stoppedEarly: boolean;
+  /** The step this attempt resumed from (0 when it started from the base). */
+  resumedFromStep: number;
+  /** Plain-words warnings about how the run learned. */
+  warnings: string[];
   tokensPerSecond: number;
   /** Seconds spent in optimizer steps and evaluation. */
   trainSeconds: number;
@@ -154,6 +210,12 @@ export type ParentMessage = { type: "job"; job: ResolvedTrainerJob } | { type: "
 export type ChildMessage =
   | { type: "log"; line: string }
   | ({ type: "progress" } & TrainerProgress)
-  | { type: "done"; outputPath: string; stats: TrainingStats }
+  | {
+      type: "done";
+      outputPath: string;
+      stats: TrainingStats;
+      /** Per-example loss with the written weights, in the order of `samples` and `evalSamples`. */
+      examples: { train: ExampleLoss[]; eval: ExampleLoss[] };
+    }
   | { type: "error"; message: string }
   | { type: "cancelled" };

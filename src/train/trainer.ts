@@ -8,6 +8,7 @@ import { fileURLToPath } from "node:url";
 import { LORA_TARGETS } from "./loraTargets.ts";
 import type {
   ChildMessage,
+  ExampleLoss,
   ParentMessage,
   ResolvedTrainerJob,
   TrainerJob,
@@ -16,7 +17,13 @@ import type {
   TrainingStats,
 } from "./protocol.ts";
 
+/** Per-example losses of a completed job, in the order of its `samples` and `evalSamples`. */
+export type TrainingExamples = { train: ExampleLoss[]; eval: ExampleLoss[] };
+
 export type {
+  ExampleLoss,
+  SampleSegment,
+  TrainingSample,
   LearningRateSchedule,
   LoraJobOptions,
   TrainerJob,
@@ -40,7 +47,7 @@ export interface StartTrainerOptions {
 }
 
 export type TrainerOutcome =
-  | { status: "completed"; outputPath: string; stats: TrainingStats }
+  | { status: "completed"; outputPath: string; stats: TrainingStats; examples: TrainingExamples }
   /** Stopped by `cancel()` or `kill()`. */
   | { status: "cancelled" }
   /** The job failed (`exitCode` 1 with the trainer's message) or the process died (`signal`, or an unexpected code). */
@@ -95,11 +102,14 @@ export function resolveTrainerJob(job: TrainerJob): ResolvedTrainerJob {
     workDir: job.workDir,
     samples: job.samples,
     evalSamples: job.evalSamples ?? [],
+    earlyStoppingPatience: job.earlyStoppingPatience ?? null,
+    checkpointDir: job.checkpointDir ?? null,
+    optimizer: job.optimizer ?? "adamw",
     learningRate: job.learningRate,
     epochs: job.epochs,
     maxSteps: job.maxSteps ?? null,
     complexity: job.complexity ?? 1,
-    contextSize: job.contextSize ?? 512,
+    contextSize: job.contextSize ?? 1024,
     threads: job.threads ?? 1,
     outputType: job.outputType ?? "Q8_0",
     seed: job.seed ?? 0,
@@ -139,6 +149,12 @@ export function resolveTrainerJob(job: TrainerJob): ResolvedTrainerJob {
     `must be one of ${TRAINER_OUTPUT_TYPES.join(", ")}`,
   );
   check(Number.isInteger(resolved.seed), "seed", "must be an integer");
+  check(
+    resolved.earlyStoppingPatience === null || isPositiveInteger(resolved.earlyStoppingPatience),
+    "earlyStoppingPatience",
+    "must be an integer >= 1 or null",
+  );
+  check(["adamw", "sgd"].includes(resolved.optimizer), "optimizer", 'must be "adamw" or "sgd"');
   check(["constant", "linear", "cosine"].includes(resolved.lrSchedule.kind), "lrSchedule.kind", "is unknown");
   check(
     Number.isInteger(resolved.lrSchedule.warmupSteps) && resolved.lrSchedule.warmupSteps >= 0,
@@ -224,7 +240,12 @@ export function startTrainer(
 
   const outcome = (exitCode: number | null, signal: NodeJS.Signals | null): TrainerOutcome => {
     if (final?.type === "done")
-      return { status: "completed", outputPath: final.outputPath, stats: final.stats };
+      return {
+        status: "completed",
+        outputPath: final.outputPath,
+        stats: final.stats,
+        examples: final.examples,
+      };
     if (final?.type === "cancelled") return { status: "cancelled" };
     if (final?.type === "error") return { status: "failed", reason: final.message, exitCode, signal };
     if (stopRequested) return { status: "cancelled" };

@@ -39,7 +39,11 @@ async function run(job: ResolvedTrainerJob): Promise<void> {
       yieldToEventLoop: () => new Promise((resolve) => setImmediate(resolve)),
     });
     if (result.status === "cancelled") await finish({ type: "cancelled" }, 0);
-    else await finish({ type: "done", outputPath: result.outputPath, stats: result.stats }, 0);
+    else
+      await finish(
+        { type: "done", outputPath: result.outputPath, stats: result.stats, examples: result.examples },
+        0,
+      );
   } catch (error) {
     await finish({ type: "error", message: error instanceof Error ? error.message : String(error) }, 1);
   }

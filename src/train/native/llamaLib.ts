@@ -143,6 +143,14 @@ export const GGML_TENSOR_OP_OFFSET = 80;
 export const GGML_TENSOR_SRC_OFFSET = 152;
 /** `enum ggml_op` value of `GGML_OP_OPT_STEP_ADAMW` (checked against `ggml_op_name` at load). */
 export const GGML_OP_OPT_STEP_ADAMW = 98;
+/** `GGML_OP_OPT_STEP_SGD`, the next value (checked at load too). */
+export const GGML_OP_OPT_STEP_SGD = GGML_OP_OPT_STEP_ADAMW + 1;
+/** The loss op and its backward: names looked up at load ({@link opByName}), 96 and 97 in this release. */
+export const GGML_OP_CROSS_ENTROPY_LOSS_NAME = "CROSS_ENTROPY_LOSS";
+export const GGML_OP_CROSS_ENTROPY_LOSS_BACK_NAME = "CROSS_ENTROPY_LOSS_BACK";
+/** Byte offsets of `ne[4]` (int64) and `nb[4]` (size_t) in `struct ggml_tensor`. */
+export const GGML_TENSOR_NE_OFFSET = 16;
+export const GGML_TENSOR_NB_OFFSET = 48;
 export const GGML_MAX_SRC = 10;
 /** `enum ggml_op` name of a matrix multiplication; its value is looked up at load ({@link opByName}). */
 export const GGML_OP_MUL_MAT_NAME = "MUL_MAT";
@@ -152,6 +160,7 @@ export const GGML_TYPE_I32 = 26;
 export const LLAMA_LOAD_MODE_NONE = 0;
 export const LLAMA_FLASH_ATTN_TYPE_DISABLED = 0;
 export const GGML_OPT_OPTIMIZER_TYPE_ADAMW = 0;
+export const GGML_OPT_OPTIMIZER_TYPE_SGD = 1;
 
 /** `enum llama_ftype` values of this release for the output types we offer. */
 export const LLAMA_FTYPES = {
@@ -229,6 +238,7 @@ export interface LlamaLib {
   llama_free(ctx: Pointer): void;
   llama_model_get_vocab(model: Pointer): Pointer;
   llama_model_n_layer(model: Pointer): number;
+  llama_model_n_ctx_train(model: Pointer): number;
   llama_vocab_n_tokens(vocab: Pointer): number;
   llama_vocab_bos(vocab: Pointer): number;
   llama_vocab_eos(vocab: Pointer): number;
@@ -291,6 +301,8 @@ export interface LlamaLib {
   ggml_nbytes(tensor: Pointer): number;
   ggml_nelements(tensor: Pointer): number;
   ggml_backend_tensor_set(tensor: Pointer, data: Int32Array, offset: number, size: number): void;
+  /** `ggml_backend_tensor_set` with float data. */
+  ggml_backend_tensor_set_f32(tensor: Pointer, data: Float32Array, offset: number, size: number): void;
   ggml_backend_tensor_memset(tensor: Pointer, value: number, offset: number, size: number): void;
   /** Address of `ggml_opt_get_constant_optimizer_params`, the native `get_opt_pars` callback. */
   constantOptimizerParamsFn: Pointer;
@@ -419,7 +431,11 @@ export function checkAbi(
     mparams.n_gpu_layers === -1 &&
     mparams["devices"] === null &&
     mparams["kv_overrides"] === null;
-  if (!looksRight || lib.ggml_op_name(GGML_OP_OPT_STEP_ADAMW) !== "OPT_STEP_ADAMW") {
+  if (
+    !looksRight ||
+    lib.ggml_op_name(GGML_OP_OPT_STEP_ADAMW) !== "OPT_STEP_ADAMW" ||
+    lib.ggml_op_name(GGML_OP_OPT_STEP_SGD) !== "OPT_STEP_SGD"
+  ) {
     throw new Error(
       `trainer: llama_context_default_params/llama_model_default_params or ggml_op_name decode to ` +
         `unexpected values; the struct layouts or enums do not match this libllama`,
@@ -464,6 +480,7 @@ export function loadLlamaLib(options: { binDir?: string; gpu?: "cpu" | "cuda" } 
     llama_free: llama.func("void llama_free(void *ctx)"),
     llama_model_get_vocab: llama.func("void *llama_model_get_vocab(void *model)"),
     llama_model_n_layer: llama.func("int32_t llama_model_n_layer(void *model)"),
+    llama_model_n_ctx_train: llama.func("int32_t llama_model_n_ctx_train(void *model)"),
     llama_vocab_n_tokens: llama.func("int32_t llama_vocab_n_tokens(void *vocab)"),
     llama_vocab_bos: llama.func("int32_t llama_vocab_bos(void *vocab)"),
     llama_vocab_eos: llama.func("int32_t llama_vocab_eos(void *vocab)"),
@@ -522,6 +539,9 @@ export function loadLlamaLib(options: { binDir?: string; gpu?: "cpu" | "cuda" } 
     ggml_backend_tensor_set: base.func(
       "void ggml_backend_tensor_set(void *tensor, const int32_t *data, size_t offset, size_t size)",
     ),
+    ggml_backend_tensor_set_f32: base.func(
+      "void ggml_backend_tensor_set(void *tensor, const float *data, size_t offset, size_t size)",
+    ),
     ggml_backend_tensor_memset: base.func(
       "void ggml_backend_tensor_memset(void *tensor, uint8_t value, size_t offset, size_t size)",
     ),
@@ -549,4 +569,19 @@ export function tensorOp(tensor: Pointer): number {
 /** Reads `tensor->src[index]` (a pointer, or null). */
 export function tensorSource(tensor: Pointer, index: number): Pointer | null {
   return koffi.decode(tensor, GGML_TENSOR_SRC_OFFSET + 8 * index, "void *") as Pointer | null;
+}
+
+/** Reads `tensor->ne[index]`. */
+export function tensorNe(tensor: Pointer, index: number): number {
+  return Number(koffi.decode(tensor, GGML_TENSOR_NE_OFFSET + 8 * index, "int64_t"));
+}
+
+/** Reads `tensor->nb[index]`. */
+export function tensorNb(tensor: Pointer, index: number): number {
+  return Number(koffi.decode(tensor, GGML_TENSOR_NB_OFFSET + 8 * index, "uint64_t"));
+}
+
+/** Reads `tensor->type`. */
+export function tensorType(tensor: Pointer): number {
+  return koffi.decode(tensor, 0, "int32_t") as number;
 }

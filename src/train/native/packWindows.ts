@@ -3,28 +3,41 @@
  * one optimizer step each).
  *
  * Packing, not one sample per window: samples are laid end to end in the given order and a window is
- * closed when the next sample does not fit, so a sample is never split unless it alone is longer than
- * a window (then it fills whole windows and its tail starts the next one). The rest of a window is
- * padding. Labels are the next token; the last token of every sample is labelled with the end-of-
- * sequence token so the model learns where a sample stops, and padding predicts padding. There is no
- * loss masking in this API, so padding and prompt tokens count towards the loss, and samples in one
- * window attend to the ones before them (the caller reshuffles the order every epoch so that no sample
- * learns to depend on a fixed neighbour).
+ * closed when the next sample does not fit. A sample is never split: one longer than a window is an
+ * error before training starts (the window is sized to fit the longest sample, up to the model's
+ * context). Labels are the next token; the last token of every sample is labelled with the end token.
+ *
+ * Loss mask: a position counts in the loss (and its gradient) only when its label is a trained token
+ * of the same sample: the answer tokens by default, every token with `trainOnInputs`, never padding.
+ * llama.cpp's training batch puts every position in one sequence, so a sample still attends to the
+ * samples before it in its window; the caller reshuffles the order every epoch so that no sample
+ * learns to depend on a fixed neighbour (README, "What training optimises", has the measurement).
  */
+
+export interface TokenizedSample {
+  tokens: Int32Array;
+  /** 1 where the token is trained on (an answer token), 0 where it is only context. */
+  trained: Uint8Array;
+}
+
+/** Where a sample sits in a window. */
+export interface WindowSpan {
+  /** Index of the sample in the list given to {@link packWindows}. */
+  sample: number;
+  start: number;
+  length: number;
+}
 
 export interface TrainingWindow {
   input: Int32Array;
   labels: Int32Array;
+  /** 1 where the position's loss counts. */
+  lossMask: Uint8Array;
+  /** Positions whose loss counts. */
+  lossTokens: number;
   /** Positions holding sample tokens rather than padding. */
   sampleTokens: number;
-}
-
-/** Splits each sample into pieces that fit a window, as [start, end) token ranges. */
-function pieces(length: number, windowSize: number): Array<[number, number]> {
-  const result: Array<[number, number]> = [];
-  for (let start = 0; start < length; start += windowSize)
-    result.push([start, Math.min(length, start + windowSize)]);
-  return result;
+  spans: WindowSpan[];
 }
 
 /** How many windows {@link packWindows} would produce, without building them. */
@@ -32,24 +45,32 @@ export function countWindows(lengths: readonly number[], windowSize: number): nu
   let windows = 0;
   let used = windowSize; // no open window yet
   for (const length of lengths) {
-    for (const [start, end] of pieces(length, windowSize)) {
-      const size = end - start;
-      if (used + size > windowSize) {
-        windows += 1;
-        used = 0;
-      }
-      used += size;
+    if (used + length > windowSize) {
+      windows += 1;
+      used = 0;
     }
+    used += length;
   }
   return windows;
 }
 
+/** The positions of a sample whose loss counts: those whose label (the next token, or the end) is trained. */
+export function lossPositions(sample: TokenizedSample): Uint8Array {
+  const n = sample.tokens.length;
+  const mask = new Uint8Array(n);
+  for (let i = 0; i < n - 1; i++) mask[i] = sample.trained[i + 1] ?? 0;
+  // The end label after the last token counts when the sample ends in trained text (the answer's end).
+  if (n > 0) mask[n - 1] = sample.trained[n - 1] ?? 0;
+  return mask;
+}
+
 /**
- * Packs `samples` (token ids, BOS already added) into windows of `windowSize` positions.
+ * Packs `order` (indices into `samples`) into windows of `windowSize` positions.
  * @param endToken label after the last token of a sample, and the padding token.
  */
 export function packWindows(
-  samples: readonly Int32Array[],
+  samples: readonly TokenizedSample[],
+  order: readonly number[],
   windowSize: number,
   endToken: number,
 ): TrainingWindow[] {
@@ -62,41 +83,35 @@ export function packWindows(
     windows.push(current);
     current = undefined;
   };
-  for (const tokens of samples) {
-    for (const [start, end] of pieces(tokens.length, windowSize)) {
-      const size = end - start;
-      if (current !== undefined && current.sampleTokens + size > windowSize) close();
-      current ??= { input: new Int32Array(windowSize), labels: new Int32Array(windowSize), sampleTokens: 0 };
-      const at = current.sampleTokens;
-      current.input.set(tokens.subarray(start, end), at);
-      current.labels.set(tokens.subarray(start + 1, end), at);
-      // The label of a piece's last position is the next token of the sample, or the end token.
-      current.labels[at + size - 1] = end < tokens.length ? (tokens[end] ?? endToken) : endToken;
-      current.sampleTokens += size;
-    }
+  for (const index of order) {
+    const sample = samples[index];
+    if (sample === undefined) throw new RangeError(`packWindows: no sample ${index}`);
+    const { tokens } = sample;
+    const size = tokens.length;
+    if (size > windowSize)
+      throw new RangeError(
+        `packWindows: sample ${index} has ${size} tokens, more than the window of ${windowSize}`,
+      );
+    if (size === 0) continue;
+    if (current !== undefined && current.sampleTokens + size > windowSize) close();
+    current ??= {
+      input: new Int32Array(windowSize),
+      labels: new Int32Array(windowSize),
+      lossMask: new Uint8Array(windowSize),
+      lossTokens: 0,
+      sampleTokens: 0,
+      spans: [],
+    };
+    const at = current.sampleTokens;
+    current.input.set(tokens, at);
+    current.labels.set(tokens.subarray(1), at);
+    current.labels[at + size - 1] = endToken;
+    const mask = lossPositions(sample);
+    current.lossMask.set(mask, at);
+    for (const m of mask) current.lossTokens += m;
+    current.spans.push({ sample: index, start: at, length: size });
+    current.sampleTokens += size;
   }
   close();
   return windows;
-}
-
-/** A small seeded PRNG (mulberry32): the same seed gives the same sample order on every machine. */
-export function seededRandom(seed: number): () => number {
-  let state = seed >>> 0;
-  return () => {
-    state = (state + 0x6d2b79f5) >>> 0;
-    let t = state;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
-/** A Fisher-Yates permutation of `0..n-1`. */
-export function shuffledOrder(n: number, random: () => number): number[] {
-  const order = Array.from({ length: n }, (_, i) => i);
-  for (let i = n - 1; i > 0; i--) {
-    const j = Math.floor(random() * (i + 1));
-    [order[i], order[j]] = [order[j] as number, order[i] as number];
-  }
-  return order;
 }

@@ -6,10 +6,20 @@
 import fs from "node:fs";
 import path from "node:path";
 import koffi from "koffi";
-import type { ResolvedTrainerJob, TrainerProgress, TrainingStats } from "../protocol.ts";
+import type {
+  ExampleLoss,
+  ResolvedTrainerJob,
+  TrainerProgress,
+  TrainingSample,
+  TrainingStats,
+} from "../protocol.ts";
 import { learningRateAt } from "./learningRate.ts";
 import {
   GGML_OPT_OPTIMIZER_TYPE_ADAMW,
+  GGML_OPT_OPTIMIZER_TYPE_SGD,
+  GGML_OP_CROSS_ENTROPY_LOSS_BACK_NAME,
+  GGML_OP_CROSS_ENTROPY_LOSS_NAME,
+  GGML_OP_OPT_STEP_SGD,
   GGML_TYPE_F32,
   GGML_TYPE_I32,
   GgmlOptOptimizerParams,
@@ -24,16 +34,15 @@ import {
   opByName,
   tensorOp,
   tensorSource,
+  tensorNb,
+  tensorNe,
+  tensorType,
   type LlamaLib,
   type Pointer,
 } from "./llamaLib.ts";
-import {
-  countWindows,
-  packWindows,
-  seededRandom,
-  shuffledOrder,
-  type TrainingWindow,
-} from "./packWindows.ts";
+import { countWindows, packWindows, type TokenizedSample, type TrainingWindow } from "./packWindows.ts";
+import { seededRandom, shuffledOrder } from "../random.ts";
+import { CheckpointDir, jobFingerprint } from "./checkpoint.ts";
 import { writeHeadroomAdapter } from "./graphHeadroom.ts";
 import {
   loraWeights,
@@ -56,10 +65,20 @@ export interface TrainingHooks {
 }
 
 export type TrainingResult =
-  { status: "completed"; outputPath: string; stats: TrainingStats } | { status: "cancelled" };
+  | {
+      status: "completed";
+      outputPath: string;
+      stats: TrainingStats;
+      examples: { train: ExampleLoss[]; eval: ExampleLoss[] };
+    }
+  | { status: "cancelled" };
 
-/** Window sizes are multiples of this (llama.cpp pads the KV cache to 256 and asserts n_ctx % n_batch). */
-const WINDOW_MULTIPLE = 256;
+/** The shortest training window (unless the model's context is shorter): short examples are packed into it. */
+const MIN_WINDOW = 256;
+/** Epochs longer than this many steps are also evaluated and checkpointed every quarter. */
+const LONG_EPOCH_STEPS = 100;
+/** Above this final training loss (nats per trained token) the run gets a warning. */
+const HIGH_FINAL_LOSS = 1.0;
 const PROGRESS_INTERVAL_MS = 500;
 
 /** Native handles, freed in reverse order whatever happens. */
@@ -91,12 +110,20 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
     job.method === "lora" && job.lora !== null
       ? { ...job.lora, complexity: job.complexity, weights: [] }
       : undefined;
+  const checkpoints = job.checkpointDir === null ? undefined : new CheckpointDir(job.checkpointDir);
+  const fingerprint = jobFingerprint(job);
+  const resume = checkpoints?.read(fingerprint);
   try {
     let basePath: string;
     if (lora === undefined) {
-      // Only F32 tensors train (others silently stay frozen), so the base model is converted first.
-      hooks.log(`trainer: converting ${job.baseModelPath} to F32`);
-      quantize(lib, job.baseModelPath, baseF32Path, "F32", job.threads, "read the base model");
+      if (resume !== undefined) {
+        // The checkpoint is the F32 model as it was; training goes on from there.
+        fs.copyFileSync(checkpoints!.latestWeights, baseF32Path);
+      } else {
+        // Only F32 tensors train (others silently stay frozen), so the base model is converted first.
+        hooks.log(`trainer: converting ${job.baseModelPath} to F32`);
+        quantize(lib, job.baseModelPath, baseF32Path, "F32", job.threads, "read the base model");
+      }
       basePath = baseF32Path;
     } else {
       // LoRA leaves the base frozen: F32 and Q8_0 (QLoRA) train as they are, any other type is converted
@@ -119,7 +146,8 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
     const baseInfo = readModelFile(lib, basePath);
     if (lora !== undefined) {
       lora.weights = loraWeights(baseInfo, lora);
-      await writeInitialAdapter(baseInfo, initialAdapterPath, lora.weights, lora, job.seed);
+      if (resume !== undefined) fs.copyFileSync(checkpoints!.latestWeights, initialAdapterPath);
+      else await writeInitialAdapter(baseInfo, initialAdapterPath, lora.weights, lora, job.seed);
     }
     if (hooks.isCancelled()) return { status: "cancelled" };
 
@@ -146,15 +174,26 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
     const eos = lib.llama_vocab_eos(vocab);
     const endToken = eos >= 0 ? eos : Math.max(0, lib.llama_vocab_bos(vocab));
 
-    const windowSize = Math.ceil(job.contextSize / WINDOW_MULTIPLE) * WINDOW_MULTIPLE;
-    const trainSamples = job.samples.map((text) => tokenize(lib, vocab, text)).filter((t) => t.length > 0);
-    const evalSamples = job.evalSamples.map((text) => tokenize(lib, vocab, text)).filter((t) => t.length > 0);
-    if (trainSamples.length === 0) throw new Error("trainer: no training samples");
-    const evalWindows = packWindows(evalSamples, windowSize, endToken);
+    const trainSamples = job.samples.map((sample) => tokenizeSample(lib, vocab, sample));
+    const evalSamples = job.evalSamples.map((sample) => tokenizeSample(lib, vocab, sample));
+    if (!trainSamples.some((sample) => sample.tokens.length > 0))
+      throw new Error("trainer: no training samples");
+    const windowSize = chooseWindow(
+      trainSamples,
+      evalSamples,
+      job.contextSize,
+      lib.llama_model_n_ctx_train(model),
+    );
+    const evalWindows = packWindows(
+      evalSamples,
+      evalSamples.map((_, i) => i),
+      windowSize,
+      endToken,
+    );
 
     // Sample order is reshuffled every epoch; all orders are drawn up front so totalSteps is exact.
     const random = seededRandom(job.seed);
-    const lengths = trainSamples.map((t) => t.length);
+    const lengths = trainSamples.map((t) => t.tokens.length);
     const orders: number[][] = [];
     const stepsPerEpoch: number[] = [];
     let totalSteps = 0;
@@ -171,7 +210,7 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
     }
     const epochs = orders.length;
 
-    const { ctx, checkCallback, adapterTensors } = createContext(
+    const { ctx, checkCallback, adapterTensors, loss } = createContext(
       lib,
       model,
       windowSize,
@@ -198,16 +237,20 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
       job.complexity,
       optimizerParams,
       lora === undefined ? undefined : [...adapterTensors.values()],
+      job.optimizer,
     );
+    const trainedTokens = trainSamples.reduce((sum, s) => sum + s.trained.reduce((a, b) => a + b, 0), 0);
+    const allTokens = trainSamples.reduce((sum, s) => sum + s.tokens.length, 0);
     hooks.log(
       (lora === undefined
         ? `trainer: full fine-tune, ${nLayers} blocks, complexity ${job.complexity}: `
         : `trainer: LoRA rank ${lora.rank} alpha ${lora.alpha} on ${lora.targets.join(", ")} of ` +
           `${new Set(lora.weights.filter((w) => w.name.startsWith("blk.")).map((w) => w.name.split(".")[1])).size}` +
           `/${nLayers} blocks${lora.weights.some((w) => w.name === "output.weight") ? " and the output head" : ""}: `) +
-        `${tensors} trainable tensors (${parameters} parameters); ${trainSamples.length} samples in windows of ` +
-        `${windowSize} tokens, ${epochs} epochs, ${totalSteps} steps` +
-        (evalWindows.length > 0 ? `, ${evalWindows.length} eval windows` : ""),
+        `${tensors} trainable tensors (${parameters} parameters); ${trainSamples.length} samples ` +
+        `(${allTokens} tokens, ${trainedTokens} trained on) in windows of ${windowSize} tokens, ` +
+        `${epochs} epochs, ${totalSteps} steps` +
+        (evalWindows.length > 0 ? `, ${evalSamples.length} eval samples` : ""),
     );
 
     const dataset = lib.ggml_opt_dataset_init(GGML_TYPE_I32, GGML_TYPE_I32, windowSize, windowSize, 1, 1);
@@ -215,15 +258,17 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
     scope.defer(() => lib.ggml_opt_dataset_free(dataset));
     const result = lib.ggml_opt_result_init();
     scope.defer(() => lib.ggml_opt_result_free(result));
-    const lossOut = new Float64Array(1);
-    const uncertaintyOut = new Float64Array(1);
 
-    /** One window through llama_opt_epoch: a training step, or a forward pass when `train` is false. */
+    /**
+     * One window through llama_opt_epoch: a training step, or a forward pass when `train` is false.
+     * Returns the summed loss of its masked-in positions (`loss.rows` holds each one's).
+     */
     const runWindow = (window: TrainingWindow, train: boolean): number => {
       // The dataset memory is not zeroed by ggml: both tensors are written in full every time.
       lib.ggml_backend_tensor_set(lib.ggml_opt_dataset_data(dataset), window.input, 0, windowSize * 4);
       lib.ggml_backend_tensor_set(lib.ggml_opt_dataset_labels(dataset), window.labels, 0, windowSize * 4);
       lib.ggml_opt_result_reset(result);
+      loss.begin(window, train);
       lib.llama_opt_epoch(
         ctx,
         dataset,
@@ -234,28 +279,71 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
         null,
       );
       checkCallback();
-      lib.ggml_opt_result_loss(result, lossOut, uncertaintyOut);
-      const loss = lossOut[0] ?? Number.NaN;
-      if (!Number.isFinite(loss)) throw new Error(`trainer: loss became ${loss}; try a lower learning rate`);
-      return loss;
+      const sum = loss.end();
+      if (!Number.isFinite(sum)) throw new Error(`trainer: loss became ${sum}; try a lower learning rate`);
+      return sum;
     };
 
-    let step = 0;
+    /** Mean loss per trained token over `windows` (forward passes only). */
+    const evaluate = async (windows: TrainingWindow[]): Promise<number | undefined> => {
+      let sum = 0;
+      let count = 0;
+      for (const window of windows) {
+        await hooks.yieldToEventLoop();
+        if (hooks.isCancelled()) return undefined;
+        sum += runWindow(window, false);
+        count += window.lossTokens;
+      }
+      return count > 0 ? sum / count : Number.NaN;
+    };
+
+    const adapterValues = (): Map<string, Float32Array> => {
+      const values = new Map<string, Float32Array>();
+      for (const [name, tensor] of adapterTensors) {
+        const data = new Float32Array(Number(lib.ggml_nelements(tensor)));
+        lib.ggml_backend_tensor_get(tensor, data, 0, data.byteLength);
+        values.set(name, data);
+      }
+      return values;
+    };
+    /** Saves the trained weights (the adapter, or the F32 model) to `file`. */
+    const saveWeights = async (file: string): Promise<void> => {
+      if (lora === undefined) lib.llama_model_save_to_file(model, file);
+      else await writeTrainedAdapter(baseInfo, file, lora.weights, lora, adapterValues());
+    };
+
+    let step = resume?.step ?? 0;
+    const resumedFromStep = step;
+    let best = resume?.best ?? null;
+    let evalsSinceBest = resume?.evalsSinceBest ?? 0;
+    let bestValues: Map<string, Float32Array> | undefined;
+    if (resume !== undefined) {
+      if (lora !== undefined && best !== null)
+        bestValues = checkpoints!.readBestValues(resume, adapterValues());
+      hooks.log(
+        `trainer: resuming from the checkpoint at step ${step} (epoch ${resume.epoch + 1}, window ${resume.window}); ` +
+          "the optimizer's moments start again from zero",
+      );
+    }
     let trainTokens = 0;
     let sampleTokens = 0;
+    let lossTokens = 0;
     let trainSeconds = 0;
     let evalSeconds = 0;
     let lastProgressAt = 0;
     let finalTrainLoss = Number.NaN;
     let finalEvalLoss: number | undefined;
-    let epochsDone = 0;
+    let epochsDone = resume?.epoch ?? 0;
     let learningRate = job.learningRate;
+    let stoppedEarly = false;
+    const evalHistory: { epoch: number; step: number; trainLoss: number; evalLoss: number }[] = [];
 
     const report = (epoch: number, trainLoss: number, evalLoss: number | undefined, force: boolean) => {
       const now = performance.now();
       if (!force && now - lastProgressAt < PROGRESS_INTERVAL_MS) return;
       lastProgressAt = now;
-      const secondsPerStep = step > 0 ? (trainSeconds + evalSeconds) / step : 0;
+      const stepsDone = step - resumedFromStep;
+      const secondsPerStep = stepsDone > 0 ? (trainSeconds + evalSeconds) / stepsDone : 0;
       hooks.progress({
         step,
         totalSteps,
@@ -270,15 +358,72 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
       });
     };
 
-    for (let epoch = 0; epoch < epochs; epoch++) {
+    /**
+     * An evaluation point (an epoch's end, or a quarter of a long epoch): eval loss, best weights,
+     * early stopping, and the latest checkpoint. Returns false when the run was cancelled meanwhile.
+     */
+    const checkpoint = async (epoch: number, window: number, trainLoss: number): Promise<boolean> => {
+      let evalLoss: number | undefined;
+      if (evalWindows.length > 0) {
+        const t0 = performance.now();
+        evalLoss = await evaluate(evalWindows);
+        if (evalLoss === undefined) return false;
+        evalSeconds += (performance.now() - t0) / 1000;
+        finalEvalLoss = evalLoss;
+        evalHistory.push({ epoch: epoch + 1, step, trainLoss, evalLoss });
+        if (best === null || evalLoss < best.loss) {
+          best = { loss: evalLoss, epoch: epoch + 1, step };
+          evalsSinceBest = 0;
+          if (lora !== undefined) {
+            bestValues = adapterValues();
+            await checkpoints?.writeBestValues(bestValues);
+          } else await checkpoints?.writeBestModel((file) => lib.llama_model_save_to_file(model, file));
+        } else {
+          evalsSinceBest += 1;
+          if (job.earlyStoppingPatience !== null && evalsSinceBest >= job.earlyStoppingPatience)
+            stoppedEarly = true;
+        }
+      }
+      report(epoch + 1, trainLoss, evalLoss, true);
+      const done = window >= (stepsPerEpoch[epoch] ?? 0);
+      hooks.log(
+        `trainer: ${done ? `epoch ${epoch + 1}/${epochs}` : `step ${step}/${totalSteps} (epoch ${epoch + 1})`} ` +
+          `train loss ${trainLoss.toFixed(4)}` +
+          (evalLoss === undefined
+            ? ""
+            : ` eval loss ${evalLoss.toFixed(4)}${best?.step === step ? " (best)" : ""}`) +
+          ` lr ${learningRate.toExponential(2)}`,
+      );
+      await checkpoints?.writeLatest(
+        {
+          fingerprint,
+          epoch: done ? epoch + 1 : epoch,
+          window: done ? 0 : window,
+          step,
+          best,
+          evalsSinceBest,
+          bestTensors: bestValues === undefined ? [] : [...bestValues.keys()],
+        },
+        saveWeights,
+      );
+      if (stoppedEarly)
+        hooks.log(
+          `trainer: stopping early: the eval loss has not improved on ${best!.loss.toFixed(4)} (epoch ${best!.epoch}) ` +
+            `for ${evalsSinceBest} evaluations`,
+        );
+      return true;
+    };
+
+    training: for (let epoch = resume?.epoch ?? 0; epoch < epochs; epoch++) {
       const order = orders[epoch] ?? [];
-      const windows = packWindows(
-        order.map((i) => trainSamples[i] ?? new Int32Array(0)),
-        windowSize,
-        endToken,
-      ).slice(0, stepsPerEpoch[epoch]);
+      const windows = packWindows(trainSamples, order, windowSize, endToken).slice(0, stepsPerEpoch[epoch]);
+      // Long epochs are evaluated (and checkpointed) every quarter too.
+      const interval = windows.length > LONG_EPOCH_STEPS ? Math.ceil(windows.length / 4) : windows.length;
       let lossSum = 0;
-      for (const [index, window] of windows.entries()) {
+      let lossCount = 0;
+      const first = epoch === resume?.epoch ? resume.window : 0;
+      for (let index = first; index < windows.length; index++) {
+        const window = windows[index]!;
         await hooks.yieldToEventLoop();
         if (hooks.isCancelled()) return { status: "cancelled" };
         learningRate = learningRateAt(job.learningRate, job.lrSchedule, step, totalSteps);
@@ -286,55 +431,95 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
           adamw: { alpha: learningRate, beta1: 0.9, beta2: 0.999, eps: 1e-8, wd: job.weightDecay },
           sgd: { alpha: learningRate, wd: job.weightDecay },
         });
-        const t0 = performance.now();
-        lossSum += runWindow(window, true);
-        trainSeconds += (performance.now() - t0) / 1000;
-        step += 1;
-        trainTokens += windowSize;
-        sampleTokens += window.sampleTokens;
-        finalTrainLoss = lossSum / (index + 1);
-        if (index < windows.length - 1) report(epoch + 1, finalTrainLoss, undefined, false);
-      }
-
-      let evalLoss: number | undefined;
-      if (evalWindows.length > 0) {
-        const t0 = performance.now();
-        let evalSum = 0;
-        for (const window of evalWindows) {
-          await hooks.yieldToEventLoop();
-          if (hooks.isCancelled()) return { status: "cancelled" };
-          evalSum += runWindow(window, false);
+        // A window with nothing to learn (every answer empty) would only move the weights by momentum.
+        if (window.lossTokens > 0) {
+          const t0 = performance.now();
+          lossSum += runWindow(window, true);
+          trainSeconds += (performance.now() - t0) / 1000;
+          lossCount += window.lossTokens;
+          lossTokens += window.lossTokens;
+          trainTokens += windowSize;
+          sampleTokens += window.sampleTokens;
         }
-        evalSeconds += (performance.now() - t0) / 1000;
-        evalLoss = evalSum / evalWindows.length;
-        finalEvalLoss = evalLoss;
+        step += 1;
+        finalTrainLoss = lossCount > 0 ? lossSum / lossCount : Number.NaN;
+        const last = index === windows.length - 1;
+        if (last || (index + 1) % interval === 0) {
+          if (!(await checkpoint(epoch, index + 1, finalTrainLoss))) return { status: "cancelled" };
+          if (stoppedEarly) {
+            epochsDone = epoch + (last ? 1 : 0);
+            break training;
+          }
+        } else report(epoch + 1, finalTrainLoss, undefined, false);
       }
       epochsDone = epoch + 1;
-      report(epoch + 1, finalTrainLoss, evalLoss, true);
-      hooks.log(
-        `trainer: epoch ${epoch + 1}/${epochs} train loss ${finalTrainLoss.toFixed(4)}` +
-          (evalLoss === undefined ? "" : ` eval loss ${evalLoss.toFixed(4)}`) +
-          ` lr ${learningRate.toExponential(2)}`,
-      );
     }
 
     await hooks.yieldToEventLoop();
     if (hooks.isCancelled()) return { status: "cancelled" };
+
+    // The weights written are the best by eval loss (the last ones when there is no eval set).
+    const finalStep = step;
+    const servesBest = best !== null && best.step !== finalStep;
+    if (servesBest && lora !== undefined) {
+      if (bestValues === undefined) throw new Error("trainer: the best checkpoint's weights are missing");
+      for (const [name, data] of bestValues) {
+        const tensor = adapterTensors.get(name);
+        if (tensor !== undefined) lib.ggml_backend_tensor_set_f32(tensor, data, 0, data.byteLength);
+      }
+      hooks.log(
+        `trainer: writing the best checkpoint (epoch ${best!.epoch}, step ${best!.step}, eval loss ${best!.loss.toFixed(4)})`,
+      );
+    }
+
+    // Per-example loss with the weights that are written (full runs: the last weights; see the log).
+    if (servesBest && lora === undefined)
+      hooks.log(
+        "trainer: per-example losses are measured with the last weights; the best checkpoint is written",
+      );
+    const examples = { train: [] as ExampleLoss[], eval: [] as ExampleLoss[] };
+    for (const [split, samples] of [
+      ["train", trainSamples],
+      ["eval", evalSamples],
+    ] as const) {
+      const sums = new Float64Array(samples.length);
+      const counts = new Uint32Array(samples.length);
+      for (const window of packWindows(
+        samples,
+        samples.map((_, i) => i),
+        windowSize,
+        endToken,
+      )) {
+        await hooks.yieldToEventLoop();
+        if (hooks.isCancelled()) return { status: "cancelled" };
+        runWindow(window, false);
+        for (const span of window.spans)
+          for (let p = span.start; p < span.start + span.length; p++)
+            if (window.lossMask[p]) {
+              sums[span.sample] = (sums[span.sample] ?? 0) + (loss.rows[p] ?? 0);
+              counts[span.sample] = (counts[span.sample] ?? 0) + 1;
+            }
+      }
+      examples[split] = samples.map((_, i) => ({
+        loss: counts[i]! > 0 ? sums[i]! / counts[i]! : null,
+        tokens: counts[i]!,
+      }));
+    }
+
+    const warnings = trainingWarnings(finalTrainLoss, evalHistory, best);
+    for (const warning of warnings) hooks.log(`trainer: warning: ${warning}`);
+
     let outputBytes: number;
     if (lora === undefined) {
       hooks.log(`trainer: saving and writing ${job.outputType} to ${job.outputPath}`);
-      lib.llama_model_save_to_file(model, trainedF32Path);
+      if (servesBest && checkpoints !== undefined) fs.copyFileSync(checkpoints.bestModel, trainedF32Path);
+      else lib.llama_model_save_to_file(model, trainedF32Path);
       // The context and model hold the F32 weights and optimizer state; release them before quantizing.
       scope.dispose();
       writeOutput(lib, trainedF32Path, job);
       outputBytes = fs.statSync(job.outputPath).size;
     } else {
-      const values = new Map<string, Float32Array>();
-      for (const [name, tensor] of adapterTensors) {
-        const data = new Float32Array(Number(lib.ggml_nelements(tensor)));
-        lib.ggml_backend_tensor_get(tensor, data, 0, data.byteLength);
-        values.set(name, data);
-      }
+      const values = adapterValues();
       scope.dispose();
       outputBytes = await writeTrainedAdapter(baseInfo, job.outputPath, lora.weights, lora, values);
       hooks.log(
@@ -346,13 +531,20 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
     return {
       status: "completed",
       outputPath: job.outputPath,
+      examples,
       stats: {
         steps: step,
         epochs: epochsDone,
         trainTokens,
         sampleTokens,
+        lossTokens,
+        windowSize,
         finalTrainLoss,
         ...(finalEvalLoss === undefined ? {} : { finalEvalLoss }),
+        ...(best === null ? {} : { bestEvalLoss: best.loss, bestEpoch: best.epoch, bestStep: best.step }),
+        stoppedEarly,
+        resumedFromStep,
+        warnings,
         tokensPerSecond: trainSeconds > 0 ? trainTokens / trainSeconds : 0,
         trainSeconds: trainSeconds + evalSeconds,
         elapsedSeconds: (performance.now() - startedAt) / 1000,
@@ -367,6 +559,62 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
     for (const file of [baseF32Path, trainedF32Path, baseConvertedPath, initialAdapterPath])
       fs.rmSync(file, { force: true });
   }
+}
+
+/**
+ * The training window: the smallest multiple of 64 (at least 256) that holds the longest example,
+ * capped by `maxWindow` and the model's trained context. A longer example is an error naming it.
+ */
+function chooseWindow(
+  train: readonly TokenizedSample[],
+  evalSet: readonly TokenizedSample[],
+  maxWindow: number,
+  modelContext: number,
+): number {
+  const cap = Math.max(1, Math.min(maxWindow, modelContext > 0 ? modelContext : maxWindow));
+  let longest = 0;
+  for (const [split, samples] of [
+    ["training", train],
+    ["validation", evalSet],
+  ] as const)
+    for (const [i, sample] of samples.entries()) {
+      const length = sample.tokens.length;
+      if (length > cap)
+        throw new Error(
+          `trainer: ${split} example ${i + 1} is ${length} tokens long, more than the longest training window ` +
+            `of ${cap} tokens (${cap === modelContext ? "the model's trained context" : "the run's contextSize"}); ` +
+            "shorten or remove it",
+        );
+      longest = Math.max(longest, length);
+    }
+  return Math.min(cap, Math.max(MIN_WINDOW, Math.ceil(longest / 64) * 64));
+}
+
+/** Plain-words warnings about how a run learned. */
+function trainingWarnings(
+  finalTrainLoss: number,
+  evals: readonly { epoch: number; step: number; trainLoss: number; evalLoss: number }[],
+  best: { loss: number; epoch: number; step: number } | null,
+): string[] {
+  const warnings: string[] = [];
+  if (Number.isFinite(finalTrainLoss) && finalTrainLoss > HIGH_FINAL_LOSS)
+    warnings.push(
+      `the training loss ended at ${finalTrainLoss.toFixed(2)} nats per token, so the model has not learned ` +
+        "the training answers well; train for more epochs, raise the learning rate or the LoRA rank, or check " +
+        "that the answers follow from the inputs",
+    );
+  const last = evals.at(-1);
+  if (best !== null && last !== undefined && last.step !== best.step) {
+    const atBest = evals.find((e) => e.step === best.step);
+    if (atBest !== undefined && last.evalLoss > best.loss * 1.05 && last.trainLoss < atBest.trainLoss)
+      warnings.push(
+        `the eval loss rose from ${best.loss.toFixed(2)} (epoch ${best.epoch}) to ${last.evalLoss.toFixed(2)} ` +
+          `while the training loss fell from ${atBest.trainLoss.toFixed(2)} to ${last.trainLoss.toFixed(2)}: the ` +
+          `model is memorising the training pairs rather than generalising; the checkpoint of epoch ${best.epoch} ` +
+          "is the one served (fewer epochs or early stopping would end sooner)",
+      );
+  }
+  return warnings;
 }
 
 /**
@@ -462,6 +710,7 @@ function createContext(
   const adapterTensors = new Map<string, Pointer>();
   let collecting = adapter !== undefined;
   const mulMat = adapter === undefined ? -1 : opByName(lib, GGML_OP_MUL_MAT_NAME);
+  const loss = new LossTap(lib, windowSize);
   // Workaround for this release: ggml-opt never zeroes parameter gradients between optimizer steps,
   // so each step would apply the running sum of every past gradient and nothing is learned. Once the
   // scheduler has run `adamw step for X`, the gradient it consumed (its src[1], `grad for X`) is spent:
@@ -476,13 +725,14 @@ function createContext(
           const name = weight === null ? "" : lib.ggml_get_name(weight);
           if (weight !== null && /\.lora_[ab]$/.test(name)) adapterTensors.set(name, weight);
         }
-        return op === GGML_OP_OPT_STEP_ADAMW;
+        return op === GGML_OP_OPT_STEP_ADAMW || op === GGML_OP_OPT_STEP_SGD || loss.wants(op);
       }
+      if (loss.observe(tensor)) return true;
       const grad = tensorSource(tensor, 1);
       if (grad === null) return true;
       if (!layoutChecked) {
         const names = `${lib.ggml_get_name(tensor)} <- ${lib.ggml_get_name(grad)}`;
-        if (!/^adamw step for .* <- grad for /.test(names)) {
+        if (!/^\S+ step for .* <- grad for /.test(names)) {
           throw new Error(`trainer: unexpected optimizer graph (${names}); ggml_tensor layout mismatch?`);
         }
         layoutChecked = true;
@@ -535,7 +785,7 @@ function createContext(
     if (callbackError !== undefined) throw callbackError;
   };
   checkCallback();
-  return { ctx, checkCallback, adapterTensors };
+  return { ctx, checkCallback, adapterTensors, loss };
 }
 
 function initOptimizer(
@@ -546,6 +796,7 @@ function initOptimizer(
   complexity: number,
   optimizerParams: Pointer,
   adapterTensors: Pointer[] | undefined,
+  optimizer: "adamw" | "sgd",
 ): { tensors: number; parameters: number } {
   let tensors = 0;
   let parameters = 0;
@@ -571,7 +822,7 @@ function initOptimizer(
       get_opt_pars: lib.constantOptimizerParamsFn,
       // ggml_opt_get_constant_optimizer_params returns *userdata: the buffer rewritten before each step.
       get_opt_pars_ud: optimizerParams,
-      optimizer_type: GGML_OPT_OPTIMIZER_TYPE_ADAMW,
+      optimizer_type: optimizer === "sgd" ? GGML_OPT_OPTIMIZER_TYPE_SGD : GGML_OPT_OPTIMIZER_TYPE_ADAMW,
     });
   } finally {
     koffi.unregister(filter);
@@ -580,15 +831,37 @@ function initOptimizer(
   return { tensors, parameters };
 }
 
-/** Tokenizes with BOS as the vocab asks and special-token text parsed as control tokens. */
-function tokenize(lib: LlamaLib, vocab: Pointer, text: string): Int32Array {
+/**
+ * A sample's tokens and which are trained on. Segments are tokenized one by one (BOS, as the vocab
+ * asks, before the first), the way inference tokenizes a prompt and then generates the answer.
+ */
+function tokenizeSample(lib: LlamaLib, vocab: Pointer, sample: TrainingSample): TokenizedSample {
+  const segments = typeof sample === "string" ? [{ text: sample, train: true }] : sample;
+  const parts = segments.map((segment, i) => ({
+    tokens: tokenize(lib, vocab, segment.text, i === 0),
+    train: segment.train,
+  }));
+  const length = parts.reduce((sum, part) => sum + part.tokens.length, 0);
+  const tokens = new Int32Array(length);
+  const trained = new Uint8Array(length);
+  let at = 0;
+  for (const part of parts) {
+    tokens.set(part.tokens, at);
+    if (part.train) trained.fill(1, at, at + part.tokens.length);
+    at += part.tokens.length;
+  }
+  return { tokens, trained };
+}
+
+/** Tokenizes with special-token text parsed as control tokens, and BOS first when `addSpecial` and the vocab asks. */
+function tokenize(lib: LlamaLib, vocab: Pointer, text: string, addSpecial: boolean): Int32Array {
   if (text.length === 0) return new Int32Array(0);
   const bytes = Buffer.byteLength(text);
   let tokens = new Int32Array(bytes + 8);
-  let count = lib.llama_tokenize(vocab, text, bytes, tokens, tokens.length, true, true);
+  let count = lib.llama_tokenize(vocab, text, bytes, tokens, tokens.length, addSpecial, true);
   if (count < 0) {
     tokens = new Int32Array(-count);
-    count = lib.llama_tokenize(vocab, text, bytes, tokens, tokens.length, true, true);
+    count = lib.llama_tokenize(vocab, text, bytes, tokens, tokens.length, addSpecial, true);
   }
   if (count < 0) throw new Error("trainer: tokenization failed");
   return tokens.slice(0, count);
@@ -610,5 +883,112 @@ function writeOutput(lib: LlamaLib, trainedF32Path: string, job: ResolvedTrainer
     fs.renameSync(temp, job.outputPath);
   } finally {
     fs.rmSync(temp, { force: true });
+  }
+}
+
+/**
+ * Answer-only loss through the eval callback (the training API has no loss mask). After the
+ * `CROSS_ENTROPY_LOSS` node has run, the loss of each masked-in position is computed from its logits
+ * row (log-sum-exp minus the label's logit); after `CROSS_ENTROPY_LOSS_BACK` has run, the rows of its
+ * output (d loss / d logits, row i = window position i since `n_ubatch == n_ctx`) for masked-out
+ * positions are zeroed, so exactly the masked-in positions contribute to the gradient. ggml scales the
+ * gradient by 1 / window size whatever the mask; AdamW's update does not depend on that scale.
+ */
+class LossTap {
+  /** The loss of each masked-in position of the last window (0 elsewhere). */
+  readonly rows: Float64Array;
+  private readonly lossOp: number;
+  private readonly backOp: number;
+  private window: TrainingWindow | undefined;
+  private training = false;
+  private sum = 0;
+  private sawLoss = false;
+  private sawBack = false;
+  private row: Float32Array | undefined;
+
+  constructor(
+    private readonly lib: LlamaLib,
+    private readonly windowSize: number,
+  ) {
+    this.rows = new Float64Array(windowSize);
+    this.lossOp = opByName(lib, GGML_OP_CROSS_ENTROPY_LOSS_NAME);
+    this.backOp = opByName(lib, GGML_OP_CROSS_ENTROPY_LOSS_BACK_NAME);
+  }
+
+  wants(op: number): boolean {
+    return op === this.lossOp || op === this.backOp;
+  }
+
+  begin(window: TrainingWindow, training: boolean): void {
+    this.window = window;
+    this.training = training;
+    this.rows.fill(0);
+    this.sum = 0;
+    this.sawLoss = false;
+    this.sawBack = false;
+  }
+
+  /** The summed loss of the window's masked-in positions. */
+  end(): number {
+    const seen = this.sawLoss && (this.sawBack || !this.training);
+    this.window = undefined;
+    if (!seen) throw new Error("trainer: the loss nodes did not run; ggml op numbers mismatch?");
+    return this.sum;
+  }
+
+  /** Handles a loss node that has just run; false for any other node. */
+  observe(tensor: Pointer): boolean {
+    const op = tensorOp(tensor);
+    if (op !== this.lossOp && op !== this.backOp) return false;
+    const window = this.window;
+    if (window === undefined) return true;
+    if (op === this.lossOp) {
+      const logits = tensorSource(tensor, 0);
+      if (logits === null) throw new Error("trainer: the loss node has no logits");
+      const { vocab, stride } = this.rowLayout(logits);
+      const row = (this.row ??= new Float32Array(vocab));
+      for (let p = 0; p < this.windowSize; p++) {
+        if (!window.lossMask[p]) continue;
+        this.lib.ggml_backend_tensor_get(logits, row, p * stride, vocab * 4);
+        let max = -Infinity;
+        for (let i = 0; i < vocab; i++) if (row[i]! > max) max = row[i]!;
+        let total = 0;
+        for (let i = 0; i < vocab; i++) total += Math.exp(row[i]! - max);
+        const value = Math.log(total) + max - row[window.labels[p]!]!;
+        this.rows[p] = value;
+        this.sum += value;
+      }
+      this.sawLoss = true;
+    } else {
+      const { stride } = this.rowLayout(tensor);
+      for (let p = 0; p < this.windowSize;) {
+        if (window.lossMask[p]) {
+          p += 1;
+          continue;
+        }
+        let end = p;
+        while (end < this.windowSize && !window.lossMask[end]) end += 1;
+        this.lib.ggml_backend_tensor_memset(tensor, 0, p * stride, (end - p) * stride);
+        p = end;
+      }
+      this.sawBack = true;
+    }
+    return true;
+  }
+
+  /** Checks that a logits-shaped tensor is F32 rows of the vocabulary, one per window position. */
+  private rowLayout(tensor: Pointer): { vocab: number; stride: number } {
+    const vocab = tensorNe(tensor, 0);
+    const stride = tensorNb(tensor, 1);
+    if (
+      tensorType(tensor) !== GGML_TYPE_F32 ||
+      tensorNe(tensor, 1) !== this.windowSize ||
+      stride !== vocab * 4
+    )
+      throw new Error(
+        `trainer: unexpected logits layout (type ${tensorType(tensor)}, ${vocab} x ${tensorNe(tensor, 1)}, ` +
+          `row stride ${stride}); ggml_tensor layout mismatch?`,
+      );
+    return { vocab, stride };
   }
 }

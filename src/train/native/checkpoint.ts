@@ -1,0 +1,131 @@
+/**
+ * A run's checkpoints on disk, so that a run re-queued after a restart resumes instead of retraining
+ * from the base. `latest.gguf` (the adapter, or the whole F32 model) and `latest.json` are written at
+ * every evaluation point and epoch end; the best weights by eval loss go to `best.f32` (LoRA: the
+ * adapter's tensors, raw) or `best.gguf` (full). Files are written to a temp name and renamed, the JSON
+ * last, so a crash mid-write leaves the previous checkpoint whole.
+ */
+import { createHash } from "node:crypto";
+import fs from "node:fs";
+import path from "node:path";
+import type { ResolvedTrainerJob } from "../protocol.ts";
+
+export interface CheckpointState {
+  /** Identifies the job's settings and samples; a checkpoint of another job is ignored. */
+  fingerprint: string;
+  /** The epoch in progress (0-based) and how many of its windows are done. */
+  epoch: number;
+  window: number;
+  step: number;
+  best: { loss: number; epoch: number; step: number } | null;
+  evalsSinceBest: number;
+  /** Names of the tensors in `best.f32`, in order (LoRA). */
+  bestTensors: string[];
+}
+
+export class CheckpointDir {
+  constructor(readonly dir: string) {}
+
+  get latestWeights(): string {
+    return path.join(this.dir, "latest.gguf");
+  }
+  get bestModel(): string {
+    return path.join(this.dir, "best.gguf");
+  }
+  private get stateFile(): string {
+    return path.join(this.dir, "latest.json");
+  }
+  private get bestValuesFile(): string {
+    return path.join(this.dir, "best.f32");
+  }
+
+  /** The saved state when it belongs to this job and its weights are there. */
+  read(fingerprint: string): CheckpointState | undefined {
+    try {
+      const state = JSON.parse(fs.readFileSync(this.stateFile, "utf8")) as CheckpointState;
+      if (state.fingerprint !== fingerprint || !fs.existsSync(this.latestWeights)) return undefined;
+      return state;
+    } catch {
+      return undefined;
+    }
+  }
+
+  /** Writes the latest weights with `save(tempPath)`, then the state. */
+  async writeLatest(state: CheckpointState, save: (file: string) => Promise<void> | void): Promise<void> {
+    fs.mkdirSync(this.dir, { recursive: true });
+    await atomically(this.latestWeights, save);
+    await atomically(this.stateFile, (file) => fs.writeFileSync(file, JSON.stringify(state)));
+  }
+
+  async writeBestModel(save: (file: string) => Promise<void> | void): Promise<void> {
+    fs.mkdirSync(this.dir, { recursive: true });
+    await atomically(this.bestModel, save);
+  }
+
+  async writeBestValues(values: Map<string, Float32Array>): Promise<void> {
+    fs.mkdirSync(this.dir, { recursive: true });
+    await atomically(this.bestValuesFile, (file) => {
+      const fd = fs.openSync(file, "w");
+      try {
+        for (const data of values.values())
+          fs.writeSync(fd, new Uint8Array(data.buffer, data.byteOffset, data.byteLength));
+      } finally {
+        fs.closeSync(fd);
+      }
+    });
+  }
+
+  /** The best LoRA values saved with `state` (sizes from `like`), or undefined. */
+  readBestValues(
+    state: CheckpointState,
+    like: Map<string, Float32Array>,
+  ): Map<string, Float32Array> | undefined {
+    let bytes: Buffer;
+    try {
+      bytes = fs.readFileSync(this.bestValuesFile);
+    } catch {
+      return undefined;
+    }
+    const values = new Map<string, Float32Array>();
+    let offset = 0;
+    for (const name of state.bestTensors) {
+      const size = like.get(name)?.length;
+      if (size === undefined || offset + size * 4 > bytes.length) return undefined;
+      values.set(
+        name,
+        new Float32Array(bytes.buffer.slice(bytes.byteOffset + offset, bytes.byteOffset + offset + size * 4)),
+      );
+      offset += size * 4;
+    }
+    return offset === bytes.length ? values : undefined;
+  }
+}
+
+/** What makes two jobs the same training: every setting that changes the weights, and the samples. */
+export function jobFingerprint(job: ResolvedTrainerJob): string {
+  const hash = createHash("sha256");
+  const {
+    samples,
+    evalSamples,
+    outputPath: _o,
+    workDir: _w,
+    checkpointDir: _c,
+    threads: _t,
+    ...settings
+  } = job;
+  hash.update(JSON.stringify(settings));
+  for (const sample of samples) hash.update(JSON.stringify(sample));
+  hash.update("\u0000eval");
+  for (const sample of evalSamples) hash.update(JSON.stringify(sample));
+  return hash.digest("hex");
+}
+
+async function atomically(file: string, write: (temp: string) => Promise<void> | void): Promise<void> {
+  const temp = `${file}.tmp-${process.pid}`;
+  try {
+    await write(temp);
+    fs.renameSync(temp, file);
+  } finally {
+    fs.rmSync(temp, { force: true });
+  }
+}
