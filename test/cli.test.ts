@@ -5,10 +5,11 @@ import fs from "node:fs";
 import net from "node:net";
 import os from "node:os";
 import path from "node:path";
+import { Readable } from "node:stream";
 import { test, type TestContext } from "node:test";
 import { fileURLToPath } from "node:url";
 import type { FastifyInstance } from "fastify";
-import { buildTestApp, testEnv } from "./helper.ts";
+import { buildTestApp, KEY_A, testEnv } from "./helper.ts";
 import type { Core } from "../src/core.ts";
 
 const bin = fileURLToPath(new URL("../bin/conduit.js", import.meta.url));
@@ -254,6 +255,162 @@ test("the conduit CLI drives the whole loop against a real server", async (t) =>
   assert.equal((await conduit(env, "keys", "revoke", keys[0].id)).code, 0);
   assert.equal((await conduit(env, "datasets", "list")).code, 4, "a revoked key stops working");
   assert.equal((await conduit(env, "keys", "revoke", keys[0].id)).code, 3);
+});
+
+test("runs create takes auto or numbers and the validation options; runs examples prints a READY run's examples", async (t) => {
+  // No trainer: runs stay QUEUED until the test makes one READY.
+  const environment = await testEnv(t);
+  const { app } = await buildTestApp(t, environment);
+  const core = (app as FastifyInstance & { conduit: Core }).conduit;
+  const url = await app.listen({ port: 0, host: "127.0.0.1" });
+  const env = {
+    CONDUIT_DATA_DIR: environment.dataDir,
+    CONDUIT_LOG_LEVEL: "silent",
+    CONDUIT_URL: url,
+    CONDUIT_API_KEY: KEY_A,
+  };
+
+  const help = await conduit(env, "runs", "create", "--help");
+  for (const option of [
+    "--epochs",
+    "--lr",
+    "--lora-rank",
+    "--train-on-inputs",
+    "--validation-file",
+    "--early-stopping",
+  ])
+    assert.match(help.stdout, new RegExp(`${option}\\b`), option);
+  assert.match(help.stdout, /or auto/);
+  assert.match((await conduit(env, "runs", "--help")).stdout, /examples/);
+
+  const dataset = await core.datasets.create("alice", "d");
+  const pairs = (n: number) =>
+    Readable.from([
+      Array.from({ length: n }, (_, i) => JSON.stringify({ input: `q${i}`, output: `a${i}` })).join("\n"),
+    ]);
+  await core.datasets.upload("alice", dataset.id, { name: "train.jsonl", source: pairs(4) });
+  const held = await core.datasets.upload("alice", dataset.id, { name: "held.jsonl", source: pairs(2) });
+
+  const created = await conduit(
+    env,
+    "--json",
+    "runs",
+    "create",
+    "--dataset",
+    dataset.id,
+    "--model",
+    "tiny",
+    "--epochs",
+    "auto",
+    "--lr",
+    "0.002",
+    "--train-on-inputs",
+    "--validation-file",
+    held.id,
+    "--early-stopping",
+    "3",
+  );
+  assert.equal(created.code, 0, created.stderr);
+  const run = JSON.parse(created.stdout) as { id: string; config: Record<string, unknown>; logs: string[] };
+  assert.equal(run.config.lr, 0.002);
+  assert.ok(Number.isInteger(run.config.epochs), String(run.config.epochs));
+  assert.deepEqual(run.config.autoSettings, ["epochs", "loraRank"]);
+  assert.equal(run.config.trainOnInputs, true);
+  assert.equal(run.config.validationFileID, held.id);
+  assert.equal(run.config.earlyStoppingPatience, 3);
+  assert.match(run.logs.join("\n"), /auto settings: /);
+  const explicit = JSON.parse(
+    (
+      await conduit(
+        env,
+        "--json",
+        "runs",
+        "create",
+        "--dataset",
+        dataset.id,
+        "--model",
+        "tiny",
+        "--epochs",
+        "5",
+        "--lora-rank",
+        "8",
+      )
+    ).stdout,
+  ) as { config: Record<string, unknown> };
+  assert.equal(explicit.config.epochs, 5);
+  assert.equal(explicit.config.loraRank, 8);
+  assert.equal(explicit.config.trainOnInputs, false);
+  assert.deepEqual(explicit.config.autoSettings, ["lr"]);
+  const badEpochs = await conduit(env, "runs", "create", "--dataset", dataset.id, "--epochs", "many");
+  assert.equal(badEpochs.code, 2);
+  assert.match(badEpochs.stderr, /--epochs must be a number or auto/);
+  const badPatience = await conduit(
+    env,
+    "runs",
+    "create",
+    "--dataset",
+    dataset.id,
+    "--model",
+    "tiny",
+    "--early-stopping",
+    "0",
+  );
+  assert.equal(badPatience.code, 2);
+  assert.match(badPatience.stderr, /earlyStoppingPatience/);
+
+  const queued = await conduit(env, "runs", "examples", run.id);
+  assert.equal(queued.code, 5, "not READY: conflict");
+  assert.match(queued.stderr, /QUEUED, not READY/);
+  assert.equal((await conduit(env, "runs", "examples", "ft_missing")).code, 3);
+
+  assert.equal((await core.runRepository.claimNext("w", 60_000))?.id, run.id);
+  assert.ok(await core.runRepository.finish(run.id, "w", { status: "READY", modelPath: "/m.gguf" }));
+  const file = core.blobs.pathOf(`runs/${run.id}/examples.jsonl`);
+  fs.mkdirSync(path.dirname(file), { recursive: true });
+  const long = "a long answer ".repeat(10);
+  fs.writeFileSync(
+    file,
+    [
+      { split: "train", index: 0, input: "q0", output: "a0", loss: 0.01, tokens: 2 },
+      { split: "train", index: 1, input: "line one\nline two", output: long, loss: 2.5, tokens: 30 },
+      { split: "validation", index: 0, input: "v0", output: "b0", loss: null, tokens: 2 },
+      { split: "validation", index: 1, input: "v1", output: "b1", loss: 1.25, tokens: 2 },
+    ]
+      .map((e) => JSON.stringify(e))
+      .join("\n") + "\n",
+  );
+
+  const printed = await conduit(env, "runs", "examples", run.id, "--limit", "3");
+  assert.equal(printed.code, 0, printed.stderr);
+  const lines = printed.stdout.trimEnd().split("\n");
+  assert.match(lines[0] ?? "", /^LOSS\s+SPLIT\s+INDEX\s+INPUT\s+OUTPUT$/);
+  assert.match(lines[1] ?? "", /^2\.5000\s+train\s+1\s+line one⏎line two\s+a long answer .*…$/);
+  assert.ok((lines[1] ?? "").length < 120, "input and output are cut short");
+  assert.match(lines[2] ?? "", /^1\.2500\s+validation\s+1\s+v1\s+b1$/);
+  assert.match(lines[3] ?? "", /^0\.0100\s+train\s+0\s+q0\s+a0$/);
+  assert.equal(lines[4], "examples 1–3 of 4");
+  const validation = await conduit(
+    env,
+    "--json",
+    "runs",
+    "examples",
+    run.id,
+    "--split",
+    "validation",
+    "--sort",
+    "index",
+  );
+  assert.equal(validation.code, 0, validation.stderr);
+  assert.deepEqual(
+    (JSON.parse(validation.stdout) as { index: number; loss: number | null }[]).map((e) => [e.index, e.loss]),
+    [
+      [0, null],
+      [1, 1.25],
+    ],
+  );
+  const badSort = await conduit(env, "runs", "examples", run.id, "--sort", "worst");
+  assert.equal(badSort.code, 2);
+  assert.match(badSort.stderr, /sort/);
 });
 
 /** A TCP port nothing listens on right now. */

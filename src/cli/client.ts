@@ -62,6 +62,13 @@ export class ApiClient {
     return (await response.json()) as T;
   }
 
+  /** A GET of a list: its items, and the `x-total-count` header where the server sends one. */
+  async list<T>(path: string): Promise<{ items: T[]; total: number | undefined }> {
+    const response = await this.fetch(path, { method: "GET", headers: this.headers() });
+    const total = response.headers.get("x-total-count");
+    return { items: (await response.json()) as T[], total: total === null ? undefined : Number(total) };
+  }
+
   /** Sends a body stream (uploads) and parses the JSON answer. */
   async send<T>(
     method: string,

@@ -4,7 +4,7 @@ import path from "node:path";
 import { pipeline } from "node:stream/promises";
 import { SingleBar } from "cli-progress";
 import type { Command } from "commander";
-import type { RunWire } from "../api/schemas.ts";
+import type { RunExampleWire, RunWire } from "../api/schemas.ts";
 import { CliError, exitCodes, table, type CliContext } from "./context.ts";
 
 function number(name: string) {
@@ -13,6 +13,25 @@ function number(name: string) {
     if (!Number.isFinite(n)) throw new CliError(`--${name} must be a number`, exitCodes.usage);
     return n;
   };
+}
+
+/** A setting that takes a number or `auto` (the server's default for it). */
+function numberOrAuto(name: string) {
+  const parse = number(name);
+  return (value: string): number | "auto" => {
+    if (value === "auto") return "auto";
+    try {
+      return parse(value);
+    } catch {
+      throw new CliError(`--${name} must be a number or auto`, exitCodes.usage);
+    }
+  };
+}
+
+/** One line of at most `width` characters: line breaks shown as `⏎`, the rest cut with `…`. */
+function cell(text: string, width: number): string {
+  const line = text.replace(/\r?\n/g, "⏎");
+  return line.length > width ? `${line.slice(0, width - 1)}…` : line;
 }
 
 function formatSeconds(seconds: unknown): string {
@@ -118,14 +137,26 @@ export function runsCommand(program: Command, ctx: CliContext): void {
     .option("-d, --dataset <id>", "dataset id")
     .option("--dataset-name <name>", "dataset name (instead of --dataset)")
     .option("-m, --model <id>", "base model id (default: the server's CONDUIT_DEFAULT_MODEL)")
-    .option("--lr <rate>", "learning rate", number("lr"))
-    .option("--epochs <n>", "passes over the data", number("epochs"))
+    .option(
+      "--lr <rate>",
+      "learning rate, or auto: chosen from the model's width and the method (default auto)",
+      numberOrAuto("lr"),
+    )
+    .option(
+      "--epochs <n>",
+      "passes over the data, or auto: chosen from the number of pairs (default auto)",
+      numberOrAuto("epochs"),
+    )
     .option("--steps <n>", "cap on optimizer steps", number("steps"))
     .option(
       "--method <method>",
       'how to fine-tune: "lora" (an adapter, the default) or "full" (every weight)',
     )
-    .option("--lora-rank <n>", "LoRA rank, 1 to 256 (default 16)", number("lora-rank"))
+    .option(
+      "--lora-rank <n>",
+      "LoRA rank, 1 to 256, or auto: chosen from the dataset's size and the model's width (default auto)",
+      numberOrAuto("lora-rank"),
+    )
     .option("--lora-alpha <n>", "LoRA alpha, in (0, 4096] (default 2 × rank)", number("lora-alpha"))
     .option(
       "--lora-targets <list>",
@@ -136,6 +167,19 @@ export function runsCommand(program: Command, ctx: CliContext): void {
       "--complexity <fraction>",
       "fraction of the top blocks that get adapters (lora) or train (full), in (0, 1]",
       number("complexity"),
+    )
+    .option(
+      "--train-on-inputs",
+      "train on the whole conversation, prompts included (default: the loss counts the answers only)",
+    )
+    .option(
+      "--validation-file <fileId>",
+      "a file (of this or another of your datasets) whose pairs are the eval set; one of this dataset is left out of training",
+    )
+    .option(
+      "--early-stopping <patience>",
+      "stop after this many evaluations in a row without a new best eval loss, 1 to 100 (default: never)",
+      number("early-stopping"),
     )
     .option("--system-prompt <text>", "system prompt to train and serve with")
     .option("--name <name>", "run name")
@@ -158,6 +202,9 @@ export function runsCommand(program: Command, ctx: CliContext): void {
           loraAlpha: opts.loraAlpha,
           loraTargets: opts.loraTargets,
           complexity: opts.complexity,
+          trainOnInputs: opts.trainOnInputs,
+          validationFileID: opts.validationFile,
+          earlyStoppingPatience: opts.earlyStopping,
           systemPrompt: opts.systemPrompt,
           name: opts.name,
           trackerProject: opts.trackerProject,
@@ -216,6 +263,43 @@ export function runsCommand(program: Command, ctx: CliContext): void {
         const { lossSeries: _l, evalLossSeries: _e, ...stats } = run.stats;
         if (Object.keys(stats).length > 0) console.log(`stats ${JSON.stringify(stats)}`);
         for (const line of run.logs) console.log(line);
+      });
+    });
+
+  runs
+    .command("examples")
+    .description("a READY run's training and validation examples with their loss, the worst learned first")
+    .argument("<run-id>")
+    .option("--sort <order>", "loss (worst first) or index (upload order)", "loss")
+    .option("--split <split>", "train or validation (default: both)")
+    .option("--limit <n>", "how many", "20")
+    .option("--offset <n>", "skip this many", "0")
+    .action(async (id: string, opts: { sort: string; split?: string; limit: string; offset: string }) => {
+      const query = new URLSearchParams({ sort: opts.sort, limit: opts.limit, offset: opts.offset });
+      if (opts.split) query.set("split", opts.split);
+      const { items, total } = await ctx
+        .client()
+        .list<RunExampleWire>(`/conduit/finetuning/${encodeURIComponent(id)}/examples?${query.toString()}`);
+      ctx.print(items, () => {
+        console.log(
+          table([
+            ["LOSS", "SPLIT", "INDEX", "INPUT", "OUTPUT"],
+            ...items.map((e) => [
+              e.loss === null ? "-" : e.loss.toFixed(4),
+              e.split,
+              String(e.index),
+              cell(e.input, 40),
+              cell(e.output, 40),
+            ]),
+          ]),
+        );
+        const first = Number(opts.offset) + 1;
+        if (total !== undefined)
+          console.log(
+            items.length === 0
+              ? `no examples here (${total} in all)`
+              : `examples ${first}–${first + items.length - 1} of ${total}`,
+          );
       });
     });
 
