@@ -254,13 +254,16 @@ test("dashboard end to end in Chromium", { timeout: 600_000 }, async (t) => {
   await t.test("starts a run on tiny from the form, with every field and its default", async () => {
     await page.getByRole("navigation").getByRole("link", { name: "Runs" }).click();
     await page.getByRole("heading", { name: "Start a run" }).waitFor();
-    assert.equal(await page.getByLabel("Learning rate", { exact: true }).inputValue(), "0.0005");
-    assert.equal(await page.getByLabel("Epochs", { exact: true }).inputValue(), "3");
+    // Epochs, learning rate and rank are chosen by the server unless a number is typed.
+    assert.equal(await page.getByLabel("Learning rate", { exact: true }).inputValue(), "auto");
+    assert.equal(await page.getByLabel("Epochs", { exact: true }).inputValue(), "auto");
     assert.equal(await page.getByLabel("Complexity", { exact: true }).inputValue(), "1");
     assert.equal(await page.getByLabel("Steps", { exact: true }).inputValue(), "");
     assert.equal(await page.getByLabel("Method", { exact: true }).inputValue(), "lora");
-    assert.equal(await page.getByLabel("LoRA rank", { exact: true }).inputValue(), "16");
+    assert.equal(await page.getByLabel("LoRA rank", { exact: true }).inputValue(), "auto");
     assert.equal(await page.getByLabel("LoRA alpha", { exact: true }).inputValue(), "");
+    assert.equal(await page.getByLabel("Train on inputs", { exact: true }).isChecked(), false);
+    assert.equal(await page.getByLabel("Early stopping", { exact: true }).inputValue(), "");
     // The LoRA settings are there for LoRA runs only.
     await page.getByLabel("Method", { exact: true }).selectOption("full");
     assert.equal(await page.getByLabel("LoRA rank", { exact: true }).count(), 0);
@@ -276,9 +279,25 @@ test("dashboard end to end in Chromium", { timeout: 600_000 }, async (t) => {
     await page.getByLabel("Learning rate", { exact: true }).fill("0.003");
     await page.getByLabel("Name", { exact: true }).fill("hello-run");
     await shot(page, "runs");
+    // Neither a number nor "auto": the browser asks again before anything is sent.
+    await page.getByLabel("LoRA rank", { exact: true }).fill("big");
+    await page.getByRole("button", { name: "Start run" }).click();
+    assert.equal(
+      await page
+        .getByLabel("LoRA rank", { exact: true })
+        .evaluate((input) => (input as HTMLInputElement).validity.valid),
+      false,
+    );
+    assert.match(page.url(), /\/ui\/runs$/);
+    await page.getByLabel("LoRA rank", { exact: true }).fill("auto");
     await page.getByRole("button", { name: "Start run" }).click();
     await page.getByRole("heading", { name: /hello-run/, level: 1 }).waitFor();
     assert.match(page.url(), /\/ui\/runs\/ft_/);
+    // The configuration shows what auto chose for the rank, and that it was auto.
+    const config = page.locator("dl.config");
+    await config.getByText("autoSettings").waitFor();
+    assert.match(await config.innerText(), /autoSettings\s+loraRank/);
+    assert.match(await config.innerText(), /loraRank\s+\d+/);
   });
 
   await t.test("training: the chart and log update live and the run becomes READY", async () => {
@@ -300,6 +319,12 @@ test("dashboard end to end in Chromium", { timeout: 600_000 }, async (t) => {
     );
     assert.match(await page.getByLabel("Run log", { exact: true }).innerText(), /READY/);
     assert.ok((await page.locator(".chart canvas").count()) > 0);
+    // Once READY: the examples it learned worst, each with its loss.
+    await page.getByRole("heading", { name: "Worst examples" }).waitFor();
+    const worst = page.getByRole("region", { name: "Worst examples" }).locator("tbody tr");
+    await worst.first().waitFor();
+    assert.ok((await worst.count()) <= 10);
+    assert.match(await worst.first().innerText(), /say hi \d+/);
     await shot(page, "run");
   });
 

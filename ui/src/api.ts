@@ -1,4 +1,10 @@
-import type { DatasetFileWire, DatasetWire, RunWire, CreateRunBodyWire } from "../../src/api/schemas.ts";
+import type {
+  DatasetFileWire,
+  DatasetWire,
+  RunExampleWire,
+  RunWire,
+  CreateRunBodyWire,
+} from "../../src/api/schemas.ts";
 import { apiKey, signOut } from "./auth.ts";
 import { readSse, type SseEvent } from "./sse.ts";
 
@@ -7,6 +13,8 @@ export type Dataset = DatasetWire;
 export type DatasetFile = DatasetFileWire;
 export type Run = RunWire;
 export type CreateRunBody = CreateRunBodyWire;
+/** A training or validation pair of a READY run, with its loss under the served weights. */
+export type RunExample = RunExampleWire;
 export type RunStatus = Run["status"];
 
 export interface IoPairPreview {
@@ -34,6 +42,10 @@ export interface RunStats {
   etaSeconds?: number;
   lossSeries?: { step: number; trainLoss: number }[];
   evalLossSeries?: { step: number; epoch: number; evalLoss: number }[];
+  /** The epoch with the lowest eval loss. */
+  bestEpoch?: number;
+  /** What may have gone wrong, one plain sentence each. */
+  warnings?: string[];
 }
 
 /** The seed's sampling parameters, with its defaults. */
@@ -146,6 +158,9 @@ export const api = {
   run: (id: string) => json<Run>("GET", `/conduit/finetuning/${enc(id)}`),
   createRun: (body: CreateRunBody) => json<Run>("POST", "/conduit/finetuning", body),
   cancelRun: (id: string) => json("POST", `/conduit/finetuning/${enc(id)}/cancel`),
+  /** A READY run's examples, the worst learned (highest loss) first. */
+  worstExamples: (id: string, limit: number) =>
+    json<RunExample[]>("GET", `/conduit/finetuning/${enc(id)}/examples?sort=loss&limit=${limit}`),
   deleteRun: (id: string) => json("DELETE", `/conduit/finetuning/${enc(id)}`),
   models: async () => (await json<{ data: Model[] }>("GET", "/conduit/v1/models")).data,
   /** Follows a run: `log`, `stats` and `status` events until it ends. */

@@ -20,12 +20,19 @@ export function StatusBadge({ status }: { status: RunStatus | "DELETED" }) {
  * A labelled form field. The control (the one child) gets an id for the label and is described
  * by the hint, so screen readers read "Epochs, 3, Passes over the data…".
  */
-export function Field(props: { label: string; hint?: string; wide?: boolean; children?: ComponentChildren }) {
+export function Field(props: {
+  label: string;
+  hint?: string;
+  wide?: boolean;
+  /** The control is a checkbox: it sits before its label. */
+  check?: boolean;
+  children?: ComponentChildren;
+}) {
   const id = useId();
   const hintId = `${id}-hint`;
   return h(
     "div",
-    { class: props.wide ? "field wide" : "field" },
+    { class: ["field", props.wide && "wide", props.check && "check"].filter(Boolean).join(" ") },
     h("label", { for: id }, props.label),
     isValidElement(props.children)
       ? cloneElement(

@@ -1,7 +1,7 @@
 import { h } from "preact";
 import { useEffect, useRef, useState } from "preact/hooks";
-import { api, type Run, type RunStats, type RunStatus } from "../api.ts";
-import { ErrorNote, Loading, StatusBadge } from "../components/common.ts";
+import { api, ApiError, type Run, type RunExample, type RunStats, type RunStatus } from "../api.ts";
+import { ErrorNote, Loading, StatusBadge, TableScroll } from "../components/common.ts";
 import { LossChart } from "../components/LossChart.ts";
 import { formatDuration, formatNumber, formatTime } from "../format.ts";
 import { messageOf, useAction } from "../hooks.ts";
@@ -167,17 +167,121 @@ export function RunPage({ id }: { id: string }) {
       stat("Tokens / s", formatNumber(stats.tokensPerSecond, 3)),
       stat("Elapsed", formatDuration(stats.elapsedSeconds)),
       stat("ETA", live.status === "RUNNING" ? formatDuration(stats.etaSeconds) : "—"),
+      stat("Best epoch", stats.bestEpoch !== undefined ? String(stats.bestEpoch) : "—"),
     ),
+    stats.warnings && stats.warnings.length > 0
+      ? h(
+          "div",
+          { class: "note", role: "status" },
+          h("strong", null, "Warnings"),
+          h(
+            "ul",
+            null,
+            stats.warnings.map((warning, i) => h("li", { key: i }, warning)),
+          ),
+        )
+      : null,
     h("h2", null, "Loss"),
     h(LossChart, { stats }),
+    live.status === "READY" ? h(WorstExamples, { runId: run.id }) : null,
     h("h2", null, "Log"),
     h(LogTail, { lines: live.logs }),
     h("h2", null, "Configuration"),
     h(
       "dl",
       { class: "config" },
-      Object.entries(run.config).map(([key, value]) =>
-        stat(key, value === null || value === undefined || value === "" ? "—" : String(value)),
+      Object.entries(run.config).map(([key, value]) => stat(key, configValue(value))),
+    ),
+  );
+}
+
+/** A config value in words: lists joined by commas, nothing as a dash. */
+function configValue(value: unknown): string {
+  const text = Array.isArray(value)
+    ? value.join(", ")
+    : value === null || value === undefined
+      ? ""
+      : String(value);
+  return text === "" ? "—" : text;
+}
+
+/** How many of a READY run's examples the page shows, the worst learned first. */
+const worstCount = 10;
+
+/**
+ * The examples a READY run learned worst (highest loss under the served weights). A run without
+ * them (trained before Conduit measured them) is a 409, said as a plain note rather than an error.
+ */
+function WorstExamples({ runId }: { runId: string }) {
+  const [state, setState] = useState<{ examples?: RunExample[]; missing?: string; error?: string }>({});
+  useEffect(() => {
+    let current = true;
+    setState({});
+    api.worstExamples(runId, worstCount).then(
+      (examples) => current && setState({ examples }),
+      (error: unknown) =>
+        current &&
+        setState(
+          error instanceof ApiError && error.status === 409
+            ? { missing: error.message }
+            : { error: messageOf(error) },
+        ),
+    );
+    return () => {
+      current = false;
+    };
+  }, [runId]);
+  return h(
+    "section",
+    { "aria-labelledby": "worst-examples" },
+    h("h2", { id: "worst-examples" }, "Worst examples"),
+    h(ErrorNote, { message: state.error }),
+    state.missing
+      ? h("p", { class: "muted" }, state.missing)
+      : state.examples === undefined
+        ? state.error
+          ? null
+          : h(Loading, { what: "the examples" })
+        : state.examples.length === 0
+          ? h("p", { class: "muted" }, "This run has no examples to show.")
+          : h(ExampleTable, { examples: state.examples }),
+  );
+}
+
+function ExampleTable({ examples }: { examples: RunExample[] }) {
+  return h(
+    TableScroll,
+    { label: "Worst examples" },
+    h(
+      "table",
+      { class: "pairs stack" },
+      h(
+        "thead",
+        null,
+        h(
+          "tr",
+          null,
+          h("th", { scope: "col", class: "num" }, "Loss"),
+          h("th", { scope: "col" }, "Split"),
+          h("th", { scope: "col", class: "num" }, "#"),
+          h("th", { scope: "col" }, "Input"),
+          h("th", { scope: "col" }, "Output"),
+        ),
+      ),
+      h(
+        "tbody",
+        null,
+        examples.map((e) =>
+          h(
+            "tr",
+            { key: `${e.split}-${e.index}` },
+            h("td", { class: "num", "data-label": "Loss" }, e.loss === null ? "—" : formatNumber(e.loss)),
+            h("td", { "data-label": "Split" }, e.split),
+            h("td", { class: "num", "data-label": "#" }, e.index),
+            h("td", { "data-label": "Input" }, e.input),
+            h("td", { "data-label": "Output" }, e.output),
+          ),
+        ),
       ),
     ),
   );

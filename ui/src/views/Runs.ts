@@ -94,7 +94,10 @@ function RunTable({ runs }: { runs: Run[] }) {
   );
 }
 
-/** Every field of `POST /conduit/finetuning`, as text so an empty field means "the default". */
+/**
+ * Every field of `POST /conduit/finetuning` the form offers, as text so an empty field means "the
+ * default" (and `auto` lets the server choose epochs, learning rate and rank).
+ */
 interface FormState {
   datasetID: string;
   baseModelName: string;
@@ -105,6 +108,8 @@ interface FormState {
   loraRank: string;
   loraAlpha: string;
   complexity: string;
+  trainOnInputs: boolean;
+  earlyStoppingPatience: string;
   systemPrompt: string;
   name: string;
   trackerProject: string;
@@ -112,27 +117,43 @@ interface FormState {
 }
 
 const defaults = {
-  lr: "0.0005",
-  epochs: "3",
+  lr: "auto",
+  epochs: "auto",
   steps: "",
   method: "lora" as const,
-  loraRank: "16",
+  loraRank: "auto",
   loraAlpha: "",
   complexity: "1",
+  trainOnInputs: false,
+  earlyStoppingPatience: "",
 };
+
+/** What a number-or-auto field accepts (the browser checks it before the form is sent). */
+const numberOrAutoPattern = "\\s*(auto|[0-9]*\\.?[0-9]+([eE][+\\-]?[0-9]+)?)\\s*";
+
+/** A number-or-auto field's value: `undefined` (the server's "auto") unless a number is typed. */
+function numberOrAuto(text: string): number | undefined {
+  const value = text.trim();
+  return value === "" || value === "auto" ? undefined : Number(value);
+}
 
 /** The request body: numbers parsed, empty optional fields left out so the server's defaults apply. */
 function runBody(form: FormState): CreateRunBody {
   const body: CreateRunBody = { datasetID: form.datasetID };
   if (form.baseModelName) body.baseModelName = form.baseModelName;
-  if (form.lr.trim()) body.lr = Number(form.lr);
-  if (form.epochs.trim()) body.epochs = Number(form.epochs);
+  const lr = numberOrAuto(form.lr);
+  if (lr !== undefined) body.lr = lr;
+  const epochs = numberOrAuto(form.epochs);
+  if (epochs !== undefined) body.epochs = epochs;
   if (form.steps.trim()) body.steps = Number(form.steps);
   body.method = form.method;
   // The LoRA settings belong to LoRA runs only (the server refuses them with "full").
-  if (form.method === "lora" && form.loraRank.trim()) body.loraRank = Number(form.loraRank);
+  const loraRank = numberOrAuto(form.loraRank);
+  if (form.method === "lora" && loraRank !== undefined) body.loraRank = loraRank;
   if (form.method === "lora" && form.loraAlpha.trim()) body.loraAlpha = Number(form.loraAlpha);
   if (form.complexity.trim()) body.complexity = Number(form.complexity);
+  if (form.trainOnInputs) body.trainOnInputs = true;
+  if (form.earlyStoppingPatience.trim()) body.earlyStoppingPatience = Number(form.earlyStoppingPatience);
   if (form.systemPrompt) body.systemPrompt = form.systemPrompt;
   if (form.name.trim()) body.name = form.name.trim();
   if (form.trackerProject.trim()) body.trackerProject = form.trackerProject.trim();
@@ -160,7 +181,7 @@ function RunForm({ datasetId }: { datasetId: string | null }) {
   useEffect(() => {
     if (firstModel) setForm((f) => (f.baseModelName ? f : { ...f, baseModelName: firstModel }));
   }, [firstModel]);
-  const set = (field: keyof FormState) => (event: Event) => {
+  const set = (field: Exclude<keyof FormState, "trainOnInputs">) => (event: Event) => {
     const value = (event.currentTarget as HTMLInputElement | HTMLSelectElement | HTMLTextAreaElement).value;
     setForm((f) => ({ ...f, [field]: value }));
   };
@@ -172,8 +193,18 @@ function RunForm({ datasetId }: { datasetId: string | null }) {
 
   const datasets: Dataset[] = options.data?.datasets ?? [];
   const models: Model[] = options.data?.models ?? [];
-  const text = (field: keyof FormState, extra: Record<string, unknown> = {}) =>
+  const text = (field: Exclude<keyof FormState, "trainOnInputs">, extra: Record<string, unknown> = {}) =>
     h("input", { name: field, value: form[field], onInput: set(field), ...extra });
+  // Typed as text: "auto" or a number.
+  const numberOrAutoInput = (field: "lr" | "epochs" | "loraRank") =>
+    text(field, {
+      inputMode: "decimal",
+      pattern: numberOrAutoPattern,
+      placeholder: "auto",
+      autoComplete: "off",
+      spellCheck: false,
+      title: 'A number, or "auto"',
+    });
 
   return h(
     "form",
@@ -208,13 +239,19 @@ function RunForm({ datasetId }: { datasetId: string | null }) {
       ),
       h(
         Field,
-        { label: "Learning rate", hint: "In (0, 1]. Default 0.0005." },
-        text("lr", { type: "number", step: "any", min: "0", max: "1", inputMode: "decimal" }),
+        {
+          label: "Learning rate",
+          hint: "In (0, 1], or auto: chosen from the model's width and the method. Default auto.",
+        },
+        numberOrAutoInput("lr"),
       ),
       h(
         Field,
-        { label: "Epochs", hint: "Passes over the data, 1 to 1000. Default 3." },
-        text("epochs", { type: "number", step: "1", min: "1", max: "1000" }),
+        {
+          label: "Epochs",
+          hint: "Passes over the data, 1 to 1000, or auto: more for a small dataset, fewer for a large one. Default auto.",
+        },
+        numberOrAutoInput("epochs"),
       ),
       h(
         Field,
@@ -237,8 +274,11 @@ function RunForm({ datasetId }: { datasetId: string | null }) {
       form.method === "lora" &&
         h(
           Field,
-          { label: "LoRA rank", hint: "1 to 256. Default 16." },
-          text("loraRank", { type: "number", step: "1", min: "1", max: "256" }),
+          {
+            label: "LoRA rank",
+            hint: "1 to 256, or auto: chosen from the dataset's size and the model's width. Default auto.",
+          },
+          numberOrAutoInput("loraRank"),
         ),
       form.method === "lora" &&
         h(
@@ -263,6 +303,37 @@ function RunForm({ datasetId }: { datasetId: string | null }) {
           hint: "Fraction of the top transformer blocks that get adapters (LoRA) or train (full), in (0, 1]. Default 1.",
         },
         text("complexity", { type: "number", step: "any", min: "0", max: "1", inputMode: "decimal" }),
+      ),
+      h(
+        Field,
+        {
+          label: "Early stopping",
+          hint: "Stop after this many evaluations in a row without a new best eval loss, 1 to 100. Default: never.",
+        },
+        text("earlyStoppingPatience", {
+          type: "number",
+          step: "1",
+          min: "1",
+          max: "100",
+          placeholder: "never",
+        }),
+      ),
+      h(
+        Field,
+        {
+          label: "Train on inputs",
+          hint: "Train on the whole conversation, prompts included. Default: off, only the answers count.",
+          check: true,
+        },
+        h("input", {
+          type: "checkbox",
+          name: "trainOnInputs",
+          checked: form.trainOnInputs,
+          onChange: (event: Event) => {
+            const checked = (event.currentTarget as HTMLInputElement).checked;
+            setForm((f) => ({ ...f, trainOnInputs: checked }));
+          },
+        }),
       ),
       h(
         Field,
