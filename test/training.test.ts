@@ -500,3 +500,213 @@ describe("LoRA runs on the tiny model", () => {
     );
   });
 });
+
+/** A READY run's examples through the API, worst first. */
+async function examplesOf(
+  app: FastifyInstance,
+  id: string,
+  query = "",
+): Promise<
+  { split: string; index: number; input: string; output: string; loss: number | null; tokens: number }[]
+> {
+  const res = await app.inject({
+    url: `/conduit/finetuning/${id}/examples?limit=100${query}`,
+    headers: asAlice,
+  });
+  assert.equal(res.statusCode, 200, res.body);
+  return res.json();
+}
+
+describe("runs that learn by default", () => {
+  test("a run with every setting left to auto learns 10 pairs, trained on the answers only", async (t) => {
+    const env = await testEnv(t);
+    await tiny128(env);
+    const app = await trainingApp(t, env);
+    startScheduler(app);
+    const ten = pairs.slice(0, 10);
+    const res = await app.inject({
+      method: "POST",
+      url: "/conduit/finetuning",
+      headers: asAlice,
+      payload: { datasetID: await datasetOf(app, ten), baseModelName: "tiny128" },
+    });
+    assert.equal(res.statusCode, 200, res.body);
+    const { id, config } = res.json();
+    assert.deepEqual([...config.autoSettings].sort(), ["epochs", "loraRank", "lr"]);
+    assert.equal(config.trainOnInputs, false);
+    assert.ok(config.epochs > 3 && config.lr > 0 && config.loraRank >= 8, JSON.stringify(config));
+    const run = await waitFor(app, id, (r) => ["READY", "FAILED", "CANCELLED"].includes(r.status), 240_000);
+    assert.equal(run.status, "READY", run.logs.join("\n"));
+    assert.ok(
+      run.logs.some((line) => line.includes("auto settings: 200 epochs")),
+      run.logs.join("\n"),
+    );
+    assert.ok(
+      run.logs.some((line) => line.includes("trained on the answers only")),
+      run.logs.join("\n"),
+    );
+
+    // The seed's default request parameters, except a greedy temperature.
+    const got: string[] = [];
+    for (const pair of ten) {
+      const chat = await app.inject({
+        method: "POST",
+        url: "/conduit/v1/chat",
+        headers: asAlice,
+        payload: { model: id, prompt: pair.input, temperature: 0 },
+      });
+      assert.equal(chat.statusCode, 200, chat.body);
+      got.push(chat.json().choices[0].text);
+    }
+    const exact = got.filter((text, i) => text === ten[i]!.output).length;
+    t.diagnostic(
+      `auto (${config.epochs} epochs, lr ${config.lr}, rank ${config.loraRank}): ${exact}/10 exact`,
+    );
+    assert.ok(exact >= 9, `${exact}/10 exact: ${JSON.stringify(got)}`);
+
+    // Only answer tokens count: the loss is per answer token, and every example has a few.
+    const examples = await examplesOf(app, id, "&sort=index");
+    assert.equal(examples.length, 10);
+    assert.ok(
+      examples.every((e) => e.split === "train" && e.tokens >= 3 && e.tokens <= 12),
+      JSON.stringify(examples),
+    );
+    assert.equal(
+      run.stats.final.lossTokens / run.stats.final.epochs,
+      examples.reduce((s, e) => s + e.tokens, 0),
+    );
+  });
+
+  test("the best checkpoint by validation loss is the one served; early stopping and a warning", async (t) => {
+    const env = await testEnv(t);
+    await tiny128(env);
+    const app = await trainingApp(t, env);
+    startScheduler(app);
+    const six = pairs.slice(0, 6);
+    // The validation file asks the same questions with other answers: the more the run memorises its
+    // training answers, the worse it does there, so its best evaluation comes early.
+    const contrary = six.map((p, i) => ({ input: p.input, output: `${words[(i * 3 + 11) % 20]} ${i + 40}` }));
+    const validationDataset = await datasetOf(app, contrary);
+    const files = (
+      await app.inject({ url: `/conduit/dataset/${validationDataset}/files`, headers: asAlice })
+    ).json();
+    const id = await startRun(app, {
+      datasetID: await datasetOf(app, six),
+      baseModelName: "tiny128",
+      validationFileID: files[0].id,
+      earlyStoppingPatience: 5,
+      epochs: 300,
+    });
+    const run = await waitFor(app, id, (r) => ["READY", "FAILED", "CANCELLED"].includes(r.status), 240_000);
+    assert.equal(run.status, "READY", run.logs.join("\n"));
+    const { final } = run.stats;
+    assert.equal(final.stoppedEarly, true, run.logs.join("\n"));
+    assert.equal(run.stats.stoppedEarly, true);
+    assert.ok(final.epochs < 300);
+    assert.equal(run.stats.bestEpoch, final.bestEpoch);
+    assert.ok(final.bestEpoch <= final.epochs - 5, JSON.stringify(final));
+    assert.ok(final.finalEvalLoss > final.bestEvalLoss);
+    assert.ok(
+      run.logs.some((line) => line.includes("stopping early")),
+      run.logs.join("\n"),
+    );
+    assert.ok(
+      run.stats.warnings.some((w: string) => w.includes("eval loss rose")),
+      JSON.stringify(run.stats.warnings),
+    );
+
+    // The examples' losses are measured with the served weights: on the validation file they average to
+    // the best evaluation's loss, not the last one's.
+    const validation = await examplesOf(app, id, "&split=validation");
+    assert.equal(validation.length, 6);
+    const tokens = validation.reduce((sum, e) => sum + e.tokens, 0);
+    const mean = validation.reduce((sum, e) => sum + e.loss! * e.tokens, 0) / tokens;
+    t.diagnostic(
+      `best epoch ${final.bestEpoch}/${final.epochs}: served ${mean}, best ${final.bestEvalLoss}, last ${final.finalEvalLoss}`,
+    );
+    assert.ok(
+      Math.abs(mean - final.bestEvalLoss) < 1e-3 * final.bestEvalLoss,
+      `${mean} vs ${final.bestEvalLoss}`,
+    );
+    // The checkpoint directory is gone once the run is READY.
+    assert.equal(fs.existsSync(path.join(env.dataDir, "blobs", "runs", id, "checkpoint")), false);
+  });
+
+  test("per-example loss ranks a mislabeled pair first", async (t) => {
+    const env = await testEnv(t);
+    await tiny128(env);
+    const app = await trainingApp(t, env);
+    startScheduler(app);
+    // One question asked three times with one answer, and once more with a contrary one.
+    const question = pairs[0]!;
+    const items = [
+      question,
+      ...pairs.slice(1, 5),
+      question,
+      { input: question.input, output: "frost 99" },
+      question,
+    ];
+    const id = await startRun(app, {
+      datasetID: await datasetOf(app, items),
+      baseModelName: "tiny128",
+      epochs: 100,
+    });
+    const run = await waitFor(app, id, (r) => ["READY", "FAILED", "CANCELLED"].includes(r.status), 240_000);
+    assert.equal(run.status, "READY", run.logs.join("\n"));
+    const ranked = await examplesOf(app, id);
+    t.diagnostic(ranked.map((e) => `${e.index} ${e.output} ${e.loss?.toFixed(3)}`).join("; "));
+    assert.equal(ranked[0]!.output, "frost 99");
+    assert.equal(ranked[0]!.index, 6);
+    // Per answer token, so the one contrary word is diluted, yet it stands well above the agreeing copies.
+    const copies = ranked.filter((e) => e.input === question.input && e.output === question.output);
+    assert.equal(copies.length, 3);
+    assert.ok(
+      copies.every((e) => ranked[0]!.loss! > 2 * e.loss!),
+      JSON.stringify(ranked),
+    );
+  });
+
+  test("a run interrupted by a restart resumes from its checkpoint", async (t) => {
+    const env = await testEnv(t);
+    await tiny128(env);
+    const first = await trainingApp(t, env);
+    startScheduler(first);
+    const id = await startRun(first, {
+      datasetID: await datasetOf(first, pairs.slice(0, 4)),
+      baseModelName: "tiny128",
+      epochs: 400,
+    });
+    const state = path.join(env.dataDir, "blobs", "runs", id, "checkpoint", "latest.json");
+    const deadline = Date.now() + 120_000;
+    while (!fs.existsSync(state)) {
+      assert.ok(Date.now() < deadline, "no checkpoint was written");
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    // Let it train on past the checkpoint, then shut the server down mid-run.
+    await new Promise((r) => setTimeout(r, 1500));
+    await first.close();
+    const saved = JSON.parse(fs.readFileSync(state, "utf8"));
+    assert.ok(saved.step > 0);
+
+    const second = await trainingApp(t, env);
+    startScheduler(second);
+    const run = await waitFor(
+      second,
+      id,
+      (r) => ["READY", "FAILED", "CANCELLED"].includes(r.status),
+      240_000,
+    );
+    assert.equal(run.status, "READY", run.logs.join("\n"));
+    assert.ok(
+      run.logs.some((line) => line.includes(`resuming from the checkpoint at step ${saved.step}`)),
+      run.logs.join("\n"),
+    );
+    const { final } = run.stats;
+    assert.equal(final.resumedFromStep, saved.step);
+    assert.equal(final.epochs, 400);
+    // The second attempt trained only the steps after the checkpoint (one window of all four pairs per epoch).
+    const perStep = (await examplesOf(second, id)).reduce((sum, e) => sum + e.tokens, 0);
+    assert.equal(final.steps, 400);
+    assert.equal(final.lossTokens, (400 - saved.step) * perStep);
+  });
+});

@@ -236,11 +236,11 @@ export class Scheduler {
               : `run READY: the fine-tuned model is served as "${run.id}"`,
           );
         else await this.blobs.remove(runDir);
+      } else if (active.stopping === "shutdown") {
+        // The run is released back to the queue by close(); its checkpoint stays for the next attempt.
       } else if (outcome.status === "cancelled" || active.stopping === "cancel") {
         await this.blobs.remove(runDir);
         await this.appendLog(run.id, "trainer stopped; partial artifacts removed");
-      } else if (active.stopping === "shutdown") {
-        // The run is released back to the queue by close().
       } else {
         await this.fail(run, outcome.reason);
       }

@@ -71,7 +71,7 @@ export function chooseAutoSettings(input: AutoSettingsInput): AutoChoice {
 
   // More distinct text to absorb wants a larger update; the rank never exceeds a quarter of the width.
   const tokens = input.characters / 4;
-  const wanted = tokens < 20_000 ? 32 : tokens < 200_000 ? 32 : 64;
+  const wanted = tokens < 200_000 ? 32 : 64;
   const loraRank = Math.max(4, Math.min(wanted, Math.floor(width / 4)));
   const rankWhy = `LoRA rank ${loraRank} for about ${Math.round(tokens)} tokens of pairs on a ${width}-wide model`;
 

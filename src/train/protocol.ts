@@ -104,6 +104,12 @@ export interface TrainerJob {
    * owns and removes it. Defaults to none (no checkpoints: the best weights are still kept in memory).
    */
   checkpointDir?: string | null;
+  /**
+   * Packs several examples into each training window (they attend to the ones before them in it);
+   * `false` gives every example a window of its own, several times slower on short examples.
+   * Defaults to `true` (README, "What training optimises", has the measurement).
+   */
+  packing?: boolean;
   /** `sgd` exists for tests of the gradient (its update is linear in it). Defaults to `"adamw"`. */
   optimizer?: "adamw" | "sgd";
   /** Peak AdamW learning rate. */

@@ -105,6 +105,7 @@ export function resolveTrainerJob(job: TrainerJob): ResolvedTrainerJob {
     earlyStoppingPatience: job.earlyStoppingPatience ?? null,
     checkpointDir: job.checkpointDir ?? null,
     optimizer: job.optimizer ?? "adamw",
+    packing: job.packing ?? true,
     learningRate: job.learningRate,
     epochs: job.epochs,
     maxSteps: job.maxSteps ?? null,

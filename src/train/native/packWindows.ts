@@ -41,11 +41,12 @@ export interface TrainingWindow {
 }
 
 /** How many windows {@link packWindows} would produce, without building them. */
-export function countWindows(lengths: readonly number[], windowSize: number): number {
+export function countWindows(lengths: readonly number[], windowSize: number, pack = true): number {
   let windows = 0;
   let used = windowSize; // no open window yet
   for (const length of lengths) {
-    if (used + length > windowSize) {
+    if (length === 0) continue;
+    if (!pack || used + length > windowSize) {
       windows += 1;
       used = 0;
     }
@@ -67,12 +68,14 @@ export function lossPositions(sample: TokenizedSample): Uint8Array {
 /**
  * Packs `order` (indices into `samples`) into windows of `windowSize` positions.
  * @param endToken label after the last token of a sample, and the padding token.
+ * @param pack false puts every sample in a window of its own (for measuring what packing costs).
  */
 export function packWindows(
   samples: readonly TokenizedSample[],
   order: readonly number[],
   windowSize: number,
   endToken: number,
+  pack = true,
 ): TrainingWindow[] {
   const windows: TrainingWindow[] = [];
   let current: TrainingWindow | undefined;
@@ -93,7 +96,7 @@ export function packWindows(
         `packWindows: sample ${index} has ${size} tokens, more than the window of ${windowSize}`,
       );
     if (size === 0) continue;
-    if (current !== undefined && current.sampleTokens + size > windowSize) close();
+    if (current !== undefined && (!pack || current.sampleTokens + size > windowSize)) close();
     current ??= {
       input: new Int32Array(windowSize),
       labels: new Int32Array(windowSize),

@@ -77,6 +77,8 @@ export type TrainingResult =
 const MIN_WINDOW = 256;
 /** Epochs longer than this many steps are also evaluated and checkpointed every quarter. */
 const LONG_EPOCH_STEPS = 100;
+/** The latest checkpoint is written at most this often (and at the first evaluation point). */
+const CHECKPOINT_INTERVAL_MS = 10_000;
 /** Above this final training loss (nats per trained token) the run gets a warning. */
 const HIGH_FINAL_LOSS = 1.0;
 const PROGRESS_INTERVAL_MS = 500;
@@ -189,6 +191,7 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
       evalSamples.map((_, i) => i),
       windowSize,
       endToken,
+      job.packing,
     );
 
     // Sample order is reshuffled every epoch; all orders are drawn up front so totalSteps is exact.
@@ -202,6 +205,7 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
       const windows = countWindows(
         order.map((i) => lengths[i] ?? 0),
         windowSize,
+        job.packing,
       );
       const steps = job.maxSteps === null ? windows : Math.min(windows, job.maxSteps - totalSteps);
       orders.push(order);
@@ -336,6 +340,7 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
     let epochsDone = resume?.epoch ?? 0;
     let learningRate = job.learningRate;
     let stoppedEarly = false;
+    let lastCheckpointAt: number | undefined;
     const evalHistory: { epoch: number; step: number; trainLoss: number; evalLoss: number }[] = [];
 
     const report = (epoch: number, trainLoss: number, evalLoss: number | undefined, force: boolean) => {
@@ -394,18 +399,27 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
             : ` eval loss ${evalLoss.toFixed(4)}${best?.step === step ? " (best)" : ""}`) +
           ` lr ${learningRate.toExponential(2)}`,
       );
-      await checkpoints?.writeLatest(
-        {
-          fingerprint,
-          epoch: done ? epoch + 1 : epoch,
-          window: done ? 0 : window,
-          step,
-          best,
-          evalsSinceBest,
-          bestTensors: bestValues === undefined ? [] : [...bestValues.keys()],
-        },
-        saveWeights,
-      );
+      // Small datasets reach an evaluation point every step or two: the latest checkpoint is written at the
+      // first one and then at most every CHECKPOINT_INTERVAL_MS (a full model is a whole copy).
+      const now = performance.now();
+      if (
+        checkpoints !== undefined &&
+        (lastCheckpointAt === undefined || now - lastCheckpointAt >= CHECKPOINT_INTERVAL_MS)
+      ) {
+        lastCheckpointAt = now;
+        await checkpoints.writeLatest(
+          {
+            fingerprint,
+            epoch: done ? epoch + 1 : epoch,
+            window: done ? 0 : window,
+            step,
+            best,
+            evalsSinceBest,
+            bestTensors: bestValues === undefined ? [] : [...bestValues.keys()],
+          },
+          saveWeights,
+        );
+      }
       if (stoppedEarly)
         hooks.log(
           `trainer: stopping early: the eval loss has not improved on ${best!.loss.toFixed(4)} (epoch ${best!.epoch}) ` +
@@ -416,7 +430,10 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
 
     training: for (let epoch = resume?.epoch ?? 0; epoch < epochs; epoch++) {
       const order = orders[epoch] ?? [];
-      const windows = packWindows(trainSamples, order, windowSize, endToken).slice(0, stepsPerEpoch[epoch]);
+      const windows = packWindows(trainSamples, order, windowSize, endToken, job.packing).slice(
+        0,
+        stepsPerEpoch[epoch],
+      );
       // Long epochs are evaluated (and checkpointed) every quarter too.
       const interval = windows.length > LONG_EPOCH_STEPS ? Math.ceil(windows.length / 4) : windows.length;
       let lossSum = 0;
@@ -489,6 +506,7 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
         samples.map((_, i) => i),
         windowSize,
         endToken,
+        job.packing,
       )) {
         await hooks.yieldToEventLoop();
         if (hooks.isCancelled()) return { status: "cancelled" };
