@@ -119,6 +119,20 @@ describe("trainer building blocks", () => {
     assert.deepEqual([...window!.lossMask], [0, 0, 1, 1, 1, 0]);
     assert.equal(window!.lossTokens, 3);
 
+    // A model trained on a shorter context than the window: only the first `capacity` positions hold samples.
+    const short = packWindows(samples, [0, 1, 2], 8, eos, true, 5);
+    assert.deepEqual(
+      short.map((w) => [...w.input]),
+      [
+        [1, 10, 11, 1, 20, eos, eos, eos],
+        [1, 30, 31, 32, eos, eos, eos, eos],
+      ],
+    );
+    assert.deepEqual([...short[0]!.lossMask], [1, 1, 1, 1, 1, 0, 0, 0]);
+    // Without packing every sample has a window of its own.
+    assert.equal(packWindows(samples, [0, 1, 2], 6, eos, false).length, 3);
+    assert.equal(countWindows([3, 2, 4], 6, false), 3);
+
     // A sample longer than a window is refused (the trainer sizes the window to fit, or fails the run first).
     assert.throws(
       () => packWindows([all(Int32Array.of(1, 2, 3, 4, 5))], [0], 3, 0),
@@ -419,5 +433,26 @@ describe("trainer process", () => {
           values.every((v) => v === 0),
           `${name} changed`,
         );
+  });
+
+  test("an example longer than the model's context fails the job before training, naming it", async () => {
+    const small = path.join(dir, "tiny-512.gguf");
+    await createTinyModel(small, { seed: 1, contextLength: 512 });
+    const outcome = await startTrainer({
+      method: "lora",
+      lora: { rank: 4, alpha: 8, targets: [...LORA_TARGETS] },
+      baseModelPath: small,
+      outputPath: path.join(dir, "too-long.gguf"),
+      workDir: path.join(dir, "too-long-work"),
+      samples: ["short one", "word ".repeat(400)],
+      learningRate: 1e-3,
+      epochs: 1,
+    }).done;
+    assert.equal(outcome.status, "failed");
+    assert.ok(outcome.status === "failed");
+    assert.match(
+      outcome.reason,
+      /training example 2 is \d+ tokens long, more than the longest training window of 512 tokens \(the model's trained context\)/,
+    );
   });
 });

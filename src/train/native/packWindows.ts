@@ -69,6 +69,8 @@ export function lossPositions(sample: TokenizedSample): Uint8Array {
  * Packs `order` (indices into `samples`) into windows of `windowSize` positions.
  * @param endToken label after the last token of a sample, and the padding token.
  * @param pack false puts every sample in a window of its own (for measuring what packing costs).
+ * @param capacity positions of a window that hold samples (the rest is padding): a model trained on a
+ *   context shorter than llama.cpp's smallest window (256) is never trained past its context.
  */
 export function packWindows(
   samples: readonly TokenizedSample[],
@@ -76,6 +78,7 @@ export function packWindows(
   windowSize: number,
   endToken: number,
   pack = true,
+  capacity = windowSize,
 ): TrainingWindow[] {
   const windows: TrainingWindow[] = [];
   let current: TrainingWindow | undefined;
@@ -91,12 +94,13 @@ export function packWindows(
     if (sample === undefined) throw new RangeError(`packWindows: no sample ${index}`);
     const { tokens } = sample;
     const size = tokens.length;
-    if (size > windowSize)
+    const room = Math.min(capacity, windowSize);
+    if (size > room)
       throw new RangeError(
-        `packWindows: sample ${index} has ${size} tokens, more than the window of ${windowSize}`,
+        `packWindows: sample ${index} has ${size} tokens, more than the window of ${room}`,
       );
     if (size === 0) continue;
-    if (current !== undefined && (!pack || current.sampleTokens + size > windowSize)) close();
+    if (current !== undefined && (!pack || current.sampleTokens + size > room)) close();
     current ??= {
       input: new Int32Array(windowSize),
       labels: new Int32Array(windowSize),

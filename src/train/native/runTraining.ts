@@ -73,8 +73,8 @@ export type TrainingResult =
     }
   | { status: "cancelled" };
 
-/** The shortest training window (unless the model's context is shorter): short examples are packed into it. */
-const MIN_WINDOW = 256;
+/** Window sizes are multiples of this: llama.cpp pads a context's size to it. */
+const WINDOW_MULTIPLE = 256;
 /** Epochs longer than this many steps are also evaluated and checkpointed every quarter. */
 const LONG_EPOCH_STEPS = 100;
 /** The latest checkpoint is written at most this often (and at the first evaluation point). */
@@ -180,7 +180,7 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
     const evalSamples = job.evalSamples.map((sample) => tokenizeSample(lib, vocab, sample));
     if (!trainSamples.some((sample) => sample.tokens.length > 0))
       throw new Error("trainer: no training samples");
-    const windowSize = chooseWindow(
+    const { windowSize, capacity } = chooseWindow(
       trainSamples,
       evalSamples,
       job.contextSize,
@@ -192,6 +192,7 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
       windowSize,
       endToken,
       job.packing,
+      capacity,
     );
 
     // Sample order is reshuffled every epoch; all orders are drawn up front so totalSteps is exact.
@@ -204,7 +205,7 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
       const order = shuffledOrder(trainSamples.length, random);
       const windows = countWindows(
         order.map((i) => lengths[i] ?? 0),
-        windowSize,
+        capacity,
         job.packing,
       );
       const steps = job.maxSteps === null ? windows : Math.min(windows, job.maxSteps - totalSteps);
@@ -252,7 +253,9 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
           `${new Set(lora.weights.filter((w) => w.name.startsWith("blk.")).map((w) => w.name.split(".")[1])).size}` +
           `/${nLayers} blocks${lora.weights.some((w) => w.name === "output.weight") ? " and the output head" : ""}: `) +
         `${tensors} trainable tensors (${parameters} parameters); ${trainSamples.length} samples ` +
-        `(${allTokens} tokens, ${trainedTokens} trained on) in windows of ${windowSize} tokens, ` +
+        `(${allTokens} tokens, ${trainedTokens} trained on) in windows of ${windowSize} tokens` +
+        (capacity < windowSize ? ` (the first ${capacity}, the model's context, hold examples)` : "") +
+        `, ` +
         `${epochs} epochs, ${totalSteps} steps` +
         (evalWindows.length > 0 ? `, ${evalSamples.length} eval samples` : ""),
     );
@@ -430,7 +433,7 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
 
     training: for (let epoch = resume?.epoch ?? 0; epoch < epochs; epoch++) {
       const order = orders[epoch] ?? [];
-      const windows = packWindows(trainSamples, order, windowSize, endToken, job.packing).slice(
+      const windows = packWindows(trainSamples, order, windowSize, endToken, job.packing, capacity).slice(
         0,
         stepsPerEpoch[epoch],
       );
@@ -507,6 +510,7 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
         windowSize,
         endToken,
         job.packing,
+        capacity,
       )) {
         await hooks.yieldToEventLoop();
         if (hooks.isCancelled()) return { status: "cancelled" };
@@ -580,17 +584,19 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
 }
 
 /**
- * The training window: the smallest multiple of 64 (at least 256) that holds the longest example,
- * capped by `maxWindow` and the model's trained context. A longer example is an error naming it.
+ * The training window: the smallest multiple of 256 (llama.cpp pads a context to that) that holds the
+ * longest example, and how many of its positions hold examples: all of them, unless the model was
+ * trained on a shorter context (then the rest is padding that never counts). An example longer than
+ * `maxWindow` or the model's trained context is an error naming it.
  */
 function chooseWindow(
   train: readonly TokenizedSample[],
   evalSet: readonly TokenizedSample[],
   maxWindow: number,
   modelContext: number,
-): number {
+): { windowSize: number; capacity: number } {
   const cap = Math.max(1, Math.min(maxWindow, modelContext > 0 ? modelContext : maxWindow));
-  let longest = 0;
+  let longest = 1;
   for (const [split, samples] of [
     ["training", train],
     ["validation", evalSet],
@@ -605,7 +611,8 @@ function chooseWindow(
         );
       longest = Math.max(longest, length);
     }
-  return Math.min(cap, Math.max(MIN_WINDOW, Math.ceil(longest / 64) * 64));
+  const windowSize = Math.ceil(longest / WINDOW_MULTIPLE) * WINDOW_MULTIPLE;
+  return { windowSize, capacity: Math.min(windowSize, cap) };
 }
 
 /** Plain-words warnings about how a run learned. */
