@@ -38,12 +38,16 @@ export interface AutoChoice {
   reasons: Record<AutoSetting, string>;
 }
 
-/** Every pair is seen at least this many times in all (small datasets get more epochs)... */
-const MIN_PAIR_VISITS = 2_000;
-/** ...and at most this many (large datasets get fewer, down to one epoch). */
-const MAX_PAIR_VISITS = 20_000;
+/**
+ * Small datasets get many passes: about SMALL_DATA_EPOCHS / pairs^1.5 epochs (10 pairs: 200, 20: 74,
+ * 50: 19, 100: 7), which is what a random 128-wide model needs to memorise 10 pairs and, at the other
+ * end, what SmolLM2 needs to learn a 150-pair task (3 epochs, README); never fewer than DEFAULT_EPOCHS...
+ */
+const SMALL_DATA_EPOCHS = 6_600;
 const DEFAULT_EPOCHS = 3;
 const MAX_EPOCHS = 200;
+/** ...and large datasets are seen at most this many times in all, down to one epoch. */
+const MAX_PAIR_VISITS = 20_000;
 /** LoRA learning rate of a 576-wide model (SmolLM2-135M, measured); it scales with 1/√width. */
 const LORA_LR_AT_576 = 1e-3;
 const FULL_LR_AT_576 = 2e-4;
@@ -53,9 +57,10 @@ export function chooseAutoSettings(input: AutoSettingsInput): AutoChoice {
   const pairs = Math.max(1, input.pairs);
   let epochs = DEFAULT_EPOCHS;
   let epochsWhy = `${DEFAULT_EPOCHS} epochs for ${pairs} pairs`;
-  if (pairs * DEFAULT_EPOCHS < MIN_PAIR_VISITS) {
-    epochs = Math.min(MAX_EPOCHS, Math.ceil(MIN_PAIR_VISITS / pairs));
-    epochsWhy = `${epochs} epochs: a small dataset (${pairs} pairs) is seen about ${MIN_PAIR_VISITS} times in all`;
+  const small = Math.min(MAX_EPOCHS, Math.ceil(SMALL_DATA_EPOCHS / pairs ** 1.5));
+  if (small > DEFAULT_EPOCHS) {
+    epochs = small;
+    epochsWhy = `${epochs} epochs: a small dataset (${pairs} pair${pairs === 1 ? "" : "s"}) needs many passes to be learned`;
   } else if (pairs * DEFAULT_EPOCHS > MAX_PAIR_VISITS) {
     epochs = Math.max(1, Math.floor(MAX_PAIR_VISITS / pairs));
     epochsWhy = `${epochs} epoch${epochs === 1 ? "" : "s"}: a large dataset (${pairs} pairs) is seen at most ${MAX_PAIR_VISITS} times in all`;
