@@ -305,10 +305,11 @@ export const RunExample = Type.Object(
     output: Type.String(),
     loss: Type.Union([Type.Number(), Type.Null()], {
       description:
-        "Mean loss in nats per answer token with the served weights (lower: the model gives this answer more " +
-        "readily); null when the example could not be evaluated (longer than the training window, say).",
+        "Mean loss in nats per trained token (the answer's; the whole conversation's with `trainOnInputs`) " +
+        "after training: lower means the model gives this answer more readily. Null when none of its tokens " +
+        "was trained (cut off by the training window, say).",
     }),
-    tokens: Type.Integer({ description: "Answer tokens the loss is averaged over." }),
+    tokens: Type.Integer({ description: "The trained tokens the loss averages." }),
   },
   { $id: "RunExample", description: "One training or validation pair of a READY run, with its loss." },
 );

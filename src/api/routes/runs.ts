@@ -111,8 +111,8 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
         tags,
         summary: "A READY run's examples, each with its loss",
         description:
-          "Every training and validation pair of a READY run with its loss under the served weights (mean nats " +
-          "per answer token), to find what the model did not learn: by default the worst first. A JSON array like " +
+          "Every training and validation pair of a READY run with its loss after training (mean nats per " +
+          "trained token), to find what the model did not learn: by default the worst first. A JSON array like " +
           "the other lists, paged with `limit` and `offset`; the `x-total-count` header counts the examples of the " +
           "asked split in all. A run that is not READY, or has no per-example losses, answers 409.",
         params: RunParams,
