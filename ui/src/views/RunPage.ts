@@ -167,7 +167,7 @@ export function RunPage({ id }: { id: string }) {
       stat("Tokens / s", formatNumber(stats.tokensPerSecond, 3)),
       stat("Elapsed", formatDuration(stats.elapsedSeconds)),
       stat("ETA", live.status === "RUNNING" ? formatDuration(stats.etaSeconds) : "—"),
-      stat("Best epoch", stats.bestEpoch !== undefined ? String(stats.bestEpoch) : "—"),
+      stat("Best epoch", typeof stats.bestEpoch === "number" ? String(stats.bestEpoch) : "—"),
     ),
     stats.warnings && stats.warnings.length > 0
       ? h(
