@@ -113,6 +113,8 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
       ? { ...job.lora, complexity: job.complexity, weights: [] }
       : undefined;
   const checkpoints = job.checkpointDir === null ? undefined : new CheckpointDir(job.checkpointDir);
+  // A full run's best weights are a whole model: without a checkpoint directory they go to the work directory.
+  const bestModelDir = checkpoints ?? new CheckpointDir(path.join(job.workDir, "best"));
   const fingerprint = jobFingerprint(job);
   const resume = checkpoints?.read(fingerprint);
   try {
@@ -385,7 +387,7 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
           if (lora !== undefined) {
             bestValues = adapterValues();
             await checkpoints?.writeBestValues(bestValues);
-          } else await checkpoints?.writeBestModel((file) => lib.llama_model_save_to_file(model, file));
+          } else await bestModelDir.writeBestModel((file) => lib.llama_model_save_to_file(model, file));
         } else {
           evalsSinceBest += 1;
           if (job.earlyStoppingPatience !== null && evalsSinceBest >= job.earlyStoppingPatience)
@@ -534,7 +536,7 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
     let outputBytes: number;
     if (lora === undefined) {
       hooks.log(`trainer: saving and writing ${job.outputType} to ${job.outputPath}`);
-      if (servesBest && checkpoints !== undefined) fs.copyFileSync(checkpoints.bestModel, trainedF32Path);
+      if (servesBest) fs.copyFileSync(bestModelDir.bestModel, trainedF32Path);
       else lib.llama_model_save_to_file(model, trainedF32Path);
       // The context and model hold the F32 weights and optimizer state; release them before quantizing.
       scope.dispose();
