@@ -6,6 +6,7 @@ import { after, before, describe, test } from "node:test";
 import { getLlama, LlamaLogLevel, readGgufFileInfo } from "node-llama-cpp";
 import type { Llama, LlamaModel, Token } from "node-llama-cpp";
 import { createTinyModel } from "../src/model/tinyModel.ts";
+import { chooseAutoSettings } from "../src/train/autoSettings.ts";
 import { LORA_TARGETS } from "../src/train/loraTargets.ts";
 import { learningRateAt } from "../src/train/native/learningRate.ts";
 import { loraWeights, type LoraSpec } from "../src/train/native/loraAdapter.ts";
@@ -138,6 +139,28 @@ describe("trainer building blocks", () => {
       () => packWindows([all(Int32Array.of(1, 2, 3, 4, 5))], [0], 3, 0),
       /5 tokens, more than the window of 3/,
     );
+  });
+
+  test("auto settings: many epochs for a handful of pairs, one for thousands; the rate falls with the width", () => {
+    const choose = (pairs: number, width = 576, method: "lora" | "full" = "lora") =>
+      chooseAutoSettings({
+        method,
+        pairs,
+        characters: pairs * 40,
+        model: { embeddingLength: width, contextLength: 2048 },
+      });
+    assert.deepEqual(
+      [10, 20, 50, 100, 150, 300, 3000, 5000, 10_000, 100_000].map((pairs) => choose(pairs).epochs),
+      [200, 74, 19, 7, 4, 3, 3, 2, 1, 1],
+    );
+    assert.equal(choose(10).lr, 0.001);
+    assert.equal(choose(10, 128).lr, 0.0021);
+    assert.ok(choose(10, 2048).lr < choose(10, 576).lr);
+    assert.ok(choose(10, 576, "full").lr < choose(10, 576).lr);
+    assert.equal(choose(10).loraRank, 32);
+    assert.equal(choose(10, 64).loraRank, 16);
+    assert.equal(choose(1_000_000).loraRank, 64);
+    assert.match(choose(10).reasons.epochs, /200 epochs: a small dataset \(10 pairs\)/);
   });
 
   test("complexity selects the top blocks; the head always trains, token_embd never", () => {

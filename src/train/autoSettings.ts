@@ -47,7 +47,7 @@ const SMALL_DATA_EPOCHS = 6_600;
 const DEFAULT_EPOCHS = 3;
 const MAX_EPOCHS = 200;
 /** ...and large datasets are seen at most this many times in all, down to one epoch. */
-const MAX_PAIR_VISITS = 20_000;
+const MAX_PAIR_VISITS = 10_000;
 /** LoRA learning rate of a 576-wide model (SmolLM2-135M, measured); it scales with 1/√width. */
 const LORA_LR_AT_576 = 1e-3;
 const FULL_LR_AT_576 = 2e-4;
