@@ -1,6 +1,6 @@
 import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import { ConduitError, errorCatalog, type ErrorCode } from "../errors.ts";
-import { patternReasons } from "./schemas.ts";
+import { patternReasons, REASON } from "./schemas.ts";
 
 export function errorBody(error: ConduitError) {
   const entry = errorCatalog[error.code];
@@ -43,15 +43,56 @@ function alternativeConstants(issues: ValidationIssue[], instancePath: string): 
   return constants.length > 0 ? constants : undefined;
 }
 
+function isSchema(value: unknown): value is Record<string, unknown> {
+  return typeof value === "object" && value !== null;
+}
+
+/**
+ * The innermost `REASON` on the failing issue's schema path, with how many segments of the
+ * instance path lead to the field that has it (`properties` and `items` step into the value;
+ * `anyOf` and the like do not).
+ */
+function schemaReason(schema: unknown, schemaPath: string): { depth: number; reason: string } | undefined {
+  const steps = schemaPath
+    .replace(/^#\/?/, "")
+    .split("/")
+    .map((s) => s.replaceAll("~1", "/").replaceAll("~0", "~"));
+  let node = schema;
+  let depth = 0;
+  let found: { depth: number; reason: string } | undefined;
+  for (let i = 0; i < steps.length && isSchema(node); i++) {
+    const step = steps[i] as string;
+    if (step === "properties" || step === "patternProperties") {
+      node = (node[step] as Record<string, unknown> | undefined)?.[steps[++i] ?? ""];
+      depth++;
+    } else if (step === "items" || step === "additionalProperties") {
+      node = node[step];
+      depth++;
+    } else if (step === "anyOf" || step === "oneOf" || step === "allOf") {
+      node = (node[step] as unknown[] | undefined)?.[Number(steps[++i])];
+    } else break;
+    if (isSchema(node) && typeof node[REASON] === "string") found = { depth, reason: node[REASON] };
+  }
+  return found;
+}
+
 /** Turns an Ajv validation failure into a 400 naming the field. */
-function fromValidation(issues: ValidationIssue[], context: string | undefined): ConduitError {
+function fromValidation(
+  issues: ValidationIssue[],
+  context: string | undefined,
+  schema?: unknown,
+): ConduitError {
   const issue = issues[0];
   const where = context === "querystring" ? "query" : (context ?? "body");
   if (!issue) return new ConduitError("invalid_request", `invalid ${where}`);
   const segments = issue.instancePath.split("/").filter(Boolean);
-  if (issue.keyword === "required") segments.push(String(issue.params.missingProperty));
-  if (issue.keyword === "additionalProperties") segments.push(String(issue.params.additionalProperty));
+  const explained = schemaReason(schema, issue.schemaPath);
+  if (explained) segments.splice(explained.depth);
+  else if (issue.keyword === "required") segments.push(String(issue.params.missingProperty));
+  else if (issue.keyword === "additionalProperties") segments.push(String(issue.params.additionalProperty));
   const param = segments.length > 0 ? segments.join(".") : null;
+  const subject = param ? `${where === "body" ? "" : `${where} `}field "${param}"` : where;
+  if (explained) return new ConduitError("invalid_request", `${subject} ${explained.reason}`, { param });
   let reason = issue.message ?? "is invalid";
   if (issue.keyword === "required") reason = "is required";
   if (issue.keyword === "additionalProperties") reason = "is not a known field";
@@ -63,7 +104,6 @@ function fromValidation(issues: ValidationIssue[], context: string | undefined):
     reason = `must be ${String(issue.params.type)} or ${alternatives.map((v) => JSON.stringify(v)).join(" or ")}`;
   const allowed = unionOfConstants(issues, issue.instancePath);
   if (allowed) reason = `must be one of ${allowed.map((v) => JSON.stringify(v)).join(", ")}`;
-  const subject = param ? `${where === "body" ? "" : `${where} `}field "${param}"` : where;
   return new ConduitError("invalid_request", `${subject} ${reason}`.trim(), { param });
 }
 
@@ -79,11 +119,19 @@ const fastifyCodes: Record<string, ErrorCode> = {
   FST_INVALID_MULTIPART_CONTENT_TYPE: "unsupported_media_type",
 };
 
-export function toConduitError(error: unknown): ConduitError | undefined {
+/**
+ * A catalog error for anything thrown while serving a request, or `undefined` for an unexpected one.
+ * `schemas` are the route's, so a validation failure can give the `REASON` of the field it is in.
+ */
+export function toConduitError(error: unknown, schemas?: Record<string, unknown>): ConduitError | undefined {
   if (error instanceof ConduitError) return error;
   const fastifyError = error as FastifyError & { validationContext?: string };
   if (fastifyError.validation)
-    return fromValidation(fastifyError.validation as ValidationIssue[], fastifyError.validationContext);
+    return fromValidation(
+      fastifyError.validation as ValidationIssue[],
+      fastifyError.validationContext,
+      fastifyError.validationContext ? schemas?.[fastifyError.validationContext] : undefined,
+    );
   const code = fastifyError.code ? fastifyCodes[fastifyError.code] : undefined;
   if (code) {
     const message =
@@ -109,7 +157,10 @@ export function toConduitError(error: unknown): ConduitError | undefined {
 /** The one error handler: a catalog error becomes its JSON body; anything else is a logged 500. */
 export function registerErrorHandler(app: FastifyInstance): void {
   app.setErrorHandler((error: unknown, request: FastifyRequest, reply: FastifyReply) => {
-    let conduitError = toConduitError(error);
+    let conduitError = toConduitError(
+      error,
+      request.routeOptions.schema as Record<string, unknown> | undefined,
+    );
     if (!conduitError || conduitError.status >= 500) {
       request.log.error({ err: error }, "request failed");
       conduitError ??= new ConduitError("internal_error", "internal server error");

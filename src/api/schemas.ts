@@ -23,6 +23,12 @@ export const patternReasons: Record<string, string> = {
   [noControlCharacters]: "must not contain control characters",
   [noNul]: "must not contain NUL characters",
 };
+/**
+ * A schema keyword: when a value fails anywhere inside a schema that has it, the 400 gives this
+ * reason (and names the field that has it) instead of the validator's own words, e.g.
+ * `is not supported yet; only false is accepted`.
+ */
+export const REASON = "x-reason";
 
 const Id = Type.String({ minLength: 1, maxLength: 128, pattern: noControlCharacters });
 export const Name = Type.String({
