@@ -1,5 +1,6 @@
-import { Type, type Static } from "@sinclair/typebox";
-import { noControlCharacters } from "./schemas.ts";
+import { Type, type Static, type TSchema } from "@sinclair/typebox";
+import { Nullable, OrNull } from "./nullable.ts";
+import { noControlCharacters, REASON } from "./schemas.ts";
 
 /** Wire types of generation: the seed's chat and completions, and the OpenAI-compatible routes. */
 
@@ -146,61 +147,190 @@ export const CompletionResult = Type.Object(
   { $id: "CompletionResult" },
 );
 
-/** OpenAI's request bodies: their defaults (penalties 0, top_p 1), extra fields ignored. */
+/**
+ * OpenAI's request bodies, with OpenAI's defaults (penalties 0, `top_p` 1). Every field OpenAI
+ * documents is here: honoured, or refused with a 400 that names it (`NotYet`). `null` means the
+ * default wherever OpenAI accepts it (`Nullable`, `dropNulls`); a field OpenAI does not have is a 400.
+ */
+
+/**
+ * A field Conduit does not implement yet. It takes only `off`, the value that asks for nothing
+ * (`logprobs: false`, `tools: []`), or nothing but `null` when there is no such value; anything
+ * else is a 400 naming the field, saying it is not supported yet.
+ */
+function NotYet(what: string, off?: { schema: TSchema; text: string }) {
+  const only = off ? `; only ${off.text} is accepted` : "";
+  const options = {
+    description: `Not supported yet (${what})${only}.`,
+    [REASON]: `is not supported yet${only}`,
+  };
+  return off ? Nullable(off.schema, options) : Type.Optional(Type.Null(options));
+}
+
+const Nothing = Type.Array(Type.Unknown(), { maxItems: 0 });
+const Empty = Type.Object({}, { additionalProperties: false });
+const NoneOrAuto = Type.Union([Type.Literal("none"), Type.Literal("auto")]);
+
+/** At most this many choices per request: `n`, times the prompts of a completion. */
+export const MAX_CHOICES = 8;
+
 const OpenAiSampling = {
-  model: Type.Optional(Type.String({ minLength: 1, maxLength: 256, pattern: noControlCharacters })),
-  max_tokens: Type.Optional(Type.Integer({ minimum: 1 })),
-  max_completion_tokens: Type.Optional(Type.Integer({ minimum: 1 })),
-  temperature: Type.Number({ minimum: 0, maximum: 2, default: 1 }),
-  top_p: Type.Number({ exclusiveMinimum: 0, maximum: 1, default: 1 }),
-  top_k: Type.Integer({ minimum: 0, default: 0 }),
-  presence_penalty: Type.Number({ minimum: -2, maximum: 2, default: 0 }),
-  frequency_penalty: Type.Number({ minimum: -2, maximum: 2, default: 0 }),
-  n: Type.Integer({ minimum: 1, maximum: 8, default: 1 }),
-  stop: SeedSampling.stop,
-  seed: Type.Optional(Type.Integer()),
-  stream: Type.Boolean({ default: false }),
-  stream_options: Type.Optional(
-    Type.Union([
-      Type.Null(),
-      Type.Object({ include_usage: Type.Optional(Type.Boolean()) }, { additionalProperties: true }),
-    ]),
+  model: Type.Optional(
+    Type.String({
+      minLength: 1,
+      maxLength: 256,
+      pattern: noControlCharacters,
+      description: "A model id or a READY run id. Defaults to `CONDUIT_DEFAULT_MODEL`.",
+    }),
   ),
+  max_tokens: Nullable(Type.Integer({ minimum: 1 }), {
+    description:
+      "Most tokens to generate, a cap: generation also ends (`length`) when the model's context is full. Defaults to `256`.",
+  }),
+  temperature: OrNull(Type.Number({ minimum: 0, maximum: 2 }), {
+    default: 1,
+    description: "0 is greedy. Defaults to `1`.",
+  }),
+  top_p: OrNull(Type.Number({ exclusiveMinimum: 0, maximum: 1 }), {
+    default: 1,
+    description: "Nucleus sampling, in (0, 1]. Defaults to `1`.",
+  }),
+  top_k: OrNull(Type.Integer({ minimum: 0 }), {
+    default: 0,
+    description: "Conduit's own: sample from the k most likely tokens (0: all). Defaults to `0`.",
+  }),
+  presence_penalty: OrNull(Type.Number({ minimum: -2, maximum: 2 }), {
+    default: 0,
+    description: "Defaults to `0`.",
+  }),
+  frequency_penalty: OrNull(Type.Number({ minimum: -2, maximum: 2 }), {
+    default: 0,
+    description: "Defaults to `0`.",
+  }),
+  n: OrNull(Type.Integer({ minimum: 1, maximum: MAX_CHOICES }), {
+    default: 1,
+    description: `Choices to generate (for each prompt of a completion; ${MAX_CHOICES} in all at most). Defaults to \`1\`.`,
+  }),
+  stop: Nullable(SeedSampling.stop),
+  seed: Nullable(Type.Integer(), {
+    description: "Sampling seed, any integer (the sampler takes its low 32 bits), for reproducible output.",
+  }),
+  stream: OrNull(Type.Boolean(), {
+    default: false,
+    description: "Server-Sent Events in OpenAI's chunk format. Defaults to `false`.",
+  }),
+  stream_options: Nullable(
+    Type.Object(
+      {
+        include_usage: Nullable(Type.Boolean(), {
+          description: "A last chunk with `usage` and no choices. Defaults to `false`.",
+        }),
+        include_obfuscation: NotYet("stream obfuscation", { schema: Type.Literal(false), text: "false" }),
+      },
+      { additionalProperties: false },
+    ),
+  ),
+  logit_bias: NotYet("token biases", { schema: Empty, text: "{}" }),
+  user: Nullable(Type.String(), { description: "Your end user's id; written to the request's log line." }),
 };
 
-const OpenAiContentPart = Type.Object(
-  { type: Type.Literal("text"), text: Type.String() },
-  { additionalProperties: true },
+const OpenAiTextPart = Type.Object(
+  {
+    type: Type.Literal("text"),
+    text: Type.String(),
+    prompt_cache_breakpoint: NotYet("prompt caching"),
+  },
+  { additionalProperties: false },
+);
+
+const OpenAiMessage = Type.Object(
+  {
+    role: Type.Union(
+      [Type.Literal("system"), Type.Literal("developer"), Type.Literal("user"), Type.Literal("assistant")],
+      {
+        description: "`developer` is a system message.",
+        [REASON]:
+          'must be "system", "developer", "user" or "assistant"; tool and function messages are not supported yet',
+      },
+    ),
+    content: Nullable(Type.Union([Type.String(), Type.Array(OpenAiTextPart)]), {
+      description: "A string, or text parts (joined). Absent or `null` (an assistant turn): empty.",
+      [REASON]:
+        "must be a string or an array of text parts; image, audio, file and refusal parts are not supported yet",
+    }),
+    name: NotYet("participant names"),
+    tool_calls: NotYet("tool calling", { schema: Nothing, text: "[]" }),
+    tool_call_id: NotYet("tool calling"),
+    function_call: NotYet("function calling"),
+    refusal: NotYet("refusals"),
+    audio: NotYet("audio"),
+  },
+  { additionalProperties: false },
 );
 
 export const OpenAiChatBody = Type.Object(
   {
-    messages: Type.Array(
-      Type.Object(
-        {
-          role: Type.Union([
-            Type.Literal("system"),
-            Type.Literal("developer"),
-            Type.Literal("user"),
-            Type.Literal("assistant"),
-          ]),
-          content: Type.Union([Type.String(), Type.Array(OpenAiContentPart), Type.Null()]),
-        },
-        { additionalProperties: true },
-      ),
-      { minItems: 1 },
-    ),
+    messages: Type.Array(OpenAiMessage, { minItems: 1 }),
     ...OpenAiSampling,
+    max_completion_tokens: Nullable(Type.Integer({ minimum: 1 }), {
+      description: "Same as `max_tokens`; wins over it.",
+    }),
+    safety_identifier: Nullable(Type.String(), {
+      description: "Your end user's id; written to the request's log line.",
+    }),
+    logprobs: NotYet("log probabilities", { schema: Type.Literal(false), text: "false" }),
+    top_logprobs: NotYet("log probabilities", { schema: Type.Literal(0), text: "0" }),
+    response_format: NotYet("JSON mode and structured outputs", {
+      schema: Type.Object({ type: Type.Literal("text") }, { additionalProperties: false }),
+      text: '{"type": "text"}',
+    }),
+    tools: NotYet("tool calling", { schema: Nothing, text: "[]" }),
+    tool_choice: NotYet("tool calling", { schema: NoneOrAuto, text: '"none" or "auto" (no tools to call)' }),
+    parallel_tool_calls: Nullable(Type.Boolean(), {
+      description: "Accepted, and moot: there are no tools to call.",
+    }),
+    functions: NotYet("function calling", { schema: Nothing, text: "[]" }),
+    function_call: NotYet("function calling", {
+      schema: NoneOrAuto,
+      text: '"none" or "auto" (no functions to call)',
+    }),
+    audio: NotYet("audio output"),
+    modalities: NotYet("audio output", { schema: Type.Array(Type.Literal("text")), text: '["text"]' }),
+    prediction: NotYet("predicted outputs"),
+    web_search_options: NotYet("web search"),
+    reasoning_effort: NotYet("reasoning effort"),
+    verbosity: NotYet("verbosity"),
+    store: NotYet("stored completions", { schema: Type.Literal(false), text: "false" }),
+    metadata: NotYet("stored completions", { schema: Empty, text: "{}" }),
+    service_tier: NotYet("service tiers", {
+      schema: Type.Union([Type.Literal("auto"), Type.Literal("default")]),
+      text: '"auto" or "default"',
+    }),
+    prompt_cache_key: NotYet("prompt caching"),
+    prompt_cache_retention: NotYet("prompt caching"),
+    prompt_cache_options: NotYet("prompt caching"),
+    moderation: NotYet("moderation"),
   },
-  { additionalProperties: true },
+  { additionalProperties: false },
 );
 
 export const OpenAiCompletionBody = Type.Object(
   {
-    prompt: Type.Union([Type.String(), Type.Array(Type.String(), { minItems: 1, maxItems: 1 })]),
+    prompt: OrNull(
+      Type.Union([Type.String(), Type.Array(Type.String(), { minItems: 1, maxItems: MAX_CHOICES })]),
+      {
+        default: "",
+        description: `A raw prompt (no chat template), or up to ${MAX_CHOICES} of them: each gets \`n\` choices, numbered in order. Absent or \`null\`: empty.`,
+        [REASON]: `must be a string or an array of 1 to ${MAX_CHOICES} strings; token-id prompts are not supported yet`,
+      },
+    ),
     ...OpenAiSampling,
+    best_of: NotYet("best_of", { schema: Type.Literal(1), text: "1" }),
+    echo: NotYet("echo", { schema: Type.Literal(false), text: "false" }),
+    logprobs: NotYet("log probabilities"),
+    suffix: NotYet("insertion", { schema: Type.Literal(""), text: '""' }),
   },
-  { additionalProperties: true },
+  { additionalProperties: false },
 );
 
 export type ChatBodyWire = Static<typeof ChatBody>;

@@ -9,9 +9,10 @@ export interface InferenceRequest {
   /** A model id from the registry, or the id of one of the user's READY runs. Defaults to `CONDUIT_DEFAULT_MODEL`. */
   model?: string | undefined;
   messages?: ChatMessage[];
-  prompt?: string;
+  /** A raw prompt, or several (OpenAI's prompt array): each gets `n` choices, numbered in order. */
+  prompt?: string | string[];
   sampling: SamplingOptions;
-  /** Independent generations for the same input (OpenAI `n`). Defaults to `1`. */
+  /** Independent generations for the same input (OpenAI `n`), for each prompt. Defaults to `1`. */
   n?: number;
   signal?: AbortSignal;
   /** Streamed text of choice `index`. */
@@ -88,25 +89,32 @@ export class InferenceService {
   async generate(userId: string, request: InferenceRequest, model?: ModelRef): Promise<InferenceResult> {
     const ref = model ?? (await this.resolve(userId, request.model));
     const n = request.n ?? 1;
+    const inputs = request.messages
+      ? [{ messages: request.messages }]
+      : [request.prompt ?? ""].flat().map((prompt) => ({ prompt }));
     const choices = await Promise.all(
-      Array.from({ length: n }, async (_, index) => {
-        const result = await this.engine.generate({
-          model: ref,
-          ...(request.messages ? { messages: request.messages } : { prompt: request.prompt ?? "" }),
-          sampling:
-            request.sampling.seed !== undefined && index > 0
-              ? { ...request.sampling, seed: request.sampling.seed + index }
-              : request.sampling,
-          ...(request.signal ? { signal: request.signal } : {}),
-          ...(request.onText ? { onText: (text: string) => request.onText?.(index, text) } : {}),
-        });
-        return { ...result, index };
-      }),
+      inputs.flatMap((input, p) =>
+        Array.from({ length: n }, async (_, i) => {
+          const index = p * n + i;
+          const result = await this.engine.generate({
+            model: ref,
+            ...input,
+            sampling:
+              request.sampling.seed !== undefined && i > 0
+                ? { ...request.sampling, seed: request.sampling.seed + i }
+                : request.sampling,
+            ...(request.signal ? { signal: request.signal } : {}),
+            ...(request.onText ? { onText: (text: string) => request.onText?.(index, text) } : {}),
+          });
+          return { ...result, index };
+        }),
+      ),
     );
     return {
       model: ref.id,
       choices,
-      promptTokens: choices[0]?.promptTokens ?? 0,
+      // Choices of one input share its prompt: count it once.
+      promptTokens: choices.reduce((sum, c) => sum + (c.index % n === 0 ? c.promptTokens : 0), 0),
       completionTokens: choices.reduce((sum, c) => sum + c.completionTokens, 0),
     };
   }

@@ -1,15 +1,25 @@
-import type { FastifyInstance } from "fastify";
+import type { FastifyInstance, FastifyRequest } from "fastify";
 import type { TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
 import type { Core } from "../../core.ts";
 import type { ChatMessage, SamplingOptions } from "../../engine/types.ts";
+import { ConduitError } from "../../errors.ts";
 import { respondWithGeneration, usageOf, type ResponseShape } from "../generate.ts";
-import { OpenAiChatBody, OpenAiCompletionBody, type OpenAiChatBodyWire } from "../generationSchemas.ts";
+import {
+  MAX_CHOICES,
+  OpenAiChatBody,
+  OpenAiCompletionBody,
+  type OpenAiChatBodyWire,
+  type OpenAiCompletionBodyWire,
+} from "../generationSchemas.ts";
+import { dropNulls } from "../nullable.ts";
 import { completionShape, seedSampling } from "./generation.ts";
 
 /**
  * OpenAI-compatible routes. They translate OpenAI requests into the same generation call as
- * the seed's endpoints; only the shapes differ. Without `max_tokens` a completion stops at 256
- * tokens, like the seed's default.
+ * the seed's endpoints; only the shapes differ. Every OpenAI parameter is honoured or refused by
+ * the body schemas (see `OpenAiChatBody`); `null` fields are dropped before validation, so the
+ * handlers see them as absent. Without `max_tokens` a completion stops at 256 tokens, like the
+ * seed's default.
  */
 function openAiSampling(
   body: Omit<Parameters<typeof seedSampling>[0], "max_tokens"> & {
@@ -25,11 +35,29 @@ function openAiSampling(
   });
 }
 
+/** OpenAI's end-user ids go to the request's log line, which is what they are for: tracing abuse. */
+function logEndUser(request: FastifyRequest, body: { user?: string; safety_identifier?: string }): void {
+  if (body.user !== undefined || body.safety_identifier !== undefined)
+    request.log.info({ endUser: body.user, safetyIdentifier: body.safety_identifier }, "openai end user");
+}
+
 function openAiMessages(messages: OpenAiChatBodyWire["messages"]): ChatMessage[] {
   return messages.map((m) => ({
     role: m.role === "developer" ? "system" : m.role,
     content: typeof m.content === "string" ? m.content : (m.content ?? []).map((part) => part.text).join(""),
   }));
+}
+
+/** The prompts of a completion, checked against the choice limit (`n` for each prompt). */
+function openAiPrompts(body: OpenAiCompletionBodyWire): string[] {
+  const prompts = typeof body.prompt === "string" ? [body.prompt] : body.prompt;
+  if (prompts.length * body.n > MAX_CHOICES)
+    throw new ConduitError(
+      "invalid_request",
+      `field "n" times the ${prompts.length} prompts is ${prompts.length * body.n} choices; at most ${MAX_CHOICES}`,
+      { param: "n" },
+    );
+  return prompts;
 }
 
 const openAiChatShape = (includeUsage: boolean): ResponseShape => ({
@@ -63,12 +91,25 @@ const openAiChatShape = (includeUsage: boolean): ResponseShape => ({
 export default async function openAiRoutes(app: FastifyInstance, { core }: { core: Core }) {
   const r = app.withTypeProvider<TypeBoxTypeProvider>();
   const tags = ["openai"];
+  const refused =
+    "Every OpenAI parameter is honoured or refused: one Conduit does not implement yet is a `400` naming it " +
+    "(`param`), unless it has the value that asks for nothing (`logprobs: false`, `tools: []`). `null` means " +
+    "the default wherever OpenAI accepts it. A field OpenAI does not have is a `400` too.";
 
   r.post(
     "/v1/chat/completions",
-    { schema: { tags, summary: "OpenAI-compatible chat completions", body: OpenAiChatBody } },
+    {
+      schema: {
+        tags,
+        summary: "OpenAI-compatible chat completions",
+        description: `The messages, formatted with the model's chat template. ${refused}`,
+        body: OpenAiChatBody,
+      },
+      preValidation: dropNulls(OpenAiChatBody),
+    },
     async (request, reply) => {
       const body = request.body;
+      logEndUser(request, body);
       return respondWithGeneration(
         core,
         request,
@@ -90,17 +131,19 @@ export default async function openAiRoutes(app: FastifyInstance, { core }: { cor
       schema: {
         tags,
         summary: "OpenAI-compatible text completions (raw prompt, no chat template)",
+        description: `One choice per prompt (\`n\` per prompt), \`index\` in order. ${refused}`,
         body: OpenAiCompletionBody,
       },
+      preValidation: dropNulls(OpenAiCompletionBody),
     },
     async (request, reply) => {
       const body = request.body;
-      const prompt = typeof body.prompt === "string" ? body.prompt : (body.prompt[0] ?? "");
+      logEndUser(request, body);
       return respondWithGeneration(
         core,
         request,
         reply,
-        { model: body.model, prompt, sampling: openAiSampling(body), n: body.n },
+        { model: body.model, prompt: openAiPrompts(body), sampling: openAiSampling(body), n: body.n },
         {
           stream: body.stream,
           shape: {
