@@ -216,8 +216,22 @@ describe("generation on the tiny model", () => {
     ).json();
     assert.deepEqual(openai, {
       object: "list",
-      data: [{ id: "tiny", object: "model", created: native.data[0].created, owned_by: "conduit" }],
+      data: [
+        {
+          id: "tiny",
+          object: "model",
+          created: native.data[0].created,
+          owned_by: "conduit",
+          kind: "base",
+          context_length: 1024,
+          size_bytes: native.data[0].size_bytes,
+          quantization: "F32",
+          base_model: null,
+        },
+      ],
     });
+    assert.ok(native.data[0].size_bytes > 0);
+    assert.deepEqual(openai.data, native.data);
   });
 
   test("/metrics counts generated tokens", async () => {

@@ -147,6 +147,35 @@ export const CompletionResult = Type.Object(
   { $id: "CompletionResult" },
 );
 
+const Nullish = <T extends TSchema>(schema: T, description: string) =>
+  Type.Union([schema, Type.Null()], { description });
+
+/** A model you can name: OpenAI's model object, plus what Conduit knows about the model. */
+export const ModelEntry = Type.Object({
+  id: Type.String({ description: "What to pass as `model`." }),
+  object: Type.Literal("model"),
+  created: Type.Integer({ description: "Unix seconds: the file's time, or when the run became READY." }),
+  owned_by: Type.String({ description: "`conduit` for base models, your user id for your runs." }),
+  kind: Type.Union([Type.Literal("base"), Type.Literal("fine-tuned")], {
+    description: "`base`: a model in the models directory; `fine-tuned`: one of your READY runs.",
+  }),
+  context_length: Nullish(
+    Type.Integer(),
+    "Tokens of the model's training context, from its GGUF header (a LoRA fine-tune: its base's); `null` when unknown.",
+  ),
+  size_bytes: Nullish(
+    Type.Integer(),
+    "Bytes of the model's own file (a LoRA fine-tune: its adapter's); `null` when the file is not on this server.",
+  ),
+  quantization: Nullish(
+    Type.String(),
+    "The weights' file type as llama.cpp names it (`F32`, `F16`, `Q8_0`, `Q4_K_M`, …; a LoRA fine-tune: its base's); `null` when unknown.",
+  ),
+  base_model: Nullish(Type.String(), "The model a fine-tune was trained from; `null` for a base model."),
+});
+
+export const ModelList = Type.Object({ object: Type.Literal("list"), data: Type.Array(ModelEntry) });
+
 /**
  * OpenAI's request bodies, with OpenAI's defaults (penalties 0, `top_p` 1). Every field OpenAI
  * documents is here: honoured, or refused with a 400 that names it (`NotYet`). `null` means the

@@ -6,6 +6,18 @@ import { createTinyModel } from "../model/tinyModel.ts";
 import type { ServableModel } from "../inference/InferenceService.ts";
 import { CliError, exitCodes, table, type CliContext } from "./context.ts";
 
+/** Bytes in the largest unit that keeps a number of at least 1: `685 KiB`, `1.3 GiB`. */
+function size(bytes: number): string {
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let value = bytes;
+  let unit = 0;
+  while (value >= 1024 && unit < units.length - 1) {
+    value /= 1024;
+    unit++;
+  }
+  return `${unit === 0 || value >= 10 ? Math.round(value) : value.toFixed(1)} ${units[unit]}`;
+}
+
 export function modelsCommand(program: Command, ctx: CliContext): void {
   const models = program
     .command("models")
@@ -17,7 +29,20 @@ export function modelsCommand(program: Command, ctx: CliContext): void {
     .action(async () => {
       const list = await ctx.client().request<{ data: ServableModel[] }>("GET", "/conduit/v1/models");
       ctx.print(list.data, () =>
-        console.log(table([["ID", "KIND", "OWNER"], ...list.data.map((m) => [m.id, m.kind, m.owned_by])])),
+        console.log(
+          table([
+            ["ID", "KIND", "BASE", "CONTEXT", "SIZE", "QUANT", "OWNER"],
+            ...list.data.map((m) => [
+              m.id,
+              m.kind,
+              m.base_model ?? "-",
+              m.context_length === null ? "-" : String(m.context_length),
+              m.size_bytes === null ? "-" : size(m.size_bytes),
+              m.quantization ?? "-",
+              m.owned_by,
+            ]),
+          ]),
+        ),
       );
     });
 

@@ -1,6 +1,7 @@
 import { ConduitError } from "../errors.ts";
 import type { Engine } from "../engine/Engine.ts";
-import type { ModelRegistry } from "../model/ModelRegistry.ts";
+import type { ModelInfo, ModelRegistry } from "../model/ModelRegistry.ts";
+import { readModelFileInfo } from "../model/modelFileInfo.ts";
 import type { ChatMessage, GenerationResult, ModelRef, SamplingOptions } from "../engine/types.ts";
 import type { Run, RunRepository } from "../store/RunRepository.ts";
 import { methodOf } from "../train/RunService.ts";
@@ -33,6 +34,14 @@ export interface ServableModel {
   owned_by: string;
   /** `base` for models in the models directory, `fine-tuned` for READY runs. */
   kind: "base" | "fine-tuned";
+  /** Tokens of the model's training context, from its GGUF header (a LoRA fine-tune: its base's); `null` when unknown. */
+  context_length: number | null;
+  /** Bytes of the model's own file (a LoRA fine-tune: its adapter's); `null` when the file is not on this server. */
+  size_bytes: number | null;
+  /** The weights' file type as llama.cpp names it (`F32`, `Q8_0`, `Q4_K_M`, …; a LoRA fine-tune: its base's); `null` when unknown. */
+  quantization: string | null;
+  /** The model a fine-tune was trained from; `null` for a base model. */
+  base_model: string | null;
 }
 
 /**
@@ -121,21 +130,57 @@ export class InferenceService {
 
   /** Models this user can name: the registry's and their READY runs. */
   async list(userId: string): Promise<ServableModel[]> {
-    const base = this.registry.list().map((m) => ({
+    const base = await Promise.all(this.registry.list().map((m) => this.describeBase(m)));
+    const runs = await this.runs.listReady(userId);
+    const tuned = await Promise.all(runs.map((r) => this.describeRun(userId, r)));
+    return [...base, ...tuned];
+  }
+
+  /** One model this user can name, as `list` shows it, or `undefined`: same precedence as `resolve`. */
+  async get(userId: string, id: string): Promise<ServableModel | undefined> {
+    if (id.startsWith("ft_")) {
+      const run = await this.runs.get(userId, id);
+      if (run?.status === "READY") return this.describeRun(userId, run);
+    }
+    const info = this.registry.info(id);
+    return info && this.describeBase(info);
+  }
+
+  private async describeBase(m: ModelInfo): Promise<ServableModel> {
+    const file = await readModelFileInfo(m.path);
+    return {
       id: m.id,
-      object: "model" as const,
+      object: "model",
       created: Math.floor(m.modifiedAt.getTime() / 1000),
       owned_by: "conduit",
-      kind: "base" as const,
-    }));
-    const runs = await this.runs.listReady(userId);
-    const tuned = runs.map((r) => ({
-      id: r.id,
-      object: "model" as const,
-      created: Math.floor(Date.parse(`${r.updatedAt.replace(" ", "T")}Z`) / 1000),
+      kind: "base",
+      context_length: file?.contextLength ?? null,
+      size_bytes: file?.sizeBytes ?? m.sizeBytes,
+      quantization: file?.quantization ?? null,
+      base_model: null,
+    };
+  }
+
+  private async describeRun(
+    userId: string,
+    run: Pick<Run, "id" | "updatedAt" | "config" | "modelPath">,
+  ): Promise<ServableModel> {
+    const own = run.modelPath ? await readModelFileInfo(run.modelPath) : undefined;
+    const baseName = typeof run.config.baseModelName === "string" ? run.config.baseModelName : null;
+    // A LoRA run serves its adapter on its base's weights.
+    const basePath = baseName === null ? undefined : this.registry.resolve(baseName)?.path;
+    const weights =
+      methodOf(run.config) !== "lora" ? own : basePath ? await readModelFileInfo(basePath) : undefined;
+    return {
+      id: run.id,
+      object: "model",
+      created: Math.floor(Date.parse(`${run.updatedAt.replace(" ", "T")}Z`) / 1000),
       owned_by: userId,
-      kind: "fine-tuned" as const,
-    }));
-    return [...base, ...tuned];
+      kind: "fine-tuned",
+      context_length: weights?.contextLength ?? null,
+      size_bytes: own?.sizeBytes ?? null,
+      quantization: weights?.quantization ?? null,
+      base_model: baseName,
+    };
   }
 }

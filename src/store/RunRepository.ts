@@ -157,16 +157,24 @@ export class RunRepository {
   }
 
   /** The user's READY runs (servable models), without logs. */
-  async listReady(userId: string): Promise<{ id: string; name: string; updatedAt: string }[]> {
+  async listReady(
+    userId: string,
+  ): Promise<Pick<Run, "id" | "name" | "updatedAt" | "config" | "modelPath">[]> {
     const rows = await this.db
       .selectFrom("runs")
-      .select(["id", "name", "updated_at"])
+      .select(["id", "name", "updated_at", "config", "model_path"])
       .where("user_id", "=", userId)
       .where("status", "=", "READY")
       .orderBy("created_at", "desc")
       .orderBy("id", "desc")
       .execute();
-    return rows.map((r) => ({ id: r.id, name: r.name, updatedAt: r.updated_at }));
+    return rows.map((r) => ({
+      id: r.id,
+      name: r.name,
+      updatedAt: r.updated_at,
+      config: JSON.parse(r.config) as Record<string, unknown>,
+      modelPath: r.model_path,
+    }));
   }
 
   /**

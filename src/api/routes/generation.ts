@@ -1,11 +1,10 @@
 import type { FastifyInstance } from "fastify";
-import { Type } from "@sinclair/typebox";
 import type { TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
 import type { Core } from "../../core.ts";
 import { ConduitError } from "../../errors.ts";
 import type { ChatMessage, SamplingOptions } from "../../engine/types.ts";
 import { respondWithGeneration, usageOf, type ResponseShape } from "../generate.ts";
-import { ChatBody, ChatResult, CompletionResult, CompletionsBody } from "../generationSchemas.ts";
+import { ChatBody, ChatResult, CompletionResult, CompletionsBody, ModelList } from "../generationSchemas.ts";
 import { responses } from "../schemas.ts";
 
 /** The seed's sampling fields → engine options. */
@@ -101,14 +100,6 @@ export const completionShape: ResponseShape = {
   streamUsage: "last-chunk",
 };
 
-const ModelEntry = Type.Object({
-  id: Type.String(),
-  object: Type.Literal("model"),
-  created: Type.Integer(),
-  owned_by: Type.String(),
-  kind: Type.Union([Type.Literal("base"), Type.Literal("fine-tuned")]),
-});
-
 /** Seed 4.1: generation. */
 export default async function generationRoutes(app: FastifyInstance, { core }: { core: Core }) {
   const r = app.withTypeProvider<TypeBoxTypeProvider>();
@@ -174,10 +165,7 @@ export default async function generationRoutes(app: FastifyInstance, { core }: {
       schema: {
         tags,
         summary: "Models you can generate with: the models directory and your READY runs",
-        response: responses(
-          { 200: Type.Object({ object: Type.Literal("list"), data: Type.Array(ModelEntry) }) },
-          [401],
-        ),
+        response: responses({ 200: ModelList }, [401]),
       },
     },
     async (request) => ({ object: "list" as const, data: await core.inference.list(request.userId) }),

@@ -1,4 +1,5 @@
 import type { FastifyInstance, FastifyRequest } from "fastify";
+import { Type } from "@sinclair/typebox";
 import type { TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
 import type { Core } from "../../core.ts";
 import type { ChatMessage, SamplingOptions } from "../../engine/types.ts";
@@ -6,12 +7,15 @@ import { ConduitError } from "../../errors.ts";
 import { respondWithGeneration, usageOf, type ResponseShape } from "../generate.ts";
 import {
   MAX_CHOICES,
+  ModelEntry,
+  ModelList,
   OpenAiChatBody,
   OpenAiCompletionBody,
   type OpenAiChatBodyWire,
   type OpenAiCompletionBodyWire,
 } from "../generationSchemas.ts";
 import { dropNulls } from "../nullable.ts";
+import { noControlCharacters, responses } from "../schemas.ts";
 import { completionShape, seedSampling } from "./generation.ts";
 
 /**
@@ -155,13 +159,38 @@ export default async function openAiRoutes(app: FastifyInstance, { core }: { cor
     },
   );
 
-  r.get("/v1/models", { schema: { tags, summary: "OpenAI-compatible model list" } }, async (request) => ({
-    object: "list" as const,
-    data: (await core.inference.list(request.userId)).map(({ id, object, created, owned_by }) => ({
-      id,
-      object,
-      created,
-      owned_by,
-    })),
-  }));
+  r.get(
+    "/v1/models",
+    {
+      schema: {
+        tags,
+        summary: "OpenAI-compatible model list: the models directory and your READY runs",
+        response: responses({ 200: ModelList }, [401]),
+      },
+    },
+    async (request) => ({ object: "list" as const, data: await core.inference.list(request.userId) }),
+  );
+
+  r.get(
+    "/v1/models/:model",
+    {
+      schema: {
+        tags,
+        summary: "OpenAI-compatible model: a base model, or one of your READY runs",
+        description: "Another user's run answers `404`, like a model that does not exist.",
+        params: Type.Object({
+          model: Type.String({ minLength: 1, maxLength: 256, pattern: noControlCharacters }),
+        }),
+        response: responses({ 200: ModelEntry }, [400, 401, 404]),
+      },
+    },
+    async (request) => {
+      const model = await core.inference.get(request.userId, request.params.model);
+      if (!model)
+        throw new ConduitError("model_not_found", `model "${request.params.model}" not found`, {
+          param: "model",
+        });
+      return model;
+    },
+  );
 }
