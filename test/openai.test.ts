@@ -1,0 +1,438 @@
+import assert from "node:assert/strict";
+import fs from "node:fs";
+import path from "node:path";
+import { after, before, describe, test } from "node:test";
+import type { FastifyInstance } from "fastify";
+import OpenAI from "openai";
+import type { Core } from "../src/core.ts";
+import { asAlice, asBob, build, KEY_A } from "./helper.ts";
+
+/** The strict OpenAI surface: `null` is the default, every parameter is honoured or refused, models in detail. */
+
+const chatUrl = "/v1/chat/completions";
+const completionsUrl = "/v1/completions";
+const messages = [{ role: "user", content: "Hi" }];
+
+describe("the OpenAI surface on the tiny model", () => {
+  let app: FastifyInstance;
+  const cleanups: (() => unknown)[] = [];
+  before(async () => {
+    ({ app } = await build({ after: (fn) => cleanups.push(fn) }));
+  });
+  after(async () => {
+    for (const fn of cleanups.reverse()) await fn();
+  });
+
+  const post = (url: string, payload: Record<string, unknown>, headers = asAlice) =>
+    app.inject({ method: "POST", url, headers, payload: { model: "tiny", ...payload } });
+
+  test("null means the default, on chat and completions", async () => {
+    const greedy = { max_tokens: 6, temperature: 0 };
+    const plainChat = await post(chatUrl, { messages, ...greedy });
+    assert.equal(plainChat.statusCode, 200, plainChat.body);
+    const nullChat = await post(chatUrl, {
+      messages: [
+        { role: "system", content: "Be brief.", name: null },
+        {
+          role: "assistant",
+          content: null,
+          tool_calls: null,
+          function_call: null,
+          refusal: null,
+          audio: null,
+        },
+        { role: "user", content: "Hi", name: null },
+      ],
+      ...greedy,
+      seed: null,
+      stop: null,
+      top_p: null,
+      n: null,
+      presence_penalty: null,
+      frequency_penalty: null,
+      logit_bias: null,
+      logprobs: null,
+      top_logprobs: null,
+      max_completion_tokens: null,
+      user: null,
+      stream: null,
+      stream_options: null,
+      response_format: null,
+      tools: null,
+      tool_choice: null,
+      parallel_tool_calls: null,
+      audio: null,
+      modalities: null,
+      prediction: null,
+      reasoning_effort: null,
+      service_tier: null,
+      store: null,
+      metadata: null,
+      web_search_options: null,
+    });
+    assert.equal(nullChat.statusCode, 200, nullChat.body);
+    assert.equal(nullChat.json().choices.length, 1, "n: null is 1");
+
+    // What LangChain's OpenAI completions class sends: the prompt in a list, `seed` and `logprobs` null.
+    const langchain = await post(completionsUrl, {
+      prompt: ["Once upon a time"],
+      temperature: 0,
+      max_tokens: 6,
+      top_p: 1,
+      frequency_penalty: 0,
+      presence_penalty: 0,
+      n: 1,
+      seed: null,
+      logprobs: null,
+    });
+    assert.equal(langchain.statusCode, 200, langchain.body);
+    const plain = await post(completionsUrl, { prompt: "Once upon a time", ...greedy });
+    assert.equal(langchain.json().choices[0].text, plain.json().choices[0].text);
+
+    const allNull = await post(completionsUrl, {
+      prompt: "Once upon a time",
+      ...greedy,
+      temperature: null,
+      max_tokens: null,
+      stop: null,
+      seed: null,
+      best_of: null,
+      echo: null,
+      suffix: null,
+      stream_options: { include_usage: null },
+    });
+    assert.equal(allNull.statusCode, 200, allNull.body);
+    const [choice] = allNull.json().choices;
+    // max_tokens null: up to the default 256 (or the end of the text).
+    assert.ok(
+      choice.finish_reason === "stop" || allNull.json().usage.completion_tokens === 256,
+      allNull.body,
+    );
+  });
+
+  test("each parameter Conduit does not implement is a 400 naming it, saying so", async () => {
+    const chat: [Record<string, unknown>, string][] = [
+      [{ logprobs: true }, "logprobs"],
+      [{ top_logprobs: 2 }, "top_logprobs"],
+      [{ logit_bias: { "50256": -100 } }, "logit_bias"],
+      [{ response_format: { type: "json_object" } }, "response_format"],
+      [
+        { response_format: { type: "json_schema", json_schema: { name: "x", schema: {} } } },
+        "response_format",
+      ],
+      [{ tools: [{ type: "function", function: { name: "f", parameters: {} } }] }, "tools"],
+      [{ tool_choice: "required" }, "tool_choice"],
+      [{ tool_choice: { type: "function", function: { name: "f" } } }, "tool_choice"],
+      [{ functions: [{ name: "f", parameters: {} }] }, "functions"],
+      [{ function_call: { name: "f" } }, "function_call"],
+      [{ audio: { voice: "alloy", format: "wav" } }, "audio"],
+      [{ modalities: ["text", "audio"] }, "modalities"],
+      [{ prediction: { type: "content", content: "x" } }, "prediction"],
+      [{ web_search_options: {} }, "web_search_options"],
+      [{ reasoning_effort: "low" }, "reasoning_effort"],
+      [{ verbosity: "low" }, "verbosity"],
+      [{ store: true }, "store"],
+      [{ metadata: { a: "b" } }, "metadata"],
+      [{ service_tier: "flex" }, "service_tier"],
+      [{ prompt_cache_key: "k" }, "prompt_cache_key"],
+      [{ prompt_cache_retention: "24h" }, "prompt_cache_retention"],
+      [{ prompt_cache_options: { mode: "explicit" } }, "prompt_cache_options"],
+      [{ moderation: { policy: null } }, "moderation"],
+      [{ stream: true, stream_options: { include_obfuscation: true } }, "stream_options.include_obfuscation"],
+      [{ messages: [{ role: "tool", content: "x", tool_call_id: "c" }] }, "messages.0.role"],
+      [{ messages: [{ role: "user", content: "x", name: "alice" }] }, "messages.0.name"],
+      [
+        { messages: [{ role: "assistant", content: null, tool_calls: [{ id: "c", type: "function" }] }] },
+        "messages.0.tool_calls",
+      ],
+      [
+        { messages: [{ role: "user", content: [{ type: "image_url", image_url: { url: "https://x" } }] }] },
+        "messages.0.content",
+      ],
+    ];
+    for (const [payload, param] of chat) {
+      const res = await post(chatUrl, { messages, max_tokens: 1, ...payload });
+      assert.equal(res.statusCode, 400, `${JSON.stringify(payload)} → ${res.body}`);
+      const { error } = res.json();
+      assert.equal(error.param, param, res.body);
+      assert.equal(error.code, "invalid_request");
+      assert.equal(error.type, "invalid_request_error");
+      assert.match(error.message, /not supported yet/, res.body);
+      assert.ok(error.message.includes(`"${param}"`), res.body);
+    }
+    const completions: [Record<string, unknown>, string][] = [
+      [{ logprobs: 2 }, "logprobs"],
+      [{ logprobs: 0 }, "logprobs"],
+      [{ echo: true }, "echo"],
+      [{ best_of: 3 }, "best_of"],
+      [{ suffix: "The end." }, "suffix"],
+      [{ logit_bias: { "1": 5 } }, "logit_bias"],
+      [{ prompt: [1, 2, 3] }, "prompt"],
+      [{ prompt: [[1, 2], [3]] }, "prompt"],
+    ];
+    for (const [payload, param] of completions) {
+      const res = await post(completionsUrl, { prompt: "x", max_tokens: 1, ...payload });
+      assert.equal(res.statusCode, 400, `${JSON.stringify(payload)} → ${res.body}`);
+      assert.equal(res.json().error.param, param, res.body);
+      assert.match(res.json().error.message, /not supported yet/, res.body);
+    }
+  });
+
+  test('values that ask for nothing ("off") are accepted', async () => {
+    const chat: Record<string, unknown>[] = [
+      { logprobs: false },
+      { logprobs: false, top_logprobs: 0 },
+      { logit_bias: {} },
+      { response_format: { type: "text" } },
+      { tools: [] },
+      { tool_choice: "none" },
+      { tool_choice: "auto" },
+      { parallel_tool_calls: false },
+      { functions: [], function_call: "none" },
+      { modalities: ["text"] },
+      { store: false, metadata: {} },
+      { service_tier: "auto" },
+      { service_tier: "default" },
+      { user: "end-user-1", safety_identifier: "hash-1" },
+      { stream: true, stream_options: { include_usage: true, include_obfuscation: false } },
+      { messages: [{ role: "developer", content: [{ type: "text", text: "Hi" }] }, ...messages] },
+      { messages: [...messages, { role: "assistant", content: "Hello", tool_calls: [] }, ...messages] },
+    ];
+    for (const payload of chat) {
+      const res = await post(chatUrl, { messages, max_tokens: 1, ...payload });
+      assert.equal(res.statusCode, 200, `${JSON.stringify(payload)} → ${res.body}`);
+    }
+    const completions: Record<string, unknown>[] = [
+      { echo: false },
+      { best_of: 1 },
+      { suffix: "" },
+      { logit_bias: {} },
+      { user: "end-user-1" },
+    ];
+    for (const payload of completions) {
+      const res = await post(completionsUrl, { prompt: "x", max_tokens: 1, ...payload });
+      assert.equal(res.statusCode, 200, `${JSON.stringify(payload)} → ${res.body}`);
+    }
+  });
+
+  test("a field OpenAI does not have is a 400 naming it; invalid values still are", async () => {
+    const cases: [string, Record<string, unknown>, string][] = [
+      [chatUrl, { messages, temperatur: 0 }, "temperatur"],
+      [chatUrl, { messages: [{ role: "user", content: "x", extra: 1 }] }, "messages.0.extra"],
+      [chatUrl, { messages, stream_options: { include_usage: true, other: 1 } }, "stream_options.other"],
+      [completionsUrl, { prompt: "x", repetition_penalty: 1.1 }, "repetition_penalty"],
+      [chatUrl, { messages, temperature: 3 }, "temperature"],
+      [chatUrl, { messages, n: 9 }, "n"],
+      [chatUrl, { messages: null }, "messages"],
+      [completionsUrl, { prompt: ["a", "b", "c"], n: 3 }, "n"],
+    ];
+    for (const [url, payload, param] of cases) {
+      const res = await post(url, payload);
+      assert.equal(res.statusCode, 400, `${JSON.stringify(payload)} → ${res.body}`);
+      assert.equal(res.json().error.param, param, res.body);
+      assert.doesNotMatch(res.json().error.message, /not supported yet/);
+    }
+  });
+
+  test("a prompt array gets one choice per prompt (n each), index in order", async () => {
+    const prompts = ["Once upon a time", "The cat", "In the beginning"];
+    const greedy = { max_tokens: 5, temperature: 0 };
+    const singles = await Promise.all(
+      prompts.map(async (prompt) => (await post(completionsUrl, { prompt, ...greedy })).json()),
+    );
+    const res = await post(completionsUrl, { prompt: prompts, ...greedy, n: 2 });
+    assert.equal(res.statusCode, 200, res.body);
+    const body = res.json();
+    assert.deepEqual(
+      body.choices.map((c: { index: number }) => c.index),
+      [0, 1, 2, 3, 4, 5],
+    );
+    prompts.forEach((_, p) => {
+      assert.equal(body.choices[2 * p].text, singles[p].choices[0].text, `prompt ${p}`);
+      assert.equal(body.choices[2 * p + 1].text, singles[p].choices[0].text, `prompt ${p}, second choice`);
+    });
+    const promptTokens = singles.reduce((sum, s) => sum + s.usage.prompt_tokens, 0);
+    assert.equal(body.usage.prompt_tokens, promptTokens);
+    const completionTokens = singles.reduce((sum, s) => sum + s.usage.completion_tokens, 0);
+    assert.equal(body.usage.completion_tokens, 2 * completionTokens);
+
+    const streamed = await post(completionsUrl, { prompt: prompts.slice(0, 2), ...greedy, stream: true });
+    assert.equal(streamed.statusCode, 200);
+    const texts = new Map<number, string>();
+    for (const block of streamed.body.split("\n\n")) {
+      const data = block.replace(/^data: /, "").trim();
+      if (data === "" || data === "[DONE]") continue;
+      for (const c of JSON.parse(data).choices) texts.set(c.index, (texts.get(c.index) ?? "") + c.text);
+    }
+    assert.deepEqual([...texts.keys()].sort(), [0, 1]);
+    assert.equal(texts.get(0), singles[0].choices[0].text);
+    assert.equal(texts.get(1), singles[1].choices[0].text);
+  });
+
+  test("GET /v1/models/{id}: a base model, the owner's READY runs, 404 for others' and unknown", async () => {
+    const base = await app.inject({ url: "/v1/models/tiny", headers: { authorization: `Bearer ${KEY_A}` } });
+    assert.equal(base.statusCode, 200, base.body);
+    const tiny = base.json();
+    assert.deepEqual(
+      { ...tiny, created: 0 },
+      {
+        id: "tiny",
+        object: "model",
+        created: 0,
+        owned_by: "conduit",
+        kind: "base",
+        context_length: 1024,
+        size_bytes: tiny.size_bytes,
+        quantization: "F32",
+        base_model: null,
+      },
+    );
+    assert.ok(Number.isInteger(tiny.created) && tiny.created > 0);
+    const core = (app as FastifyInstance & { conduit: Core }).conduit;
+    const tinyFile = path.join(core.config.modelsDir, "tiny.gguf");
+    assert.equal(tiny.size_bytes, fs.statSync(tinyFile).size);
+
+    // Two of Alice's runs made READY as a worker would: a LoRA adapter (served on tiny) and a full model.
+    const ds = (
+      await app.inject({ method: "POST", url: "/conduit/dataset", headers: asAlice, payload: { name: "d" } })
+    ).json();
+    await app.inject({
+      method: "POST",
+      url: `/conduit/dataset/${ds.id}/upload`,
+      headers: asAlice,
+      payload: { name: "a.jsonl", ioPairs: [{ input: "a", output: "b" }] },
+    });
+    const createRun = async (payload: Record<string, unknown>) =>
+      (
+        await app.inject({
+          method: "POST",
+          url: "/conduit/finetuning",
+          headers: asAlice,
+          payload: { datasetID: ds.id, baseModelName: "tiny", ...payload },
+        })
+      ).json() as { id: string };
+    const lora = await createRun({});
+    const full = await createRun({ method: "full" });
+    const queued = await createRun({});
+    const adapterFile = path.join(core.config.dataDir, "adapter.gguf");
+    fs.writeFileSync(adapterFile, Buffer.alloc(12_345, 1));
+    const fullFile = path.join(core.config.dataDir, "full.gguf");
+    fs.copyFileSync(tinyFile, fullFile);
+    for (const [run, modelPath] of [
+      [lora, adapterFile],
+      [full, fullFile],
+    ] as const) {
+      assert.equal((await core.runRepository.claimNext("w", 60_000))?.id, run.id);
+      assert.ok(await core.runRepository.finish(run.id, "w", { status: "READY", modelPath }));
+    }
+
+    const get = (id: string, headers = asAlice) => app.inject({ url: `/v1/models/${id}`, headers });
+    const loraModel = (await get(lora.id)).json();
+    assert.deepEqual(
+      { ...loraModel, created: 0 },
+      {
+        id: lora.id,
+        object: "model",
+        created: 0,
+        owned_by: "alice",
+        kind: "fine-tuned",
+        context_length: 1024,
+        size_bytes: 12_345,
+        quantization: "F32",
+        base_model: "tiny",
+      },
+    );
+    const fullModel = (await get(full.id)).json();
+    assert.equal(fullModel.kind, "fine-tuned");
+    assert.equal(fullModel.size_bytes, tiny.size_bytes);
+    assert.equal(fullModel.context_length, 1024);
+    assert.equal(fullModel.base_model, "tiny");
+
+    const listed = (await app.inject({ url: "/v1/models", headers: asAlice })).json();
+    assert.deepEqual(
+      listed.data.map((m: { id: string }) => m.id),
+      ["tiny", full.id, lora.id],
+    );
+    assert.deepEqual(
+      listed.data.find((m: { id: string }) => m.id === lora.id),
+      loraModel,
+    );
+    const bobs = (await app.inject({ url: "/v1/models", headers: asBob })).json();
+    assert.deepEqual(
+      bobs.data.map((m: { id: string }) => m.id),
+      ["tiny"],
+    );
+
+    for (const [id, headers] of [
+      [lora.id, asBob],
+      [queued.id, asAlice],
+      ["no-such-model", asAlice],
+      ["ft_01AAAAAAAAAAAAAAAAAAAAAAAA", asAlice],
+    ] as const) {
+      const res = await get(id, headers);
+      assert.equal(res.statusCode, 404, `${id}: ${res.body}`);
+      assert.deepEqual(res.json(), {
+        error: {
+          message: `model "${id}" not found`,
+          type: "not_found_error",
+          param: "model",
+          code: "model_not_found",
+        },
+      });
+    }
+    assert.equal((await app.inject({ url: "/v1/models/tiny" })).statusCode, 401);
+  });
+});
+
+test("the official openai client: models.retrieve, a null field, a refused parameter", async (t) => {
+  const { app } = await build(t);
+  const address = await app.listen({ port: 0, host: "127.0.0.1" });
+  const client = new OpenAI({ baseURL: `${address}/v1`, apiKey: KEY_A, maxRetries: 0 });
+
+  const model = await client.models.retrieve("tiny");
+  assert.equal(model.id, "tiny");
+  assert.equal(model.object, "model");
+  assert.equal(model.owned_by, "conduit");
+  assert.equal((model as OpenAI.Model & { context_length: number }).context_length, 1024);
+  await assert.rejects(client.models.retrieve("nope"), (e: InstanceType<typeof OpenAI.NotFoundError>) => {
+    assert.equal(e.status, 404);
+    assert.equal(e.code, "model_not_found");
+    return true;
+  });
+
+  const completion = await client.completions.create({
+    model: "tiny",
+    prompt: ["Once upon a time", "The cat"],
+    max_tokens: 4,
+    temperature: 0,
+    seed: null,
+    stop: null,
+  });
+  assert.deepEqual(
+    completion.choices.map((c) => c.index),
+    [0, 1],
+  );
+  const chat = await client.chat.completions.create({
+    model: "tiny",
+    messages: [{ role: "user", content: "Hi" }],
+    max_completion_tokens: 4,
+    temperature: null,
+    logprobs: false,
+    tools: [],
+  });
+  assert.equal(chat.choices.length, 1);
+
+  await assert.rejects(
+    client.chat.completions.create({
+      model: "tiny",
+      messages: [{ role: "user", content: "Hi" }],
+      response_format: { type: "json_object" },
+    }),
+    (e: InstanceType<typeof OpenAI.BadRequestError>) => {
+      assert.equal(e.status, 400);
+      assert.equal(e.param, "response_format");
+      assert.match(e.message, /not supported yet/);
+      return true;
+    },
+  );
+});
