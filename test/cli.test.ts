@@ -490,3 +490,24 @@ test("conduit serve: a first-start key printed once, graceful SIGTERM, no key on
   assert.deepEqual(await second.stop(), [0, null]);
   assert.doesNotMatch(second.output(), /cnd_|No API key existed/, "a second start prints no key");
 });
+
+test("models list shows each model's kind, base, context length, size and quantization", async (t) => {
+  const environment = await testEnv(t);
+  const { app } = await buildTestApp(t, environment);
+  const url = await app.listen({ port: 0, host: "127.0.0.1" });
+  const env = {
+    CONDUIT_DATA_DIR: environment.dataDir,
+    CONDUIT_LOG_LEVEL: "silent",
+    CONDUIT_URL: url,
+    CONDUIT_API_KEY: KEY_A,
+  };
+  const listed = await conduit(env, "models", "list");
+  assert.equal(listed.code, 0, listed.stderr);
+  const [header, tiny] = listed.stdout.trim().split("\n");
+  assert.match(header ?? "", /^ID\s+KIND\s+BASE\s+CONTEXT\s+SIZE\s+QUANT\s+OWNER$/);
+  const kib = Math.round(fs.statSync(path.join(environment.dataDir, "models", "tiny.gguf")).size / 1024);
+  assert.match(tiny ?? "", new RegExp(`^tiny\\s+base\\s+-\\s+1024\\s+${kib} KiB\\s+F32\\s+conduit$`));
+  const json = JSON.parse((await conduit(env, "--json", "models", "list")).stdout);
+  assert.equal(json[0].context_length, 1024);
+  assert.equal(json[0].quantization, "F32");
+});
