@@ -219,8 +219,11 @@ describe("LlamaEngine", () => {
     for (let i = 0; i < 3; i++)
       runs.push(await engine.generate({ model, prompt: "Once upon a time", sampling: greedy(24) }));
     assert.ok(runs[0]!.text.length > 0);
-    assert.deepEqual(runs[1], runs[0]);
-    assert.deepEqual(runs[2], runs[0]);
+    const { cachedTokens: _c1, ...second } = runs[1]!;
+    const { cachedTokens: _c2, ...third } = runs[2]!;
+    const { cachedTokens: _c0, ...first } = runs[0]!;
+    assert.deepEqual(second, first);
+    assert.deepEqual(third, first);
     assert.ok(runs[0]!.promptTokens > 0);
   });
 
@@ -368,6 +371,68 @@ describe("LlamaEngine, prompt threads", () => {
     }
     assert.ok(answers[0]!.promptTokens >= PROMPT_BATCH_TOKENS);
     assert.deepEqual(answers[1], answers[0]);
+  });
+});
+
+describe("LlamaEngine, prefix cache", () => {
+  const system = {
+    role: "system" as const,
+    content: "You are a helpful assistant who answers in the style of a storyteller, briefly and kindly.",
+  };
+
+  test("a next turn and a shared system prompt evaluate only their new tokens, with the same greedy answers", async () => {
+    const engine = createLlamaEngine({ parallelSequences: 2, maxQueue: 4, contextSize: 256, ...shared() });
+    // The same requests without any cache to reuse: a fresh engine with one request each.
+    const fresh = async (messages: { role: "system" | "user" | "assistant"; content: string }[]) => {
+      const clean = createLlamaEngine({ parallelSequences: 1, maxQueue: 1, contextSize: 256, ...shared() });
+      try {
+        return await clean.generate({ model, messages, sampling: greedy(12) });
+      } finally {
+        await clean.dispose();
+      }
+    };
+    try {
+      const turn1 = [system, { role: "user" as const, content: "Tell me a story" }];
+      const first = await engine.generate({ model, messages: turn1, sampling: greedy(12) });
+      assert.equal(first.cachedTokens, 0);
+
+      // The next turn of the chat: the whole first turn, answer included, is already in the cache.
+      const turn2 = [
+        ...turn1,
+        { role: "assistant" as const, content: first.text },
+        { role: "user" as const, content: "And then?" },
+      ];
+      const second = await engine.generate({ model, messages: turn2, sampling: greedy(12) });
+      assert.ok(
+        second.cachedTokens >= first.promptTokens,
+        `${second.cachedTokens} cached of ${second.promptTokens}`,
+      );
+      assert.ok(second.cachedTokens < second.promptTokens);
+      const { cachedTokens: _a, ...withCache } = second;
+      const { cachedTokens: _b, ...withoutCache } = await fresh(turn2);
+      assert.deepEqual(withCache, withoutCache);
+
+      // Another conversation with the same system prompt reuses the sequence that holds it.
+      const other = [system, { role: "user" as const, content: "What is the moon made of?" }];
+      const third = await engine.generate({ model, messages: other, sampling: greedy(12) });
+      const systemOnly = await formatChat(model, [system], { addGenerationPrompt: false });
+      assert.ok(third.cachedTokens >= systemOnly.length / 4, `${third.cachedTokens} cached`);
+      const { cachedTokens: _c, ...thirdRest } = third;
+      const { cachedTokens: _d, ...thirdFresh } = await fresh(other);
+      assert.deepEqual(thirdRest, thirdFresh);
+
+      // An unrelated prompt takes the other sequence, so the chat's cache is still there afterwards.
+      await engine.generate({ model, prompt: "Zebras in a row", sampling: greedy(4) });
+      const again = await engine.generate({ model, messages: other, sampling: greedy(12) });
+      assert.equal(again.cachedTokens, again.promptTokens - 1);
+      assert.equal(again.text, third.text);
+      assert.equal(
+        engine.stats().cachedPromptTokens,
+        second.cachedTokens + third.cachedTokens + again.cachedTokens,
+      );
+    } finally {
+      await engine.dispose();
+    }
   });
 });
 

@@ -98,6 +98,7 @@ function endlessEngine(): Engine {
       loadedModels: 0,
       loadedBases: 0,
       loadingModels: 0,
+      cachedPromptTokens: 0,
       completedGenerations: 0,
       rejectedRequests: 0,
       promptTokens: 0,

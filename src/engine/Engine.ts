@@ -33,6 +33,8 @@ export interface EngineStats {
   /** Requests refused with `rate_limited` since start. */
   rejectedRequests: number;
   promptTokens: number;
+  /** Of `promptTokens`, those found in a sequence's KV cache (prefix reuse) rather than evaluated. */
+  cachedPromptTokens: number;
   completionTokens: number;
 }
 

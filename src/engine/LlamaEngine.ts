@@ -103,6 +103,12 @@ interface Generation {
   pending: number[];
   /** Position of the next token in the sequence. */
   position: number;
+  /** The tokens in the sequence's KV cache (`position` of them), kept for the next request on it. */
+  fed: number[];
+  /** Prompt tokens found in the KV cache already (a common prefix with the sequence's last request). */
+  cachedTokens: number;
+  /** Set when a decode failed: the KV cache is in an unknown state and must be cleared. */
+  cacheInvalid: boolean;
   output: TextOutput;
   completionTokens: number;
   promptTokens: number;
@@ -144,6 +150,8 @@ interface LoadedModel {
   addBos: boolean;
   bos: number | undefined;
   freeSequences: number[];
+  /** The tokens still in the KV cache of each free sequence (absent: empty), for prefix reuse. */
+  cached: Map<number, number[]>;
   active: Set<Generation>;
   waiters: Waiter[];
   lastUsed: number;
@@ -176,7 +184,13 @@ class LlamaEngine implements Engine {
   /** Requests waiting for their model to load. */
   private loadWaiting = 0;
   private disposed = false;
-  private readonly counters = { completed: 0, rejected: 0, promptTokens: 0, completionTokens: 0 };
+  private readonly counters = {
+    completed: 0,
+    rejected: 0,
+    promptTokens: 0,
+    cachedPromptTokens: 0,
+    completionTokens: 0,
+  };
   /** Moving average of generation time in ms, for `retryAfter`. */
   private averageGenerationMs = 1000;
 
@@ -227,7 +241,7 @@ class LlamaEngine implements Engine {
     // Synchronous from here to taking a sequence, so the free-sequence check and the queue bound cannot race.
     const prompt = this.tokenizeRequest(loaded, request);
     signal?.throwIfAborted();
-    let sequenceId = loaded.waiters.length === 0 ? loaded.freeSequences.shift() : undefined;
+    let sequenceId = loaded.waiters.length === 0 ? takeSequence(loaded, prompt) : undefined;
     if (sequenceId === undefined) {
       this.admitToQueue();
       loaded.users++;
@@ -284,6 +298,7 @@ class LlamaEngine implements Engine {
       completedGenerations: this.counters.completed,
       rejectedRequests: this.counters.rejected,
       promptTokens: this.counters.promptTokens,
+      cachedPromptTokens: this.counters.cachedPromptTokens,
       completionTokens: this.counters.completionTokens,
     };
   }
@@ -389,6 +404,7 @@ class LlamaEngine implements Engine {
         addBos: model.tokens.shouldPrependBosToken,
         bos: model.tokens.bos ?? undefined,
         freeSequences: Array.from({ length: this.parallel }, (_, i) => i),
+        cached: new Map(),
         active: new Set(),
         waiters: [],
         lastUsed: Date.now(),
@@ -516,13 +532,34 @@ class LlamaEngine implements Engine {
     });
   }
 
-  /** Frees a generation's sequence. Only called between decode steps (the KV cache is not in use). */
+  /**
+   * Frees a generation's sequence. Only called between decode steps (the KV cache is not in use). What the
+   * sequence evaluated stays in its KV cache, so that a next request sharing a prefix with it (the next turn
+   * of a chat, the same system prompt) evaluates only what is new.
+   */
   private releaseSequence(m: LoadedModel, gen: Generation): void {
     m.active.delete(gen);
     gen.sampler.dispose();
-    // The next user of this sequence must start from an empty KV cache.
-    m.native.context.disposeSequence(gen.sequenceId);
+    if (gen.cacheInvalid || gen.fed.length === 0) {
+      m.native.context.disposeSequence(gen.sequenceId);
+      m.cached.delete(gen.sequenceId);
+    } else m.cached.set(gen.sequenceId, gen.fed);
     this.returnSequence(m, gen.sequenceId);
+  }
+
+  /**
+   * Keeps the longest prefix of the sequence's KV cache that `prompt` starts with (at most all but the
+   * prompt's last token, which is evaluated again for its logits) and drops the rest. Returns its length.
+   */
+  private reusePrefix(m: LoadedModel, sequenceId: number, prompt: number[]): number {
+    const cached = m.cached.get(sequenceId) ?? [];
+    m.cached.delete(sequenceId);
+    const keep = Math.min(commonPrefix(cached, prompt), prompt.length - 1);
+    if (keep === cached.length) return keep;
+    // Models whose cache cannot drop a tail (recurrent ones) start again from an empty sequence.
+    if (keep > 0 && m.native.context.removeTokenCellsFromSequence(sequenceId, keep, -1)) return keep;
+    m.native.context.disposeSequence(sequenceId);
+    return 0;
   }
 
   /** Hands a free sequence to the next waiter, or back to the pool. */
@@ -568,12 +605,24 @@ class LlamaEngine implements Engine {
       (tokens, previous) => model.detokenize(tokens as Token[], false, previous as Token[]),
       [...(sampling.stop ?? []), ...turnStops],
     );
+    let reused: number;
+    try {
+      reused = this.reusePrefix(m, sequenceId, prompt);
+    } catch (error) {
+      sampler.dispose();
+      m.native.context.disposeSequence(sequenceId);
+      this.returnSequence(m, sequenceId);
+      throw error;
+    }
     return new Promise<GenerationResult>((resolve, reject) => {
       const gen: Generation = {
         sequenceId,
         sampler,
-        pending: prompt,
-        position: 0,
+        pending: prompt.slice(reused),
+        position: reused,
+        fed: prompt.slice(0, reused),
+        cachedTokens: reused,
+        cacheInvalid: false,
         output,
         completionTokens: 0,
         promptTokens: prompt.length,
@@ -661,6 +710,7 @@ class LlamaEngine implements Engine {
           );
           item.gen.position += item.tokens.length;
           item.gen.pending = item.gen.pending.slice(item.tokens.length);
+          item.gen.fed.push(...item.tokens);
           const index = indexes[0];
           if (item.logits && index !== undefined) sampleAt.push({ gen: item.gen, index });
         }
@@ -672,7 +722,10 @@ class LlamaEngine implements Engine {
         for (let i = 0; i < sampleAt.length; i++) this.accept(m, sampleAt[i]!.gen, tokens[i]!);
       } catch (error) {
         // A failed decode leaves these sequences in an unknown state: fail them (and free their slots).
-        for (const item of batch) settle(item.gen, () => item.gen.reject(error));
+        for (const item of batch) {
+          item.gen.cacheInvalid = true;
+          settle(item.gen, () => item.gen.reject(error));
+        }
         this.logger("error", `decode failed: ${error instanceof Error ? error.message : error}`);
       }
     }
@@ -708,10 +761,12 @@ class LlamaEngine implements Engine {
       text: gen.output.text,
       finishReason,
       promptTokens: gen.promptTokens,
+      cachedTokens: gen.cachedTokens,
       completionTokens: gen.completionTokens,
     };
     this.counters.completed++;
     this.counters.promptTokens += result.promptTokens;
+    this.counters.cachedPromptTokens += result.cachedTokens;
     this.counters.completionTokens += result.completionTokens;
     const elapsed = performance.now() - gen.startedAt;
     this.averageGenerationMs = this.averageGenerationMs * 0.8 + elapsed * 0.2;
@@ -733,6 +788,32 @@ class LlamaEngine implements Engine {
 /** Models are told apart by their weights and their adapter: one base serves many adapters. */
 function modelKey(ref: ModelRef): string {
   return ref.lora ? `${ref.path}\0${ref.lora.path}\0${ref.lora.scale ?? 1}` : ref.path;
+}
+
+/**
+ * A free sequence for `prompt`: the one whose KV cache shares the longest prefix with it, when that prefix is
+ * worth keeping (at least {@link MIN_REUSED_PREFIX} tokens); otherwise the one freed longest ago, so that a
+ * prompt sharing only a BOS or a turn marker does not overwrite another conversation's cache.
+ */
+function takeSequence(m: LoadedModel, prompt: number[]): number | undefined {
+  let best = 0;
+  let bestLength = 0;
+  for (const [i, id] of m.freeSequences.entries()) {
+    const length = commonPrefix(m.cached.get(id) ?? [], prompt);
+    if (length > bestLength) [best, bestLength] = [i, length];
+  }
+  if (bestLength < MIN_REUSED_PREFIX) best = 0;
+  return m.freeSequences.splice(best, 1)[0];
+}
+
+/** Shorter shared prefixes are not worth taking a sequence that holds another conversation's cache. */
+const MIN_REUSED_PREFIX = 16;
+
+function commonPrefix(a: readonly number[], b: readonly number[]): number {
+  const n = Math.min(a.length, b.length);
+  let i = 0;
+  while (i < n && a[i] === b[i]) i++;
+  return i;
 }
 
 function settle(gen: Generation, answer: () => void): void {

@@ -31,6 +31,8 @@ export interface NativeContext {
   sampleToken(batchLogitIndex: number, sampler: NativeSampler): Promise<number>;
   /** Removes every KV cell of the sequence (`llama_memory_seq_rm(seq, -1, -1)`). */
   disposeSequence(sequenceId: number): void;
+  /** Removes the sequence's KV cells at positions [start, end) (`end` -1: to the end); false if it cannot. */
+  removeTokenCellsFromSequence(sequenceId: number, start: number, end: number): boolean;
   setThreads(threads: number): void;
 }
 
@@ -75,6 +77,7 @@ export function bindNative(llama: Llama, model: LlamaModel, context: LlamaContex
     "decodeBatch",
     "sampleToken",
     "disposeSequence",
+    "removeTokenCellsFromSequence",
     "setThreads",
   ];
   const missing = [

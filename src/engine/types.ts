@@ -35,5 +35,7 @@ export interface GenerationResult {
   text: string;
   finishReason: FinishReason;
   promptTokens: number;
+  /** Prompt tokens that were already in the KV cache (a prefix shared with an earlier request) and not evaluated again. */
+  cachedTokens: number;
   completionTokens: number;
 }
