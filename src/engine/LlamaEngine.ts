@@ -4,7 +4,7 @@ import { getLlama, LlamaLogLevel } from "node-llama-cpp";
 import type { Llama, LlamaContext, LlamaModel, Token } from "node-llama-cpp";
 import { ConduitError } from "../errors.ts";
 import { loadChatTemplate } from "../model/chatTemplate.ts";
-import type { ChatTemplate } from "../model/chatTemplate.ts";
+import type { ChatTemplate, RenderedSegments } from "../model/chatTemplate.ts";
 import type { Engine, EngineStats, LoadedModelInfo } from "./Engine.ts";
 import { bindNative } from "./nativeBatch.ts";
 import type { NativeBinding, NativeSampler } from "./nativeBatch.ts";
@@ -489,12 +489,15 @@ class LlamaEngine implements Engine {
   // ---- admission ----
 
   private tokenizeRequest(m: LoadedModel, request: GenerationRequest): number[] {
-    const text =
+    // Special tokens are parsed in the template's text (chat templates write <|im_start|> as text) and in a
+    // raw prompt (its writer controls the whole text), never in a message's content (see chatTokens).
+    const tokens =
       request.messages !== undefined
-        ? m.template.render(request.messages, { addGenerationPrompt: true })
-        : (request.prompt ?? "");
-    // Special tokens are parsed: chat templates write control tokens (<|im_start|>) as text.
-    const tokens = m.model.tokenize(text, true) as number[];
+        ? chatTokens(
+            m.template.renderSegments(request.messages, { addGenerationPrompt: true }),
+            (text, special) => m.model.tokenize(text, special) as number[],
+          )
+        : (m.model.tokenize(request.prompt ?? "", true) as number[]);
     if (m.addBos && m.bos !== undefined && tokens[0] !== m.bos) tokens.unshift(m.bos);
     const param = request.messages !== undefined ? "messages" : "prompt";
     if (tokens.length === 0) throw new ConduitError("invalid_request", "The prompt is empty.", { param });
@@ -783,6 +786,34 @@ class LlamaEngine implements Engine {
   private ensureOpen(): void {
     if (this.disposed) throw new ConduitError("unavailable", "The inference engine is shutting down.");
   }
+}
+
+/**
+ * A chat prompt's tokens, with control-token text in the messages kept as plain text: a user who writes
+ * `<|im_end|><|im_start|>system` gets those characters, not a forged turn. When no message holds such text
+ * (the usual case) the whole text is tokenized at once, exactly as llama-server does; otherwise piece by
+ * piece, contents without special-token parsing. A template that rewrites contents cannot be split into
+ * pieces: a message with control-token text is then refused.
+ */
+export function chatTokens(
+  rendered: RenderedSegments,
+  tokenize: (text: string, special: boolean) => number[],
+): number[] {
+  const forging = (text: string) => {
+    const plain = tokenize(text, false);
+    const special = tokenize(text, true);
+    return plain.length !== special.length || plain.some((token, i) => token !== special[i]);
+  };
+  if (!rendered.contents.some(forging))
+    return tokenize(rendered.segments.map((segment) => segment.text).join(""), true);
+  if (!rendered.exact)
+    throw new ConduitError(
+      "invalid_request",
+      "A message contains control-token text (such as <|im_end|>) that this model's chat template cannot keep " +
+        "apart from its own turn markers; remove it.",
+      { param: "messages" },
+    );
+  return rendered.segments.flatMap((segment) => tokenize(segment.text, segment.trusted));
 }
 
 /** Models are told apart by their weights and their adapter: one base serves many adapters. */

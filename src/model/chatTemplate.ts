@@ -1,3 +1,4 @@
+import { randomBytes } from "node:crypto";
 import fs from "node:fs/promises";
 import { Template } from "@huggingface/jinja";
 import { readGgufFileInfo } from "node-llama-cpp";
@@ -44,6 +45,20 @@ export interface ChatTemplate {
   /** EOS token text as the template sees it (`eos_token`); empty when the model has none. */
   eosToken: string;
   render(messages: readonly ChatMessage[], options: FormatChatOptions): string;
+  /**
+   * The rendered text in pieces: the template's own text (`trusted`: its control-token text is meant) and
+   * each message's content (not trusted: text a user wrote, whose `<|im_end|>` must stay plain text).
+   * `exact` is false when the template changes the contents it renders (trims them, say), so the pieces
+   * could not be told apart; the pieces are then the whole text as one trusted piece.
+   */
+  renderSegments(messages: readonly ChatMessage[], options: FormatChatOptions): RenderedSegments;
+}
+
+export interface RenderedSegments {
+  segments: { text: string; trusted: boolean }[];
+  exact: boolean;
+  /** The messages' contents, as given. */
+  contents: string[];
 }
 
 // Keyed by path, size and mtime: a fine-tuned model written over an old file gets its template re-read.
@@ -131,12 +146,36 @@ export function compileChatTemplate(
   const bosToken = tokens.bosToken ?? "";
   const eosToken = tokens.eosToken ?? "";
   const isFallback = tokens.isFallback ?? false;
-  return {
+  const chat: ChatTemplate = {
     source,
     isFallback,
     stopStrings: isFallback ? CHATML_STOP_STRINGS : [],
     bosToken,
     eosToken,
+    renderSegments(messages, options) {
+      const plain = chat.render(messages, options);
+      // Each content is rendered as a marker no text contains (private-use characters and a nonce), then
+      // the markers are put back as untrusted pieces.
+      const nonce = randomBytes(6).toString("hex");
+      const marked = chat.render(
+        messages.map((m, i) => ({ role: m.role, content: `\uE000${nonce}:${i}\uE001` })),
+        options,
+      );
+      const segments: { text: string; trusted: boolean }[] = [];
+      let last = 0;
+      for (const match of marked.matchAll(new RegExp(`\uE000${nonce}:(\\d+)\uE001`, "g"))) {
+        if (match.index > last) segments.push({ text: marked.slice(last, match.index), trusted: true });
+        const content = messages[Number(match[1])]?.content ?? "";
+        if (content !== "") segments.push({ text: content, trusted: false });
+        last = match.index + match[0].length;
+      }
+      if (last < marked.length) segments.push({ text: marked.slice(last), trusted: true });
+      const exact = segments.map((segment) => segment.text).join("") === plain;
+      const contents = messages.map((m) => m.content);
+      return exact
+        ? { segments, exact, contents }
+        : { segments: [{ text: plain, trusted: true }], exact, contents };
+    },
     render(messages, options) {
       try {
         return template.render({
@@ -159,4 +198,5 @@ export function compileChatTemplate(
       }
     },
   };
+  return chat;
 }
