@@ -70,6 +70,10 @@ describe("generation on the tiny model", () => {
       }),
     );
     assert.equal(again.json().choices[0].text, choice.text);
+    // The same prompt again: all of it but the last token comes from the KV cache (prefix reuse).
+    const usage = again.json().usage;
+    assert.equal(usage.prompt_tokens, body.usage.prompt_tokens);
+    assert.equal(usage.prompt_tokens_details.cached_tokens, usage.prompt_tokens - 1);
   });
 
   test("max_tokens ends with finish_reason length", async () => {
@@ -128,7 +132,12 @@ describe("generation on the tiny model", () => {
     assert.equal(chunks[0].choices[0].delta.role, "assistant");
     const last = chunks.at(-1);
     assert.equal(last.choices[0].finish_reason, plain.choices[0].finish_reason);
-    assert.deepEqual(last.usage, plain.usage);
+    // The same counts; the streamed request found the prompt in the KV cache, all but its last token.
+    assert.deepEqual(
+      { ...last.usage, prompt_tokens_details: undefined },
+      { ...plain.usage, prompt_tokens_details: undefined },
+    );
+    assert.equal(last.usage.prompt_tokens_details.cached_tokens, plain.usage.prompt_tokens - 1);
     for (const c of chunks.slice(0, -1)) assert.equal(c.choices[0].finish_reason, null);
     assert.equal(chunks.map((c) => c.choices[0].delta.content ?? "").join(""), plain.choices[0].text);
   });

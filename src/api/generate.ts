@@ -26,6 +26,8 @@ export function usageOf(result: InferenceResult) {
     prompt_tokens: result.promptTokens,
     completion_tokens: result.completionTokens,
     total_tokens: result.promptTokens + result.completionTokens,
+    // As OpenAI reports prompt caching: the prompt tokens that were not evaluated again.
+    prompt_tokens_details: { cached_tokens: result.cachedTokens },
   };
 }
 

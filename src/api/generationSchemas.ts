@@ -105,6 +105,13 @@ const Usage = Type.Object({
   prompt_tokens: Type.Integer(),
   completion_tokens: Type.Integer(),
   total_tokens: Type.Integer(),
+  prompt_tokens_details: Type.Object({
+    cached_tokens: Type.Integer({
+      description:
+        "Prompt tokens found in the KV cache (a prefix shared with an earlier request on the same model, such as " +
+        "the earlier turns of a chat or a system prompt) and not evaluated again.",
+    }),
+  }),
 });
 const FinishReason = Type.Union([Type.Literal("stop"), Type.Literal("length")]);
 

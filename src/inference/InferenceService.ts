@@ -24,6 +24,8 @@ export interface InferenceResult {
   model: string;
   choices: (GenerationResult & { index: number })[];
   promptTokens: number;
+  /** Of `promptTokens`, those reused from the KV cache (a prefix shared with an earlier request). */
+  cachedTokens: number;
   completionTokens: number;
 }
 
@@ -124,6 +126,7 @@ export class InferenceService {
       choices,
       // Choices of one input share its prompt: count it once.
       promptTokens: choices.reduce((sum, c) => sum + (c.index % n === 0 ? c.promptTokens : 0), 0),
+      cachedTokens: choices.reduce((sum, c) => sum + (c.index % n === 0 ? c.cachedTokens : 0), 0),
       completionTokens: choices.reduce((sum, c) => sum + c.completionTokens, 0),
     };
   }

@@ -54,8 +54,14 @@ async function metricsPlugin(app: FastifyInstance, { core }: { core: Core }) {
   mirroredCounter(
     registry,
     "conduit_prompt_tokens_total",
-    "Prompt tokens evaluated",
+    "Prompt tokens of finished generations (cached ones included)",
     () => stats().promptTokens,
+  );
+  mirroredCounter(
+    registry,
+    "conduit_cached_prompt_tokens_total",
+    "Prompt tokens reused from the KV cache (a prefix shared with an earlier request) instead of evaluated",
+    () => stats().cachedPromptTokens,
   );
   mirroredCounter(
     registry,
