@@ -44,6 +44,13 @@ export interface LearningRateSchedule {
 export interface SampleSegment {
   text: string;
   train: boolean;
+  /**
+   * `text` as the chat template's own text (`special`: control-token text is meant) and the pair's
+   * contents (not `special`: written by a person). When a content holds control-token text, the pieces
+   * are tokenized one by one so that it stays text; otherwise `text` is tokenized at once. Absent: all
+   * of `text` is the template's.
+   */
+  pieces?: readonly { text: string; special: boolean }[];
 }
 
 /**

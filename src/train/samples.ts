@@ -4,7 +4,7 @@
  * the answer is trained on by default.
  */
 import type { DatasetService } from "../datasets/DatasetService.ts";
-import { formatChat } from "../model/chatTemplate.ts";
+import { loadChatTemplate } from "../model/chatTemplate.ts";
 import type { ChatMessage, ModelRef } from "../model/types.ts";
 import type { TrainingSample } from "./protocol.ts";
 import { seededRandom, shuffledOrder } from "./random.ts";
@@ -107,18 +107,45 @@ export async function formatExample(
   output: string,
   trainOnInputs: boolean,
 ): Promise<{ sample: TrainingSample; split: boolean }> {
-  const full = await formatChat(base, conversation(systemPrompt, input, output), {
+  const template = await loadChatTemplate(base);
+  const rendered = template.renderSegments(conversation(systemPrompt, input, output), {
     addGenerationPrompt: false,
   });
-  const prompt = await formatChat(base, conversation(systemPrompt, input), { addGenerationPrompt: true });
+  const full = rendered.segments.map((segment) => segment.text).join("");
+  const prompt = template.render(conversation(systemPrompt, input), { addGenerationPrompt: true });
+  // The template's text and the pair's contents, so that the trainer keeps control-token text in a pair as text.
+  const pieces = rendered.exact
+    ? rendered.segments.map((segment) => ({ text: segment.text, special: segment.trusted }))
+    : undefined;
   let cut = full.startsWith(prompt) ? prompt.length : -1;
   if (cut < 0 && output.length > 0) cut = full.lastIndexOf(output);
-  if (cut <= 0) return { sample: [{ text: full, train: true }], split: false };
+  if (cut <= 0) return { sample: [{ text: full, train: true, ...(pieces ? { pieces } : {}) }], split: false };
+  const [before, after] = pieces ? splitPieces(pieces, cut) : [undefined, undefined];
   return {
     sample: [
-      { text: full.slice(0, cut), train: trainOnInputs },
-      { text: full.slice(cut), train: true },
+      { text: full.slice(0, cut), train: trainOnInputs, ...(before ? { pieces: before } : {}) },
+      { text: full.slice(cut), train: true, ...(after ? { pieces: after } : {}) },
     ],
     split: true,
   };
+}
+
+type Piece = { text: string; special: boolean };
+
+/** Splits pieces (whose texts join to one text) at a character offset of that text. */
+function splitPieces(pieces: readonly Piece[], cut: number): [Piece[], Piece[]] {
+  const before: Piece[] = [];
+  const after: Piece[] = [];
+  let at = 0;
+  for (const piece of pieces) {
+    const end = at + piece.text.length;
+    if (end <= cut) before.push(piece);
+    else if (at >= cut) after.push(piece);
+    else {
+      before.push({ text: piece.text.slice(0, cut - at), special: piece.special });
+      after.push({ text: piece.text.slice(cut - at), special: piece.special });
+    }
+    at = end;
+  }
+  return [before, after];
 }

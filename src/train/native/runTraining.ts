@@ -9,6 +9,7 @@ import koffi from "koffi";
 import type {
   ExampleLoss,
   ResolvedTrainerJob,
+  SampleSegment,
   TrainerProgress,
   TrainingSample,
   TrainingStats,
@@ -865,7 +866,7 @@ function initOptimizer(
 function tokenizeSample(lib: LlamaLib, vocab: Pointer, sample: TrainingSample): TokenizedSample {
   const segments = typeof sample === "string" ? [{ text: sample, train: true }] : sample;
   const parts = segments.map((segment, i) => ({
-    tokens: tokenize(lib, vocab, segment.text, i === 0),
+    tokens: segmentTokens(lib, vocab, segment, i === 0),
     train: segment.train,
   }));
   const length = parts.reduce((sum, part) => sum + part.tokens.length, 0);
@@ -880,15 +881,45 @@ function tokenizeSample(lib: LlamaLib, vocab: Pointer, sample: TrainingSample): 
   return { tokens, trained };
 }
 
+/**
+ * A segment's tokens: the whole text with control-token text parsed, unless one of its content pieces holds
+ * control-token text (`<|im_end|>` in a pair); then piece by piece, contents as plain text, so that a pair
+ * cannot forge a turn boundary (as inference does with a request's messages).
+ */
+function segmentTokens(lib: LlamaLib, vocab: Pointer, segment: SampleSegment, first: boolean): Int32Array {
+  const forging = (text: string) => {
+    const plain = tokenize(lib, vocab, text, false, false);
+    const special = tokenize(lib, vocab, text, false, true);
+    return plain.length !== special.length || plain.some((token, i) => token !== special[i]);
+  };
+  const pieces = segment.pieces ?? [];
+  if (!pieces.some((piece) => !piece.special && forging(piece.text)))
+    return tokenize(lib, vocab, segment.text, first);
+  const parts = pieces.map((piece, i) => tokenize(lib, vocab, piece.text, first && i === 0, piece.special));
+  const tokens = new Int32Array(parts.reduce((sum, part) => sum + part.length, 0));
+  let at = 0;
+  for (const part of parts) {
+    tokens.set(part, at);
+    at += part.length;
+  }
+  return tokens;
+}
+
 /** Tokenizes with special-token text parsed as control tokens, and BOS first when `addSpecial` and the vocab asks. */
-function tokenize(lib: LlamaLib, vocab: Pointer, text: string, addSpecial: boolean): Int32Array {
+function tokenize(
+  lib: LlamaLib,
+  vocab: Pointer,
+  text: string,
+  addSpecial: boolean,
+  parseSpecial = true,
+): Int32Array {
   if (text.length === 0) return new Int32Array(0);
   const bytes = Buffer.byteLength(text);
   let tokens = new Int32Array(bytes + 8);
-  let count = lib.llama_tokenize(vocab, text, bytes, tokens, tokens.length, addSpecial, true);
+  let count = lib.llama_tokenize(vocab, text, bytes, tokens, tokens.length, addSpecial, parseSpecial);
   if (count < 0) {
     tokens = new Int32Array(-count);
-    count = lib.llama_tokenize(vocab, text, bytes, tokens, tokens.length, addSpecial, true);
+    count = lib.llama_tokenize(vocab, text, bytes, tokens, tokens.length, addSpecial, parseSpecial);
   }
   if (count < 0) throw new Error("trainer: tokenization failed");
   return tokens.slice(0, count);
