@@ -93,21 +93,19 @@ try {
     const first = prefix.length + prompt.length;
     await sequence.clearHistory();
     const out = await sequence.controlledEvaluate(
-      input
-        .slice(0, -1)
-        .map((token, i): ControlledEvaluateInputItem =>
-          i >= first - 1 && i < input.length - 1
-            ? [
-                token,
-                {
-                  generateNext: {
-                    probabilities: true,
-                    options: { temperature: 1, topK: 0, topP: 1, minP: 0 },
-                  },
+      input.slice(0, -1).map((token, i): ControlledEvaluateInputItem =>
+        i >= first - 1 && i < input.length - 1
+          ? [
+              token,
+              {
+                generateNext: {
+                  probabilities: true,
+                  options: { temperature: 1, topK: 0, topP: 1, minP: 0 },
                 },
-              ]
-            : token,
-        ),
+              },
+            ]
+          : token,
+      ),
     );
     let sum = 0;
     for (let i = first - 1; i < input.length - 1; i++) {
