@@ -342,9 +342,13 @@ export const OpenAiChatBody = Type.Object(
       schema: Type.Union([Type.Literal("auto"), Type.Literal("default")]),
       text: '"auto" or "default"',
     }),
-    prompt_cache_key: NotYet("prompt caching"),
-    prompt_cache_retention: NotYet("prompt caching"),
-    prompt_cache_options: NotYet("prompt caching"),
+    prompt_cache_key: Nullable(Type.String({ maxLength: 1024 }), {
+      description:
+        "Accepted and unused: Conduit's prefix cache is automatic (a request reuses the longest prompt prefix " +
+        "found in a sequence's KV cache; `usage.prompt_tokens_details.cached_tokens` counts it).",
+    }),
+    prompt_cache_retention: NotYet("choosing how long prompts stay cached"),
+    prompt_cache_options: NotYet("prompt cache options"),
     moderation: NotYet("moderation"),
   },
   { additionalProperties: false },
