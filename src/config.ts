@@ -119,6 +119,63 @@ export const settings = {
     defaultText: "104857600 (100 MiB)",
     parse: integer("CONDUIT_MAX_UPLOAD_BYTES", 100 * MB, 1),
   },
+  headersTimeout: {
+    env: "CONDUIT_HEADERS_TIMEOUT_MS",
+    description:
+      "Milliseconds a client has to send a request's headers; past it the answer is 408 and the connection closes.",
+    defaultText: "30000 (30 s)",
+    parse: integer("CONDUIT_HEADERS_TIMEOUT_MS", 30_000, 1),
+  },
+  bodyTimeout: {
+    env: "CONDUIT_BODY_TIMEOUT_MS",
+    description:
+      "Longest pause in milliseconds while a request body arrives (a stalled upload); past it the answer is 408 and the connection closes.",
+    defaultText: "30000 (30 s)",
+    parse: integer("CONDUIT_BODY_TIMEOUT_MS", 30_000, 1),
+  },
+  requestTimeout: {
+    env: "CONDUIT_REQUEST_TIMEOUT_MS",
+    description:
+      "Milliseconds a client has to send a whole request, headers and body (a 100 MiB upload then needs 175 KB/s); past it the answer is 408. Not less than `CONDUIT_HEADERS_TIMEOUT_MS`; 0: no limit. Responses, streams included, are not limited.",
+    defaultText: "600000 (10 min)",
+    parse: (raw, env): number => {
+      const value = integer("CONDUIT_REQUEST_TIMEOUT_MS", 600_000, 0)(raw);
+      const headers = integer("CONDUIT_HEADERS_TIMEOUT_MS", 30_000, 1)(env.CONDUIT_HEADERS_TIMEOUT_MS);
+      if (value > 0 && value < headers)
+        throw new ConfigError(
+          `CONDUIT_REQUEST_TIMEOUT_MS (${value}) must be 0 or at least CONDUIT_HEADERS_TIMEOUT_MS (${headers})`,
+        );
+      return value;
+    },
+  },
+  idleTimeout: {
+    env: "CONDUIT_IDLE_TIMEOUT_MS",
+    description:
+      "Milliseconds an idle keep-alive connection stays open; longer than the 60 s idle timeout of common proxies, so none reuses a connection the server just closed.",
+    defaultText: "72000 (72 s)",
+    parse: integer("CONDUIT_IDLE_TIMEOUT_MS", 72_000, 1),
+  },
+  shutdownTimeout: {
+    env: "CONDUIT_SHUTDOWN_TIMEOUT_MS",
+    description:
+      "On SIGTERM or SIGINT, milliseconds the requests being answered get to finish before their connections are closed; idle and stalled connections close at once.",
+    defaultText: "5000 (5 s)",
+    parse: integer("CONDUIT_SHUTDOWN_TIMEOUT_MS", 5_000, 0),
+  },
+  minFreeBytes: {
+    env: "CONDUIT_MIN_FREE_BYTES",
+    description:
+      "Free bytes on the data directory's disk below which `/healthz` answers `degraded`. A write that finds the disk full is a 507 whatever this is.",
+    defaultText: "1073741824 (1 GiB)",
+    parse: integer("CONDUIT_MIN_FREE_BYTES", 1024 * MB, 0),
+  },
+  sweepInterval: {
+    env: "CONDUIT_SWEEP_INTERVAL_MS",
+    description:
+      "How often the server removes leftovers: temp files untouched for an hour (uploads cut off by a crash) and the files of ended runs that nothing serves.",
+    defaultText: "600000 (10 min)",
+    parse: integer("CONDUIT_SWEEP_INTERVAL_MS", 600_000, 1),
+  },
   modelsDir: {
     env: "CONDUIT_MODELS_DIR",
     description: "Directory of `*.gguf` models; each file is a model whose id is its name without `.gguf`.",

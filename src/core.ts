@@ -37,6 +37,8 @@ export interface Core {
 export interface CoreOverrides {
   /** Replaces the llama.cpp engine (HTTP-shape tests). */
   engine?: Engine;
+  /** Replaces the blob store (tests make its writes fail as on a full disk). */
+  blobs?: BlobStore;
   /** Scheduler timings (tests use short leases). */
   scheduler?: Partial<SchedulerOptions>;
   log?: Logger;
@@ -48,7 +50,7 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
     databaseUrl: config.databaseUrl,
     sqlitePath: path.join(config.dataDir, "conduit.db"),
   });
-  const blobs = new BlobStore(path.join(config.dataDir, "blobs"));
+  const blobs = overrides.blobs ?? new BlobStore(path.join(config.dataDir, "blobs"));
   const keys = new KeyRepository(db.kysely);
   const datasets = new DatasetService(new DatasetRepository(db.kysely), blobs, config.maxUploadBytes);
   const runRepository = new RunRepository(db.kysely, db.dialect);

@@ -37,6 +37,11 @@ export const errorCatalog = {
     type: "conflict_error",
     doc: "The resource is in a state that does not allow the operation (e.g. cancelling a finished run).",
   },
+  request_timeout: {
+    status: 408,
+    type: "invalid_request_error",
+    doc: "The request's headers or body did not arrive in time (`CONDUIT_HEADERS_TIMEOUT_MS`, `CONDUIT_BODY_TIMEOUT_MS`, `CONDUIT_REQUEST_TIMEOUT_MS`); the connection is closed.",
+  },
   payload_too_large: {
     status: 413,
     type: "invalid_request_error",
@@ -47,10 +52,20 @@ export const errorCatalog = {
     type: "invalid_request_error",
     doc: "The Content-Type is not accepted by this endpoint.",
   },
+  uri_too_long: {
+    status: 414,
+    type: "invalid_request_error",
+    doc: "A path segment (an id) is longer than 128 characters.",
+  },
   rate_limited: {
     status: 429,
     type: "rate_limit_error",
     doc: "The generation queue is full; retry after the `Retry-After` seconds.",
+  },
+  headers_too_large: {
+    status: 431,
+    type: "invalid_request_error",
+    doc: "The request line and headers are larger than 16 KiB.",
   },
   internal_error: {
     status: 500,
@@ -61,6 +76,11 @@ export const errorCatalog = {
     status: 503,
     type: "server_error",
     doc: "The service cannot do this now (e.g. shutting down, model failed to load).",
+  },
+  insufficient_storage: {
+    status: 507,
+    type: "server_error",
+    doc: "The disk of the data directory (or the database) is full; nothing was stored. Retry once space is freed.",
   },
 } as const;
 
@@ -87,4 +107,19 @@ export class ConduitError extends Error {
   get status(): number {
     return errorCatalog[this.code].status;
   }
+}
+
+/** Error codes of a write that found no space: the file system's, SQLite's and PostgreSQL's. */
+const outOfSpaceCodes = new Set(["ENOSPC", "EDQUOT", "SQLITE_FULL", "53100"]);
+
+/**
+ * Whether `error` (or one of its causes) says the disk or the database is full, so the answer is a
+ * 507 that says so rather than a bare 500.
+ */
+export function isOutOfSpace(error: unknown): boolean {
+  for (let e = error, depth = 0; e instanceof Error && depth < 8; e = e.cause, depth++) {
+    const code = (e as { code?: unknown }).code;
+    if (typeof code === "string" && outOfSpaceCodes.has(code)) return true;
+  }
+  return false;
 }

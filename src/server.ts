@@ -1,6 +1,7 @@
 import { buildApp } from "./api/buildApp.ts";
 import { describeConfig, type Config } from "./config.ts";
 import { bootstrapKeys, createCore } from "./core.ts";
+import { Sweeper } from "./store/Sweeper.ts";
 
 /** Starts the service: migrations, keys, routes, then listen; closes gracefully on SIGINT/SIGTERM. */
 export async function startServer(config: Config): Promise<{ close(): Promise<void>; url: string }> {
@@ -8,9 +9,9 @@ export async function startServer(config: Config): Promise<{ close(): Promise<vo
   const firstKey = await bootstrapKeys(core);
   const app = await buildApp(core);
   app.log.info({ config: describeConfig(config) }, "effective config");
-  // Only the server sweeps (the CLI opens the same data dir), and only stale files.
-  const swept = await core.blobs.sweepTemp();
-  if (swept.length > 0) app.log.info({ files: swept.length }, "removed stale temp files");
+  // Only the server sweeps (the CLI opens the same data dir), and only leftovers.
+  const sweeper = new Sweeper(core.blobs, core.runRepository, core.log, { intervalMs: config.sweepInterval });
+  await sweeper.sweep({ atStart: true });
   if (firstKey) {
     // Printed once, on the first start only: the database keeps just its hash.
     process.stdout.write(
@@ -20,6 +21,7 @@ export async function startServer(config: Config): Promise<{ close(): Promise<vo
   }
   const url = await app.listen({ port: config.port, host: config.host });
   core.scheduler.start();
+  sweeper.start();
 
   let closing: Promise<void> | undefined;
   const signals = ["SIGINT", "SIGTERM"] as const;
@@ -29,7 +31,7 @@ export async function startServer(config: Config): Promise<{ close(): Promise<vo
   };
   const close = () => {
     for (const signal of signals) process.off(signal, onSignal);
-    return (closing ??= app.close());
+    return (closing ??= sweeper.stop().then(() => app.close()));
   };
   for (const signal of signals) process.once(signal, onSignal);
   return { close, url };

@@ -6,6 +6,8 @@ import pg from "pg";
 import { buildApp } from "../src/api/buildApp.ts";
 import { loadConfig, type Config } from "../src/config.ts";
 import { createCore, type CoreOverrides } from "../src/core.ts";
+import type { Engine } from "../src/engine/Engine.ts";
+import type { GenerationRequest, GenerationResult } from "../src/engine/types.ts";
 import { createTinyModel } from "../src/model/tinyModel.ts";
 
 /** Where cleanup is registered: a test's `t`, or `{ after }` from node:test for a whole suite. */
@@ -144,4 +146,33 @@ export async function aliceWorld(app: FastifyInstance) {
     })
   ).json();
   return { ds: ds.id as string, file: file.id as string, run: run.id as string };
+}
+
+/** Streams one token every 20 ms until its request is aborted: a generation that outlasts any test. */
+export function endlessEngine(): Engine {
+  return {
+    generate: (request: GenerationRequest) =>
+      new Promise<GenerationResult>((_resolve, reject) => {
+        const timer = setInterval(() => request.onText?.("x"), 20);
+        request.signal?.addEventListener("abort", () => {
+          clearInterval(timer);
+          reject(request.signal?.reason);
+        });
+      }),
+    load: async () => undefined,
+    loaded: () => [],
+    stats: () => ({
+      queueDepth: 0,
+      activeGenerations: 0,
+      loadedModels: 0,
+      loadedBases: 0,
+      loadingModels: 0,
+      cachedPromptTokens: 0,
+      completedGenerations: 0,
+      rejectedRequests: 0,
+      promptTokens: 0,
+      completionTokens: 0,
+    }),
+    dispose: async () => undefined,
+  };
 }

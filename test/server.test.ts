@@ -4,10 +4,8 @@ import path from "node:path";
 import { test } from "node:test";
 import { loadConfig } from "../src/config.ts";
 import { bootstrapKeys, createCore } from "../src/core.ts";
-import type { Engine } from "../src/engine/Engine.ts";
-import type { GenerationRequest, GenerationResult } from "../src/engine/types.ts";
 import { startServer } from "../src/server.ts";
-import { aliceWorld, asAlice, backends, buildTestApp, testEnv } from "./helper.ts";
+import { aliceWorld, asAlice, backends, buildTestApp, endlessEngine, testEnv } from "./helper.ts";
 
 for (const backend of backends()) {
   test(`first start: one key for user "default", returned once; later starts create none (${backend})`, async (t) => {
@@ -78,35 +76,6 @@ test("only the server sweeps temp files, and only stale ones", async (t) => {
   t.after(() => server.close());
   assert.deepEqual(fs.readdirSync(tmp), ["upload-in-progress"]);
 });
-
-/** Streams one token every 20 ms until its request is aborted: a generation that outlasts any test. */
-function endlessEngine(): Engine {
-  return {
-    generate: (request: GenerationRequest) =>
-      new Promise<GenerationResult>((_resolve, reject) => {
-        const timer = setInterval(() => request.onText?.("x"), 20);
-        request.signal?.addEventListener("abort", () => {
-          clearInterval(timer);
-          reject(request.signal?.reason);
-        });
-      }),
-    load: async () => undefined,
-    loaded: () => [],
-    stats: () => ({
-      queueDepth: 0,
-      activeGenerations: 0,
-      loadedModels: 0,
-      loadedBases: 0,
-      loadingModels: 0,
-      cachedPromptTokens: 0,
-      completedGenerations: 0,
-      rejectedRequests: 0,
-      promptTokens: 0,
-      completionTokens: 0,
-    }),
-    dispose: async () => undefined,
-  };
-}
 
 /** Reads a streamed body until `pattern` shows up; returns what was read. */
 async function readUntil(reader: ReadableStreamDefaultReader<Uint8Array>, pattern: RegExp): Promise<string> {

@@ -5,6 +5,8 @@ import swaggerUi from "@fastify/swagger-ui";
 import { Ajv } from "ajv";
 import type { Core } from "../core.ts";
 import { registerAuth } from "./auth.ts";
+import { ConnectionGuard } from "./connections.ts";
+import { openApiFixes } from "./openApiDocument.ts";
 import { registerErrorHandler } from "./errorHandler.ts";
 import { sharedSchemas } from "./schemas.ts";
 import { registerSse } from "./sse.ts";
@@ -21,12 +23,17 @@ import uiRoutes from "./routes/ui.ts";
  * listed here in one place. `server.ts` only listens; tests call this and `inject`.
  */
 export async function buildApp(core: Core): Promise<FastifyInstance> {
+  const connections = new ConnectionGuard(core.config);
   const app = Fastify({
     loggerInstance: core.log as FastifyBaseLogger,
     bodyLimit: core.config.bodyLimit,
     // Request ids in logs; users see them in the `x-request-id` header.
     genReqId: () => crypto.randomUUID(),
+    ...connections.serverOptions(),
   });
+  // JSON endpoints take JSON: a text/plain body is a 415, not a string that fails the schema.
+  // (The upload route accepts text/plain as a raw file with a parser of its own.)
+  app.removeContentTypeParser("text/plain");
 
   // Bodies are validated strictly (no type coercion, unknown fields are errors where a schema
   // forbids them); query strings and path params need coercion because they arrive as text.
@@ -48,9 +55,13 @@ export async function buildApp(core: Core): Promise<FastifyInstance> {
     bodyAjv.addSchema(schema);
     textAjv.addSchema(schema);
   }
-  app.setValidatorCompiler(({ schema, httpPart }) =>
-    httpPart === "body" ? bodyAjv.compile(schema) : textAjv.compile(schema),
-  );
+  app.setValidatorCompiler(({ schema, httpPart, contentType }) => {
+    // A body of another media type (an upload's multipart or raw file) is read and checked by its
+    // handler as it streams; its schema only documents it.
+    if (httpPart === "body" && contentType !== undefined && contentType !== "application/json")
+      return () => true;
+    return httpPart === "body" ? bodyAjv.compile(schema) : textAjv.compile(schema);
+  });
   for (const schema of sharedSchemas) app.addSchema(schema);
 
   app.addHook("onSend", async (request, reply) => {
@@ -58,6 +69,7 @@ export async function buildApp(core: Core): Promise<FastifyInstance> {
   });
 
   registerErrorHandler(app);
+  connections.register(app);
   registerAuth(app, core.keys);
   registerSse(app);
 
@@ -65,7 +77,11 @@ export async function buildApp(core: Core): Promise<FastifyInstance> {
     limits: { fileSize: core.config.maxUploadBytes + 1, files: 1, fields: 8, fieldSize: 1024 },
   });
   await app.register(swagger, {
+    // 3.1: its schemas are JSON Schema 2020-12, as TypeBox writes them (numeric `exclusiveMinimum`, `examples`).
+    transformObject: (generated) =>
+      openApiFixes("openapiObject" in generated ? generated.openapiObject : generated.swaggerObject),
     openapi: {
+      openapi: "3.1.0",
       info: {
         title: "Conduit",
         version: "0.1.0",

@@ -1,5 +1,5 @@
 import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
-import { ConduitError, errorCatalog, type ErrorCode } from "../errors.ts";
+import { ConduitError, errorCatalog, isOutOfSpace, type ErrorCode } from "../errors.ts";
 import { patternReasons, REASON } from "./schemas.ts";
 
 export function errorBody(error: ConduitError) {
@@ -117,6 +117,14 @@ const fastifyCodes: Record<string, ErrorCode> = {
   FST_REQ_FILE_TOO_LARGE: "payload_too_large",
   FST_FILES_LIMIT: "invalid_request",
   FST_INVALID_MULTIPART_CONTENT_TYPE: "unsupported_media_type",
+  FST_ERR_MAX_PARAM_LENGTH: "uri_too_long",
+  FST_ERR_BAD_URL: "invalid_request",
+};
+
+/** Messages of our own where Fastify's would echo the request back (a 100 KB path, say). */
+const fastifyMessages: Record<string, string> = {
+  FST_ERR_MAX_PARAM_LENGTH: "a path segment is longer than 128 characters",
+  FST_ERR_BAD_URL: "the path is not a valid URL (a bad percent-encoding)",
 };
 
 /**
@@ -125,6 +133,12 @@ const fastifyCodes: Record<string, ErrorCode> = {
  */
 export function toConduitError(error: unknown, schemas?: Record<string, unknown>): ConduitError | undefined {
   if (error instanceof ConduitError) return error;
+  if (isOutOfSpace(error))
+    return new ConduitError(
+      "insufficient_storage",
+      "the server's storage is full, so nothing was stored; retry once space has been freed",
+      { cause: error },
+    );
   const fastifyError = error as FastifyError & { validationContext?: string };
   if (fastifyError.validation)
     return fromValidation(
@@ -135,11 +149,12 @@ export function toConduitError(error: unknown, schemas?: Record<string, unknown>
   const code = fastifyError.code ? fastifyCodes[fastifyError.code] : undefined;
   if (code) {
     const message =
-      code === "invalid_json"
+      fastifyMessages[fastifyError.code] ??
+      (code === "invalid_json"
         ? "the body is not valid JSON"
         : code === "unsupported_media_type"
           ? `unsupported Content-Type; this endpoint accepts ${fastifyError.message.includes("multipart") ? "multipart/form-data" : "application/json"}`
-          : fastifyError.message;
+          : fastifyError.message);
     return new ConduitError(code, message);
   }
   if (
@@ -157,6 +172,11 @@ export function toConduitError(error: unknown, schemas?: Record<string, unknown>
 /** The one error handler: a catalog error becomes its JSON body; anything else is a logged 500. */
 export function registerErrorHandler(app: FastifyInstance): void {
   app.setErrorHandler((error: unknown, request: FastifyRequest, reply: FastifyReply) => {
+    // The connection is gone: the client left, or a timeout answered and closed it.
+    if (reply.raw.destroyed) {
+      request.log.info({ err: error }, "request ended with its connection closed");
+      return;
+    }
     let conduitError = toConduitError(
       error,
       request.routeOptions.schema as Record<string, unknown> | undefined,

@@ -1,4 +1,5 @@
 import { Type, type Static, type TSchema } from "@sinclair/typebox";
+import { errorCatalog } from "../errors.ts";
 import { LORA_TARGETS, UNTRAINABLE_LORA_TARGETS } from "../train/loraTargets.ts";
 import { loraLimits, runDefaults, TRAIN_METHODS } from "../train/RunService.ts";
 
@@ -161,6 +162,41 @@ export const UploadJsonBody = Type.Object(
   },
   { additionalProperties: false },
 );
+
+/** Raw-body uploads: the request body is the file. */
+export const rawContentTypes = [
+  "application/jsonl",
+  "application/x-ndjson",
+  "text/csv",
+  "text/plain",
+  "application/octet-stream",
+];
+
+/**
+ * An upload's body, by media type. Only the JSON form is validated by the route; the multipart
+ * and raw forms are read and checked by the handler as they stream to disk.
+ */
+export const UploadBody = {
+  content: {
+    "multipart/form-data": {
+      schema: Type.Object(
+        {
+          file: Type.String({ format: "binary", description: "The file (JSONL, JSON array or CSV)." }),
+          name: Type.Optional(Name),
+          format: Type.Optional(FileFormat),
+        },
+        { additionalProperties: false },
+      ),
+    },
+    "application/json": { schema: UploadJsonBody },
+    ...Object.fromEntries(
+      rawContentTypes.map((type) => [
+        type,
+        { schema: Type.String({ format: "binary", description: "The file itself; its name in `?name=`." }) },
+      ]),
+    ),
+  },
+};
 
 export const UploadQuery = Type.Object(
   {
@@ -346,10 +382,29 @@ export type UploadJsonBodyWire = Static<typeof UploadJsonBody>;
 export type RunExampleWire = Static<typeof RunExample>;
 export type ExamplesQueryWire = Static<typeof ExamplesQuery>;
 
-/** Responses: the success schema and the error schema for every listed status. */
+/** What an error status means, from the catalog: each code that has it, with its description. */
+function errorStatusDescription(status: number): string {
+  return (Object.entries(errorCatalog) as [string, { status: number; doc: string }][])
+    .filter(([, entry]) => entry.status === status)
+    .map(([code, entry]) => `\`${code}\`: ${entry.doc}`)
+    .join(" ");
+}
+
+/**
+ * Responses: the success schema, the error schema for every listed status (the ones the route
+ * itself answers), and `default` for the ones any request can get from the server (408, 414, 431,
+ * 500, 503, 507), all in the one error shape.
+ */
 export function responses(ok: Record<number, TSchema>, errors: number[] = [400, 401, 404]) {
-  const out: Record<number, TSchema> = { ...ok };
-  for (const status of errors) out[status] = Type.Ref(ErrorBody);
+  const out: Record<number | string, TSchema> = { ...ok };
+  for (const status of errors)
+    out[status] = Type.Ref(ErrorBody, { description: errorStatusDescription(status) });
+  out.default = Type.Ref(ErrorBody, {
+    description:
+      "Any other error, in the same shape: a request that arrived too slowly (408), an id longer than 128 " +
+      "characters (414), headers over 16 KiB (431), an unexpected failure (500), a server shutting down (503), " +
+      "a full disk (507).",
+  });
   return out;
 }
 

@@ -4,18 +4,10 @@ import { TypeCompiler } from "@sinclair/typebox/compiler";
 import type { DatasetService, ReceivedFile, UploadInput } from "../datasets/DatasetService.ts";
 import type { IoFormat } from "../datasets/ioPairs.ts";
 import { ConduitError } from "../errors.ts";
-import { FileFormat, Name, patternReasons, UploadJsonBody } from "./schemas.ts";
+import { FileFormat, Name, type UploadJsonBodyWire } from "./schemas.ts";
 
-/** Raw-body uploads: the request body is the file. */
-export const rawContentTypes = [
-  "application/jsonl",
-  "application/x-ndjson",
-  "text/csv",
-  "text/plain",
-  "application/octet-stream",
-];
+export { rawContentTypes } from "./schemas.ts";
 
-const uploadJson = TypeCompiler.Compile(UploadJsonBody);
 const fileName = TypeCompiler.Compile(Name);
 const fileFormat = TypeCompiler.Compile(FileFormat);
 
@@ -41,14 +33,8 @@ export async function uploadSource(
       });
     return { name: query.name, source: request.body, format: query.format };
   }
-  const body = request.body;
-  if (!uploadJson.Check(body)) {
-    const issue = uploadJson.Errors(body).First();
-    const param = issue?.path.split("/").filter(Boolean).join(".") || null;
-    const pattern = (issue?.schema as { pattern?: string } | undefined)?.pattern;
-    const reason = (pattern && patternReasons[pattern]) || (issue?.message ?? "is invalid");
-    throw new ConduitError("invalid_request", `${param ? `field "${param}" ` : "body "}${reason}`, { param });
-  }
+  // The route's schema has checked it (`UploadBody`'s JSON form).
+  const body = request.body as UploadJsonBodyWire;
   if ((body.content === undefined) === (body.ioPairs === undefined))
     throw new ConduitError("invalid_request", 'send exactly one of "content" and "ioPairs"', {
       param: "content",

@@ -1,6 +1,7 @@
+import { isUtf8 } from "node:buffer";
 import fs from "node:fs";
 import fsp from "node:fs/promises";
-import readline from "node:readline";
+import { pipeline, Readable } from "node:stream";
 import { parse as parseCsv } from "csv-parse";
 
 /**
@@ -73,14 +74,74 @@ function toPair(value: unknown, line: number): IoPair {
   };
 }
 
+function notUtf8(line: number): IoPairError {
+  return new IoPairError(line, "invalid UTF-8 (save the file as UTF-8 text)");
+}
+
+function countNewlineBytes(bytes: Buffer): number {
+  let count = 0;
+  for (let at = bytes.indexOf(10); at !== -1; at = bytes.indexOf(10, at + 1)) count++;
+  return count;
+}
+
+/** The first line of `bytes` (numbered from `firstLine`) that is not valid UTF-8. */
+function badUtf8Line(bytes: Buffer, firstLine: number): number {
+  let line = firstLine;
+  for (let start = 0; start < bytes.length; line++) {
+    const newline = bytes.indexOf(10, start);
+    const end = newline === -1 ? bytes.length : newline;
+    if (!isUtf8(bytes.subarray(start, end))) return line;
+    start = end + 1;
+  }
+  return line;
+}
+
+/**
+ * A file's bytes in pieces that end at a line end (but the last), each checked to be UTF-8, with
+ * the number of its first line. Decoding would quietly turn invalid bytes into U+FFFD; this throws
+ * an `IoPairError` naming the first line that has some. A newline byte is never part of a
+ * multi-byte character, so pieces cut there are whole text.
+ */
+async function* utf8Pieces(filePath: string): AsyncGenerator<{ bytes: Buffer; line: number }> {
+  let line = 1;
+  const checked = (bytes: Buffer) => {
+    if (!isUtf8(bytes)) throw notUtf8(badUtf8Line(bytes, line));
+    const piece = { bytes, line };
+    line += countNewlineBytes(bytes);
+    return piece;
+  };
+  // The bytes after the last line end seen, kept as read so a long line is copied only once.
+  let pending: Buffer[] = [];
+  for await (const chunk of fs.createReadStream(filePath) as AsyncIterable<Buffer>) {
+    const end = chunk.lastIndexOf(10);
+    if (end === -1) {
+      pending.push(chunk);
+      continue;
+    }
+    const head = chunk.subarray(0, end + 1);
+    yield checked(pending.length > 0 ? Buffer.concat([...pending, head]) : head);
+    pending = end + 1 < chunk.length ? [chunk.subarray(end + 1)] : [];
+  }
+  if (pending.length > 0) yield checked(Buffer.concat(pending));
+}
+
+async function* utf8Bytes(filePath: string): AsyncGenerator<Buffer> {
+  for await (const piece of utf8Pieces(filePath)) yield piece.bytes;
+}
+
+/** A file's lines (without the line end), checked to be UTF-8, each with its 1-based number. */
+async function* utf8Lines(filePath: string): AsyncGenerator<{ text: string; line: number }> {
+  for await (const piece of utf8Pieces(filePath)) {
+    const lines = piece.bytes.toString("utf8").split("\n");
+    // A piece that ends with a line end has nothing after it.
+    if (lines.at(-1) === "") lines.pop();
+    for (const [index, text] of lines.entries())
+      yield { text: text.endsWith("\r") ? text.slice(0, -1) : text, line: piece.line + index };
+  }
+}
+
 async function* readJsonl(filePath: string): AsyncGenerator<IoPair> {
-  const lines = readline.createInterface({
-    input: fs.createReadStream(filePath, "utf8"),
-    crlfDelay: Infinity,
-  });
-  let line = 0;
-  for await (const text of lines) {
-    line++;
+  for await (const { text, line } of utf8Lines(filePath)) {
     const trimmed = (line === 1 ? text.replace(/^\uFEFF/, "") : text).trim();
     if (trimmed === "") continue;
     let value: unknown;
@@ -127,7 +188,9 @@ function countNewlines(text: string, from: number, to: number): number {
 }
 
 async function* readJsonArray(filePath: string): AsyncGenerator<IoPair> {
-  const text = (await fsp.readFile(filePath, "utf8")).replace(/^\uFEFF/, "");
+  const bytes = await fsp.readFile(filePath);
+  if (!isUtf8(bytes)) throw notUtf8(badUtf8Line(bytes, 1));
+  const text = bytes.toString("utf8").replace(/^\uFEFF/, "");
   let value: unknown;
   try {
     value = JSON.parse(text);
@@ -153,9 +216,15 @@ async function* readJsonArray(filePath: string): AsyncGenerator<IoPair> {
 }
 
 async function* readCsv(filePath: string): AsyncGenerator<IoPair> {
-  const parser = fs
-    .createReadStream(filePath)
-    .pipe(parseCsv({ bom: true, columns: true, skip_empty_lines: true, info: true, relax_quotes: false }));
+  const parser = parseCsv({
+    bom: true,
+    columns: true,
+    skip_empty_lines: true,
+    info: true,
+    relax_quotes: false,
+  });
+  // pipeline, not pipe: a line that is not UTF-8 fails the parser with its IoPairError.
+  pipeline(Readable.from(utf8Bytes(filePath)), parser, () => undefined);
   let checkedHeader = false;
   try {
     for await (const { record, info } of parser as AsyncIterable<{

@@ -2,7 +2,7 @@ import { randomBytes } from "node:crypto";
 import fs from "node:fs";
 import fsp from "node:fs/promises";
 import path from "node:path";
-import type { Readable } from "node:stream";
+import type { Readable, Writable } from "node:stream";
 import { pipeline } from "node:stream/promises";
 
 /**
@@ -43,12 +43,17 @@ export class BlobStore {
     let size = 0;
     source.on("data", (chunk: Buffer) => (size += chunk.length));
     try {
-      await pipeline(source, fs.createWriteStream(tempPath, { flags: "wx" }));
+      await pipeline(source, this.createTempStream(tempPath));
     } catch (error) {
       await fsp.rm(tempPath, { force: true });
       throw error;
     }
     return { tempPath, size };
+  }
+
+  /** Opens a new temp file for writing (a seam: tests make it fail as a full disk does). */
+  protected createTempStream(tempPath: string): Writable {
+    return fs.createWriteStream(tempPath, { flags: "wx" });
   }
 
   /** Makes a temp file durable under `key`: fsync, then rename into place. */

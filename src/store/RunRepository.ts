@@ -142,6 +142,20 @@ export class RunRepository {
     return row && toRun(row, parseLines(row.log_lines));
   }
 
+  /** The status of each of `ids` that is a run (the sweeper's question about run directories). */
+  async statuses(ids: string[]): Promise<Map<string, RunStatus>> {
+    const found = new Map<string, RunStatus>();
+    for (let start = 0; start < ids.length; start += 500) {
+      const rows = await this.db
+        .selectFrom("runs")
+        .select(["id", "status"])
+        .where("id", "in", ids.slice(start, start + 500))
+        .execute();
+      for (const row of rows) found.set(row.id, row.status as RunStatus);
+    }
+    return found;
+  }
+
   async list(userId: string, page: Page): Promise<Run[]> {
     const rows = await this.db
       .selectFrom("runs")

@@ -205,6 +205,12 @@ export class RunService {
 
   async create(userId: string, body: CreateRunBodyWire): Promise<Run> {
     const method = methodRequest(body);
+    if (body.datasetID !== undefined && body.datasetId !== undefined && body.datasetID !== body.datasetId)
+      throw new ConduitError(
+        "invalid_request",
+        `"datasetID" (${body.datasetID}) and "datasetId" (${body.datasetId}) name different datasets; send one of them`,
+        { param: "datasetId" },
+      );
     const datasetId = body.datasetID ?? body.datasetId;
     if (!datasetId && !body.datasetName)
       throw new ConduitError("invalid_request", 'one of "datasetID" and "datasetName" is required', {

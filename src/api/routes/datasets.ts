@@ -12,6 +12,7 @@ import {
   Message,
   PageQuery,
   RenameDatasetBody,
+  UploadBody,
   UploadQuery,
   responses,
 } from "../schemas.ts";
@@ -31,7 +32,7 @@ export default async function datasetRoutes(app: FastifyInstance, { core }: { co
         tags,
         summary: "Create a dataset",
         body: CreateDatasetBody,
-        response: responses({ 200: Dataset }),
+        response: responses({ 200: Dataset }, [400, 401, 413, 415, 507]),
       },
     },
     async (request) => datasetWire(await datasets.create(request.userId, request.body.name)),
@@ -44,7 +45,7 @@ export default async function datasetRoutes(app: FastifyInstance, { core }: { co
         tags,
         summary: "List your datasets, newest first",
         querystring: PageQuery,
-        response: responses({ 200: Type.Array(Dataset) }),
+        response: responses({ 200: Type.Array(Dataset) }, [400, 401]),
       },
     },
     async (request) => (await datasets.list(request.userId, request.query)).map(datasetWire),
@@ -71,7 +72,7 @@ export default async function datasetRoutes(app: FastifyInstance, { core }: { co
         summary: "Rename a dataset",
         params: DatasetParams,
         body: RenameDatasetBody,
-        response: responses({ 200: Message }),
+        response: responses({ 200: Message }, [400, 401, 404, 413, 415, 507]),
       },
     },
     async (request) => {
@@ -171,10 +172,13 @@ export default async function datasetRoutes(app: FastifyInstance, { core }: { co
             "(`Content-Type: application/jsonl`, `text/csv`, ... with `?name=`), or as JSON " +
             "`{name, content}` / `{name, ioPairs:[{input,output}]}`. Formats: JSONL, JSON array, CSV " +
             "(`input,output` columns; `prompt`/`completion` also accepted). Every pair is validated before " +
-            "anything is stored: a bad line is a 400 naming the line. Beyond `CONDUIT_MAX_UPLOAD_BYTES`: 413.",
+            "anything is stored: a bad line (invalid JSON or CSV, a missing field, text that is not UTF-8) is a 400 " +
+            "naming the line. Beyond `CONDUIT_MAX_UPLOAD_BYTES`: 413. A body that stops arriving for " +
+            "`CONDUIT_BODY_TIMEOUT_MS`: 408. A full disk: 507, and nothing is stored.",
           params: DatasetParams,
           querystring: UploadQuery,
-          response: responses({ 200: DatasetFile }, [400, 401, 404, 413, 415]),
+          body: UploadBody,
+          response: responses({ 200: DatasetFile }, [400, 401, 404, 408, 413, 415, 507]),
         },
       },
       async (request) => {

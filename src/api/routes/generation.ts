@@ -104,7 +104,7 @@ export const completionShape: ResponseShape = {
 export default async function generationRoutes(app: FastifyInstance, { core }: { core: Core }) {
   const r = app.withTypeProvider<TypeBoxTypeProvider>();
   const tags = ["generation"];
-  const errors = [400, 401, 404, 409, 429];
+  const errors = [400, 401, 404, 409, 413, 415, 429, 503];
 
   r.post(
     "/conduit/v1/chat",

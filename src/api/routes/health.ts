@@ -1,8 +1,35 @@
 import type { FastifyInstance } from "fastify";
 import { Type } from "@sinclair/typebox";
 import type { Core } from "../../core.ts";
+import { diskSpace } from "../../store/diskSpace.ts";
+import { responses } from "../schemas.ts";
 
-/** Liveness and readiness without auth: the database answers. */
+const Health = Type.Object({
+  status: Type.Union([Type.Literal("ok"), Type.Literal("degraded")], {
+    description:
+      "`degraded`: the service answers, but something needs an operator's attention (see `warnings`), e.g. the disk is nearly full.",
+  }),
+  database: Type.String({ description: "`sqlite` or `postgres`." }),
+  disk: Type.Object(
+    {
+      freeBytes: Type.Integer({
+        description: "Bytes still free for the server on the data directory's disk.",
+      }),
+      totalBytes: Type.Integer(),
+      minFreeBytes: Type.Integer({
+        description: "`CONDUIT_MIN_FREE_BYTES`: below it the status is `degraded`.",
+      }),
+    },
+    { description: "The disk of the data directory (database, uploads, run artifacts)." },
+  ),
+  warnings: Type.Optional(Type.Array(Type.String(), { description: "Why the status is `degraded`." })),
+});
+
+function mib(bytes: number): string {
+  return `${Math.floor(bytes / 2 ** 20)} MiB`;
+}
+
+/** Liveness and readiness without auth: the database answers, and the data directory's disk has room. */
 export default async function healthRoutes(app: FastifyInstance, { core }: { core: Core }) {
   app.get(
     "/healthz",
@@ -11,12 +38,29 @@ export default async function healthRoutes(app: FastifyInstance, { core }: { cor
       schema: {
         tags: ["service"],
         summary: "Health check (no auth)",
-        response: { 200: Type.Object({ status: Type.Literal("ok"), database: Type.String() }) },
+        description:
+          "200 while the service answers: `ok`, or `degraded` with `warnings` when the data directory's disk has less " +
+          "than `CONDUIT_MIN_FREE_BYTES` free (writes may soon answer 507). 500 when the database does not answer.",
+        response: responses({ 200: Health }, []),
       },
     },
     async () => {
       await core.keys.count();
-      return { status: "ok" as const, database: core.db.dialect };
+      const { freeBytes, totalBytes } = await diskSpace(core.config.dataDir);
+      const minFreeBytes = core.config.minFreeBytes;
+      const warnings =
+        freeBytes < minFreeBytes
+          ? [
+              `the data directory's disk has ${mib(freeBytes)} free, less than CONDUIT_MIN_FREE_BYTES ` +
+                `(${mib(minFreeBytes)}): uploads and training may soon fail with 507 insufficient_storage`,
+            ]
+          : [];
+      return {
+        status: warnings.length > 0 ? ("degraded" as const) : ("ok" as const),
+        database: core.db.dialect,
+        disk: { freeBytes, totalBytes, minFreeBytes },
+        ...(warnings.length > 0 ? { warnings } : {}),
+      };
     },
   );
 }

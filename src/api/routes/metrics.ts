@@ -2,6 +2,7 @@ import type { FastifyInstance } from "fastify";
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from "prom-client";
 import type { Core } from "../../core.ts";
 import { ConduitError } from "../../errors.ts";
+import { responses } from "../schemas.ts";
 
 /** A counter that mirrors a running total kept elsewhere (the engine's stats). */
 function mirroredCounter(registry: Registry, name: string, help: string, read: () => number) {
@@ -109,7 +110,20 @@ async function metricsPlugin(app: FastifyInstance, { core }: { core: Core }) {
 
   app.get(
     "/metrics",
-    { schema: { tags: ["service"], summary: "Prometheus metrics" } },
+    {
+      schema: {
+        tags: ["service"],
+        summary: "Prometheus metrics",
+        description: "For the keys of the users in `CONDUIT_METRICS_USERS`; any other key is a 403.",
+        response: {
+          ...responses({}, [401, 403]),
+          200: {
+            description: "Prometheus text exposition format.",
+            content: { "text/plain": { schema: { type: "string" } } },
+          },
+        },
+      },
+    },
     async (request, reply) => {
       const allowed = core.config.metricsUsers;
       if (!allowed.includes("*") && !allowed.includes(request.userId))

@@ -36,7 +36,7 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
         description:
           "Validates the configuration and queues the run. `config` on the result shows every effective value.",
         body: CreateRunBody,
-        response: responses({ 200: Run }),
+        response: responses({ 200: Run }, [400, 401, 404, 413, 415, 507]),
       },
       // Before the schema, so that a target like `attn_k` is refused with its reason.
       preValidation: async (request) =>
@@ -52,7 +52,7 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
         tags,
         summary: "List your runs, newest first",
         querystring: PageQuery,
-        response: responses({ 200: Type.Array(Run) }),
+        response: responses({ 200: Type.Array(Run) }, [400, 401]),
       },
     },
     async (request) => (await runs.list(request.userId, request.query)).map(runWire),
@@ -90,7 +90,7 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
               "application/octet-stream": { schema: Type.Unsafe({ type: "string", format: "binary" }) },
             },
           },
-          ...responses({}, [401, 404, 409]),
+          ...responses({}, [400, 401, 404, 409]),
         },
       },
     },
@@ -146,7 +146,7 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
         summary: "Cancel a queued or running run",
         description: "A run that already ended (READY, FAILED, CANCELLED) answers 409.",
         params: RunParams,
-        response: responses({ 200: Message }, [401, 404, 409]),
+        response: responses({ 200: Message }, [400, 401, 404, 409]),
       },
     },
     async (request) => {
@@ -184,7 +184,10 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
           "A run that is not READY answers 409.",
         params: RunParams,
         body: RunInferenceBody,
-        response: responses({ 200: Type.Object({ response: Type.String() }) }, [400, 401, 404, 409, 429]),
+        response: responses(
+          { 200: Type.Object({ response: Type.String() }) },
+          [400, 401, 404, 409, 413, 415, 429, 503],
+        ),
       },
     },
     async (request, reply) => {
@@ -220,6 +223,13 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
           "Events: `log` (`{line}`) for each log line (earlier lines first), `stats` (the run's `stats`) when they change, " +
           "`status` (`{status, error}`) when the status changes. The stream ends after the run reaches READY, FAILED or CANCELLED.",
         params: RunParams,
+        response: {
+          ...responses({}),
+          200: {
+            description: "Server-Sent Events (`event: log|stats|status`, `data: {json}`).",
+            content: { "text/event-stream": { schema: { type: "string" } } },
+          },
+        },
       },
     },
     async (request, reply) => {

@@ -1,0 +1,200 @@
+import { STATUS_CODES, type IncomingMessage, type Server, type ServerResponse } from "node:http";
+import type { Socket } from "node:net";
+import type {
+  FastifyError,
+  FastifyInstance,
+  FastifyReply,
+  FastifyRequest,
+  FastifyHttpOptions,
+} from "fastify";
+import type { Config } from "../config.ts";
+import { ConduitError } from "../errors.ts";
+import { errorBody, toConduitError } from "./errorHandler.ts";
+
+/**
+ * Hostile or broken clients and shutdown. Node's HTTP server limits the time for a request's
+ * headers (`headersTimeout`) and for the whole request (`requestTimeout`) and closes idle
+ * keep-alive connections (its `keepAliveTimeout`, our `idleTimeout`); `ConnectionGuard` adds a
+ * limit on pauses while a body arrives, and a shutdown that closes idle and stalled connections
+ * at once and every other one after `shutdownTimeout`. Each answers, while an answer is still
+ * possible, in the documented error shape. None applies to a response once its request has
+ * arrived, so a stream runs as long as it has something to say.
+ */
+export type ConnectionSettings = Pick<
+  Config,
+  "headersTimeout" | "bodyTimeout" | "requestTimeout" | "idleTimeout" | "shutdownTimeout"
+>;
+
+/** Longest id a path may carry (ids are at most 128 characters); a longer segment is a 414. */
+const MAX_PARAM_LENGTH = 128;
+
+/** A whole HTTP/1.1 error response, written on the socket itself. */
+function rawErrorResponse(error: ConduitError, requestId?: string): string {
+  const body = JSON.stringify(errorBody(error));
+  return (
+    `HTTP/1.1 ${error.status} ${STATUS_CODES[error.status] ?? error.code}\r\n` +
+    `content-type: application/json; charset=utf-8\r\ncontent-length: ${Buffer.byteLength(body)}\r\n` +
+    (requestId ? `x-request-id: ${requestId}\r\n` : "") +
+    `connection: close\r\n\r\n${body}`
+  );
+}
+
+/**
+ * Answers `error` on the socket of a request that is still arriving, unless an answer has
+ * begun, and closes it. Written on the socket, as Node answers its own timeouts: the request then
+ * ends aborted, so whatever reads its body (an upload) fails, cleans up and finds nobody to answer.
+ */
+function answerAndClose(
+  socket: Socket,
+  response: ServerResponse | undefined,
+  error: ConduitError,
+  requestId?: string,
+) {
+  if (socket.writable && !response?.headersSent) {
+    socket.write(rawErrorResponse(error, requestId));
+    socket.destroySoon();
+  } else socket.destroy();
+}
+
+/** What Node's parser reports about a connection it gives up on, as a catalog error. */
+function clientError(error: Error & { code?: string }): ConduitError {
+  if (error.code === "ERR_HTTP_REQUEST_TIMEOUT")
+    return new ConduitError(
+      "request_timeout",
+      "the request did not arrive in time; the connection is closed",
+    );
+  if (error.code === "HPE_HEADER_OVERFLOW")
+    return new ConduitError("headers_too_large", "the request line and headers are larger than 16 KiB");
+  return new ConduitError("invalid_request", "the request is not valid HTTP");
+}
+
+interface Tracked {
+  request: IncomingMessage;
+  reply: FastifyReply;
+  /** `socket.bytesRead` when last seen, and when it last moved. */
+  bytesRead: number;
+  movedAt: number;
+}
+
+/**
+ * Tracks the server's connections and the request each one is answering: a request whose body
+ * stops arriving for `bodyTimeout` is answered 408 and its connection closed, and on close idle
+ * and stalled connections are closed at once, the others when their response is done or after
+ * `shutdownTimeout`. Pass `serverOptions()` to `Fastify()`, then call `register` before any other
+ * `onRequest` hook.
+ */
+export class ConnectionGuard {
+  private readonly sockets = new Set<Socket>();
+  private readonly current = new Map<Socket, Tracked>();
+  private closing = false;
+  private bodyTimer: NodeJS.Timeout | undefined;
+
+  constructor(private readonly settings: ConnectionSettings) {}
+
+  /** Server options for the timeouts, and the framework's errors (408, 414, 431) in the documented shape. */
+  serverOptions(): Partial<FastifyHttpOptions<Server>> {
+    const { headersTimeout, requestTimeout, idleTimeout } = this.settings;
+    const shortest = requestTimeout > 0 ? Math.min(requestTimeout, headersTimeout) : headersTimeout;
+    return {
+      keepAliveTimeout: idleTimeout,
+      requestTimeout,
+      // `requestTimeout` here too: Node checks it against `headersTimeout` when it creates the server.
+      http: {
+        headersTimeout,
+        requestTimeout,
+        // How often Node looks for requests past their time (its default, 30 s, would make a 30 s
+        // limit up to a 60 s one).
+        connectionsCheckingInterval: checkInterval(shortest),
+      },
+      // Requests that arrive while closing get the catalog's 503 from `register`'s hook instead.
+      return503OnClosing: false,
+      routerOptions: { maxParamLength: MAX_PARAM_LENGTH },
+      frameworkErrors: (error: FastifyError, _request: FastifyRequest, reply: FastifyReply) => {
+        const conduitError = toConduitError(error) ?? new ConduitError("invalid_request", "invalid request");
+        void reply.status(conduitError.status).send(errorBody(conduitError));
+      },
+      // Node's own timeouts and parse errors, answered while nothing else was written on the socket.
+      clientErrorHandler: (error: Error & { code?: string }, socket: Socket) => {
+        if (error.code === "ECONNRESET" || socket.destroyed) return;
+        const tracked = this.current.get(socket);
+        answerAndClose(socket, tracked?.reply.raw, clientError(error), tracked?.reply.request.id);
+      },
+    };
+  }
+
+  register(app: FastifyInstance): void {
+    const { sockets, current } = this;
+    app.server.on("connection", (socket: Socket) => {
+      sockets.add(socket);
+      socket.once("close", () => {
+        sockets.delete(socket);
+        current.delete(socket);
+      });
+    });
+
+    app.addHook("onRequest", async (request, reply) => {
+      const socket = request.raw.socket;
+      // `inject` requests have no real socket.
+      if (sockets.has(socket)) {
+        const tracked: Tracked = {
+          request: request.raw,
+          reply,
+          bytesRead: socket.bytesRead,
+          movedAt: Date.now(),
+        };
+        current.set(socket, tracked);
+        reply.raw.once("close", () => {
+          if (current.get(socket) === tracked) current.delete(socket);
+        });
+      }
+      if (this.closing) throw new ConduitError("unavailable", "the server is shutting down");
+    });
+
+    this.bodyTimer = setInterval(() => this.checkBodies(), checkInterval(this.settings.bodyTimeout));
+    this.bodyTimer.unref();
+
+    app.addHook("preClose", async () => this.close(app));
+  }
+
+  /** One timer for every request whose body is still arriving: it looks at how far each has got. */
+  private checkBodies(): void {
+    const now = Date.now();
+    for (const [socket, tracked] of this.current) {
+      if (tracked.request.complete || tracked.reply.raw.headersSent) continue;
+      if (socket.bytesRead !== tracked.bytesRead) {
+        tracked.bytesRead = socket.bytesRead;
+        tracked.movedAt = now;
+      } else if (now - tracked.movedAt >= this.settings.bodyTimeout) {
+        this.current.delete(socket);
+        tracked.reply.log.info("the request body stalled: answered 408 and closed the connection");
+        const error = new ConduitError(
+          "request_timeout",
+          `the request body stopped arriving for ${this.settings.bodyTimeout} ms; the connection is closed`,
+        );
+        answerAndClose(socket, tracked.reply.raw, error, tracked.reply.request.id);
+      }
+    }
+  }
+
+  private close(app: FastifyInstance): void {
+    this.closing = true;
+    clearInterval(this.bodyTimer);
+    for (const socket of this.sockets) {
+      const tracked = this.current.get(socket);
+      // Idle, or still sending its request: nothing is lost by closing it now.
+      if (!tracked?.request.complete || tracked.reply.raw.writableFinished) socket.destroy();
+      // A response under way ends its connection when it is done.
+      else tracked.reply.raw.once("finish", () => socket.destroySoon());
+    }
+    const force = setTimeout(() => {
+      for (const socket of this.sockets) socket.destroy();
+    }, this.settings.shutdownTimeout);
+    force.unref();
+    app.server.once("close", () => clearTimeout(force));
+  }
+}
+
+/** How often to look for requests past a limit of `ms`: a quarter of it, between 10 ms and 1 s. */
+function checkInterval(ms: number): number {
+  return Math.max(10, Math.min(1000, Math.floor(ms / 4)));
+}

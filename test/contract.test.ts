@@ -1,0 +1,235 @@
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import SwaggerParser from "@apidevtools/swagger-parser";
+import type { OpenAPI } from "openapi-types";
+import { aliceWorld, asAlice, build, createDataset } from "./helper.ts";
+
+type Operation = {
+  parameters?: { name: string; in: string; required?: boolean }[];
+  requestBody?: { content: Record<string, { schema: { required?: string[] } }> };
+  responses: Record<string, unknown>;
+  security?: unknown[];
+};
+type Document = { openapi: string; paths: Record<string, Record<string, Operation>> };
+
+async function openApi(t: Parameters<typeof build>[0]): Promise<Document> {
+  const { app } = await build(t);
+  return (await app.inject({ url: "/openapi.json" })).json() as Document;
+}
+
+function operations(doc: Document): [string, Operation][] {
+  return Object.entries(doc.paths).flatMap(([path, methods]) =>
+    Object.entries(methods).map(
+      ([method, operation]) => [`${method.toUpperCase()} ${path}`, operation] as [string, Operation],
+    ),
+  );
+}
+
+test("the OpenAPI document is valid for its version (a real validator checks it)", async (t) => {
+  const doc = await openApi(t);
+  assert.equal(doc.openapi, "3.1.0");
+  // Throws, naming every problem, on an invalid document.
+  await SwaggerParser.validate(structuredClone(doc) as unknown as OpenAPI.Document);
+});
+
+test("fields with a default are not required in the document", async (t) => {
+  const doc = await openApi(t);
+  for (const path of [
+    "/conduit/dataset",
+    "/conduit/finetuning",
+    "/conduit/finetuning/{finetune_id}/examples",
+  ]) {
+    const parameters = doc.paths[path]?.get?.parameters ?? [];
+    for (const name of ["limit", "offset"]) {
+      const parameter = parameters.find((p) => p.name === name);
+      assert.ok(parameter, `${path} documents ${name}`);
+      assert.notEqual(parameter.required, true, `${path} ${name} has a default, so it is optional`);
+    }
+  }
+  const chat = doc.paths["/conduit/v1/chat"]?.post?.requestBody?.content["application/json"]?.schema;
+  assert.deepEqual(chat?.required, ["prompt"], "the sampling fields have defaults");
+});
+
+test("every operation lists the error statuses it answers", async (t) => {
+  const doc = await openApi(t);
+  const expected: Record<string, number[]> = {
+    "POST /conduit/dataset": [400, 401, 413, 415, 507],
+    "GET /conduit/dataset/{dataset_id}": [400, 401, 404],
+    "PATCH /conduit/dataset/{dataset_id}": [400, 401, 404, 413, 415, 507],
+    "POST /conduit/dataset/{dataset_id}/upload": [400, 401, 404, 408, 413, 415, 507],
+    "POST /conduit/finetuning": [400, 401, 404, 413, 415, 507],
+    "POST /conduit/finetuning/{finetune_id}/cancel": [400, 401, 404, 409],
+    "GET /conduit/finetuning/{finetune_id}/artifact": [400, 401, 404, 409],
+    "GET /conduit/finetuning/{finetune_id}/examples": [400, 401, 404, 409],
+    "GET /conduit/finetuning/{finetune_id}/events": [400, 401, 404],
+    "POST /conduit/finetuning/{finetune_id}/inference": [400, 401, 404, 409, 413, 415, 429, 503],
+    "POST /conduit/v1/chat": [400, 401, 404, 409, 413, 415, 429, 503],
+    "POST /conduit/v1/completions": [400, 401, 404, 409, 413, 415, 429, 503],
+    "GET /metrics": [401, 403],
+  };
+  const all = new Map(operations(doc));
+  for (const [operation, statuses] of Object.entries(expected)) {
+    const documented = Object.keys(all.get(operation)?.responses ?? {});
+    for (const status of statuses)
+      assert.ok(
+        documented.includes(String(status)),
+        `${operation} documents ${status}: ${documented.join(" ")}`,
+      );
+  }
+  // And the rules behind the table, for every operation of ours.
+  for (const [operation, spec] of all) {
+    if (!operation.includes(" /conduit/") && !operation.startsWith("GET /metrics")) continue;
+    const documented = Object.keys(spec.responses);
+    assert.ok(documented.includes("default"), `${operation}: the framework's errors (408, 414, 503, …)`);
+    assert.ok(documented.includes("401"), `${operation} needs a key`);
+    if (operation.includes("{")) assert.ok(documented.includes("404"), `${operation} has an id`);
+    if (spec.requestBody?.content["application/json"])
+      for (const status of ["400", "413", "415"])
+        assert.ok(documented.includes(status), `${operation} takes a JSON body: ${status}`);
+  }
+});
+
+test("uploads document their body: multipart, raw files and JSON", async (t) => {
+  const doc = await openApi(t);
+  const body = doc.paths["/conduit/dataset/{dataset_id}/upload"]?.post?.requestBody;
+  assert.ok(body, "the upload has a request body");
+  assert.deepEqual(Object.keys(body.content).sort(), [
+    "application/json",
+    "application/jsonl",
+    "application/octet-stream",
+    "application/x-ndjson",
+    "multipart/form-data",
+    "text/csv",
+    "text/plain",
+  ]);
+  assert.deepEqual(body.content["multipart/form-data"]?.schema.required, ["file"]);
+});
+
+test("a Content-Type other than JSON on a JSON endpoint is 415", async (t) => {
+  const { app } = await build(t);
+  const world = await aliceWorld(app);
+  const endpoints = [
+    ["POST", "/conduit/dataset"],
+    ["PATCH", `/conduit/dataset/${world.ds}`],
+    ["POST", "/conduit/finetuning"],
+    ["POST", `/conduit/finetuning/${world.run}/inference`],
+    ["POST", "/conduit/v1/chat"],
+    ["POST", "/conduit/v1/completions"],
+    ["POST", "/v1/chat/completions"],
+    ["POST", "/v1/completions"],
+  ] as const;
+  for (const [method, url] of endpoints)
+    for (const contentType of ["text/plain", "application/x-www-form-urlencoded", "text/csv"]) {
+      const response = await app.inject({
+        method,
+        url,
+        headers: { ...asAlice, "content-type": contentType },
+        payload: '{"name":"x"}',
+      });
+      assert.equal(response.statusCode, 415, `${method} ${url} as ${contentType} → ${response.body}`);
+      assert.equal(response.json().error.code, "unsupported_media_type");
+    }
+  // The upload still takes text/plain, as a file.
+  const upload = await app.inject({
+    method: "POST",
+    url: `/conduit/dataset/${world.ds}/upload?name=t.jsonl`,
+    headers: { ...asAlice, "content-type": "text/plain" },
+    payload: '{"input":"a","output":"b"}\n',
+  });
+  assert.equal(upload.statusCode, 200, upload.body);
+});
+
+test("a path id longer than 128 characters is 414 in the error shape", async (t) => {
+  const { app } = await build(t);
+  for (const url of [
+    `/conduit/dataset/${"x".repeat(129)}`,
+    `/conduit/finetuning/${"f".repeat(5000)}/cancel`,
+  ]) {
+    const response = await app.inject({
+      method: url.endsWith("cancel") ? "POST" : "GET",
+      url,
+      headers: asAlice,
+    });
+    assert.equal(response.statusCode, 414, response.body);
+    assert.deepEqual(response.json(), {
+      error: {
+        message: "a path segment is longer than 128 characters",
+        type: "invalid_request_error",
+        param: null,
+        code: "uri_too_long",
+      },
+    });
+  }
+  // 128 is an id the schema allows: an ordinary 404.
+  const longest = await app.inject({ url: `/conduit/dataset/${"x".repeat(128)}`, headers: asAlice });
+  assert.equal(longest.statusCode, 404);
+});
+
+test("an uploaded file that is not UTF-8 is refused naming the line, and nothing is stored", async (t) => {
+  const { app } = await build(t);
+  const ds = await createDataset(app);
+  const latin1 = (text: string) => Buffer.from(text, "latin1");
+  const cases = [
+    {
+      name: "a.jsonl",
+      type: "application/jsonl",
+      payload: Buffer.concat([
+        Buffer.from('{"input":"a","output":"b"}\n'),
+        latin1('{"input":"café","output":"b"}\n'),
+      ]),
+      line: 2,
+    },
+    {
+      name: "a.csv",
+      type: "text/csv",
+      payload: Buffer.concat([Buffer.from("input,output\nhi,there\n"), latin1("crème,brûlée\n")]),
+      line: 3,
+    },
+    {
+      name: "cut.jsonl",
+      type: "application/jsonl",
+      // A character cut off after its first byte.
+      payload: Buffer.concat([Buffer.from('{"input":"a","output":"'), Buffer.from("é").subarray(0, 1)]),
+      line: 1,
+    },
+  ];
+  for (const upload of cases) {
+    const response = await app.inject({
+      method: "POST",
+      url: `/conduit/dataset/${ds.id}/upload?name=${upload.name}`,
+      headers: { ...asAlice, "content-type": upload.type },
+      payload: upload.payload,
+    });
+    assert.equal(response.statusCode, 400, `${upload.name} → ${response.body}`);
+    assert.equal(response.json().error.code, "invalid_file");
+    assert.equal(
+      response.json().error.message,
+      `${upload.name}: line ${upload.line}: invalid UTF-8 (save the file as UTF-8 text)`,
+    );
+  }
+  const files = await app.inject({ url: `/conduit/dataset/${ds.id}/files`, headers: asAlice });
+  assert.deepEqual(files.json(), []);
+});
+
+test("datasetID and datasetId naming different datasets is a 400; the same one twice is fine", async (t) => {
+  const { app } = await build(t);
+  const world = await aliceWorld(app);
+  const other = await createDataset(app, "other");
+  const conflicting = await app.inject({
+    method: "POST",
+    url: "/conduit/finetuning",
+    headers: asAlice,
+    payload: { datasetID: world.ds, datasetId: other.id, baseModelName: "tiny" },
+  });
+  assert.equal(conflicting.statusCode, 400, conflicting.body);
+  assert.equal(conflicting.json().error.param, "datasetId");
+  assert.match(conflicting.json().error.message, /name different datasets/);
+  const same = await app.inject({
+    method: "POST",
+    url: "/conduit/finetuning",
+    headers: asAlice,
+    payload: { datasetID: world.ds, datasetId: world.ds, baseModelName: "tiny" },
+  });
+  assert.equal(same.statusCode, 200, same.body);
+  assert.equal(same.json().datasetId, world.ds);
+});
