@@ -79,6 +79,18 @@ describe("TextOutput", () => {
     assert.ok(out.stopped);
     assert.equal(out.finish(), "");
   });
+
+  test("trimEnd (grammar output): trailing whitespace is held back, then dropped", () => {
+    const stream = (text: string, stops: string[]) => {
+      const out = new TextOutput((tokens) => bytes(tokens), stops, true);
+      const pieces = [...Buffer.from(text)].map((b) => out.push(b)).concat(out.finish());
+      assert.equal(pieces.join(""), out.text);
+      return out.text;
+    };
+    assert.equal(stream('{"a": 1} \n  ', []), '{"a": 1}');
+    assert.equal(stream('{ "a" : 1 }', []), '{ "a" : 1 }');
+    assert.equal(stream('{"a": 1} \n\n\n\n\n', ["\n\n\n\n"]), '{"a": 1}');
+  });
 });
 
 describe("chat template", () => {

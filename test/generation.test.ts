@@ -142,6 +142,53 @@ describe("generation on the tiny model", () => {
     assert.equal(chunks.map((c) => c.choices[0].delta.content ?? "").join(""), plain.choices[0].text);
   });
 
+  test("chat: response_format constrains the answer to the schema, streamed the same", async () => {
+    const schema = {
+      type: "object",
+      properties: { answer: { enum: ["yes", "no"] }, sure: { type: "boolean" } },
+      additionalProperties: false,
+    };
+    const payload = {
+      prompt: "Is it raining?",
+      max_tokens: 64,
+      seed: 5,
+      response_format: { type: "json_schema", json_schema: { name: "reply", schema } },
+    };
+    const res = await app.inject(chat(payload));
+    assert.equal(res.statusCode, 200, res.body);
+    const choice = res.json().choices[0];
+    assert.equal(choice.finish_reason, "stop", choice.text);
+    const value = JSON.parse(choice.text);
+    assert.deepEqual(Object.keys(value), ["answer", "sure"]);
+    assert.ok(["yes", "no"].includes(value.answer));
+    assert.equal(typeof value.sure, "boolean");
+
+    const streamed = await app.inject(chat({ ...payload, stream: true }));
+    const chunks = sseData(streamed.body)
+      .slice(0, -1)
+      .map((f) => JSON.parse(f));
+    assert.equal(chunks.map((c) => c.choices[0].delta.content ?? "").join(""), choice.text);
+
+    const json = await app.inject(
+      chat({ prompt: "Hi", max_tokens: 4, response_format: { type: "json_object" } }),
+    );
+    assert.equal(json.statusCode, 200, json.body);
+    assert.match(json.json().choices[0].text, /^\{/);
+
+    const bad = await app.inject(
+      chat({
+        prompt: "Hi",
+        response_format: {
+          type: "json_schema",
+          json_schema: { name: "x", schema: { type: "number", minimum: 1 } },
+        },
+      }),
+    );
+    assert.equal(bad.statusCode, 400, bad.body);
+    assert.equal(bad.json().error.param, "response_format");
+    assert.match(bad.json().error.message, /minimum/);
+  });
+
   test("streaming completions", async () => {
     const res = await app.inject({
       method: "POST",

@@ -115,11 +115,6 @@ describe("the OpenAI surface on the tiny model", () => {
       [{ logprobs: true }, "logprobs"],
       [{ top_logprobs: 2 }, "top_logprobs"],
       [{ logit_bias: { "50256": -100 } }, "logit_bias"],
-      [{ response_format: { type: "json_object" } }, "response_format"],
-      [
-        { response_format: { type: "json_schema", json_schema: { name: "x", schema: {} } } },
-        "response_format",
-      ],
       [{ tools: [{ type: "function", function: { name: "f", parameters: {} } }] }, "tools"],
       [{ tool_choice: "required" }, "tool_choice"],
       [{ tool_choice: { type: "function", function: { name: "f" } } }, "tool_choice"],
@@ -212,6 +207,109 @@ describe("the OpenAI surface on the tiny model", () => {
     for (const payload of completions) {
       const res = await post(completionsUrl, { prompt: "x", max_tokens: 1, ...payload });
       assert.equal(res.statusCode, 200, `${JSON.stringify(payload)} → ${res.body}`);
+    }
+  });
+
+  const okSchema = {
+    type: "object",
+    properties: { ok: { type: "boolean" } },
+    required: ["ok"],
+    additionalProperties: false,
+  };
+
+  test("response_format json_schema: every choice matches the schema, and streams the same text", async () => {
+    const payload = {
+      messages,
+      n: 3,
+      seed: 7,
+      max_tokens: 64,
+      response_format: { type: "json_schema", json_schema: { name: "ok", schema: okSchema, strict: true } },
+    };
+    const res = await post(chatUrl, payload);
+    assert.equal(res.statusCode, 200, res.body);
+    const choices = res.json().choices;
+    assert.equal(choices.length, 3);
+    for (const c of choices) {
+      assert.equal(c.finish_reason, "stop", c.message.content);
+      const value = JSON.parse(c.message.content);
+      assert.deepEqual(Object.keys(value), ["ok"]);
+      assert.equal(typeof value.ok, "boolean");
+    }
+    const streamed = await post(chatUrl, { ...payload, stream: true });
+    assert.equal(streamed.statusCode, 200, streamed.body);
+    const texts = ["", "", ""];
+    for (const frame of streamed.body.split("\n\n")) {
+      const data = frame.replace(/^data: /, "");
+      if (data === "" || data === "[DONE]") continue;
+      for (const c of JSON.parse(data).choices) texts[c.index] += c.delta.content ?? "";
+    }
+    assert.deepEqual(
+      texts,
+      choices.map((c: { message: { content: string } }) => c.message.content),
+    );
+  });
+
+  test("response_format json_schema with an enum: one of its values", async () => {
+    const schema = { enum: ["red", "green", 3, null] };
+    const res = await post(chatUrl, {
+      messages,
+      n: 4,
+      max_tokens: 32,
+      response_format: { type: "json_schema", json_schema: { name: "colour", schema } },
+    });
+    assert.equal(res.statusCode, 200, res.body);
+    for (const c of res.json().choices)
+      assert.ok(
+        schema.enum.some((v) => JSON.stringify(v) === JSON.stringify(JSON.parse(c.message.content))),
+        c.message.content,
+      );
+  });
+
+  test("response_format json_object: an answer that stops is a JSON object", async () => {
+    const res = await post(chatUrl, {
+      messages,
+      n: 2,
+      seed: 3,
+      max_tokens: 200,
+      response_format: { type: "json_object" },
+    });
+    assert.equal(res.statusCode, 200, res.body);
+    for (const c of res.json().choices) {
+      assert.match(c.message.content, /^\{/);
+      if (c.finish_reason === "stop") {
+        const value = JSON.parse(c.message.content);
+        assert.equal(typeof value, "object");
+        assert.ok(value !== null && !Array.isArray(value));
+      }
+    }
+  });
+
+  test("a response_format the grammar cannot honour is a 400 naming it, with the reason", async () => {
+    const cases: [unknown, RegExp][] = [
+      [
+        { type: "json_schema", json_schema: { name: "x", schema: { type: "string", pattern: "a+" } } },
+        /pattern/,
+      ],
+      [{ type: "json_schema", json_schema: { name: "x", schema: { type: "int" } } }, /not a JSON type/],
+      [{ type: "json_schema", json_schema: { name: "x", schema: {} } }, /needs one of/],
+      [{ type: "json_schema", json_schema: { name: "x", schema: { enum: [{ a: 1 }] } } }, /enum values/],
+      [
+        {
+          type: "json_schema",
+          json_schema: { name: "x", schema: { type: "object", properties: { a: { $ref: "#/$defs/y" } } } },
+        },
+        /\$ref/,
+      ],
+      [{ type: "json_schema", json_schema: { name: "x" } }, /must be/],
+      [{ type: "json_schema", json_schema: { schema: okSchema } }, /must be/],
+      [{ type: "xml" }, /must be/],
+    ];
+    for (const [format, reason] of cases) {
+      const res = await post(chatUrl, { messages, max_tokens: 4, response_format: format });
+      assert.equal(res.statusCode, 400, JSON.stringify(format));
+      const error = res.json().error;
+      assert.equal(error.param, "response_format", res.body);
+      assert.match(error.message, reason, res.body);
     }
   });
 
@@ -426,11 +524,11 @@ test("the official openai client: models.retrieve, a null field, a refused param
     client.chat.completions.create({
       model: "tiny",
       messages: [{ role: "user", content: "Hi" }],
-      response_format: { type: "json_object" },
+      logit_bias: { "50256": -100 },
     }),
     (e: InstanceType<typeof OpenAI.BadRequestError>) => {
       assert.equal(e.status, 400);
-      assert.equal(e.param, "response_format");
+      assert.equal(e.param, "logit_bias");
       assert.match(e.message, /not supported yet/);
       return true;
     },

@@ -58,6 +58,52 @@ export const SeedSampling = {
   ),
 };
 
+/**
+ * `response_format`, OpenAI's shape: `text` (free text, the default), `json_object` (any JSON object) or
+ * `json_schema` (a value matching `json_schema.schema`), enforced by a grammar while sampling.
+ */
+export const ResponseFormat = Type.Union(
+  [
+    Type.Object({ type: Type.Literal("text") }, { additionalProperties: false }),
+    Type.Object({ type: Type.Literal("json_object") }, { additionalProperties: false }),
+    Type.Object(
+      {
+        type: Type.Literal("json_schema"),
+        json_schema: Type.Object(
+          {
+            name: Type.String({
+              pattern: "^[a-zA-Z0-9_-]{1,64}$",
+              description: "The format's name: letters, digits, `_` and `-`, at most 64. Not used.",
+            }),
+            description: Nullable(Type.String(), { description: "Not used." }),
+            schema: Type.Record(Type.String(), Type.Unknown(), {
+              description:
+                "The JSON Schema the answer must match: `type`, `const`, `enum`, `oneOf`/`anyOf`, `$ref` into `$defs`, " +
+                "`properties` (all written, as in OpenAI's strict mode), `additionalProperties`, `items`, " +
+                "`prefixItems`, `minItems`/`maxItems`, `minLength`/`maxLength`, `minProperties`/`maxProperties`, " +
+                "and `format` `date-time`, `date` or `time`. Any other keyword (`pattern`, `minimum`, …) is a `400`.",
+            }),
+            strict: Nullable(Type.Boolean(), {
+              description: "Accepted; the schema is always enforced exactly.",
+            }),
+          },
+          { additionalProperties: false },
+        ),
+      },
+      { additionalProperties: false },
+    ),
+  ],
+  {
+    description:
+      '`{"type": "text"}` (free text, the default), `{"type": "json_object"}` (a JSON object) or ' +
+      '`{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}` (a value matching `schema`), ' +
+      "enforced by a grammar while sampling. The answer can still be cut short by `max_tokens` (`finish_reason: " +
+      '"length"`) and is then not valid JSON.',
+    [REASON]:
+      'must be {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}',
+  },
+);
+
 const Role = Type.Union([Type.Literal("system"), Type.Literal("user"), Type.Literal("assistant")], {
   description: "`system`, `user` or `assistant`",
 });
@@ -77,6 +123,7 @@ export const ChatBody = Type.Object(
           "Earlier turns, alternating user then assistant, oldest first (so an even number of entries).",
       }),
     ),
+    response_format: Type.Optional(ResponseFormat),
     ...SeedSampling,
   },
   { additionalProperties: true },
@@ -316,10 +363,7 @@ export const OpenAiChatBody = Type.Object(
     }),
     logprobs: NotYet("log probabilities", { schema: Type.Literal(false), text: "false" }),
     top_logprobs: NotYet("log probabilities", { schema: Type.Literal(0), text: "0" }),
-    response_format: NotYet("JSON mode and structured outputs", {
-      schema: Type.Object({ type: Type.Literal("text") }, { additionalProperties: false }),
-      text: '{"type": "text"}',
-    }),
+    response_format: Nullable(ResponseFormat),
     tools: NotYet("tool calling", { schema: Nothing, text: "[]" }),
     tool_choice: NotYet("tool calling", { schema: NoneOrAuto, text: '"none" or "auto" (no tools to call)' }),
     parallel_tool_calls: Nullable(Type.Boolean(), {
@@ -373,6 +417,7 @@ export const OpenAiCompletionBody = Type.Object(
   { additionalProperties: false },
 );
 
+export type ResponseFormatWire = Static<typeof ResponseFormat>;
 export type ChatBodyWire = Static<typeof ChatBody>;
 export type CompletionsBodyWire = Static<typeof CompletionsBody>;
 export type OpenAiChatBodyWire = Static<typeof OpenAiChatBody>;

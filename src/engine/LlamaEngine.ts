@@ -1,13 +1,14 @@
 import crypto from "node:crypto";
 import fs from "node:fs";
 import { getLlama, LlamaLogLevel } from "node-llama-cpp";
-import type { Llama, LlamaContext, LlamaModel, Token } from "node-llama-cpp";
+import type { Llama, LlamaContext, LlamaGrammar, LlamaModel, Token } from "node-llama-cpp";
 import { ConduitError } from "../errors.ts";
 import { loadChatTemplate } from "../model/chatTemplate.ts";
 import type { ChatTemplate, RenderedSegments } from "../model/chatTemplate.ts";
 import type { Engine, EngineStats, LoadedModelInfo } from "./Engine.ts";
 import { bindNative } from "./nativeBatch.ts";
-import type { NativeBinding, NativeSampler } from "./nativeBatch.ts";
+import { GrammarCache } from "./grammars.ts";
+import type { NativeBinding, NativeGrammarState, NativeSampler } from "./nativeBatch.ts";
 import { TextOutput } from "./TextOutput.ts";
 import type {
   FinishReason,
@@ -176,6 +177,7 @@ class LlamaEngine implements Engine {
 
   private llama: Promise<Llama> | undefined;
   private readonly ownsLlama: boolean;
+  private readonly grammars = new GrammarCache();
   private readonly models = new Map<string, LoadedModel>();
   private readonly loading = new Map<string, Promise<LoadedModel>>();
   private readonly bases = new Map<string, LoadedBase>();
@@ -220,6 +222,14 @@ class LlamaEngine implements Engine {
       });
     validateSampling(sampling);
     signal?.throwIfAborted();
+    // Compiled before the model is loaded, so a schema the grammar cannot honour is refused at once.
+    const grammar = request.responseFormat
+      ? await abortable(
+          this.getLlama().then((llama) => this.grammars.get(llama, request.responseFormat!)),
+          signal,
+        )
+      : undefined;
+    this.ensureOpen();
 
     const ready = this.models.get(modelKey(request.model));
     let loaded: LoadedModel;
@@ -252,7 +262,7 @@ class LlamaEngine implements Engine {
         loaded.users--;
       }
     }
-    return this.start(loaded, sequenceId, prompt, request);
+    return this.start(loaded, sequenceId, prompt, request, grammar);
   }
 
   /** Counts one more waiting request, or refuses it with `rate_limited` when the queue is full. */
@@ -574,13 +584,22 @@ class LlamaEngine implements Engine {
 
   // ---- generation ----
 
-  private start(m: LoadedModel, sequenceId: number, prompt: number[], request: GenerationRequest) {
+  private start(
+    m: LoadedModel,
+    sequenceId: number,
+    prompt: number[],
+    request: GenerationRequest,
+    grammar: LlamaGrammar | undefined,
+  ) {
     const { sampling, signal } = request;
     const model = m.model;
     // max_tokens is a cap: the generation also ends when the context is full.
     const maxTokens = Math.min(sampling.maxTokens, m.contextSize - prompt.length);
     let sampler: NativeSampler;
+    let grammarState: NativeGrammarState | undefined;
     try {
+      // One grammar state per generation: the sampler advances it with every token it samples.
+      grammarState = grammar ? m.native.createGrammarState(grammar) : undefined;
       sampler = m.native.createSampler();
     } catch (error) {
       this.returnSequence(m, sequenceId);
@@ -600,13 +619,20 @@ class LlamaEngine implements Engine {
       repeatPenaltyTokens: new Uint32Array(0),
       repeatPenaltyPresencePenalty: sampling.presencePenalty,
       repeatPenaltyFrequencyPenalty: sampling.frequencyPenalty,
+      ...(grammarState ? { grammarEvaluationState: grammarState } : {}),
     });
     // A chat answer on the fallback ChatML template also ends at its turn markers: a model without ChatML
     // control tokens writes them as text (see CHATML_STOP_STRINGS). Raw prompts are left alone.
     const turnStops = request.messages !== undefined ? m.template.stopStrings : [];
+    // A JSON grammar ends its value with whitespace and a run of newlines (node-llama-cpp's stop trigger),
+    // which is not part of the answer.
+    const grammarStops = (grammar?.stopGenerationTriggers ?? []).flatMap((t) =>
+      typeof t === "string" ? [t] : Array.isArray(t) ? [] : [t.toString()],
+    );
     const output = new TextOutput(
       (tokens, previous) => model.detokenize(tokens as Token[], false, previous as Token[]),
-      [...(sampling.stop ?? []), ...turnStops],
+      [...(sampling.stop ?? []), ...turnStops, ...grammarStops],
+      grammar?.trimWhitespaceSuffix === true,
     );
     let reused: number;
     try {

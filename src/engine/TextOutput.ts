@@ -26,10 +26,13 @@ export class TextOutput {
   private previousTokens: number[] = [];
   // Text decoded but not yet streamed because it might be the beginning of a stop string.
   private heldText = "";
+  private readonly trimEnd: boolean;
 
-  constructor(detokenize: Detokenize, stops: readonly string[] = []) {
+  /** `trimEnd`: trailing whitespace is held back, and dropped at the end (grammar output). */
+  constructor(detokenize: Detokenize, stops: readonly string[] = [], trimEnd = false) {
     this.detokenize = detokenize;
     this.stops = stops.filter((s) => s.length > 0);
+    this.trimEnd = trimEnd;
   }
 
   /** Adds a generated token; returns the text that can be streamed now (may be empty). */
@@ -48,6 +51,7 @@ export class TextOutput {
     if (this.stopped) return "";
     let rest = this.heldText;
     if (this.heldTokens.length > 0) rest += this.detokenize(this.heldTokens, this.previousTokens);
+    if (this.trimEnd) rest = rest.trimEnd();
     this.heldTokens = [];
     this.heldText = "";
     this.text += rest;
@@ -64,9 +68,11 @@ export class TextOutput {
     if (stopAt !== -1) {
       this.stopped = true;
       this.heldText = "";
-      return this.emit(pending.slice(0, stopAt));
+      const before = pending.slice(0, stopAt);
+      return this.emit(this.trimEnd ? before.trimEnd() : before);
     }
-    const keep = longestStopPrefixSuffix(pending, this.stops);
+    let keep = longestStopPrefixSuffix(pending, this.stops);
+    if (this.trimEnd) keep = Math.max(keep, pending.length - pending.trimEnd().length);
     this.heldText = pending.slice(pending.length - keep);
     return this.emit(pending.slice(0, pending.length - keep));
   }

@@ -1,4 +1,4 @@
-import type { Llama, LlamaContext, LlamaModel } from "node-llama-cpp";
+import type { Llama, LlamaContext, LlamaGrammar, LlamaModel } from "node-llama-cpp";
 
 /**
  * The one place that reaches under node-llama-cpp's public API (pinned to exactly 3.22.1 in package.json).
@@ -11,7 +11,8 @@ import type { Llama, LlamaContext, LlamaModel } from "node-llama-cpp";
  * ≈1,900–2,400 tok/s driving the same native context directly; see bench/engine.ts). So the engine creates the
  * context with the public API (memory checks, sequences, threads) and then batches all of a model's sequences
  * itself, through the context's native handle: one `decodeBatch` per step for every active sequence, then one
- * `sampleToken` per sequence (run concurrently on libuv's pool).
+ * `sampleToken` per sequence (run concurrently on libuv's pool). `response_format` grammars go the same way: an
+ * `AddonGrammarEvaluationState` (what `LlamaGrammarEvaluationState` wraps) passed in the sampler's config.
  *
  * `bindNative` checks every member it uses and fails loudly, so a node-llama-cpp upgrade that changes them
  * breaks at model load with a clear message (and in test/engine.test.ts), not mid-generation.
@@ -52,6 +53,16 @@ export interface NativeSamplerConfig {
   repeatPenaltyTokens: Uint32Array;
   repeatPenaltyPresencePenalty: number;
   repeatPenaltyFrequencyPenalty: number;
+  /**
+   * Constrains sampling to a grammar: `sampleToken` applies it and accepts each sampled token into it. One
+   * state per generation. Defaults to none.
+   */
+  grammarEvaluationState?: NativeGrammarState;
+}
+
+/** Where a generation stands in its grammar (`AddonGrammarEvaluationState`); opaque, freed by the GC. */
+export interface NativeGrammarState {
+  readonly __nativeGrammarState: never;
 }
 
 export interface NativeSampler {
@@ -62,15 +73,26 @@ export interface NativeSampler {
 export interface NativeBinding {
   context: NativeContext;
   createSampler(): NativeSampler;
+  /** A fresh evaluation state of `grammar` (from the same `Llama`) for one generation. */
+  createGrammarState(grammar: LlamaGrammar): NativeGrammarState;
 }
 
 type SamplerConstructor = new (model: unknown) => NativeSampler;
+type GrammarStateConstructor = new (model: unknown, grammar: unknown) => NativeGrammarState;
 
 export function bindNative(llama: Llama, model: LlamaModel, context: LlamaContext): NativeBinding {
   const ctx = (context as unknown as { _ctx?: NativeContext })._ctx;
   const nativeModel = (model as unknown as { _model?: unknown })._model;
-  const Sampler = (llama as unknown as { _bindings?: { AddonSampler?: SamplerConstructor } })._bindings
-    ?.AddonSampler;
+  const bindings = (
+    llama as unknown as {
+      _bindings?: {
+        AddonSampler?: SamplerConstructor;
+        AddonGrammarEvaluationState?: GrammarStateConstructor;
+      };
+    }
+  )._bindings;
+  const Sampler = bindings?.AddonSampler;
+  const GrammarState = bindings?.AddonGrammarEvaluationState;
   const contextMethods = [
     "initBatch",
     "addToBatch",
@@ -86,11 +108,26 @@ export function bindNative(llama: Llama, model: LlamaModel, context: LlamaContex
     ...(typeof Sampler !== "function" || typeof Sampler.prototype?.applyConfig !== "function"
       ? ["AddonSampler.applyConfig"]
       : []),
+    ...(typeof GrammarState !== "function" ? ["AddonGrammarEvaluationState"] : []),
   ];
-  if (missing.length > 0 || !ctx || !Sampler)
-    throw new Error(
-      `node-llama-cpp's native context API changed (missing: ${missing.join(", ")}); ` +
-        "src/engine/nativeBatch.ts is written for node-llama-cpp 3.22.1",
-    );
-  return { context: ctx, createSampler: () => new Sampler(nativeModel) };
+  if (missing.length > 0 || !ctx || !Sampler || !GrammarState)
+    throw new Error(nativeApiChanged(missing.join(", ")));
+  return {
+    context: ctx,
+    createSampler: () => new Sampler(nativeModel),
+    createGrammarState: (grammar) => {
+      const nativeGrammar = (grammar as unknown as { _grammar?: unknown; _llama?: unknown })._grammar;
+      if (nativeGrammar == null) throw new Error(nativeApiChanged("grammar._grammar"));
+      if ((grammar as unknown as { _llama?: unknown })._llama !== llama)
+        throw new Error("the grammar was made by another Llama instance than the model");
+      return new GrammarState(nativeModel, nativeGrammar);
+    },
+  };
+}
+
+function nativeApiChanged(missing: string): string {
+  return (
+    `node-llama-cpp's native context API changed (missing: ${missing}); ` +
+    "src/engine/nativeBatch.ts is written for node-llama-cpp 3.22.1"
+  );
 }

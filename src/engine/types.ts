@@ -16,6 +16,13 @@ export interface SamplingOptions {
   seed?: number;
 }
 
+/**
+ * Output constrained by a grammar in the sampler: `json` is any JSON object; `json_schema` is a value that
+ * matches `schema` (the subset of JSON Schema that node-llama-cpp's grammar supports; see
+ * `unsupportedJsonSchema`). A schema it cannot honour is an `invalid_request` naming `response_format`.
+ */
+export type ResponseFormat = { kind: "json" } | { kind: "json_schema"; schema: unknown };
+
 export interface GenerationRequest {
   model: ModelRef;
   /** Chat messages, formatted with the model's own chat template. Exactly one of `messages` and `prompt`. */
@@ -23,6 +30,8 @@ export interface GenerationRequest {
   /** A raw prompt, completed as is (OpenAI `/v1/completions`). */
   prompt?: string;
   sampling: SamplingOptions;
+  /** Constrains the output to JSON. Defaults to free text. */
+  responseFormat?: ResponseFormat;
   /** Aborting stops generation at once and frees the sequence slot. */
   signal?: AbortSignal;
   /** Called with each new piece of text as it is generated (streaming). */

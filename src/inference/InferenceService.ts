@@ -2,7 +2,13 @@ import { ConduitError } from "../errors.ts";
 import type { Engine } from "../engine/Engine.ts";
 import type { ModelInfo, ModelRegistry } from "../model/ModelRegistry.ts";
 import { readModelFileInfo } from "../model/modelFileInfo.ts";
-import type { ChatMessage, GenerationResult, ModelRef, SamplingOptions } from "../engine/types.ts";
+import type {
+  ChatMessage,
+  GenerationResult,
+  ModelRef,
+  ResponseFormat,
+  SamplingOptions,
+} from "../engine/types.ts";
 import type { Run, RunRepository } from "../store/RunRepository.ts";
 import { methodOf } from "../train/RunService.ts";
 
@@ -13,6 +19,8 @@ export interface InferenceRequest {
   /** A raw prompt, or several (OpenAI's prompt array): each gets `n` choices, numbered in order. */
   prompt?: string | string[];
   sampling: SamplingOptions;
+  /** Constrains every choice to JSON. Defaults to free text. */
+  responseFormat?: ResponseFormat | undefined;
   /** Independent generations for the same input (OpenAI `n`), for each prompt. Defaults to `1`. */
   n?: number;
   signal?: AbortSignal;
@@ -114,6 +122,7 @@ export class InferenceService {
               request.sampling.seed !== undefined && i > 0
                 ? { ...request.sampling, seed: request.sampling.seed + i }
                 : request.sampling,
+            ...(request.responseFormat ? { responseFormat: request.responseFormat } : {}),
             ...(request.signal ? { signal: request.signal } : {}),
             ...(request.onText ? { onText: (text: string) => request.onText?.(index, text) } : {}),
           });

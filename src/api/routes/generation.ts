@@ -2,9 +2,16 @@ import type { FastifyInstance } from "fastify";
 import type { TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
 import type { Core } from "../../core.ts";
 import { ConduitError } from "../../errors.ts";
-import type { ChatMessage, SamplingOptions } from "../../engine/types.ts";
+import type { ChatMessage, ResponseFormat, SamplingOptions } from "../../engine/types.ts";
 import { respondWithGeneration, usageOf, type ResponseShape } from "../generate.ts";
-import { ChatBody, ChatResult, CompletionResult, CompletionsBody, ModelList } from "../generationSchemas.ts";
+import {
+  ChatBody,
+  ChatResult,
+  CompletionResult,
+  CompletionsBody,
+  ModelList,
+  type ResponseFormatWire,
+} from "../generationSchemas.ts";
 import { responses } from "../schemas.ts";
 
 /** The seed's sampling fields → engine options. */
@@ -28,6 +35,13 @@ export function seedSampling(body: {
     ...(body.stop !== undefined ? { stop: typeof body.stop === "string" ? [body.stop] : body.stop } : {}),
     ...(body.seed !== undefined ? { seed: body.seed } : {}),
   };
+}
+
+/** `response_format` → the engine's grammar request; `text` (or none) is free text. */
+export function responseFormat(wire: ResponseFormatWire | undefined): ResponseFormat | undefined {
+  if (wire?.type === "json_object") return { kind: "json" };
+  if (wire?.type === "json_schema") return { kind: "json_schema", schema: wire.json_schema.schema };
+  return undefined;
 }
 
 /** `system_prompt`, then `history` as alternating user/assistant turns, then `prompt` as the user's turn. */
@@ -114,7 +128,8 @@ export default async function generationRoutes(app: FastifyInstance, { core }: {
         summary: "Chat with a model",
         description:
           "`system_prompt`, then `history` (alternating user, assistant, … oldest first), then `prompt` as the user's turn, " +
-          "formatted with the model's chat template. `stream: true` answers with Server-Sent Events (`chat.completion.chunk`, then `data: [DONE]`).",
+          "formatted with the model's chat template. `stream: true` answers with Server-Sent Events (`chat.completion.chunk`, then `data: [DONE]`). " +
+          "`response_format` constrains the answer to JSON (a JSON object, or a value matching a JSON schema).",
         body: ChatBody,
         response: responses({ 200: ChatResult }, errors),
       },
@@ -128,6 +143,7 @@ export default async function generationRoutes(app: FastifyInstance, { core }: {
           model: request.body.model,
           messages: chatMessages(request.body),
           sampling: seedSampling(request.body),
+          responseFormat: responseFormat(request.body.response_format),
         },
         { stream: request.body.stream, shape: seedChatShape },
       ),

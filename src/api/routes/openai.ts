@@ -16,7 +16,7 @@ import {
 } from "../generationSchemas.ts";
 import { dropNulls } from "../nullable.ts";
 import { noControlCharacters, responses } from "../schemas.ts";
-import { completionShape, seedSampling } from "./generation.ts";
+import { completionShape, responseFormat, seedSampling } from "./generation.ts";
 
 /**
  * OpenAI-compatible routes. They translate OpenAI requests into the same generation call as
@@ -106,7 +106,9 @@ export default async function openAiRoutes(app: FastifyInstance, { core }: { cor
       schema: {
         tags,
         summary: "OpenAI-compatible chat completions",
-        description: `The messages, formatted with the model's chat template. ${refused}`,
+        description:
+          "The messages, formatted with the model's chat template. `response_format` `json_object` or `json_schema` " +
+          `constrains the answer with a grammar while sampling. ${refused}`,
         body: OpenAiChatBody,
       },
       preValidation: dropNulls(OpenAiChatBody),
@@ -122,6 +124,7 @@ export default async function openAiRoutes(app: FastifyInstance, { core }: { cor
           model: body.model,
           messages: openAiMessages(body.messages),
           sampling: openAiSampling(body),
+          responseFormat: responseFormat(body.response_format),
           n: body.n,
         },
         { stream: body.stream, shape: openAiChatShape(body.stream_options?.include_usage === true) },

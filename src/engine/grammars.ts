@@ -1,0 +1,181 @@
+import type { Llama, LlamaGrammar } from "node-llama-cpp";
+import { ConduitError } from "../errors.ts";
+import type { ResponseFormat } from "./types.ts";
+
+/** Compiled grammars kept for reuse, keyed by the schema's JSON text. */
+const CACHE_SIZE = 64;
+
+/**
+ * Compiles `response_format` into node-llama-cpp grammars, at most once per distinct schema (the most
+ * recently used `CACHE_SIZE` are kept). A schema node-llama-cpp cannot honour is an `invalid_request`
+ * naming `response_format`, before any model is loaded.
+ */
+export class GrammarCache {
+  private readonly grammars = new Map<string, Promise<LlamaGrammar>>();
+
+  get(llama: Llama, format: ResponseFormat): Promise<LlamaGrammar> {
+    const key = format.kind === "json" ? "json" : `schema:${JSON.stringify(format.schema)}`;
+    let grammar = this.grammars.get(key);
+    if (grammar) this.grammars.delete(key);
+    else {
+      if (format.kind === "json_schema") {
+        const reason = unsupportedJsonSchema(format.schema);
+        if (reason !== undefined)
+          throw new ConduitError(
+            "invalid_request",
+            `field "response_format" has an unsupported JSON schema: ${reason}`,
+            {
+              param: "response_format",
+            },
+          );
+      }
+      grammar =
+        format.kind === "json"
+          ? llama.getGrammarFor("json")
+          : // The schema was checked above; node-llama-cpp's types cannot express an arbitrary value.
+            llama.createGrammarForJsonSchema(
+              anyOfAsOneOf(format.schema) as Parameters<Llama["createGrammarForJsonSchema"]>[0],
+            );
+      grammar = grammar.catch((error: unknown) => {
+        this.grammars.delete(key);
+        throw new ConduitError(
+          "invalid_request",
+          `field "response_format" could not be compiled into a grammar: ${error instanceof Error ? error.message : error}`,
+          { param: "response_format", cause: error },
+        );
+      });
+    }
+    this.grammars.set(key, grammar);
+    if (this.grammars.size > CACHE_SIZE) this.grammars.delete(this.grammars.keys().next().value!);
+    return grammar;
+  }
+}
+
+/** node-llama-cpp knows `oneOf` only; as a grammar, `anyOf` is the same choice among alternatives. */
+function anyOfAsOneOf(schema: unknown, names = false): unknown {
+  if (Array.isArray(schema)) return schema.map((item) => anyOfAsOneOf(item));
+  if (typeof schema !== "object" || schema === null) return schema;
+  return Object.fromEntries(
+    Object.entries(schema).map(([key, value]) => [
+      key === "anyOf" && !names ? "oneOf" : key,
+      names
+        ? anyOfAsOneOf(value)
+        : key === "const" || key === "enum"
+          ? value
+          : anyOfAsOneOf(value, key === "properties" || key === "$defs"),
+    ]),
+  );
+}
+
+const isLiteral = (value: unknown) =>
+  value === null || ["string", "number", "boolean"].includes(typeof value);
+
+const TYPES = new Set(["string", "number", "integer", "boolean", "null", "object", "array"]);
+const FORMATS = new Set(["date-time", "date", "time"]);
+/** Keywords that only describe (the grammar ignores them). */
+const ANNOTATIONS = ["title", "description", "$schema", "$id", "$comment", "examples"];
+const BY_TYPE: Record<string, string[]> = {
+  string: ["minLength", "maxLength", "format"],
+  object: ["properties", "required", "additionalProperties", "minProperties", "maxProperties"],
+  array: ["items", "prefixItems", "minItems", "maxItems"],
+};
+
+/**
+ * Why node-llama-cpp's JSON-schema grammar (3.22) cannot honour `schema`, or `undefined` when it can. It
+ * supports `type` (one or a list of `string`, `number`, `integer`, `boolean`, `null`, `object`, `array`),
+ * `const` and `enum` (of strings, numbers, booleans, `null`), `oneOf`/`anyOf`, `$ref` to `$defs`, `properties`, `required`, `additionalProperties`,
+ * `minProperties`/`maxProperties` (every property in `properties` is always written, as OpenAI's strict mode
+ * requires), `items`, `prefixItems`, `minItems`/`maxItems`, `minLength`/`maxLength`
+ * and `format` (`date-time`, `date`, `time`); anything else (`pattern`, `minimum`, `allOf`, `not`, …) would be
+ * silently ignored by the grammar, so it is refused here.
+ */
+export function unsupportedJsonSchema(
+  schema: unknown,
+  at = "schema",
+  defs = new Set<string>(),
+): string | undefined {
+  if (typeof schema !== "object" || schema === null || Array.isArray(schema))
+    return `${at} must be an object`;
+  const s = schema as Record<string, unknown>;
+  if (at === "schema" && s.$defs !== undefined) {
+    if (typeof s.$defs !== "object" || s.$defs === null) return "schema.$defs must be an object";
+    for (const name of Object.keys(s.$defs)) defs.add(name);
+    for (const [name, def] of Object.entries(s.$defs)) {
+      const reason = unsupportedJsonSchema(def, `schema.$defs.${name}`, defs);
+      if (reason) return reason;
+    }
+  }
+  const allowed = new Set([...ANNOTATIONS, ...(at === "schema" ? ["$defs"] : [])]);
+  const check = (key: string, value: unknown): string | undefined => {
+    if (Array.isArray(value)) {
+      for (const [i, v] of value.entries()) {
+        const reason = unsupportedJsonSchema(v, `${at}.${key}[${i}]`, defs);
+        if (reason) return reason;
+      }
+    }
+    return undefined;
+  };
+  if ("$ref" in s) {
+    const ref = s.$ref;
+    const name =
+      typeof ref === "string" && ref.startsWith("#/$defs/") ? ref.slice("#/$defs/".length) : undefined;
+    if (name === undefined || !defs.has(name))
+      return `${at}.$ref must point into the root's $defs ("#/$defs/name")`;
+    allowed.add("$ref");
+  } else if ("const" in s) {
+    if (!isLiteral(s.const)) return `${at}.const must be a string, number, boolean or null`;
+    allowed.add("const");
+  } else if ("enum" in s) {
+    if (!Array.isArray(s.enum) || s.enum.length === 0) return `${at}.enum must be a non-empty array`;
+    if (!s.enum.every(isLiteral)) return `${at}.enum values must be strings, numbers, booleans or null`;
+    allowed.add("enum");
+  } else if ("oneOf" in s || "anyOf" in s) {
+    const key = "oneOf" in s ? "oneOf" : "anyOf";
+    if (!Array.isArray(s[key]) || (s[key] as unknown[]).length === 0)
+      return `${at}.${key} must be a non-empty array`;
+    allowed.add(key);
+    const reason = check(key, s[key]);
+    if (reason) return reason;
+  } else if ("type" in s) {
+    const types = Array.isArray(s.type) ? (s.type as unknown[]) : [s.type];
+    for (const t of types)
+      if (typeof t !== "string" || !TYPES.has(t)) return `${at}.type ${JSON.stringify(t)} is not a JSON type`;
+    allowed.add("type");
+    for (const t of types) for (const key of BY_TYPE[t as string] ?? []) allowed.add(key);
+    if (s.format !== undefined && (typeof s.format !== "string" || !FORMATS.has(s.format)))
+      return `${at}.format must be "date-time", "date" or "time"`;
+    if (s.properties !== undefined) {
+      if (typeof s.properties !== "object" || s.properties === null)
+        return `${at}.properties must be an object`;
+      for (const [name, sub] of Object.entries(s.properties)) {
+        const reason = unsupportedJsonSchema(sub, `${at}.properties.${name}`, defs);
+        if (reason) return reason;
+      }
+    }
+    if (
+      s.required !== undefined &&
+      (!Array.isArray(s.required) || s.required.some((r) => typeof r !== "string"))
+    )
+      return `${at}.required must be an array of property names`;
+    if (typeof s.additionalProperties === "object" && s.additionalProperties !== null) {
+      const reason = unsupportedJsonSchema(s.additionalProperties, `${at}.additionalProperties`, defs);
+      if (reason) return reason;
+    } else if (s.additionalProperties !== undefined && typeof s.additionalProperties !== "boolean")
+      return `${at}.additionalProperties must be a boolean or a schema`;
+    if (typeof s.items === "object" && s.items !== null && !Array.isArray(s.items)) {
+      const reason = unsupportedJsonSchema(s.items, `${at}.items`, defs);
+      if (reason) return reason;
+    } else if (s.items !== undefined && typeof s.items !== "boolean") return `${at}.items must be a schema`;
+    if (s.prefixItems !== undefined) {
+      if (!Array.isArray(s.prefixItems)) return `${at}.prefixItems must be an array`;
+      const reason = check("prefixItems", s.prefixItems);
+      if (reason) return reason;
+    }
+    for (const key of ["minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties"])
+      if (s[key] !== undefined && !(Number.isInteger(s[key]) && (s[key] as number) >= 0))
+        return `${at}.${key} must be a non-negative integer`;
+  } else return `${at} needs one of "type", "const", "enum", "oneOf", "anyOf" or "$ref"`;
+  const unknown = Object.keys(s).find((key) => !allowed.has(key));
+  if (unknown !== undefined) return `${at}.${unknown} is not supported by the grammar`;
+  return undefined;
+}
