@@ -1,133 +1,175 @@
 /**
- * What fine-tuning buys, measured through the service end to end: a small text transformation (an ISO date
- * such as `2023-07-04` written out as `4 July 2023`), 200 generated pairs, 160 to train on and 40 held out.
- * A real `conduit serve` process uploads the training pairs, fine-tunes the base model on them with the
- * run's defaults (unless given), and the held-out pairs are answered greedily before (the base model
- * through `/conduit/v1/chat`) and after (the run through `/conduit/finetuning/{id}/inference`), with the
- * same system prompt. Prints exact-match accuracy on the held-out pairs, before and after.
+ * What fine-tuning buys, measured through the service end to end, on one of two generated tasks
+ * (bench/lib/qualityTasks.ts):
  *
- *   node --import tsx bench/quality.ts [smollm2-135m|file.gguf] [--epochs 3] [--lr 0.0001] [--threads 1]
- *     [--method lora|full] [--rank 16]
+ * - `dates` (default): an ISO date such as `2023-07-04` written out as `4 July 2023`; 200 pairs, 160 to
+ *   train on and 40 held out. A format to learn: memorisation of the mapping is most of it.
+ * - `classify`: a short customer message → one label of billing/shipping/refund/technical/account;
+ *   300 pairs, 240 to train on and 60 held out. No filled-in sentence of a held-out message occurs in
+ *   the training pairs, so it measures generalisation to new messages.
+ *
+ * A real `conduit serve` process uploads the training pairs and fine-tunes the base model on them; the
+ * held-out pairs are answered greedily before (the base model through `/conduit/v1/chat`) and after (the
+ * run through `/conduit/finetuning/{id}/inference`), with the same system prompt. `--epochs`, `--lr` and
+ * `--rank` default to `auto`: nothing is sent and the service chooses (the chosen numbers are read back
+ * from the run's `config`). Prints held-out accuracy before and after, and one summary row for a table.
+ *
+ *   node --import tsx bench/quality.ts [smollm2-135m|file.gguf] [--task dates|classify]
+ *     [--epochs auto|N] [--lr auto|X] [--rank auto|N] [--method lora|full] [--train-on-inputs]
+ *     [--threads 1] [--pairs N] [--complexity 1]
  */
+import os from "node:os";
 import path from "node:path";
 import { parseArgs } from "node:util";
 import { call, startConduit } from "./lib/conduitServer.ts";
+import { TASKS, type Pair } from "./lib/qualityTasks.ts";
 import { modelPath, requireFile, type BenchModel } from "./lib/reference.ts";
 
 const { values, positionals } = parseArgs({
   allowPositionals: true,
   options: {
-    epochs: { type: "string", default: "3" },
-    method: { type: "string", default: "full" },
-    rank: { type: "string", default: "16" },
-    lr: { type: "string", default: "0.0001" },
+    task: { type: "string", default: "dates" },
+    epochs: { type: "string", default: "auto" },
+    method: { type: "string", default: "lora" },
+    rank: { type: "string", default: "auto" },
+    lr: { type: "string", default: "auto" },
+    "train-on-inputs": { type: "boolean", default: false },
     complexity: { type: "string", default: "1" },
     threads: { type: "string", default: "1" },
-    pairs: { type: "string", default: "200" },
+    pairs: { type: "string" },
   },
 });
+if (!(values.task in TASKS))
+  throw new Error(`--task ${values.task}: one of ${Object.keys(TASKS).join(", ")}`);
+const task = TASKS[values.task as keyof typeof TASKS];
+if (values.method !== "lora" && values.method !== "full")
+  throw new Error(`--method ${values.method}: lora or full`);
+if (values.method === "full" && values.rank !== "auto") throw new Error("--rank is a LoRA setting");
 const modelArg = positionals[0] ?? "smollm2-135m";
 const model = requireFile(
   modelArg.endsWith(".gguf") ? path.resolve(modelArg) : modelPath(modelArg as BenchModel),
 );
-const SYSTEM = "Write the date in words.";
-const MONTHS = [
-  "January",
-  "February",
-  "March",
-  "April",
-  "May",
-  "June",
-  "July",
-  "August",
-  "September",
-  "October",
-  "November",
-  "December",
-];
 
-/** Deterministic distinct dates, 1950–2049, as {input: "2023-07-04", output: "4 July 2023"}. */
-function datePairs(count: number): { input: string; output: string }[] {
-  let state = 7;
-  const next = (n: number) => {
-    state = (state * 1103515245 + 12345) % 2 ** 31;
-    return state % n;
-  };
-  const seen = new Set<string>();
-  const pairs: { input: string; output: string }[] = [];
-  while (pairs.length < count) {
-    const year = 1950 + next(100);
-    const month = next(12);
-    const day = 1 + next(28);
-    const input = `${year}-${String(month + 1).padStart(2, "0")}-${String(day).padStart(2, "0")}`;
-    if (seen.has(input)) continue;
-    seen.add(input);
-    pairs.push({ input, output: `${day} ${MONTHS[month]} ${year}` });
-  }
-  return pairs;
+/** `"auto"` → undefined (the field is left out, so the service chooses), else the number. */
+function setting(name: string, value: string): number | undefined {
+  if (value === "auto") return undefined;
+  const number = Number(value);
+  if (!Number.isFinite(number) || number <= 0)
+    throw new Error(`--${name} ${value}: "auto" or a positive number`);
+  return number;
 }
+const asked = {
+  epochs: setting("epochs", values.epochs),
+  lr: setting("lr", values.lr),
+  loraRank: setting("rank", values.rank),
+};
 
-const pairs = datePairs(Number(values.pairs));
+const pairs = task.pairs(Number(values.pairs ?? task.defaultPairs));
 const heldOut = pairs.slice(0, Math.round(pairs.length / 5));
 const train = pairs.slice(heldOut.length);
-const greedy = { temperature: 0, presence_penalty: 0, frequency_penalty: 0, max_tokens: 16 };
+const greedy = { temperature: 0, presence_penalty: 0, frequency_penalty: 0, max_tokens: task.maxTokens };
+const loadAtStart = os.loadavg();
+
+interface Run {
+  id: string;
+  status: string;
+  error: string | null;
+  config: {
+    epochs: number;
+    lr: number;
+    loraRank: number | null;
+    trainOnInputs: boolean;
+    autoSettings: string[];
+  };
+  stats: {
+    step?: number;
+    totalSteps?: number;
+    elapsedSeconds?: number;
+    etaSeconds?: number;
+    trainLoss?: number;
+    evalLoss?: number;
+    tokensPerSecond?: number;
+    bestEpoch?: number;
+    bestEvalLoss?: number;
+    warnings?: string[];
+    final?: { bestEvalLoss?: number; finalEvalLoss?: number; stoppedEarly?: boolean; epochs?: number };
+  };
+  logs: string[];
+}
 
 const server = await startConduit(
   { base: model },
   { CONDUIT_TRAIN_THREADS: values.threads, CONDUIT_THREADS: values.threads, CONDUIT_CONTEXT_SIZE: "512" },
 );
 try {
-  /** Exact matches of the held-out pairs, answered by `ask`. */
+  /** Correct answers to the held-out pairs, answered by `ask`. */
   const score = async (ask: (input: string) => Promise<string>) => {
-    let exact = 0;
+    let correct = 0;
     const samples: string[] = [];
+    const misses: string[] = [];
     for (const pair of heldOut) {
-      const answer = (await ask(pair.input)).trim();
-      if (answer === pair.output) exact++;
-      if (samples.length < 3) samples.push(`${pair.input} → ${JSON.stringify(answer)} (want ${pair.output})`);
+      const answer = await ask(pair.input);
+      const right = task.correct(answer, pair);
+      if (right) correct++;
+      else if (misses.length < 5) misses.push(describe(pair, answer));
+      if (samples.length < 3) samples.push(describe(pair, answer));
     }
-    return { exact, samples };
+    return { correct, samples, misses };
   };
+  const describe = (pair: Pair, answer: string) =>
+    `${JSON.stringify(pair.input)} → ${JSON.stringify(answer.trim())} (want ${pair.output})`;
 
   const before = await score(async (input) => {
     const result = await call<{ choices: { content: string }[] }>(server, "POST", "/conduit/v1/chat", {
       model: "base",
       prompt: input,
-      system_prompt: SYSTEM,
+      system_prompt: task.system,
       ...greedy,
     });
     return result.choices[0]?.content ?? "";
   });
 
-  const dataset = await call<{ id: string }>(server, "POST", "/conduit/dataset", { name: "dates" });
+  const dataset = await call<{ id: string }>(server, "POST", "/conduit/dataset", { name: task.name });
   await call(server, "POST", `/conduit/dataset/${dataset.id}/upload`, {
-    name: "dates.jsonl",
+    name: `${task.name}.jsonl`,
     ioPairs: train,
   });
   const started = performance.now();
-  let run = await call<{ id: string; status: string; stats: Record<string, unknown>; logs: string[] }>(
-    server,
-    "POST",
-    "/conduit/finetuning",
-    {
-      datasetID: dataset.id,
-      baseModelName: "base",
-      systemPrompt: SYSTEM,
-      epochs: Number(values.epochs),
-      lr: Number(values.lr),
-      method: values.method,
-      ...(values.method === "lora" ? { loraRank: Number(values.rank) } : {}),
-      complexity: Number(values.complexity),
-    },
+  let run = await call<Run>(server, "POST", "/conduit/finetuning", {
+    datasetID: dataset.id,
+    baseModelName: "base",
+    systemPrompt: task.system,
+    method: values.method,
+    complexity: Number(values.complexity),
+    ...(asked.epochs === undefined ? {} : { epochs: asked.epochs }),
+    ...(asked.lr === undefined ? {} : { lr: asked.lr }),
+    ...(asked.loraRank === undefined ? {} : { loraRank: asked.loraRank }),
+    ...(values["train-on-inputs"] ? { trainOnInputs: true } : {}),
+  });
+  const auto = new Set(run.config.autoSettings);
+  const mark = (setting: string, value: number | null) =>
+    value === null ? "–" : `${value}${auto.has(setting) ? " (auto)" : ""}`;
+  console.error(
+    `run ${run.id}: epochs ${mark("epochs", run.config.epochs)}, lr ${mark("lr", run.config.lr)}, ` +
+      `rank ${mark("loraRank", run.config.loraRank)}, trainOnInputs ${run.config.trainOnInputs}`,
   );
   let lastLine = 0;
-  while (!["READY", "FAILED", "CANCELLED"].includes(run.status)) {
-    await new Promise((resolve) => setTimeout(resolve, 2000));
-    run = await call(server, "GET", `/conduit/finetuning/${run.id}`);
+  let lastProgress = performance.now();
+  for (;;) {
     for (const line of run.logs.slice(lastLine)) console.error(`  ${line}`);
     lastLine = run.logs.length;
+    if (performance.now() - lastProgress > 60_000 && run.stats.step !== undefined) {
+      lastProgress = performance.now();
+      console.error(
+        `  … step ${run.stats.step}/${run.stats.totalSteps}, ${(run.stats.elapsedSeconds ?? 0).toFixed(0)} s, ` +
+          `eta ${(run.stats.etaSeconds ?? 0).toFixed(0)} s, load ${os.loadavg()[0]!.toFixed(1)}`,
+      );
+    }
+    if (["READY", "FAILED", "CANCELLED"].includes(run.status)) break;
+    await new Promise((resolve) => setTimeout(resolve, 2000));
+    run = await call(server, "GET", `/conduit/finetuning/${run.id}`);
   }
-  if (run.status !== "READY") throw new Error(`run ended ${run.status}`);
+  if (run.status !== "READY") throw new Error(`run ended ${run.status}: ${run.error}`);
   const trainSeconds = (performance.now() - started) / 1000;
 
   const after = await score(async (input) => {
@@ -142,28 +184,54 @@ try {
     );
     return result.response;
   });
-
-  const stats = run.stats as {
-    trainLoss?: number;
-    evalLoss?: number;
-    tokensPerSecond?: number;
-    step?: number;
-  };
-  console.log(
-    `\nmodel ${path.basename(model)}; task: ISO date → words; ${train.length} training pairs, ${heldOut.length} held out; ` +
-      `${values.method}${values.method === "lora" ? ` rank ${values.rank}` : ""}, ` +
-      `epochs ${values.epochs}, lr ${values.lr}, complexity ${values.complexity}, ${values.threads} thread(s)`,
+  const worst = await call<{ split: string; input: string; output: string; loss: number | null }[]>(
+    server,
+    "GET",
+    `/conduit/finetuning/${run.id}/examples?sort=loss&limit=3`,
   );
+  const loadAtEnd = os.loadavg();
+
+  const { config, stats } = run;
+  const autoLine = run.logs.find((line) => line.includes("auto settings:"));
+  const bestEvalLoss = stats.final?.bestEvalLoss ?? stats.bestEvalLoss;
+  console.log(
+    `\nmodel ${path.basename(model)}; task ${task.name}: ${task.description}; ${train.length} training pairs ` +
+      `(the service holds out its own eval set from these), ${heldOut.length} held out here; ` +
+      `${values.method}${config.loraRank === null ? "" : ` rank ${mark("loraRank", config.loraRank)}`}, ` +
+      `epochs ${mark("epochs", config.epochs)}, lr ${mark("lr", config.lr)}, trainOnInputs ${config.trainOnInputs}, ` +
+      `complexity ${values.complexity}, ${values.threads} thread(s)`,
+  );
+  if (autoLine) console.log(autoLine.slice(autoLine.indexOf("auto settings:")));
   console.log(
     `run ${run.id}: ${stats.step} steps in ${trainSeconds.toFixed(0)} s (queue to READY), ` +
-      `${stats.tokensPerSecond?.toFixed(0)} train tok/s, final train loss ${stats.trainLoss?.toFixed(3)}` +
-      (stats.evalLoss === undefined ? "" : `, eval loss ${stats.evalLoss.toFixed(3)}`),
+      `${stats.tokensPerSecond?.toFixed(1)} train tok/s, final train loss ${stats.trainLoss?.toFixed(3)}` +
+      (stats.evalLoss === undefined ? "" : `, eval loss ${stats.evalLoss.toFixed(3)}`) +
+      (bestEvalLoss === undefined
+        ? ""
+        : `, best eval loss ${bestEvalLoss.toFixed(3)} (epoch ${stats.bestEpoch})`),
   );
+  for (const warning of stats.warnings ?? []) console.log(`warning: ${warning}`);
   console.log(
-    `exact match on held-out pairs: before ${before.exact}/${heldOut.length}, after ${after.exact}/${heldOut.length}`,
+    `held-out ${task.name === "dates" ? "exact match" : "accuracy"}: before ${before.correct}/${heldOut.length}, ` +
+      `after ${after.correct}/${heldOut.length}`,
   );
   console.log(`  before, e.g. ${before.samples.join("; ")}`);
   console.log(`  after,  e.g. ${after.samples.join("; ")}`);
+  if (after.misses.length > 0) console.log(`  after, misses: ${after.misses.join("; ")}`);
+  console.log(
+    `  worst examples by loss: ${worst.map((e) => `${e.split} ${JSON.stringify(e.input)} → ${e.output} (${e.loss?.toFixed(3)})`).join("; ")}`,
+  );
+  const percent = (n: number) => `${((100 * n) / heldOut.length).toFixed(1)} %`;
+  const load = (l: number[]) => l.map((x) => x.toFixed(1)).join(" ");
+  console.log(
+    `\n| task | method | trainOnInputs | epochs | lr | rank | steps | train s | best epoch | best eval loss | before | after | load (1/5/15 min) start → end |`,
+  );
+  console.log(
+    `| ${task.name} | ${values.method} | ${config.trainOnInputs} | ${mark("epochs", config.epochs)} | ${mark("lr", config.lr)} | ` +
+      `${mark("loraRank", config.loraRank)} | ${stats.step} | ${trainSeconds.toFixed(0)} | ${stats.bestEpoch ?? "–"} | ` +
+      `${bestEvalLoss?.toFixed(3) ?? "–"} | ${before.correct}/${heldOut.length} (${percent(before.correct)}) | ` +
+      `${after.correct}/${heldOut.length} (${percent(after.correct)}) | ${load(loadAtStart)} → ${load(loadAtEnd)} |`,
+  );
 } finally {
   server.stop();
 }
