@@ -32,6 +32,11 @@ export const errorCatalog = {
     type: "not_found_error",
     doc: "The named model is neither in the models directory nor a READY run of this user.",
   },
+  method_not_allowed: {
+    status: 405,
+    type: "invalid_request_error",
+    doc: "The path exists, but not with this method; the `Allow` header lists the ones it takes.",
+  },
   conflict: {
     status: 409,
     type: "conflict_error",
@@ -55,7 +60,7 @@ export const errorCatalog = {
   uri_too_long: {
     status: 414,
     type: "invalid_request_error",
-    doc: "A path segment (an id) is longer than 128 characters.",
+    doc: "A path segment is longer than 1024 characters (an id that long is no id).",
   },
   rate_limited: {
     status: 429,

@@ -139,10 +139,13 @@ test("a Content-Type other than JSON on a JSON endpoint is 415", async (t) => {
   assert.equal(upload.statusCode, 200, upload.body);
 });
 
-test("a path id longer than 128 characters is 414 in the error shape", async (t) => {
+test("a path id over its limit is a 400 naming it; a path segment over 1024 characters a 414", async (t) => {
   const { app } = await build(t);
+  const tooLong = await app.inject({ url: `/conduit/dataset/${"x".repeat(129)}`, headers: asAlice });
+  assert.equal(tooLong.statusCode, 400, tooLong.body);
+  assert.equal(tooLong.json().error.param, "dataset_id");
   for (const url of [
-    `/conduit/dataset/${"x".repeat(129)}`,
+    `/conduit/dataset/${"x".repeat(1025)}`,
     `/conduit/finetuning/${"f".repeat(5000)}/cancel`,
   ]) {
     const response = await app.inject({
@@ -153,16 +156,55 @@ test("a path id longer than 128 characters is 414 in the error shape", async (t)
     assert.equal(response.statusCode, 414, response.body);
     assert.deepEqual(response.json(), {
       error: {
-        message: "a path segment is longer than 128 characters",
+        message: "a path segment is longer than 1024 characters",
         type: "invalid_request_error",
         param: null,
         code: "uri_too_long",
       },
     });
   }
-  // 128 is an id the schema allows: an ordinary 404.
-  const longest = await app.inject({ url: `/conduit/dataset/${"x".repeat(128)}`, headers: asAlice });
-  assert.equal(longest.statusCode, 404);
+  // A model name may be 256 characters: an ordinary 404.
+  const model = await app.inject({ url: `/v1/models/${"m".repeat(256)}`, headers: asAlice });
+  assert.equal(model.statusCode, 404, model.body);
+});
+
+test("a method a path does not take is a 405 with Allow; an unknown path stays a 404", async (t) => {
+  const { app } = await build(t);
+  const put = await app.inject({ method: "PUT", url: "/conduit/dataset", headers: asAlice });
+  assert.equal(put.statusCode, 405, put.body);
+  assert.equal(put.json().error.code, "method_not_allowed");
+  assert.deepEqual(put.headers.allow?.toString().split(", ").sort(), ["GET", "HEAD", "POST"]);
+  // A method with a body and no Content-Type is still about the method.
+  const query = await app.inject({
+    method: "QUERY" as "GET",
+    url: "/conduit/dataset/ds_x",
+    headers: asAlice,
+  });
+  assert.equal(query.statusCode, 405, query.body);
+  assert.deepEqual(query.headers.allow?.toString().split(", ").sort(), ["DELETE", "GET", "HEAD", "PATCH"]);
+  const unknown = await app.inject({ method: "PUT", url: "/conduit/nothing", headers: asAlice });
+  assert.equal(unknown.statusCode, 404);
+  // Without a key, neither says whether the path exists.
+  assert.equal((await app.inject({ method: "PUT", url: "/conduit/dataset" })).statusCode, 401);
+});
+
+test("an upload without a body is a 400 saying how to send one", async (t) => {
+  const { app } = await build(t);
+  const ds = await createDataset(app);
+  const response = await app.inject({
+    method: "POST",
+    url: `/conduit/dataset/${ds.id}/upload`,
+    headers: asAlice,
+  });
+  assert.equal(response.statusCode, 400, response.body);
+  assert.equal(response.json().error.param, "file");
+  assert.match(response.json().error.message, /the upload has no body/);
+});
+
+test("the public endpoints say so in the document", async (t) => {
+  const doc = await openApi(t);
+  assert.deepEqual(doc.paths["/healthz"]?.get?.security, []);
+  assert.equal(doc.paths["/conduit/dataset"]?.get?.security, undefined, "the document's default: a key");
 });
 
 test("an uploaded file that is not UTF-8 is refused naming the line, and nothing is stored", async (t) => {

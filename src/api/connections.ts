@@ -25,8 +25,11 @@ export type ConnectionSettings = Pick<
   "headersTimeout" | "bodyTimeout" | "requestTimeout" | "idleTimeout" | "shutdownTimeout"
 >;
 
-/** Longest id a path may carry (ids are at most 128 characters); a longer segment is a 414. */
-const MAX_PARAM_LENGTH = 128;
+/**
+ * Longest path segment the router takes; a longer one is a 414. Above every id and name a path
+ * carries (names are up to 256 characters), so that one a little too long is a 400 naming it.
+ */
+const MAX_PARAM_LENGTH = 1024;
 
 /** A whole HTTP/1.1 error response, written on the socket itself. */
 function rawErrorResponse(error: ConduitError, requestId?: string): string {

@@ -123,7 +123,7 @@ const fastifyCodes: Record<string, ErrorCode> = {
 
 /** Messages of our own where Fastify's would echo the request back (a 100 KB path, say). */
 const fastifyMessages: Record<string, string> = {
-  FST_ERR_MAX_PARAM_LENGTH: "a path segment is longer than 128 characters",
+  FST_ERR_MAX_PARAM_LENGTH: "a path segment is longer than 1024 characters",
   FST_ERR_BAD_URL: "the path is not a valid URL (a bad percent-encoding)",
 };
 
@@ -171,12 +171,21 @@ export function toConduitError(error: unknown, schemas?: Record<string, unknown>
 
 /** The one error handler: a catalog error becomes its JSON body; anything else is a logged 500. */
 export function registerErrorHandler(app: FastifyInstance): void {
+  // Every route's method and path pattern, so that a path served for other methods is a 405.
+  const table: Route[] = [];
+  const notFound = notFoundHandler(table);
+  app.addHook("onRoute", (route) => {
+    for (const method of [route.method].flat()) table.push({ method, path: pathPattern(route.url) });
+  });
+
   app.setErrorHandler((error: unknown, request: FastifyRequest, reply: FastifyReply) => {
     // The connection is gone: the client left, or a timeout answered and closed it.
     if (reply.raw.destroyed) {
       request.log.info({ err: error }, "request ended with its connection closed");
       return;
     }
+    // No route: what its body was like does not matter (a key that is missing or wrong still does).
+    if (request.is404 && !(error instanceof ConduitError)) return notFound(request, reply);
     let conduitError = toConduitError(
       error,
       request.routeOptions.schema as Record<string, unknown> | undefined,
@@ -190,8 +199,38 @@ export function registerErrorHandler(app: FastifyInstance): void {
     return reply.status(conduitError.status).send(errorBody(conduitError));
   });
 
-  app.setNotFoundHandler((request, reply) => {
-    const error = new ConduitError("not_found", `no route ${request.method} ${request.url.split("?")[0]}`);
+  app.setNotFoundHandler((request, reply) => notFound(request, reply));
+}
+
+interface Route {
+  method: string;
+  path: RegExp;
+}
+
+function pathPattern(url: string): RegExp {
+  const escaped = url.replace(/[.+?^${}()|[\]\\]/g, "\\$&");
+  return new RegExp(`^${escaped.replace(/:[^/]+/g, "[^/]+").replace(/\*/g, ".*")}$`);
+}
+
+/** Answers a request no route took: a 405 naming the methods its path takes, else a 404. */
+function notFoundHandler(routes: Route[]) {
+  return (request: FastifyRequest, reply: FastifyReply) => {
+    const path = request.url.split("?")[0] ?? "/";
+    const allowed = [
+      ...new Set(
+        routes
+          .filter((route) => route.method !== request.method && route.path.test(path))
+          .map((route) => route.method),
+      ),
+    ];
+    if (allowed.length > 0) {
+      const error = new ConduitError(
+        "method_not_allowed",
+        `${request.method} is not allowed on ${path}; it takes ${allowed.join(", ")}`,
+      );
+      return reply.status(405).header("allow", allowed.join(", ")).send(errorBody(error));
+    }
+    const error = new ConduitError("not_found", `no route ${request.method} ${path}`);
     return reply.status(404).send(errorBody(error));
-  });
+  };
 }

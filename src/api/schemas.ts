@@ -382,6 +382,25 @@ export type UploadJsonBodyWire = Static<typeof UploadJsonBody>;
 export type RunExampleWire = Static<typeof RunExample>;
 export type ExamplesQueryWire = Static<typeof ExamplesQuery>;
 
+/** One Server-Sent Event of a stream, as the `text/event-stream` schema of a response. */
+export function sseEvent(description: string) {
+  return Type.Object(
+    {
+      event: Type.Optional(Type.String({ description: "The event's name, when it has one." })),
+      data: Type.String({ description: "JSON, or `[DONE]` at the end of a generation." }),
+    },
+    { description },
+  );
+}
+
+/** A 200 that is JSON, or Server-Sent Events when the request asks for `"stream": true`. */
+export function jsonOrEvents(schema: TSchema, events: string) {
+  return {
+    description: `The result; with \`"stream": true\`, ${events}`,
+    content: { "application/json": { schema }, "text/event-stream": { schema: sseEvent(events) } },
+  };
+}
+
 /** What an error status means, from the catalog: each code that has it, with its description. */
 function errorStatusDescription(status: number): string {
   return (Object.entries(errorCatalog) as [string, { status: number; doc: string }][])
@@ -392,18 +411,21 @@ function errorStatusDescription(status: number): string {
 
 /**
  * Responses: the success schema, the error schema for every listed status (the ones the route
- * itself answers), and `default` for the ones any request can get from the server (408, 414, 431,
- * 500, 503, 507), all in the one error shape.
+ * itself answers), and `default` for the ones any request can get from the server (405, 408, 414,
+ * 431, 500, 503, 507), all in the one error shape.
  */
-export function responses(ok: Record<number, TSchema>, errors: number[] = [400, 401, 404]) {
-  const out: Record<number | string, TSchema> = { ...ok };
+export function responses(
+  ok: Record<number, TSchema | ReturnType<typeof jsonOrEvents>>,
+  errors: number[] = [400, 401, 404],
+) {
+  const out: Record<number | string, TSchema | ReturnType<typeof jsonOrEvents>> = { ...ok };
   for (const status of errors)
     out[status] = Type.Ref(ErrorBody, { description: errorStatusDescription(status) });
   out.default = Type.Ref(ErrorBody, {
     description:
-      "Any other error, in the same shape: a request that arrived too slowly (408), an id longer than 128 " +
-      "characters (414), headers over 16 KiB (431), an unexpected failure (500), a server shutting down (503), " +
-      "a full disk (507).",
+      "Any other error, in the same shape: a method the path does not take (405), a request that arrived too " +
+      "slowly (408), a path segment over 1024 characters (414), headers over 16 KiB (431), an unexpected failure " +
+      "(500), a server shutting down (503), a full disk (507).",
   });
   return out;
 }

@@ -33,6 +33,13 @@ export async function uploadSource(
       });
     return { name: query.name, source: request.body, format: query.format };
   }
+  if (request.body === undefined || request.body === null)
+    throw new ConduitError(
+      "invalid_request",
+      "the upload has no body: send the file as multipart/form-data, as a raw body (Content-Type " +
+        "application/jsonl, text/csv, ... with ?name=) or as JSON {name, content} or {name, ioPairs}",
+      { param: "file" },
+    );
   // The route's schema has checked it (`UploadBody`'s JSON form).
   const body = request.body as UploadJsonBodyWire;
   if ((body.content === undefined) === (body.ioPairs === undefined))

@@ -12,7 +12,12 @@ import {
   ModelList,
   type ResponseFormatWire,
 } from "../generationSchemas.ts";
-import { responses } from "../schemas.ts";
+import { jsonOrEvents, responses } from "../schemas.ts";
+
+/** What a streamed chat answers. */
+export const chatEvents =
+  "Server-Sent Events: `data: {chat.completion.chunk}` lines, then `data: [DONE]`; an error after the first " +
+  'chunk is a final `data: {"error":{...}}`.';
 
 /** The seed's sampling fields → engine options. */
 export function seedSampling(body: {
@@ -131,7 +136,7 @@ export default async function generationRoutes(app: FastifyInstance, { core }: {
           "formatted with the model's chat template. `stream: true` answers with Server-Sent Events (`chat.completion.chunk`, then `data: [DONE]`). " +
           "`response_format` constrains the answer to JSON (a JSON object, or a value matching a JSON schema).",
         body: ChatBody,
-        response: responses({ 200: ChatResult }, errors),
+        response: responses({ 200: jsonOrEvents(ChatResult, chatEvents) }, errors),
       },
     },
     async (request, reply) =>
@@ -158,7 +163,15 @@ export default async function generationRoutes(app: FastifyInstance, { core }: {
         description:
           "`messages` formatted with the model's chat template; the answer is a text completion. `stream: true` streams `text_completion` chunks.",
         body: CompletionsBody,
-        response: responses({ 200: CompletionResult }, errors),
+        response: responses(
+          {
+            200: jsonOrEvents(
+              CompletionResult,
+              "Server-Sent Events: `data: {text_completion chunk}` lines, then `data: [DONE]`.",
+            ),
+          },
+          errors,
+        ),
       },
     },
     async (request, reply) =>

@@ -38,6 +38,7 @@ export default async function healthRoutes(app: FastifyInstance, { core }: { cor
       schema: {
         tags: ["service"],
         summary: "Health check (no auth)",
+        security: [],
         description:
           "200 while the service answers: `ok`, or `degraded` with `warnings` when the data directory's disk has less " +
           "than `CONDUIT_MIN_FREE_BYTES` free (writes may soon answer 507). 500 when the database does not answer.",

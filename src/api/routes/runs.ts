@@ -10,16 +10,18 @@ import { RunInferenceBody } from "../generationSchemas.ts";
 import {
   CreateRunBody,
   ExamplesQuery,
+  jsonOrEvents,
   Message,
   PageQuery,
   Run,
   RunExample,
   RunParams,
   responses,
+  sseEvent,
 } from "../schemas.ts";
 import { openSse } from "../sse.ts";
 import { runWire, SUCCESS } from "../wire.ts";
-import { chatMessages, seedChatShape, seedSampling } from "./generation.ts";
+import { chatEvents, chatMessages, seedChatShape, seedSampling } from "./generation.ts";
 
 /** Seed 4.3: fine-tuning runs (plus `POST /conduit/finetuning`, which the seed does not show). */
 export default async function runRoutes(app: FastifyInstance, { core }: { core: Core }) {
@@ -185,7 +187,7 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
         params: RunParams,
         body: RunInferenceBody,
         response: responses(
-          { 200: Type.Object({ response: Type.String() }) },
+          { 200: jsonOrEvents(Type.Object({ response: Type.String() }), chatEvents) },
           [400, 401, 404, 409, 413, 415, 429, 503],
         ),
       },
@@ -227,7 +229,11 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
           ...responses({}),
           200: {
             description: "Server-Sent Events (`event: log|stats|status`, `data: {json}`).",
-            content: { "text/event-stream": { schema: { type: "string" } } },
+            content: {
+              "text/event-stream": {
+                schema: sseEvent("`log`, `stats` or `status`, with its JSON in `data`."),
+              },
+            },
           },
         },
       },
