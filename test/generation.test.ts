@@ -237,6 +237,11 @@ describe("generation on the tiny model", () => {
       [{ prompt: "x", history: ["only the user's turn"] }, 400, "history"],
       [{ prompt: "x", stream: "yes" }, 400, "stream"],
       [{ prompt: "x", model: "missing-model" }, 404, "model"],
+      // NUL is refused in every text field, as in IO pairs.
+      [{ prompt: "a\u0000b" }, 400, "prompt"],
+      [{ prompt: "x", system_prompt: "\u0000" }, 400, "system_prompt"],
+      [{ prompt: "x", history: ["a\u0000", "b"] }, 400, "history.0"],
+      [{ prompt: "x", stop: ["\u0000"] }, 400, "stop"],
     ];
     for (const [payload, status, param] of cases) {
       const res = await app.inject(chat(payload));
@@ -248,6 +253,7 @@ describe("generation on the tiny model", () => {
       [{ messages: [] }, "messages"],
       [{ messages: [{ role: "robot", content: "x" }] }, "messages.0.role"],
       [{ messages: [{ role: "user" }] }, "messages.0.content"],
+      [{ messages: [{ role: "user", content: "a\u0000b" }] }, "messages.0.content"],
     ];
     for (const [payload, param] of completions) {
       const res = await app.inject({

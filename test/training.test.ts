@@ -580,6 +580,32 @@ describe("runs that learn by default", () => {
       run.stats.final.lossTokens / run.stats.final.epochs,
       examples.reduce((s, e) => s + e.tokens, 0),
     );
+
+    // The run's own endpoint takes response_format too: the answer follows the schema.
+    const structured = await app.inject({
+      method: "POST",
+      url: `/conduit/finetuning/${id}/inference`,
+      headers: asAlice,
+      payload: {
+        prompt: ten[0]!.input,
+        temperature: 0,
+        max_tokens: 64,
+        response_format: {
+          type: "json_schema",
+          json_schema: {
+            name: "flag",
+            schema: {
+              type: "object",
+              properties: { ok: { type: "boolean" } },
+              required: ["ok"],
+              additionalProperties: false,
+            },
+          },
+        },
+      },
+    });
+    assert.equal(structured.statusCode, 200, structured.body);
+    assert.equal(typeof JSON.parse(structured.json().response).ok, "boolean", structured.body);
   });
 
   test("the best checkpoint by validation loss is the one served; early stopping and a warning", async (t) => {
@@ -609,7 +635,9 @@ describe("runs that learn by default", () => {
     assert.equal(run.stats.stoppedEarly, true);
     assert.ok(final.epochs < 300);
     assert.equal(run.stats.bestEpoch, final.bestEpoch);
-    assert.ok(final.bestEpoch <= final.epochs - 5, JSON.stringify(final));
+    // Five evaluations without a drop beyond the noise margin; the served checkpoint is the latest within
+    // that margin of the lowest eval loss, before the last.
+    assert.ok(final.bestEpoch < final.epochs, JSON.stringify(final));
     assert.ok(final.finalEvalLoss > final.bestEvalLoss);
     assert.ok(
       run.logs.some((line) => line.includes("stopping early")),

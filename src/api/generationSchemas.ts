@@ -1,6 +1,6 @@
 import { Type, type Static, type TSchema } from "@sinclair/typebox";
 import { Nullable, OrNull } from "./nullable.ts";
-import { noControlCharacters, REASON } from "./schemas.ts";
+import { noControlCharacters, noNul, REASON } from "./schemas.ts";
 
 /** Wire types of generation: the seed's chat and completions, and the OpenAI-compatible routes. */
 
@@ -49,9 +49,15 @@ export const SeedSampling = {
     }),
   ),
   stop: Type.Optional(
-    Type.Union([Type.String({ minLength: 1 }), Type.Array(Type.String({ minLength: 1 }), { maxItems: 4 })], {
-      description: "Stop sequences (not included in the output).",
-    }),
+    Type.Union(
+      [
+        Type.String({ minLength: 1, pattern: noNul }),
+        Type.Array(Type.String({ minLength: 1, pattern: noNul }), { maxItems: 4 }),
+      ],
+      {
+        description: "Stop sequences (not included in the output).",
+      },
+    ),
   ),
   seed: Type.Optional(
     Type.Integer({ minimum: 0, maximum: 4294967295, description: "Sampling seed, for reproducible output." }),
@@ -109,16 +115,18 @@ const Role = Type.Union([Type.Literal("system"), Type.Literal("user"), Type.Lite
 });
 
 export const ChatMessage = Type.Object(
-  { role: Role, content: Type.String() },
+  { role: Role, content: Type.String({ pattern: noNul }) },
   { additionalProperties: true },
 );
 
 export const ChatBody = Type.Object(
   {
-    prompt: Type.String({ minLength: 1, description: "The user's message." }),
-    system_prompt: Type.Optional(Type.String({ description: "System prompt. Defaults to none." })),
+    prompt: Type.String({ minLength: 1, pattern: noNul, description: "The user's message." }),
+    system_prompt: Type.Optional(
+      Type.String({ pattern: noNul, description: "System prompt. Defaults to none." }),
+    ),
     history: Type.Optional(
-      Type.Array(Type.String(), {
+      Type.Array(Type.String({ pattern: noNul }), {
         description:
           "Earlier turns, alternating user then assistant, oldest first (so an even number of entries).",
       }),
@@ -140,9 +148,12 @@ export const CompletionsBody = Type.Object(
 /** `POST /conduit/finetuning/{id}/inference`: the chat fields, plus the seed's run fields (accepted, ignored). */
 export const RunInferenceBody = Type.Object(
   {
-    prompt: Type.String({ minLength: 1 }),
-    system_prompt: Type.Optional(Type.String({ description: "Defaults to the run's `systemPrompt`." })),
+    prompt: Type.String({ minLength: 1, pattern: noNul }),
+    system_prompt: Type.Optional(
+      Type.String({ pattern: noNul, description: "Defaults to the run's `systemPrompt`." }),
+    ),
     history: ChatBody.properties.history,
+    response_format: ChatBody.properties.response_format,
     ...SeedSampling,
   },
   { additionalProperties: true },
@@ -320,7 +331,7 @@ const OpenAiSampling = {
 const OpenAiTextPart = Type.Object(
   {
     type: Type.Literal("text"),
-    text: Type.String(),
+    text: Type.String({ pattern: noNul }),
     prompt_cache_breakpoint: NotYet("prompt caching"),
   },
   { additionalProperties: false },
@@ -336,7 +347,7 @@ const OpenAiMessage = Type.Object(
           'must be "system", "developer", "user" or "assistant"; tool and function messages are not supported yet',
       },
     ),
-    content: Nullable(Type.Union([Type.String(), Type.Array(OpenAiTextPart)]), {
+    content: Nullable(Type.Union([Type.String({ pattern: noNul }), Type.Array(OpenAiTextPart)]), {
       description: "A string, or text parts (joined). Absent or `null` (an assistant turn): empty.",
       [REASON]:
         "must be a string or an array of text parts; image, audio, file and refusal parts are not supported yet",
@@ -401,7 +412,10 @@ export const OpenAiChatBody = Type.Object(
 export const OpenAiCompletionBody = Type.Object(
   {
     prompt: OrNull(
-      Type.Union([Type.String(), Type.Array(Type.String(), { minItems: 1, maxItems: MAX_CHOICES })]),
+      Type.Union([
+        Type.String({ pattern: noNul }),
+        Type.Array(Type.String({ pattern: noNul }), { minItems: 1, maxItems: MAX_CHOICES }),
+      ]),
       {
         default: "",
         description: `A raw prompt (no chat template), or up to ${MAX_CHOICES} of them: each gets \`n\` choices, numbered in order. Absent or \`null\`: empty.`,

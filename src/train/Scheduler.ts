@@ -6,6 +6,7 @@ import type { DatasetService } from "../datasets/DatasetService.ts";
 import fs from "node:fs";
 import { readGgufFileInfo } from "node-llama-cpp";
 import { writeGgufUint32 } from "../model/gguf/GgufPatch.ts";
+import { isOutOfSpace } from "../errors.ts";
 import type { BlobStore } from "../store/BlobStore.ts";
 import type { ModelRef } from "../model/types.ts";
 import type { Run, RunRepository } from "../store/RunRepository.ts";
@@ -245,7 +246,8 @@ export class Scheduler {
         await this.fail(run, outcome.reason);
       }
     } catch (error) {
-      await this.fail(run, error instanceof Error ? error.message : String(error));
+      const reason = error instanceof Error ? error.message : String(error);
+      await this.fail(run, isOutOfSpace(error) ? `the disk is full (${reason})` : reason);
     } finally {
       await fsp.rm(workDir, { recursive: true, force: true }).catch(() => undefined);
     }
@@ -255,8 +257,8 @@ export class Scheduler {
     this.log.warn({ runId: run.id, reason }, "run failed");
     await this.appendLog(run.id, `run failed: ${reason}`);
     await this.runs.finish(run.id, this.workerId, { status: "FAILED", error: reason });
-    for (const file of ["model.gguf", "adapter.gguf", "examples.jsonl", "checkpoint"])
-      await this.blobs.remove(`runs/${run.id}/${file}`).catch(() => undefined);
+    // Nothing of a failed run is kept (no empty directory either).
+    await this.blobs.remove(`runs/${run.id}`).catch(() => undefined);
   }
 
   /** The run's training and validation examples, formatted for the base model. */

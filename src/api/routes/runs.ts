@@ -21,7 +21,7 @@ import {
 } from "../schemas.ts";
 import { openSse } from "../sse.ts";
 import { runWire, SUCCESS } from "../wire.ts";
-import { chatEvents, chatMessages, seedChatShape, seedSampling } from "./generation.ts";
+import { chatEvents, chatMessages, responseFormat, seedChatShape, seedSampling } from "./generation.ts";
 
 /** Seed 4.3: fine-tuning runs (plus `POST /conduit/finetuning`, which the seed does not show). */
 export default async function runRoutes(app: FastifyInstance, { core }: { core: Core }) {
@@ -203,7 +203,11 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
         system_prompt: systemPrompt,
         history: body.history,
       });
-      const input = { messages, sampling: seedSampling(body) };
+      const input = {
+        messages,
+        sampling: seedSampling(body),
+        responseFormat: responseFormat(body.response_format),
+      };
       if (body.stream)
         return respondWithGeneration(core, request, reply, input, {
           stream: true,

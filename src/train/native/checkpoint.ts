@@ -19,6 +19,8 @@ export interface CheckpointState {
   step: number;
   best: { loss: number; epoch: number; step: number } | null;
   evalsSinceBest: number;
+  /** The lowest eval loss so far (the best checkpoint may be a later one within noise of it). */
+  lowestEvalLoss?: number;
   /** Names of the tensors in `best.f32`, in order (LoRA). */
   bestTensors: string[];
 }
