@@ -6,7 +6,8 @@
  *   train on and 40 held out. A format to learn: memorisation of the mapping is most of it.
  * - `classify`: a short customer message → one label of billing/shipping/refund/technical/account;
  *   300 pairs, 240 to train on and 60 held out. No filled-in sentence of a held-out message occurs in
- *   the training pairs, so it measures generalisation to new messages.
+ *   the training pairs, so it measures generalisation to new messages; with `--hold-out unseen` the
+ *   held-out messages are built from two templates per label that no training message uses.
  *
  * A real `conduit serve` process uploads the training pairs and fine-tunes the base model on them; the
  * held-out pairs are answered greedily before (the base model through `/conduit/v1/chat`) and after (the
@@ -16,13 +17,13 @@
  *
  *   node --import tsx bench/quality.ts [smollm2-135m|file.gguf] [--task dates|classify]
  *     [--epochs auto|N] [--lr auto|X] [--rank auto|N] [--method lora|full] [--train-on-inputs]
- *     [--threads 1] [--pairs N] [--complexity 1]
+ *     [--hold-out random|unseen] [--threads 1] [--pairs N] [--complexity 1]
  */
 import os from "node:os";
 import path from "node:path";
 import { parseArgs } from "node:util";
 import { call, startConduit } from "./lib/conduitServer.ts";
-import { TASKS, type Pair } from "./lib/qualityTasks.ts";
+import { TASKS, type HoldOut, type Pair } from "./lib/qualityTasks.ts";
 import { modelPath, requireFile, type BenchModel } from "./lib/reference.ts";
 
 const { values, positionals } = parseArgs({
@@ -34,6 +35,7 @@ const { values, positionals } = parseArgs({
     rank: { type: "string", default: "auto" },
     lr: { type: "string", default: "auto" },
     "train-on-inputs": { type: "boolean", default: false },
+    "hold-out": { type: "string", default: "random" },
     complexity: { type: "string", default: "1" },
     threads: { type: "string", default: "1" },
     pairs: { type: "string" },
@@ -64,9 +66,12 @@ const asked = {
   loraRank: setting("rank", values.rank),
 };
 
-const pairs = task.pairs(Number(values.pairs ?? task.defaultPairs));
-const heldOut = pairs.slice(0, Math.round(pairs.length / 5));
-const train = pairs.slice(heldOut.length);
+if (values["hold-out"] !== "random" && values["hold-out"] !== "unseen")
+  throw new Error(`--hold-out ${values["hold-out"]}: random or unseen`);
+const holdOut: HoldOut = values["hold-out"];
+const { train, heldOut } = task.split(Number(values.pairs ?? task.defaultPairs), holdOut);
+/** The task as the summary names it: `classify (unseen)` for held-out templates. */
+const taskLabel = holdOut === "random" ? task.name : `${task.name} (${holdOut})`;
 const greedy = { temperature: 0, presence_penalty: 0, frequency_penalty: 0, max_tokens: task.maxTokens };
 const loadAtStart = os.loadavg();
 
@@ -195,7 +200,7 @@ try {
   const autoLine = run.logs.find((line) => line.includes("auto settings:"));
   const bestEvalLoss = stats.final?.bestEvalLoss ?? stats.bestEvalLoss;
   console.log(
-    `\nmodel ${path.basename(model)}; task ${task.name}: ${task.description}; ${train.length} training pairs ` +
+    `\nmodel ${path.basename(model)}; task ${taskLabel}: ${task.description}; ${train.length} training pairs ` +
       `(the service holds out its own eval set from these), ${heldOut.length} held out here; ` +
       `${values.method}${config.loraRank === null ? "" : ` rank ${mark("loraRank", config.loraRank)}`}, ` +
       `epochs ${mark("epochs", config.epochs)}, lr ${mark("lr", config.lr)}, trainOnInputs ${config.trainOnInputs}, ` +
@@ -227,7 +232,7 @@ try {
     `\n| task | method | trainOnInputs | epochs | lr | rank | steps | train s | best epoch | best eval loss | before | after | load (1/5/15 min) start → end |`,
   );
   console.log(
-    `| ${task.name} | ${values.method} | ${config.trainOnInputs} | ${mark("epochs", config.epochs)} | ${mark("lr", config.lr)} | ` +
+    `| ${taskLabel} | ${values.method} | ${config.trainOnInputs} | ${mark("epochs", config.epochs)} | ${mark("lr", config.lr)} | ` +
       `${mark("loraRank", config.loraRank)} | ${stats.step} | ${trainSeconds.toFixed(0)} | ${stats.bestEpoch ?? "–"} | ` +
       `${bestEvalLoss?.toFixed(3) ?? "–"} | ${before.correct}/${heldOut.length} (${percent(before.correct)}) | ` +
       `${after.correct}/${heldOut.length} (${percent(after.correct)}) | ${load(loadAtStart)} → ${load(loadAtEnd)} |`,

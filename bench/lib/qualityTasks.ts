@@ -5,6 +5,9 @@ export interface Pair {
   output: string;
 }
 
+/** How held-out pairs differ from training pairs: new pairs of the same kind, or (classify) new templates. */
+export type HoldOut = "random" | "unseen";
+
 export interface QualityTask {
   name: "dates" | "classify";
   /** One line for the report: what the model learns. */
@@ -12,7 +15,12 @@ export interface QualityTask {
   system: string;
   /** Tokens the greedy answer may use. */
   maxTokens: number;
-  /** `count` distinct pairs, the same on every run. */
+  /**
+   * `count` distinct pairs, the same on every run, split into pairs to train on and a fifth held out.
+   * `unseen`: the held-out pairs are built from templates the training pairs never use (classify only).
+   */
+  split(count: number, holdOut: HoldOut): { train: Pair[]; heldOut: Pair[] };
+  /** `count` distinct pairs, the same on every run: the random split holds out the first fifth. */
   pairs(count: number): Pair[];
   /** Whether `answer` (the model's, untrimmed) is right for `pair`. */
   correct(answer: string, pair: Pair): boolean;
@@ -66,23 +74,31 @@ export const datesTask: QualityTask = {
   system: "Write the date in words.",
   maxTokens: 16,
   defaultPairs: 200,
-  pairs(count) {
-    const next = lcg(7);
-    const seen = new Set<string>();
-    const pairs: Pair[] = [];
-    while (pairs.length < count) {
-      const year = 1950 + next(100);
-      const month = next(12);
-      const day = 1 + next(28);
-      const input = `${year}-${String(month + 1).padStart(2, "0")}-${String(day).padStart(2, "0")}`;
-      if (seen.has(input)) continue;
-      seen.add(input);
-      pairs.push({ input, output: `${day} ${MONTHS[month]} ${year}` });
-    }
-    return pairs;
+  split(count, holdOut) {
+    if (holdOut !== "random") throw new Error("the dates task has no templates to hold out");
+    const pairs = this.pairs(count);
+    const held = Math.round(count / 5);
+    return { train: pairs.slice(held), heldOut: pairs.slice(0, held) };
   },
+  pairs: (count) => datePairs(count),
   correct: (answer, pair) => answer.trim() === pair.output,
 };
+
+function datePairs(count: number): Pair[] {
+  const next = lcg(7);
+  const seen = new Set<string>();
+  const pairs: Pair[] = [];
+  while (pairs.length < count) {
+    const year = 1950 + next(100);
+    const month = next(12);
+    const day = 1 + next(28);
+    const input = `${year}-${String(month + 1).padStart(2, "0")}-${String(day).padStart(2, "0")}`;
+    if (seen.has(input)) continue;
+    seen.add(input);
+    pairs.push({ input, output: `${day} ${MONTHS[month]} ${year}` });
+  }
+  return pairs;
+}
 
 export const LABELS = ["billing", "shipping", "refund", "technical", "account"] as const;
 type Label = (typeof LABELS)[number];
@@ -189,11 +205,16 @@ const CLOSERS = [
   " This is urgent.",
 ];
 
+/** Templates of each label that only held-out messages use, with `--hold-out unseen`: the last two of eight. */
+const UNSEEN_TEMPLATES = 2;
+
 /**
  * Short customer messages → one of five labels. Each message is an opener, one filled-in template
  * sentence and a closer; no filled-in sentence occurs twice in the whole set, so every held-out
- * message says something the training pairs never did (the templates and words are shared: the model
- * has to learn what the sentences mean for the label, not the sentences).
+ * message says something the training pairs never did. With `random` the templates and words are
+ * shared between training and held-out messages (new combinations); with `unseen` the held-out
+ * messages come from two templates per label that no training message uses (new sentence shapes:
+ * the model has to have learned what the words mean for the label).
  */
 export const classifyTask: QualityTask = {
   name: "classify",
@@ -202,34 +223,17 @@ export const classifyTask: QualityTask = {
     "Classify the customer message as billing, shipping, refund, technical or account. Answer with the label only.",
   maxTokens: 6,
   defaultPairs: 300,
-  pairs(count) {
-    const next = mulberry32(11);
-    const pick = <T>(list: readonly T[]): T => list[next(list.length)]!;
-    const seenCores = new Set<string>();
-    const pairs: Pair[] = [];
-    for (let attempts = 0; pairs.length < count; attempts++) {
-      if (attempts > count * 100) throw new Error(`only ${pairs.length} distinct messages of ${count}`);
-      const label = LABELS[pairs.length % LABELS.length]!;
-      const core = pick(TEMPLATES[label]).replace(/\{(\w+)\}/g, (_, slot: string) => {
-        const fill = SLOTS[slot];
-        if (fill === undefined) throw new Error(`no slot ${slot}`);
-        return typeof fill === "function" ? fill(next) : pick(fill);
-      });
-      if (seenCores.has(core)) continue;
-      seenCores.add(core);
-      const opener = pick(OPENERS);
-      // "Hi, The router ..." → "Hi, the router ...": the sentence starts lower case after an opener.
-      const sentence =
-        opener === "" || opener.endsWith("! ") ? core[0]!.toUpperCase() + core.slice(1) : lowerFirst(core);
-      pairs.push({ input: `${opener}${sentence}${pick(CLOSERS)}`, output: label });
+  split(count, holdOut) {
+    const held = Math.round(count / 5);
+    if (holdOut === "random") {
+      const pairs = this.pairs(count);
+      return { train: pairs.slice(held), heldOut: pairs.slice(0, held) };
     }
-    // Labels cycle as generated; shuffle (Fisher–Yates, same generator) so any slice is mixed.
-    for (let i = pairs.length - 1; i > 0; i--) {
-      const j = next(i + 1);
-      [pairs[i], pairs[j]] = [pairs[j]!, pairs[i]!];
-    }
-    return pairs;
+    const seen = (label: Label) => TEMPLATES[label].slice(0, -UNSEEN_TEMPLATES);
+    const unseen = (label: Label) => TEMPLATES[label].slice(-UNSEEN_TEMPLATES);
+    return { train: messagePairs(count - held, 11, seen), heldOut: messagePairs(held, 12, unseen) };
   },
+  pairs: (count) => messagePairs(count, 11, (label) => TEMPLATES[label]),
   /** The label, ignoring case, surrounding spaces and punctuation ("Billing." is billing). */
   correct: (answer, pair) =>
     answer
@@ -237,6 +241,36 @@ export const classifyTask: QualityTask = {
       .toLowerCase()
       .replace(/^[^a-z]+|[^a-z]+$/g, "") === pair.output,
 };
+
+/** `count` messages, labels in turn, each from one of `templates(label)`, then shuffled. */
+function messagePairs(count: number, seed: number, templates: (label: Label) => readonly string[]): Pair[] {
+  const next = mulberry32(seed);
+  const pick = <T>(list: readonly T[]): T => list[next(list.length)]!;
+  const seenCores = new Set<string>();
+  const pairs: Pair[] = [];
+  for (let attempts = 0; pairs.length < count; attempts++) {
+    if (attempts > count * 100) throw new Error(`only ${pairs.length} distinct messages of ${count}`);
+    const label = LABELS[pairs.length % LABELS.length]!;
+    const core = pick(templates(label)).replace(/\{(\w+)\}/g, (_, slot: string) => {
+      const fill = SLOTS[slot];
+      if (fill === undefined) throw new Error(`no slot ${slot}`);
+      return typeof fill === "function" ? fill(next) : pick(fill);
+    });
+    if (seenCores.has(core)) continue;
+    seenCores.add(core);
+    const opener = pick(OPENERS);
+    // "Hi, The router ..." → "Hi, the router ...": the sentence starts lower case after an opener.
+    const sentence =
+      opener === "" || opener.endsWith("! ") ? core[0]!.toUpperCase() + core.slice(1) : lowerFirst(core);
+    pairs.push({ input: `${opener}${sentence}${pick(CLOSERS)}`, output: label });
+  }
+  // Labels cycle as generated; shuffle (Fisher–Yates, same generator) so any slice is mixed.
+  for (let i = pairs.length - 1; i > 0; i--) {
+    const j = next(i + 1);
+    [pairs[i], pairs[j]] = [pairs[j]!, pairs[i]!];
+  }
+  return pairs;
+}
 
 function lowerFirst(sentence: string): string {
   // Keep "I" and names of the product list as they are; lower "The", "Where", "Can", "My", ...
