@@ -31,6 +31,12 @@ export interface Run {
   updatedAt: string;
 }
 
+/** Where a run is mirrored in MLflow. */
+export interface MlflowRunRef {
+  experimentId: string;
+  runId: string;
+}
+
 export interface NewRun {
   id: string;
   userId: string;
@@ -106,6 +112,8 @@ export class RunRepository {
       lease_owner: null,
       lease_expires_at: null,
       attempts: 0,
+      mlflow_experiment_id: null,
+      mlflow_run_id: null,
       created_at: now,
       updated_at: now,
     };
@@ -366,6 +374,41 @@ export class RunRepository {
       .where("lease_owner", "=", owner)
       .executeTakeFirst();
     return Number(result.numUpdatedRows) > 0;
+  }
+
+  /**
+   * The MLflow experiment and run a run is mirrored to: `null` while none is recorded, undefined
+   * when there is no such run (deleted).
+   */
+  async mlflowRun(id: string): Promise<MlflowRunRef | null | undefined> {
+    const row = await this.db
+      .selectFrom("runs")
+      .select(["mlflow_experiment_id", "mlflow_run_id"])
+      .where("id", "=", id)
+      .executeTakeFirst();
+    if (!row) return undefined;
+    return row.mlflow_experiment_id && row.mlflow_run_id
+      ? { experimentId: row.mlflow_experiment_id, runId: row.mlflow_run_id }
+      : null;
+  }
+
+  /**
+   * Records the MLflow run a run is mirrored to and makes `trackerUrl` its address, unless one is
+   * recorded already (another process got there first). Returns the one recorded in the end;
+   * undefined when the run no longer exists.
+   */
+  async recordMlflowRun(
+    id: string,
+    ref: MlflowRunRef,
+    trackerUrl: string,
+  ): Promise<MlflowRunRef | undefined> {
+    await this.db
+      .updateTable("runs")
+      .set({ mlflow_experiment_id: ref.experimentId, mlflow_run_id: ref.runId, tracker_url: trackerUrl })
+      .where("id", "=", id)
+      .where("mlflow_run_id", "is", null)
+      .executeTakeFirst();
+    return (await this.mlflowRun(id)) ?? undefined;
   }
 
   /** Ends a RUNNING run this worker holds; false if it was cancelled or taken meanwhile. */

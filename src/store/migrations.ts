@@ -94,6 +94,13 @@ const migrations: Record<string, Migration> = {
       await db.schema.alterTable("api_keys").dropColumn("last_used_at").execute();
     },
   },
+  // The MLflow run a run is mirrored to, so that a restart logs to the same one.
+  "0003_run_mlflow": {
+    async up(db: Kysely<unknown>) {
+      await db.schema.alterTable("runs").addColumn("mlflow_experiment_id", "text").execute();
+      await db.schema.alterTable("runs").addColumn("mlflow_run_id", "text").execute();
+    },
+  },
 };
 
 export const migrationProvider: MigrationProvider = {

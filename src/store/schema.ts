@@ -58,6 +58,9 @@ export interface RunTable {
   lease_expires_at: string | null;
   /** How many times a trainer has started this run (crash recovery re-queues it). */
   attempts: number;
+  /** The MLflow experiment and run this run is mirrored to (`CONDUIT_MLFLOW_TRACKING_URI`), once created. */
+  mlflow_experiment_id: string | null;
+  mlflow_run_id: string | null;
   created_at: string;
   updated_at: string;
 }
