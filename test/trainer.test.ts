@@ -29,7 +29,9 @@ import {
   type TrainerProgress,
   type TrainingSample,
 } from "../src/train/trainer.ts";
-import { formatExample } from "../src/train/samples.ts";
+import type { ChatTurn } from "../src/datasets/ioPairs.ts";
+import { formatChat } from "../src/model/chatTemplate.ts";
+import { formatChatExample, formatExample } from "../src/train/samples.ts";
 
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), "conduit-trainer-"));
 let baseModel: string;
@@ -509,5 +511,73 @@ describe("trainer process", () => {
     const { sample: plain } = await formatExample(base, "", "apple river", "stone 7", false);
     const stripped = (plain as SampleSegment[]).map(({ text, train }) => ({ text, train }));
     assert.deepEqual(await tokensOf(plain), await tokensOf(stripped));
+  });
+
+  test("a chat example trains every assistant turn of weight 1, and no system or user turn", async () => {
+    const base = { id: "tiny", path: baseModel };
+    const turns: ChatTurn[] = [
+      { role: "system", content: "Be brief." },
+      { role: "user", content: "apple river" },
+      { role: "assistant", content: "stone 7" },
+      { role: "user", content: "cloud maple" },
+      { role: "assistant", content: "tiger 3", weight: 0 },
+      { role: "user", content: "ocean lemon" },
+      { role: "assistant", content: "piano 12" },
+    ];
+    const { sample, split } = await formatChatExample(base, "ignored: the example has its own", turns, false);
+    assert.ok(split && typeof sample !== "string");
+    // The segments join to the conversation exactly as inference renders it, and only the answers of weight 1
+    // (with their end markers) are trained.
+    const messages = turns.map(({ role, content }) => ({ role, content }));
+    const rendered = await formatChat(base, messages, { addGenerationPrompt: false });
+    assert.equal(sample.map((segment) => segment.text).join(""), rendered);
+    assert.deepEqual(
+      sample.filter((segment) => segment.train).map((segment) => segment.text),
+      ["stone 7<|im_end|>\n", "piano 12<|im_end|>\n"],
+    );
+    // Each trained answer starts where inference's prompt for that turn ends.
+    const promptOf = (turn: number) =>
+      formatChat(base, messages.slice(0, turn), { addGenerationPrompt: true });
+    assert.ok(rendered.startsWith(await promptOf(2)) && rendered.startsWith(await promptOf(6)));
+    assert.equal(rendered.indexOf("stone 7"), (await promptOf(2)).length);
+    assert.equal(rendered.indexOf("piano 12"), (await promptOf(6)).length);
+
+    // The trainer counts exactly the answers' tokens in the loss (every position whose label is one of them),
+    // plus the end-of-sequence label after the last.
+    const outcome = await startTrainer({
+      method: "lora",
+      lora: { rank: 2, alpha: 2, targets: ["output"] },
+      baseModelPath: baseModel,
+      outputPath: path.join(dir, "chat.gguf"),
+      workDir: path.join(dir, "chat-work"),
+      samples: [sample],
+      learningRate: 1e-4,
+      epochs: 1,
+    }).done;
+    assert.ok(outcome.status === "completed", JSON.stringify(outcome));
+    const model = await llama.loadModel({ modelPath: baseModel });
+    try {
+      const tokens = (text: string) => model.tokenize(text, true).length;
+      const answers = tokens("stone 7<|im_end|>\n") + tokens("piano 12<|im_end|>\n");
+      assert.equal(outcome.stats.lossTokens, answers + 1);
+      assert.equal(outcome.examples.train[0]!.tokens, answers + 1);
+      // With trainOnInputs every position counts.
+      const all = await formatChatExample(base, "", turns, true);
+      const everything = await startTrainer({
+        method: "lora",
+        lora: { rank: 2, alpha: 2, targets: ["output"] },
+        baseModelPath: baseModel,
+        outputPath: path.join(dir, "chat-all.gguf"),
+        workDir: path.join(dir, "chat-all-work"),
+        samples: [all.sample],
+        learningRate: 1e-4,
+        epochs: 1,
+      }).done;
+      assert.ok(everything.status === "completed", JSON.stringify(everything));
+      assert.equal(everything.stats.lossTokens, everything.stats.sampleTokens);
+      assert.ok(everything.stats.lossTokens > answers * 3, `${everything.stats.lossTokens} vs ${answers}`);
+    } finally {
+      await model.dispose();
+    }
   });
 });

@@ -3,10 +3,12 @@ import fs from "node:fs";
 import fsp from "node:fs/promises";
 import { pipeline, Readable } from "node:stream";
 import { parse as parseCsv } from "csv-parse";
+import type { ChatRole } from "../model/types.ts";
 
 /**
  * IO-pair files: JSONL (one object a line), a JSON array of objects, or CSV with a header.
- * Objects carry `input`/`output` (or `prompt`/`completion`); CSV has `input,output` (or
+ * Objects carry `input`/`output` (or `prompt`/`completion`), or a chat example as OpenAI's
+ * fine-tuning takes it, `{"messages": [{role, content}, ...]}`; CSV has `input,output` (or
  * `prompt,completion`) columns. Files are read as streams, so validation and training never
  * hold a whole JSONL or CSV file in memory (a JSON array is parsed whole; prefer JSONL for
  * big files).
@@ -14,11 +16,23 @@ import { parse as parseCsv } from "csv-parse";
 export type IoFormat = "jsonl" | "json" | "csv";
 export const ioFormats: readonly IoFormat[] = ["jsonl", "json", "csv"];
 
+/** One turn of a chat example. */
+export interface ChatTurn {
+  role: ChatRole;
+  content: string;
+  /** On an assistant turn, OpenAI's `weight`: `0` keeps it as context only (not trained). Defaults to `1`. */
+  weight?: 0 | 1;
+}
+
 export interface IoPair {
+  /** For a chat example: the last user turn before its last assistant turn (what previews and examples show). */
   input: string;
+  /** For a chat example: its last assistant turn. */
   output: string;
   /** 1-based line of the pair in its file. */
   line: number;
+  /** A chat example's whole conversation (every assistant turn of weight 1 is trained); absent for an IO pair. */
+  messages?: ChatTurn[];
 }
 
 /** A bad pair or a syntax error, with the line it is on. */
@@ -65,13 +79,93 @@ function field(record: Record<string, unknown>, names: [string, string], line: n
 
 function toPair(value: unknown, line: number): IoPair {
   if (typeof value !== "object" || value === null || Array.isArray(value))
-    throw new IoPairError(line, 'expected an object with "input" and "output"');
+    throw new IoPairError(line, 'expected an object with "input" and "output" (or "messages")');
   const record = value as Record<string, unknown>;
+  if (record.messages !== undefined) return toChatExample(record, line);
   return {
     input: field(record, ["input", "prompt"], line),
     output: field(record, ["output", "completion"], line),
     line,
   };
+}
+
+const chatRoles: Record<string, ChatRole> = {
+  system: "system",
+  developer: "system",
+  user: "user",
+  assistant: "assistant",
+};
+
+/** A message's text: a string, or OpenAI's text parts (`[{type: "text", text}]`) joined. */
+function turnContent(value: unknown, at: string, line: number): string {
+  let text: string;
+  if (typeof value === "string") text = value;
+  else if (Array.isArray(value)) {
+    text = "";
+    for (const part of value as unknown[]) {
+      const { type, text: partText } = (part ?? {}) as { type?: unknown; text?: unknown };
+      if (type !== "text" || typeof partText !== "string")
+        throw new IoPairError(
+          line,
+          `${at}.content: only text parts ({"type": "text", "text"}) can be trained on`,
+        );
+      text += partText;
+    }
+  } else
+    throw new IoPairError(
+      line,
+      `${at}.content must be a string (or text parts), got ${value === null ? "null" : typeof value}`,
+    );
+  if (text.includes("\u0000")) throw new IoPairError(line, `${at}.content contains a NUL character`);
+  return text;
+}
+
+/**
+ * A chat example, OpenAI's fine-tuning format: `messages` of roles `system` (or `developer`), `user` and
+ * `assistant`, with text contents; an assistant turn may carry `weight` 0 (context, not trained) or 1.
+ * Tool calls, function calls and tool definitions cannot be trained here and are refused, naming them.
+ */
+function toChatExample(record: Record<string, unknown>, line: number): IoPair {
+  if (record.input !== undefined || record.output !== undefined)
+    throw new IoPairError(line, 'an example has either "messages" or "input" and "output", not both');
+  for (const key of ["tools", "functions"])
+    if (record[key] !== undefined && !(Array.isArray(record[key]) && record[key].length === 0))
+      throw new IoPairError(line, `"${key}": tool and function calls cannot be trained on`);
+  const messages = record.messages;
+  if (!Array.isArray(messages) || messages.length === 0)
+    throw new IoPairError(line, '"messages" must be a non-empty array of {role, content}');
+  const turns: ChatTurn[] = [];
+  for (const [index, message] of (messages as unknown[]).entries()) {
+    const at = `messages[${index}]`;
+    if (typeof message !== "object" || message === null || Array.isArray(message))
+      throw new IoPairError(line, `${at} must be an object with "role" and "content"`);
+    const m = message as Record<string, unknown>;
+    const role = typeof m.role === "string" ? chatRoles[m.role] : undefined;
+    if (role === undefined)
+      throw new IoPairError(
+        line,
+        `${at}.role must be "system", "developer", "user" or "assistant"` +
+          (m.role === "tool" || m.role === "function"
+            ? " (tool and function calls cannot be trained on)"
+            : ""),
+      );
+    for (const key of ["tool_calls", "function_call", "name"])
+      if (m[key] !== undefined && !(key === "tool_calls" && Array.isArray(m[key]) && m[key].length === 0))
+        throw new IoPairError(line, `${at}.${key} is not supported`);
+    const turn: ChatTurn = { role, content: turnContent(m.content, at, line) };
+    if (m.weight !== undefined) {
+      if (role !== "assistant") throw new IoPairError(line, `${at}.weight is only for assistant turns`);
+      if (m.weight !== 0 && m.weight !== 1) throw new IoPairError(line, `${at}.weight must be 0 or 1`);
+      turn.weight = m.weight;
+    }
+    turns.push(turn);
+  }
+  const last = turns.findLastIndex((turn) => turn.role === "assistant" && turn.weight !== 0);
+  if (last < 0) throw new IoPairError(line, '"messages" has no assistant turn to train on (of weight 1)');
+  const answer = turns[last] as ChatTurn;
+  if (answer.content.length === 0) throw new IoPairError(line, `messages[${last}].content is empty`);
+  const question = turns.slice(0, last).findLast((turn) => turn.role === "user");
+  return { input: question?.content ?? "", output: answer.content, line, messages: turns };
 }
 
 function notUtf8(line: number): IoPairError {

@@ -1,12 +1,14 @@
 /**
  * A run's training and validation examples: each IO pair as a conversation in the base model's chat
  * template (exactly what inference will format), split into the prompt and the answer so that only
- * the answer is trained on by default.
+ * the answer is trained on by default. A chat example (`messages`) is one conversation whose every
+ * assistant turn is an answer.
  */
 import type { DatasetService } from "../datasets/DatasetService.ts";
+import type { ChatTurn, IoPair } from "../datasets/ioPairs.ts";
 import { loadChatTemplate } from "../model/chatTemplate.ts";
 import type { ChatMessage, ModelRef } from "../model/types.ts";
-import type { TrainingSample } from "./protocol.ts";
+import type { SampleSegment, TrainingSample } from "./protocol.ts";
 import { seededRandom, shuffledOrder } from "./random.ts";
 
 export interface PreparedExample {
@@ -53,14 +55,10 @@ export async function prepareExamples(
   options: SampleOptions,
 ): Promise<PreparedExamples> {
   let unsplit = 0;
-  const prepare = async (input: string, output: string): Promise<PreparedExample> => {
-    const { sample, split } = await formatExample(
-      base,
-      options.systemPrompt,
-      input,
-      output,
-      options.trainOnInputs,
-    );
+  const prepare = async ({ input, output, messages }: IoPair): Promise<PreparedExample> => {
+    const { sample, split } = messages
+      ? await formatChatExample(base, options.systemPrompt, messages, options.trainOnInputs)
+      : await formatExample(base, options.systemPrompt, input, output, options.trainOnInputs);
     if (!split) unsplit += 1;
     return { input, output, sample };
   };
@@ -70,11 +68,11 @@ export async function prepareExamples(
     options.datasetId,
     options.validationFileId ?? undefined,
   ))
-    train.push(await prepare(pair.input, pair.output));
+    train.push(await prepare(pair));
   if (options.validationFileId !== null) {
     const validation: PreparedExample[] = [];
     for await (const pair of datasets.filePairs(options.userId, options.validationFileId))
-      validation.push(await prepare(pair.input, pair.output));
+      validation.push(await prepare(pair));
     return { train, validation, validationSource: "file", unsplit };
   }
   if (train.length < options.minPairsForEval || options.evalFraction <= 0)
@@ -107,45 +105,104 @@ export async function formatExample(
   output: string,
   trainOnInputs: boolean,
 ): Promise<{ sample: TrainingSample; split: boolean }> {
+  const turns: ChatTurn[] = [
+    { role: "user", content: input },
+    { role: "assistant", content: output },
+  ];
+  return formatChatExample(base, systemPrompt, turns, trainOnInputs);
+}
+
+/**
+ * A conversation as segments, every assistant turn of weight 1 trained (and the rest too with
+ * `trainOnInputs`). The whole conversation is rendered once, as inference renders it. Turn k's answer
+ * runs from the end of the prompt inference would send for it (the turns before it and the generation
+ * prompt) to the end of the conversation rendered through turn k (its text and its end marker). When
+ * the whole does not start with those (a template that rewrites earlier turns), the turn's text is
+ * looked up in the whole instead (the last turn's with the rest of the text); failing that, the whole
+ * text is trained on (`split: false`). `systemPrompt` opens the conversation unless it has a system
+ * turn of its own.
+ */
+export async function formatChatExample(
+  base: ModelRef,
+  systemPrompt: string,
+  turns: readonly ChatTurn[],
+  trainOnInputs: boolean,
+): Promise<{ sample: TrainingSample; split: boolean }> {
   const template = await loadChatTemplate(base);
-  const rendered = template.renderSegments(conversation(systemPrompt, input, output), {
-    addGenerationPrompt: false,
-  });
+  const messages: ChatMessage[] = turns.map(({ role, content }) => ({ role, content }));
+  if (systemPrompt && messages[0]?.role !== "system")
+    messages.unshift({ role: "system", content: systemPrompt });
+  const offset = messages.length - turns.length;
+  const rendered = template.renderSegments(messages, { addGenerationPrompt: false });
   const full = rendered.segments.map((segment) => segment.text).join("");
-  const prompt = template.render(conversation(systemPrompt, input), { addGenerationPrompt: true });
   // The template's text and the pair's contents, so that the trainer keeps control-token text in a pair as text.
   const pieces = rendered.exact
     ? rendered.segments.map((segment) => ({ text: segment.text, special: segment.trusted }))
     : undefined;
-  let cut = full.startsWith(prompt) ? prompt.length : -1;
-  if (cut < 0 && output.length > 0) cut = full.lastIndexOf(output);
-  if (cut <= 0) return { sample: [{ text: full, train: true, ...(pieces ? { pieces } : {}) }], split: false };
-  const [before, after] = pieces ? splitPieces(pieces, cut) : [undefined, undefined];
-  return {
-    sample: [
-      { text: full.slice(0, cut), train: trainOnInputs, ...(before ? { pieces: before } : {}) },
-      { text: full.slice(cut), train: true, ...(after ? { pieces: after } : {}) },
-    ],
-    split: true,
-  };
+  const whole = { sample: [{ text: full, train: true, ...(pieces ? { pieces } : {}) }], split: false };
+  // [start, end) of each answer in `full`, in order.
+  const answers: number[] = [];
+  let cursor = 0;
+  for (const [k, turn] of turns.entries()) {
+    if (turn.role !== "assistant" || turn.weight === 0) continue;
+    const at = k + offset;
+    const last = at === messages.length - 1;
+    const prompt = template.render(messages.slice(0, at), { addGenerationPrompt: true });
+    const through = last ? full : template.render(messages.slice(0, at + 1), { addGenerationPrompt: false });
+    let start = prompt.length;
+    let end = through.length;
+    if (!(
+      start > 0 &&
+      start >= cursor &&
+      end > start &&
+      full.startsWith(prompt) &&
+      full.startsWith(through)
+    )) {
+      if (turn.content.length === 0) return whole;
+      start = last ? full.lastIndexOf(turn.content) : full.indexOf(turn.content, cursor);
+      if (start <= 0 || start < cursor) return whole;
+      end = last ? full.length : start + turn.content.length;
+    }
+    answers.push(start, end);
+    cursor = end;
+  }
+  if (answers.length === 0) return whole;
+  const parts = pieces ? cutPieces(pieces, answers) : undefined;
+  const sample: SampleSegment[] = [];
+  let from = 0;
+  for (const [i, to] of [...answers, full.length].entries()) {
+    const part = parts?.[i];
+    // Odd stretches are answers: [start, end).
+    if (to > from)
+      sample.push({
+        text: full.slice(from, to),
+        train: i % 2 === 1 || trainOnInputs,
+        ...(part ? { pieces: part } : {}),
+      });
+    from = to;
+  }
+  return { sample, split: true };
 }
 
 type Piece = { text: string; special: boolean };
 
-/** Splits pieces (whose texts join to one text) at a character offset of that text. */
-function splitPieces(pieces: readonly Piece[], cut: number): [Piece[], Piece[]] {
-  const before: Piece[] = [];
-  const after: Piece[] = [];
+/** Cuts pieces (whose texts join to one text) at ascending offsets of that text: `cuts.length + 1` stretches. */
+function cutPieces(pieces: readonly Piece[], cuts: readonly number[]): Piece[][] {
+  const stretches: Piece[][] = [[]];
   let at = 0;
+  let next = 0;
   for (const piece of pieces) {
-    const end = at + piece.text.length;
-    if (end <= cut) before.push(piece);
-    else if (at >= cut) after.push(piece);
-    else {
-      before.push({ text: piece.text.slice(0, cut - at), special: piece.special });
-      after.push({ text: piece.text.slice(cut - at), special: piece.special });
+    let from = 0;
+    for (; next < cuts.length && (cuts[next] as number) < at + piece.text.length; next++) {
+      const cut = Math.max(from, (cuts[next] as number) - at);
+      if (cut > from) stretches.at(-1)?.push({ text: piece.text.slice(from, cut), special: piece.special });
+      from = cut;
+      stretches.push([]);
     }
-    at = end;
+    if (from < piece.text.length)
+      stretches.at(-1)?.push({ text: piece.text.slice(from), special: piece.special });
+    at += piece.text.length;
   }
-  return [before, after];
+  while (stretches.length < cuts.length + 1) stretches.push([]);
+  return stretches;
 }
