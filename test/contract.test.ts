@@ -253,6 +253,83 @@ test("an uploaded file that is not UTF-8 is refused naming the line, and nothing
   assert.deepEqual(files.json(), []);
 });
 
+test("a JSON body that is not UTF-8 is a 400 invalid_json, and nothing is stored", async (t) => {
+  const { app } = await build(t);
+  const ds = await createDataset(app, "kept");
+  const latin1 = (text: string) => Buffer.from(text, "latin1");
+  const cases = [
+    ["/conduit/dataset", latin1('{"name":"café"}')],
+    [
+      `/conduit/dataset/${ds.id}/upload`,
+      latin1('{"name":"a.jsonl","content":"{\\"input\\":\\"crème\\",\\"output\\":\\"b\\"}"}'),
+    ],
+    // A character cut off after its first byte.
+    [
+      "/v1/chat/completions",
+      Buffer.concat([
+        Buffer.from('{"messages":[{"role":"user","content":"'),
+        Buffer.from("é").subarray(0, 1),
+        Buffer.from('"}]}'),
+      ]),
+    ],
+  ] as const;
+  for (const [url, payload] of cases)
+    for (const contentType of ["application/json", "application/json; charset=utf-8"]) {
+      const response = await app.inject({
+        method: "POST",
+        url,
+        headers: { ...asAlice, "content-type": contentType },
+        payload,
+      });
+      assert.equal(response.statusCode, 400, `${url} → ${response.body}`);
+      assert.deepEqual(response.json(), {
+        error: {
+          message: "the body is not valid JSON: it is not UTF-8 text",
+          type: "invalid_request_error",
+          param: null,
+          code: "invalid_json",
+        },
+      });
+    }
+  const datasets = await app.inject({ url: "/conduit/dataset", headers: asAlice });
+  assert.deepEqual(
+    datasets.json().map((d: { name: string }) => d.name),
+    ["kept"],
+  );
+  const files = await app.inject({ url: `/conduit/dataset/${ds.id}/files`, headers: asAlice });
+  assert.deepEqual(files.json(), []);
+  // Valid UTF-8, multi-byte characters included, is read as it was sent.
+  const named = await app.inject({
+    method: "POST",
+    url: "/conduit/dataset",
+    headers: { ...asAlice, "content-type": "application/json" },
+    payload: Buffer.from('{"name":"café ☕ 𝄞"}', "utf8"),
+  });
+  assert.equal(named.statusCode, 200, named.body);
+  assert.equal(named.json().name, "café ☕ 𝄞");
+  const empty = await app.inject({
+    method: "POST",
+    url: "/conduit/dataset",
+    headers: { ...asAlice, "content-type": "application/json" },
+    payload: "",
+  });
+  assert.equal(empty.statusCode, 400, empty.body);
+  assert.equal(empty.json().error.code, "invalid_json");
+});
+
+test("a __proto__ key in a JSON body is dropped, not refused, and pollutes nothing", async (t) => {
+  const { app } = await build(t);
+  const response = await app.inject({
+    method: "POST",
+    url: "/conduit/dataset",
+    headers: { ...asAlice, "content-type": "application/json" },
+    payload: '{"name":"p","__proto__":{"polluted":true},"constructor":{"prototype":{"polluted":true}}}',
+  });
+  assert.equal(response.statusCode, 200, response.body);
+  assert.equal(response.json().name, "p");
+  assert.equal(({} as Record<string, unknown>).polluted, undefined);
+});
+
 test("datasetID and datasetId naming different datasets is a 400; the same one twice is fine", async (t) => {
   const { app } = await build(t);
   const world = await aliceWorld(app);

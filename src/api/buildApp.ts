@@ -4,6 +4,7 @@ import swagger from "@fastify/swagger";
 import swaggerUi from "@fastify/swagger-ui";
 import { Ajv } from "ajv";
 import type { Core } from "../core.ts";
+import { ConduitError } from "../errors.ts";
 import { registerAuth } from "./auth.ts";
 import { ConnectionGuard } from "./connections.ts";
 import { openApiFixes } from "./openApiDocument.ts";
@@ -34,6 +35,23 @@ export async function buildApp(core: Core): Promise<FastifyInstance> {
   // JSON endpoints take JSON: a text/plain body is a 415, not a string that fails the schema.
   // (The upload route accepts text/plain as a raw file with a parser of its own.)
   app.removeContentTypeParser("text/plain");
+  // JSON is UTF-8 (RFC 8259): a body with bytes that are not is refused, not read with U+FFFD in
+  // their place (the same rule as for uploaded files). The rest is Fastify's own parser, which drops
+  // `__proto__` and `constructor.prototype` keys (no prototype pollution) rather than refusing a body
+  // the schemas allow (free-form objects such as a JSON schema in `response_format` may hold any key).
+  const parseJson = app.getDefaultJsonParser("remove", "remove");
+  const utf8 = new TextDecoder("utf-8", { fatal: true });
+  app.removeContentTypeParser("application/json");
+  app.addContentTypeParser("application/json", { parseAs: "buffer" }, (request, body, done) => {
+    let text: string;
+    try {
+      text = utf8.decode(body as Buffer);
+    } catch {
+      done(new ConduitError("invalid_json", "the body is not valid JSON: it is not UTF-8 text"), undefined);
+      return;
+    }
+    parseJson(request, text, done);
+  });
 
   // Bodies are validated strictly (no type coercion, unknown fields are errors where a schema
   // forbids them); query strings and path params need coercion because they arrive as text.
