@@ -399,6 +399,114 @@ describe("LlamaEngine", () => {
       assert.equal(result.promptTokens + result.completionTokens, context);
   });
 
+  test("logprobs are the raw distribution's, as node-llama-cpp's public API reports it; streamed with the text", async () => {
+    const prompt = "Once upon a time";
+    const pieces: { text: string; tokens: string[] }[] = [];
+    const result = await engine.generate({
+      model,
+      prompt,
+      sampling: greedy(12),
+      logprobs: 3,
+      onText: (text, logprobs) => pieces.push({ text, tokens: (logprobs ?? []).map((l) => l.token) }),
+    });
+    const logprobs = result.logprobs!;
+    assert.equal(logprobs.length, result.completionTokens);
+    // A byte token ending inside a character shows U+FFFD alone; the rest is the answer's text.
+    const joined = logprobs.map((l) => l.token).join("");
+    if (!joined.includes("\uFFFD")) assert.equal(joined, result.text);
+    else {
+      let at = 0;
+      for (const part of joined.split(/\uFFFD+/)) {
+        const found = result.text.indexOf(part, at);
+        assert.ok(found !== -1, `${JSON.stringify(part)} in ${JSON.stringify(result.text)}`);
+        at = found + part.length;
+      }
+    }
+    assert.deepEqual(
+      pieces.flatMap((p) => p.tokens),
+      logprobs.map((l) => l.token),
+    );
+    assert.equal(pieces.map((p) => p.text).join(""), result.text);
+    for (const entry of logprobs) {
+      assert.equal(entry.top.length, 3);
+      for (let i = 1; i < entry.top.length; i++)
+        assert.ok(entry.top[i - 1]!.logprob >= entry.top[i]!.logprob);
+      // Greedy without penalties: the chosen token is the most likely one.
+      assert.ok(Math.abs(entry.logprob - entry.top[0]!.logprob) < 1e-6, JSON.stringify(entry));
+      assert.ok(entry.logprob <= 0);
+    }
+
+    // Reference: probabilities over the whole vocabulary from node-llama-cpp's public API at temperature 0.
+    const reference = await llama.loadModel({ modelPath: model.path, gpuLayers: 0 });
+    try {
+      const context = await reference.createContext({ contextSize: 128, sequences: 1, threads: 1 });
+      const input = reference.tokenize(prompt, true);
+      if (reference.tokens.shouldPrependBosToken && input[0] !== reference.tokens.bos)
+        input.unshift(reference.tokens.bos!);
+      let i = 0;
+      for await (const out of context
+        .getSequence()
+        .evaluateWithMetadata(input, { probabilities: true }, { temperature: 0 })) {
+        const expected = Math.log(out.probabilities.get(out.token)!);
+        assert.ok(Math.abs(logprobs[i]!.logprob - expected) < 1e-3, `${logprobs[i]!.logprob} vs ${expected}`);
+        const second = [...out.probabilities.values()].sort((a, b) => b - a)[1]!;
+        assert.ok(Math.abs(logprobs[i]!.top[1]!.logprob - Math.log(second)) < 1e-3);
+        if (++i === logprobs.length) break;
+      }
+      await context.dispose();
+    } finally {
+      await reference.dispose();
+    }
+
+    // Sampling and penalties do not change what the logprobs measure; without `logprobs` there are none.
+    const sampled = await engine.generate({
+      model,
+      prompt,
+      sampling: greedy(6, { temperature: 1.5, topK: 5, presencePenalty: 1, seed: 3 }),
+      logprobs: 0,
+    });
+    assert.equal(sampled.logprobs!.length, sampled.completionTokens);
+    assert.ok(sampled.logprobs!.every((l) => l.top.length === 0 && l.logprob <= 0));
+    assert.equal((await engine.generate({ model, prompt, sampling: greedy(3) })).logprobs, undefined);
+  });
+
+  test("logprobs leave out the tokens of a stop sequence", async () => {
+    const full = await engine.generate({
+      model,
+      prompt: "Once upon a time",
+      sampling: greedy(30),
+      logprobs: 0,
+    });
+    const tokens = full.logprobs!.map((l) => l.token);
+    // A stop sequence from the last character of token k to the first of token k + 1: token k + 1 completes it.
+    const plain = (t: string | undefined) => t !== undefined && t !== "" && !t.includes("\uFFFD");
+    let k = 1;
+    const stopAt = (i: number) => tokens[i]!.slice(-1) + tokens[i + 1]!.slice(0, 1);
+    while (
+      k + 1 < tokens.length &&
+      !(
+        plain(tokens[k]) &&
+        plain(tokens[k + 1]) &&
+        full.text.indexOf(stopAt(k)) === tokens.slice(0, k + 1).join("").length - 1
+      )
+    )
+      k++;
+    assert.ok(k + 1 < tokens.length, JSON.stringify(tokens));
+    const stopped = await engine.generate({
+      model,
+      prompt: "Once upon a time",
+      sampling: greedy(30, { stop: [stopAt(k)] }),
+      logprobs: 0,
+    });
+    assert.equal(stopped.finishReason, "stop");
+    assert.equal(stopped.completionTokens, k + 2);
+    // Token k holds the start of the answer's end; token k + 1 is all stop sequence.
+    assert.deepEqual(
+      stopped.logprobs!.map((l) => l.token),
+      tokens.slice(0, k + 1),
+    );
+  });
+
   test("parallel requests all complete; one past the queue is rate_limited", async () => {
     // 2 sequences + 1 queue place: the 4th concurrent request is refused.
     const controller = new AbortController();

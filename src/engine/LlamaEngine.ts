@@ -16,6 +16,7 @@ import type {
   GenerationResult,
   ModelRef,
   SamplingOptions,
+  TokenLogprob,
 } from "./types.ts";
 
 export interface LlamaEngineOptions {
@@ -114,12 +115,29 @@ interface Generation {
   completionTokens: number;
   promptTokens: number;
   maxTokens: number;
-  onText: ((text: string) => void) | undefined;
+  onText: ((text: string, logprobs?: TokenLogprob[]) => void) | undefined;
+  /** Set when the request asked for log probabilities. */
+  logprobs: LogprobState | undefined;
   /** Set once the caller has its answer (finished, failed or aborted); the slot is released by the step loop. */
   settled: boolean;
   resolve(result: GenerationResult): void;
   reject(error: unknown): void;
   startedAt: number;
+}
+
+/** Most alternatives per token a request may ask for (OpenAI's `top_logprobs` limit). */
+export const MAX_TOP_LOGPROBS = 20;
+
+/** A generation's log probabilities: a greedy sampler without penalties reads the raw distribution. */
+interface LogprobState {
+  top: number;
+  sampler: NativeSampler;
+  /** One entry per generated token, with where its text starts in the output (`TextOutput.decodedLength`). */
+  entries: { entry: TokenLogprob; start: number }[];
+  /** Entries already streamed. */
+  sent: number;
+  /** The entry of the token just sampled, until `accept` takes it. */
+  next: TokenLogprob | undefined;
 }
 
 /** Base weights in memory, shared by every context (the bare model and each LoRA adapter) that uses them. */
@@ -221,6 +239,15 @@ class LlamaEngine implements Engine {
         param: "messages",
       });
     validateSampling(sampling);
+    if (
+      request.logprobs !== undefined &&
+      !(Number.isInteger(request.logprobs) && request.logprobs >= 0 && request.logprobs <= MAX_TOP_LOGPROBS)
+    )
+      throw new ConduitError(
+        "invalid_request",
+        `logprobs must ask for 0 to ${MAX_TOP_LOGPROBS} alternatives per token.`,
+        { param: "logprobs" },
+      );
     signal?.throwIfAborted();
     // Compiled before the model is loaded, so a schema the grammar cannot honour is refused at once.
     const grammar = request.responseFormat
@@ -553,6 +580,7 @@ class LlamaEngine implements Engine {
   private releaseSequence(m: LoadedModel, gen: Generation): void {
     m.active.delete(gen);
     gen.sampler.dispose();
+    gen.logprobs?.sampler.dispose();
     if (gen.cacheInvalid || gen.fed.length === 0) {
       m.native.context.disposeSequence(gen.sequenceId);
       m.cached.delete(gen.sequenceId);
@@ -593,15 +621,33 @@ class LlamaEngine implements Engine {
   ) {
     const { sampling, signal } = request;
     const model = m.model;
-    // max_tokens is a cap: the generation also ends when the context is full.
-    const maxTokens = Math.min(sampling.maxTokens, m.contextSize - prompt.length);
+    // max_tokens is a cap: the generation also ends when the context is full (absent: only then).
+    const maxTokens = Math.min(sampling.maxTokens ?? Infinity, m.contextSize - prompt.length);
     let sampler: NativeSampler;
     let grammarState: NativeGrammarState | undefined;
+    let logprobs: LogprobState | undefined;
     try {
       // One grammar state per generation: the sampler advances it with every token it samples.
       grammarState = grammar ? m.native.createGrammarState(grammar) : undefined;
       sampler = m.native.createSampler();
+      if (request.logprobs !== undefined) {
+        // Greedy, no penalties, no grammar: its candidates are the raw logits of the whole vocabulary.
+        const raw = m.native.createSampler();
+        raw.applyConfig({
+          temperature: 0,
+          topK: 0,
+          topP: 1,
+          seed: 0,
+          repeatPenalty: 1,
+          repeatPenaltyMaxTokens: 0,
+          repeatPenaltyTokens: new Uint32Array(0),
+          repeatPenaltyPresencePenalty: 0,
+          repeatPenaltyFrequencyPenalty: 0,
+        });
+        logprobs = { top: request.logprobs, sampler: raw, entries: [], sent: 0, next: undefined };
+      }
     } catch (error) {
+      logprobs?.sampler.dispose();
       this.returnSequence(m, sequenceId);
       throw error;
     }
@@ -639,6 +685,7 @@ class LlamaEngine implements Engine {
       reused = this.reusePrefix(m, sequenceId, prompt);
     } catch (error) {
       sampler.dispose();
+      logprobs?.sampler.dispose();
       m.native.context.disposeSequence(sequenceId);
       this.returnSequence(m, sequenceId);
       throw error;
@@ -657,6 +704,7 @@ class LlamaEngine implements Engine {
         promptTokens: prompt.length,
         maxTokens,
         onText: request.onText,
+        logprobs,
         settled: false,
         resolve,
         reject,
@@ -746,7 +794,9 @@ class LlamaEngine implements Engine {
         await ctx.decodeBatch();
         // Sampling runs on libuv's pool, one job per sequence, concurrently.
         const tokens = await Promise.all(
-          sampleAt.map(({ gen, index }) => ctx.sampleToken(index, gen.sampler)),
+          sampleAt.map(({ gen, index }) =>
+            gen.logprobs ? this.sampleWithLogprobs(m, gen, index) : ctx.sampleToken(index, gen.sampler),
+          ),
         );
         for (let i = 0; i < sampleAt.length; i++) this.accept(m, sampleAt[i]!.gen, tokens[i]!);
       } catch (error) {
@@ -760,38 +810,89 @@ class LlamaEngine implements Engine {
     }
   }
 
+  /**
+   * Samples `gen`'s next token, then reads its log probability and the top alternatives from the same logits
+   * with the generation's raw sampler (a second native call, only for requests that ask).
+   */
+  private async sampleWithLogprobs(m: LoadedModel, gen: Generation, index: number): Promise<number> {
+    const state = gen.logprobs!;
+    const ctx = m.native.context;
+    const token = await ctx.sampleToken(index, gen.sampler);
+    state.next = undefined;
+    if (token < 0 || m.model.isEogToken(token as Token)) return token;
+    const [, , , pairs, weight] = await ctx.sampleToken(
+      index,
+      state.sampler,
+      false,
+      false,
+      [[token], false, false, false, Math.max(1, state.top)],
+      true,
+    );
+    if (!pairs || pairs.length < 4 || weight === undefined)
+      throw new Error("the native sampler returned no logits");
+    // Pairs: the top logits, highest first, then the sampled token's. log p = logit − max − log Σ exp(l − max).
+    const logZ = pairs[1]! + Math.log(weight);
+    const topCount = Math.min(state.top, pairs.length / 2 - 1);
+    // Token text in context, so a SentencePiece word start keeps its space.
+    const previous = gen.fed.slice(-4) as Token[];
+    const text = (t: number) => m.model.detokenize([t as Token], true, previous);
+    const top: TokenLogprob["top"] = [];
+    for (let i = 0; i < topCount; i++)
+      top.push({ token: text(pairs[2 * i]!), logprob: pairs[2 * i + 1]! - logZ });
+    state.next = { token: text(token), logprob: pairs[2 * topCount + 1]! - logZ, top };
+    return token;
+  }
+
   private accept(m: LoadedModel, gen: Generation, token: number): void {
     if (gen.settled) return;
     if (token < 0 || m.model.isEogToken(token as Token)) return this.finish(m, gen, "stop");
     gen.completionTokens++;
+    if (gen.logprobs?.next)
+      gen.logprobs.entries.push({ entry: gen.logprobs.next, start: gen.output.decodedLength });
     const piece = gen.output.push(token);
-    if (piece !== "") this.stream(gen, piece);
+    if (piece !== "" || gen.logprobs) this.stream(gen, piece);
     if (gen.settled) return;
     if (gen.output.stopped) return this.finish(m, gen, "stop");
     if (gen.completionTokens >= gen.maxTokens) return this.finish(m, gen, "length");
     gen.pending = [token];
   }
 
+  /** Streams `piece` with the log probabilities of the tokens whose text now starts in the streamed text. */
   private stream(gen: Generation, piece: string): void {
     if (!gen.onText) return;
+    const logprobs = gen.logprobs ? this.takeLogprobs(gen.logprobs, gen.output.text.length) : undefined;
+    if (piece === "" && (logprobs === undefined || logprobs.length === 0)) return;
     try {
-      gen.onText(piece);
+      gen.onText(piece, logprobs);
     } catch (error) {
       // A throwing consumer ends its own generation, not the step loop.
       settle(gen, () => gen.reject(error));
     }
   }
 
+  /** The entries not streamed yet whose text starts before `end`. */
+  private takeLogprobs(state: LogprobState, end: number): TokenLogprob[] {
+    const taken: TokenLogprob[] = [];
+    while (state.sent < state.entries.length && state.entries[state.sent]!.start < end)
+      taken.push(state.entries[state.sent++]!.entry);
+    return taken;
+  }
+
   private finish(m: LoadedModel, gen: Generation, finishReason: FinishReason): void {
     const rest = gen.output.finish();
     if (rest !== "") this.stream(gen, rest);
     if (gen.settled) return;
+    const end = gen.output.text.length;
     const result: GenerationResult = {
       text: gen.output.text,
       finishReason,
       promptTokens: gen.promptTokens,
       cachedTokens: gen.cachedTokens,
       completionTokens: gen.completionTokens,
+      // Tokens whose text is in the answer (not those of a stop sequence or trimmed whitespace).
+      ...(gen.logprobs
+        ? { logprobs: gen.logprobs.entries.filter((e) => e.start < end).map((e) => e.entry) }
+        : {}),
     };
     this.counters.completed++;
     this.counters.promptTokens += result.promptTokens;
@@ -901,7 +1002,7 @@ function positiveInteger(value: number, name: string): number {
 
 function validateSampling(s: SamplingOptions): void {
   const bad = (param: string, message: string) => new ConduitError("invalid_request", message, { param });
-  if (!Number.isInteger(s.maxTokens) || s.maxTokens < 1)
+  if (s.maxTokens !== undefined && (!Number.isInteger(s.maxTokens) || s.maxTokens < 1))
     throw bad("max_tokens", "max_tokens must be at least 1.");
   if (!(s.temperature >= 0)) throw bad("temperature", "temperature must be 0 or more.");
   if (!(s.topP > 0 && s.topP <= 1)) throw bad("top_p", "top_p must be in (0, 1].");

@@ -35,6 +35,14 @@ export class TextOutput {
     this.trimEnd = trimEnd;
   }
 
+  /**
+   * Characters decoded so far, streamed or held back: where the text of the next token pushed starts (a token
+   * ending inside a character is decoded with the next one, and starts where that one does).
+   */
+  get decodedLength(): number {
+    return this.text.length + this.heldText.length;
+  }
+
   /** Adds a generated token; returns the text that can be streamed now (may be empty). */
   push(token: number): string {
     if (this.stopped) return "";

@@ -13,6 +13,8 @@ import type { Llama, LlamaContext, LlamaGrammar, LlamaModel } from "node-llama-c
  * itself, through the context's native handle: one `decodeBatch` per step for every active sequence, then one
  * `sampleToken` per sequence (run concurrently on libuv's pool). `response_format` grammars go the same way: an
  * `AddonGrammarEvaluationState` (what `LlamaGrammarEvaluationState` wraps) passed in the sampler's config.
+ * Log probabilities come from a second `sampleToken` on the same logits with a greedy sampler (no penalties,
+ * no truncation), asking for the top logits, the sampled token's logit and the softmax's normalizer.
  *
  * `bindNative` checks every member it uses and fails loudly, so a node-llama-cpp upgrade that changes them
  * breaks at model load with a clear message (and in test/engine.test.ts), not mid-generation.
@@ -30,6 +32,26 @@ export interface NativeContext {
   decodeBatch(): Promise<void>;
   /** Samples from the logits at `batchLogitIndex` and feeds the token to the sampler's penalty history; -1: none. */
   sampleToken(batchLogitIndex: number, sampler: NativeSampler): Promise<number>;
+  /**
+   * The same, also returning logits of the candidates after `sampler`'s chain (the whole vocabulary for a
+   * greedy sampler without penalties): `[tokens, includeHighest, includeLowest, includeSelected, top]` returns
+   * the `top` highest (sorted, when `top` > 0) and then those of `tokens`, as flat `[token, logit, …]` pairs;
+   * `totalLogitWeight` returns Σ exp(logit − highest logit) over the candidates.
+   */
+  sampleToken(
+    batchLogitIndex: number,
+    sampler: NativeSampler,
+    probabilities: false,
+    confidence: false,
+    logits: [
+      tokens: number[],
+      includeHighest: false,
+      includeLowest: false,
+      includeSelected: false,
+      top: number,
+    ],
+    totalLogitWeight: true,
+  ): Promise<[number, undefined, undefined, number[] | undefined, number | undefined]>;
   /** Removes every KV cell of the sequence (`llama_memory_seq_rm(seq, -1, -1)`). */
   disposeSequence(sequenceId: number): void;
   /** Removes the sequence's KV cells at positions [start, end) (`end` -1: to the end); false if it cannot. */

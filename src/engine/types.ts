@@ -5,7 +5,8 @@ export type { ChatMessage, ChatRole, ModelRef } from "../model/types.ts";
 
 /** Sampling options after defaults are applied (the seed's defaults live in the API schemas). */
 export interface SamplingOptions {
-  maxTokens: number;
+  /** Most tokens to generate, a cap. Absent: until the context is full (or the model stops). */
+  maxTokens?: number;
   /** 0 means greedy. */
   temperature: number;
   topK: number;
@@ -32,10 +33,32 @@ export interface GenerationRequest {
   sampling: SamplingOptions;
   /** Constrains the output to JSON. Defaults to free text. */
   responseFormat?: ResponseFormat;
+  /**
+   * Returns each generated token's log probability and this many most likely alternatives (0–20), from the
+   * model's own distribution (see {@link TokenLogprob}). Absent: none (and no cost).
+   */
+  logprobs?: number;
   /** Aborting stops generation at once and frees the sequence slot. */
   signal?: AbortSignal;
-  /** Called with each new piece of text as it is generated (streaming). */
-  onText?: (text: string) => void;
+  /**
+   * Called with each new piece of text as it is generated (streaming), with the log probabilities of the
+   * tokens whose text starts in it when `logprobs` is set (a piece may be empty when only those are new).
+   */
+  onText?: (text: string, logprobs?: TokenLogprob[]) => void;
+}
+
+/**
+ * A generated token and its log probability under the model's distribution at that position: the log-softmax
+ * of the raw logits, before repetition penalties, temperature, top-k/top-p and any grammar (so with sampling
+ * on, a token can be chosen that is not the most likely one, and at temperature 0 without penalties the chosen
+ * token is always the first of `top`).
+ */
+export interface TokenLogprob {
+  /** The token's text, control tokens included as their text (a token that ends inside a character: U+FFFD). */
+  token: string;
+  logprob: number;
+  /** The most likely tokens at this position, most likely first (as many as the request asked). */
+  top: { token: string; logprob: number }[];
 }
 
 export type FinishReason = "stop" | "length";
@@ -47,4 +70,9 @@ export interface GenerationResult {
   /** Prompt tokens that were already in the KV cache (a prefix shared with an earlier request) and not evaluated again. */
   cachedTokens: number;
   completionTokens: number;
+  /**
+   * With `logprobs`: one entry per generated token whose text is in `text` (tokens of a stop sequence, an
+   * end-of-turn token and trimmed trailing whitespace have none).
+   */
+  logprobs?: TokenLogprob[];
 }
