@@ -3,7 +3,6 @@ import fsp from "node:fs/promises";
 import os from "node:os";
 import type { Logger } from "pino";
 import type { DatasetService } from "../datasets/DatasetService.ts";
-import fs from "node:fs";
 import { readGgufFileInfo } from "node-llama-cpp";
 import { writeGgufUint32 } from "../model/gguf/GgufPatch.ts";
 import { isOutOfSpace } from "../errors.ts";
@@ -12,7 +11,7 @@ import type { ModelRef } from "../model/types.ts";
 import type { Run, RunRepository } from "../store/RunRepository.ts";
 import type { TrainerOutputType, TrainerProgress } from "./protocol.ts";
 import { methodOf, type ModelCatalog, type RunConfig, type RunService } from "./RunService.ts";
-import { prepareExamples, type PreparedExample } from "./samples.ts";
+import { fileLines, LineWriter, writeExampleFiles, type ExampleFiles } from "./exampleFiles.ts";
 import { startTrainer, type ExampleLoss, type TrainerHandle } from "./trainer.ts";
 
 export interface SchedulerOptions {
@@ -144,15 +143,15 @@ export class Scheduler {
       await this.appendLog(run.id, `training started on ${this.workerId} (attempt ${run.attempts})`);
       const base = this.models.resolve(config.baseModelName);
       if (!base) throw new Error(`base model "${config.baseModelName}" is no longer available`);
-      const examples = await this.examples(run, config, base);
+      const examples = await this.examples(run, config, base, workDir);
       await this.appendLog(
         run.id,
-        `${examples.train.length} training conversations` +
-          (examples.validation.length === 0
+        `${examples.trainCount} training conversations` +
+          (examples.validationCount === 0
             ? ""
             : examples.validationSource === "file"
-              ? `, ${examples.validation.length} from validation file ${config.validationFileID} for eval loss`
-              : `, ${examples.validation.length} held out for eval loss`) +
+              ? `, ${examples.validationCount} from validation file ${config.validationFileID} for eval loss`
+              : `, ${examples.validationCount} held out for eval loss`) +
           `; ${config.trainOnInputs ? "trained on whole conversations (trainOnInputs)" : "trained on the answers only"}` +
           `; base model ${base.id}`,
       );
@@ -161,8 +160,6 @@ export class Scheduler {
           run.id,
           `${examples.unsplit} examples are trained on in full: the chat template's text did not show where their answer starts`,
         );
-      await fsp.mkdir(workDir, { recursive: true });
-
       let lastStatsWrite = 0;
       const lossSeries: { step: number; trainLoss: number }[] = [];
       const evalSeries: { step: number; epoch: number; evalLoss: number }[] = [];
@@ -179,6 +176,7 @@ export class Scheduler {
       };
 
       if (active.stopping) return;
+      const lossesPath = `${workDir}/losses.jsonl`;
       const handle = startTrainer(
         {
           method: lora ? "lora" : "full",
@@ -188,8 +186,9 @@ export class Scheduler {
           baseModelPath: base.path,
           outputPath,
           workDir,
-          samples: examples.train.map((e) => e.sample),
-          evalSamples: examples.validation.map((e) => e.sample),
+          samplesFile: examples.train,
+          evalSamplesFile: examples.validation,
+          lossesFile: lossesPath,
           earlyStoppingPatience: config.earlyStoppingPatience ?? null,
           checkpointDir: this.blobs.pathOf(checkpointDir),
           learningRate: config.lr,
@@ -221,7 +220,7 @@ export class Scheduler {
 
       if (outcome.status === "completed") {
         if (!lora) await restoreContextLength(base.path, outputPath);
-        await writeExamples(this.blobs.pathOf(`${runDir}/examples.jsonl`), examples, outcome.examples);
+        await writeExamples(this.blobs.pathOf(`${runDir}/examples.jsonl`), examples, lossesPath);
         const { bestEpoch, bestStep, bestEvalLoss, warnings, stoppedEarly } = outcome.stats;
         await writeStats({ final: outcome.stats, bestEpoch, bestStep, bestEvalLoss, warnings, stoppedEarly });
         await this.blobs.remove(checkpointDir);
@@ -261,26 +260,31 @@ export class Scheduler {
     await this.blobs.remove(`runs/${run.id}`).catch(() => undefined);
   }
 
-  /** The run's training and validation examples, formatted for the base model. */
-  private async examples(run: Run, config: RunConfig, base: ModelRef) {
+  /** The run's training and validation examples, formatted for the base model, in files under `dir`. */
+  private async examples(run: Run, config: RunConfig, base: ModelRef, dir: string): Promise<ExampleFiles> {
     let examples;
     try {
-      examples = await prepareExamples(this.datasets, base, {
-        userId: run.userId,
-        datasetId: run.datasetId,
-        systemPrompt: config.systemPrompt,
-        trainOnInputs: config.trainOnInputs ?? true,
-        validationFileId: config.validationFileID ?? null,
-        evalFraction: config.evalFraction,
-        minPairsForEval: this.minPairsForEval,
-        seed: config.seed,
-      });
+      examples = await writeExampleFiles(
+        this.datasets,
+        base,
+        {
+          userId: run.userId,
+          datasetId: run.datasetId,
+          systemPrompt: config.systemPrompt,
+          trainOnInputs: config.trainOnInputs ?? true,
+          validationFileId: config.validationFileID ?? null,
+          evalFraction: config.evalFraction,
+          minPairsForEval: this.minPairsForEval,
+          seed: config.seed,
+        },
+        dir,
+      );
     } catch (error) {
       throw new Error(`could not read dataset ${run.datasetId}: ${(error as Error).message}`, {
         cause: error,
       });
     }
-    if (examples.train.length === 0)
+    if (examples.trainCount === 0)
       throw new Error(`dataset ${run.datasetId} has no IO pairs to train on (was it deleted or emptied?)`);
     return examples;
   }
@@ -325,38 +329,43 @@ function thin<T>(points: T[], max: number): T[] {
   return out;
 }
 
-/** Writes every example with its loss, one JSON object per line (`GET /conduit/finetuning/{id}/examples`). */
-async function writeExamples(
-  file: string,
-  examples: { train: PreparedExample[]; validation: PreparedExample[] },
-  losses: { train: ExampleLoss[]; eval: ExampleLoss[] },
-): Promise<void> {
+/**
+ * Writes every example with its loss, one JSON object per line (`GET /conduit/finetuning/{id}/examples`):
+ * the example files and the trainer's losses file (one `{loss, tokens}` line per example, the training
+ * examples then the validation ones) are read side by side.
+ */
+async function writeExamples(file: string, examples: ExampleFiles, lossesFile: string): Promise<void> {
   const temp = `${file}.tmp-${process.pid}`;
-  const out = fs.createWriteStream(temp);
-  const write = (line: string) =>
-    out.write(line) ? Promise.resolve() : new Promise<void>((resolve) => out.once("drain", () => resolve()));
+  const out = new LineWriter(temp);
+  const losses = fileLines(lossesFile);
   try {
-    for (const [split, list, loss] of [
-      ["train", examples.train, losses.train],
-      ["validation", examples.validation, losses.eval],
-    ] as const)
-      for (const [index, example] of list.entries())
-        await write(
-          `${JSON.stringify({
+    for (const [split, source] of [
+      ["train", examples.train],
+      ["validation", examples.validation],
+    ] as const) {
+      if (source === null) continue;
+      let index = 0;
+      for await (const line of fileLines(source)) {
+        const example = JSON.parse(line) as { input: string; output: string };
+        const next = await losses.next();
+        const loss = next.done ? undefined : (JSON.parse(next.value) as ExampleLoss);
+        await out.write(
+          JSON.stringify({
             split,
-            index,
+            index: index++,
             input: example.input,
             output: example.output,
-            loss: loss[index]?.loss ?? null,
-            tokens: loss[index]?.tokens ?? 0,
-          })}\n`,
+            loss: loss?.loss ?? null,
+            tokens: loss?.tokens ?? 0,
+          }),
         );
-    await new Promise<void>((resolve, reject) =>
-      out.end((error?: Error | null) => (error ? reject(error) : resolve())),
-    );
+      }
+    }
+    await out.close();
     await fsp.rename(temp, file);
   } finally {
     out.destroy();
+    await losses.return(undefined);
     await fsp.rm(temp, { force: true });
   }
 }

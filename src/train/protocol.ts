@@ -96,10 +96,27 @@ export interface TrainerJob {
   outputPath: string;
   /** Scratch directory for the F32 copies of the model; the caller owns and removes it. */
   workDir: string;
-  /** Training examples. Special-token text such as `<|im_end|>` is parsed as the control token. */
-  samples: TrainingSample[];
+  /**
+   * Training examples. Special-token text such as `<|im_end|>` is parsed as the control token. One of
+   * `samples` and `samplesFile` is required.
+   */
+  samples?: TrainingSample[];
+  /**
+   * The training examples in a JSONL file instead: one object with a `sample` field (a `TrainingSample`)
+   * per line; other fields are ignored. The trainer reads it as a stream and keeps its tokens on disk in
+   * `workDir`, so its memory does not grow with the file (a few bytes per example).
+   */
+  samplesFile?: string;
   /** Held-out examples whose loss is measured after each epoch (and every quarter of a long one). Defaults to none. */
   evalSamples?: TrainingSample[];
+  /** The held-out examples in a JSONL file, as `samplesFile`. Defaults to none. */
+  evalSamplesFile?: string | null;
+  /**
+   * Where the per-example losses are written, one `{"loss","tokens"}` JSON line per example (the
+   * training examples in order, then the held-out ones), instead of in the `done` message, whose
+   * `examples` lists are then empty. Defaults to none (the losses are in the `done` message).
+   */
+  lossesFile?: string | null;
   /**
    * Evaluations in a row without a new best eval loss after which training stops. Defaults to
    * `null` (never stops early).
@@ -151,8 +168,24 @@ export interface TrainerJob {
 
 /** A job with every default applied; this is what crosses the IPC channel. */
 export type ResolvedTrainerJob = Required<
-  Omit<TrainerJob, "maxSteps" | "lrSchedule" | "lora" | "earlyStoppingPatience" | "checkpointDir">
+  Omit<
+    TrainerJob,
+    | "maxSteps"
+    | "lrSchedule"
+    | "lora"
+    | "earlyStoppingPatience"
+    | "checkpointDir"
+    | "samples"
+    | "samplesFile"
+    | "evalSamplesFile"
+    | "lossesFile"
+  >
 > & {
+  /** Empty when the samples are in `samplesFile`. */
+  samples: TrainingSample[];
+  samplesFile: string | null;
+  evalSamplesFile: string | null;
+  lossesFile: string | null;
   earlyStoppingPatience: number | null;
   checkpointDir: string | null;
   maxSteps: number | null;
@@ -227,7 +260,10 @@ export type ChildMessage =
       type: "done";
       outputPath: string;
       stats: TrainingStats;
-      /** Per-example loss with the written weights, in the order of `samples` and `evalSamples`. */
+      /**
+       * Per-example loss with the written weights, in the order of `samples` and `evalSamples`; empty
+       * lists when the job has a `lossesFile`.
+       */
       examples: { train: ExampleLoss[]; eval: ExampleLoss[] };
     }
   | { type: "error"; message: string }

@@ -21,3 +21,16 @@ export function shuffledOrder(n: number, random: () => number): number[] {
   }
   return order;
 }
+
+/** {@link shuffledOrder} as 4 bytes per index (the same permutation for the same random numbers). */
+export function shuffledIndices(n: number, random: () => number): Uint32Array {
+  const order = new Uint32Array(n);
+  for (let i = 0; i < n; i++) order[i] = i;
+  for (let i = n - 1; i > 0; i--) {
+    const j = Math.floor(random() * (i + 1));
+    const swap = order[i]!;
+    order[i] = order[j]!;
+    order[j] = swap;
+  }
+  return order;
+}

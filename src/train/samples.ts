@@ -4,26 +4,15 @@
  * the answer is trained on by default. A chat example (`messages`) is one conversation whose every
  * assistant turn is an answer.
  */
-import type { DatasetService } from "../datasets/DatasetService.ts";
 import type { ChatTurn, IoPair } from "../datasets/ioPairs.ts";
 import { loadChatTemplate } from "../model/chatTemplate.ts";
 import type { ChatMessage, ModelRef } from "../model/types.ts";
 import type { SampleSegment, TrainingSample } from "./protocol.ts";
-import { seededRandom, shuffledOrder } from "./random.ts";
 
 export interface PreparedExample {
   input: string;
   output: string;
   sample: TrainingSample;
-}
-
-export interface PreparedExamples {
-  train: PreparedExample[];
-  validation: PreparedExample[];
-  /** Where the validation examples came from, for the run's log. */
-  validationSource: "file" | "held out" | "none";
-  /** Examples whose answer could not be told apart from the prompt in the template's text (trained in full). */
-  unsplit: number;
 }
 
 export interface SampleOptions {
@@ -48,48 +37,20 @@ export function conversation(systemPrompt: string, input: string, output?: strin
   return messages;
 }
 
-/** Reads and formats a run's examples; the training examples keep their upload order. */
-export async function prepareExamples(
-  datasets: DatasetService,
+/**
+ * One pair formatted for training (`split: false`: its answer could not be told apart from the prompt
+ * in the template's text, so it is trained on in full). `exampleFiles.ts` streams a run's pairs
+ * through it to the files the trainer reads.
+ */
+export async function prepareExample(
   base: ModelRef,
-  options: SampleOptions,
-): Promise<PreparedExamples> {
-  let unsplit = 0;
-  const prepare = async ({ input, output, messages }: IoPair): Promise<PreparedExample> => {
-    const { sample, split } = messages
-      ? await formatChatExample(base, options.systemPrompt, messages, options.trainOnInputs)
-      : await formatExample(base, options.systemPrompt, input, output, options.trainOnInputs);
-    if (!split) unsplit += 1;
-    return { input, output, sample };
-  };
-  const train: PreparedExample[] = [];
-  for await (const pair of datasets.pairs(
-    options.userId,
-    options.datasetId,
-    options.validationFileId ?? undefined,
-  ))
-    train.push(await prepare(pair));
-  if (options.validationFileId !== null) {
-    const validation: PreparedExample[] = [];
-    for await (const pair of datasets.filePairs(options.userId, options.validationFileId))
-      validation.push(await prepare(pair));
-    return { train, validation, validationSource: "file", unsplit };
-  }
-  if (train.length < options.minPairsForEval || options.evalFraction <= 0)
-    return { train, validation: [], validationSource: "none", unsplit };
-  // The same seed holds out the same pairs on every attempt.
-  const held = new Set(
-    shuffledOrder(train.length, seededRandom(options.seed)).slice(
-      0,
-      Math.max(1, Math.floor(train.length * options.evalFraction)),
-    ),
-  );
-  return {
-    train: train.filter((_, i) => !held.has(i)),
-    validation: train.filter((_, i) => held.has(i)),
-    validationSource: "held out",
-    unsplit,
-  };
+  options: Pick<SampleOptions, "systemPrompt" | "trainOnInputs">,
+  pair: Pick<IoPair, "input" | "output" | "messages">,
+): Promise<{ example: PreparedExample; split: boolean }> {
+  const { sample, split } = pair.messages
+    ? await formatChatExample(base, options.systemPrompt, pair.messages, options.trainOnInputs)
+    : await formatExample(base, options.systemPrompt, pair.input, pair.output, options.trainOnInputs);
+  return { example: { input: pair.input, output: pair.output, sample }, split };
 }
 
 /**

@@ -100,8 +100,11 @@ export function resolveTrainerJob(job: TrainerJob): ResolvedTrainerJob {
     baseModelPath: job.baseModelPath,
     outputPath: job.outputPath,
     workDir: job.workDir,
-    samples: job.samples,
+    samples: job.samples ?? [],
+    samplesFile: job.samplesFile ?? null,
     evalSamples: job.evalSamples ?? [],
+    evalSamplesFile: job.evalSamplesFile ?? null,
+    lossesFile: job.lossesFile ?? null,
     earlyStoppingPatience: job.earlyStoppingPatience ?? null,
     checkpointDir: job.checkpointDir ?? null,
     optimizer: job.optimizer ?? "adamw",
@@ -133,7 +136,13 @@ export function resolveTrainerJob(job: TrainerJob): ResolvedTrainerJob {
       `must be a non-empty list of ${LORA_TARGETS.join(", ")}`,
     );
   }
-  check(resolved.samples.length > 0, "samples", "must not be empty");
+  if (resolved.samplesFile === null) check(resolved.samples.length > 0, "samples", "must not be empty");
+  else check(resolved.samples.length === 0, "samples", "must be left out with samplesFile");
+  check(
+    resolved.evalSamplesFile === null || resolved.evalSamples.length === 0,
+    "evalSamples",
+    "must be left out with evalSamplesFile",
+  );
   check(Number.isFinite(resolved.learningRate) && resolved.learningRate > 0, "learningRate", "must be > 0");
   check(isPositiveInteger(resolved.epochs), "epochs", "must be an integer >= 1");
   check(

@@ -9,6 +9,7 @@ import { createHash } from "node:crypto";
 import fs from "node:fs";
 import path from "node:path";
 import type { ResolvedTrainerJob } from "../protocol.ts";
+import { jobSamples } from "./sampleStore.ts";
 
 export interface CheckpointState {
   /** Identifies the job's settings and samples; a checkpoint of another job is ignored. */
@@ -103,12 +104,18 @@ export class CheckpointDir {
   }
 }
 
-/** What makes two jobs the same training: every setting that changes the weights, and the samples. */
-export function jobFingerprint(job: ResolvedTrainerJob): string {
+/**
+ * What makes two jobs the same training: every setting that changes the weights, and the samples (read
+ * as a stream when they are in files; a file gives the same fingerprint as the same samples in a list).
+ */
+export async function jobFingerprint(job: ResolvedTrainerJob): Promise<string> {
   const hash = createHash("sha256");
   const {
-    samples,
-    evalSamples,
+    samples: _s,
+    evalSamples: _e,
+    samplesFile: _sf,
+    evalSamplesFile: _ef,
+    lossesFile: _l,
     outputPath: _o,
     workDir: _w,
     checkpointDir: _c,
@@ -116,9 +123,10 @@ export function jobFingerprint(job: ResolvedTrainerJob): string {
     ...settings
   } = job;
   hash.update(JSON.stringify(settings));
-  for (const sample of samples) hash.update(JSON.stringify(sample));
+  for await (const sample of jobSamples(job.samplesFile ?? job.samples)) hash.update(JSON.stringify(sample));
   hash.update("\u0000eval");
-  for (const sample of evalSamples) hash.update(JSON.stringify(sample));
+  for await (const sample of jobSamples(job.evalSamplesFile ?? job.evalSamples))
+    hash.update(JSON.stringify(sample));
   return hash.digest("hex");
 }
 

@@ -122,3 +122,33 @@ export function packWindows(
   close();
   return windows;
 }
+
+/**
+ * The windows {@link packWindows} would make of `count` samples taken in order, without building them:
+ * the position where each window starts. Window `k` holds the non-empty samples at positions
+ * `starts[k]` up to `starts[k + 1]` (the last one: up to `count`). `lengthAt(p)` is the length of the
+ * sample at position `p`; `room` the positions of a window that hold samples.
+ */
+export function planWindows(
+  count: number,
+  lengthAt: (position: number) => number,
+  room: number,
+  pack = true,
+): number[] {
+  const starts: number[] = [];
+  let used = room; // no open window yet
+  for (let position = 0; position < count; position++) {
+    const length = lengthAt(position);
+    if (length === 0) continue;
+    if (length > room)
+      throw new RangeError(
+        `planWindows: the sample at ${position} has ${length} tokens, more than the window of ${room}`,
+      );
+    if (!pack || used + length > room) {
+      starts.push(position);
+      used = 0;
+    }
+    used += length;
+  }
+  return starts;
+}

@@ -41,8 +41,9 @@ import {
   type LlamaLib,
   type Pointer,
 } from "./llamaLib.ts";
-import { countWindows, packWindows, type TokenizedSample, type TrainingWindow } from "./packWindows.ts";
-import { seededRandom, shuffledOrder } from "../random.ts";
+import { packWindows, planWindows, type TokenizedSample, type TrainingWindow } from "./packWindows.ts";
+import { seededRandom, shuffledIndices } from "../random.ts";
+import { jobSamples, TokenStore } from "./sampleStore.ts";
 import { CheckpointDir, jobFingerprint } from "./checkpoint.ts";
 import { writeHeadroomAdapter } from "./graphHeadroom.ts";
 import {
@@ -116,8 +117,9 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
   const checkpoints = job.checkpointDir === null ? undefined : new CheckpointDir(job.checkpointDir);
   // A full run's best weights are a whole model: without a checkpoint directory they go to the work directory.
   const bestModelDir = checkpoints ?? new CheckpointDir(path.join(job.workDir, "best"));
-  const fingerprint = jobFingerprint(job);
+  const fingerprint = await jobFingerprint(job);
   const resume = checkpoints?.read(fingerprint);
+  const stores: TokenStore[] = [];
   try {
     let basePath: string;
     if (lora === undefined) {
@@ -179,44 +181,87 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
     const eos = lib.llama_vocab_eos(vocab);
     const endToken = eos >= 0 ? eos : Math.max(0, lib.llama_vocab_bos(vocab));
 
-    const trainSamples = job.samples.map((sample) => tokenizeSample(lib, vocab, sample));
-    const evalSamples = job.evalSamples.map((sample) => tokenizeSample(lib, vocab, sample));
-    if (!trainSamples.some((sample) => sample.tokens.length > 0))
-      throw new Error("trainer: no training samples");
+    // Samples are tokenized once, as they are read, into token files in the work directory; only
+    // where each starts stays in memory, and a window's samples are read back when it runs.
+    const tokenizeAll = async (source: readonly TrainingSample[] | string, name: string) => {
+      const store = new TokenStore(job.workDir, name);
+      stores.push(store);
+      let trained = 0;
+      for await (const sample of jobSamples(source)) {
+        const tokenized = tokenizeSample(lib, vocab, sample);
+        store.append(tokenized);
+        for (const flag of tokenized.trained) trained += flag;
+        if (store.size % 1024 === 0) {
+          await hooks.yieldToEventLoop();
+          if (hooks.isCancelled()) return undefined;
+        }
+      }
+      store.flush();
+      return { store, trained };
+    };
+    const trainSet = await tokenizeAll(job.samplesFile ?? job.samples, "train");
+    const evalSet = trainSet && (await tokenizeAll(job.evalSamplesFile ?? job.evalSamples, "eval"));
+    if (trainSet === undefined || evalSet === undefined) return { status: "cancelled" };
+    const trainSamples = trainSet.store;
+    const evalSamples = evalSet.store;
+    if (trainSamples.tokens === 0) throw new Error("trainer: no training samples");
     const { windowSize, capacity } = chooseWindow(
       trainSamples,
       evalSamples,
       job.contextSize,
       lib.llama_model_n_ctx_train(model),
     );
-    const evalWindows = packWindows(
-      evalSamples,
-      evalSamples.map((_, i) => i),
-      windowSize,
-      endToken,
-      job.packing,
-      capacity,
-    );
+    const evalPlan = planWindows(evalSamples.size, (p) => evalSamples.length(p), capacity, job.packing);
 
-    // Sample order is reshuffled every epoch; all orders are drawn up front so totalSteps is exact.
+    // Sample order is reshuffled every epoch. Every order is drawn once up front so that totalSteps is
+    // exact, and drawn again from the same seed when its epoch comes: one order is in memory at a time.
     const random = seededRandom(job.seed);
-    const lengths = trainSamples.map((t) => t.tokens.length);
-    const orders: number[][] = [];
     const stepsPerEpoch: number[] = [];
     let totalSteps = 0;
-    while (orders.length < job.epochs && (job.maxSteps === null || totalSteps < job.maxSteps)) {
-      const order = shuffledOrder(trainSamples.length, random);
-      const windows = countWindows(
-        order.map((i) => lengths[i] ?? 0),
+    while (stepsPerEpoch.length < job.epochs && (job.maxSteps === null || totalSteps < job.maxSteps)) {
+      const order = shuffledIndices(trainSamples.size, random);
+      const windows = planWindows(
+        order.length,
+        (p) => trainSamples.length(order[p]!),
         capacity,
         job.packing,
-      );
+      ).length;
       const steps = job.maxSteps === null ? windows : Math.min(windows, job.maxSteps - totalSteps);
-      orders.push(order);
       stepsPerEpoch.push(steps);
       totalSteps += steps;
     }
-    const epochs = orders.length;
+    const epochs = stepsPerEpoch.length;
+    /** Window `k` of `plan` over `store`, the samples taken in `order` (by index when `null`). */
+    const windowAt = (
+      store: TokenStore,
+      order: Uint32Array | null,
+      plan: readonly number[],
+      k: number,
+      count: number,
+    ): TrainingWindow => {
+      const end = plan[k + 1] ?? count;
+      const indices: number[] = [];
+      const samples: TokenizedSample[] = [];
+      for (let p = plan[k]!; p < end; p++) {
+        const index = order === null ? p : order[p]!;
+        if (store.length(index) === 0) continue;
+        indices.push(index);
+        samples.push(store.read(index));
+      }
+      const windows = packWindows(
+        samples,
+        samples.map((_, i) => i),
+        windowSize,
+        endToken,
+        true,
+        capacity,
+      );
+      const window = windows[0];
+      if (windows.length !== 1 || window === undefined)
+        throw new Error(`trainer: window ${k} planned for one window packed into ${windows.length}`);
+      for (const span of window.spans) span.sample = indices[span.sample]!;
+      return window;
+    };
 
     const { ctx, checkCallback, adapterTensors, loss } = createContext(
       lib,
@@ -247,20 +292,20 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
       lora === undefined ? undefined : [...adapterTensors.values()],
       job.optimizer,
     );
-    const trainedTokens = trainSamples.reduce((sum, s) => sum + s.trained.reduce((a, b) => a + b, 0), 0);
-    const allTokens = trainSamples.reduce((sum, s) => sum + s.tokens.length, 0);
+    const trainedTokens = trainSet.trained;
+    const allTokens = trainSamples.tokens;
     hooks.log(
       (lora === undefined
         ? `trainer: full fine-tune, ${nLayers} blocks, complexity ${job.complexity}: `
         : `trainer: LoRA rank ${lora.rank} alpha ${lora.alpha} on ${lora.targets.join(", ")} of ` +
           `${new Set(lora.weights.filter((w) => w.name.startsWith("blk.")).map((w) => w.name.split(".")[1])).size}` +
           `/${nLayers} blocks${lora.weights.some((w) => w.name === "output.weight") ? " and the output head" : ""}: `) +
-        `${tensors} trainable tensors (${parameters} parameters); ${trainSamples.length} samples ` +
+        `${tensors} trainable tensors (${parameters} parameters); ${trainSamples.size} samples ` +
         `(${allTokens} tokens, ${trainedTokens} trained on) in windows of ${windowSize} tokens` +
         (capacity < windowSize ? ` (the first ${capacity}, the model's context, hold examples)` : "") +
         `, ` +
         `${epochs} epochs, ${totalSteps} steps` +
-        (evalWindows.length > 0 ? `, ${evalSamples.length} eval samples` : ""),
+        (evalPlan.length > 0 ? `, ${evalSamples.size} eval samples` : ""),
     );
 
     const dataset = lib.ggml_opt_dataset_init(GGML_TYPE_I32, GGML_TYPE_I32, windowSize, windowSize, 1, 1);
@@ -294,13 +339,14 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
       return sum;
     };
 
-    /** Mean loss per trained token over `windows` (forward passes only). */
-    const evaluate = async (windows: TrainingWindow[]): Promise<number | undefined> => {
+    /** Mean loss per trained token over the held-out samples (forward passes only). */
+    const evaluate = async (): Promise<number | undefined> => {
       let sum = 0;
       let count = 0;
-      for (const window of windows) {
+      for (let k = 0; k < evalPlan.length; k++) {
         await hooks.yieldToEventLoop();
         if (hooks.isCancelled()) return undefined;
+        const window = windowAt(evalSamples, null, evalPlan, k, evalSamples.size);
         sum += runWindow(window, false);
         count += window.lossTokens;
       }
@@ -376,9 +422,9 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
      */
     const checkpoint = async (epoch: number, window: number, trainLoss: number): Promise<boolean> => {
       let evalLoss: number | undefined;
-      if (evalWindows.length > 0) {
+      if (evalPlan.length > 0) {
         const t0 = performance.now();
-        evalLoss = await evaluate(evalWindows);
+        evalLoss = await evaluate();
         if (evalLoss === undefined) return false;
         evalSeconds += (performance.now() - t0) / 1000;
         finalEvalLoss = evalLoss;
@@ -441,19 +487,20 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
       return true;
     };
 
+    const orders = seededRandom(job.seed);
+    // A resumed run draws the orders of the epochs it has done, so that the next one is the same.
+    for (let epoch = 0; epoch < (resume?.epoch ?? 0); epoch++) shuffledIndices(trainSamples.size, orders);
     training: for (let epoch = resume?.epoch ?? 0; epoch < epochs; epoch++) {
-      const order = orders[epoch] ?? [];
-      const windows = packWindows(trainSamples, order, windowSize, endToken, job.packing, capacity).slice(
-        0,
-        stepsPerEpoch[epoch],
-      );
+      const order = shuffledIndices(trainSamples.size, orders);
+      const plan = planWindows(order.length, (p) => trainSamples.length(order[p]!), capacity, job.packing);
+      const windowCount = Math.min(plan.length, stepsPerEpoch[epoch] ?? 0);
       // Long epochs are evaluated (and checkpointed) every quarter too.
-      const interval = windows.length > LONG_EPOCH_STEPS ? Math.ceil(windows.length / 4) : windows.length;
+      const interval = windowCount > LONG_EPOCH_STEPS ? Math.ceil(windowCount / 4) : windowCount;
       let lossSum = 0;
       let lossCount = 0;
       const first = epoch === resume?.epoch ? resume.window : 0;
-      for (let index = first; index < windows.length; index++) {
-        const window = windows[index]!;
+      for (let index = first; index < windowCount; index++) {
+        const window = windowAt(trainSamples, order, plan, index, order.length);
         await hooks.yieldToEventLoop();
         if (hooks.isCancelled()) return { status: "cancelled" };
         learningRate = learningRateAt(job.learningRate, job.lrSchedule, step, totalSteps);
@@ -473,7 +520,7 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
         }
         step += 1;
         finalTrainLoss = lossCount > 0 ? lossSum / lossCount : Number.NaN;
-        const last = index === windows.length - 1;
+        const last = index === windowCount - 1;
         if (last || (index + 1) % interval === 0) {
           if (!(await checkpoint(epoch, index + 1, finalTrainLoss))) return { status: "cancelled" };
           if (stoppedEarly) {
@@ -507,35 +554,42 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
       hooks.log(
         "trainer: per-example losses are measured with the last weights; the best checkpoint is written",
       );
+    // Samples in order fill the windows in order, so each example's loss is complete (and written) once
+    // its window has run; an empty sample is in no window.
     const examples = { train: [] as ExampleLoss[], eval: [] as ExampleLoss[] };
-    for (const [split, samples] of [
-      ["train", trainSamples],
-      ["eval", evalSamples],
-    ] as const) {
-      const sums = new Float64Array(samples.length);
-      const counts = new Uint32Array(samples.length);
-      for (const window of packWindows(
-        samples,
-        samples.map((_, i) => i),
-        windowSize,
-        endToken,
-        job.packing,
-        capacity,
-      )) {
-        await hooks.yieldToEventLoop();
-        if (hooks.isCancelled()) return { status: "cancelled" };
-        runWindow(window, false);
-        for (const span of window.spans)
-          for (let p = span.start; p < span.start + span.length; p++)
-            if (window.lossMask[p]) {
-              sums[span.sample] = (sums[span.sample] ?? 0) + (loss.rows[p] ?? 0);
-              counts[span.sample] = (counts[span.sample] ?? 0) + 1;
-            }
+    const lossesOut = job.lossesFile === null ? undefined : new LossesFile(job.lossesFile);
+    try {
+      for (const [split, samples] of [
+        ["train", trainSamples],
+        ["eval", evalSamples],
+      ] as const) {
+        const emit = (example: ExampleLoss) =>
+          lossesOut === undefined ? examples[split].push(example) : lossesOut.write(example);
+        const plan = planWindows(samples.size, (p) => samples.length(p), capacity, job.packing);
+        let next = 0;
+        for (let k = 0; k < plan.length; k++) {
+          await hooks.yieldToEventLoop();
+          if (hooks.isCancelled()) return { status: "cancelled" };
+          const window = windowAt(samples, null, plan, k, samples.size);
+          runWindow(window, false);
+          for (const span of window.spans) {
+            for (; next < span.sample; next++) emit({ loss: null, tokens: 0 });
+            let sum = 0;
+            let count = 0;
+            for (let p = span.start; p < span.start + span.length; p++)
+              if (window.lossMask[p]) {
+                sum += loss.rows[p] ?? 0;
+                count += 1;
+              }
+            emit({ loss: count > 0 ? sum / count : null, tokens: count });
+            next = span.sample + 1;
+          }
+        }
+        for (; next < samples.size; next++) emit({ loss: null, tokens: 0 });
       }
-      examples[split] = samples.map((_, i) => ({
-        loss: counts[i]! > 0 ? sums[i]! / counts[i]! : null,
-        tokens: counts[i]!,
-      }));
+      lossesOut?.close();
+    } finally {
+      lossesOut?.dispose();
     }
 
     const warnings = trainingWarnings(finalTrainLoss, evalHistory, best);
@@ -588,6 +642,7 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
     };
   } finally {
     scope.dispose();
+    for (const store of stores) store.dispose();
     for (const file of [baseF32Path, trainedF32Path, baseConvertedPath, initialAdapterPath])
       fs.rmSync(file, { force: true });
   }
@@ -600,8 +655,8 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
  * `maxWindow` or the model's trained context is an error naming it.
  */
 function chooseWindow(
-  train: readonly TokenizedSample[],
-  evalSet: readonly TokenizedSample[],
+  train: TokenStore,
+  evalSet: TokenStore,
   maxWindow: number,
   modelContext: number,
 ): { windowSize: number; capacity: number } {
@@ -611,8 +666,8 @@ function chooseWindow(
     ["training", train],
     ["validation", evalSet],
   ] as const)
-    for (const [i, sample] of samples.entries()) {
-      const length = sample.tokens.length;
+    for (let i = 0; i < samples.size; i++) {
+      const length = samples.length(i);
       if (length > cap)
         throw new Error(
           `trainer: ${split} example ${i + 1} is ${length} tokens long, more than the longest training window ` +
@@ -623,6 +678,40 @@ function chooseWindow(
     }
   const windowSize = Math.ceil(longest / WINDOW_MULTIPLE) * WINDOW_MULTIPLE;
   return { windowSize, capacity: Math.min(windowSize, cap) };
+}
+
+/** Per-example losses as JSON lines, written in blocks. */
+class LossesFile {
+  private readonly fd: number;
+  private pending: string[] = [];
+
+  constructor(readonly file: string) {
+    this.fd = fs.openSync(file, "w");
+  }
+
+  write(example: ExampleLoss): void {
+    this.pending.push(`${JSON.stringify(example)}\n`);
+    if (this.pending.length >= 4096) this.flush();
+  }
+
+  close(): void {
+    this.flush();
+    fs.fsyncSync(this.fd);
+  }
+
+  dispose(): void {
+    try {
+      fs.closeSync(this.fd);
+    } catch {
+      // already closed
+    }
+  }
+
+  private flush(): void {
+    if (this.pending.length === 0) return;
+    fs.writeSync(this.fd, this.pending.join(""));
+    this.pending = [];
+  }
 }
 
 /**
