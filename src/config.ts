@@ -1,4 +1,5 @@
 import path from "node:path";
+import { GPU_SETTINGS, type GpuLayers, type GpuSetting } from "./engine/accelerator.ts";
 
 /**
  * The one typed config module. Every setting has an environment variable, a default and a
@@ -226,6 +227,36 @@ export const settings = {
     description: "Bytes of model files kept loaded; least recently used idle models are unloaded past it.",
     defaultText: "8589934592 (8 GiB)",
     parse: integer("CONDUIT_MODEL_MEMORY_BUDGET", 8 * 1024 * MB, 1),
+  },
+  gpu: {
+    env: "CONDUIT_GPU",
+    description:
+      "Compute backend of generation and training: `auto` (a GPU when the prebuilt binaries find a working one, else the CPU), `cuda`, `vulkan` (the server does not start without it) or `off` (CPU).",
+    defaultText: "auto",
+    parse: (raw): GpuSetting => {
+      const value = text("auto")(raw).toLowerCase();
+      if (!(GPU_SETTINGS as readonly string[]).includes(value))
+        throw new ConfigError(`CONDUIT_GPU must be one of ${GPU_SETTINGS.join(", ")}, got "${raw}"`);
+      return value as GpuSetting;
+    },
+  },
+  gpuLayers: {
+    env: "CONDUIT_GPU_LAYERS",
+    description:
+      "Model layers offloaded to the GPU: `all` or a count (the rest run on the CPU). Ignored on the CPU.",
+    defaultText: "all",
+    parse: (raw): GpuLayers => {
+      const value = text("all")(raw).toLowerCase();
+      return value === "all" ? "all" : integer("CONDUIT_GPU_LAYERS", 0, 0, 10_000)(value);
+    },
+  },
+  gpuMemoryBudget: {
+    env: "CONDUIT_GPU_MEMORY_BUDGET",
+    description:
+      "Bytes of GPU memory that loaded models may take (estimated per model at load, counted apart from `CONDUIT_MODEL_MEMORY_BUDGET`); least recently used idle models are unloaded past it.",
+    defaultText: "90% of the GPU memory free at start",
+    parse: (raw): number | undefined =>
+      raw === undefined || raw.trim() === "" ? undefined : integer("CONDUIT_GPU_MEMORY_BUDGET", 0, 1)(raw),
   },
   trainConcurrency: {
     env: "CONDUIT_TRAIN_CONCURRENCY",

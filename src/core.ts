@@ -69,6 +69,9 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
       parallelSequences: config.parallelSequences,
       maxQueue: config.maxQueue,
       memoryBudgetBytes: config.modelMemoryBudget,
+      gpu: config.gpu,
+      gpuLayers: config.gpuLayers,
+      ...(config.gpuMemoryBudget === undefined ? {} : { gpuMemoryBudgetBytes: config.gpuMemoryBudget }),
       logger: (level, message) => log[level]({ source: "llama.cpp" }, message),
     });
   const inference = new InferenceService(engine, registry, runRepository, config.defaultModel);

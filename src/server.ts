@@ -1,6 +1,8 @@
 import { buildApp } from "./api/buildApp.ts";
-import { describeConfig, type Config } from "./config.ts";
+import { ConfigError, describeConfig, type Config } from "./config.ts";
 import { bootstrapKeys, createCore } from "./core.ts";
+import { describeBackend } from "./engine/accelerator.ts";
+import { ConduitError } from "./errors.ts";
 import { Sweeper } from "./store/Sweeper.ts";
 
 /** Starts the service: migrations, keys, routes, then listen; closes gracefully on SIGINT/SIGTERM. */
@@ -9,6 +11,15 @@ export async function startServer(config: Config): Promise<{ close(): Promise<vo
   const firstKey = await bootstrapKeys(core);
   const app = await buildApp(core);
   app.log.info({ config: describeConfig(config) }, "effective config");
+  // Starts llama.cpp's backend now, so the log says what generation and training run on and an unmet
+  // CONDUIT_GPU=cuda|vulkan stops the start instead of failing the first request.
+  try {
+    const accelerator = await core.engine.accelerator();
+    app.log.info({ accelerator }, `compute backend: ${describeBackend(accelerator)}`);
+  } catch (error) {
+    await app.close();
+    throw error instanceof ConduitError ? new ConfigError(error.message) : error;
+  }
   // Only the server sweeps (the CLI opens the same data dir), and only leftovers.
   const sweeper = new Sweeper(core.blobs, core.runRepository, core.log, { intervalMs: config.sweepInterval });
   await sweeper.sweep({ atStart: true });

@@ -260,6 +260,12 @@ test("health, OpenAPI document and docs page need no key", async (t) => {
   assert.equal(health.statusCode, 200);
   assert.equal(health.json().database, "sqlite");
   assert.ok(health.json().disk.freeBytes > 0);
+  // CONDUIT_GPU defaults to auto: a GPU when one works here, else the CPU, and /healthz says which.
+  const { accelerator } = health.json();
+  assert.equal(accelerator.setting, "auto");
+  assert.ok(["cpu", "cuda", "vulkan", "metal"].includes(accelerator.backend), accelerator.backend);
+  assert.equal(accelerator.devices.length === 0, accelerator.backend === "cpu");
+  assert.equal(accelerator.gpuMemory === undefined, accelerator.backend === "cpu");
   const spec = await app.inject({ url: "/openapi.json" });
   assert.equal(spec.statusCode, 200);
   const doc = spec.json();

@@ -654,6 +654,45 @@ describe("LlamaEngine, one sequence", () => {
 });
 
 describe("LlamaEngine, loading", () => {
+  test("CONDUIT_GPU=cuda on a machine without a working CUDA GPU fails, naming the setting and the way out", async (t) => {
+    const engine = createLlamaEngine({ gpu: "cuda", logger: () => {} });
+    try {
+      let info;
+      try {
+        info = await engine.accelerator();
+      } catch (error) {
+        assert.ok(error instanceof ConduitError && error.code === "unavailable", String(error));
+        assert.match(error.message, /CONDUIT_GPU=cuda/);
+        assert.match(error.message, /CONDUIT_GPU=auto/);
+        // A request gets the same answer instead of a silent CPU fallback.
+        await assert.rejects(
+          engine.generate({ model, prompt: "x", sampling: greedy(1) }),
+          /CONDUIT_GPU=cuda/,
+        );
+        return;
+      }
+      // Never a silent fallback: resolving means CUDA really is in use.
+      assert.equal(info.backend, "cuda");
+      t.skip(`this machine has a working CUDA GPU (${info.devices.join(", ")})`);
+    } finally {
+      await engine.dispose();
+    }
+  });
+
+  test("CONDUIT_GPU=off runs on the CPU with nothing offloaded", async () => {
+    const engine = createLlamaEngine({ gpu: "off", contextSize: 128, ...shared() });
+    try {
+      assert.deepEqual(await engine.accelerator(), {
+        setting: "off",
+        backend: "cpu",
+        devices: [],
+        gpuLayers: 0,
+      });
+    } finally {
+      await engine.dispose();
+    }
+  });
+
   test("concurrent loads share one model; the memory budget unloads the least recently used idle model", async () => {
     const other = { id: "other", path: path.join(dir, "other.gguf") };
     fs.copyFileSync(model.path, other.path);

@@ -161,6 +161,7 @@ export function endlessEngine(): Engine {
       }),
     load: async () => undefined,
     loaded: () => [],
+    accelerator: async () => ({ setting: "off", backend: "cpu", devices: [], gpuLayers: 0 }),
     stats: () => ({
       queueDepth: 0,
       activeGenerations: 0,

@@ -1,3 +1,4 @@
+import type { AcceleratorInfo } from "./accelerator.ts";
 import type { GenerationRequest, GenerationResult, ModelRef } from "./types.ts";
 
 /** A model the engine holds in memory. */
@@ -55,6 +56,8 @@ export interface Engine {
   /** The models held in memory. */
   loaded(): LoadedModelInfo[];
   stats(): EngineStats;
+  /** The compute backend generation runs on (starting it if needed); rejects when `CONDUIT_GPU` cannot be met. */
+  accelerator(): Promise<AcceleratorInfo>;
   /** Stops everything: queued and running generations fail with `unavailable`, models are released. */
   dispose(): Promise<void>;
 }

@@ -1,10 +1,20 @@
 import crypto from "node:crypto";
 import fs from "node:fs";
-import { getLlama, LlamaLogLevel } from "node-llama-cpp";
+import { getLlama, GgufInsights, LlamaLogLevel, readGgufFileInfo } from "node-llama-cpp";
 import type { Llama, LlamaContext, LlamaGrammar, LlamaModel, Token } from "node-llama-cpp";
 import { ConduitError } from "../errors.ts";
 import { loadChatTemplate } from "../model/chatTemplate.ts";
 import type { ChatTemplate, RenderedSegments } from "../model/chatTemplate.ts";
+import {
+  backendOf,
+  describeAccelerator,
+  gpuUnavailable,
+  llamaGpuOption,
+  modelGpuLayers,
+  type AcceleratorInfo,
+  type GpuLayers,
+  type GpuSetting,
+} from "./accelerator.ts";
 import type { Engine, EngineStats, LoadedModelInfo } from "./Engine.ts";
 import { bindNative } from "./nativeBatch.ts";
 import { GrammarCache } from "./grammars.ts";
@@ -56,10 +66,18 @@ export interface LlamaEngineOptions {
    */
   memoryBudgetBytes?: number;
   /**
-   * `false`: CPU only. `"auto"`: use a GPU when node-llama-cpp finds one, offloading as many layers as fit.
-   * Defaults to `false`.
+   * The compute backend (`CONDUIT_GPU`, see accelerator.ts): `"auto"` takes a GPU when node-llama-cpp's prebuilt
+   * binaries find a working one, `"cuda"`/`"vulkan"` insist (loading fails without), `"off"` or `false` is the
+   * CPU. Defaults to `"off"`.
    */
-  gpu?: false | "auto";
+  gpu?: GpuSetting | false;
+  /** Layers of each model offloaded to the GPU (`CONDUIT_GPU_LAYERS`). Defaults to `"all"`. */
+  gpuLayers?: GpuLayers;
+  /**
+   * Bytes of GPU memory that loaded models may take, estimated per model at load and counted apart from
+   * `memoryBudgetBytes`. Defaults to 90% of the GPU memory free when the backend starts.
+   */
+  gpuMemoryBudgetBytes?: number;
   /**
    * Most tokens evaluated in one decode step (capped at `contextSize`); long prompts are split across steps
    * so running streams keep flowing. Defaults to `512`.
@@ -140,11 +158,20 @@ interface LogprobState {
   next: TokenLogprob | undefined;
 }
 
+/** Bytes of host memory and of GPU memory. */
+interface Memory {
+  host: number;
+  gpu: number;
+}
+
 /** Base weights in memory, shared by every context (the bare model and each LoRA adapter) that uses them. */
 interface LoadedBase {
   path: string;
   model: LlamaModel;
+  /** Host memory the weights take (the file's size on the CPU). */
   sizeBytes: number;
+  /** GPU memory the offloaded layers take (`0` on the CPU). */
+  gpuBytes: number;
   /** Contexts (LoadedModel entries) on these weights; the weights are released with the last one. */
   users: number;
 }
@@ -159,6 +186,8 @@ interface LoadedModel {
   ref: ModelRef;
   /** The adapter file's size for a LoRA model, else the base's (the base itself is counted once, in `bases`). */
   sizeBytes: number;
+  /** Where the adapter's bytes are counted: GPU memory when the backend is a GPU, else host memory. */
+  adapterOnGpu: boolean;
   base: LoadedBase;
   model: LlamaModel;
   context: LlamaContext;
@@ -189,7 +218,10 @@ class LlamaEngine implements Engine {
   private readonly parallel: number;
   private readonly maxQueue: number;
   private readonly memoryBudget: number;
-  private readonly gpu: false | "auto";
+  private readonly gpu: GpuSetting;
+  private readonly gpuLayers: GpuLayers;
+  /** Resolved with the backend (`undefined` until then; unused on the CPU). */
+  private gpuMemoryBudget: number | undefined;
   private readonly batchSize: number;
   private readonly logger: (level: "error" | "warn", message: string) => void;
 
@@ -224,7 +256,9 @@ class LlamaEngine implements Engine {
     );
     this.maxQueue = Math.max(0, Math.floor(options.maxQueue ?? DEFAULTS.maxQueue));
     this.memoryBudget = options.memoryBudgetBytes ?? DEFAULTS.memoryBudgetBytes;
-    this.gpu = options.gpu ?? false;
+    this.gpu = options.gpu === false ? "off" : (options.gpu ?? "off");
+    this.gpuLayers = options.gpuLayers ?? "all";
+    this.gpuMemoryBudget = options.gpuMemoryBudgetBytes;
     this.batchSize = positiveInteger(options.batchSize ?? DEFAULTS.batchSize, "batchSize");
     this.logger = options.logger ?? ((level, message) => console.warn(`[llama.cpp ${level}] ${message}`));
     this.ownsLlama = options.llama === undefined;
@@ -358,8 +392,32 @@ class LlamaEngine implements Engine {
   // ---- loading ----
 
   private getLlama(): Promise<Llama> {
-    this.llama ??= getLlama({
-      gpu: this.gpu,
+    this.llama ??= this.startLlama();
+    return this.llama;
+  }
+
+  private async startLlama(): Promise<Llama> {
+    let llama: Llama;
+    try {
+      llama = await this.createLlama();
+    } catch (error) {
+      // `auto` never fails for want of a GPU (node-llama-cpp falls back to the CPU); `cuda`/`vulkan` do.
+      throw this.gpu === "cuda" || this.gpu === "vulkan" ? gpuUnavailable(this.gpu, error) : error;
+    }
+    if (backendOf(llama) !== "cpu" && this.gpuMemoryBudget === undefined) {
+      const vram = await llama.getVramState();
+      this.gpuMemoryBudget = Math.floor(vram.free * 0.9);
+    }
+    return llama;
+  }
+
+  async accelerator(): Promise<AcceleratorInfo> {
+    return describeAccelerator(await this.getLlama(), this.gpu, this.gpuLayers);
+  }
+
+  private createLlama(): Promise<Llama> {
+    return getLlama({
+      gpu: llamaGpuOption(this.gpu),
       // Prebuilt binaries only: never compile llama.cpp (or download anything) inside a server.
       build: "never",
       // 0 turns off node-llama-cpp's thread splitter, so `threads` is exactly what llama.cpp uses.
@@ -372,7 +430,22 @@ class LlamaEngine implements Engine {
         else if (level === LlamaLogLevel.warn) this.logger("warn", text);
       },
     });
-    return this.llama;
+  }
+
+  /**
+   * What loading `file` costs: on the CPU its size (the weights are mapped); on a GPU node-llama-cpp's estimate
+   * of host and GPU memory with `gpuLayers` offloaded, so each budget counts its own memory.
+   */
+  private async memoryNeed(file: string, fileBytes: number): Promise<Memory> {
+    const llama = await this.getLlama();
+    const backend = backendOf(llama);
+    if (backend === "cpu") return { host: fileBytes, gpu: 0 };
+    const insights = await GgufInsights.from(await readGgufFileInfo(file), llama);
+    const layers = modelGpuLayers(backend, this.gpuLayers);
+    const estimate = await insights.estimateModelResourceRequirementsV2({
+      gpuLayers: layers === "max" ? insights.totalLayers : Math.min(layers, insights.totalLayers),
+    });
+    return { host: estimate.cpuRam, gpu: estimate.gpuVram };
   }
 
   /** Loads a model once; concurrent callers share the same promise. */
@@ -403,11 +476,19 @@ class LlamaEngine implements Engine {
     const adapterBytes = ref.lora ? sizeOf(ref.lora.path) : 0;
     // A base already in memory costs nothing more; an adapter costs its own file.
     const sizeBytes = ref.lora ? adapterBytes : baseBytes;
-    await this.makeRoomFor((this.bases.has(ref.path) ? 0 : baseBytes) + (ref.lora ? adapterBytes : 0));
     let base: LoadedBase | undefined;
     let context: LlamaContext | undefined;
+    let adapterOnGpu = false;
     try {
-      base = await this.acquireBase(ref.path, baseBytes);
+      const need = this.bases.has(ref.path)
+        ? { host: 0, gpu: 0 }
+        : await this.memoryNeed(ref.path, baseBytes);
+      adapterOnGpu = backendOf(await this.getLlama()) !== "cpu";
+      await this.makeRoomFor({
+        host: need.host + (adapterOnGpu ? 0 : adapterBytes),
+        gpu: need.gpu + (adapterOnGpu ? adapterBytes : 0),
+      });
+      base = await this.acquireBase(ref.path, need);
       const model = base.model;
       const contextSize = Math.max(
         16,
@@ -432,6 +513,7 @@ class LlamaEngine implements Engine {
         key: modelKey(ref),
         ref,
         sizeBytes,
+        adapterOnGpu,
         base,
         model,
         context,
@@ -466,7 +548,7 @@ class LlamaEngine implements Engine {
   }
 
   /** The base weights at `path`, loaded once and counted as one more user. */
-  private async acquireBase(path: string, sizeBytes: number): Promise<LoadedBase> {
+  private async acquireBase(path: string, need: Memory): Promise<LoadedBase> {
     let base = this.bases.get(path);
     if (!base) {
       let loading = this.loadingBases.get(path);
@@ -475,9 +557,9 @@ class LlamaEngine implements Engine {
           const llama = await this.getLlama();
           const model = await llama.loadModel({
             modelPath: path,
-            gpuLayers: this.gpu === false ? 0 : "auto",
+            gpuLayers: modelGpuLayers(backendOf(llama), this.gpuLayers),
           });
-          const loaded: LoadedBase = { path, model, sizeBytes, users: 0 };
+          const loaded: LoadedBase = { path, model, sizeBytes: need.host, gpuBytes: need.gpu, users: 0 };
           this.bases.set(path, loaded);
           return loaded;
         })().finally(() => this.loadingBases.delete(path));
@@ -497,21 +579,35 @@ class LlamaEngine implements Engine {
     await base.model.dispose().catch(() => {});
   }
 
-  /** Unloads least recently used idle models until `incoming` more bytes fit the budget. */
-  private async makeRoomFor(incoming: number): Promise<void> {
-    let used = 0;
-    for (const b of this.bases.values()) used += b.sizeBytes;
-    for (const m of this.models.values()) if (m.ref.lora) used += m.sizeBytes;
+  /**
+   * Unloads least recently used idle models until `incoming` more bytes fit both budgets: host memory
+   * (`memoryBudgetBytes`) and GPU memory (`gpuMemoryBudgetBytes`, on a GPU backend).
+   */
+  private async makeRoomFor(incoming: Memory): Promise<void> {
+    const used: Memory = { host: 0, gpu: 0 };
+    for (const b of this.bases.values()) {
+      used.host += b.sizeBytes;
+      used.gpu += b.gpuBytes;
+    }
+    for (const m of this.models.values())
+      if (m.ref.lora) used[m.adapterOnGpu ? "gpu" : "host"] += m.sizeBytes;
+    const gpuBudget = this.gpuMemoryBudget ?? Infinity;
+    const fits = () =>
+      used.host + incoming.host <= this.memoryBudget &&
+      (incoming.gpu === 0 || used.gpu + incoming.gpu <= gpuBudget);
     const idle = [...this.models.values()]
       .filter((m) => m.active.size === 0 && m.waiters.length === 0 && m.users === 0)
       .sort((a, b) => a.lastUsed - b.lastUsed);
     for (const victim of idle) {
-      if (used + incoming <= this.memoryBudget) break;
+      if (fits()) break;
       // Unloading awaits; a victim may have been picked up by a request meanwhile.
       if (victim.active.size > 0 || victim.waiters.length > 0 || victim.users > 0) continue;
+      if (victim.ref.lora) used[victim.adapterOnGpu ? "gpu" : "host"] -= victim.sizeBytes;
       // The base's bytes come back only when its last context goes.
-      used -=
-        (victim.ref.lora ? victim.sizeBytes : 0) + (victim.base.users === 1 ? victim.base.sizeBytes : 0);
+      if (victim.base.users === 1) {
+        used.host -= victim.base.sizeBytes;
+        used.gpu -= victim.base.gpuBytes;
+      }
       await this.unload(victim);
     }
   }

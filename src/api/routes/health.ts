@@ -1,6 +1,7 @@
 import type { FastifyInstance } from "fastify";
 import { Type } from "@sinclair/typebox";
 import type { Core } from "../../core.ts";
+import { GPU_SETTINGS } from "../../engine/accelerator.ts";
 import { diskSpace } from "../../store/diskSpace.ts";
 import { responses } from "../schemas.ts";
 
@@ -21,6 +22,31 @@ const Health = Type.Object({
       }),
     },
     { description: "The disk of the data directory (database, uploads, run artifacts)." },
+  ),
+  accelerator: Type.Object(
+    {
+      setting: Type.Union(
+        GPU_SETTINGS.map((s) => Type.Literal(s)),
+        { description: "`CONDUIT_GPU` as set." },
+      ),
+      backend: Type.Union(
+        [Type.Literal("cpu"), Type.Literal("cuda"), Type.Literal("vulkan"), Type.Literal("metal")],
+        {
+          description: "What generation runs on: `cpu` when no GPU is used.",
+        },
+      ),
+      devices: Type.Array(Type.String(), { description: "GPU device names (empty on the CPU)." }),
+      gpuLayers: Type.Union([Type.Literal("all"), Type.Integer({ minimum: 0 })], {
+        description: "Layers each model offloads to the GPU (`0` on the CPU).",
+      }),
+      gpuMemory: Type.Optional(
+        Type.Object(
+          { totalBytes: Type.Integer(), usedBytes: Type.Integer(), freeBytes: Type.Integer() },
+          { description: "The GPUs' memory, summed over devices (absent on the CPU)." },
+        ),
+      ),
+    },
+    { description: "The compute backend of generation and training (`CONDUIT_GPU`)." },
   ),
   warnings: Type.Optional(Type.Array(Type.String(), { description: "Why the status is `degraded`." })),
 });
@@ -56,10 +82,12 @@ export default async function healthRoutes(app: FastifyInstance, { core }: { cor
                 `(${mib(minFreeBytes)}): uploads and training may soon fail with 507 insufficient_storage`,
             ]
           : [];
+      const accelerator = await core.engine.accelerator();
       return {
         status: warnings.length > 0 ? ("degraded" as const) : ("ok" as const),
         database: core.db.dialect,
         disk: { freeBytes, totalBytes, minFreeBytes },
+        accelerator,
         ...(warnings.length > 0 ? { warnings } : {}),
       };
     },

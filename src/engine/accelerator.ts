@@ -1,0 +1,92 @@
+import type { Llama } from "node-llama-cpp";
+import { ConduitError } from "../errors.ts";
+
+/**
+ * `CONDUIT_GPU`: which compute backend generation and training use. `auto` takes a GPU when node-llama-cpp's
+ * prebuilt binaries find a working one (CUDA first, then Vulkan) and is the CPU otherwise, with nothing to
+ * install or download; `cuda` and `vulkan` insist (the server does not start without one); `off` is the CPU.
+ */
+export const GPU_SETTINGS = ["auto", "cuda", "vulkan", "off"] as const;
+export type GpuSetting = (typeof GPU_SETTINGS)[number];
+
+/** `CONDUIT_GPU_LAYERS`: layers offloaded to the GPU, `all` (the default) or a count; ignored on the CPU. */
+export type GpuLayers = "all" | number;
+
+/** The compute backend in use: `cpu` when no GPU is used. */
+export type Backend = "cpu" | "cuda" | "vulkan" | "metal";
+
+/** What generation runs on, for the start log line and `/healthz`. */
+export interface AcceleratorInfo {
+  /** `CONDUIT_GPU` as set. */
+  setting: GpuSetting;
+  backend: Backend;
+  /** GPU device names (empty on the CPU). */
+  devices: string[];
+  /** Layers each model offloads (`0` on the CPU). */
+  gpuLayers: GpuLayers | 0;
+  /** The GPUs' memory, summed over devices; absent on the CPU. */
+  gpuMemory?: { totalBytes: number; usedBytes: number; freeBytes: number };
+}
+
+/** node-llama-cpp's `getLlama({ gpu })` for a setting. */
+export function llamaGpuOption(setting: GpuSetting): false | "auto" | "cuda" | "vulkan" {
+  return setting === "off" ? false : setting;
+}
+
+/** The backend a node-llama-cpp instance ended up with. */
+export function backendOf(llama: Llama): Backend {
+  return llama.gpu === false ? "cpu" : llama.gpu;
+}
+
+/** `gpuLayers` for `llama.loadModel`: none on the CPU, every layer for `all`, else the count. */
+export function modelGpuLayers(backend: Backend, layers: GpuLayers): number | "max" {
+  if (backend === "cpu") return 0;
+  return layers === "all" ? "max" : layers;
+}
+
+export async function describeAccelerator(
+  llama: Llama,
+  setting: GpuSetting,
+  layers: GpuLayers,
+): Promise<AcceleratorInfo> {
+  const backend = backendOf(llama);
+  if (backend === "cpu") return { setting, backend, devices: [], gpuLayers: 0 };
+  const [devices, vram] = await Promise.all([llama.getGpuDeviceNames(), llama.getVramState()]);
+  return {
+    setting,
+    backend,
+    devices,
+    gpuLayers: layers,
+    gpuMemory: { totalBytes: vram.total, usedBytes: vram.used, freeBytes: vram.free },
+  };
+}
+
+/**
+ * The error when `CONDUIT_GPU` names a backend node-llama-cpp cannot use here: what was asked, why, and the
+ * two ways out (install what the prebuilt binaries need, or let `auto` fall back to the CPU).
+ */
+export function gpuUnavailable(setting: GpuSetting, cause: unknown): ConduitError {
+  const reason = cause instanceof Error ? cause.message : String(cause);
+  const needs =
+    setting === "cuda"
+      ? "an NVIDIA driver and the CUDA runtime the prebuilt binaries link against (see the README, 'GPU')"
+      : "a Vulkan driver (libvulkan) for the GPU";
+  return new ConduitError(
+    "unavailable",
+    `CONDUIT_GPU=${setting}, but no ${setting === "cuda" ? "CUDA" : "Vulkan"} build of llama.cpp works on this ` +
+      `machine (${reason}). It needs ${needs}; set CONDUIT_GPU=auto to use the CPU when there is no GPU.`,
+    { cause },
+  );
+}
+
+/** One line for the start log: `cpu`, or `cuda on NVIDIA H100 (79.1 GiB free of 79.6 GiB), all layers`. */
+export function describeBackend(info: AcceleratorInfo): string {
+  if (info.backend === "cpu")
+    return info.setting === "auto" ? "cpu (CONDUIT_GPU=auto found no usable GPU)" : "cpu";
+  const gib = (bytes: number) => `${(bytes / 2 ** 30).toFixed(1)} GiB`;
+  const memory = info.gpuMemory
+    ? ` (${gib(info.gpuMemory.freeBytes)} free of ${gib(info.gpuMemory.totalBytes)})`
+    : "";
+  const layers = info.gpuLayers === "all" ? "all layers" : `${info.gpuLayers} layers`;
+  return `${info.backend} on ${info.devices.join(", ") || "an unnamed device"}${memory}, ${layers} offloaded`;
+}
