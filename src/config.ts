@@ -120,6 +120,34 @@ export const settings = {
     defaultText: "104857600 (100 MiB)",
     parse: integer("CONDUIT_MAX_UPLOAD_BYTES", 100 * MB, 1),
   },
+  maxPairBytes: {
+    env: "CONDUIT_MAX_PAIR_BYTES",
+    description:
+      "Largest IO pair in bytes (a JSONL line, a CSV record, a JSON array item's input and output); an upload holding a bigger one is refused with 400 naming its line, read no further.",
+    defaultText: "1048576 (1 MiB)",
+    parse: integer("CONDUIT_MAX_PAIR_BYTES", MB, 64),
+  },
+  maxRunPairs: {
+    env: "CONDUIT_MAX_RUN_PAIRS",
+    description:
+      "Most IO pairs a fine-tuning run may read (training and validation); a run over it is refused at creation with 400.",
+    defaultText: "100000",
+    parse: integer("CONDUIT_MAX_RUN_PAIRS", 100_000, 1),
+  },
+  maxRunBytes: {
+    env: "CONDUIT_MAX_RUN_BYTES",
+    description:
+      "Most bytes of dataset files a fine-tuning run may read (training and validation); a run over it is refused at creation with 400.",
+    defaultText: "268435456 (256 MiB)",
+    parse: integer("CONDUIT_MAX_RUN_BYTES", 256 * MB, 1),
+  },
+  maxRunTokens: {
+    env: "CONDUIT_MAX_RUN_TOKENS",
+    description:
+      "Most tokens a fine-tuning run may train on: its training examples' tokens (chat template included) times its epochs, within `steps`. Tokens are known once the trainer has tokenized the examples, so a run over it fails then, before its first step, with the numbers.",
+    defaultText: "100000000",
+    parse: integer("CONDUIT_MAX_RUN_TOKENS", 100_000_000, 1),
+  },
   headersTimeout: {
     env: "CONDUIT_HEADERS_TIMEOUT_MS",
     description:
