@@ -128,7 +128,8 @@ export const ChatBody = Type.Object(
     history: Type.Optional(
       Type.Array(Type.String({ pattern: noNul }), {
         description:
-          "Earlier turns, alternating user then assistant, oldest first (so an even number of entries).",
+          "Earlier turns, alternating user then assistant, oldest first. An odd number ends with a user turn " +
+          "that got no answer; `prompt` follows it as another user turn.",
       }),
     ),
     response_format: Type.Optional(ResponseFormat),
@@ -210,6 +211,37 @@ export const CompletionResult = Type.Object(
     usage: Usage,
   },
   { $id: "CompletionResult" },
+);
+
+/**
+ * `POST /v1/chat/completions`: OpenAI's chat completion object. Open to further fields (OpenAI adds
+ * some over time), so the serializer passes them through.
+ */
+export const OpenAiChatResult = Type.Object(
+  {
+    id: Type.String(),
+    object: Type.Literal("chat.completion"),
+    created: Type.Integer(),
+    model: Type.String(),
+    choices: Type.Array(
+      Type.Object(
+        {
+          index: Type.Integer(),
+          message: Type.Object(
+            { role: Type.Literal("assistant"), content: Type.String() },
+            { additionalProperties: true },
+          ),
+          logprobs: Type.Union([Type.Null(), Type.Object({}, { additionalProperties: true })], {
+            description: "`null` unless the request asks for `logprobs`.",
+          }),
+          finish_reason: FinishReason,
+        },
+        { additionalProperties: true },
+      ),
+    ),
+    usage: Usage,
+  },
+  { $id: "OpenAiChatResult", additionalProperties: true },
 );
 
 const Nullish = <T extends TSchema>(schema: T, description: string) =>

@@ -1,7 +1,6 @@
 import type { FastifyInstance } from "fastify";
 import type { TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
 import type { Core } from "../../core.ts";
-import { ConduitError } from "../../errors.ts";
 import type { ChatMessage, ResponseFormat, SamplingOptions } from "../../engine/types.ts";
 import { respondWithGeneration, usageOf, type ResponseShape } from "../generate.ts";
 import {
@@ -49,19 +48,17 @@ export function responseFormat(wire: ResponseFormatWire | undefined): ResponseFo
   return undefined;
 }
 
-/** `system_prompt`, then `history` as alternating user/assistant turns, then `prompt` as the user's turn. */
+/**
+ * `system_prompt`, then `history` as alternating user/assistant turns, then `prompt` as the user's turn.
+ * An odd `history` ends with a user turn that got no answer; `prompt` follows it (as in OpenAI's
+ * `messages`, two user turns in a row are the chat template's to format, or to refuse).
+ */
 export function chatMessages(body: {
   prompt: string;
   system_prompt?: string | undefined;
   history?: string[] | undefined;
 }): ChatMessage[] {
   const history = body.history ?? [];
-  if (history.length % 2 !== 0)
-    throw new ConduitError(
-      "invalid_request",
-      'field "history" must alternate user and assistant turns (user first), so it needs an even number of entries',
-      { param: "history" },
-    );
   const messages: ChatMessage[] = [];
   if (body.system_prompt) messages.push({ role: "system", content: body.system_prompt });
   history.forEach((content, i) => messages.push({ role: i % 2 === 0 ? "user" : "assistant", content }));

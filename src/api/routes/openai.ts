@@ -6,17 +6,19 @@ import type { ChatMessage, SamplingOptions } from "../../engine/types.ts";
 import { ConduitError } from "../../errors.ts";
 import { respondWithGeneration, usageOf, type ResponseShape } from "../generate.ts";
 import {
+  CompletionResult,
   MAX_CHOICES,
   ModelEntry,
   ModelList,
   OpenAiChatBody,
+  OpenAiChatResult,
   OpenAiCompletionBody,
   type OpenAiChatBodyWire,
   type OpenAiCompletionBodyWire,
 } from "../generationSchemas.ts";
 import { dropNulls } from "../nullable.ts";
-import { noControlCharacters, responses } from "../schemas.ts";
-import { completionShape, responseFormat, seedSampling } from "./generation.ts";
+import { jsonOrEvents, noControlCharacters, responses } from "../schemas.ts";
+import { chatEvents, completionShape, responseFormat, seedSampling } from "./generation.ts";
 
 /**
  * OpenAI-compatible routes. They translate OpenAI requests into the same generation call as
@@ -95,6 +97,7 @@ const openAiChatShape = (includeUsage: boolean): ResponseShape => ({
 export default async function openAiRoutes(app: FastifyInstance, { core }: { core: Core }) {
   const r = app.withTypeProvider<TypeBoxTypeProvider>();
   const tags = ["openai"];
+  const generationErrors = [400, 401, 404, 409, 413, 415, 429, 503];
   const refused =
     "Every OpenAI parameter is honoured or refused: one Conduit does not implement yet is a `400` naming it " +
     "(`param`), unless it has the value that asks for nothing (`logprobs: false`, `tools: []`). `null` means " +
@@ -110,6 +113,7 @@ export default async function openAiRoutes(app: FastifyInstance, { core }: { cor
           "The messages, formatted with the model's chat template. `response_format` `json_object` or `json_schema` " +
           `constrains the answer with a grammar while sampling. ${refused}`,
         body: OpenAiChatBody,
+        response: responses({ 200: jsonOrEvents(OpenAiChatResult, chatEvents) }, generationErrors),
       },
       preValidation: dropNulls(OpenAiChatBody),
     },
@@ -140,6 +144,15 @@ export default async function openAiRoutes(app: FastifyInstance, { core }: { cor
         summary: "OpenAI-compatible text completions (raw prompt, no chat template)",
         description: `One choice per prompt (\`n\` per prompt), \`index\` in order. ${refused}`,
         body: OpenAiCompletionBody,
+        response: responses(
+          {
+            200: jsonOrEvents(
+              CompletionResult,
+              "Server-Sent Events: `data: {text_completion chunk}` lines, then `data: [DONE]`.",
+            ),
+          },
+          generationErrors,
+        ),
       },
       preValidation: dropNulls(OpenAiCompletionBody),
     },
