@@ -130,6 +130,23 @@ describe("generation on the tiny model", () => {
     assert.deepEqual(Object.keys(body.choices[0]).sort(), ["finish_reason", "index", "logprobs", "text"]);
     assert.equal(body.choices[0].logprobs, null);
     assert.equal(body.choices[0].index, 0);
+
+    const withLogprobs = await app.inject({
+      method: "POST",
+      url: "/conduit/v1/completions",
+      headers: asAlice,
+      payload: { model: "tiny", messages: [{ role: "user", content: "Hi" }], max_tokens: 6, logprobs: 3 },
+    });
+    assert.equal(withLogprobs.statusCode, 200, withLogprobs.body);
+    const logprobs = withLogprobs.json().choices[0].logprobs;
+    assert.ok(logprobs.tokens.length > 0);
+    assert.equal(logprobs.token_logprobs.length, logprobs.tokens.length);
+    // The seed's sampling (temperature 1, penalties 1): the logprobs are still the model's own distribution.
+    for (const [i, top] of logprobs.top_logprobs.entries()) {
+      const values = Object.values(top) as number[];
+      assert.ok(values.length > 0 && values.length <= 3);
+      assert.ok(logprobs.token_logprobs[i] <= Math.max(...values) + 1e-6);
+    }
   });
 
   test("streaming chat, frame by frame, equals the non-streamed text", async () => {

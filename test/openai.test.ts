@@ -5,7 +5,7 @@ import { after, before, describe, test } from "node:test";
 import type { FastifyInstance } from "fastify";
 import OpenAI from "openai";
 import type { Core } from "../src/core.ts";
-import { asAlice, asBob, build, KEY_A } from "./helper.ts";
+import { asAlice, asBob, build, buildTestApp, KEY_A, testEnv } from "./helper.ts";
 
 /** The strict OpenAI surface: `null` is the default, every parameter is honoured or refused, models in detail. */
 
@@ -103,17 +103,16 @@ describe("the OpenAI surface on the tiny model", () => {
     });
     assert.equal(allNull.statusCode, 200, allNull.body);
     const [choice] = allNull.json().choices;
-    // max_tokens null: up to the default 256 (or the end of the text).
+    // max_tokens null: up to the room left in the context (1024 tokens), or the end of the text.
+    const usage = allNull.json().usage;
     assert.ok(
-      choice.finish_reason === "stop" || allNull.json().usage.completion_tokens === 256,
+      choice.finish_reason === "stop" || usage.prompt_tokens + usage.completion_tokens === 1024,
       allNull.body,
     );
   });
 
   test("each parameter Conduit does not implement is a 400 naming it, saying so", async () => {
     const chat: [Record<string, unknown>, string][] = [
-      [{ logprobs: true }, "logprobs"],
-      [{ top_logprobs: 2 }, "top_logprobs"],
       [{ logit_bias: { "50256": -100 } }, "logit_bias"],
       [{ tools: [{ type: "function", function: { name: "f", parameters: {} } }] }, "tools"],
       [{ tool_choice: "required" }, "tool_choice"],
@@ -155,8 +154,6 @@ describe("the OpenAI surface on the tiny model", () => {
       assert.ok(error.message.includes(`"${param}"`), res.body);
     }
     const completions: [Record<string, unknown>, string][] = [
-      [{ logprobs: 2 }, "logprobs"],
-      [{ logprobs: 0 }, "logprobs"],
       [{ echo: true }, "echo"],
       [{ best_of: 3 }, "best_of"],
       [{ suffix: "The end." }, "suffix"],
@@ -311,6 +308,126 @@ describe("the OpenAI surface on the tiny model", () => {
       assert.equal(error.param, "response_format", res.body);
       assert.match(error.message, reason, res.body);
     }
+  });
+
+  /** The data of each event of a stream. */
+  const events = (body: string) =>
+    body
+      .split("\n\n")
+      .map((frame) => frame.replace(/^data: /, ""))
+      .filter((data) => data !== "" && data !== "[DONE]")
+      .map((data) => JSON.parse(data));
+
+  test("chat logprobs: the chosen token is the most likely at temperature 0, top_logprobs sorted, streamed alike", async () => {
+    const payload = { messages, max_tokens: 8, temperature: 0, logprobs: true, top_logprobs: 3 };
+    const res = await post(chatUrl, payload);
+    assert.equal(res.statusCode, 200, res.body);
+    const [choice] = res.json().choices;
+    const content = choice.logprobs.content;
+    assert.equal(choice.logprobs.refusal, null);
+    assert.ok(content.length > 0 && content.length <= res.json().usage.completion_tokens, res.body);
+    for (const entry of content) {
+      assert.deepEqual(Object.keys(entry).sort(), ["bytes", "logprob", "token", "top_logprobs"]);
+      assert.equal(entry.top_logprobs.length, 3);
+      const top = entry.top_logprobs.map((t: { logprob: number }) => t.logprob);
+      assert.deepEqual(
+        top,
+        [...top].sort((a, b) => b - a),
+      );
+      assert.ok(Math.abs(entry.logprob - top[0]) < 1e-6, JSON.stringify(entry));
+      assert.ok(entry.logprob <= 0);
+      if (entry.bytes !== null) assert.equal(Buffer.from(entry.bytes).toString("utf8"), entry.token);
+    }
+
+    const streamed = await post(chatUrl, { ...payload, stream: true });
+    assert.equal(streamed.statusCode, 200, streamed.body);
+    const chunks = events(streamed.body);
+    assert.equal(chunks.map((c) => c.choices[0]?.delta.content ?? "").join(""), choice.message.content);
+    const streamedContent = chunks.flatMap((c) => c.choices[0]?.logprobs?.content ?? []);
+    // The same tokens; the values may differ in the last digits (a cached prefix is not evaluated again).
+    assert.deepEqual(
+      streamedContent.map((e: { token: string }) => e.token),
+      content.map((e: { token: string }) => e.token),
+    );
+    for (const [i, entry] of streamedContent.entries())
+      assert.ok(Math.abs(entry.logprob - content[i].logprob) < 1e-3);
+
+    // Without logprobs: null; top_logprobs alone is a 400 naming it.
+    const plain = await post(chatUrl, { messages, max_tokens: 2 });
+    assert.equal(plain.json().choices[0].logprobs, null);
+    const alone = await post(chatUrl, { messages, max_tokens: 2, top_logprobs: 2 });
+    assert.equal(alone.statusCode, 400);
+    assert.equal(alone.json().error.param, "top_logprobs");
+    const tooMany = await post(chatUrl, { messages, max_tokens: 2, logprobs: true, top_logprobs: 21 });
+    assert.equal(tooMany.json().error.param, "top_logprobs");
+  });
+
+  test("completions logprobs (an integer): tokens, token_logprobs, top_logprobs, text_offset", async () => {
+    const payload = { prompt: "Once upon a time", max_tokens: 8, temperature: 0, logprobs: 2 };
+    const res = await post(completionsUrl, payload);
+    assert.equal(res.statusCode, 200, res.body);
+    const [choice] = res.json().choices;
+    const { tokens, token_logprobs, top_logprobs, text_offset } = choice.logprobs;
+    assert.ok(tokens.length > 0);
+    assert.equal(token_logprobs.length, tokens.length);
+    assert.equal(top_logprobs.length, tokens.length);
+    assert.deepEqual(
+      text_offset,
+      tokens.map((_: string, i: number) => tokens.slice(0, i).join("").length),
+    );
+    for (const [i, top] of top_logprobs.entries()) {
+      const values = Object.values(top) as number[];
+      assert.ok(values.length >= 1 && values.length <= 2);
+      assert.ok(Math.abs(Math.max(...values) - token_logprobs[i]) < 1e-6);
+    }
+    const streamed = await post(completionsUrl, { ...payload, stream: true });
+    const chunks = events(streamed.body).filter((c) => c.choices[0]?.logprobs);
+    assert.deepEqual(
+      chunks.flatMap((c) => c.choices[0].logprobs.tokens),
+      tokens,
+    );
+    assert.ok(chunks.length > 1);
+    assert.deepEqual(
+      chunks.flatMap((c) => c.choices[0].logprobs.text_offset),
+      text_offset,
+    );
+    const tooMany = await post(completionsUrl, { prompt: "x", max_tokens: 1, logprobs: 6 });
+    assert.equal(tooMany.json().error.param, "logprobs");
+  });
+
+  test("without max_tokens a /v1 answer may fill the context (a 128-token model)", async (t) => {
+    const { app: small } = await buildTestApp(t, await testEnv(t, "sqlite", { CONDUIT_CONTEXT_SIZE: "128" }));
+    const v1 = await small.inject({
+      method: "POST",
+      url: completionsUrl,
+      headers: asAlice,
+      payload: { model: "tiny", prompt: "Once upon a time", temperature: 0 },
+    });
+    assert.equal(v1.statusCode, 200, v1.body);
+    // llama.cpp rounds a context up to a multiple of 256.
+    const context = (small as FastifyInstance & { conduit: Core }).conduit.engine.loaded()[0]!.contextSize;
+    assert.ok(context < 512, String(context));
+    const usage = v1.json().usage;
+    if (v1.json().choices[0].finish_reason === "length")
+      assert.equal(usage.prompt_tokens + usage.completion_tokens, context);
+    else assert.equal(v1.json().choices[0].finish_reason, "stop");
+    const chat = await small.inject({
+      method: "POST",
+      url: chatUrl,
+      headers: asAlice,
+      payload: { model: "tiny", messages, temperature: 0 },
+    });
+    assert.equal(chat.statusCode, 200, chat.body);
+    assert.ok(chat.json().usage.completion_tokens > 0);
+    // An explicit max_tokens is a cap, also beyond the context.
+    const capped = await small.inject({
+      method: "POST",
+      url: chatUrl,
+      headers: asAlice,
+      payload: { model: "tiny", messages, temperature: 0, max_tokens: 100_000 },
+    });
+    assert.equal(capped.statusCode, 200, capped.body);
+    assert.ok(capped.json().usage.prompt_tokens + capped.json().usage.completion_tokens <= context);
   });
 
   test("a field OpenAI does not have is a 400 naming it; invalid values still are", async () => {

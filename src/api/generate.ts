@@ -1,6 +1,6 @@
 import { randomBytes } from "node:crypto";
 import type { FastifyReply, FastifyRequest } from "fastify";
-import type { FinishReason } from "../engine/types.ts";
+import type { FinishReason, TokenLogprob } from "../engine/types.ts";
 import type { InferenceRequest, InferenceResult } from "../inference/InferenceService.ts";
 import type { ModelRef } from "../engine/types.ts";
 import type { Core } from "../core.ts";
@@ -16,9 +16,55 @@ export interface ResponseShape {
     text: string,
     finishReason: FinishReason | null,
     first: boolean,
+    /** The log probabilities of this chunk's tokens, when the request asked for them. */
+    logprobs?: TokenLogprob[],
   ): Record<string, unknown>;
   /** `usage` goes on the last chunk (native) or in its own chunk (OpenAI `include_usage`), or nowhere. */
   streamUsage: "last-chunk" | "separate" | "none";
+}
+
+/** UTF-8 bytes of a token's text; `null` when the token ends inside a character (its text shows U+FFFD). */
+function bytesOf(token: string): number[] | null {
+  return token.includes("\uFFFD") ? null : [...Buffer.from(token, "utf8")];
+}
+
+/** OpenAI's chat `logprobs`: `{content: [{token, logprob, bytes, top_logprobs}], refusal: null}`. */
+export function chatLogprobs(logprobs: TokenLogprob[] | undefined) {
+  if (logprobs === undefined) return null;
+  return {
+    content: logprobs.map((l) => ({
+      token: l.token,
+      logprob: l.logprob,
+      bytes: bytesOf(l.token),
+      top_logprobs: l.top.map((t) => ({ token: t.token, logprob: t.logprob, bytes: bytesOf(t.token) })),
+    })),
+    refusal: null,
+  };
+}
+
+/**
+ * OpenAI's completions `logprobs`: parallel lists of the tokens, their log probabilities, their top
+ * alternatives (text → log probability; the first of two tokens with the same text wins) and each token's
+ * offset in the choice's text (the lengths of the tokens before it, from `offset`: those of earlier chunks).
+ */
+export function completionLogprobs(logprobs: TokenLogprob[] | undefined, offset = 0) {
+  if (logprobs === undefined) return null;
+  const textOffset: number[] = [];
+  let at = offset;
+  for (const l of logprobs) {
+    textOffset.push(at);
+    at += l.token.length;
+  }
+  return {
+    tokens: logprobs.map((l) => l.token),
+    token_logprobs: logprobs.map((l) => l.logprob),
+    top_logprobs: logprobs.map((l) => {
+      const top = new Map<string, number>();
+      for (const t of l.top) if (!top.has(t.token)) top.set(t.token, t.logprob);
+      return Object.fromEntries(top);
+    }),
+    text_offset: textOffset,
+  };
 }
 
 export function usageOf(result: InferenceResult) {
@@ -59,16 +105,25 @@ export async function respondWithGeneration(
 
   let sse: SseStream | undefined;
   const started = new Set<number>();
-  const emit = (index: number, text: string, finishReason: FinishReason | null) => {
+  const emit = (
+    index: number,
+    text: string,
+    finishReason: FinishReason | null,
+    logprobs?: TokenLogprob[],
+  ) => {
     sse ??= openSse(request, reply, controller);
     const first = !started.has(index);
     started.add(index);
-    sse.send(options.shape.chunk(base, index, text, finishReason, first));
+    sse.send(options.shape.chunk(base, index, text, finishReason, first, logprobs));
   };
   try {
     const result = await core.inference.generate(
       request.userId,
-      { ...input, signal: controller.signal, onText: (index, text) => emit(index, text, null) },
+      {
+        ...input,
+        signal: controller.signal,
+        onText: (index, text, logprobs) => emit(index, text, null, logprobs),
+      },
       model,
     );
     const last = result.choices.length - 1;

@@ -138,9 +138,17 @@ export const ChatBody = Type.Object(
   { additionalProperties: true },
 );
 
+/** `logprobs` of a text completion, OpenAI's legacy form. */
+const COMPLETION_LOGPROBS =
+  "Each answer token's log probability (`choices[].logprobs`: `tokens`, `token_logprobs`, `top_logprobs` with " +
+  "this many most likely tokens at each position, `text_offset`), streamed with its chunk. They are the model's " +
+  "own distribution, the log-softmax of its raw logits before penalties, temperature, top-k/top-p and grammar. " +
+  "Tokens of a stop sequence are left out. Defaults to none.";
+
 export const CompletionsBody = Type.Object(
   {
     messages: Type.Array(ChatMessage, { minItems: 1, description: "The conversation so far." }),
+    logprobs: Type.Optional(Type.Integer({ minimum: 0, maximum: 5, description: COMPLETION_LOGPROBS })),
     ...SeedSampling,
   },
   { additionalProperties: true },
@@ -194,6 +202,51 @@ export const ChatResult = Type.Object(
   { $id: "ChatResult" },
 );
 
+/** `logprobs` of a text completion choice (or chunk), OpenAI's legacy form. */
+export const CompletionLogprobs = Type.Object(
+  {
+    tokens: Type.Array(Type.String(), { description: "The answer's tokens, as text." }),
+    token_logprobs: Type.Array(Type.Number(), { description: "Each token's log probability." }),
+    top_logprobs: Type.Array(Type.Record(Type.String(), Type.Number()), {
+      description:
+        "At each position, the most likely tokens (as many as `logprobs` asked): text → log probability.",
+    }),
+    text_offset: Type.Array(Type.Integer(), {
+      description: "Where each token starts in `text`: the lengths of the tokens before it.",
+    }),
+  },
+  { additionalProperties: false },
+);
+
+const TokenBytes = Type.Union([Type.Array(Type.Integer({ minimum: 0, maximum: 255 })), Type.Null()], {
+  description: "The token's UTF-8 bytes; `null` for a token that ends inside a character (its text shows U+FFFD).",
+});
+
+/** `logprobs` of a chat completion choice (or chunk), OpenAI's form. */
+export const ChatLogprobs = Type.Object(
+  {
+    content: Type.Array(
+      Type.Object(
+        {
+          token: Type.String(),
+          logprob: Type.Number(),
+          bytes: TokenBytes,
+          top_logprobs: Type.Array(
+            Type.Object(
+              { token: Type.String(), logprob: Type.Number(), bytes: TokenBytes },
+              { additionalProperties: false },
+            ),
+            { description: "The most likely tokens at this position (`top_logprobs` of them), most likely first." },
+          ),
+        },
+        { additionalProperties: false },
+      ),
+    ),
+    refusal: Type.Null(),
+  },
+  { additionalProperties: false },
+);
+
 export const CompletionResult = Type.Object(
   {
     id: Type.String(),
@@ -204,7 +257,9 @@ export const CompletionResult = Type.Object(
       Type.Object({
         text: Type.String(),
         index: Type.Integer(),
-        logprobs: Type.Null(),
+        logprobs: Type.Union([CompletionLogprobs, Type.Null()], {
+          description: "`null` unless the request asks for `logprobs`.",
+        }),
         finish_reason: FinishReason,
       }),
     ),
@@ -311,7 +366,8 @@ const OpenAiSampling = {
   ),
   max_tokens: Nullable(Type.Integer({ minimum: 1 }), {
     description:
-      "Most tokens to generate, a cap: generation also ends (`length`) when the model's context is full. Defaults to `256`.",
+      "Most tokens to generate, a cap: generation also ends (`length`) when the model's context is full. " +
+      "Absent or `null`: up to the room left in the context.",
   }),
   temperature: OrNull(Type.Number({ minimum: 0, maximum: 2 }), {
     default: 1,
@@ -404,8 +460,17 @@ export const OpenAiChatBody = Type.Object(
     safety_identifier: Nullable(Type.String(), {
       description: "Your end user's id; written to the request's log line.",
     }),
-    logprobs: NotYet("log probabilities", { schema: Type.Literal(false), text: "false" }),
-    top_logprobs: NotYet("log probabilities", { schema: Type.Literal(0), text: "0" }),
+    logprobs: OrNull(Type.Boolean(), {
+      default: false,
+      description:
+        "`true`: each answer token's log probability in `choices[].logprobs.content` (streamed with its chunk). " +
+        "They are the model's own distribution, the log-softmax of its raw logits before penalties, temperature, " +
+        "top-k/top-p and grammar: with sampling on, a chosen token need not be the most likely. Tokens of a stop " +
+        "sequence are left out. Defaults to `false`.",
+    }),
+    top_logprobs: Nullable(Type.Integer({ minimum: 0, maximum: 20 }), {
+      description: "With `logprobs: true`: this many most likely tokens at each position, most likely first.",
+    }),
     response_format: Nullable(ResponseFormat),
     tools: NotYet("tool calling", { schema: Nothing, text: "[]" }),
     tool_choice: NotYet("tool calling", { schema: NoneOrAuto, text: '"none" or "auto" (no tools to call)' }),
@@ -457,7 +522,9 @@ export const OpenAiCompletionBody = Type.Object(
     ...OpenAiSampling,
     best_of: NotYet("best_of", { schema: Type.Literal(1), text: "1" }),
     echo: NotYet("echo", { schema: Type.Literal(false), text: "false" }),
-    logprobs: NotYet("log probabilities"),
+    logprobs: Nullable(Type.Integer({ minimum: 0, maximum: 5 }), {
+      description: COMPLETION_LOGPROBS,
+    }),
     suffix: NotYet("insertion", { schema: Type.Literal(""), text: '""' }),
   },
   { additionalProperties: false },

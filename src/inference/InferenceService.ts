@@ -8,6 +8,7 @@ import type {
   ModelRef,
   ResponseFormat,
   SamplingOptions,
+  TokenLogprob,
 } from "../engine/types.ts";
 import type { Run, RunRepository } from "../store/RunRepository.ts";
 import { methodOf } from "../train/RunService.ts";
@@ -23,9 +24,11 @@ export interface InferenceRequest {
   responseFormat?: ResponseFormat | undefined;
   /** Independent generations for the same input (OpenAI `n`), for each prompt. Defaults to `1`. */
   n?: number;
+  /** Each token's log probability and this many alternatives, for every choice (see `GenerationRequest`). */
+  logprobs?: number | undefined;
   signal?: AbortSignal;
-  /** Streamed text of choice `index`. */
-  onText?: (index: number, text: string) => void;
+  /** Streamed text of choice `index`, with its tokens' log probabilities when `logprobs` is set. */
+  onText?: (index: number, text: string, logprobs?: TokenLogprob[]) => void;
 }
 
 export interface InferenceResult {
@@ -123,8 +126,14 @@ export class InferenceService {
                 ? { ...request.sampling, seed: request.sampling.seed + i }
                 : request.sampling,
             ...(request.responseFormat ? { responseFormat: request.responseFormat } : {}),
+            ...(request.logprobs !== undefined ? { logprobs: request.logprobs } : {}),
             ...(request.signal ? { signal: request.signal } : {}),
-            ...(request.onText ? { onText: (text: string) => request.onText?.(index, text) } : {}),
+            ...(request.onText
+              ? {
+                  onText: (text: string, logprobs?: TokenLogprob[]) =>
+                    request.onText?.(index, text, logprobs),
+                }
+              : {}),
           });
           return { ...result, index };
         }),

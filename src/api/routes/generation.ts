@@ -2,7 +2,7 @@ import type { FastifyInstance } from "fastify";
 import type { TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
 import type { Core } from "../../core.ts";
 import type { ChatMessage, ResponseFormat, SamplingOptions } from "../../engine/types.ts";
-import { respondWithGeneration, usageOf, type ResponseShape } from "../generate.ts";
+import { completionLogprobs, respondWithGeneration, usageOf, type ResponseShape } from "../generate.ts";
 import {
   ChatBody,
   ChatResult,
@@ -20,7 +20,8 @@ export const chatEvents =
 
 /** The seed's sampling fields → engine options. */
 export function seedSampling(body: {
-  max_tokens: number;
+  /** Absent: up to the room left in the context (the seed's endpoints always have one, default 256). */
+  max_tokens?: number | undefined;
   top_k: number;
   top_p: number;
   temperature: number;
@@ -30,7 +31,7 @@ export function seedSampling(body: {
   seed?: number | undefined;
 }): SamplingOptions {
   return {
-    maxTokens: body.max_tokens,
+    ...(body.max_tokens !== undefined ? { maxTokens: body.max_tokens } : {}),
     temperature: body.temperature,
     topK: body.top_k,
     topP: body.top_p,
@@ -95,26 +96,34 @@ export const seedChatShape: ResponseShape = {
   streamUsage: "last-chunk",
 };
 
-export const completionShape: ResponseShape = {
-  idPrefix: "cmpl",
-  result: (base, result) => ({
-    ...base,
-    object: "text_completion",
-    choices: result.choices.map((c) => ({
-      text: c.text,
-      index: c.index,
-      logprobs: null,
-      finish_reason: c.finishReason,
-    })),
-    usage: usageOf(result),
-  }),
-  chunk: (base, index, text, finishReason) => ({
-    ...base,
-    object: "text_completion",
-    choices: [{ text, index, logprobs: null, finish_reason: finishReason }],
-  }),
-  streamUsage: "last-chunk",
-};
+/** A text completion; one per request, as a stream's chunks count each choice's text offsets. */
+export function completionShape(): ResponseShape {
+  const streamed = new Map<number, number>();
+  return {
+    idPrefix: "cmpl",
+    result: (base, result) => ({
+      ...base,
+      object: "text_completion",
+      choices: result.choices.map((c) => ({
+        text: c.text,
+        index: c.index,
+        logprobs: completionLogprobs(c.logprobs),
+        finish_reason: c.finishReason,
+      })),
+      usage: usageOf(result),
+    }),
+    chunk: (base, index, text, finishReason, _first, logprobs) => {
+      const offset = streamed.get(index) ?? 0;
+      if (logprobs) streamed.set(index, offset + logprobs.reduce((n, l) => n + l.token.length, 0));
+      return {
+        ...base,
+        object: "text_completion",
+        choices: [{ text, index, logprobs: completionLogprobs(logprobs, offset), finish_reason: finishReason }],
+      };
+    },
+    streamUsage: "last-chunk",
+  };
+}
 
 /** Seed 4.1: generation. */
 export default async function generationRoutes(app: FastifyInstance, { core }: { core: Core }) {
@@ -180,8 +189,9 @@ export default async function generationRoutes(app: FastifyInstance, { core }: {
           model: request.body.model,
           messages: request.body.messages.map((m) => ({ role: m.role, content: m.content })),
           sampling: seedSampling(request.body),
+          logprobs: request.body.logprobs,
         },
-        { stream: request.body.stream, shape: completionShape },
+        { stream: request.body.stream, shape: completionShape() },
       ),
   );
 

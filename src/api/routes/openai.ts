@@ -4,7 +4,7 @@ import type { TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
 import type { Core } from "../../core.ts";
 import type { ChatMessage, SamplingOptions } from "../../engine/types.ts";
 import { ConduitError } from "../../errors.ts";
-import { respondWithGeneration, usageOf, type ResponseShape } from "../generate.ts";
+import { chatLogprobs, respondWithGeneration, usageOf, type ResponseShape } from "../generate.ts";
 import {
   CompletionResult,
   MAX_CHOICES,
@@ -24,18 +24,15 @@ import { chatEvents, completionShape, responseFormat, seedSampling } from "./gen
  * OpenAI-compatible routes. They translate OpenAI requests into the same generation call as
  * the seed's endpoints; only the shapes differ. Every OpenAI parameter is honoured or refused by
  * the body schemas (see `OpenAiChatBody`); `null` fields are dropped before validation, so the
- * handlers see them as absent. Without `max_tokens` a completion stops at 256 tokens, like the
- * seed's default.
+ * handlers see them as absent. Without `max_tokens` a completion may use the room left in the
+ * model's context (as OpenAI and vLLM do); the seed's endpoints keep their default of 256.
  */
 function openAiSampling(
-  body: Omit<Parameters<typeof seedSampling>[0], "max_tokens"> & {
-    max_tokens?: number | undefined;
-    max_completion_tokens?: number | undefined;
-  },
+  body: Parameters<typeof seedSampling>[0] & { max_completion_tokens?: number | undefined },
 ): SamplingOptions {
   return seedSampling({
     ...body,
-    max_tokens: body.max_completion_tokens ?? body.max_tokens ?? 256,
+    max_tokens: body.max_completion_tokens ?? body.max_tokens,
     // OpenAI seeds are any integer; the sampler takes 32 bits.
     seed: body.seed === undefined ? undefined : body.seed >>> 0,
   });
@@ -52,6 +49,15 @@ function openAiMessages(messages: OpenAiChatBodyWire["messages"]): ChatMessage[]
     role: m.role === "developer" ? "system" : m.role,
     content: typeof m.content === "string" ? m.content : (m.content ?? []).map((part) => part.text).join(""),
   }));
+}
+
+/** `logprobs: true` asks for log probabilities, `top_logprobs` for alternatives (only with `logprobs`). */
+function chatLogprobCount(body: OpenAiChatBodyWire): number | undefined {
+  if (body.top_logprobs !== undefined && body.top_logprobs > 0 && body.logprobs !== true)
+    throw new ConduitError("invalid_request", 'field "top_logprobs" needs "logprobs": true', {
+      param: "top_logprobs",
+    });
+  return body.logprobs === true ? (body.top_logprobs ?? 0) : undefined;
 }
 
 /** The prompts of a completion, checked against the choice limit (`n` for each prompt). */
@@ -74,19 +80,19 @@ const openAiChatShape = (includeUsage: boolean): ResponseShape => ({
     choices: result.choices.map((c) => ({
       index: c.index,
       message: { role: "assistant", content: c.text },
-      logprobs: null,
+      logprobs: chatLogprobs(c.logprobs),
       finish_reason: c.finishReason,
     })),
     usage: usageOf(result),
   }),
-  chunk: (base, index, text, finishReason, first) => ({
+  chunk: (base, index, text, finishReason, first, logprobs) => ({
     ...base,
     object: "chat.completion.chunk",
     choices: [
       {
         index,
         delta: first ? { role: "assistant", content: text } : { content: text },
-        logprobs: null,
+        logprobs: chatLogprobs(logprobs),
         finish_reason: finishReason,
       },
     ],
@@ -100,7 +106,7 @@ export default async function openAiRoutes(app: FastifyInstance, { core }: { cor
   const generationErrors = [400, 401, 404, 409, 413, 415, 429, 503];
   const refused =
     "Every OpenAI parameter is honoured or refused: one Conduit does not implement yet is a `400` naming it " +
-    "(`param`), unless it has the value that asks for nothing (`logprobs: false`, `tools: []`). `null` means " +
+    "(`param`), unless it has the value that asks for nothing (`store: false`, `logit_bias: {}`). `null` means " +
     "the default wherever OpenAI accepts it. A field OpenAI does not have is a `400` too.";
 
   r.post(
@@ -129,6 +135,7 @@ export default async function openAiRoutes(app: FastifyInstance, { core }: { cor
           messages: openAiMessages(body.messages),
           sampling: openAiSampling(body),
           responseFormat: responseFormat(body.response_format),
+          logprobs: chatLogprobCount(body),
           n: body.n,
         },
         { stream: body.stream, shape: openAiChatShape(body.stream_options?.include_usage === true) },
@@ -163,11 +170,17 @@ export default async function openAiRoutes(app: FastifyInstance, { core }: { cor
         core,
         request,
         reply,
-        { model: body.model, prompt: openAiPrompts(body), sampling: openAiSampling(body), n: body.n },
+        {
+          model: body.model,
+          prompt: openAiPrompts(body),
+          sampling: openAiSampling(body),
+          logprobs: body.logprobs,
+          n: body.n,
+        },
         {
           stream: body.stream,
           shape: {
-            ...completionShape,
+            ...completionShape(),
             streamUsage: body.stream_options?.include_usage === true ? "separate" : "none",
           },
         },
