@@ -59,6 +59,7 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
   const runs = new RunService(runRepository, datasets, registry, blobs, {
     defaultModel: config.defaultModel,
     trackerUrl: (id) => `${base}/ui/runs/${id}`,
+    limits: { maxPairs: config.maxRunPairs, maxBytes: config.maxRunBytes },
   });
   const engine =
     overrides.engine ??
@@ -78,6 +79,7 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
   const scheduler = new Scheduler(runRepository, runs, datasets, registry, blobs, log, {
     concurrency: config.trainConcurrency,
     threads: config.trainThreads,
+    maxRunTokens: config.maxRunTokens,
     ...overrides.scheduler,
   });
 

@@ -4,7 +4,17 @@ import path from "node:path";
 import { Readable } from "node:stream";
 import { describe, test, type TestContext } from "node:test";
 import type { FastifyInstance } from "fastify";
-import { asAlice, asBob, backends, build, KEY_A, testEnv, tinyModel } from "./helper.ts";
+import {
+  asAlice,
+  asBob,
+  backends,
+  build,
+  buildTestApp,
+  createDataset,
+  KEY_A,
+  testEnv,
+  tinyModel,
+} from "./helper.ts";
 import { loadConfig } from "../src/config.ts";
 import { createCore, type Core, type CoreOverrides } from "../src/core.ts";
 import { chooseAutoSettings, readModelShape } from "../src/train/autoSettings.ts";
@@ -507,6 +517,64 @@ for (const backend of backends()) {
           .earlyStoppingPatience;
       assert.equal(await patience(1), 1);
       assert.equal(await patience(100), 100);
+    });
+
+    test("a run over CONDUIT_MAX_RUN_PAIRS or CONDUIT_MAX_RUN_BYTES is a 400 naming the limit and the numbers; nothing is queued", async (t) => {
+      const { app } = await buildTestApp(
+        t,
+        await testEnv(t, backend, { CONDUIT_MAX_RUN_PAIRS: "4", CONDUIT_MAX_RUN_BYTES: "400" }),
+        models,
+      );
+      const refused = async (payload: Record<string, unknown>, param: string, message: RegExp) => {
+        const res = await app.inject({
+          method: "POST",
+          url: "/conduit/finetuning",
+          headers: asAlice,
+          payload,
+        });
+        assert.equal(res.statusCode, 400, res.body);
+        assert.equal(res.json().error.code, "invalid_request", res.body);
+        assert.equal(res.json().error.param, param, res.body);
+        assert.match(res.json().error.message, message);
+      };
+      const ds = await createDataset(app, "train");
+      await upload(app, ds.id, "three.jsonl", 3);
+      await createRun(app, { datasetID: ds.id, baseModelName: "tiny", epochs: 1, lr: 0.001 });
+      // 5 pairs: over the limit, whichever way the dataset is named.
+      await upload(app, ds.id, "two.jsonl", 2);
+      const overPairs = /the dataset holds 5 IO pairs, more than a run may read \(CONDUIT_MAX_RUN_PAIRS: 4\)/;
+      await refused({ datasetID: ds.id, baseModelName: "tiny" }, "datasetID", overPairs);
+      await refused({ datasetName: "train", baseModelName: "tiny" }, "datasetName", overPairs);
+      // The pairs of a validation file of another dataset count too.
+      const small = await createDataset(app, "small");
+      await upload(app, small.id, "three.jsonl", 3);
+      const held = await createDataset(app, "held");
+      const validation = await upload(app, held.id, "held.jsonl", 2);
+      await refused(
+        { datasetID: small.id, baseModelName: "tiny", validationFileID: validation.id },
+        "datasetID",
+        /the dataset and the validation file hold 5 IO pairs, more than a run may read \(CONDUIT_MAX_RUN_PAIRS: 4\)/,
+      );
+      // One long pair: few pairs, too many bytes.
+      const long = await createDataset(app, "long");
+      const res = await app.inject({
+        method: "POST",
+        url: `/conduit/dataset/${long.id}/upload`,
+        headers: asAlice,
+        payload: { name: "long.jsonl", ioPairs: [{ input: "x".repeat(500), output: "y" }] },
+      });
+      assert.equal(res.statusCode, 200, res.body);
+      const size = (res.json() as { size: number }).size;
+      assert.ok(size > 400);
+      await refused(
+        { datasetID: long.id, baseModelName: "tiny" },
+        "datasetID",
+        new RegExp(
+          `the dataset holds ${size} bytes of IO pairs, more than a run may read \\(CONDUIT_MAX_RUN_BYTES: 400\\)`,
+        ),
+      );
+      const runs = (await app.inject({ url: "/conduit/finetuning", headers: asAlice })).json() as unknown[];
+      assert.equal(runs.length, 1);
     });
 
     test("examples: a READY run's examples with their loss, worst first, by split, paged; 409 before READY or without them, 404 for others", async (t) => {

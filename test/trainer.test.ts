@@ -484,6 +484,91 @@ describe("trainer process", () => {
     );
   });
 
+  test("samples from files train exactly as the same samples in lists; the losses file has one line per example", async () => {
+    const prompt = (input: string) => `<|im_start|>user\n${input}<|im_end|>\n<|im_start|>assistant\n`;
+    const sample = (i: number): TrainingSample => [
+      { text: prompt(`question ${i}${" and more".repeat(i % 5)}`), train: false },
+      { text: `answer ${(i * 7) % 13}<|im_end|>\n`, train: true },
+    ];
+    const samples = Array.from({ length: 40 }, (_, i) => sample(i));
+    const evalSamples = Array.from({ length: 5 }, (_, i) => sample(100 + i));
+    const job = (name: string): TrainerJob => ({
+      method: "lora",
+      lora: { rank: 2, alpha: 4, targets: [...LORA_TARGETS] },
+      baseModelPath: baseModel,
+      outputPath: path.join(dir, `${name}.gguf`),
+      workDir: path.join(dir, `${name}-work`),
+      learningRate: 1e-2,
+      epochs: 3,
+      contextSize: 256,
+      seed: 5,
+    });
+    const inLists = await startTrainer({ ...job("lists"), samples, evalSamples }).done;
+    assert.ok(inLists.status === "completed", JSON.stringify(inLists));
+    const files = path.join(dir, "sample-files");
+    fs.mkdirSync(files, { recursive: true });
+    // Other fields on a line are ignored (the scheduler keeps the pair's input and output there).
+    const write = (file: string, list: TrainingSample[]) =>
+      fs.writeFileSync(
+        file,
+        list.map((s, i) => `${JSON.stringify({ input: `q${i}`, sample: s })}\n`).join(""),
+      );
+    write(path.join(files, "train.jsonl"), samples);
+    write(path.join(files, "eval.jsonl"), evalSamples);
+    const lossesFile = path.join(files, "losses.jsonl");
+    const inFiles = await startTrainer({
+      ...job("files"),
+      samplesFile: path.join(files, "train.jsonl"),
+      evalSamplesFile: path.join(files, "eval.jsonl"),
+      lossesFile,
+    }).done;
+    assert.ok(inFiles.status === "completed", JSON.stringify(inFiles));
+    assert.deepEqual(inFiles.examples, { train: [], eval: [] });
+    const losses = fs
+      .readFileSync(lossesFile, "utf8")
+      .trim()
+      .split("\n")
+      .map((line) => JSON.parse(line) as unknown);
+    assert.deepEqual(losses, [...inLists.examples.train, ...inLists.examples.eval]);
+    assert.equal(losses.length, 45);
+    for (const key of [
+      "steps",
+      "epochs",
+      "sampleTokens",
+      "lossTokens",
+      "finalTrainLoss",
+      "finalEvalLoss",
+    ] as const)
+      assert.equal(inFiles.stats[key], inLists.stats[key], key);
+    assert.ok(inLists.stats.steps > 3, `${inLists.stats.steps} steps`);
+    assert.deepEqual(fs.readFileSync(inFiles.outputPath), fs.readFileSync(inLists.outputPath));
+    // The token files are gone with the job.
+    assert.deepEqual(
+      fs.readdirSync(path.join(dir, "files-work")).filter((f) => /tokens|trained/.test(f)),
+      [],
+    );
+  });
+
+  test("a job over maxTrainTokens fails before its first step, with the numbers", async () => {
+    const progress: TrainerProgress[] = [];
+    const job = longJob("over-tokens", { epochs: 3, maxTrainTokens: 50 });
+    const outcome = await startTrainer(job, { onProgress: (p) => progress.push(p) }).done;
+    assert.ok(outcome.status === "failed", JSON.stringify(outcome));
+    const match =
+      /the run would train on (\d+) tokens \(20 examples of (\d+) tokens in all, 3 epochs\), more than a run may train on \(CONDUIT_MAX_RUN_TOKENS: 50\)/.exec(
+        outcome.reason,
+      );
+    assert.ok(match, outcome.reason);
+    assert.equal(Number(match[1]), 3 * Number(match[2]));
+    assert.deepEqual(progress, []);
+    // Within the limit (one step of the first epoch), the same job trains.
+    const capped = await startTrainer(
+      longJob("under-tokens", { epochs: 3, maxSteps: 1, maxTrainTokens: Number(match[2]) }),
+    ).done;
+    assert.ok(capped.status === "completed", JSON.stringify(capped));
+    assert.equal(capped.stats.steps, 1);
+  });
+
   test("control-token text in a training pair stays text: it cannot forge a turn", async () => {
     const base = { id: "tiny", path: baseModel };
     const tokensOf = async (sample: TrainingSample) => {

@@ -200,7 +200,12 @@ export class RunService {
     private readonly datasets: DatasetService,
     private readonly models: ModelCatalog,
     private readonly blobs: BlobStore,
-    private readonly options: { defaultModel: string | undefined; trackerUrl: (runId: string) => string },
+    private readonly options: {
+      defaultModel: string | undefined;
+      trackerUrl: (runId: string) => string;
+      /** Most pairs and bytes of dataset files a run may read (`CONDUIT_MAX_RUN_PAIRS`, `CONDUIT_MAX_RUN_BYTES`). Defaults to no limit. */
+      limits?: { maxPairs: number; maxBytes: number };
+    },
   ) {}
 
   async create(userId: string, body: CreateRunBodyWire): Promise<Run> {
@@ -240,6 +245,7 @@ export class RunService {
         param: "baseModelName",
       });
     const training = await this.trainingSet(userId, dataset, body.validationFileID);
+    this.checkLimits(training, datasetId ? "datasetID" : "datasetName");
 
     // Explicit numbers win, each on its own; what is left to "auto" is chosen from the data and the model.
     const asked = { epochs: body.epochs ?? "auto", lr: body.lr ?? "auto", loraRank: method.loraRank };
@@ -340,6 +346,35 @@ export class RunService {
         );
     }
     return { pairs, characters, validation };
+  }
+
+  /**
+   * Refuses a run that would read more pairs or bytes than the limits allow, naming the limit and the
+   * numbers (its tokens are only known once the trainer has tokenized them: `CONDUIT_MAX_RUN_TOKENS`).
+   */
+  private checkLimits(
+    training: { pairs: number; characters: number; validation: DatasetFile | undefined },
+    param: string,
+  ): void {
+    const limits = this.options.limits;
+    if (!limits) return;
+    const pairs = training.pairs + (training.validation?.ioPairsCount ?? 0);
+    const bytes = training.characters + (training.validation?.size ?? 0);
+    const what = training.validation ? "the dataset and the validation file hold" : "the dataset holds";
+    if (pairs > limits.maxPairs)
+      throw new ConduitError(
+        "invalid_request",
+        `${what} ${pairs} IO pairs, more than a run may read (CONDUIT_MAX_RUN_PAIRS: ${limits.maxPairs}); ` +
+          "train on a smaller dataset",
+        { param },
+      );
+    if (bytes > limits.maxBytes)
+      throw new ConduitError(
+        "invalid_request",
+        `${what} ${bytes} bytes of IO pairs, more than a run may read (CONDUIT_MAX_RUN_BYTES: ${limits.maxBytes}); ` +
+          "train on a smaller dataset",
+        { param },
+      );
   }
 
   /** The base model's shape for auto settings; a file that cannot be read is the model's fault, a 400. */

@@ -27,6 +27,8 @@ export interface SchedulerOptions {
   maxAttempts?: number;
   /** Minimum pairs before some are held out for eval loss. Defaults to `50`. */
   minPairsForEval?: number;
+  /** Most tokens a run may train on (`CONDUIT_MAX_RUN_TOKENS`); a run over it fails before its first step. Defaults to no limit. */
+  maxRunTokens?: number;
 }
 
 interface ActiveRun {
@@ -189,6 +191,7 @@ export class Scheduler {
           samplesFile: examples.train,
           evalSamplesFile: examples.validation,
           lossesFile: lossesPath,
+          maxTrainTokens: this.options.maxRunTokens ?? null,
           earlyStoppingPatience: config.earlyStoppingPatience ?? null,
           checkpointDir: this.blobs.pathOf(checkpointDir),
           learningRate: config.lr,

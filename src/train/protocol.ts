@@ -118,6 +118,12 @@ export interface TrainerJob {
    */
   lossesFile?: string | null;
   /**
+   * Most tokens the job may train on: its samples' tokens times its epochs (within `maxSteps`). A job
+   * over it fails once its samples are tokenized, before its first step, with the numbers (the
+   * scheduler passes `CONDUIT_MAX_RUN_TOKENS`). Defaults to no limit.
+   */
+  maxTrainTokens?: number | null;
+  /**
    * Evaluations in a row without a new best eval loss after which training stops. Defaults to
    * `null` (never stops early).
    */
@@ -179,6 +185,7 @@ export type ResolvedTrainerJob = Required<
     | "samplesFile"
     | "evalSamplesFile"
     | "lossesFile"
+    | "maxTrainTokens"
   >
 > & {
   /** Empty when the samples are in `samplesFile`. */
@@ -186,6 +193,7 @@ export type ResolvedTrainerJob = Required<
   samplesFile: string | null;
   evalSamplesFile: string | null;
   lossesFile: string | null;
+  maxTrainTokens: number | null;
   earlyStoppingPatience: number | null;
   checkpointDir: string | null;
   maxSteps: number | null;

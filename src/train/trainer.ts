@@ -105,6 +105,7 @@ export function resolveTrainerJob(job: TrainerJob): ResolvedTrainerJob {
     evalSamples: job.evalSamples ?? [],
     evalSamplesFile: job.evalSamplesFile ?? null,
     lossesFile: job.lossesFile ?? null,
+    maxTrainTokens: job.maxTrainTokens ?? null,
     earlyStoppingPatience: job.earlyStoppingPatience ?? null,
     checkpointDir: job.checkpointDir ?? null,
     optimizer: job.optimizer ?? "adamw",
@@ -138,6 +139,11 @@ export function resolveTrainerJob(job: TrainerJob): ResolvedTrainerJob {
   }
   if (resolved.samplesFile === null) check(resolved.samples.length > 0, "samples", "must not be empty");
   else check(resolved.samples.length === 0, "samples", "must be left out with samplesFile");
+  check(
+    resolved.maxTrainTokens === null || isPositiveInteger(resolved.maxTrainTokens),
+    "maxTrainTokens",
+    "must be an integer >= 1 or null",
+  );
   check(
     resolved.evalSamplesFile === null || resolved.evalSamples.length === 0,
     "evalSamples",

@@ -116,6 +116,7 @@ export async function jobFingerprint(job: ResolvedTrainerJob): Promise<string> {
     samplesFile: _sf,
     evalSamplesFile: _ef,
     lossesFile: _l,
+    maxTrainTokens: _m,
     outputPath: _o,
     workDir: _w,
     checkpointDir: _c,

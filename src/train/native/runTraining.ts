@@ -218,19 +218,25 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
     const random = seededRandom(job.seed);
     const stepsPerEpoch: number[] = [];
     let totalSteps = 0;
+    // Sample tokens the run will train on (the last epoch may be cut by maxSteps).
+    let plannedTokens = 0;
     while (stepsPerEpoch.length < job.epochs && (job.maxSteps === null || totalSteps < job.maxSteps)) {
       const order = shuffledIndices(trainSamples.size, random);
-      const windows = planWindows(
-        order.length,
-        (p) => trainSamples.length(order[p]!),
-        capacity,
-        job.packing,
-      ).length;
-      const steps = job.maxSteps === null ? windows : Math.min(windows, job.maxSteps - totalSteps);
+      const plan = planWindows(order.length, (p) => trainSamples.length(order[p]!), capacity, job.packing);
+      const steps = job.maxSteps === null ? plan.length : Math.min(plan.length, job.maxSteps - totalSteps);
+      if (steps === plan.length) plannedTokens += trainSamples.tokens;
+      else for (let p = 0; p < plan[steps]!; p++) plannedTokens += trainSamples.length(order[p]!);
       stepsPerEpoch.push(steps);
       totalSteps += steps;
     }
     const epochs = stepsPerEpoch.length;
+    if (job.maxTrainTokens !== null && plannedTokens > job.maxTrainTokens)
+      throw new Error(
+        `trainer: the run would train on ${plannedTokens} tokens (${trainSamples.size} examples of ` +
+          `${trainSamples.tokens} tokens in all, ${epochs} epochs${job.maxSteps === null ? "" : ` within ${job.maxSteps} steps`}), ` +
+          `more than a run may train on (CONDUIT_MAX_RUN_TOKENS: ${job.maxTrainTokens}); ` +
+          "train on fewer pairs or epochs, or set steps",
+      );
     /** Window `k` of `plan` over `store`, the samples taken in `order` (by index when `null`). */
     const windowAt = (
       store: TokenStore,
