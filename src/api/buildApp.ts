@@ -16,6 +16,8 @@ import healthRoutes from "./routes/health.ts";
 import runRoutes from "./routes/runs.ts";
 import generationRoutes from "./routes/generation.ts";
 import openAiRoutes from "./routes/openai.ts";
+import openAiFileRoutes from "./routes/openaiFiles.ts";
+import openAiFineTuningRoutes from "./routes/openaiFineTuning.ts";
 import metricsRoutes from "./routes/metrics.ts";
 import uiRoutes from "./routes/ui.ts";
 
@@ -134,6 +136,8 @@ export async function buildApp(core: Core): Promise<FastifyInstance> {
   await app.register(runRoutes, { core });
   await app.register(generationRoutes, { core });
   await app.register(openAiRoutes, { core });
+  await app.register(openAiFileRoutes, { core });
+  await app.register(openAiFineTuningRoutes, { core });
   await app.register(uiRoutes, { core });
 
   app.addHook("onClose", async () => core.close());

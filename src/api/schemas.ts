@@ -89,9 +89,22 @@ export const DatasetFile = Type.Object(
 );
 
 export const IoPairPreview = Type.Object({
-  input: Type.String(),
-  output: Type.String(),
+  input: Type.String({ description: "A chat example's last user turn before its last trained answer." }),
+  output: Type.String({ description: "A chat example's last trained assistant turn." }),
   line: Type.Integer(),
+  messages: Type.Optional(
+    Type.Array(
+      Type.Object({
+        role: Type.String(),
+        content: Type.String(),
+        weight: Type.Optional(Type.Integer({ description: "0: context only, not trained." })),
+      }),
+      {
+        description:
+          "A chat example's whole conversation (`developer` turns shown as `system`); absent for an IO pair.",
+      },
+    ),
+  ),
 });
 
 export const RunStatus = Type.Union(

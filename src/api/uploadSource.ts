@@ -120,7 +120,7 @@ async function multipartSource(
 }
 
 /** busboy's parse errors carry no code: they mean the client sent a malformed multipart body. */
-function malformed(error: unknown): unknown {
+export function malformed(error: unknown): unknown {
   if (!(error instanceof Error) || error instanceof ConduitError || "code" in error) return error;
   if (!/^Multipart: |multipart data/.test(error.message)) return error;
   return new ConduitError("invalid_request", `malformed multipart body: ${error.message}`);

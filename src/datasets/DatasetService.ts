@@ -187,11 +187,51 @@ export class DatasetService {
     return pairs;
   }
 
-  /** A file of any of the user's datasets (a run's validation file); 404 if there is none. */
-  async getUserFile(userId: string, fileId: string): Promise<DatasetFile> {
+  /** A file of any of the user's datasets (a run's validation file); 404 naming `param` if there is none. */
+  async getUserFile(userId: string, fileId: string, param = "validationFileID"): Promise<DatasetFile> {
     const file = await this.datasets.getUserFile(userId, fileId);
-    if (!file) throw new ConduitError("not_found", `file ${fileId} not found`, { param: "validationFileID" });
+    if (!file) throw new ConduitError("not_found", `file ${fileId} not found`, { param });
     return file;
+  }
+
+  /** Where one of the user's files is stored, to stream it back. */
+  async userFilePath(
+    userId: string,
+    fileId: string,
+    param: string,
+  ): Promise<{ file: DatasetFile; path: string }> {
+    const file = await this.getUserFile(userId, fileId, param);
+    return { file, path: this.blobs.pathOf(file.blob) };
+  }
+
+  /** The user's files of every dataset, by id (creation order), after the cursor `after` (a file id). */
+  listUserFiles(
+    userId: string,
+    page: { after?: string | undefined; limit: number; order: "asc" | "desc" },
+  ): Promise<DatasetFile[]> {
+    return this.datasets.listUserFiles(userId, page);
+  }
+
+  /**
+   * Stores an upload as a new dataset of its own, named after the file (OpenAI's `POST /v1/files`:
+   * there a file is all a job trains on). A refused file leaves no dataset behind.
+   */
+  async uploadAsDataset(userId: string, input: UploadInput): Promise<DatasetFile> {
+    const dataset = await this.datasets.create(userId, input.name);
+    try {
+      return await this.upload(userId, dataset.id, input);
+    } catch (error) {
+      await this.delete(userId, dataset.id).catch(() => undefined);
+      throw error;
+    }
+  }
+
+  /** Deletes one of the user's files by its id alone, and its dataset with it when no other file is left in it. */
+  async deleteUserFile(userId: string, fileId: string, param: string): Promise<void> {
+    const file = await this.getUserFile(userId, fileId, param);
+    await this.deleteFile(userId, file.datasetId, file.id);
+    const left = await this.datasets.listFiles(userId, file.datasetId, { limit: 1, offset: 0 });
+    if (left.length === 0) await this.delete(userId, file.datasetId).catch(() => undefined);
   }
 
   /**

@@ -12,9 +12,13 @@ import type {
 } from "../engine/types.ts";
 import type { Run, RunRepository } from "../store/RunRepository.ts";
 import { methodOf } from "../train/RunService.ts";
+import { runIdOfModelName, servedModelName } from "../train/modelNames.ts";
 
 export interface InferenceRequest {
-  /** A model id from the registry, or the id of one of the user's READY runs. Defaults to `CONDUIT_DEFAULT_MODEL`. */
+  /**
+   * A model id from the registry, or one of the user's READY runs by id or by its `ft:` name. Defaults to
+   * `CONDUIT_DEFAULT_MODEL`.
+   */
   model?: string | undefined;
   messages?: ChatMessage[];
   /** A raw prompt, or several (OpenAI's prompt array): each gets `n` choices, numbered in order. */
@@ -69,17 +73,18 @@ export class InferenceService {
     private readonly defaultModel: string | undefined,
   ) {}
 
-  /** Resolves a model id for a user: their READY run with that id, else a registry model. */
+  /**
+   * Resolves a model id for a user: their READY run with that id (or that `ft:` name, exactly as
+   * `servedModelName` writes it), else a registry model.
+   */
   async resolve(userId: string, id: string | undefined, param = "model"): Promise<ModelRef> {
     const name = id ?? this.defaultModel;
     if (!name)
       throw new ConduitError("invalid_request", `"${param}" is required (no CONDUIT_DEFAULT_MODEL is set)`, {
         param,
       });
-    if (name.startsWith("ft_")) {
-      const run = await this.runs.get(userId, name);
-      if (run) return this.refOfRun(run, param);
-    }
+    const run = await this.runNamed(userId, name);
+    if (run) return this.refOfRun(run, param);
     const model = this.registry.resolve(name);
     if (!model) throw new ConduitError("model_not_found", `model "${name}" not found`, { param });
     return model;
@@ -159,12 +164,18 @@ export class InferenceService {
 
   /** One model this user can name, as `list` shows it, or `undefined`: same precedence as `resolve`. */
   async get(userId: string, id: string): Promise<ServableModel | undefined> {
-    if (id.startsWith("ft_")) {
-      const run = await this.runs.get(userId, id);
-      if (run?.status === "READY") return this.describeRun(userId, run);
-    }
+    const run = await this.runNamed(userId, id);
+    if (run?.status === "READY") return this.describeRun(userId, run);
     const info = this.registry.info(id);
     return info && this.describeBase(info);
+  }
+
+  /** The user's run named by its id or its `ft:` name (`servedModelName`); `undefined` when none is. */
+  private async runNamed(userId: string, name: string): Promise<Run | undefined> {
+    const id = name.startsWith("ft_") ? name : runIdOfModelName(name);
+    if (id === undefined) return undefined;
+    const run = await this.runs.get(userId, id);
+    return run && (name === run.id || name === servedModelName(run)) ? run : undefined;
   }
 
   private async describeBase(m: ModelInfo): Promise<ServableModel> {
@@ -193,7 +204,7 @@ export class InferenceService {
     const weights =
       methodOf(run.config) !== "lora" ? own : basePath ? await readModelFileInfo(basePath) : undefined;
     return {
-      id: run.id,
+      id: servedModelName(run),
       object: "model",
       created: Math.floor(Date.parse(`${run.updatedAt.replace(" ", "T")}Z`) / 1000),
       owned_by: userId,

@@ -175,6 +175,20 @@ export class DatasetRepository {
     return rows.map(toFile);
   }
 
+  /**
+   * The user's files of every dataset, by id (creation order), from after the cursor `after` (a file
+   * id, which need not exist any more): newest first with `order: "desc"`.
+   */
+  async listUserFiles(
+    userId: string,
+    page: { after?: string | undefined; limit: number; order: "asc" | "desc" },
+  ): Promise<DatasetFile[]> {
+    let query = this.db.selectFrom("files").selectAll().where("user_id", "=", userId);
+    if (page.after !== undefined) query = query.where("id", page.order === "desc" ? "<" : ">", page.after);
+    const rows = await query.orderBy("id", page.order).limit(page.limit).execute();
+    return rows.map(toFile);
+  }
+
   /** A file of any of the user's datasets. */
   async getUserFile(userId: string, fileId: string): Promise<DatasetFile | undefined> {
     const row = await this.db

@@ -178,6 +178,17 @@ export class RunRepository {
     return rows.map((row) => toRun(row, parseLines(row.log_lines)));
   }
 
+  /**
+   * The user's runs without their logs, by id (creation order), newest first, from before the cursor
+   * `after` (a run id, which need not exist any more): OpenAI's job list pages this way.
+   */
+  async listAfter(userId: string, page: { after?: string | undefined; limit: number }): Promise<Run[]> {
+    let query = this.db.selectFrom("runs").selectAll().where("user_id", "=", userId);
+    if (page.after !== undefined) query = query.where("id", "<", page.after);
+    const rows = await query.orderBy("id", "desc").limit(page.limit).execute();
+    return rows.map((row) => toRun(row, []));
+  }
+
   /** The user's READY runs (servable models), without logs. */
   async listReady(
     userId: string,

@@ -190,6 +190,16 @@ export interface RunEvents {
   changed: [runId: string];
 }
 
+/** Settings of a run that the seed's body has no field for (the OpenAI face's). */
+export interface CreateRunExtras {
+  /** Seed of the run's sample order, held-out pairs and initial adapter. Defaults to `runDefaults.seed`. */
+  seed?: number;
+  /** Multiplies the learning rate, `"auto"`'s or the one given (OpenAI's `learning_rate_multiplier`). Defaults to `1`. */
+  lrMultiplier?: number;
+  /** What the OpenAI face was asked (suffix, metadata, ...), kept in `config.openai`. Defaults to none. */
+  openai?: Record<string, unknown>;
+}
+
 /** Fine-tuning runs: creation with validated config, reads, cancel and delete. */
 export class RunService {
   /** Emits `changed` so an in-process scheduler reacts at once instead of on its next poll. */
@@ -208,7 +218,7 @@ export class RunService {
     },
   ) {}
 
-  async create(userId: string, body: CreateRunBodyWire): Promise<Run> {
+  async create(userId: string, body: CreateRunBodyWire, extras: CreateRunExtras = {}): Promise<Run> {
     const method = methodRequest(body);
     if (body.datasetID !== undefined && body.datasetId !== undefined && body.datasetID !== body.datasetId)
       throw new ConduitError(
@@ -270,7 +280,7 @@ export class RunService {
       baseModelName,
       datasetID: dataset.id,
       datasetName: dataset.name,
-      lr: typeof body.lr === "number" ? body.lr : chosen("lr"),
+      lr: (typeof body.lr === "number" ? body.lr : chosen("lr")) * (extras.lrMultiplier ?? 1),
       epochs: typeof body.epochs === "number" ? body.epochs : chosen("epochs"),
       steps: body.steps ?? null,
       complexity: body.complexity ?? runDefaults.complexity,
@@ -284,13 +294,26 @@ export class RunService {
       lrMinFraction: runDefaults.lrMinFraction,
       outputType: runDefaults.outputType,
       evalFraction: runDefaults.evalFraction,
-      seed: runDefaults.seed,
+      seed: extras.seed ?? runDefaults.seed,
       trainOnInputs: body.trainOnInputs ?? false,
       validationFileID: training.validation?.id ?? null,
       validationFileName: training.validation?.name ?? null,
       earlyStoppingPatience: body.earlyStoppingPatience ?? null,
       autoSettings,
     };
+    if (config.lr > 1)
+      throw new ConduitError(
+        "invalid_request",
+        `the learning rate would be ${config.lr} (${config.lr / (extras.lrMultiplier ?? 1)} × ${extras.lrMultiplier}); at most 1`,
+        { param: "lrMultiplier" },
+      );
+    const logs = choice
+      ? [`auto settings: ${autoSettings.map((setting) => choice.reasons[setting]).join("; ")}`]
+      : [];
+    if (extras.lrMultiplier !== undefined)
+      logs.push(
+        `learning rate ${config.lr}: ${config.lr / extras.lrMultiplier} × ${extras.lrMultiplier} (multiplier)`,
+      );
     const run = await this.runs.create({
       id,
       userId,
@@ -299,10 +322,8 @@ export class RunService {
       name: config.name,
       ioPairsCount: dataset.ioPairsCount,
       trackerUrl: this.options.trackerUrl(id),
-      config: { ...config },
-      logs: choice
-        ? [`auto settings: ${autoSettings.map((setting) => choice.reasons[setting]).join("; ")}`]
-        : [],
+      config: { ...config, ...(extras.openai ? { openai: extras.openai } : {}) },
+      logs,
     });
     this.events.emit("changed", id);
     return run;

@@ -1,0 +1,255 @@
+/**
+ * OpenAI's files and fine-tuning jobs, translated onto Conduit's datasets, files and runs (one store,
+ * two faces). An OpenAI file is a Conduit file: `POST /v1/files` stores each upload as a dataset of its
+ * own, named after the file, and every file of the user's datasets is listed. A job is a run on the
+ * training file's dataset (which must hold nothing else but the validation file), and its id is the
+ * run id. OpenAI's status names, event objects and `ft:` model names exist on this face only.
+ */
+import type { Core } from "../core.ts";
+import { ConduitError } from "../errors.ts";
+import type { DatasetFile } from "../store/DatasetRepository.ts";
+import type { Run, RunStatus } from "../store/RunRepository.ts";
+import { servedModelName } from "../train/modelNames.ts";
+import type {
+  OpenAiHyperparametersWire,
+  OpenAiJobCreateBodyWire,
+  OpenAiJobEventWire,
+  OpenAiJobWire,
+} from "./openAiFineTuningSchemas.ts";
+
+type OpenAiStatus = OpenAiJobWire["status"];
+
+/** Run status → OpenAI job status. */
+export const openAiStatus: Record<RunStatus, OpenAiStatus> = {
+  QUEUED: "queued",
+  RUNNING: "running",
+  READY: "succeeded",
+  FAILED: "failed",
+  CANCELLED: "cancelled",
+};
+
+/** Unix seconds of a stored timestamp (`YYYY-MM-DD HH:MM:SS.mmm`, UTC). */
+export function unixSeconds(timestamp: string): number {
+  return Math.floor(Date.parse(`${timestamp.replace(" ", "T")}Z`) / 1000);
+}
+
+export function openAiFile(file: DatasetFile) {
+  return {
+    id: file.id,
+    object: "file" as const,
+    bytes: file.size,
+    created_at: unixSeconds(file.createdAt),
+    filename: file.name,
+    purpose: "fine-tune" as const,
+    status: "processed" as const,
+    status_details: null,
+    expires_at: null,
+    dataset_id: file.datasetId,
+  };
+}
+
+/** What the OpenAI face keeps in a run's `config.openai`. */
+interface OpenAiJobRecord {
+  training_file: string;
+  suffix: string | null;
+  metadata: Record<string, string> | null;
+  learning_rate_multiplier: number | null;
+}
+
+function recordOf(run: Run): Partial<OpenAiJobRecord> {
+  const record = run.config.openai;
+  return typeof record === "object" && record !== null ? (record as Partial<OpenAiJobRecord>) : {};
+}
+
+const ended = (status: RunStatus) => status === "READY" || status === "FAILED" || status === "CANCELLED";
+
+/** When a run's last log line was written (an ended run's last line comes with its end). */
+function lastLogSeconds(run: Run): number | undefined {
+  const last = run.logs.at(-1);
+  return last === undefined ? undefined : unixSeconds(last.slice(0, 23));
+}
+
+export function openAiJob(run: Run): OpenAiJobWire {
+  const record = recordOf(run);
+  const stats = run.stats as { etaSeconds?: unknown; final?: { sampleTokens?: unknown } };
+  const hyperparameters = {
+    n_epochs: Number(run.config.epochs),
+    learning_rate_multiplier: record.learning_rate_multiplier ?? 1,
+    batch_size: "auto" as const,
+  };
+  const finished = ended(run.status) ? Math.max(unixSeconds(run.updatedAt), lastLogSeconds(run) ?? 0) : null;
+  return {
+    id: run.id,
+    object: "fine_tuning.job",
+    created_at: unixSeconds(run.createdAt),
+    finished_at: finished,
+    estimated_finish:
+      run.status === "RUNNING" && typeof stats.etaSeconds === "number"
+        ? Math.round(Date.now() / 1000 + stats.etaSeconds)
+        : null,
+    error:
+      run.status === "FAILED"
+        ? { code: "training_failed", message: run.error ?? "the run failed", param: null }
+        : null,
+    fine_tuned_model: run.status === "READY" ? servedModelName(run) : null,
+    model: String(run.config.baseModelName),
+    organization_id: run.userId,
+    result_files: [],
+    seed: Number(run.config.seed),
+    status: openAiStatus[run.status],
+    trained_tokens: typeof stats.final?.sampleTokens === "number" ? stats.final.sampleTokens : null,
+    training_file: record.training_file ?? run.datasetId,
+    validation_file: typeof run.config.validationFileID === "string" ? run.config.validationFileID : null,
+    hyperparameters,
+    method: { type: "supervised", supervised: { hyperparameters } },
+    integrations: [],
+    metadata: record.metadata ?? null,
+    user_provided_suffix: record.suffix ?? null,
+  };
+}
+
+/** What a job's final event says. */
+const endMessages: Partial<Record<RunStatus, (run: Run) => string>> = {
+  READY: (run) => `The job has successfully completed: the model is ${servedModelName(run)}`,
+  FAILED: (run) => `The job failed: ${run.error ?? "unknown reason"}`,
+  CANCELLED: () => "The job was cancelled",
+};
+
+/**
+ * A job's events, oldest first: one for each line of the run's log (queued, settings, started,
+ * epochs, warnings, the outcome), then, once the run has ended, one saying how (with `data.status`).
+ * Event ids are `ftevent-{run id}-{line}` and `ftevent-{run id}-end`.
+ */
+export function openAiJobEvents(run: Run): OpenAiJobEventWire[] {
+  const events: OpenAiJobEventWire[] = run.logs.map((line, index) => {
+    const message = line.slice(24);
+    return {
+      id: `ftevent-${run.id}-${index}`,
+      object: "fine_tuning.job.event",
+      created_at: unixSeconds(line.slice(0, 23)),
+      level: message.startsWith("run failed") ? "error" : / warning: /.test(` ${message}`) ? "warn" : "info",
+      message,
+      type: "message",
+      data: null,
+    };
+  });
+  const end = endMessages[run.status];
+  if (end)
+    events.push({
+      id: `ftevent-${run.id}-end`,
+      object: "fine_tuning.job.event",
+      created_at: Math.max(unixSeconds(run.updatedAt), lastLogSeconds(run) ?? 0),
+      level: run.status === "FAILED" ? "error" : "info",
+      message: end(run),
+      type: "message",
+      data: { status: openAiStatus[run.status] },
+    });
+  return events;
+}
+
+/** A page of events, newest first, older than the event `after`. */
+export function eventPage(run: Run, after: string | undefined, limit: number) {
+  const events = openAiJobEvents(run).reverse();
+  let start = 0;
+  if (after !== undefined) {
+    start = events.findIndex((event) => event.id === after) + 1;
+    if (start === 0)
+      throw new ConduitError("invalid_request", `query field "after": no event ${after} in job ${run.id}`, {
+        param: "after",
+      });
+  }
+  const data = events.slice(start, start + limit);
+  return { object: "list" as const, data, has_more: start + limit < events.length };
+}
+
+/** Run-service params → the OpenAI field they came from. */
+const jobParams: Record<string, string> = {
+  datasetID: "training_file",
+  datasetName: "training_file",
+  validationFileID: "validation_file",
+  baseModelName: "model",
+  epochs: "hyperparameters.n_epochs",
+  lrMultiplier: "hyperparameters.learning_rate_multiplier",
+};
+
+/** The hyperparameters, from `method.supervised` or the older top-level field (not both). */
+function hyperparametersOf(body: OpenAiJobCreateBodyWire): OpenAiHyperparametersWire {
+  const nested = body.method?.supervised?.hyperparameters;
+  if (nested !== undefined && body.hyperparameters !== undefined)
+    throw new ConduitError(
+      "invalid_request",
+      'give the hyperparameters once: in "method.supervised.hyperparameters" (or the older "hyperparameters")',
+      { param: "hyperparameters" },
+    );
+  return nested ?? body.hyperparameters ?? {};
+}
+
+/**
+ * Starts a job: a run on the training file's dataset. That dataset may hold no other file than the
+ * validation file (a job trains on one file); `POST /v1/files` makes such a dataset for each upload.
+ */
+export async function createOpenAiJob(
+  core: Core,
+  userId: string,
+  body: OpenAiJobCreateBodyWire,
+): Promise<Run> {
+  const hyperparameters = hyperparametersOf(body);
+  for (const key of Object.keys(body.metadata ?? {}))
+    if (key.length > 64)
+      throw new ConduitError(
+        "invalid_request",
+        `metadata key "${key.slice(0, 64)}…" is longer than 64 characters`,
+        {
+          param: "metadata",
+        },
+      );
+  if (body.model.startsWith("ft:") || body.model.startsWith("ft_"))
+    throw new ConduitError(
+      "invalid_request",
+      `"${body.model}" is a fine-tuned model; fine-tuning one further is not supported: fine-tune its base model`,
+      { param: "model" },
+    );
+  const file = await core.datasets.getUserFile(userId, body.training_file, "training_file");
+  const others = (await core.datasets.listFiles(userId, file.datasetId, { limit: 3, offset: 0 })).filter(
+    (f) => f.id !== file.id && f.id !== body.validation_file,
+  );
+  if (others.length > 0)
+    throw new ConduitError(
+      "invalid_request",
+      `file ${file.id} is one of several files of dataset ${file.datasetId}, and a job trains on its file alone: ` +
+        "upload it with POST /v1/files (or train the whole dataset with POST /conduit/finetuning)",
+      { param: "training_file" },
+    );
+  const multiplier =
+    typeof hyperparameters.learning_rate_multiplier === "number"
+      ? hyperparameters.learning_rate_multiplier
+      : null;
+  const record: OpenAiJobRecord = {
+    training_file: file.id,
+    suffix: body.suffix ?? null,
+    metadata: body.metadata ?? null,
+    learning_rate_multiplier: multiplier,
+  };
+  try {
+    return await core.runs.create(
+      userId,
+      {
+        datasetID: file.datasetId,
+        baseModelName: body.model,
+        epochs: hyperparameters.n_epochs ?? "auto",
+        ...(body.validation_file !== undefined ? { validationFileID: body.validation_file } : {}),
+        ...(body.suffix !== undefined ? { name: body.suffix } : {}),
+      },
+      {
+        ...(body.seed !== undefined ? { seed: body.seed } : {}),
+        ...(multiplier !== null ? { lrMultiplier: multiplier } : {}),
+        openai: { ...record },
+      },
+    );
+  } catch (error) {
+    const param = error instanceof ConduitError && error.param !== null ? jobParams[error.param] : undefined;
+    if (error instanceof ConduitError && param !== undefined)
+      throw new ConduitError(error.code, error.message, { param, cause: error });
+    throw error;
+  }
+}

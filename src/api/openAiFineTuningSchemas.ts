@@ -1,0 +1,268 @@
+import { Type, type Static, type TSchema } from "@sinclair/typebox";
+import { Nullable } from "./nullable.ts";
+import { noControlCharacters, REASON } from "./schemas.ts";
+
+/**
+ * OpenAI's files and fine-tuning jobs, as Conduit speaks them (`/v1/files`, `/v1/fine_tuning/jobs`).
+ * Every field OpenAI documents is honoured or refused with a 400 naming it; `null` means the default
+ * (`Nullable`); a field OpenAI does not have is a 400.
+ */
+
+const Id = Type.String({ minLength: 1, maxLength: 128, pattern: noControlCharacters });
+const Auto = Type.Literal("auto");
+const Nullish = <T extends TSchema>(schema: T, description?: string) =>
+  Type.Union([schema, Type.Null()], description === undefined ? {} : { description });
+
+export const OpenAiFileParams = Type.Object({ file_id: Id });
+export const OpenAiJobParams = Type.Object({ fine_tuning_job_id: Id });
+
+export const OpenAiFile = Type.Object(
+  {
+    id: Type.String({ description: "The file's id, the same as in `/conduit/dataset/{dataset_id}/files`." }),
+    object: Type.Literal("file"),
+    bytes: Type.Integer(),
+    created_at: Type.Integer({ description: "Unix seconds." }),
+    filename: Type.String(),
+    purpose: Type.Literal("fine-tune"),
+    status: Type.Literal("processed", {
+      description: "Always `processed`: a file is validated as it is uploaded.",
+    }),
+    status_details: Type.Null(),
+    expires_at: Type.Null({ description: "Files do not expire." }),
+    dataset_id: Type.String({ description: "Conduit: the dataset the file belongs to." }),
+  },
+  { description: "An OpenAI file: one of your Conduit files." },
+);
+
+export const OpenAiFileList = Type.Object({
+  object: Type.Literal("list"),
+  data: Type.Array(OpenAiFile),
+  has_more: Type.Boolean(),
+  first_id: Nullish(Type.String()),
+  last_id: Nullish(Type.String()),
+});
+
+export const OpenAiFileListQuery = Type.Object(
+  {
+    after: Type.Optional(Id),
+    limit: Type.Integer({
+      minimum: 1,
+      maximum: 10_000,
+      default: 10_000,
+      description: "Defaults to `10000`.",
+    }),
+    order: Type.Union([Type.Literal("asc"), Type.Literal("desc")], {
+      default: "desc",
+      description: "By creation time. Defaults to `desc`.",
+    }),
+    purpose: Type.Optional(
+      Type.String({ maxLength: 64, description: "Every file is `fine-tune`; any other purpose lists none." }),
+    ),
+  },
+  { additionalProperties: false },
+);
+
+export const OpenAiFileDeleted = Type.Object({
+  id: Type.String(),
+  object: Type.Literal("file"),
+  deleted: Type.Boolean(),
+});
+
+/** `POST /v1/files`: multipart, as OpenAI's clients send it. */
+export const OpenAiFileUpload = {
+  content: {
+    "multipart/form-data": {
+      schema: Type.Object(
+        {
+          file: Type.String({
+            format: "binary",
+            description:
+              'JSONL of chat examples (`{"messages": [...]}`, OpenAI\'s format) or IO pairs (`{"input","output"}`), ' +
+              "a JSON array of them, or CSV with `input,output` columns.",
+          }),
+          purpose: Type.Literal("fine-tune", { description: 'Only `"fine-tune"`.' }),
+        },
+        { additionalProperties: false },
+      ),
+    },
+  },
+};
+
+const Epochs = Type.Union([Auto, Type.Integer({ minimum: 1, maximum: 1000 })], {
+  description:
+    'Passes over the training file, 1–1000, or `"auto"` (chosen from the file). Defaults to `"auto"`.',
+});
+const Multiplier = Type.Union([Auto, Type.Number({ exclusiveMinimum: 0, maximum: 100 })], {
+  description:
+    'Multiplies the learning rate Conduit\'s `"auto"` picks for the base model (so `1` is that rate), in (0, 100]. ' +
+    'Defaults to `"auto"` (`1`).',
+});
+const BatchSize = Type.Literal("auto", {
+  description:
+    'Only `"auto"`: conversations are packed into token windows, one optimizer step per window, so there is no batch size to set.',
+  [REASON]:
+    'is not settable here: conversations are packed into token windows, one optimizer step per window; only "auto" is accepted',
+});
+
+export const OpenAiHyperparameters = Type.Object(
+  {
+    n_epochs: Nullable(Epochs),
+    learning_rate_multiplier: Nullable(Multiplier),
+    batch_size: Nullable(BatchSize),
+  },
+  { additionalProperties: false },
+);
+
+const Unsupported = (reason: string) => Type.Optional(Type.Null({ description: reason, [REASON]: reason }));
+
+export const OpenAiJobCreateBody = Type.Object(
+  {
+    model: Type.String({
+      minLength: 1,
+      maxLength: 256,
+      pattern: noControlCharacters,
+      description: "A base model (see `/v1/models`); a fine-tuned model cannot be trained further.",
+    }),
+    training_file: Id,
+    validation_file: Nullable(Id),
+    suffix: Nullable(
+      Type.String({
+        minLength: 1,
+        maxLength: 64,
+        pattern: "^[A-Za-z0-9._-]+$",
+        description:
+          "Up to 64 letters, digits, `.`, `_` or `-`; part of the model's name `ft:{model}:{suffix}:{job id}`.",
+        [REASON]: 'must be 1 to 64 letters, digits, ".", "_" or "-"',
+      }),
+    ),
+    hyperparameters: Nullable(OpenAiHyperparameters),
+    method: Nullable(
+      Type.Object(
+        {
+          type: Type.Literal("supervised", {
+            [REASON]: 'must be "supervised": DPO and reinforcement fine-tuning are not supported',
+          }),
+          supervised: Nullable(
+            Type.Object(
+              { hyperparameters: Nullable(OpenAiHyperparameters) },
+              { additionalProperties: false },
+            ),
+          ),
+          dpo: Unsupported("is not supported: DPO fine-tuning is not implemented"),
+          reinforcement: Unsupported("is not supported: reinforcement fine-tuning is not implemented"),
+        },
+        { additionalProperties: false },
+      ),
+    ),
+    seed: Nullable(
+      Type.Integer({
+        minimum: 0,
+        maximum: 2_147_483_647,
+        description: "Seeds the sample order, the held-out pairs and the adapter's start. Defaults to `42`.",
+      }),
+    ),
+    metadata: Nullable(
+      Type.Record(Type.String(), Type.String({ maxLength: 512 }), {
+        maxProperties: 16,
+        description:
+          "Up to 16 keys (64 characters each) with string values (512 characters each); kept and returned.",
+      }),
+    ),
+    integrations: Nullable(
+      Type.Array(Type.Unknown(), {
+        maxItems: 0,
+        [REASON]: "is not supported: there are no integrations (Weights & Biases); only [] is accepted",
+      }),
+    ),
+  },
+  { additionalProperties: false },
+);
+export type OpenAiJobCreateBodyWire = Static<typeof OpenAiJobCreateBody>;
+export type OpenAiHyperparametersWire = Static<typeof OpenAiHyperparameters>;
+
+export const OpenAiJobStatus = Type.Union(
+  ["queued", "running", "succeeded", "failed", "cancelled", "validating_files"].map((s) => Type.Literal(s)),
+  {
+    description:
+      "QUEUED → `queued`, RUNNING → `running`, READY → `succeeded`, FAILED → `failed`, CANCELLED → `cancelled`. " +
+      "`validating_files` never shows: files are validated when uploaded and when the job is created.",
+  },
+);
+
+const ResolvedHyperparameters = Type.Object({
+  n_epochs: Type.Integer({ description: "The epochs the run trains (auto's choice when not given)." }),
+  learning_rate_multiplier: Type.Number({ description: "The multiplier asked for, `1` when auto." }),
+  batch_size: Auto,
+});
+
+export const OpenAiJob = Type.Object(
+  {
+    id: Type.String({ description: "The run id (also `GET /conduit/finetuning/{id}`)." }),
+    object: Type.Literal("fine_tuning.job"),
+    created_at: Type.Integer(),
+    finished_at: Nullish(Type.Integer()),
+    estimated_finish: Nullish(Type.Integer()),
+    error: Nullish(
+      Type.Object({ code: Type.String(), message: Type.String(), param: Nullish(Type.String()) }),
+      "Why the job failed, once `failed`.",
+    ),
+    fine_tuned_model: Nullish(
+      Type.String(),
+      "The model's name once `succeeded`: `ft:{model}:{suffix}:{id}`.",
+    ),
+    model: Type.String(),
+    organization_id: Type.String({ description: "The owning user." }),
+    result_files: Type.Array(Type.String()),
+    seed: Type.Integer(),
+    status: OpenAiJobStatus,
+    trained_tokens: Nullish(Type.Integer()),
+    training_file: Type.String({
+      description: "The training file (a run started with the seed API: its dataset id).",
+    }),
+    validation_file: Nullish(Type.String()),
+    hyperparameters: ResolvedHyperparameters,
+    method: Type.Object({
+      type: Type.Literal("supervised"),
+      supervised: Type.Object({ hyperparameters: ResolvedHyperparameters }),
+    }),
+    integrations: Nullish(Type.Array(Type.Unknown())),
+    metadata: Nullish(Type.Record(Type.String(), Type.String())),
+    user_provided_suffix: Nullish(Type.String()),
+  },
+  { description: "An OpenAI fine-tuning job: one of your Conduit runs." },
+);
+export type OpenAiJobWire = Static<typeof OpenAiJob>;
+
+export const OpenAiJobList = Type.Object({
+  object: Type.Literal("list"),
+  data: Type.Array(OpenAiJob),
+  has_more: Type.Boolean(),
+});
+
+export const OpenAiPageQuery = Type.Object(
+  {
+    after: Type.Optional(Id),
+    limit: Type.Integer({ minimum: 1, maximum: 100, default: 20, description: "Defaults to `20`." }),
+  },
+  { additionalProperties: false },
+);
+
+export const OpenAiJobEvent = Type.Object({
+  id: Type.String(),
+  object: Type.Literal("fine_tuning.job.event"),
+  created_at: Type.Integer(),
+  level: Type.Union([Type.Literal("info"), Type.Literal("warn"), Type.Literal("error")]),
+  message: Type.String(),
+  type: Type.Literal("message"),
+  data: Nullish(
+    Type.Object({ status: OpenAiJobStatus }),
+    "On the last event of an ended job: its final `status`.",
+  ),
+});
+export type OpenAiJobEventWire = Static<typeof OpenAiJobEvent>;
+
+export const OpenAiJobEventList = Type.Object({
+  object: Type.Literal("list"),
+  data: Type.Array(OpenAiJobEvent),
+  has_more: Type.Boolean(),
+});

@@ -1,0 +1,114 @@
+import type { FastifyInstance } from "fastify";
+import type { TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
+import type { Core } from "../../core.ts";
+import { dropNulls } from "../nullable.ts";
+import { createOpenAiJob, eventPage, openAiJob } from "../openAiFineTuning.ts";
+import {
+  OpenAiJob,
+  OpenAiJobCreateBody,
+  OpenAiJobEventList,
+  OpenAiJobList,
+  OpenAiJobParams,
+  OpenAiPageQuery,
+} from "../openAiFineTuningSchemas.ts";
+import { responses } from "../schemas.ts";
+
+/**
+ * OpenAI's fine-tuning jobs on Conduit's runs (see `openAiFineTuning.ts`): a job is a run, its id the
+ * run id, its status OpenAI's name for the run's, its events the run's log.
+ */
+export default async function openAiFineTuningRoutes(app: FastifyInstance, { core }: { core: Core }) {
+  const r = app.withTypeProvider<TypeBoxTypeProvider>();
+  const { runs } = core;
+  const tags = ["openai fine-tuning"];
+
+  r.post(
+    "/v1/fine_tuning/jobs",
+    {
+      schema: {
+        tags,
+        summary: "OpenAI-compatible fine-tuning job: a run on the training file",
+        description:
+          "Starts a run (LoRA, Conduit's defaults) on the training file's dataset, which holds only that file (and maybe " +
+          'the validation file). `n_epochs` and `learning_rate_multiplier` (× the learning rate `"auto"` picks) are ' +
+          'honoured; `batch_size` takes only `"auto"`; `method` only `supervised`. Once `succeeded`, the model is ' +
+          "`ft:{model}:{suffix}:{job id}` on `/v1/chat/completions` and `/v1/completions`.",
+        body: OpenAiJobCreateBody,
+        response: responses({ 200: OpenAiJob }, [400, 401, 404, 413, 415, 507]),
+      },
+      preValidation: dropNulls(OpenAiJobCreateBody),
+    },
+    async (request) => openAiJob(await createOpenAiJob(core, request.userId, request.body)),
+  );
+
+  r.get(
+    "/v1/fine_tuning/jobs",
+    {
+      schema: {
+        tags,
+        summary: "OpenAI-compatible job list: your runs, newest first",
+        querystring: OpenAiPageQuery,
+        response: responses({ 200: OpenAiJobList }, [400, 401]),
+      },
+    },
+    async (request) => {
+      const { after, limit } = request.query;
+      const page = await core.runRepository.listAfter(request.userId, { after, limit: limit + 1 });
+      return {
+        object: "list" as const,
+        data: page.slice(0, limit).map(openAiJob),
+        has_more: page.length > limit,
+      };
+    },
+  );
+
+  r.get(
+    "/v1/fine_tuning/jobs/:fine_tuning_job_id",
+    {
+      schema: {
+        tags,
+        summary: "OpenAI-compatible job",
+        params: OpenAiJobParams,
+        response: responses({ 200: OpenAiJob }),
+      },
+    },
+    async (request) => openAiJob(await runs.get(request.userId, request.params.fine_tuning_job_id)),
+  );
+
+  r.post(
+    "/v1/fine_tuning/jobs/:fine_tuning_job_id/cancel",
+    {
+      schema: {
+        tags,
+        summary: "OpenAI-compatible job cancel",
+        description: "A job that already ended answers 409.",
+        params: OpenAiJobParams,
+        response: responses({ 200: OpenAiJob }, [400, 401, 404, 409]),
+      },
+    },
+    async (request) => {
+      await runs.cancel(request.userId, request.params.fine_tuning_job_id);
+      return openAiJob(await runs.get(request.userId, request.params.fine_tuning_job_id));
+    },
+  );
+
+  r.get(
+    "/v1/fine_tuning/jobs/:fine_tuning_job_id/events",
+    {
+      schema: {
+        tags,
+        summary: "OpenAI-compatible job events, newest first",
+        description:
+          "One event per line of the run's log, and a last one once the job has ended, whose `data.status` says how. " +
+          "Paged with `after` (an event id) and `limit`.",
+        params: OpenAiJobParams,
+        querystring: OpenAiPageQuery,
+        response: responses({ 200: OpenAiJobEventList }),
+      },
+    },
+    async (request) => {
+      const run = await runs.get(request.userId, request.params.fine_tuning_job_id);
+      return eventPage(run, request.query.after, request.query.limit);
+    },
+  );
+}
