@@ -79,6 +79,13 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
   const scheduler = new Scheduler(runRepository, runs, datasets, registry, blobs, log, {
     concurrency: config.trainConcurrency,
     threads: config.trainThreads,
+    // Trainers compute where generation does: the GPU the engine found, with CONDUIT_GPU_LAYERS layers.
+    gpu: async () => {
+      const { backend } = await engine.accelerator();
+      return backend === "cuda" || backend === "vulkan"
+        ? { backend, layers: config.gpuLayers }
+        : { backend: "cpu", layers: 0 };
+    },
     maxRunTokens: config.maxRunTokens,
     ...overrides.scheduler,
   });

@@ -17,6 +17,7 @@ import {
   checkAbi,
   EXPECTED_STRUCT_SIZES,
   loadLlamaLib,
+  findBinDir,
   localBuildDir,
 } from "../src/train/native/llamaLib.ts";
 import { countWindows, lossPositions, packWindows } from "../src/train/native/packWindows.ts";
@@ -347,6 +348,35 @@ describe("trainer process", () => {
     assert.equal(outcome.status, "completed", JSON.stringify(outcome));
     assert.ok(logs.some((line) => /need a larger training graph; loaded a zero LoRA adapter/.test(line)));
     assert.ok(fs.existsSync(job.outputPath));
+  });
+
+  test("a CUDA job where no CUDA device registers trains on the CPU and says so", async (t) => {
+    let cudaBins: string;
+    try {
+      cudaBins = findBinDir("cuda");
+    } catch {
+      return t.skip("node-llama-cpp's CUDA binaries are not installed on this platform");
+    }
+    const logs: string[] = [];
+    const job = longJob("cuda-fallback", {
+      epochs: 1,
+      maxSteps: 2,
+      outputType: "F32",
+      gpu: { backend: "cuda", layers: "all" },
+    });
+    const outcome = await startTrainer(job, { onLog: (line) => logs.push(line) }).done;
+    assert.equal(outcome.status, "completed", JSON.stringify(outcome));
+    assert.ok(
+      logs.some((line) => line.includes(cudaBins)),
+      "the CUDA build was loaded",
+    );
+    if (logs.some((line) => /^trainer: training on cuda: /.test(line)))
+      return t.skip("this machine has a CUDA GPU: the fallback is not exercised");
+    assert.ok(
+      logs.some((line) => /the cuda build of llama.cpp registered no GPU .*training on the CPU/.test(line)),
+      logs.join("\n"),
+    );
+    assert.equal(outcome.status === "completed" && outcome.stats.peakGpuBytes, undefined);
   });
 
   test("a corrupt base model fails with the trainer's reason", async () => {

@@ -9,7 +9,7 @@ import { isOutOfSpace } from "../errors.ts";
 import type { BlobStore } from "../store/BlobStore.ts";
 import type { ModelRef } from "../model/types.ts";
 import type { Run, RunRepository } from "../store/RunRepository.ts";
-import type { TrainerOutputType, TrainerProgress } from "./protocol.ts";
+import type { TrainerJob, TrainerOutputType, TrainerProgress } from "./protocol.ts";
 import { methodOf, type ModelCatalog, type RunConfig, type RunService } from "./RunService.ts";
 import { fileLines, LineWriter, writeExampleFiles, type ExampleFiles } from "./exampleFiles.ts";
 import { startTrainer, type ExampleLoss, type TrainerHandle } from "./trainer.ts";
@@ -27,6 +27,8 @@ export interface SchedulerOptions {
   maxAttempts?: number;
   /** Minimum pairs before some are held out for eval loss. Defaults to `50`. */
   minPairsForEval?: number;
+  /** Where trainers compute (the engine's backend, `CONDUIT_GPU`). Defaults to the CPU. */
+  gpu?: () => Promise<NonNullable<TrainerJob["gpu"]>>;
   /** Most tokens a run may train on (`CONDUIT_MAX_RUN_TOKENS`); a run over it fails before its first step. Defaults to no limit. */
   maxRunTokens?: number;
 }
@@ -177,6 +179,7 @@ export class Scheduler {
         });
       };
 
+      const gpu = (await this.options.gpu?.()) ?? { backend: "cpu", layers: 0 };
       if (active.stopping) return;
       const lossesPath = `${workDir}/losses.jsonl`;
       const handle = startTrainer(
@@ -201,6 +204,7 @@ export class Scheduler {
           contextSize: config.contextSize,
           lrSchedule: { kind: config.lrSchedule, minFraction: config.lrMinFraction },
           threads: this.options.threads,
+          gpu,
           outputType: config.outputType as TrainerOutputType,
           seed: config.seed,
         },

@@ -4,8 +4,8 @@
  * send `{type: "cancel"}`, and the child answers with logs and progress, then exactly one of `done`,
  * `cancelled` or `error`, and exits.
  */
-
 import type { LoraTarget } from "./loraTargets.ts";
+import type { TrainerBackend } from "./native/llamaLib.ts";
 
 /** Quantization types the trained model can be written as (llama.cpp `llama_ftype` names). */
 export type TrainerOutputType =
@@ -162,6 +162,12 @@ export interface TrainerJob {
   contextSize?: number;
   /** CPU threads for llama.cpp. Defaults to `1`. */
   threads?: number;
+  /**
+   * Where to compute (`CONDUIT_GPU` as the engine resolved it): `cpu`, or a GPU backend with the model layers
+   * it takes (`all` or a count). A GPU backend whose device does not register trains on the CPU, with a log
+   * line. Defaults to `{ backend: "cpu", layers: 0 }`.
+   */
+  gpu?: { backend: TrainerBackend; layers: "all" | number };
   /** Type of the written model. Defaults to `"Q8_0"`. */
   outputType?: TrainerOutputType;
   /** Seeds the order in which samples are packed into windows each epoch. Defaults to `0`. */
@@ -257,6 +263,8 @@ export interface TrainingStats {
   outputBytes: number;
   /** Peak resident memory of the trainer process. */
   peakRssBytes: number;
+  /** On a GPU: the most GPU memory the run took (drop of the devices' free memory since it started). */
+  peakGpuBytes?: number;
 }
 
 export type ParentMessage = { type: "job"; job: ResolvedTrainerJob } | { type: "cancel" };

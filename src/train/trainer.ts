@@ -116,6 +116,7 @@ export function resolveTrainerJob(job: TrainerJob): ResolvedTrainerJob {
     complexity: job.complexity ?? 1,
     contextSize: job.contextSize ?? 1024,
     threads: job.threads ?? 1,
+    gpu: job.gpu ?? { backend: "cpu", layers: 0 },
     outputType: job.outputType ?? "Q8_0",
     seed: job.seed ?? 0,
     lrSchedule: {
@@ -159,6 +160,16 @@ export function resolveTrainerJob(job: TrainerJob): ResolvedTrainerJob {
   check(resolved.complexity > 0 && resolved.complexity <= 1, "complexity", "must be in (0, 1]");
   check(isPositiveInteger(resolved.contextSize), "contextSize", "must be an integer >= 1");
   check(isPositiveInteger(resolved.threads), "threads", "must be an integer >= 1");
+  check(
+    ["cpu", "cuda", "vulkan"].includes(resolved.gpu.backend),
+    "gpu.backend",
+    'must be "cpu", "cuda" or "vulkan"',
+  );
+  check(
+    resolved.gpu.layers === "all" || (Number.isInteger(resolved.gpu.layers) && resolved.gpu.layers >= 0),
+    "gpu.layers",
+    'must be "all" or an integer >= 0',
+  );
   check(
     TRAINER_OUTPUT_TYPES.includes(resolved.outputType),
     "outputType",

@@ -306,7 +306,22 @@ export interface LlamaLib {
   ggml_backend_tensor_memset(tensor: Pointer, value: number, offset: number, size: number): void;
   /** Address of `ggml_opt_get_constant_optimizer_params`, the native `get_opt_pars` callback. */
   constantOptimizerParamsFn: Pointer;
+  /** Devices ggml registered (after `ggml_backend_load_all_from_path`): the CPU, and GPUs whose backend loaded. */
+  ggml_backend_dev_count(): number;
+  ggml_backend_dev_get(index: number): Pointer;
+  ggml_backend_dev_name(device: Pointer): string;
+  ggml_backend_dev_description(device: Pointer): string;
+  /** `enum ggml_backend_dev_type`: see {@link GGML_BACKEND_DEVICE_TYPE_GPU}. */
+  ggml_backend_dev_type(device: Pointer): number;
+  ggml_backend_dev_memory(device: Pointer, free: [number], total: [number]): void;
+  ggml_backend_dev_supports_op(device: Pointer, op: Pointer): boolean;
 }
+
+/** `GGML_BACKEND_DEVICE_TYPE_GPU`: a GPU with its own memory (ggml-backend.h; CPU is 0, integrated GPU 2). */
+export const GGML_BACKEND_DEVICE_TYPE_GPU = 1;
+
+/** Where a trainer computes: which prebuilt llama.cpp it loads. */
+export type TrainerBackend = "cpu" | "cuda" | "vulkan";
 
 /**
  * The directory holding the libllama that node-llama-cpp itself loads, so the trainer runs the same
@@ -314,12 +329,12 @@ export interface LlamaLib {
  * (compiled for this CPU) when there is a finished one, else the prebuilt package for this platform.
  * `gpu: "cuda"` picks the CUDA build or `@node-llama-cpp/linux-x64-cuda` (it needs the CUDA runtime).
  */
-export function findBinDir(gpu: "cpu" | "cuda" = "cpu"): string {
+export function findBinDir(gpu: TrainerBackend = "cpu"): string {
   const platform = `${process.platform}-${process.arch}`;
   const nodeLlamaCpp = resolveOrUndefined(createRequire(import.meta.url), "node-llama-cpp");
   const local = nodeLlamaCpp && localBuildDir(path.join(path.dirname(nodeLlamaCpp), ".."), gpu);
   if (local) return local;
-  const packageName = gpu === "cuda" ? `@node-llama-cpp/${platform}-cuda` : `@node-llama-cpp/${platform}`;
+  const packageName = gpu === "cpu" ? `@node-llama-cpp/${platform}` : `@node-llama-cpp/${platform}-${gpu}`;
   // The package exports only its entry (dist/index.js), not package.json; bins/ sits next to dist/.
   // It is a dependency of node-llama-cpp, so look next to it too in case npm nested it there.
   let entry: string | undefined;
@@ -342,13 +357,13 @@ export function findBinDir(gpu: "cpu" | "cuda" = "cpu"): string {
  * `llama/localBuilds/<platform>-<arch>[-cuda]/Release`, valid once `buildDone.status` is written.
  * node-llama-cpp's engine (with `build: "never"`) loads this folder first too.
  */
-export function localBuildDir(nodeLlamaCppRoot: string, gpu: "cpu" | "cuda"): string | undefined {
+export function localBuildDir(nodeLlamaCppRoot: string, gpu: TrainerBackend): string | undefined {
   const platform = `${process.platform}-${process.arch}`;
   const folder = path.join(
     nodeLlamaCppRoot,
     "llama",
     "localBuilds",
-    gpu === "cuda" ? `${platform}-cuda` : platform,
+    gpu === "cpu" ? platform : `${platform}-${gpu}`,
   );
   const release = path.join(folder, "Release");
   const done =
@@ -449,15 +464,15 @@ let loaded: LlamaLib | undefined;
  * Loads libggml-base, libggml and libllama from node-llama-cpp's prebuilt binaries, once per process,
  * and checks the ABI before anything is called with a struct.
  */
-export function loadLlamaLib(options: { binDir?: string; gpu?: "cpu" | "cuda" } = {}): LlamaLib {
+export function loadLlamaLib(options: { binDir?: string; gpu?: TrainerBackend } = {}): LlamaLib {
   if (loaded !== undefined) return loaded;
   checkAbi();
   const binDir = options.binDir ?? findBinDir(options.gpu);
   checkRelease(binDir);
   // Loaded in dependency order so that libllama's DT_NEEDED entries resolve to these exact files.
   const base = koffi.load(findLibrary(binDir, /^libggml-base\.so$/));
-  const ggml = koffi.load(findLibrary(binDir, /^libggml\.(cuda\.)?v[\d.]+\.so$/));
-  const llama = koffi.load(findLibrary(binDir, /^libllama\.(cuda\.)?v[\d.]+\.so$/));
+  const ggml = koffi.load(findLibrary(binDir, /^libggml\.((cuda|vulkan)\.)?v[\d.]+\.so$/));
+  const llama = koffi.load(findLibrary(binDir, /^libllama\.((cuda|vulkan)\.)?v[\d.]+\.so$/));
 
   const lib: LlamaLib = {
     binDir,
@@ -546,6 +561,15 @@ export function loadLlamaLib(options: { binDir?: string; gpu?: "cpu" | "cuda" } 
       "void ggml_backend_tensor_memset(void *tensor, uint8_t value, size_t offset, size_t size)",
     ),
     constantOptimizerParamsFn: base.symbol("ggml_opt_get_constant_optimizer_params") as Pointer,
+    ggml_backend_dev_count: ggml.func("size_t ggml_backend_dev_count(void)"),
+    ggml_backend_dev_get: ggml.func("void *ggml_backend_dev_get(size_t index)"),
+    ggml_backend_dev_name: base.func("const char *ggml_backend_dev_name(void *device)"),
+    ggml_backend_dev_description: base.func("const char *ggml_backend_dev_description(void *device)"),
+    ggml_backend_dev_type: base.func("int ggml_backend_dev_type(void *device)"),
+    ggml_backend_dev_memory: base.func(
+      "void ggml_backend_dev_memory(void *device, _Out_ size_t *free, _Out_ size_t *total)",
+    ),
+    ggml_backend_dev_supports_op: base.func("bool ggml_backend_dev_supports_op(void *device, void *op)"),
   };
   checkAbi(lib);
   loaded = lib;

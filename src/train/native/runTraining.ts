@@ -45,6 +45,7 @@ import { packWindows, planWindows, type TokenizedSample, type TrainingWindow } f
 import { seededRandom, shuffledIndices } from "../random.ts";
 import { jobSamples, TokenStore } from "./sampleStore.ts";
 import { CheckpointDir, jobFingerprint } from "./checkpoint.ts";
+import { deviceMemory, GpuMemoryWatch, gpuDevices, OffloadAudit } from "./devices.ts";
 import { writeHeadroomAdapter } from "./graphHeadroom.ts";
 import {
   loraWeights,
@@ -99,10 +100,29 @@ class NativeScope {
 
 export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks): Promise<TrainingResult> {
   const startedAt = performance.now();
-  const lib = loadLlamaLib();
+  const lib = loadLlamaLib({ gpu: job.gpu.backend });
   hooks.log(`trainer: llama.cpp ${lib.llama_version()} from ${lib.binDir}`);
   lib.ggml_backend_load_all_from_path(lib.binDir);
   lib.llama_backend_init();
+  const gpus = job.gpu.backend === "cpu" ? [] : gpuDevices(lib);
+  if (job.gpu.backend !== "cpu" && gpus.length === 0)
+    hooks.log(
+      `trainer: the ${job.gpu.backend} build of llama.cpp registered no GPU (its backend library did not load ` +
+        `or found no device); training on the CPU`,
+    );
+  const gpuLayers = gpus.length === 0 ? 0 : job.gpu.layers === "all" ? -1 : job.gpu.layers;
+  if (gpus.length > 0) {
+    const gib = (bytes: number) => `${(bytes / 2 ** 30).toFixed(1)} GiB`;
+    const names = gpus.map((d) => {
+      const { freeBytes, totalBytes } = deviceMemory(lib, d);
+      return `${d.name} ${d.description} (${gib(freeBytes)} free of ${gib(totalBytes)})`;
+    });
+    hooks.log(
+      `trainer: training on ${job.gpu.backend}: ${names.join(", ")}; ` +
+        `${job.gpu.layers === "all" ? "all" : job.gpu.layers} layers offloaded`,
+    );
+  }
+  const gpuMemory = gpus.length === 0 ? undefined : new GpuMemoryWatch(lib, gpus);
 
   fs.mkdirSync(job.workDir, { recursive: true });
   const baseF32Path = path.join(job.workDir, "base-f32.gguf");
@@ -158,7 +178,7 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
     }
     if (hooks.isCancelled()) return { status: "cancelled" };
 
-    const model = loadModel(lib, basePath, scope, lora === undefined);
+    const model = loadModel(lib, basePath, scope, lora === undefined, gpuLayers);
     const vocab = lib.llama_model_get_vocab(model);
     const nLayers = lib.llama_model_n_layer(model);
     await makeGraphHeadroom(
@@ -269,6 +289,7 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
       return window;
     };
 
+    const audit = new OffloadAudit(lib, gpus[0]);
     const { ctx, checkCallback, adapterTensors, loss } = createContext(
       lib,
       model,
@@ -276,6 +297,7 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
       job.threads,
       scope,
       adapter,
+      audit,
     );
     if (lora !== undefined) {
       // Every adapted weight must have shown both of its tensors in the warm-up graph.
@@ -340,6 +362,11 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
         null,
       );
       checkCallback();
+      if (train) {
+        const missing = audit.finish(job.gpu.backend);
+        if (missing !== undefined) hooks.log(missing);
+      }
+      gpuMemory?.sample();
       const sum = loss.end();
       if (!Number.isFinite(sum)) throw new Error(`trainer: loss became ${sum}; try a lower learning rate`);
       return sum;
@@ -644,6 +671,7 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
         trainableParameters: parameters,
         outputBytes,
         peakRssBytes: process.resourceUsage().maxRSS * 1024,
+        ...(gpuMemory === undefined ? {} : { peakGpuBytes: gpuMemory.peakBytes }),
       },
     };
   } finally {
@@ -818,9 +846,16 @@ function freeBytes(dir: string): number | undefined {
   }
 }
 
-function loadModel(lib: LlamaLib, modelPath: string, scope: NativeScope, writable: boolean): Pointer {
+function loadModel(
+  lib: LlamaLib,
+  modelPath: string,
+  scope: NativeScope,
+  writable: boolean,
+  gpuLayers = 0,
+): Pointer {
   const params = lib.llama_model_default_params();
-  params.n_gpu_layers = 0;
+  // -1: every layer and the output (llama_model::n_gpu_layers).
+  params.n_gpu_layers = gpuLayers;
   // Full training writes to the weights in place: they must be plain allocations, not a read-only mmap.
   // A LoRA base is only read, so it stays mapped (shared with the page cache, not copied).
   if (writable) params.load_mode = LLAMA_LOAD_MODE_NONE;
@@ -865,6 +900,7 @@ function createContext(
   threads: number,
   scope: NativeScope,
   adapter: Pointer | undefined,
+  audit?: OffloadAudit,
 ) {
   let callbackError: unknown;
   let layoutChecked = false;
@@ -883,6 +919,7 @@ function createContext(
     try {
       if (ask) {
         const op = tensorOp(tensor);
+        audit?.check(tensor, op);
         if (collecting && op === mulMat) {
           const weight = tensorSource(tensor, 0);
           const name = weight === null ? "" : lib.ggml_get_name(weight);
