@@ -221,7 +221,7 @@ export const settings = {
   threads: {
     env: "CONDUIT_THREADS",
     description:
-      "llama.cpp compute threads per model for generation. Measured on 2 cores: 1 beats 2 (see DESIGN.md).",
+      "llama.cpp compute threads per model for generation. Measured on 2 cores: 1 beats 2 (bench/engineThreads.ts).",
     defaultText: "1",
     parse: (raw): number => threadsOf({ CONDUIT_THREADS: raw }),
   },
