@@ -3,6 +3,7 @@ import { ConfigError, describeConfig, type Config } from "./config.ts";
 import { bootstrapKeys, createCore } from "./core.ts";
 import { describeBackend } from "./engine/accelerator.ts";
 import { ConduitError } from "./errors.ts";
+import { DatasetRepository } from "./store/DatasetRepository.ts";
 import { Sweeper } from "./store/Sweeper.ts";
 
 /** Starts the service: migrations, keys, routes, then listen; closes gracefully on SIGINT/SIGTERM. */
@@ -21,7 +22,10 @@ export async function startServer(config: Config): Promise<{ close(): Promise<vo
     throw error instanceof ConduitError ? new ConfigError(error.message) : error;
   }
   // Only the server sweeps (the CLI opens the same data dir), and only leftovers.
-  const sweeper = new Sweeper(core.blobs, core.runRepository, core.log, { intervalMs: config.sweepInterval });
+  const files = new DatasetRepository(core.db.kysely);
+  const sweeper = new Sweeper(core.blobs, core.runRepository, files, core.log, {
+    intervalMs: config.sweepInterval,
+  });
   await sweeper.sweep({ atStart: true });
   if (firstKey) {
     // Printed once, on the first start only: the database keeps just its hash.

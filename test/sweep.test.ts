@@ -6,6 +6,8 @@ import { test } from "node:test";
 import { loadConfig } from "../src/config.ts";
 import { createCore, type Core } from "../src/core.ts";
 import { startServer } from "../src/server.ts";
+import { DatasetRepository } from "../src/store/DatasetRepository.ts";
+import { Sweeper } from "../src/store/Sweeper.ts";
 import { testEnv } from "./helper.ts";
 
 const explicit = { baseModelName: "tiny", epochs: 1, lr: 0.001, loraRank: 4 } as const;
@@ -107,4 +109,62 @@ test("the server sweeps what crashes and ended runs left, at start and then peri
   assert.equal(fs.existsSync(fresh), true, "a temp file in use stays");
   assert.deepEqual(filesOf(core, queued), ["checkpoint/adapter.gguf", "work/base-f32.gguf"]);
   assert.deepEqual(filesOf(core, running), ["work/base-f32.gguf"]);
+});
+
+test("a file blob no record holds (a crash between storing and recording) is swept once an hour old", async (t) => {
+  const env = await testEnv(t, "sqlite");
+  const core = await createCore(loadConfig(env.env));
+  t.after(() => core.close());
+  const ds = await core.datasets.create("alice", "d");
+  const kept = await core.datasets.upload("alice", ds.id, {
+    name: "a.jsonl",
+    source: Readable.from(['{"input":"ping","output":"pong"}\n']),
+  });
+  const twoHoursAgo = new Date(Date.now() - 2 * 60 * 60 * 1000);
+  const blob = (key: string, old: boolean) => {
+    const full = core.blobs.pathOf(key);
+    fs.mkdirSync(path.dirname(full), { recursive: true });
+    if (!fs.existsSync(full)) fs.writeFileSync(full, '{"input":"a","output":"b"}\n');
+    if (old) fs.utimesSync(full, twoHoursAgo, twoHoursAgo);
+    return full;
+  };
+  const recordedOld = blob(kept.blob, true);
+  // Stored, then the server died before the record was written (or after a delete removed it).
+  const orphan = blob(`files/${ds.id}/file_01AAAAAAAAAAAAAAAAAAAAAAAA`, true);
+  // Stored a moment ago: maybe an upload being recorded right now.
+  const young = blob(`files/${ds.id}/file_01BBBBBBBBBBBBBBBBBBBBBBBB`, false);
+  // What a crash in the middle of deleting a dataset leaves: its directory, one blob in it.
+  const deletedDir = core.blobs.pathOf("files/ds_01CCCCCCCCCCCCCCCCCCCCCCCC");
+  const deletedBlob = blob("files/ds_01CCCCCCCCCCCCCCCCCCCCCCCC/file_01DDDDDDDDDDDDDDDDDDDDDDDD", true);
+  fs.utimesSync(deletedDir, twoHoursAgo, twoHoursAgo);
+
+  const sweeper = new Sweeper(
+    core.blobs,
+    core.runRepository,
+    new DatasetRepository(core.db.kysely),
+    core.log,
+    {
+      intervalMs: 60_000,
+    },
+  );
+  const report = await sweeper.sweep();
+  assert.deepEqual(
+    report.orphanBlobs.sort(),
+    [
+      `files/${ds.id}/file_01AAAAAAAAAAAAAAAAAAAAAAAA`,
+      "files/ds_01CCCCCCCCCCCCCCCCCCCCCCCC/file_01DDDDDDDDDDDDDDDDDDDDDDDD",
+    ].sort(),
+  );
+  assert.equal(fs.existsSync(orphan), false);
+  assert.equal(fs.existsSync(deletedBlob), false);
+  assert.equal(fs.existsSync(deletedDir), true, "its directory was changed just now (the blob went)");
+  assert.equal(fs.existsSync(recordedOld), true, "a recorded blob stays, however old");
+  assert.equal(fs.existsSync(young), true, "a young blob may be an upload being recorded");
+  assert.equal((await core.datasets.getFile("alice", ds.id, kept.id)).ioPairsCount, 1);
+
+  // An hour later the empty directory goes too.
+  fs.utimesSync(deletedDir, twoHoursAgo, twoHoursAgo);
+  await sweeper.sweep();
+  assert.equal(fs.existsSync(deletedDir), false, "an empty dataset directory an hour old is removed");
+  assert.equal(fs.existsSync(core.blobs.pathOf(`files/${ds.id}`)), true);
 });

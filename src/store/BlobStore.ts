@@ -66,7 +66,12 @@ export class BlobStore {
       await handle.close();
     }
     await fsp.mkdir(path.dirname(target), { recursive: true });
-    await fsp.rename(tempPath, target);
+    await fsp.rename(tempPath, target).catch(async (error: NodeJS.ErrnoException) => {
+      // The sweeper removed the (empty) directory just now: make it again, once.
+      if (error.code !== "ENOENT") throw error;
+      await fsp.mkdir(path.dirname(target), { recursive: true });
+      await fsp.rename(tempPath, target);
+    });
   }
 
   async discard(tempPath: string): Promise<void> {

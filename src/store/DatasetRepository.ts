@@ -211,6 +211,20 @@ export class DatasetRepository {
     return row && toFile(row);
   }
 
+  /** Which of these blob keys a file record holds (the sweeper removes blobs no record holds). */
+  async recordedBlobs(keys: string[]): Promise<Set<string>> {
+    const found = new Set<string>();
+    for (let start = 0; start < keys.length; start += 500) {
+      const rows = await this.db
+        .selectFrom("files")
+        .select("blob")
+        .where("blob", "in", keys.slice(start, start + 500))
+        .execute();
+      for (const row of rows) found.add(row.blob);
+    }
+    return found;
+  }
+
   /** Records a stored file and adds its pairs to the dataset; undefined if the dataset is gone. */
   async addFile(
     userId: string,

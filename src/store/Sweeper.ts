@@ -1,6 +1,8 @@
 import fsp from "node:fs/promises";
 import type { Logger } from "pino";
+import path from "node:path";
 import type { BlobStore } from "./BlobStore.ts";
+import type { DatasetRepository } from "./DatasetRepository.ts";
 import type { RunRepository } from "./RunRepository.ts";
 
 /** What one sweep removed. */
@@ -11,12 +13,20 @@ export interface SweepReport {
   runDirs: string[];
   /** `work` and `checkpoint` directories of runs that do not need them. */
   workDirs: string[];
+  /**
+   * Dataset file blobs no file record holds: a crash between storing an upload and recording it, or
+   * between deleting a file's record and its blob.
+   */
+  orphanBlobs: string[];
 }
 
 export interface SweeperOptions {
   /** Time between sweeps. */
   intervalMs: number;
-  /** Temp files untouched for this long are leftovers. Defaults to an hour. */
+  /**
+   * Temp files, and file blobs without a record, untouched for this long are leftovers (younger ones
+   * may be another server's upload in progress). Defaults to an hour.
+   */
   tempMaxAgeMs?: number;
 }
 
@@ -33,6 +43,7 @@ export class Sweeper {
   constructor(
     private readonly blobs: BlobStore,
     private readonly runs: RunRepository,
+    private readonly files: Pick<DatasetRepository, "recordedBlobs">,
     private readonly log: Logger,
     private readonly options: SweeperOptions,
   ) {}
@@ -46,6 +57,7 @@ export class Sweeper {
       tempFiles: await this.blobs.sweepTemp(this.options.tempMaxAgeMs),
       runDirs: [],
       workDirs: [],
+      orphanBlobs: await this.sweepOrphanBlobs(),
     };
     const runsDir = this.blobs.pathOf("runs");
     const ids = (await fsp.readdir(runsDir, { withFileTypes: true }).catch(() => []))
@@ -68,14 +80,51 @@ export class Sweeper {
         report.workDirs.push(key);
       }
     }
-    const removed = report.tempFiles.length + report.runDirs.length + report.workDirs.length;
+    const removed =
+      report.tempFiles.length + report.runDirs.length + report.workDirs.length + report.orphanBlobs.length;
     if (removed > 0)
       this.log.info(
-        { tempFiles: report.tempFiles.length, runDirs: report.runDirs, workDirs: report.workDirs },
+        {
+          tempFiles: report.tempFiles.length,
+          runDirs: report.runDirs,
+          workDirs: report.workDirs,
+          orphanBlobs: report.orphanBlobs,
+        },
         `swept ${removed} leftovers: ${report.tempFiles.length} temp files, ${report.runDirs.length} run directories, ` +
-          `${report.workDirs.length} work directories`,
+          `${report.workDirs.length} work directories, ${report.orphanBlobs.length} file blobs without a record`,
       );
     return report;
+  }
+
+  /**
+   * Removes `files/{dataset}/{file}` blobs that no file record holds and that are older than the temp
+   * files' limit, then dataset directories left empty. A blob is stored before its record is written
+   * (and its record deleted before it), so a younger one may be an upload being recorded right now.
+   */
+  private async sweepOrphanBlobs(): Promise<string[]> {
+    const cutoff = Date.now() - (this.options.tempMaxAgeMs ?? 60 * 60 * 1000);
+    const filesDir = this.blobs.pathOf("files");
+    const candidates: string[] = [];
+    const datasetDirs = (await fsp.readdir(filesDir, { withFileTypes: true }).catch(() => []))
+      .filter((entry) => entry.isDirectory() && /^[A-Za-z0-9_-]+$/.test(entry.name))
+      .map((entry) => entry.name);
+    for (const dir of datasetDirs)
+      for (const name of await fsp.readdir(path.join(filesDir, dir)).catch(() => [] as string[])) {
+        if (!/^[A-Za-z0-9_-]+$/.test(name)) continue;
+        const stat = await fsp.stat(path.join(filesDir, dir, name)).catch(() => undefined);
+        if (stat?.isFile() && stat.mtimeMs < cutoff) candidates.push(`files/${dir}/${name}`);
+      }
+    const recorded = await this.files.recordedBlobs(candidates);
+    const removed = candidates.filter((key) => !recorded.has(key));
+    for (const key of removed) await this.blobs.remove(key);
+    // A dataset directory left empty an hour ago (its dataset deleted, or its last file); rmdir fails
+    // if it is not empty. (`BlobStore.commit` makes it again if an upload comes just then.)
+    for (const dir of datasetDirs) {
+      const full = path.join(filesDir, dir);
+      const stat = await fsp.stat(full).catch(() => undefined);
+      if (stat && stat.mtimeMs < cutoff) await fsp.rmdir(full).catch(() => undefined);
+    }
+    return removed;
   }
 
   /** Sweeps every `intervalMs` until `stop`. */
