@@ -52,7 +52,12 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
   });
   const blobs = overrides.blobs ?? new BlobStore(path.join(config.dataDir, "blobs"));
   const keys = new KeyRepository(db.kysely);
-  const datasets = new DatasetService(new DatasetRepository(db.kysely), blobs, config.maxUploadBytes);
+  const datasets = new DatasetService(
+    new DatasetRepository(db.kysely),
+    blobs,
+    config.maxUploadBytes,
+    config.maxPairBytes,
+  );
   const runRepository = new RunRepository(db.kysely, db.dialect);
   const registry = new ModelRegistry({ modelsDir: config.modelsDir });
   const base = publicUrl(config);

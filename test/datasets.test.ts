@@ -453,6 +453,66 @@ for (const backend of backends()) {
       assert.deepEqual(fs.readdirSync(path.join(config.dataDir, "blobs", ".tmp")), []);
     });
 
+    test("a pair longer than CONDUIT_MAX_PAIR_BYTES is a 400 naming its line, in every format; one as long is fine", async (t) => {
+      const { testEnv, buildTestApp } = await import("./helper.ts");
+      const env = await testEnv(t, backend, { CONDUIT_MAX_PAIR_BYTES: "100" });
+      const { app } = await buildTestApp(t, env);
+      const ds = await createDataset(app);
+      const url = `/conduit/dataset/${ds.id}/upload`;
+      // A JSONL line of `length` bytes.
+      const line = (length: number) => `{"input":"${"x".repeat(length - 25)}","output":"b"}`;
+      assert.equal(line(100).length, 100);
+      const raw = (name: string, body: string) =>
+        app.inject({
+          method: "POST",
+          url: `${url}?name=${name}`,
+          headers: { ...asAlice, "content-type": "application/jsonl" },
+          payload: body,
+        });
+      const fits = await raw("fits.jsonl", `${line(40)}\n${line(100)}\n${line(100)}`);
+      assert.equal(fits.statusCode, 200, fits.body);
+      assert.equal(fits.json().ioPairsCount, 3);
+      const tooLong = (n: number) =>
+        new RegExp(
+          `line ${n}: the pair is longer than 100 bytes, the largest a pair may be \\(CONDUIT_MAX_PAIR_BYTES\\)`,
+        );
+      const cases: [string, string, RegExp][] = [
+        ["a.jsonl", `${line(40)}\n${line(101)}\n${line(40)}\n`, tooLong(2)],
+        // The last line, without a line end.
+        ["a.jsonl", `${line(40)}\n${line(40)}\n${line(101)}`, tooLong(3)],
+        // One line far longer than a read: refused at its first bytes.
+        ["a.jsonl", line(300_000), tooLong(1)],
+        ["a.csv", `input,output\na,b\nc,${"d".repeat(120)}\n`, tooLong(3)],
+        // Short lines, one long quoted record.
+        [
+          "a.csv",
+          `input,output\na,b\n"${"x\n".repeat(80)}",y\n`,
+          /line \d+: the pair is longer than 100 bytes/,
+        ],
+        [
+          "a.json",
+          `[\n  {"input":"a","output":"b"},\n  {"input":"${"x".repeat(150)}","output":"b"}\n]`,
+          tooLong(3),
+        ],
+      ];
+      for (const [name, content, expected] of cases) {
+        const res = name.endsWith(".jsonl")
+          ? await raw(name, content)
+          : await app.inject({ method: "POST", url, headers: asAlice, payload: { name, content } });
+        assert.equal(res.statusCode, 400, `${name} ${content.slice(0, 80)} → ${res.body}`);
+        assert.equal(res.json().error.code, "invalid_file", res.body);
+        assert.match(res.json().error.message, expected, name);
+      }
+      const files = (
+        await app.inject({ url: `${url.replace("/upload", "")}/files`, headers: asAlice })
+      ).json();
+      assert.deepEqual(
+        files.map((f: { name: string }) => f.name),
+        ["fits.jsonl"],
+      );
+      assert.deepEqual(fs.readdirSync(path.join(env.dataDir, "blobs", ".tmp")), []);
+    });
+
     test("uploads beyond the limit are 413 and leave nothing behind", async (t) => {
       const { testEnv, buildTestApp } = await import("./helper.ts");
       const env = await testEnv(t, backend, { CONDUIT_MAX_UPLOAD_BYTES: "1000" });

@@ -32,6 +32,8 @@ export class DatasetService {
     private readonly datasets: DatasetRepository,
     private readonly blobs: BlobStore,
     private readonly maxUploadBytes: number,
+    /** Largest pair of an upload (`CONDUIT_MAX_PAIR_BYTES`). Defaults to no limit. */
+    private readonly maxPairBytes = Number.POSITIVE_INFINITY,
   ) {}
 
   create(userId: string, name: string): Promise<Dataset> {
@@ -135,7 +137,7 @@ export class DatasetService {
       const format = input.format ?? (await detectFormat(tempPath, input.name));
       let ioPairsCount: number;
       try {
-        ioPairsCount = await countIoPairs(tempPath, format);
+        ioPairsCount = await countIoPairs(tempPath, format, { maxPairBytes: this.maxPairBytes });
       } catch (error) {
         if (error instanceof IoPairError)
           throw new ConduitError("invalid_file", `${input.name}: ${error.message}`, { param: "file" });

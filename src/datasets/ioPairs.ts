@@ -190,13 +190,34 @@ function badUtf8Line(bytes: Buffer, firstLine: number): number {
   return line;
 }
 
+/** Options of {@link readIoPairs}. */
+export interface ReadOptions {
+  /**
+   * Largest pair in bytes (`CONDUIT_MAX_PAIR_BYTES`): a longer JSONL line, CSV line or record, or JSON
+   * array item is an `IoPairError`, found before more than this much of it is held in memory (but in
+   * a JSON array, which is parsed whole). Defaults to no limit.
+   */
+  maxPairBytes?: number;
+}
+
+function tooLong(line: number, limit: number): IoPairError {
+  return new IoPairError(
+    line,
+    `the pair is longer than ${limit} bytes, the largest a pair may be (CONDUIT_MAX_PAIR_BYTES)`,
+  );
+}
+
 /**
  * A file's bytes in pieces that end at a line end (but the last), each checked to be UTF-8, with
  * the number of its first line. Decoding would quietly turn invalid bytes into U+FFFD; this throws
  * an `IoPairError` naming the first line that has some. A newline byte is never part of a
- * multi-byte character, so pieces cut there are whole text.
+ * multi-byte character, so pieces cut there are whole text. A line longer than `maxLineBytes` is an
+ * `IoPairError` as soon as that many of its bytes are read.
  */
-async function* utf8Pieces(filePath: string): AsyncGenerator<{ bytes: Buffer; line: number }> {
+async function* utf8Pieces(
+  filePath: string,
+  maxLineBytes = Number.POSITIVE_INFINITY,
+): AsyncGenerator<{ bytes: Buffer; line: number }> {
   let line = 1;
   const checked = (bytes: Buffer) => {
     if (!isUtf8(bytes)) throw notUtf8(badUtf8Line(bytes, line));
@@ -206,26 +227,44 @@ async function* utf8Pieces(filePath: string): AsyncGenerator<{ bytes: Buffer; li
   };
   // The bytes after the last line end seen, kept as read so a long line is copied only once.
   let pending: Buffer[] = [];
+  let pendingBytes = 0;
   for await (const chunk of fs.createReadStream(filePath) as AsyncIterable<Buffer>) {
     const end = chunk.lastIndexOf(10);
     if (end === -1) {
       pending.push(chunk);
+      pendingBytes += chunk.length;
+      if (pendingBytes > maxLineBytes) throw tooLong(line, maxLineBytes);
       continue;
+    }
+    if (Number.isFinite(maxLineBytes)) {
+      // Every line this chunk ends: the first one began in the pending bytes.
+      let from = -pendingBytes;
+      let lineOfChunk = line;
+      for (let at = chunk.indexOf(10); at !== -1 && at <= end; at = chunk.indexOf(10, at + 1)) {
+        if (at - from > maxLineBytes) throw tooLong(lineOfChunk, maxLineBytes);
+        from = at + 1;
+        lineOfChunk += 1;
+      }
+      if (chunk.length - end - 1 > maxLineBytes) throw tooLong(lineOfChunk, maxLineBytes);
     }
     const head = chunk.subarray(0, end + 1);
     yield checked(pending.length > 0 ? Buffer.concat([...pending, head]) : head);
     pending = end + 1 < chunk.length ? [chunk.subarray(end + 1)] : [];
+    pendingBytes = chunk.length - end - 1;
   }
   if (pending.length > 0) yield checked(Buffer.concat(pending));
 }
 
-async function* utf8Bytes(filePath: string): AsyncGenerator<Buffer> {
-  for await (const piece of utf8Pieces(filePath)) yield piece.bytes;
+async function* utf8Bytes(filePath: string, maxLineBytes?: number): AsyncGenerator<Buffer> {
+  for await (const piece of utf8Pieces(filePath, maxLineBytes)) yield piece.bytes;
 }
 
 /** A file's lines (without the line end), checked to be UTF-8, each with its 1-based number. */
-async function* utf8Lines(filePath: string): AsyncGenerator<{ text: string; line: number }> {
-  for await (const piece of utf8Pieces(filePath)) {
+async function* utf8Lines(
+  filePath: string,
+  maxLineBytes?: number,
+): AsyncGenerator<{ text: string; line: number }> {
+  for await (const piece of utf8Pieces(filePath, maxLineBytes)) {
     const lines = piece.bytes.toString("utf8").split("\n");
     // A piece that ends with a line end has nothing after it.
     if (lines.at(-1) === "") lines.pop();
@@ -234,8 +273,8 @@ async function* utf8Lines(filePath: string): AsyncGenerator<{ text: string; line
   }
 }
 
-async function* readJsonl(filePath: string): AsyncGenerator<IoPair> {
-  for await (const { text, line } of utf8Lines(filePath)) {
+async function* readJsonl(filePath: string, options: ReadOptions): AsyncGenerator<IoPair> {
+  for await (const { text, line } of utf8Lines(filePath, options.maxPairBytes)) {
     const trimmed = (line === 1 ? text.replace(/^\uFEFF/, "") : text).trim();
     if (trimmed === "") continue;
     let value: unknown;
@@ -281,7 +320,7 @@ function countNewlines(text: string, from: number, to: number): number {
   return count;
 }
 
-async function* readJsonArray(filePath: string): AsyncGenerator<IoPair> {
+async function* readJsonArray(filePath: string, options: ReadOptions): AsyncGenerator<IoPair> {
   const bytes = await fsp.readFile(filePath);
   if (!isUtf8(bytes)) throw notUtf8(badUtf8Line(bytes, 1));
   const text = bytes.toString("utf8").replace(/^\uFEFF/, "");
@@ -305,20 +344,26 @@ async function* readJsonArray(filePath: string): AsyncGenerator<IoPair> {
     const offset = offsets[index] ?? lastOffset;
     line += countNewlines(text, lastOffset, offset);
     lastOffset = offset;
+    const limit = options.maxPairBytes ?? Number.POSITIVE_INFINITY;
+    if (Number.isFinite(limit) && Buffer.byteLength(JSON.stringify(item) ?? "") > limit)
+      throw tooLong(line, limit);
     yield toPair(item, line);
   }
 }
 
-async function* readCsv(filePath: string): AsyncGenerator<IoPair> {
+async function* readCsv(filePath: string, options: ReadOptions): AsyncGenerator<IoPair> {
+  const limit = options.maxPairBytes ?? Number.POSITIVE_INFINITY;
   const parser = parseCsv({
     bom: true,
     columns: true,
     skip_empty_lines: true,
     info: true,
     relax_quotes: false,
+    // In characters: a record quoted across lines stops growing there too.
+    ...(Number.isFinite(limit) ? { max_record_size: limit } : {}),
   });
-  // pipeline, not pipe: a line that is not UTF-8 fails the parser with its IoPairError.
-  pipeline(Readable.from(utf8Bytes(filePath)), parser, () => undefined);
+  // pipeline, not pipe: a line that is not UTF-8 (or too long) fails the parser with its IoPairError.
+  pipeline(Readable.from(utf8Bytes(filePath, limit)), parser, () => undefined);
   let checkedHeader = false;
   try {
     for await (const { record, info } of parser as AsyncIterable<{
@@ -337,26 +382,35 @@ async function* readCsv(filePath: string): AsyncGenerator<IoPair> {
     }
   } catch (error) {
     if (error instanceof IoPairError) throw error;
-    const csvError = error as Error & { lines?: number };
+    const csvError = error as Error & { lines?: number; code?: string };
+    if (csvError.code === "CSV_MAX_RECORD_SIZE") throw tooLong(csvError.lines ?? 1, limit);
     throw new IoPairError(csvError.lines ?? 1, `invalid CSV (${csvError.message})`);
   }
 }
 
 /** Streams the pairs of a stored file, validating each; throws `IoPairError` at the first bad one. */
-export function readIoPairs(filePath: string, format: IoFormat): AsyncGenerator<IoPair> {
+export function readIoPairs(
+  filePath: string,
+  format: IoFormat,
+  options: ReadOptions = {},
+): AsyncGenerator<IoPair> {
   switch (format) {
     case "jsonl":
-      return readJsonl(filePath);
+      return readJsonl(filePath, options);
     case "json":
-      return readJsonArray(filePath);
+      return readJsonArray(filePath, options);
     case "csv":
-      return readCsv(filePath);
+      return readCsv(filePath, options);
   }
 }
 
 /** Validates a whole file and counts its pairs. */
-export async function countIoPairs(filePath: string, format: IoFormat): Promise<number> {
+export async function countIoPairs(
+  filePath: string,
+  format: IoFormat,
+  options: ReadOptions = {},
+): Promise<number> {
   let count = 0;
-  for await (const _pair of readIoPairs(filePath, format)) count++;
+  for await (const _pair of readIoPairs(filePath, format, options)) count++;
   return count;
 }
