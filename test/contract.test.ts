@@ -1,6 +1,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import SwaggerParser from "@apidevtools/swagger-parser";
+import { Ajv2020 } from "ajv/dist/2020.js";
 import type { OpenAPI } from "openapi-types";
 import { aliceWorld, asAlice, build, createDataset } from "./helper.ts";
 
@@ -328,6 +329,34 @@ test("a __proto__ key in a JSON body is dropped, not refused, and pollutes nothi
   assert.equal(response.statusCode, 200, response.body);
   assert.equal(response.json().name, "p");
   assert.equal(({} as Record<string, unknown>).polluted, undefined);
+});
+
+test("the run body's rules across fields are in the document, and the server keeps the same ones", async (t) => {
+  const { app } = await build(t);
+  const world = await aliceWorld(app);
+  const doc = (await app.inject({ url: "/openapi.json" })).json() as Document;
+  const schema = doc.paths["/conduit/finetuning"]?.post?.requestBody?.content["application/json"]?.schema;
+  const validate = new Ajv2020({ strict: false }).compile(schema as object);
+  const bodies: [Record<string, unknown>, boolean][] = [
+    [{ datasetID: world.ds, method: "full", loraRank: 4 }, false],
+    [{ datasetID: world.ds, method: "full", loraTargets: ["attn_q"] }, false],
+    [{ datasetID: world.ds, method: "full" }, true],
+    [{ datasetID: world.ds, loraRank: 4, loraAlpha: 8 }, true],
+    [{ datasetId: world.ds, method: "lora", loraRank: 4 }, true],
+    [{ datasetName: "secret" }, true],
+    [{ method: "full" }, false],
+  ];
+  for (const [body, valid] of bodies) {
+    const payload = { baseModelName: "tiny", epochs: 1, ...body };
+    assert.equal(validate(payload), valid, `the document on ${JSON.stringify(payload)}`);
+    const response = await app.inject({
+      method: "POST",
+      url: "/conduit/finetuning",
+      headers: asAlice,
+      payload,
+    });
+    assert.equal(response.statusCode, valid ? 200 : 400, `${JSON.stringify(payload)} → ${response.body}`);
+  }
 });
 
 test("datasetID and datasetId naming different datasets is a 400; the same one twice is fine", async (t) => {

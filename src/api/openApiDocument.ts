@@ -46,10 +46,39 @@ function unrequireDefaultedParameters(document: Json): void {
   }
 }
 
+/**
+ * Rules of a run's body that span fields. The service checks them with a message that names the field
+ * (`RunService.create`), so the route's validator does not; the document states them for clients.
+ */
+function describeRunRules(document: Json): void {
+  const paths = isObject(document.paths) ? document.paths : {};
+  const create = paths["/conduit/finetuning"];
+  const post = isObject(create) ? create.post : undefined;
+  const body = isObject(post) ? post.requestBody : undefined;
+  const content = isObject(body) ? body.content : undefined;
+  const json = isObject(content) ? content["application/json"] : undefined;
+  const schema = isObject(json) ? json.schema : undefined;
+  if (!isObject(schema)) return;
+  schema.allOf = [
+    {
+      description: "`loraRank`, `loraAlpha` and `loraTargets` are LoRA settings: not with `method: full`.",
+      if: { required: ["method"], properties: { method: { const: "full" } } },
+      then: {
+        not: { anyOf: ["loraRank", "loraAlpha", "loraTargets"].map((name) => ({ required: [name] })) },
+      },
+    },
+    {
+      description: "The dataset: `datasetID` (or `datasetId`), or `datasetName`.",
+      anyOf: ["datasetID", "datasetId", "datasetName"].map((name) => ({ required: [name] })),
+    },
+  ];
+}
+
 /** The generated document, corrected (a copy: the routes keep their schemas). */
 export function openApiFixes<T extends object>(generated: T): T {
   const document = structuredClone(generated) as Json;
   unrequireDefaultedParameters(document);
   unrequireDefaults(document);
+  describeRunRules(document);
   return document as T;
 }
