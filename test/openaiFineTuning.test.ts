@@ -202,6 +202,11 @@ describe("OpenAI's files and fine-tuning jobs with the official client", () => {
     const all: string[] = [];
     for await (const page of client.fineTuning.jobs.list({ limit: 1 })) all.push(page.id);
     assert.deepEqual(all, [long.id, job.id]);
+    const tagged = await client.fineTuning.jobs.list({ metadata: { purpose: "test" } });
+    assert.deepEqual(
+      tagged.data.map((j) => j.id),
+      [job.id],
+    );
 
     // Deleting the file removes its dataset; the fine-tuned model stays.
     assert.deepEqual(await client.files.delete(file.id), { id: file.id, object: "file", deleted: true });
@@ -353,6 +358,22 @@ describe("OpenAI's files and jobs: what is refused, and whose is whose", () => {
 
     // Bob sees none of Alice's files and jobs.
     const job = (await create({})).json();
+    const tagged = (await create({ metadata: { team: "a", kind: "x" } })).json();
+    const filtered = (
+      await app.inject({ url: "/v1/fine_tuning/jobs?metadata[team]=a&metadata[kind]=x", headers: asAlice })
+    ).json();
+    assert.deepEqual(
+      filtered.data.map((j: { id: string }) => j.id),
+      [tagged.id],
+    );
+    assert.deepEqual(filtered.data[0].metadata, { team: "a", kind: "x" });
+    const none = (
+      await app.inject({ url: "/v1/fine_tuning/jobs?metadata[team]=b", headers: asAlice })
+    ).json();
+    assert.deepEqual(none.data, []);
+    const typo = await app.inject({ url: "/v1/fine_tuning/jobs?limt=2", headers: asAlice });
+    assert.equal(typo.statusCode, 400);
+    assert.equal(typo.json().error.param, "limt");
     assert.equal((await create({}, asBob)).statusCode, 404);
     for (const url of [
       `/v1/files/${file.id}`,

@@ -247,6 +247,26 @@ export const OpenAiPageQuery = Type.Object(
   { additionalProperties: false },
 );
 
+/** `metadata[key]=value` in a job list's query, as OpenAI's clients write a metadata filter. */
+export const metadataFilterKey = /^metadata\[([^\]]{1,64})\]$/;
+
+export const OpenAiJobListQuery = Type.Object(
+  {
+    after: Type.Optional(Id),
+    limit: Type.Integer({ minimum: 1, maximum: 100, default: 20, description: "Defaults to `20`." }),
+  },
+  {
+    additionalProperties: false,
+    patternProperties: {
+      [metadataFilterKey.source]: Type.String({
+        maxLength: 512,
+        description:
+          "`metadata[key]=value`: only jobs whose metadata has that value (every such filter must match).",
+      }),
+    },
+  },
+);
+
 export const OpenAiJobEvent = Type.Object({
   id: Type.String(),
   object: Type.Literal("fine_tuning.job.event"),

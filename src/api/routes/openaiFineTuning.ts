@@ -2,12 +2,14 @@ import type { FastifyInstance } from "fastify";
 import type { TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
 import type { Core } from "../../core.ts";
 import { dropNulls } from "../nullable.ts";
-import { createOpenAiJob, eventPage, openAiJob } from "../openAiFineTuning.ts";
+import { createOpenAiJob, eventPage, listJobs, openAiJob } from "../openAiFineTuning.ts";
 import {
   OpenAiJob,
   OpenAiJobCreateBody,
   OpenAiJobEventList,
   OpenAiJobList,
+  OpenAiJobListQuery,
+  metadataFilterKey,
   OpenAiJobParams,
   OpenAiPageQuery,
 } from "../openAiFineTuningSchemas.ts";
@@ -47,17 +49,21 @@ export default async function openAiFineTuningRoutes(app: FastifyInstance, { cor
       schema: {
         tags,
         summary: "OpenAI-compatible job list: your runs, newest first",
-        querystring: OpenAiPageQuery,
+        querystring: OpenAiJobListQuery,
         response: responses({ 200: OpenAiJobList }, [400, 401]),
       },
     },
     async (request) => {
       const { after, limit } = request.query;
-      const page = await core.runRepository.listAfter(request.userId, { after, limit: limit + 1 });
+      const filter = Object.entries(request.query as Record<string, unknown>).flatMap(([key, value]) => {
+        const name = metadataFilterKey.exec(key)?.[1];
+        return name === undefined ? [] : [[name, String(value)] as const];
+      });
+      const jobs = await listJobs(core, request.userId, { after, limit: limit + 1 }, filter);
       return {
         object: "list" as const,
-        data: page.slice(0, limit).map(openAiJob),
-        has_more: page.length > limit,
+        data: jobs.slice(0, limit).map(openAiJob),
+        has_more: jobs.length > limit,
       };
     },
   );
