@@ -18,6 +18,7 @@ import {
   type ModelShape,
 } from "./autoSettings.ts";
 import { LORA_TARGETS, UNTRAINABLE_LORA_TARGETS, type LoraTarget } from "./loraTargets.ts";
+import type { TrainerOutputType, TrainerProgress } from "./protocol.ts";
 
 /** Finds base models by id (the engine's model registry). */
 export interface ModelCatalog {
@@ -61,7 +62,7 @@ interface RunConfigFields {
   lrSchedule: "cosine" | "linear" | "constant";
   lrMinFraction: number;
   /** Weight type of the served model. */
-  outputType: string;
+  outputType: TrainerOutputType;
   /**
    * Fraction of pairs held out for eval loss, when the dataset has at least 50 pairs (the
    * scheduler's `minPairsForEval`).
@@ -90,7 +91,7 @@ export const runDefaults = {
   contextSize: 1024,
   lrSchedule: "cosine" as const,
   lrMinFraction: 0.1,
-  outputType: "Q8_0",
+  outputType: "Q8_0" as TrainerOutputType,
   evalFraction: 0.1,
   seed: 42,
 };

@@ -9,7 +9,7 @@ import { isOutOfSpace } from "../errors.ts";
 import type { BlobStore } from "../store/BlobStore.ts";
 import type { ModelRef } from "../model/types.ts";
 import type { Run, RunRepository } from "../store/RunRepository.ts";
-import type { TrainerJob, TrainerOutputType, TrainerProgress } from "./protocol.ts";
+import type { TrainerJob, TrainerProgress } from "./protocol.ts";
 import { methodOf, type ModelCatalog, type RunConfig, type RunService } from "./RunService.ts";
 import { fileLines, LineWriter, writeExampleFiles, type ExampleFiles } from "./exampleFiles.ts";
 import { startTrainer, type ExampleLoss, type TrainerHandle } from "./trainer.ts";
@@ -205,7 +205,7 @@ export class Scheduler {
           lrSchedule: { kind: config.lrSchedule, minFraction: config.lrMinFraction },
           threads: this.options.threads,
           gpu,
-          outputType: config.outputType as TrainerOutputType,
+          outputType: config.outputType,
           seed: config.seed,
         },
         {

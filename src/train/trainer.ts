@@ -6,15 +6,15 @@ import { fork } from "node:child_process";
 import readline from "node:readline";
 import { fileURLToPath } from "node:url";
 import { LORA_TARGETS } from "./loraTargets.ts";
-import type {
-  ChildMessage,
-  ExampleLoss,
-  ParentMessage,
-  ResolvedTrainerJob,
-  TrainerJob,
-  TrainerOutputType,
-  TrainerProgress,
-  TrainingStats,
+import {
+  TRAINER_OUTPUT_TYPES,
+  type ChildMessage,
+  type ExampleLoss,
+  type ParentMessage,
+  type ResolvedTrainerJob,
+  type TrainerJob,
+  type TrainerProgress,
+  type TrainingStats,
 } from "./protocol.ts";
 
 /** Per-example losses of a completed job, in the order of its `samples` and `evalSamples`. */
@@ -31,6 +31,7 @@ export type {
   TrainerProgress,
   TrainingStats,
 } from "./protocol.ts";
+export { TRAINER_OUTPUT_TYPES } from "./protocol.ts";
 
 export interface TrainerHandlers {
   /** The trainer's own log lines (phases, one summary per epoch). */
@@ -64,25 +65,6 @@ export interface TrainerHandle {
   readonly done: Promise<TrainerOutcome>;
 }
 
-export const TRAINER_OUTPUT_TYPES: readonly TrainerOutputType[] = [
-  "F32",
-  "F16",
-  "BF16",
-  "Q8_0",
-  "Q4_0",
-  "Q4_1",
-  "Q5_0",
-  "Q5_1",
-  "Q2_K",
-  "Q3_K_S",
-  "Q3_K_M",
-  "Q3_K_L",
-  "Q4_K_S",
-  "Q4_K_M",
-  "Q5_K_S",
-  "Q5_K_M",
-  "Q6_K",
-];
 
 /** Native log lines kept to explain a crash (an assert message is printed just before the abort). */
 const NATIVE_TAIL_LINES = 8;
