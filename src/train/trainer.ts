@@ -65,7 +65,6 @@ export interface TrainerHandle {
   readonly done: Promise<TrainerOutcome>;
 }
 
-
 /** Native log lines kept to explain a crash (an assert message is printed just before the abort). */
 const NATIVE_TAIL_LINES = 8;
 
