@@ -161,6 +161,7 @@ describe("OpenAI's files and fine-tuning jobs with the official client", () => {
       max_tokens: 8,
     });
     assert.equal(chat.choices[0]!.message.content, "tiger 3");
+    assert.equal(chat.model, model);
     const firstTurn = await client.chat.completions.create({
       model,
       messages: c!.messages.slice(0, 2) as OpenAI.ChatCompletionMessageParam[],

@@ -95,7 +95,8 @@ export async function respondWithGeneration(
   const base = {
     id: `${options.shape.idPrefix}-${randomBytes(12).toString("base64url")}`,
     created: Math.floor(Date.now() / 1000),
-    model: model.id,
+    // The name asked for (an `ft:` name stays one), else what served it.
+    model: options.model ? model.id : (input.model ?? model.id),
   };
   if (!options.stream)
     return options.shape.result(
