@@ -4,7 +4,7 @@ import { describe, test } from "node:test";
 import type { FastifyInstance } from "fastify";
 import OpenAI, { toFile } from "openai";
 import { createTinyModel } from "../src/model/tinyModel.ts";
-import { asAlice, asBob, build, buildTestApp, createDataset, KEY_A, testEnv } from "./helper.ts";
+import { asAlice, asBob, backends, build, buildTestApp, createDataset, KEY_A, testEnv } from "./helper.ts";
 
 /** Chat examples of two answered turns each: nothing a random model could say by chance. */
 const conversations = [
@@ -220,195 +220,210 @@ describe("OpenAI's files and fine-tuning jobs with the official client", () => {
   });
 });
 
-describe("OpenAI's files and jobs: what is refused, and whose is whose", () => {
-  test("uploads: purpose fine-tune only, chat examples validated naming the line, nothing kept when refused", async (t) => {
-    const { app } = await build(t);
-    const assistants = await upload(app, "a.jsonl", chatJsonl, "assistants");
-    assert.equal(assistants.statusCode, 400);
-    assert.equal(assistants.json().error.param, "purpose");
-    const bad = [
-      [JSON.stringify({ messages: [{ role: "user", content: "hi" }] }), /line 1: .*no assistant turn/],
-      [
-        `${JSON.stringify(conversations[0])}\n${JSON.stringify({ messages: [{ role: "tool", content: "x" }] })}`,
-        /line 2: messages\[0\]\.role .*tool and function calls/,
-      ],
-      [JSON.stringify({ messages: [{ role: "user", content: [{ type: "image_url" }] }] }), /only text parts/],
-      [
-        JSON.stringify({
-          messages: [
-            { role: "user", content: "a" },
-            { role: "assistant", content: "b", weight: 2 },
-          ],
-        }),
-        /weight must be 0 or 1/,
-      ],
-      [
-        JSON.stringify({
-          messages: [
-            { role: "user", content: "a" },
-            { role: "assistant", content: "b", weight: 0 },
-          ],
-        }),
-        /no assistant turn to train on/,
-      ],
-    ] as const;
-    for (const [content, message] of bad) {
-      const response = await upload(app, "bad.jsonl", content);
-      assert.equal(response.statusCode, 400, content);
-      assert.equal(response.json().error.code, "invalid_file");
-      assert.match(response.json().error.message, message);
-    }
-    // Nothing was kept: no file and no dataset.
-    assert.deepEqual((await app.inject({ url: "/v1/files", headers: asAlice })).json().data, []);
-    assert.deepEqual((await app.inject({ url: "/conduit/dataset", headers: asAlice })).json(), []);
-    // IO pairs are files too, with text parts joined.
-    const pairs = await upload(app, "pairs.jsonl", '{"input":"a","output":"b"}\n');
-    assert.equal(pairs.statusCode, 200, pairs.body);
-    const parts = await upload(
-      app,
-      "parts.jsonl",
-      JSON.stringify({
-        messages: [
-          {
-            role: "user",
-            content: [
-              { type: "text", text: "he" },
-              { type: "text", text: "llo" },
-            ],
-          },
-          { role: "assistant", content: "hi" },
+for (const backend of backends())
+  describe(`OpenAI's files and jobs: what is refused, and whose is whose (${backend})`, () => {
+    test("uploads: purpose fine-tune only, chat examples validated naming the line, nothing kept when refused", async (t) => {
+      const { app } = await build(t, backend);
+      const assistants = await upload(app, "a.jsonl", chatJsonl, "assistants");
+      assert.equal(assistants.statusCode, 400);
+      assert.equal(assistants.json().error.param, "purpose");
+      const bad = [
+        [JSON.stringify({ messages: [{ role: "user", content: "hi" }] }), /line 1: .*no assistant turn/],
+        [
+          `${JSON.stringify(conversations[0])}\n${JSON.stringify({ messages: [{ role: "tool", content: "x" }] })}`,
+          /line 2: messages\[0\]\.role .*tool and function calls/,
         ],
-      }),
-    );
-    assert.equal(parts.statusCode, 200, parts.body);
-    const listed = (await app.inject({ url: "/v1/files?limit=1", headers: asAlice })).json();
-    assert.deepEqual(
-      listed.data.map((f: { filename: string }) => f.filename),
-      ["parts.jsonl"],
-    );
-    assert.equal(listed.has_more, true);
-    const older = (await app.inject({ url: `/v1/files?after=${listed.last_id}`, headers: asAlice })).json();
-    assert.deepEqual(
-      older.data.map((f: { filename: string }) => f.filename),
-      ["pairs.jsonl"],
-    );
-    assert.deepEqual(
-      (await app.inject({ url: "/v1/files?purpose=batch", headers: asAlice })).json().data,
-      [],
-    );
-  });
-
-  test("jobs: fields OpenAI has that Conduit cannot honour are 400s naming them; others' files and jobs are 404s", async (t) => {
-    const { app } = await build(t);
-    const file = (await upload(app, "chat.jsonl", chatJsonl)).json();
-    const create = (body: Record<string, unknown>, headers = asAlice) =>
-      app.inject({
-        method: "POST",
-        url: "/v1/fine_tuning/jobs",
-        headers,
-        payload: { model: "tiny", training_file: file.id, ...body },
-      });
-    const refused: [Record<string, unknown>, string, RegExp?][] = [
-      [{ hyperparameters: { batch_size: 8 } }, "hyperparameters.batch_size", /one optimizer step per window/],
-      [{ hyperparameters: { n_epochs: 0 } }, "hyperparameters.n_epochs"],
-      [{ hyperparameters: { learning_rate_multiplier: -1 } }, "hyperparameters.learning_rate_multiplier"],
-      [{ method: { type: "dpo" } }, "method.type", /DPO and reinforcement/],
-      [
-        {
-          hyperparameters: { n_epochs: 2 },
-          method: { type: "supervised", supervised: { hyperparameters: {} } },
-        },
-        "hyperparameters",
-      ],
-      [{ integrations: [{ type: "wandb" }] }, "integrations", /Weights & Biases/],
-      [{ suffix: "a:b" }, "suffix"],
-      [{ model: "ft:tiny::ft_01" }, "model", /fine-tuned model/],
-      [{ validation_file: file.id }, "validation_file", /none would be left to train on/],
-      [{ epochs: 3 }, "epochs", /not a known field/],
-    ];
-    for (const [body, param, message] of refused) {
-      const response = await create(body);
-      assert.equal(response.statusCode, 400, `${JSON.stringify(body)}: ${response.body}`);
-      assert.equal(response.json().error.param, param, JSON.stringify(body));
-      if (message) assert.match(response.json().error.message, message);
-    }
-    const missing = await create({ training_file: "file_nope" });
-    assert.equal(missing.statusCode, 404);
-    assert.equal(missing.json().error.param, "training_file");
-    const unknownModel = await create({ model: "nope" });
-    assert.equal(unknownModel.statusCode, 404);
-    assert.equal(unknownModel.json().error.param, "model");
-    // A file of a seed dataset with other files: a job trains on one file alone.
-    const ds = await createDataset(app, "two files");
-    for (const name of ["a.jsonl", "b.jsonl"])
-      await app.inject({
-        method: "POST",
-        url: `/conduit/dataset/${ds.id}/upload`,
-        headers: asAlice,
-        payload: { name, ioPairs: [{ input: "a", output: "b" }] },
-      });
-    const seedFiles = (await app.inject({ url: `/conduit/dataset/${ds.id}/files`, headers: asAlice })).json();
-    const several = await create({ training_file: seedFiles[0].id });
-    assert.equal(several.statusCode, 400);
-    assert.equal(several.json().error.param, "training_file");
-    assert.match(several.json().error.message, /one of several files/);
-    // ... unless the other is its validation file.
-    const withValidation = await create({ training_file: seedFiles[0].id, validation_file: seedFiles[1].id });
-    assert.equal(withValidation.statusCode, 200, withValidation.body);
-    assert.equal(withValidation.json().validation_file, seedFiles[1].id);
-
-    // Bob sees none of Alice's files and jobs.
-    const job = (await create({})).json();
-    const tagged = (await create({ metadata: { team: "a", kind: "x" } })).json();
-    const filtered = (
-      await app.inject({ url: "/v1/fine_tuning/jobs?metadata[team]=a&metadata[kind]=x", headers: asAlice })
-    ).json();
-    assert.deepEqual(
-      filtered.data.map((j: { id: string }) => j.id),
-      [tagged.id],
-    );
-    assert.deepEqual(filtered.data[0].metadata, { team: "a", kind: "x" });
-    const none = (
-      await app.inject({ url: "/v1/fine_tuning/jobs?metadata[team]=b", headers: asAlice })
-    ).json();
-    assert.deepEqual(none.data, []);
-    const typo = await app.inject({ url: "/v1/fine_tuning/jobs?limt=2", headers: asAlice });
-    assert.equal(typo.statusCode, 400);
-    assert.equal(typo.json().error.param, "limt");
-    assert.equal((await create({}, asBob)).statusCode, 404);
-    for (const url of [
-      `/v1/files/${file.id}`,
-      `/v1/files/${file.id}/content`,
-      `/v1/fine_tuning/jobs/${job.id}`,
-    ])
-      assert.equal((await app.inject({ url, headers: asBob })).statusCode, 404, url);
-    for (const [method, url] of [
-      ["DELETE", `/v1/files/${file.id}`],
-      ["POST", `/v1/fine_tuning/jobs/${job.id}/cancel`],
-    ] as const)
-      assert.equal((await app.inject({ method, url, headers: asBob })).statusCode, 404, url);
-    assert.deepEqual((await app.inject({ url: "/v1/fine_tuning/jobs", headers: asBob })).json().data, []);
-    assert.deepEqual((await app.inject({ url: "/v1/files", headers: asBob })).json().data, []);
-    assert.equal((await app.inject({ url: "/v1/fine_tuning/jobs" })).statusCode, 401);
-
-    // A run started on the seed API is a job too: its training file is its dataset.
-    const seedRun = (
-      await app.inject({
-        method: "POST",
-        url: "/conduit/finetuning",
-        headers: asAlice,
-        payload: { datasetID: ds.id, baseModelName: "tiny" },
-      })
-    ).json();
-    const asJob = (await app.inject({ url: `/v1/fine_tuning/jobs/${seedRun.id}`, headers: asAlice })).json();
-    assert.equal(asJob.status, "queued");
-    assert.equal(asJob.training_file, ds.id);
-    assert.equal(asJob.user_provided_suffix, null);
-    const badCursor = await app.inject({
-      url: `/v1/fine_tuning/jobs/${job.id}/events?after=x`,
-      headers: asAlice,
+        [
+          JSON.stringify({ messages: [{ role: "user", content: [{ type: "image_url" }] }] }),
+          /only text parts/,
+        ],
+        [
+          JSON.stringify({
+            messages: [
+              { role: "user", content: "a" },
+              { role: "assistant", content: "b", weight: 2 },
+            ],
+          }),
+          /weight must be 0 or 1/,
+        ],
+        [
+          JSON.stringify({
+            messages: [
+              { role: "user", content: "a" },
+              { role: "assistant", content: "b", weight: 0 },
+            ],
+          }),
+          /no assistant turn to train on/,
+        ],
+      ] as const;
+      for (const [content, message] of bad) {
+        const response = await upload(app, "bad.jsonl", content);
+        assert.equal(response.statusCode, 400, content);
+        assert.equal(response.json().error.code, "invalid_file");
+        assert.match(response.json().error.message, message);
+      }
+      // Nothing was kept: no file and no dataset.
+      assert.deepEqual((await app.inject({ url: "/v1/files", headers: asAlice })).json().data, []);
+      assert.deepEqual((await app.inject({ url: "/conduit/dataset", headers: asAlice })).json(), []);
+      // IO pairs are files too, with text parts joined.
+      const pairs = await upload(app, "pairs.jsonl", '{"input":"a","output":"b"}\n');
+      assert.equal(pairs.statusCode, 200, pairs.body);
+      const parts = await upload(
+        app,
+        "parts.jsonl",
+        JSON.stringify({
+          messages: [
+            {
+              role: "user",
+              content: [
+                { type: "text", text: "he" },
+                { type: "text", text: "llo" },
+              ],
+            },
+            { role: "assistant", content: "hi" },
+          ],
+        }),
+      );
+      assert.equal(parts.statusCode, 200, parts.body);
+      const listed = (await app.inject({ url: "/v1/files?limit=1", headers: asAlice })).json();
+      assert.deepEqual(
+        listed.data.map((f: { filename: string }) => f.filename),
+        ["parts.jsonl"],
+      );
+      assert.equal(listed.has_more, true);
+      const older = (await app.inject({ url: `/v1/files?after=${listed.last_id}`, headers: asAlice })).json();
+      assert.deepEqual(
+        older.data.map((f: { filename: string }) => f.filename),
+        ["pairs.jsonl"],
+      );
+      assert.deepEqual(
+        (await app.inject({ url: "/v1/files?purpose=batch", headers: asAlice })).json().data,
+        [],
+      );
     });
-    assert.equal(badCursor.statusCode, 400);
-    assert.equal(badCursor.json().error.param, "after");
+
+    test("jobs: fields OpenAI has that Conduit cannot honour are 400s naming them; others' files and jobs are 404s", async (t) => {
+      const { app } = await build(t, backend);
+      const file = (await upload(app, "chat.jsonl", chatJsonl)).json();
+      const create = (body: Record<string, unknown>, headers = asAlice) =>
+        app.inject({
+          method: "POST",
+          url: "/v1/fine_tuning/jobs",
+          headers,
+          payload: { model: "tiny", training_file: file.id, ...body },
+        });
+      const refused: [Record<string, unknown>, string, RegExp?][] = [
+        [
+          { hyperparameters: { batch_size: 8 } },
+          "hyperparameters.batch_size",
+          /one optimizer step per window/,
+        ],
+        [{ hyperparameters: { n_epochs: 0 } }, "hyperparameters.n_epochs"],
+        [{ hyperparameters: { learning_rate_multiplier: -1 } }, "hyperparameters.learning_rate_multiplier"],
+        [{ method: { type: "dpo" } }, "method.type", /DPO and reinforcement/],
+        [
+          {
+            hyperparameters: { n_epochs: 2 },
+            method: { type: "supervised", supervised: { hyperparameters: {} } },
+          },
+          "hyperparameters",
+        ],
+        [{ integrations: [{ type: "wandb" }] }, "integrations", /Weights & Biases/],
+        [{ suffix: "a:b" }, "suffix"],
+        [{ model: "ft:tiny::ft_01" }, "model", /fine-tuned model/],
+        [{ validation_file: file.id }, "validation_file", /none would be left to train on/],
+        [{ epochs: 3 }, "epochs", /not a known field/],
+      ];
+      for (const [body, param, message] of refused) {
+        const response = await create(body);
+        assert.equal(response.statusCode, 400, `${JSON.stringify(body)}: ${response.body}`);
+        assert.equal(response.json().error.param, param, JSON.stringify(body));
+        if (message) assert.match(response.json().error.message, message);
+      }
+      const missing = await create({ training_file: "file_nope" });
+      assert.equal(missing.statusCode, 404);
+      assert.equal(missing.json().error.param, "training_file");
+      const unknownModel = await create({ model: "nope" });
+      assert.equal(unknownModel.statusCode, 404);
+      assert.equal(unknownModel.json().error.param, "model");
+      // A file of a seed dataset with other files: a job trains on one file alone.
+      const ds = await createDataset(app, "two files");
+      for (const name of ["a.jsonl", "b.jsonl"])
+        await app.inject({
+          method: "POST",
+          url: `/conduit/dataset/${ds.id}/upload`,
+          headers: asAlice,
+          payload: { name, ioPairs: [{ input: "a", output: "b" }] },
+        });
+      const seedFiles = (
+        await app.inject({ url: `/conduit/dataset/${ds.id}/files`, headers: asAlice })
+      ).json();
+      const several = await create({ training_file: seedFiles[0].id });
+      assert.equal(several.statusCode, 400);
+      assert.equal(several.json().error.param, "training_file");
+      assert.match(several.json().error.message, /one of several files/);
+      // ... unless the other is its validation file.
+      const withValidation = await create({
+        training_file: seedFiles[0].id,
+        validation_file: seedFiles[1].id,
+      });
+      assert.equal(withValidation.statusCode, 200, withValidation.body);
+      assert.equal(withValidation.json().validation_file, seedFiles[1].id);
+
+      // Bob sees none of Alice's files and jobs.
+      const job = (await create({})).json();
+      const tagged = (await create({ metadata: { team: "a", kind: "x" } })).json();
+      const filtered = (
+        await app.inject({ url: "/v1/fine_tuning/jobs?metadata[team]=a&metadata[kind]=x", headers: asAlice })
+      ).json();
+      assert.deepEqual(
+        filtered.data.map((j: { id: string }) => j.id),
+        [tagged.id],
+      );
+      assert.deepEqual(filtered.data[0].metadata, { team: "a", kind: "x" });
+      const none = (
+        await app.inject({ url: "/v1/fine_tuning/jobs?metadata[team]=b", headers: asAlice })
+      ).json();
+      assert.deepEqual(none.data, []);
+      const typo = await app.inject({ url: "/v1/fine_tuning/jobs?limt=2", headers: asAlice });
+      assert.equal(typo.statusCode, 400);
+      assert.equal(typo.json().error.param, "limt");
+      assert.equal((await create({}, asBob)).statusCode, 404);
+      for (const url of [
+        `/v1/files/${file.id}`,
+        `/v1/files/${file.id}/content`,
+        `/v1/fine_tuning/jobs/${job.id}`,
+      ])
+        assert.equal((await app.inject({ url, headers: asBob })).statusCode, 404, url);
+      for (const [method, url] of [
+        ["DELETE", `/v1/files/${file.id}`],
+        ["POST", `/v1/fine_tuning/jobs/${job.id}/cancel`],
+      ] as const)
+        assert.equal((await app.inject({ method, url, headers: asBob })).statusCode, 404, url);
+      assert.deepEqual((await app.inject({ url: "/v1/fine_tuning/jobs", headers: asBob })).json().data, []);
+      assert.deepEqual((await app.inject({ url: "/v1/files", headers: asBob })).json().data, []);
+      assert.equal((await app.inject({ url: "/v1/fine_tuning/jobs" })).statusCode, 401);
+
+      // A run started on the seed API is a job too: its training file is its dataset.
+      const seedRun = (
+        await app.inject({
+          method: "POST",
+          url: "/conduit/finetuning",
+          headers: asAlice,
+          payload: { datasetID: ds.id, baseModelName: "tiny" },
+        })
+      ).json();
+      const asJob = (
+        await app.inject({ url: `/v1/fine_tuning/jobs/${seedRun.id}`, headers: asAlice })
+      ).json();
+      assert.equal(asJob.status, "queued");
+      assert.equal(asJob.training_file, ds.id);
+      assert.equal(asJob.user_provided_suffix, null);
+      const badCursor = await app.inject({
+        url: `/v1/fine_tuning/jobs/${job.id}/events?after=x`,
+        headers: asAlice,
+      });
+      assert.equal(badCursor.statusCode, 400);
+      assert.equal(badCursor.json().error.param, "after");
+    });
   });
-});
