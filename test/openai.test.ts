@@ -5,6 +5,8 @@ import { after, before, describe, test } from "node:test";
 import type { FastifyInstance } from "fastify";
 import OpenAI from "openai";
 import type { Core } from "../src/core.ts";
+import { parseToolCalls } from "../src/inference/toolCalls.ts";
+import { createTinyModel } from "../src/model/tinyModel.ts";
 import { asAlice, asBob, build, buildTestApp, KEY_A, testEnv } from "./helper.ts";
 
 /** The strict OpenAI surface: `null` is the default, every parameter is honoured or refused, models in detail. */
@@ -114,9 +116,6 @@ describe("the OpenAI surface on the tiny model", () => {
   test("each parameter Conduit does not implement is a 400 naming it, saying so", async () => {
     const chat: [Record<string, unknown>, string][] = [
       [{ logit_bias: { "50256": -100 } }, "logit_bias"],
-      [{ tools: [{ type: "function", function: { name: "f", parameters: {} } }] }, "tools"],
-      [{ tool_choice: "required" }, "tool_choice"],
-      [{ tool_choice: { type: "function", function: { name: "f" } } }, "tool_choice"],
       [{ functions: [{ name: "f", parameters: {} }] }, "functions"],
       [{ function_call: { name: "f" } }, "function_call"],
       [{ audio: { voice: "alloy", format: "wav" } }, "audio"],
@@ -132,12 +131,8 @@ describe("the OpenAI surface on the tiny model", () => {
       [{ prompt_cache_options: { mode: "explicit" } }, "prompt_cache_options"],
       [{ moderation: { policy: null } }, "moderation"],
       [{ stream: true, stream_options: { include_obfuscation: true } }, "stream_options.include_obfuscation"],
-      [{ messages: [{ role: "tool", content: "x", tool_call_id: "c" }] }, "messages.0.role"],
+      [{ messages: [{ role: "function", content: "x", name: "f" }] }, "messages.0.role"],
       [{ messages: [{ role: "user", content: "x", name: "alice" }] }, "messages.0.name"],
-      [
-        { messages: [{ role: "assistant", content: null, tool_calls: [{ id: "c", type: "function" }] }] },
-        "messages.0.tool_calls",
-      ],
       [
         { messages: [{ role: "user", content: [{ type: "image_url", image_url: { url: "https://x" } }] }] },
         "messages.0.content",
@@ -650,4 +645,186 @@ test("the official openai client: models.retrieve, a null field, a refused param
       return true;
     },
   );
+});
+
+/** A Hermes/Qwen-style template with tool support, for a tiny model that carries it. */
+const TOOLS_TEMPLATE =
+  "{%- if tools %}<|im_start|>system\nYou may call these functions:\n<tools>\n{%- for tool in tools %}\n{{ tool | tojson }}\n{%- endfor %}\n</tools>\n" +
+  'Call one as <tool_call>{"name": ..., "arguments": {...}}</tool_call>.<|im_end|>\n{% endif %}' +
+  "{%- for message in messages %}" +
+  "{%- if message.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ message.content }}\n</tool_response><|im_end|>\n" +
+  "{%- elif message.tool_calls %}<|im_start|>assistant\n{%- for call in message.tool_calls %}\n<tool_call>\n" +
+  '{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}\n</tool_call>{%- endfor %}<|im_end|>\n' +
+  "{%- else %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{%- endif %}{%- endfor %}" +
+  "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}";
+
+const weather = {
+  type: "function",
+  function: {
+    name: "get_weather",
+    description: "The weather in a city.",
+    parameters: {
+      type: "object",
+      properties: { city: { type: "string", maxLength: 8 } },
+      required: ["city"],
+    },
+  },
+};
+const time = {
+  type: "function",
+  function: {
+    name: "get_time",
+    parameters: { type: "object", properties: { zone: { enum: ["UTC", "CET"] } } },
+  },
+};
+
+test("tool calls parse from Hermes/Qwen tags, lists, a Llama-style JSON answer; unknown names stay text", () => {
+  const tools = [{ name: "get_weather" }, { name: "get_time" }];
+  const hermes = parseToolCalls(
+    'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+    tools,
+  );
+  assert.equal(hermes.content, "Let me look.");
+  assert.deepEqual(
+    hermes.calls.map((c) => [c.name, JSON.parse(c.arguments)]),
+    [["get_weather", { city: "Paris" }]],
+  );
+  assert.match(hermes.calls[0]!.id, /^call_/);
+  const list = parseToolCalls(
+    '<tool_call>[{"name": "get_time", "arguments": {}}, {"name": "get_weather", "arguments": {"city": "Oslo"}}]</tool_call>',
+    tools,
+  );
+  assert.deepEqual(
+    list.calls.map((c) => c.name),
+    ["get_time", "get_weather"],
+  );
+  assert.equal(list.content, "");
+  const llama = parseToolCalls('{"name": "get_weather", "parameters": {"city": "Rome"}}', tools);
+  assert.deepEqual(JSON.parse(llama.calls[0]!.arguments), { city: "Rome" });
+  const unknown = '<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>';
+  assert.deepEqual(parseToolCalls(unknown, tools), { content: unknown, calls: [] });
+  assert.deepEqual(parseToolCalls("Just text.", tools), { content: "Just text.", calls: [] });
+});
+
+describe("tool calls on a tiny model whose template supports tools", () => {
+  let app: FastifyInstance;
+  const cleanups: (() => unknown)[] = [];
+  before(async () => {
+    const t = { after: (fn: () => unknown) => cleanups.push(fn) };
+    const env = await testEnv(t);
+    await createTinyModel(path.join(env.dataDir, "models", "tools.gguf"), {
+      seed: 1,
+      chatTemplate: TOOLS_TEMPLATE,
+    });
+    ({ app } = await buildTestApp(t, env));
+  });
+  after(async () => {
+    for (const fn of cleanups.reverse()) await fn();
+  });
+  const chat = (payload: Record<string, unknown>) =>
+    app.inject({ method: "POST", url: chatUrl, headers: asAlice, payload: { model: "tools", ...payload } });
+  const ask = [{ role: "user", content: "What is the weather in Paris?" }];
+
+  test("a named tool_choice is a call (a grammar makes the model write one); the tool's answer goes back", async () => {
+    const res = await chat({
+      messages: ask,
+      tools: [weather, time],
+      tool_choice: { type: "function", function: { name: "get_weather" } },
+      max_tokens: 200,
+      temperature: 0,
+    });
+    assert.equal(res.statusCode, 200, res.body);
+    const [choice] = res.json().choices;
+    assert.equal(choice.finish_reason, "tool_calls", res.body);
+    assert.equal(choice.message.content, null);
+    const [call] = choice.message.tool_calls;
+    assert.match(call.id, /^call_/);
+    assert.equal(call.type, "function");
+    assert.equal(call.function.name, "get_weather");
+    const args = JSON.parse(call.function.arguments);
+    assert.deepEqual(Object.keys(args), ["city"]);
+    assert.ok(typeof args.city === "string" && args.city.length <= 8);
+
+    // The call and the tool's answer, sent back: rendered into the prompt by the template.
+    const back = [
+      ...ask,
+      { role: "assistant", content: null, tool_calls: [call] },
+      { role: "tool", tool_call_id: call.id, content: "Sunny, 21 C" },
+    ];
+    const answer = await chat({ messages: back, tools: [weather, time], max_tokens: 8, temperature: 0 });
+    assert.equal(answer.statusCode, 200, answer.body);
+    const withoutCall = await chat({ messages: ask, tools: [weather, time], max_tokens: 1, temperature: 0 });
+    assert.ok(answer.json().usage.prompt_tokens > withoutCall.json().usage.prompt_tokens + 20);
+    assert.ok(["stop", "length", "tool_calls"].includes(answer.json().choices[0].finish_reason));
+  });
+
+  test('tool_choice "required" calls one of the tools, streamed whole', async () => {
+    const payload = {
+      messages: ask,
+      tools: [weather, time],
+      tool_choice: "required",
+      max_tokens: 200,
+      seed: 5,
+    };
+    const res = await chat(payload);
+    assert.equal(res.statusCode, 200, res.body);
+    const [choice] = res.json().choices;
+    assert.equal(choice.finish_reason, "tool_calls", res.body);
+    assert.ok(["get_weather", "get_time"].includes(choice.message.tool_calls[0].function.name));
+
+    const streamed = await chat({ ...payload, stream: true });
+    assert.equal(streamed.statusCode, 200, streamed.body);
+    const chunks = streamed.body
+      .split("\n\n")
+      .map((frame) => frame.replace(/^data: /, ""))
+      .filter((data) => data !== "" && data !== "[DONE]")
+      .map((data) => JSON.parse(data));
+    const calls = chunks.flatMap((c) => c.choices[0]?.delta.tool_calls ?? []);
+    assert.equal(calls.length, 1);
+    assert.equal(calls[0].index, 0);
+    assert.deepEqual(calls[0].function, choice.message.tool_calls[0].function);
+    assert.equal(chunks.at(-1).choices[0].finish_reason, "tool_calls");
+  });
+
+  test("tool_choice naming a function not in tools, or a call without tools, is a 400 naming it", async () => {
+    const cases: [Record<string, unknown>, string][] = [
+      [{ tools: [weather], tool_choice: { type: "function", function: { name: "nope" } } }, "tool_choice"],
+      [{ tool_choice: "required" }, "tool_choice"],
+      [
+        { tools: [weather], tool_choice: "required", response_format: { type: "json_object" } },
+        "tool_choice",
+      ],
+      [{ tools: [{ type: "function", function: { name: "bad name" } }] }, "tools.0.function.name"],
+    ];
+    for (const [payload, param] of cases) {
+      const res = await chat({ messages: ask, max_tokens: 4, ...payload });
+      assert.equal(res.statusCode, 400, `${JSON.stringify(payload)} → ${res.body}`);
+      assert.equal(res.json().error.param, param, res.body);
+    }
+  });
+});
+
+test("tools on a model whose template has no tool support are a 400 naming them", async (t) => {
+  const { app } = await build(t);
+  const chat = (payload: Record<string, unknown>) =>
+    app.inject({
+      method: "POST",
+      url: chatUrl,
+      headers: asAlice,
+      payload: { model: "tiny", max_tokens: 4, ...payload },
+    });
+  const tools = await chat({ messages, tools: [weather] });
+  assert.equal(tools.statusCode, 400, tools.body);
+  assert.equal(tools.json().error.param, "tools");
+  assert.match(tools.json().error.message, /without tool support/);
+  const toolMessage = await chat({
+    messages: [...messages, { role: "tool", tool_call_id: "c", content: "x" }],
+  });
+  assert.equal(toolMessage.statusCode, 400, toolMessage.body);
+  assert.equal(toolMessage.json().error.param, "messages");
+  // Nothing to call: accepted as before.
+  for (const payload of [{ tools: [] }, { tool_choice: "none" }, { tool_choice: "auto" }]) {
+    const res = await chat({ messages, ...payload });
+    assert.equal(res.statusCode, 200, `${JSON.stringify(payload)} → ${res.body}`);
+  }
 });

@@ -1,7 +1,7 @@
 import { randomBytes } from "node:crypto";
 import type { FastifyReply, FastifyRequest } from "fastify";
-import type { FinishReason, TokenLogprob } from "../engine/types.ts";
-import type { InferenceRequest, InferenceResult } from "../inference/InferenceService.ts";
+import type { TokenLogprob, ToolCall } from "../engine/types.ts";
+import type { InferenceChoice, InferenceRequest, InferenceResult } from "../inference/InferenceService.ts";
 import type { ModelRef } from "../engine/types.ts";
 import type { Core } from "../core.ts";
 import { disconnectSignal, openSse, type SseStream } from "./sse.ts";
@@ -18,10 +18,14 @@ export interface ResponseShape {
     first: boolean,
     /** The log probabilities of this chunk's tokens, when the request asked for them. */
     logprobs?: TokenLogprob[],
+    /** The choice's tool calls (chat with tools: they come whole, in one chunk). */
+    toolCalls?: ToolCall[],
   ): Record<string, unknown>;
   /** `usage` goes on the last chunk (native) or in its own chunk (OpenAI `include_usage`), or nowhere. */
   streamUsage: "last-chunk" | "separate" | "none";
 }
+
+type FinishReason = InferenceChoice["finishReason"];
 
 /** UTF-8 bytes of a token's text; `null` when the token ends inside a character (its text shows U+FFFD). */
 function bytesOf(token: string): number[] | null {
@@ -117,16 +121,29 @@ export async function respondWithGeneration(
     started.add(index);
     sse.send(options.shape.chunk(base, index, text, finishReason, first, logprobs));
   };
+  // With tools, an answer is only known to be a call (or text) once it is complete: each choice is then
+  // streamed in one piece, its text and its calls.
+  const whole = (input.tools?.length ?? 0) > 0 && input.toolChoice !== "none";
   try {
     const result = await core.inference.generate(
       request.userId,
       {
         ...input,
         signal: controller.signal,
-        onText: (index, text, logprobs) => emit(index, text, null, logprobs),
+        ...(whole ? {} : { onText: (index, text, logprobs) => emit(index, text, null, logprobs) }),
       },
       model,
     );
+    if (whole)
+      for (const choice of result.choices) {
+        if (choice.text !== "" || choice.logprobs) emit(choice.index, choice.text, null, choice.logprobs);
+        if (choice.toolCalls) {
+          sse ??= openSse(request, reply, controller);
+          const first = !started.has(choice.index);
+          started.add(choice.index);
+          sse.send(options.shape.chunk(base, choice.index, "", null, first, undefined, choice.toolCalls));
+        }
+      }
     const last = result.choices.length - 1;
     for (const choice of result.choices) {
       sse ??= openSse(request, reply, controller);

@@ -219,7 +219,8 @@ export const CompletionLogprobs = Type.Object(
 );
 
 const TokenBytes = Type.Union([Type.Array(Type.Integer({ minimum: 0, maximum: 255 })), Type.Null()], {
-  description: "The token's UTF-8 bytes; `null` for a token that ends inside a character (its text shows U+FFFD).",
+  description:
+    "The token's UTF-8 bytes; `null` for a token that ends inside a character (its text shows U+FFFD).",
 });
 
 /** `logprobs` of a chat completion choice (or chunk), OpenAI's form. */
@@ -236,7 +237,10 @@ export const ChatLogprobs = Type.Object(
               { token: Type.String(), logprob: Type.Number(), bytes: TokenBytes },
               { additionalProperties: false },
             ),
-            { description: "The most likely tokens at this position (`top_logprobs` of them), most likely first." },
+            {
+              description:
+                "The most likely tokens at this position (`top_logprobs` of them), most likely first.",
+            },
           ),
         },
         { additionalProperties: false },
@@ -283,13 +287,41 @@ export const OpenAiChatResult = Type.Object(
         {
           index: Type.Integer(),
           message: Type.Object(
-            { role: Type.Literal("assistant"), content: Type.String() },
+            {
+              role: Type.Literal("assistant"),
+              content: Type.Union([Type.String(), Type.Null()], {
+                description: "The answer's text; `null` when it is only tool calls.",
+              }),
+              tool_calls: Type.Optional(
+                Type.Array(
+                  Type.Object(
+                    {
+                      id: Type.String(),
+                      type: Type.Literal("function"),
+                      function: Type.Object(
+                        {
+                          name: Type.String(),
+                          arguments: Type.String({ description: "The arguments object as JSON text." }),
+                        },
+                        { additionalProperties: false },
+                      ),
+                    },
+                    { additionalProperties: false },
+                  ),
+                  { description: "The functions the answer calls (with `tools`)." },
+                ),
+              ),
+            },
             { additionalProperties: true },
           ),
-          logprobs: Type.Union([Type.Null(), Type.Object({}, { additionalProperties: true })], {
+          logprobs: Type.Union([ChatLogprobs, Type.Null()], {
             description: "`null` unless the request asks for `logprobs`.",
           }),
-          finish_reason: FinishReason,
+          finish_reason: Type.Union([
+            Type.Literal("stop"),
+            Type.Literal("length"),
+            Type.Literal("tool_calls"),
+          ]),
         },
         { additionalProperties: true },
       ),
@@ -425,14 +457,58 @@ const OpenAiTextPart = Type.Object(
   { additionalProperties: false },
 );
 
+const FunctionName = Type.String({
+  pattern: "^[a-zA-Z0-9_-]{1,64}$",
+  description: "Letters, digits, `_` and `-`, at most 64.",
+});
+
+/** A function call an assistant made, as OpenAI writes it: `arguments` is JSON text. */
+const OpenAiToolCall = Type.Object(
+  {
+    id: Type.String({ minLength: 1, maxLength: 256, pattern: noControlCharacters }),
+    type: Type.Literal("function"),
+    function: Type.Object(
+      { name: FunctionName, arguments: Type.String({ pattern: noNul }) },
+      { additionalProperties: false },
+    ),
+  },
+  { additionalProperties: false },
+);
+
+const OpenAiTool = Type.Object(
+  {
+    type: Type.Literal("function"),
+    function: Type.Object(
+      {
+        name: FunctionName,
+        description: Nullable(Type.String({ pattern: noNul })),
+        parameters: Nullable(Type.Record(Type.String(), Type.Unknown()), {
+          description:
+            "A JSON Schema of the arguments object. A call forced by `tool_choice` follows it when the grammar " +
+            "can express it (the keywords `response_format` takes), else its arguments are any JSON object.",
+        }),
+        strict: Nullable(Type.Boolean(), { description: "Accepted; see `parameters`." }),
+      },
+      { additionalProperties: false },
+    ),
+  },
+  { additionalProperties: false },
+);
+
 const OpenAiMessage = Type.Object(
   {
     role: Type.Union(
-      [Type.Literal("system"), Type.Literal("developer"), Type.Literal("user"), Type.Literal("assistant")],
+      [
+        Type.Literal("system"),
+        Type.Literal("developer"),
+        Type.Literal("user"),
+        Type.Literal("assistant"),
+        Type.Literal("tool"),
+      ],
       {
-        description: "`developer` is a system message.",
+        description: "`developer` is a system message; `tool` answers a call (`tool_call_id`).",
         [REASON]:
-          'must be "system", "developer", "user" or "assistant"; tool and function messages are not supported yet',
+          'must be "system", "developer", "user", "assistant" or "tool"; function messages are not supported yet',
       },
     ),
     content: Nullable(Type.Union([Type.String({ pattern: noNul }), Type.Array(OpenAiTextPart)]), {
@@ -441,8 +517,12 @@ const OpenAiMessage = Type.Object(
         "must be a string or an array of text parts; image, audio, file and refusal parts are not supported yet",
     }),
     name: NotYet("participant names"),
-    tool_calls: NotYet("tool calling", { schema: Nothing, text: "[]" }),
-    tool_call_id: NotYet("tool calling"),
+    tool_calls: Nullable(Type.Array(OpenAiToolCall, { maxItems: 128 }), {
+      description: "The functions an assistant turn called (a model whose template supports tools).",
+    }),
+    tool_call_id: Nullable(Type.String({ maxLength: 256, pattern: noControlCharacters }), {
+      description: "The call a `tool` message answers.",
+    }),
     function_call: NotYet("function calling"),
     refusal: NotYet("refusals"),
     audio: NotYet("audio"),
@@ -472,10 +552,36 @@ export const OpenAiChatBody = Type.Object(
       description: "With `logprobs: true`: this many most likely tokens at each position, most likely first.",
     }),
     response_format: Nullable(ResponseFormat),
-    tools: NotYet("tool calling", { schema: Nothing, text: "[]" }),
-    tool_choice: NotYet("tool calling", { schema: NoneOrAuto, text: '"none" or "auto" (no tools to call)' }),
+    tools: Nullable(Type.Array(OpenAiTool, { maxItems: 128 }), {
+      description:
+        "Functions the model may call, rendered by the model's chat template; a model whose template has no tool " +
+        "support is a `400` naming `tools`. Calls in the answer (`<tool_call>{…}</tool_call>` as Hermes, Qwen and " +
+        "SmolLM3 write them, Mistral's list, or a Llama 3.x JSON call) come back as `message.tool_calls` with " +
+        '`finish_reason: "tool_calls"`; streamed, such an answer comes whole once it is complete.',
+    }),
+    tool_choice: Nullable(
+      Type.Union([
+        Type.Literal("none"),
+        Type.Literal("auto"),
+        Type.Literal("required"),
+        Type.Object(
+          {
+            type: Type.Literal("function"),
+            function: Type.Object({ name: FunctionName }, { additionalProperties: false }),
+          },
+          { additionalProperties: false },
+        ),
+      ]),
+      {
+        description:
+          '`"auto"` (the default): the model may call; `"none"`: the tools are shown but calls are not parsed; ' +
+          '`"required"` or `{"type": "function", "function": {"name": …}}`: the model makes exactly one call, ' +
+          "enforced by a grammar.",
+        [REASON]: 'must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}',
+      },
+    ),
     parallel_tool_calls: Nullable(Type.Boolean(), {
-      description: "Accepted, and moot: there are no tools to call.",
+      description: "`false`: at most one call per answer (the first). Defaults to `true`.",
     }),
     functions: NotYet("function calling", { schema: Nothing, text: "[]" }),
     function_call: NotYet("function calling", {
@@ -535,3 +641,24 @@ export type ChatBodyWire = Static<typeof ChatBody>;
 export type CompletionsBodyWire = Static<typeof CompletionsBody>;
 export type OpenAiChatBodyWire = Static<typeof OpenAiChatBody>;
 export type OpenAiCompletionBodyWire = Static<typeof OpenAiCompletionBody>;
+
+/** A model held in memory now, as `GET /conduit/v1/models/loaded` shows it. */
+export const LoadedModelEntry = Type.Object({
+  id: Type.String({ description: "The model's id: a base model, or one of your runs." }),
+  kind: Type.Union([Type.Literal("base"), Type.Literal("fine-tuned")]),
+  base_model: Nullish(Type.String(), "The base model a fine-tune runs on; `null` for a base model."),
+  memory_bytes: Type.Integer({
+    description:
+      "Bytes of model file this entry holds in memory: the weights of a base model or a full fine-tune, the adapter of a LoRA fine-tune (which shares its base model's weights).",
+  }),
+  context_size: Type.Integer({ description: "Tokens each of its sequences holds (prompt and completion)." }),
+  active_generations: Type.Integer({ description: "Generations running on it now." }),
+  queued_requests: Type.Integer({ description: "Requests waiting for one of its sequences." }),
+  last_used: Type.Integer({ description: "Unix seconds of its last use." }),
+  idle_seconds: Type.Integer({ description: "Seconds since its last use; `0` while it generates." }),
+});
+
+export const LoadedModelList = Type.Object({
+  object: Type.Literal("list"),
+  data: Type.Array(LoadedModelEntry),
+});

@@ -627,7 +627,10 @@ class LlamaEngine implements Engine {
     const tokens =
       request.messages !== undefined
         ? chatTokens(
-            m.template.renderSegments(request.messages, { addGenerationPrompt: true }),
+            m.template.renderSegments(request.messages, {
+              addGenerationPrompt: true,
+              ...(request.tools ? { tools: request.tools } : {}),
+            }),
             (text, special) => m.model.tokenize(text, special) as number[],
           )
         : (m.model.tokenize(request.prompt ?? "", true) as number[]);
@@ -1027,6 +1030,12 @@ export function chatTokens(
     const special = tokenize(text, true);
     return plain.length !== special.length || plain.some((token, i) => token !== special[i]);
   };
+  if (rendered.opaque.some(forging))
+    throw new ConduitError(
+      "invalid_request",
+      "A tool definition or tool call contains control-token text (such as <|im_end|>); remove it.",
+      { param: "messages" },
+    );
   if (!rendered.contents.some(forging))
     return tokenize(rendered.segments.map((segment) => segment.text).join(""), true);
   if (!rendered.exact)

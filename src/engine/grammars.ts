@@ -14,11 +14,16 @@ export class GrammarCache {
   private readonly grammars = new Map<string, Promise<LlamaGrammar>>();
 
   get(llama: Llama, format: ResponseFormat): Promise<LlamaGrammar> {
-    const key = format.kind === "json" ? "json" : `schema:${JSON.stringify(format.schema)}`;
+    const key =
+      format.kind === "json"
+        ? "json"
+        : format.kind === "json_schema"
+          ? `schema:${JSON.stringify(format.schema)}`
+          : `wrapped:${JSON.stringify([format.prefix, format.suffix, format.schema])}`;
     let grammar = this.grammars.get(key);
     if (grammar) this.grammars.delete(key);
     else {
-      if (format.kind === "json_schema") {
+      if (format.kind !== "json") {
         const reason = unsupportedJsonSchema(format.schema);
         if (reason !== undefined)
           throw new ConduitError(
@@ -32,10 +37,12 @@ export class GrammarCache {
       grammar =
         format.kind === "json"
           ? llama.getGrammarFor("json")
-          : // The schema was checked above; node-llama-cpp's types cannot express an arbitrary value.
-            llama.createGrammarForJsonSchema(
-              anyOfAsOneOf(format.schema) as Parameters<Llama["createGrammarForJsonSchema"]>[0],
-            );
+          : format.kind === "json_schema"
+            ? // The schema was checked above; node-llama-cpp's types cannot express an arbitrary value.
+              llama.createGrammarForJsonSchema(
+                anyOfAsOneOf(format.schema) as Parameters<Llama["createGrammarForJsonSchema"]>[0],
+              )
+            : wrappedGrammar(llama, format.schema, format.prefix, format.suffix);
       grammar = grammar.catch((error: unknown) => {
         this.grammars.delete(key);
         throw new ConduitError(
@@ -49,6 +56,40 @@ export class GrammarCache {
     if (this.grammars.size > CACHE_SIZE) this.grammars.delete(this.grammars.keys().next().value!);
     return grammar;
   }
+}
+
+/**
+ * A grammar for `prefix`, a JSON value matching `schema`, then `suffix`, and nothing after it (the model can
+ * only end its turn). node-llama-cpp's JSON-schema grammar ends its root rule with a run of newlines (its stop
+ * trigger); that tail is replaced by the suffix.
+ */
+async function wrappedGrammar(
+  llama: Llama,
+  schema: unknown,
+  prefix: string,
+  suffix: string,
+): Promise<LlamaGrammar> {
+  const inner = await llama.createGrammarForJsonSchema(
+    anyOfAsOneOf(schema) as Parameters<Llama["createGrammarForJsonSchema"]>[0],
+  );
+  const tail = ' "\\n\\n\\n\\n" [\\n]*';
+  const lines = inner.grammar.split("\n");
+  const root = lines.findIndex((line) => line.startsWith("root ::= "));
+  if (root === -1 || !lines[root]!.endsWith(tail))
+    throw new Error("node-llama-cpp's JSON-schema grammar no longer ends its root rule as expected");
+  const body = lines[root]!.slice("root ::= ".length, -tail.length);
+  const parts = [
+    prefix === "" ? "" : `${gbnfLiteral(prefix)} `,
+    `( ${body} )`,
+    suffix === "" ? "" : ` ${gbnfLiteral(suffix)}`,
+  ];
+  lines[root] = `root ::= ${parts.join("")}`;
+  return llama.createGrammar({ grammar: lines.join("\n") });
+}
+
+/** A GBNF string literal. */
+function gbnfLiteral(text: string): string {
+  return JSON.stringify(text);
 }
 
 /** node-llama-cpp knows `oneOf` only; as a grammar, `anyOf` is the same choice among alternatives. */

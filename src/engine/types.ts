@@ -1,7 +1,7 @@
 /** Wire-independent generation types shared by the API and the engine. */
-import type { ChatMessage, ModelRef } from "../model/types.ts";
+import type { ChatMessage, ModelRef, ToolDefinition } from "../model/types.ts";
 
-export type { ChatMessage, ChatRole, ModelRef } from "../model/types.ts";
+export type { ChatMessage, ChatRole, ModelRef, ToolCall, ToolDefinition } from "../model/types.ts";
 
 /** Sampling options after defaults are applied (the seed's defaults live in the API schemas). */
 export interface SamplingOptions {
@@ -22,7 +22,11 @@ export interface SamplingOptions {
  * matches `schema` (the subset of JSON Schema that node-llama-cpp's grammar supports; see
  * `unsupportedJsonSchema`). A schema it cannot honour is an `invalid_request` naming `response_format`.
  */
-export type ResponseFormat = { kind: "json" } | { kind: "json_schema"; schema: unknown };
+export type ResponseFormat =
+  | { kind: "json" }
+  | { kind: "json_schema"; schema: unknown }
+  /** A value matching `schema` (checked like `json_schema`), written between `prefix` and `suffix` (a tool call). */
+  | { kind: "wrapped_json_schema"; schema: unknown; prefix: string; suffix: string };
 
 export interface GenerationRequest {
   model: ModelRef;
@@ -30,6 +34,8 @@ export interface GenerationRequest {
   messages?: ChatMessage[];
   /** A raw prompt, completed as is (OpenAI `/v1/completions`). */
   prompt?: string;
+  /** Functions the chat template renders for the model (with `messages`, on a template that supports tools). */
+  tools?: ToolDefinition[];
   sampling: SamplingOptions;
   /** Constrains the output to JSON. Defaults to free text. */
   responseFormat?: ResponseFormat;

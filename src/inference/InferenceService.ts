@@ -1,4 +1,6 @@
 import { ConduitError } from "../errors.ts";
+import { loadChatTemplate } from "../model/chatTemplate.ts";
+import { forcedToolCall, parseToolCalls, type ToolChoice } from "./toolCalls.ts";
 import type { Engine } from "../engine/Engine.ts";
 import type { ModelInfo, ModelRegistry } from "../model/ModelRegistry.ts";
 import { readModelFileInfo } from "../model/modelFileInfo.ts";
@@ -9,6 +11,8 @@ import type {
   ResponseFormat,
   SamplingOptions,
   TokenLogprob,
+  ToolCall,
+  ToolDefinition,
 } from "../engine/types.ts";
 import type { Run, RunRepository } from "../store/RunRepository.ts";
 import { methodOf } from "../train/RunService.ts";
@@ -30,14 +34,30 @@ export interface InferenceRequest {
   n?: number;
   /** Each token's log probability and this many alternatives, for every choice (see `GenerationRequest`). */
   logprobs?: number | undefined;
+  /**
+   * Functions the model may call (chat only, on a model whose template supports tools). The answer's calls are
+   * parsed into each choice's `toolCalls` (unless `toolChoice` is `none`).
+   */
+  tools?: ToolDefinition[] | undefined;
+  /** Defaults to `auto`; `required` or a name is enforced with a grammar. */
+  toolChoice?: ToolChoice | undefined;
+  /** `false`: at most one call per choice (the first). Defaults to `true`. */
+  parallelToolCalls?: boolean | undefined;
   signal?: AbortSignal;
   /** Streamed text of choice `index`, with its tokens' log probabilities when `logprobs` is set. */
   onText?: (index: number, text: string, logprobs?: TokenLogprob[]) => void;
 }
 
+/** A choice: with tools, `text` is the answer outside its calls and `finishReason` `tool_calls` when it made some. */
+export type InferenceChoice = Omit<GenerationResult, "finishReason"> & {
+  index: number;
+  finishReason: GenerationResult["finishReason"] | "tool_calls";
+  toolCalls?: ToolCall[];
+};
+
 export interface InferenceResult {
   model: string;
-  choices: (GenerationResult & { index: number })[];
+  choices: InferenceChoice[];
   promptTokens: number;
   /** Of `promptTokens`, those reused from the KV cache (a prefix shared with an earlier request). */
   cachedTokens: number;
@@ -59,6 +79,21 @@ export interface ServableModel {
   quantization: string | null;
   /** The model a fine-tune was trained from; `null` for a base model. */
   base_model: string | null;
+}
+
+/** A model held in memory, as `GET /conduit/v1/models/loaded` shows it. */
+export interface LoadedModel {
+  id: string;
+  kind: "base" | "fine-tuned";
+  base_model: string | null;
+  /** Bytes of model file held: the weights of a base or full fine-tune, the adapter of a LoRA one. */
+  memory_bytes: number;
+  context_size: number;
+  active_generations: number;
+  queued_requests: number;
+  /** Unix seconds. */
+  last_used: number;
+  idle_seconds: number;
 }
 
 /**
@@ -115,6 +150,12 @@ export class InferenceService {
 
   async generate(userId: string, request: InferenceRequest, model?: ModelRef): Promise<InferenceResult> {
     const ref = model ?? (await this.resolve(userId, request.model));
+    const tools = await this.checkTools(ref, request);
+    const forced =
+      tools && (request.toolChoice === "required" || typeof request.toolChoice === "object")
+        ? forcedToolCall((await loadChatTemplate(ref)).toolCallFormat, tools, request.toolChoice)
+        : undefined;
+    const responseFormat = forced ?? request.responseFormat;
     const n = request.n ?? 1;
     const inputs = request.messages
       ? [{ messages: request.messages }]
@@ -130,7 +171,8 @@ export class InferenceService {
               request.sampling.seed !== undefined && i > 0
                 ? { ...request.sampling, seed: request.sampling.seed + i }
                 : request.sampling,
-            ...(request.responseFormat ? { responseFormat: request.responseFormat } : {}),
+            ...(responseFormat ? { responseFormat } : {}),
+            ...(tools ? { tools } : {}),
             ...(request.logprobs !== undefined ? { logprobs: request.logprobs } : {}),
             ...(request.signal ? { signal: request.signal } : {}),
             ...(request.onText
@@ -140,7 +182,7 @@ export class InferenceService {
                 }
               : {}),
           });
-          return { ...result, index };
+          return this.withToolCalls({ ...result, index }, request);
         }),
       ),
     );
@@ -151,6 +193,62 @@ export class InferenceService {
       promptTokens: choices.reduce((sum, c) => sum + (c.index % n === 0 ? c.promptTokens : 0), 0),
       cachedTokens: choices.reduce((sum, c) => sum + (c.index % n === 0 ? c.cachedTokens : 0), 0),
       completionTokens: choices.reduce((sum, c) => sum + c.completionTokens, 0),
+    };
+  }
+
+  /**
+   * The request's tools, checked: `undefined` when it has none. A model whose chat template cannot render tools
+   * (or tool messages) is an `invalid_request` naming the field, never silently ignored.
+   */
+  private async checkTools(ref: ModelRef, request: InferenceRequest): Promise<ToolDefinition[] | undefined> {
+    const tools = request.tools && request.tools.length > 0 ? request.tools : undefined;
+    const toolMessages = (request.messages ?? []).some(
+      (m) => m.role === "tool" || (m.toolCalls?.length ?? 0) > 0,
+    );
+    const choice = request.toolChoice;
+    if (!tools && (choice === "required" || typeof choice === "object"))
+      throw new ConduitError("invalid_request", 'field "tool_choice" needs "tools" to choose from', {
+        param: "tool_choice",
+      });
+    if (!tools && !toolMessages) return undefined;
+    if (request.messages === undefined)
+      throw new ConduitError("invalid_request", 'field "tools" needs chat messages', { param: "tools" });
+    const template = await loadChatTemplate(ref);
+    if (!template.supportsTools)
+      throw new ConduitError(
+        "invalid_request",
+        `model "${ref.id}" has a chat template without tool support, so ` +
+          (tools
+            ? 'field "tools" cannot be used with it'
+            : "tool calls and tool messages cannot be used with it"),
+        { param: tools ? "tools" : "messages" },
+      );
+    if (typeof choice === "object" && !tools?.some((t) => t.name === choice.name))
+      throw new ConduitError(
+        "invalid_request",
+        `field "tool_choice" names function "${choice.name}", which is not in "tools"`,
+        { param: "tool_choice" },
+      );
+    if (tools && request.responseFormat && (choice === "required" || typeof choice === "object"))
+      throw new ConduitError(
+        "invalid_request",
+        'field "tool_choice" makes the model call a function, which "response_format" would not allow',
+        { param: "tool_choice" },
+      );
+    return tools;
+  }
+
+  /** The choice's tool calls parsed out of its text (with tools, unless `tool_choice` is `none`). */
+  private withToolCalls(choice: InferenceChoice, request: InferenceRequest): InferenceChoice {
+    if (!request.tools || request.tools.length === 0 || request.toolChoice === "none") return choice;
+    const parsed = parseToolCalls(choice.text, request.tools);
+    if (parsed.calls.length === 0) return choice;
+    const calls = request.parallelToolCalls === false ? parsed.calls.slice(0, 1) : parsed.calls;
+    return {
+      ...choice,
+      text: parsed.content,
+      toolCalls: calls,
+      finishReason: choice.finishReason === "stop" ? "tool_calls" : choice.finishReason,
     };
   }
 
@@ -214,5 +312,34 @@ export class InferenceService {
       quantization: weights?.quantization ?? null,
       base_model: baseName,
     };
+  }
+
+  /**
+   * What the engine holds in memory that this user may see: base models, and their own fine-tunes (never
+   * another user's), most recently used first.
+   */
+  async loaded(userId: string, now = Date.now()): Promise<LoadedModel[]> {
+    const out: LoadedModel[] = [];
+    for (const m of this.engine.loaded()) {
+      let baseModel: string | null = null;
+      if (m.id.startsWith("ft_")) {
+        const run = await this.runs.get(userId, m.id);
+        if (!run) continue;
+        baseModel = typeof run.config.baseModelName === "string" ? run.config.baseModelName : null;
+      } else if (m.lora !== undefined || this.registry.resolve(m.id)?.path !== m.path) continue;
+      const lastUsed = m.lastUsedAt.getTime();
+      out.push({
+        id: m.id,
+        kind: m.id.startsWith("ft_") ? "fine-tuned" : "base",
+        base_model: baseModel,
+        memory_bytes: m.sizeBytes,
+        context_size: m.contextSize,
+        active_generations: m.activeSequences,
+        queued_requests: m.queuedRequests,
+        last_used: Math.floor(lastUsed / 1000),
+        idle_seconds: m.activeSequences > 0 ? 0 : Math.max(0, Math.floor((now - lastUsed) / 1000)),
+      });
+    }
+    return out.sort((a, b) => b.last_used - a.last_used);
   }
 }

@@ -3,7 +3,7 @@ import fs from "node:fs/promises";
 import { Template } from "@huggingface/jinja";
 import { readGgufFileInfo } from "node-llama-cpp";
 import { ConduitError } from "../errors.ts";
-import type { ChatMessage, ModelRef } from "./types.ts";
+import type { ChatMessage, ModelRef, ToolDefinition } from "./types.ts";
 
 /**
  * The template used when a model has no `tokenizer.chat_template` (base models such as stories260K).
@@ -27,7 +27,15 @@ export const CHATML_STOP_STRINGS: readonly string[] = ["<|im_end|>", "<|im_start
 export interface FormatChatOptions {
   /** Append the opening of an assistant turn (inference). Off when formatting a whole conversation (training). */
   addGenerationPrompt: boolean;
+  /** Functions the model may call, rendered by a template that supports tools (`supportsTools`). */
+  tools?: readonly ToolDefinition[] | undefined;
 }
+
+/**
+ * How a template's model writes a tool call: `hermes` (Qwen, Hermes, SmolLM3: `<tool_call>{json}</tool_call>`),
+ * `mistral` (`[TOOL_CALLS][{json}, …]`) or `json` (Llama 3.x: the answer is the call's JSON object).
+ */
+export type ToolCallFormat = "hermes" | "mistral" | "json";
 
 /** A model's chat template, ready to render. */
 export interface ChatTemplate {
@@ -44,6 +52,10 @@ export interface ChatTemplate {
   bosToken: string;
   /** EOS token text as the template sees it (`eos_token`); empty when the model has none. */
   eosToken: string;
+  /** True when the template renders `tools` (a probe tool's name shows in its output). */
+  supportsTools: boolean;
+  /** How the model writes tool calls, read from the template's text (see `ToolCallFormat`). */
+  toolCallFormat: ToolCallFormat;
   render(messages: readonly ChatMessage[], options: FormatChatOptions): string;
   /**
    * The rendered text in pieces: the template's own text (`trusted`: its control-token text is meant) and
@@ -59,6 +71,11 @@ export interface RenderedSegments {
   exact: boolean;
   /** The messages' contents, as given. */
   contents: string[];
+  /**
+   * Text from the request that the template writes inside its own pieces (tool definitions, tool calls): it
+   * cannot be kept apart, so it must hold no control-token text.
+   */
+  opaque: string[];
 }
 
 // Keyed by path, size and mtime: a fine-tuned model written over an old file gets its template re-read.
@@ -146,19 +163,36 @@ export function compileChatTemplate(
   const bosToken = tokens.bosToken ?? "";
   const eosToken = tokens.eosToken ?? "";
   const isFallback = tokens.isFallback ?? false;
+  const render = (messages: readonly ChatMessage[], options: FormatChatOptions) =>
+    template.render({
+      // Copies, so a template cannot mutate the caller's objects.
+      messages: messages.map(templateMessage),
+      ...(options.tools && options.tools.length > 0
+        ? { tools: options.tools.map((f) => ({ type: "function", function: { ...f } })) }
+        : {}),
+      add_generation_prompt: options.addGenerationPrompt,
+      bos_token: bosToken,
+      eos_token: eosToken,
+    });
   const chat: ChatTemplate = {
     source,
     isFallback,
     stopStrings: isFallback ? CHATML_STOP_STRINGS : [],
     bosToken,
     eosToken,
+    supportsTools: rendersTools(render),
+    toolCallFormat: source.includes("<tool_call>")
+      ? "hermes"
+      : source.includes("[TOOL_CALLS]")
+        ? "mistral"
+        : "json",
     renderSegments(messages, options) {
       const plain = chat.render(messages, options);
       // Each content is rendered as a marker no text contains (private-use characters and a nonce), then
       // the markers are put back as untrusted pieces.
       const nonce = randomBytes(6).toString("hex");
       const marked = chat.render(
-        messages.map((m, i) => ({ role: m.role, content: `\uE000${nonce}:${i}\uE001` })),
+        messages.map((m, i) => ({ ...m, content: `\uE000${nonce}:${i}\uE001` })),
         options,
       );
       const segments: { text: string; trusted: boolean }[] = [];
@@ -172,19 +206,20 @@ export function compileChatTemplate(
       if (last < marked.length) segments.push({ text: marked.slice(last), trusted: true });
       const exact = segments.map((segment) => segment.text).join("") === plain;
       const contents = messages.map((m) => m.content);
+      const opaque = [
+        ...(options.tools ?? []).map((tool) => JSON.stringify(tool)),
+        ...messages.flatMap((m) => [
+          ...(m.toolCalls ?? []).flatMap((c) => [c.id, c.name, c.arguments]),
+          ...(m.toolCallId !== undefined ? [m.toolCallId] : []),
+        ]),
+      ];
       return exact
-        ? { segments, exact, contents }
-        : { segments: [{ text: plain, trusted: true }], exact, contents };
+        ? { segments, exact, contents, opaque }
+        : { segments: [{ text: plain, trusted: true }], exact, contents, opaque };
     },
     render(messages, options) {
       try {
-        return template.render({
-          // Copies, so a template cannot mutate the caller's objects.
-          messages: messages.map((m) => ({ role: m.role, content: m.content })),
-          add_generation_prompt: options.addGenerationPrompt,
-          bos_token: bosToken,
-          eos_token: eosToken,
-        });
+        return render(messages, options);
       } catch (error) {
         const reason = error instanceof Error ? error.message : String(error);
         throw new ConduitError(
@@ -199,4 +234,49 @@ export function compileChatTemplate(
     },
   };
   return chat;
+}
+
+/**
+ * A message as chat templates expect it: OpenAI's fields, with each call's `arguments` parsed into an object
+ * (Hugging Face templates write `tool_call.arguments | tojson`), or left as text when it is not JSON.
+ */
+function templateMessage(m: ChatMessage): Record<string, unknown> {
+  return {
+    role: m.role,
+    content: m.content,
+    ...(m.toolCalls && m.toolCalls.length > 0
+      ? {
+          tool_calls: m.toolCalls.map((c) => ({
+            id: c.id,
+            type: "function",
+            function: { name: c.name, arguments: parseArguments(c.arguments) },
+          })),
+        }
+      : {}),
+    ...(m.toolCallId !== undefined ? { tool_call_id: m.toolCallId } : {}),
+  };
+}
+
+function parseArguments(text: string): unknown {
+  try {
+    return JSON.parse(text);
+  } catch {
+    return text;
+  }
+}
+
+const PROBE_TOOL = "conduit_probe_tool_7f3a";
+
+/** Whether `render` writes the tools it is given: a probe tool's name must show in the prompt. */
+function rendersTools(
+  render: (messages: readonly ChatMessage[], options: FormatChatOptions) => string,
+): boolean {
+  try {
+    const tools = [{ name: PROBE_TOOL, description: "", parameters: { type: "object", properties: {} } }];
+    return render([{ role: "user", content: "x" }], { addGenerationPrompt: true, tools }).includes(
+      PROBE_TOOL,
+    );
+  } catch {
+    return false;
+  }
 }

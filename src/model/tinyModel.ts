@@ -17,6 +17,8 @@ export interface TinyModelOptions {
   seed?: number;
   /** `general.name` in the file. Defaults to `"conduit-tiny"`. */
   name?: string;
+  /** `tokenizer.chat_template` (Jinja). Defaults to {@link TINY_CHAT_TEMPLATE}. */
+  chatTemplate?: string;
 }
 
 /** What `createTinyModel` wrote; plain JSON. */
@@ -199,7 +201,7 @@ export async function createTinyModel(
     // SPM's default prepends "▁" to the text and strips it again when detokenizing, which breaks exact
     // round trips of text that is tokenized or streamed in pieces.
     "tokenizer.ggml.add_space_prefix": gguf.bool(false),
-    "tokenizer.chat_template": gguf.str(TINY_CHAT_TEMPLATE),
+    "tokenizer.chat_template": gguf.str(options.chatTemplate ?? TINY_CHAT_TEMPLATE),
   };
 
   const random = uniformRandom(seed);

@@ -8,6 +8,7 @@ import {
   ChatResult,
   CompletionResult,
   CompletionsBody,
+  LoadedModelList,
   ModelList,
   type ResponseFormatWire,
 } from "../generationSchemas.ts";
@@ -118,7 +119,9 @@ export function completionShape(): ResponseShape {
       return {
         ...base,
         object: "text_completion",
-        choices: [{ text, index, logprobs: completionLogprobs(logprobs, offset), finish_reason: finishReason }],
+        choices: [
+          { text, index, logprobs: completionLogprobs(logprobs, offset), finish_reason: finishReason },
+        ],
       };
     },
     streamUsage: "last-chunk",
@@ -205,5 +208,24 @@ export default async function generationRoutes(app: FastifyInstance, { core }: {
       },
     },
     async (request) => ({ object: "list" as const, data: await core.inference.list(request.userId) }),
+  );
+
+  r.get(
+    "/conduit/v1/models/loaded",
+    {
+      schema: {
+        tags,
+        summary: "Models loaded in memory now: base models and your own fine-tunes",
+        description:
+          "Like `ps`: each model the engine holds, its memory, what runs on it and how long it has been idle. " +
+          "Other users' fine-tunes are never shown. Idle models are unloaded, least recently used first, when " +
+          "loading another would pass `CONDUIT_MODEL_MEMORY_BUDGET`.",
+        response: responses({ 200: LoadedModelList }, [401]),
+      },
+    },
+    async (request) => ({
+      object: "list" as const,
+      data: await core.inference.loaded(request.userId),
+    }),
   );
 }

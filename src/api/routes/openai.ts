@@ -2,7 +2,7 @@ import type { FastifyInstance, FastifyRequest } from "fastify";
 import { Type } from "@sinclair/typebox";
 import type { TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
 import type { Core } from "../../core.ts";
-import type { ChatMessage, SamplingOptions } from "../../engine/types.ts";
+import type { ChatMessage, SamplingOptions, ToolCall } from "../../engine/types.ts";
 import { ConduitError } from "../../errors.ts";
 import { chatLogprobs, respondWithGeneration, usageOf, type ResponseShape } from "../generate.ts";
 import {
@@ -48,6 +48,40 @@ function openAiMessages(messages: OpenAiChatBodyWire["messages"]): ChatMessage[]
   return messages.map((m) => ({
     role: m.role === "developer" ? "system" : m.role,
     content: typeof m.content === "string" ? m.content : (m.content ?? []).map((part) => part.text).join(""),
+    ...(m.tool_calls && m.tool_calls.length > 0
+      ? {
+          toolCalls: m.tool_calls.map((c) => ({
+            id: c.id,
+            name: c.function.name,
+            arguments: c.function.arguments,
+          })),
+        }
+      : {}),
+    ...(m.tool_call_id !== undefined ? { toolCallId: m.tool_call_id } : {}),
+  }));
+}
+
+/** `tools` and `tool_choice` → the inference request's fields. */
+function openAiTools(body: OpenAiChatBodyWire) {
+  const choice = body.tool_choice;
+  return {
+    tools: body.tools?.map((t) => ({
+      name: t.function.name,
+      ...(t.function.description !== undefined ? { description: t.function.description } : {}),
+      ...(t.function.parameters !== undefined ? { parameters: t.function.parameters } : {}),
+    })),
+    toolChoice: typeof choice === "object" ? { name: choice.function.name } : choice,
+    parallelToolCalls: body.parallel_tool_calls,
+  };
+}
+
+/** OpenAI's `tool_calls` of a message (or, with `index`, of a stream's delta). */
+function wireToolCalls(calls: ToolCall[], streamed: boolean) {
+  return calls.map((c, i) => ({
+    ...(streamed ? { index: i } : {}),
+    id: c.id,
+    type: "function" as const,
+    function: { name: c.name, arguments: c.arguments },
   }));
 }
 
@@ -79,19 +113,28 @@ const openAiChatShape = (includeUsage: boolean): ResponseShape => ({
     object: "chat.completion",
     choices: result.choices.map((c) => ({
       index: c.index,
-      message: { role: "assistant", content: c.text },
+      message: c.toolCalls
+        ? {
+            role: "assistant",
+            content: c.text === "" ? null : c.text,
+            tool_calls: wireToolCalls(c.toolCalls, false),
+          }
+        : { role: "assistant", content: c.text },
       logprobs: chatLogprobs(c.logprobs),
       finish_reason: c.finishReason,
     })),
     usage: usageOf(result),
   }),
-  chunk: (base, index, text, finishReason, first, logprobs) => ({
+  chunk: (base, index, text, finishReason, first, logprobs, toolCalls) => ({
     ...base,
     object: "chat.completion.chunk",
     choices: [
       {
         index,
-        delta: first ? { role: "assistant", content: text } : { content: text },
+        delta: {
+          ...(first ? { role: "assistant" } : {}),
+          ...(toolCalls ? { tool_calls: wireToolCalls(toolCalls, true) } : { content: text }),
+        },
         logprobs: chatLogprobs(logprobs),
         finish_reason: finishReason,
       },
@@ -136,6 +179,7 @@ export default async function openAiRoutes(app: FastifyInstance, { core }: { cor
           sampling: openAiSampling(body),
           responseFormat: responseFormat(body.response_format),
           logprobs: chatLogprobCount(body),
+          ...openAiTools(body),
           n: body.n,
         },
         { stream: body.stream, shape: openAiChatShape(body.stream_options?.include_usage === true) },
