@@ -13,6 +13,8 @@ import { KeyRepository } from "./store/KeyRepository.ts";
 import { RunRepository } from "./store/RunRepository.ts";
 import { RunService } from "./train/RunService.ts";
 import { Scheduler, type SchedulerOptions } from "./train/Scheduler.ts";
+import { MlflowClient } from "./train/tracking/MlflowClient.ts";
+import { MlflowTracker, type MlflowTrackerOptions } from "./train/tracking/MlflowTracker.ts";
 
 /**
  * Everything the API and the CLI work with, assembled once: database, blob store,
@@ -41,6 +43,8 @@ export interface CoreOverrides {
   blobs?: BlobStore;
   /** Scheduler timings (tests use short leases). */
   scheduler?: Partial<SchedulerOptions>;
+  /** MLflow tracker timings (tests retry fast). */
+  tracking?: Partial<MlflowTrackerOptions>;
   log?: Logger;
 }
 
@@ -66,6 +70,21 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
     trackerUrl: (id) => `${base}/ui/runs/${id}`,
     limits: { maxPairs: config.maxRunPairs, maxBytes: config.maxRunBytes },
   });
+  // With an MLflow server set, every run is mirrored to it, following the run events.
+  const tracker = config.mlflowTrackingUri
+    ? new MlflowTracker(
+        new MlflowClient({
+          uri: config.mlflowTrackingUri,
+          token: config.mlflowTrackingToken,
+          username: config.mlflowTrackingUsername,
+          password: config.mlflowTrackingPassword,
+        }),
+        runRepository,
+        log,
+        { defaultExperiment: config.mlflowExperiment, ...overrides.tracking },
+      )
+    : undefined;
+  tracker?.follow(runs.events);
   const engine =
     overrides.engine ??
     createLlamaEngine({
@@ -110,6 +129,7 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
     scheduler,
     async close() {
       await scheduler.close();
+      await tracker?.close();
       await engine.dispose();
       await db.close();
     },

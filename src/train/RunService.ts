@@ -186,9 +186,22 @@ export interface RunArtifact {
   sizeBytes: number;
 }
 
+/** How a run ended. */
+export type RunEnd = "READY" | "FAILED" | "CANCELLED";
+
+/**
+ * What happens to runs, as this process sees it: the scheduler wakes up on `changed`; trackers
+ * (MLflow) follow a run from `created` through `progress` to `ended`.
+ */
 export interface RunEvents {
   /** A run was created or cancelled; the scheduler wakes up. */
   changed: [runId: string];
+  /** A run was created (QUEUED). */
+  created: [run: Run];
+  /** A trainer of this process reported progress on a run. */
+  progress: [runId: string, progress: TrainerProgress];
+  /** A run ended: READY or FAILED by this process's scheduler, CANCELLED by a user of this process. */
+  ended: [runId: string, status: RunEnd];
 }
 
 /** Settings of a run that the seed's body has no field for (the OpenAI face's). */
@@ -326,6 +339,7 @@ export class RunService {
       config: { ...config, ...(extras.openai ? { openai: extras.openai } : {}) },
       logs,
     });
+    this.events.emit("created", run);
     this.events.emit("changed", id);
     return run;
   }
@@ -509,6 +523,7 @@ export class RunService {
       throw new ConduitError("not_found", `run ${id} not found`, { param: "finetune_id" });
     if (previous !== "QUEUED" && previous !== "RUNNING")
       throw new ConduitError("conflict", `run ${id} is ${previous} and cannot be cancelled`);
+    this.events.emit("ended", id, "CANCELLED");
     this.events.emit("changed", id);
   }
 
@@ -516,7 +531,8 @@ export class RunService {
   async delete(userId: string, id: string): Promise<Run> {
     const run = await this.get(userId, id);
     if (run.status === "QUEUED" || run.status === "RUNNING") {
-      await this.runs.cancel(userId, id);
+      const previous = await this.runs.cancel(userId, id);
+      if (previous === "QUEUED" || previous === "RUNNING") this.events.emit("ended", id, "CANCELLED");
       this.events.emit("changed", id);
     }
     if (!(await this.runs.delete(userId, id)))

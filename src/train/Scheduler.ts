@@ -92,7 +92,8 @@ export class Scheduler {
 
   private async doTick(): Promise<void> {
     try {
-      await this.runs.recoverExpired(this.maxAttempts);
+      const { failed } = await this.runs.recoverExpired(this.maxAttempts);
+      for (const runId of failed) this.runService.events.emit("ended", runId, "FAILED");
       for (const active of this.active.values()) await this.renew(active);
       while (!this.closed && this.active.size < this.options.concurrency) {
         const run = await this.runs.claimNext(this.workerId, this.leaseMs);
@@ -212,6 +213,7 @@ export class Scheduler {
           onLog: (line) => void this.appendLog(run.id, line),
           onProgress: (progress) => {
             latest = progress;
+            this.runService.events.emit("progress", run.id, progress);
             lossSeries.push({ step: progress.step, trainLoss: progress.trainLoss });
             if (progress.evalLoss !== undefined)
               evalSeries.push({ step: progress.step, epoch: progress.epoch, evalLoss: progress.evalLoss });
@@ -235,6 +237,7 @@ export class Scheduler {
           status: "READY",
           modelPath: outputPath,
         });
+        if (finished) this.runService.events.emit("ended", run.id, "READY");
         if (finished)
           await this.appendLog(
             run.id,
@@ -248,6 +251,9 @@ export class Scheduler {
       } else if (outcome.status === "cancelled" || active.stopping === "cancel") {
         await this.blobs.remove(runDir);
         await this.appendLog(run.id, "trainer stopped; partial artifacts removed");
+        // Cancelled by a user of this or another process (not a lost lease: the run goes on elsewhere).
+        if ((await this.runs.getById(run.id))?.status === "CANCELLED")
+          this.runService.events.emit("ended", run.id, "CANCELLED");
       } else {
         await this.fail(run, outcome.reason);
       }
@@ -262,7 +268,8 @@ export class Scheduler {
   private async fail(run: Run, reason: string): Promise<void> {
     this.log.warn({ runId: run.id, reason }, "run failed");
     await this.appendLog(run.id, `run failed: ${reason}`);
-    await this.runs.finish(run.id, this.workerId, { status: "FAILED", error: reason });
+    if (await this.runs.finish(run.id, this.workerId, { status: "FAILED", error: reason }))
+      this.runService.events.emit("ended", run.id, "FAILED");
     // Nothing of a failed run is kept (no empty directory either).
     await this.blobs.remove(`runs/${run.id}`).catch(() => undefined);
   }

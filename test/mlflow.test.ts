@@ -1,0 +1,445 @@
+import assert from "node:assert/strict";
+import { spawn, spawnSync, type ChildProcess } from "node:child_process";
+import fs from "node:fs";
+import net from "node:net";
+import os from "node:os";
+import path from "node:path";
+import { after, before, describe, test } from "node:test";
+import type { FastifyInstance } from "fastify";
+import { asAlice, backends, buildTestApp, testEnv } from "./helper.ts";
+
+/**
+ * Runs mirrored to a real MLflow tracking server (`pip install mlflow`; `.ci/run` puts it in
+ * `.cache/mlflow-venv`). Skipped, saying why, when no `mlflow` can be found or started.
+ */
+
+const repoRoot = path.resolve(import.meta.dirname, "..");
+
+interface MlflowCommand {
+  command: string;
+  args: string[];
+}
+
+/** `CONDUIT_TEST_MLFLOW` (the `mlflow` executable), the venv of `.ci/run`, `mlflow` on PATH, or `python3 -m mlflow`. */
+function findMlflow(): MlflowCommand | string {
+  const candidates: MlflowCommand[] = [];
+  if (process.env.CONDUIT_TEST_MLFLOW)
+    candidates.push({ command: process.env.CONDUIT_TEST_MLFLOW, args: [] });
+  const venv = path.join(repoRoot, ".cache", "mlflow-venv", "bin", "mlflow");
+  if (fs.existsSync(venv)) candidates.push({ command: venv, args: [] });
+  candidates.push({ command: "mlflow", args: [] }, { command: "python3", args: ["-m", "mlflow"] });
+  const tried: string[] = [];
+  for (const candidate of candidates) {
+    const result = spawnSync(candidate.command, [...candidate.args, "--version"], {
+      encoding: "utf8",
+      timeout: 120_000,
+    });
+    if (result.status === 0) return candidate;
+    tried.push(
+      `${[candidate.command, ...candidate.args].join(" ")}: ${(result.error?.message ?? result.stderr).trim().split("\n").at(-1)}`,
+    );
+  }
+  return `no mlflow found (set CONDUIT_TEST_MLFLOW, or pip install mlflow); tried ${tried.join("; ")}`;
+}
+
+function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = net.createServer();
+    server.once("error", reject);
+    server.listen(0, "127.0.0.1", () => {
+      const { port } = server.address() as net.AddressInfo;
+      server.close(() => resolve(port));
+    });
+  });
+}
+
+interface MlflowServer {
+  uri: string;
+  child: ChildProcess;
+  exited: Promise<void>;
+  stop(): Promise<void>;
+}
+
+/** `mlflow server` on a SQLite file and a free port, up once `/health` answers; a string says why not. */
+async function startMlflow(dir: string): Promise<MlflowServer | string> {
+  const found = findMlflow();
+  if (typeof found === "string") return found;
+  const port = await freePort();
+  const logFile = path.join(dir, "server.log");
+  const out = fs.openSync(logFile, "w");
+  const child = spawn(
+    found.command,
+    [
+      ...found.args,
+      "server",
+      "--backend-store-uri",
+      `sqlite:///${path.join(dir, "mlflow.db")}`,
+      "--default-artifact-root",
+      `file://${path.join(dir, "artifacts")}`,
+      "--artifacts-destination",
+      path.join(dir, "artifacts"),
+      "--host",
+      "127.0.0.1",
+      "--port",
+      String(port),
+      "--workers",
+      "1",
+    ],
+    // Its own process group: stopping it stops its workers too.
+    {
+      cwd: dir,
+      detached: true,
+      stdio: ["ignore", out, out],
+      // No background job runners (trace jobs): the tests need the tracking API only.
+      env: { ...process.env, MLFLOW_SERVER_ENABLE_JOB_EXECUTION: "false" },
+    },
+  );
+  fs.closeSync(out);
+  let exitedEarly = false;
+  const exited = new Promise<void>((resolve) =>
+    child.once("exit", () => {
+      exitedEarly = true;
+      resolve();
+    }),
+  );
+  const stop = async () => {
+    if (child.exitCode !== null || child.signalCode !== null) return;
+    const group = -(child.pid ?? 0);
+    try {
+      process.kill(group, "SIGTERM");
+    } catch {
+      return;
+    }
+    const killer = setTimeout(() => {
+      try {
+        process.kill(group, "SIGKILL");
+      } catch {
+        // Already gone.
+      }
+    }, 15_000);
+    await exited;
+    clearTimeout(killer);
+  };
+  const uri = `http://127.0.0.1:${port}`;
+  // A fresh database takes MLflow tens of seconds to set up on a slow machine.
+  const deadline = Date.now() + 300_000;
+  while (Date.now() < deadline && !exitedEarly) {
+    const healthy = await fetch(`${uri}/health`)
+      .then((response) => response.ok)
+      .catch(() => false);
+    if (healthy) return { uri, child, exited, stop };
+    await new Promise((resolve) => setTimeout(resolve, 500));
+  }
+  await stop();
+  const tail = fs.readFileSync(logFile, "utf8").trim().split("\n").slice(-5).join(" | ");
+  return `mlflow server did not start (${exitedEarly ? "it exited" : "no /health in 300 s"}): ${tail}`;
+}
+
+let server: MlflowServer | string = "not started";
+const dir = fs.mkdtempSync(path.join(os.tmpdir(), "conduit-mlflow-"));
+
+before(async () => {
+  server = await startMlflow(dir);
+  if (typeof server === "string") console.log(`# MLflow tests skipped: ${server}`);
+});
+
+after(async () => {
+  if (typeof server !== "string") await server.stop();
+  fs.rmSync(dir, { recursive: true, force: true });
+});
+
+/** A call of MLflow's REST API; fails the test on an error answer. */
+async function mlflow<T = Record<string, unknown>>(
+  uri: string,
+  pathAndQuery: string,
+  body?: unknown,
+): Promise<T> {
+  const response = await fetch(`${uri}/api/2.0/mlflow/${pathAndQuery}`, {
+    method: body === undefined ? "GET" : "POST",
+    headers: { "content-type": "application/json" },
+    ...(body === undefined ? {} : { body: JSON.stringify(body) }),
+  });
+  const text = await response.text();
+  assert.ok(response.ok, `${pathAndQuery}: ${response.status} ${text}`);
+  return JSON.parse(text) as T;
+}
+
+interface MlflowRun {
+  info: { run_id: string; experiment_id: string; status: string; end_time?: number };
+  data: {
+    params?: { key: string; value: string }[];
+    tags?: { key: string; value: string }[];
+    metrics?: { key: string; value: number; step: number }[];
+  };
+}
+
+async function mlflowRun(uri: string, runId: string): Promise<MlflowRun> {
+  return (await mlflow<{ run: MlflowRun }>(uri, `runs/get?run_id=${runId}`)).run;
+}
+
+async function history(uri: string, runId: string, key: string): Promise<{ value: number; step: number }[]> {
+  const answer = await mlflow<{ metrics?: { value: number; step: number }[] }>(
+    uri,
+    `metrics/get-history?run_id=${runId}&metric_key=${key}&max_results=25000`,
+  );
+  return answer.metrics ?? [];
+}
+
+async function until<T>(what: string, read: () => Promise<T>, done: (value: T) => boolean, ms = 120_000) {
+  const deadline = Date.now() + ms;
+  for (;;) {
+    const value = await read();
+    if (done(value)) return value;
+    if (Date.now() > deadline)
+      throw new Error(`timed out waiting for ${what}: ${JSON.stringify(value).slice(0, 2000)}`);
+    await new Promise((resolve) => setTimeout(resolve, 200));
+  }
+}
+
+const pairs = ["apple", "river", "stone", "cloud"].map((word, i) => ({
+  input: `${word} ${i}`,
+  output: `${i} ${word}`,
+}));
+
+async function datasetOf(app: FastifyInstance): Promise<string> {
+  const ds = (
+    await app.inject({
+      method: "POST",
+      url: "/conduit/dataset",
+      headers: asAlice,
+      payload: { name: "mlflow" },
+    })
+  ).json();
+  const up = await app.inject({
+    method: "POST",
+    url: `/conduit/dataset/${ds.id}/upload`,
+    headers: asAlice,
+    payload: { name: "p.jsonl", ioPairs: pairs },
+  });
+  assert.equal(up.statusCode, 200, up.body);
+  return ds.id;
+}
+
+async function startRun(app: FastifyInstance, body: Record<string, unknown>): Promise<string> {
+  const res = await app.inject({
+    method: "POST",
+    url: "/conduit/finetuning",
+    headers: asAlice,
+    payload: { baseModelName: "tiny", lr: 0.001, loraRank: 4, ...body },
+  });
+  assert.equal(res.statusCode, 200, res.body);
+  return res.json().id;
+}
+
+interface RunView {
+  status: string;
+  trackerURL: string;
+  logs: string[];
+  config: Record<string, unknown>;
+  // eslint-disable-next-line @typescript-eslint/no-explicit-any -- stats is a free-form object
+  stats: Record<string, any>;
+}
+
+async function getRun(app: FastifyInstance, id: string): Promise<RunView> {
+  return (await app.inject({ url: `/conduit/finetuning/${id}`, headers: asAlice })).json() as RunView;
+}
+
+function startScheduler(app: FastifyInstance) {
+  (app as unknown as { conduit: { scheduler: { start(): void } } }).conduit.scheduler.start();
+}
+
+const ended = (run: RunView) => ["READY", "FAILED", "CANCELLED"].includes(run.status);
+const tracking = { flushIntervalMs: 200 };
+const scheduler = { pollMs: 200, concurrency: 1 };
+
+/** The MLflow run in a run's trackerURL. */
+function refOf(uri: string, trackerURL: string): { experimentId: string; runId: string } {
+  const match = trackerURL.match(/^(.*)\/#\/experiments\/([^/]+)\/runs\/([0-9a-f]+)$/);
+  assert.ok(match, `trackerURL ${trackerURL} is an MLflow run page`);
+  assert.equal(match[1], uri);
+  return { experimentId: match[2] as string, runId: match[3] as string };
+}
+
+describe("runs mirrored to MLflow", () => {
+  for (const backend of backends())
+    test(`params, tags, metrics and the final status land in MLflow; a restart keeps one MLflow run (${backend})`, async (t) => {
+      if (typeof server === "string") return t.skip(server);
+      const { uri } = server;
+      const env = await testEnv(t, backend, { CONDUIT_MLFLOW_TRACKING_URI: uri });
+      const project = `conduit-test-${backend}-${process.pid}`;
+
+      // Created by a server that stops before training it: the MLflow run is made at creation.
+      const first = (await buildTestApp(t, env, { tracking })).app;
+      const id = await startRun(first, {
+        datasetID: await datasetOf(first),
+        epochs: 3,
+        trackerProject: project,
+        trackerEntity: "team-a",
+      });
+      const created = await until(
+        "the MLflow run",
+        () => getRun(first, id),
+        (run) => run.trackerURL.startsWith(uri),
+      );
+      const ref = refOf(uri, created.trackerURL);
+      await first.close();
+
+      const second = (await buildTestApp(t, env, { tracking, scheduler })).app;
+      startScheduler(second);
+      const run = await until(`run ${id}`, () => getRun(second, id), ended, 240_000);
+      assert.equal(run.status, "READY", run.logs.join("\n"));
+      assert.equal(run.trackerURL, created.trackerURL);
+
+      const finished = await until(
+        "the final status in MLflow",
+        () => mlflowRun(uri, ref.runId),
+        (r) => r.info.status !== "RUNNING",
+      );
+      assert.equal(finished.info.status, "FINISHED");
+      assert.ok(finished.info.end_time && finished.info.end_time > 0);
+
+      const experiment = await mlflow<{ experiment: { name: string } }>(
+        uri,
+        `experiments/get?experiment_id=${ref.experimentId}`,
+      );
+      assert.equal(experiment.experiment.name, project);
+      const tags = Object.fromEntries((finished.data.tags ?? []).map((tag) => [tag.key, tag.value]));
+      assert.equal(tags["conduit.runId"], id);
+      assert.equal(tags["conduit.trackerEntity"], "team-a");
+      assert.equal(tags["mlflow.runName"], run.config.name);
+
+      // Every config field is a param: strings as they are, the rest as JSON.
+      const params = Object.fromEntries(
+        (finished.data.params ?? []).map((param) => [param.key, param.value]),
+      );
+      assert.deepEqual(Object.keys(params).sort(), Object.keys(run.config).sort());
+      assert.equal(params.baseModelName, "tiny");
+      assert.equal(params.trackerProject, project);
+      assert.equal(Number(params.lr), run.config.lr);
+      assert.equal(params.epochs, "3");
+      assert.equal(params.method, "lora");
+
+      // One train_loss point per optimizer step, the last one as the run's stats say.
+      const trainLoss = await history(uri, ref.runId, "train_loss");
+      const steps = new Set(trainLoss.map((point) => point.step));
+      assert.equal(run.stats.totalSteps, run.stats.step);
+      assert.deepEqual(
+        [...steps].sort((a, b) => a - b),
+        Array.from({ length: run.stats.totalSteps }, (_, i) => i + 1),
+      );
+      const last = trainLoss.find((point) => point.step === run.stats.step);
+      assert.ok(
+        last && Math.abs(last.value - run.stats.trainLoss) < 1e-6,
+        JSON.stringify({ last, stats: run.stats }),
+      );
+      for (const key of ["learning_rate", "tokens_per_second", "epoch"])
+        assert.equal((await history(uri, ref.runId, key)).length, trainLoss.length, key);
+
+      // The restart logged to the same MLflow run: the experiment holds exactly one for this run.
+      const search = await mlflow<{ runs?: MlflowRun[] }>(uri, "runs/search", {
+        experiment_ids: [ref.experimentId],
+        filter: `tags.\`conduit.runId\` = '${id}'`,
+      });
+      assert.deepEqual(
+        (search.runs ?? []).map((r) => r.info.run_id),
+        [ref.runId],
+      );
+      assert.equal(
+        run.logs.filter((line) => line.includes("mirrored to MLflow run")).length,
+        1,
+        run.logs.join("\n"),
+      );
+
+      // trackerURL opens the MLflow UI (the part after # is the UI's own route).
+      const page = await fetch(run.trackerURL);
+      assert.equal(page.status, 200);
+      assert.match(await page.text(), /<html/i);
+    });
+
+  test("a cancelled run is KILLED in MLflow, in the default experiment", async (t) => {
+    if (typeof server === "string") return t.skip(server);
+    const { uri } = server;
+    const experimentName = `conduit-default-${process.pid}`;
+    const env = await testEnv(t, "sqlite", {
+      CONDUIT_MLFLOW_TRACKING_URI: uri,
+      CONDUIT_MLFLOW_EXPERIMENT: experimentName,
+    });
+    const { app } = await buildTestApp(t, env, { tracking, scheduler });
+    startScheduler(app);
+    const id = await startRun(app, { datasetID: await datasetOf(app), epochs: 1000 });
+    const running = await until(
+      "the run to train",
+      () => getRun(app, id),
+      (run) => run.status === "RUNNING" && run.stats.step > 0 && run.trackerURL.startsWith(uri),
+    );
+    const ref = refOf(uri, running.trackerURL);
+    const cancel = await app.inject({
+      method: "POST",
+      url: `/conduit/finetuning/${id}/cancel`,
+      headers: asAlice,
+    });
+    assert.equal(cancel.statusCode, 200, cancel.body);
+    const killed = await until(
+      "the final status in MLflow",
+      () => mlflowRun(uri, ref.runId),
+      (r) => r.info.status !== "RUNNING",
+    );
+    assert.equal(killed.info.status, "KILLED");
+    const experiment = await mlflow<{ experiment: { name: string } }>(
+      uri,
+      `experiments/get?experiment_id=${ref.experimentId}`,
+    );
+    assert.equal(experiment.experiment.name, experimentName);
+  });
+
+  // Last: it stops the server.
+  test("MLflow stopped mid-run: the run still ends READY and its log says what was not delivered", async (t) => {
+    if (typeof server === "string") return t.skip(server);
+    const { uri } = server;
+    const env = await testEnv(t, "sqlite", { CONDUIT_MLFLOW_TRACKING_URI: uri });
+    const { app } = await buildTestApp(t, env, {
+      tracking: { ...tracking, maxAttempts: 3, retryDelayMs: 100 },
+      scheduler,
+    });
+    startScheduler(app);
+    // Long enough to go on training for a while after MLflow has stopped (0.1 s a step here).
+    const id = await startRun(app, { datasetID: await datasetOf(app), epochs: 200 });
+    const running = await until(
+      "the run to train",
+      () => getRun(app, id),
+      (run) => run.status === "RUNNING" && run.trackerURL.startsWith(uri),
+    );
+    const ref = refOf(uri, running.trackerURL);
+    await until(
+      "metrics in MLflow",
+      () => history(uri, ref.runId, "train_loss"),
+      (points) => points.length > 0,
+    );
+    await server.stop();
+    const stopped = await getRun(app, id);
+    assert.equal(
+      stopped.status,
+      "RUNNING",
+      "the run must still be training when MLflow stops (give it more epochs)",
+    );
+
+    const run = await until(
+      "the run to end and report",
+      () => getRun(app, id),
+      (r) => ended(r) && r.logs.some((line) => line.includes("final status")),
+      600_000,
+    );
+    assert.equal(run.status, "READY", run.logs.join("\n"));
+    const report = run.logs.filter((line) => line.includes("MLflow tracking: not delivered"));
+    assert.ok(report.length > 0, run.logs.join("\n"));
+    assert.ok(
+      report.some((line) => /\d+ metric points \(steps? \d+/.test(line)),
+      `the points are counted: ${report.join("\n")}`,
+    );
+    assert.ok(
+      report.some((line) => line.includes("the final status FINISHED") && line.includes("after 3 tries")),
+      report.join("\n"),
+    );
+    t.diagnostic(report.join("\n"));
+  });
+});
