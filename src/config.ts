@@ -50,18 +50,21 @@ function threadsOf(env: Env): number {
   return integer("CONDUIT_THREADS", 1, 1, 256)(env.CONDUIT_THREADS);
 }
 
+const parsePort = integer("CONDUIT_PORT", 8080, 0, 65535);
+const parseHost = text("127.0.0.1");
+
 export const settings = {
   port: {
     env: "CONDUIT_PORT",
     description: "TCP port the HTTP server listens on.",
     defaultText: "8080",
-    parse: integer("CONDUIT_PORT", 8080, 0, 65535),
+    parse: parsePort,
   },
   host: {
     env: "CONDUIT_HOST",
     description: "Address to bind. The default only accepts local connections; use `0.0.0.0` to expose it.",
     defaultText: "127.0.0.1",
-    parse: text("127.0.0.1"),
+    parse: parseHost,
   },
   dataDir: {
     env: "CONDUIT_DATA_DIR",
@@ -298,58 +301,20 @@ export const settings = {
     defaultText: "1",
     parse: integer("CONDUIT_TRAIN_THREADS", 1, 1, 256),
   },
-  mlflowTrackingUri: {
-    env: "CONDUIT_MLFLOW_TRACKING_URI",
-    description:
-      "MLflow tracking server (`http://host:5000`); set, every fine-tuning run is mirrored to it and its `trackerURL` is the MLflow run page.",
-    defaultText: "unset (no tracking)",
-    parse: (raw): string | undefined => {
-      const value = optionalText(raw);
-      if (value === undefined) return undefined;
-      let url: URL;
-      try {
-        url = new URL(value);
-      } catch {
-        throw new ConfigError(`CONDUIT_MLFLOW_TRACKING_URI must be an http(s) URL, got "${value}"`);
-      }
-      if (url.protocol !== "http:" && url.protocol !== "https:")
-        throw new ConfigError(`CONDUIT_MLFLOW_TRACKING_URI must be an http(s) URL, got "${value}"`);
-      if (url.username || url.password)
-        throw new ConfigError(
-          "CONDUIT_MLFLOW_TRACKING_URI must not hold credentials; set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN)",
-        );
-      return value.replace(/\/+$/, "");
-    },
-  },
-  mlflowExperiment: {
-    env: "CONDUIT_MLFLOW_EXPERIMENT",
-    description: "MLflow experiment of runs that name no `trackerProject` (found or created by name).",
-    defaultText: "conduit",
-    parse: text("conduit"),
-  },
-  mlflowTrackingToken: {
-    env: "MLFLOW_TRACKING_TOKEN",
-    description: "Bearer token sent to the MLflow server, as MLflow's own clients read it.",
-    defaultText: "unset",
-    parse: optionalText,
-  },
-  mlflowTrackingUsername: {
-    env: "MLFLOW_TRACKING_USERNAME",
-    description: "User name for HTTP basic auth to the MLflow server (with `MLFLOW_TRACKING_PASSWORD`).",
-    defaultText: "unset",
-    parse: optionalText,
-  },
-  mlflowTrackingPassword: {
-    env: "MLFLOW_TRACKING_PASSWORD",
-    description: "Password for HTTP basic auth to the MLflow server.",
-    defaultText: "unset",
-    parse: optionalText,
-  },
   serverUrl: {
     env: "CONDUIT_URL",
-    description: "Server the CLI talks to (every command but `serve` and `keys`).",
-    defaultText: "http://127.0.0.1:8080",
-    parse: text("http://127.0.0.1:8080"),
+    description:
+      "Server the CLI talks to (every command but `serve` and `keys`). Unset: the server that `CONDUIT_HOST` and `CONDUIT_PORT` describe.",
+    defaultText: "http://{CONDUIT_HOST}:{CONDUIT_PORT}",
+    parse: (raw, env): string =>
+      optionalText(raw) ?? localUrl(parseHost(env.CONDUIT_HOST), parsePort(env.CONDUIT_PORT)),
+  },
+  pullTimeout: {
+    env: "CONDUIT_PULL_TIMEOUT_MS",
+    description:
+      "Milliseconds `conduit models pull` waits for an answer, or for more bytes of a download, before it gives up naming the reason.",
+    defaultText: "20000 (20 s)",
+    parse: integer("CONDUIT_PULL_TIMEOUT_MS", 20_000, 1),
   },
   apiKey: {
     env: "CONDUIT_API_KEY",
@@ -404,9 +369,13 @@ export function describeConfig(config: Config): Record<string, unknown> {
     databaseUrl: config.databaseUrl?.replace(/\/\/([^:@/]+):[^@/]*@/, "//$1:***@"),
     apiKeys: config.apiKeys.map((k) => `***:${k.userId}`),
     apiKey: config.apiKey ? "***" : undefined,
-    mlflowTrackingToken: config.mlflowTrackingToken ? "***" : undefined,
-    mlflowTrackingPassword: config.mlflowTrackingPassword ? "***" : undefined,
   };
+}
+
+/** The URL of a server listening on `host:port`, as a client on this machine reaches it (`0.0.0.0` → `127.0.0.1`). */
+export function localUrl(host: string, port: number): string {
+  const reachable = host === "0.0.0.0" || host === "::" ? "127.0.0.1" : host;
+  return `http://${reachable.includes(":") ? `[${reachable}]` : reachable}:${port}`;
 }
 
 export function publicUrl(config: Config): string {

@@ -1,5 +1,6 @@
+import type { AddressInfo } from "node:net";
 import { buildApp } from "./api/buildApp.ts";
-import { ConfigError, describeConfig, type Config } from "./config.ts";
+import { ConfigError, describeConfig, localUrl, type Config } from "./config.ts";
 import { bootstrapKeys, createCore } from "./core.ts";
 import { describeBackend } from "./engine/accelerator.ts";
 import { ConduitError } from "./errors.ts";
@@ -27,14 +28,33 @@ export async function startServer(config: Config): Promise<{ close(): Promise<vo
     intervalMs: config.sweepInterval,
   });
   await sweeper.sweep({ atStart: true });
-  if (firstKey) {
-    // Printed once, on the first start only: the database keeps just its hash.
-    process.stdout.write(
-      `\nNo API key existed, so one was created for user "default" (it is not shown again):\n\n  ${firstKey}\n\n` +
-        `Use it as \`x-api-key: <key>\` or \`Authorization: Token <key>\`; manage keys with \`conduit keys\`.\n\n`,
-    );
+  // Printed once, on the first start only (the database keeps just its hash), even if listening fails.
+  const keyText = firstKey
+    ? `\nNo API key existed, so one was created for user "default" (it is not shown again):\n\n  ${firstKey}\n\n` +
+      `Use it as \`x-api-key: <key>\` or \`Authorization: Token <key>\` (and to sign in to the dashboard);\n` +
+      `the CLI reads it from CONDUIT_API_KEY. Manage keys with \`conduit keys\`.\n`
+    : "";
+  let url: string;
+  try {
+    url = await app.listen({ port: config.port, host: config.host });
+  } catch (error) {
+    process.stdout.write(keyText);
+    await app.close();
+    if ((error as NodeJS.ErrnoException).code === "EADDRINUSE")
+      throw new ConfigError(
+        `port ${config.port} on ${config.host} is in use (another server?); set CONDUIT_PORT to a free port`,
+      );
+    throw error;
   }
-  const url = await app.listen({ port: config.port, host: config.host });
+  const port = (app.server.address() as AddressInfo).port;
+  const base = config.publicUrl?.replace(/\/+$/, "") ?? localUrl(config.host, port);
+  // The banner: where to go next.
+  process.stdout.write(
+    `\nConduit is listening on ${localUrl(config.host, port)}\n` +
+      `  Dashboard: ${base}/ui\n  API docs:  ${base}/docs\n` +
+      keyText +
+      "\n",
+  );
   core.scheduler.start();
   sweeper.start();
 

@@ -10,6 +10,8 @@ export class CliError extends Error {
   constructor(
     message: string,
     readonly exitCode: number = exitCodes.failure,
+    /** The string code of `--json` errors (like the API's); defaults to one for the exit code. */
+    readonly code?: string,
   ) {
     super(message);
     this.name = "CliError";

@@ -2,7 +2,7 @@ import fs from "node:fs";
 import fsp from "node:fs/promises";
 import path from "node:path";
 import { pipeline } from "node:stream/promises";
-import { SingleBar } from "cli-progress";
+import { MultiBar, SingleBar } from "cli-progress";
 import type { Command } from "commander";
 import type { RunExampleWire, RunWire } from "../api/schemas.ts";
 import { CliError, exitCodes, table, type CliContext } from "./context.ts";
@@ -83,48 +83,84 @@ async function download(ctx: CliContext, id: string, output: string | undefined)
   return { id, path: path.resolve(file), sizeBytes: received };
 }
 
-/** Follows a run's event stream with a progress bar; resolves with its final status. */
-async function watch(ctx: CliContext, id: string): Promise<string> {
-  const bar = ctx.json
-    ? undefined
-    : new SingleBar({
-        format:
-          "step {value}/{total} [{bar}] epoch {epoch} loss {loss} eval {evalLoss} {tps} tok/s ETA {eta}",
-        stream: process.stderr,
-        hideCursor: true,
-        noTTYOutput: true,
-        notTTYSchedule: 5000,
-      });
-  let started = false;
+/**
+ * The time a run still needs at its step rate: measured between the `stats` events this watch saw (so it
+ * follows the pace now), else the run's own steps per elapsed second (a run replayed, or the first event).
+ */
+export class EtaEstimate {
+  private first: { step: number; at: number } | undefined;
+
+  /** Seconds left after `stats` arrived at `now` (ms), or `undefined` when no rate is known yet. */
+  update(stats: Record<string, unknown>, now: number): number | undefined {
+    const { step, totalSteps, elapsedSeconds } = stats;
+    if (typeof step !== "number" || typeof totalSteps !== "number") return undefined;
+    const left = Math.max(0, totalSteps - step);
+    if (this.first === undefined || step < this.first.step) this.first = { step, at: now };
+    const seen = step - this.first.step;
+    if (seen > 0 && now > this.first.at) return (left * (now - this.first.at)) / 1000 / seen;
+    if (step > 0 && typeof elapsedSeconds === "number" && elapsedSeconds > 0)
+      return (left * elapsedSeconds) / step;
+    return undefined;
+  }
+}
+
+/**
+ * Follows a run's event stream; resolves with its final status. Log and status lines go to `out`; on a
+ * terminal a progress bar (step, epoch, loss, tokens/s, ETA) stays below them on stderr.
+ */
+async function watch(ctx: CliContext, id: string, out: NodeJS.WriteStream = process.stdout): Promise<string> {
+  const bars =
+    !ctx.json && process.stderr.isTTY === true
+      ? new MultiBar({
+          format:
+            "step {value}/{total} [{bar}] epoch {epoch} loss {loss} eval {evalLoss} {tps} tok/s ETA {timeLeft}",
+          stream: process.stderr,
+          hideCursor: true,
+          clearOnComplete: true,
+          barsize: 24,
+        })
+      : undefined;
+  let bar: ReturnType<MultiBar["create"]> | undefined;
+  const eta = new EtaEstimate();
+  const say = (line: string) => {
+    // With the bar on the same terminal, a line goes above it; elsewhere (a file, a pipe) it goes straight out.
+    if (bars && bar && out.isTTY === true) bars.log(`${line}\n`);
+    else out.write(`${line}\n`);
+  };
   let status = "UNKNOWN";
-  for await (const event of ctx
-    .client()
-    .events("GET", `/conduit/finetuning/${encodeURIComponent(id)}/events`)) {
-    const data = JSON.parse(event.data) as Record<string, unknown>;
-    if (ctx.json) console.log(JSON.stringify({ event: event.event, data }));
-    if (event.event === "log") {
-      if (bar && started) bar.stop();
-      if (!ctx.json) console.log(String(data.line));
-      started = false;
-    } else if (event.event === "stats" && bar && typeof data.totalSteps === "number") {
-      const payload = {
-        epoch: `${String(data.epoch ?? "-")}/${String(data.epochs ?? "-")}`,
-        loss: typeof data.trainLoss === "number" ? data.trainLoss.toFixed(4) : "-",
-        evalLoss: typeof data.evalLoss === "number" ? data.evalLoss.toFixed(4) : "-",
-        tps: typeof data.tokensPerSecond === "number" ? data.tokensPerSecond.toFixed(0) : "-",
-        eta: formatSeconds(data.etaSeconds),
-      };
-      if (!started) bar.start(data.totalSteps, Number(data.step ?? 0), payload);
-      else bar.update(Number(data.step ?? 0), payload);
-      started = true;
-    } else if (event.event === "status") {
-      status = String(data.status);
-      if (bar && started) bar.stop();
-      started = false;
-      if (!ctx.json) console.log(`status: ${status}${data.error ? ` (${String(data.error)})` : ""}`);
+  try {
+    for await (const event of ctx
+      .client()
+      .events("GET", `/conduit/finetuning/${encodeURIComponent(id)}/events`)) {
+      const data = JSON.parse(event.data) as Record<string, unknown>;
+      if (ctx.json) console.log(JSON.stringify({ event: event.event, data }));
+      if (event.event === "log") {
+        if (!ctx.json) say(String(data.line));
+      } else if (event.event === "stats" && bars && typeof data.totalSteps === "number") {
+        const payload = {
+          epoch: `${String(data.epoch ?? "-")}/${String(data.epochs ?? "-")}`,
+          loss: typeof data.trainLoss === "number" ? data.trainLoss.toFixed(4) : "-",
+          evalLoss: typeof data.evalLoss === "number" ? data.evalLoss.toFixed(4) : "-",
+          tps: typeof data.tokensPerSecond === "number" ? data.tokensPerSecond.toFixed(0) : "-",
+          timeLeft: formatSeconds(eta.update(data, Date.now())),
+        };
+        const step = Number(data.step ?? 0);
+        if (!bar) bar = bars.create(data.totalSteps, step, payload);
+        else {
+          bar.setTotal(data.totalSteps);
+          bar.update(step, payload);
+        }
+      } else if (event.event === "status") {
+        status = String(data.status);
+        if (!ctx.json) say(`status: ${status}${data.error ? ` (${String(data.error)})` : ""}`);
+      }
+    }
+  } finally {
+    if (bars?.isActive) {
+      bars.update(); // writes the lines still waiting above the bar
+      bars.stop();
     }
   }
-  if (bar && started) bar.stop();
   return status;
 }
 
@@ -212,9 +248,10 @@ export function runsCommand(program: Command, ctx: CliContext): void {
         }).filter(([, v]) => v !== undefined),
       );
       const run = await ctx.client().request<RunWire>("POST", "/conduit/finetuning", body);
-      ctx.print(run, () => console.log(`${run.id} ${run.status} (${run.trackerURL})`));
+      // The id alone, so that `R=$(conduit runs create …)` works, even with --watch (it follows on stderr).
+      ctx.print(run, () => console.log(run.id));
       if (opts.watch) {
-        const status = await watch(ctx, run.id);
+        const status = await watch(ctx, run.id, process.stderr);
         if (status !== "READY") process.exitCode = exitCodes.failure;
       }
     });

@@ -57,6 +57,8 @@ export default async function uiRoutes(app: FastifyInstance, options: UiOptions 
 
   const config = { public: true };
   const schema = { hide: true };
+  // The server's root is the dashboard, for whoever opens the address the banner shows.
+  app.get("/", { config, schema }, async (_request, reply) => reply.redirect("/ui", 302));
   app.get("/ui", { config, schema }, async (_request, reply) => page(reply));
   app.get<{ Params: { "*": string } }>("/ui/*", { config, schema }, async (request, reply) => {
     const file = request.params["*"];
