@@ -301,6 +301,53 @@ export const settings = {
     defaultText: "1",
     parse: integer("CONDUIT_TRAIN_THREADS", 1, 1, 256),
   },
+  mlflowTrackingUri: {
+    env: "CONDUIT_MLFLOW_TRACKING_URI",
+    description:
+      "MLflow tracking server (`http://host:5000`); set, every fine-tuning run is mirrored to it and its `trackerURL` is the MLflow run page.",
+    defaultText: "unset (no tracking)",
+    parse: (raw): string | undefined => {
+      const value = optionalText(raw);
+      if (value === undefined) return undefined;
+      let url: URL;
+      try {
+        url = new URL(value);
+      } catch {
+        throw new ConfigError(`CONDUIT_MLFLOW_TRACKING_URI must be an http(s) URL, got "${value}"`);
+      }
+      if (url.protocol !== "http:" && url.protocol !== "https:")
+        throw new ConfigError(`CONDUIT_MLFLOW_TRACKING_URI must be an http(s) URL, got "${value}"`);
+      if (url.username || url.password)
+        throw new ConfigError(
+          "CONDUIT_MLFLOW_TRACKING_URI must not hold credentials; set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN)",
+        );
+      return value.replace(/\/+$/, "");
+    },
+  },
+  mlflowExperiment: {
+    env: "CONDUIT_MLFLOW_EXPERIMENT",
+    description: "MLflow experiment of runs that name no `trackerProject` (found or created by name).",
+    defaultText: "conduit",
+    parse: text("conduit"),
+  },
+  mlflowTrackingToken: {
+    env: "MLFLOW_TRACKING_TOKEN",
+    description: "Bearer token sent to the MLflow server, as MLflow's own clients read it.",
+    defaultText: "unset",
+    parse: optionalText,
+  },
+  mlflowTrackingUsername: {
+    env: "MLFLOW_TRACKING_USERNAME",
+    description: "User name for HTTP basic auth to the MLflow server (with `MLFLOW_TRACKING_PASSWORD`).",
+    defaultText: "unset",
+    parse: optionalText,
+  },
+  mlflowTrackingPassword: {
+    env: "MLFLOW_TRACKING_PASSWORD",
+    description: "Password for HTTP basic auth to the MLflow server.",
+    defaultText: "unset",
+    parse: optionalText,
+  },
   serverUrl: {
     env: "CONDUIT_URL",
     description:
@@ -369,6 +416,8 @@ export function describeConfig(config: Config): Record<string, unknown> {
     databaseUrl: config.databaseUrl?.replace(/\/\/([^:@/]+):[^@/]*@/, "//$1:***@"),
     apiKeys: config.apiKeys.map((k) => `***:${k.userId}`),
     apiKey: config.apiKey ? "***" : undefined,
+    mlflowTrackingToken: config.mlflowTrackingToken ? "***" : undefined,
+    mlflowTrackingPassword: config.mlflowTrackingPassword ? "***" : undefined,
   };
 }
 
