@@ -3,6 +3,7 @@ import { test } from "node:test";
 import SwaggerParser from "@apidevtools/swagger-parser";
 import { Ajv2020 } from "ajv/dist/2020.js";
 import type { OpenAPI } from "openapi-types";
+import { unsupportedJsonSchema } from "../src/engine/grammars.ts";
 import { aliceWorld, asAlice, build, createDataset } from "./helper.ts";
 
 type Operation = {
@@ -356,6 +357,43 @@ test("the run body's rules across fields are in the document, and the server kee
       payload,
     });
     assert.equal(response.statusCode, valid ? 200 : 400, `${JSON.stringify(payload)} → ${response.body}`);
+  }
+});
+
+test("the document's schema for response_format's JSON schemas is what the grammar takes", async (t) => {
+  const doc = await openApi(t);
+  const ajv = new Ajv2020({ strict: false });
+  ajv.addSchema(doc, "doc");
+  const validate = ajv.compile({ $ref: "doc#/components/schemas/GrammarSchema" });
+  const schemas: [unknown, boolean][] = [
+    [{ type: "string", maxLength: 8, format: "date" }, true],
+    [
+      {
+        type: "object",
+        properties: { a: { type: "integer" } },
+        required: ["a"],
+        additionalProperties: false,
+      },
+      true,
+    ],
+    [{ type: "array", items: { enum: ["x", 1, null] }, minItems: 1, maxItems: 3 }, true],
+    [{ anyOf: [{ type: "null" }, { const: "a", title: "A" }] }, true],
+    [{ oneOf: [{ type: "boolean" }] }, true],
+    [{}, false],
+    [{ type: "string", pattern: "^a" }, false],
+    [{ type: "integer", minimum: 1 }, false],
+    [{ const: 1, type: "integer" }, false],
+    [{ enum: [] }, false],
+    [{ type: "object", properties: { a: { allOf: [] } } }, false],
+    [{ type: "array", minItems: -1 }, false],
+  ];
+  for (const [schema, valid] of schemas) {
+    assert.equal(validate(schema), valid, `the document on ${JSON.stringify(schema)}`);
+    assert.equal(
+      unsupportedJsonSchema(schema) === undefined,
+      valid,
+      `the grammar on ${JSON.stringify(schema)}`,
+    );
   }
 });
 

@@ -46,20 +46,106 @@ function unrequireDefaultedParameters(document: Json): void {
   }
 }
 
-/**
- * Rules of a run's body that span fields. The service checks them with a message that names the field
- * (`RunService.create`), so the route's validator does not; the document states them for clients.
- */
-function describeRunRules(document: Json): void {
+/** The request body schema of `method path`, if it takes JSON. */
+function jsonBody(document: Json, path: string, method: string): Json | undefined {
   const paths = isObject(document.paths) ? document.paths : {};
-  const create = paths["/conduit/finetuning"];
-  const post = isObject(create) ? create.post : undefined;
-  const body = isObject(post) ? post.requestBody : undefined;
+  const item = paths[path];
+  const operation = isObject(item) ? item[method] : undefined;
+  const body = isObject(operation) ? operation.requestBody : undefined;
   const content = isObject(body) ? body.content : undefined;
   const json = isObject(content) ? content["application/json"] : undefined;
-  const schema = isObject(json) ? json.schema : undefined;
-  if (!isObject(schema)) return;
-  schema.allOf = [
+  return isObject(json) && isObject(json.schema) ? json.schema : undefined;
+}
+
+/** Adds `rules` to a body schema's `allOf`. */
+function addRules(schema: Json | undefined, rules: Json[]): void {
+  if (schema) schema.allOf = [...(Array.isArray(schema.allOf) ? (schema.allOf as Json[]) : []), ...rules];
+}
+
+const GRAMMAR_SCHEMA_REF = "#/components/schemas/GrammarSchema";
+
+/**
+ * The JSON Schemas `response_format` takes, as a JSON Schema: the subset the sampler's grammar honours
+ * (`unsupportedJsonSchema` in `src/engine/grammars.ts` refuses the rest with a 400). One keyword picks
+ * the kind (`const`, `enum`, `anyOf`, `oneOf` or `type`), and only the keywords of that kind may be
+ * next to it. `$ref` into the root's `$defs` is honoured too, but not stated here: JSON Schema cannot
+ * say that the name must be one of `$defs`.
+ */
+function grammarSchema(): Json {
+  const ref = { $ref: GRAMMAR_SCHEMA_REF };
+  const count = { type: "integer", minimum: 0 };
+  const literal = { type: ["string", "number", "boolean", "null"] };
+  const kind = (keywords: Json): Json => ({
+    type: "object",
+    required: [Object.keys(keywords)[0]],
+    properties: { ...keywords, title: { type: "string" }, description: { type: "string" } },
+    additionalProperties: false,
+  });
+  return {
+    description:
+      "A JSON Schema the sampler's grammar can honour: `type`, `const`, `enum`, `oneOf`/`anyOf`, `properties` " +
+      "(all written, as in OpenAI's strict mode), `required`, `additionalProperties`, `items`, `prefixItems`, " +
+      "`minItems`/`maxItems`, `minLength`/`maxLength`, `minProperties`/`maxProperties` and `format` `date-time`, " +
+      "`date` or `time`; `$ref` into the root's `$defs` as well. Any other keyword is a `400`.",
+    anyOf: [
+      kind({ const: literal }),
+      kind({ enum: { type: "array", minItems: 1, items: literal } }),
+      kind({ anyOf: { type: "array", minItems: 1, items: ref } }),
+      kind({ oneOf: { type: "array", minItems: 1, items: ref } }),
+      kind({ type: { enum: ["number", "integer", "boolean", "null"] } }),
+      kind({
+        type: { const: "string" },
+        minLength: count,
+        maxLength: count,
+        format: { enum: ["date-time", "date", "time"] },
+      }),
+      kind({
+        type: { const: "object" },
+        properties: { type: "object", additionalProperties: ref },
+        required: { type: "array", items: { type: "string" } },
+        additionalProperties: { anyOf: [{ type: "boolean" }, ref] },
+        minProperties: count,
+        maxProperties: count,
+      }),
+      kind({
+        type: { const: "array" },
+        items: ref,
+        prefixItems: { type: "array", items: ref },
+        minItems: count,
+        maxItems: count,
+      }),
+    ],
+  };
+}
+
+/** Points every `response_format.json_schema.schema` at `GrammarSchema`, keeping its description. */
+function describeResponseFormats(document: Json): void {
+  let found = false;
+  const visit = (node: unknown): void => {
+    if (Array.isArray(node)) return node.forEach(visit);
+    if (!isObject(node)) return;
+    const jsonSchema = isObject(node.properties) ? node.properties.json_schema : undefined;
+    const inner = isObject(jsonSchema) && isObject(jsonSchema.properties) ? jsonSchema.properties : undefined;
+    if (inner && isObject(inner.schema)) {
+      inner.schema = { $ref: GRAMMAR_SCHEMA_REF, description: inner.schema.description };
+      found = true;
+    }
+    for (const value of Object.values(node)) visit(value);
+  };
+  visit(document.paths);
+  if (!found) return;
+  const components = isObject(document.components) ? document.components : (document.components = {});
+  const schemas = isObject(components.schemas) ? components.schemas : (components.schemas = {});
+  (schemas as Json).GrammarSchema = grammarSchema();
+}
+
+/**
+ * Rules of request bodies that span fields. The services check them with a message that names the field
+ * (`RunService.create`, `createOpenAiJob`, the chat route), so the route's validator does not; the
+ * document states them for clients.
+ */
+function describeRunRules(document: Json): void {
+  addRules(jsonBody(document, "/conduit/finetuning", "post"), [
     {
       description: "`loraRank`, `loraAlpha` and `loraTargets` are LoRA settings: not with `method: full`.",
       if: { required: ["method"], properties: { method: { const: "full" } } },
@@ -68,10 +154,42 @@ function describeRunRules(document: Json): void {
       },
     },
     {
-      description: "The dataset: `datasetID` (or `datasetId`), or `datasetName`.",
+      description: "The dataset: `datasetID` (or `datasetId`, not both), or `datasetName`.",
       anyOf: ["datasetID", "datasetId", "datasetName"].map((name) => ({ required: [name] })),
+      not: { required: ["datasetID", "datasetId"] },
     },
-  ];
+  ]);
+  // `top_logprobs` asks for alternatives to the tokens `logprobs` returns (`null` is left out).
+  addRules(jsonBody(document, "/v1/chat/completions", "post"), [
+    {
+      description: "`top_logprobs` above 0 needs `logprobs: true`.",
+      if: { required: ["top_logprobs"], properties: { top_logprobs: { type: "integer", minimum: 1 } } },
+      then: { required: ["logprobs"], properties: { logprobs: { const: true } } },
+    },
+  ]);
+  addRules(jsonBody(document, "/v1/fine_tuning/jobs", "post"), [
+    {
+      description:
+        "The hyperparameters once: in `method.supervised.hyperparameters` or the older `hyperparameters`.",
+      not: {
+        required: ["hyperparameters", "method"],
+        properties: {
+          hyperparameters: { type: "object" },
+          method: {
+            type: "object",
+            required: ["supervised"],
+            properties: {
+              supervised: {
+                type: "object",
+                required: ["hyperparameters"],
+                properties: { hyperparameters: { type: "object" } },
+              },
+            },
+          },
+        },
+      },
+    },
+  ]);
 }
 
 /** The generated document, corrected (a copy: the routes keep their schemas). */
@@ -80,5 +198,6 @@ export function openApiFixes<T extends object>(generated: T): T {
   unrequireDefaultedParameters(document);
   unrequireDefaults(document);
   describeRunRules(document);
+  describeResponseFormats(document);
   return document as T;
 }
