@@ -2,6 +2,7 @@ import assert from "node:assert/strict";
 import { execFile, spawn } from "node:child_process";
 import { once } from "node:events";
 import fs from "node:fs";
+import http from "node:http";
 import net from "node:net";
 import os from "node:os";
 import path from "node:path";
@@ -11,6 +12,8 @@ import { fileURLToPath } from "node:url";
 import type { FastifyInstance } from "fastify";
 import { buildTestApp, KEY_A, testEnv } from "./helper.ts";
 import type { Core } from "../src/core.ts";
+import { ConduitError } from "../src/errors.ts";
+import { ModelRegistry, type PullProgress } from "../src/model/ModelRegistry.ts";
 
 const bin = fileURLToPath(new URL("../bin/conduit.js", import.meta.url));
 
@@ -40,6 +43,19 @@ function conduitWithInput(
 
 function conduit(env: Record<string, string>, ...args: string[]): Promise<CliResult> {
   return conduitWithInput(env, undefined, ...args);
+}
+
+/** Runs `conduit` whose stdout is closed before it writes (like `| head -1` after the first line). */
+async function conduitWithClosedStdout(env: Record<string, string>, ...args: string[]): Promise<CliResult> {
+  const child = spawn(process.execPath, [bin, ...args], {
+    env: { PATH: process.env.PATH ?? "", ...env },
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  child.stdout.destroy();
+  let stderr = "";
+  child.stderr.setEncoding("utf8").on("data", (chunk: string) => (stderr += chunk));
+  const [code] = (await once(child, "close")) as [number | null];
+  return { code: code ?? 1, stdout: "", stderr };
 }
 
 test("the conduit CLI drives the whole loop against a real server", async (t) => {
@@ -159,6 +175,34 @@ test("the conduit CLI drives the whole loop against a real server", async (t) =>
     chat.stdout.trim(),
     chatJson.choices[0].text.trim(),
     "streamed and JSON answers agree (greedy)",
+  );
+
+  // What the server holds in memory now: the fine-tune just used, for its owner only.
+  const ps = await conduit(env, "models", "ps");
+  assert.equal(ps.code, 0, ps.stderr);
+  assert.match(ps.stdout, /^ID\s+KIND\s+BASE\s+MEMORY\s+CONTEXT\s+ACTIVE\s+QUEUED\s+IDLE$/m);
+  assert.match(
+    ps.stdout,
+    new RegExp(`^${runId}\\s+fine-tuned\\s+tiny\\s+\\d+(\\.\\d)? KiB\\s+\\d+\\s+0\\s+0\\s+\\d+s$`, "m"),
+  );
+  const loaded = JSON.parse((await conduit(env, "--json", "models", "ps")).stdout) as {
+    id: string;
+    memory_bytes: number;
+    idle_seconds: number;
+  }[];
+  const mine = loaded.find((m) => m.id === runId);
+  assert.ok(mine && mine.memory_bytes > 0 && mine.idle_seconds >= 0, JSON.stringify(loaded));
+  const asAlice = { ...env, CONDUIT_API_KEY: KEY_A };
+  const aliceChat = await conduit(asAlice, "chat", "--model", "tiny", "--prompt", "hi", "--max-tokens", "2");
+  assert.equal(aliceChat.code, 0, aliceChat.stderr);
+  const others = JSON.parse((await conduit(asAlice, "--json", "models", "ps")).stdout) as {
+    id: string;
+    kind: string;
+  }[];
+  assert.deepEqual(
+    others.map((m) => [m.id, m.kind]),
+    [["tiny", "base"]],
+    "alice sees the base model she used, never carol's fine-tune",
   );
 
   // Interactive chat with --json: one chat.completion per answer, one per line; prompts on stderr.
@@ -411,6 +455,39 @@ test("runs create takes auto or numbers and the validation options; runs example
   const badSort = await conduit(env, "runs", "examples", run.id, "--sort", "worst");
   assert.equal(badSort.code, 2);
   assert.match(badSort.stderr, /sort/);
+
+  // Plain `runs create` prints the id alone, so `R=$(conduit runs create …)` works.
+  const plain = await conduit(env, "runs", "create", "--dataset", dataset.id, "--model", "tiny");
+  assert.equal(plain.code, 0, plain.stderr);
+  assert.match(plain.stdout, /^ft_\S+\n$/);
+  assert.equal((await core.runs.get("alice", plain.stdout.trim())).status, "QUEUED");
+
+  // `conduit runs show … | head -1`: a reader that leaves early is no crash.
+  const cut = await conduitWithClosedStdout(env, "runs", "show", run.id);
+  assert.equal(cut.code, 0, cut.stderr);
+  assert.doesNotMatch(cut.stderr, /EPIPE|Error/);
+
+  // `--json` errors carry the API's string code, and the exit code apart.
+  const missing = await conduit(env, "--json", "runs", "show", "ft_missing");
+  assert.equal(missing.code, 3);
+  const missingError = JSON.parse(missing.stderr) as { error: Record<string, unknown> };
+  assert.equal(missingError.error.code, "not_found");
+  assert.equal(missingError.error.exitCode, 3);
+  const invalid = JSON.parse(
+    (await conduit(env, "--json", "runs", "create", "--dataset", dataset.id, "--early-stopping", "0")).stderr,
+  ) as { error: Record<string, unknown> };
+  assert.deepEqual(
+    [invalid.error.code, invalid.error.param, invalid.error.exitCode],
+    ["invalid_request", "earlyStoppingPatience", 2],
+  );
+  const usage = JSON.parse((await conduit(env, "--json", "runs", "create")).stderr) as {
+    error: Record<string, unknown>;
+  };
+  assert.deepEqual(
+    [usage.error.code, usage.error.exitCode],
+    ["invalid_request", 2],
+    "the CLI's own errors too",
+  );
 });
 
 /** A TCP port nothing listens on right now. */
@@ -477,6 +554,17 @@ test("conduit serve: a first-start key printed once, graceful SIGTERM, no key on
   assert.equal(listed.status, 200);
   assert.deepEqual(await listed.json(), []);
   assert.equal((await fetch(`${url}/conduit/dataset`)).status, 401);
+  // The banner says where the dashboard is; the root leads there; the log shows the real port.
+  assert.match(first.output(), new RegExp(`Dashboard: ${url}/ui\\n`));
+  const root = await fetch(`${url}/`, { redirect: "manual" });
+  assert.equal(root.status, 302);
+  assert.equal(root.headers.get("location"), "/ui");
+  assert.match(first.output(), new RegExp(`"serverUrl":"${url}"`));
+
+  // A second server on the same port stops at once, naming the setting to change.
+  const busy = await conduit(env, "serve");
+  assert.equal(busy.code, 2, busy.stdout + busy.stderr);
+  assert.match(busy.stderr, new RegExp(`port ${port} on 127\\.0\\.0\\.1 is in use.*CONDUIT_PORT`));
   assert.deepEqual(await first.stop(), [0, null], "SIGTERM shuts down cleanly with exit code 0");
   assert.equal(
     first.output().split(key).length - 1,
@@ -510,4 +598,99 @@ test("models list shows each model's kind, base, context length, size and quanti
   const json = JSON.parse((await conduit(env, "--json", "models", "list")).stdout);
   assert.equal(json[0].context_length, 1024);
   assert.equal(json[0].quantization, "F32");
+
+  // Without CONDUIT_URL the CLI finds the server where CONDUIT_HOST and CONDUIT_PORT put it.
+  const { CONDUIT_URL: _url, ...local } = env;
+  const port = new URL(url).port;
+  const byPort = await conduit({ ...local, CONDUIT_PORT: port, CONDUIT_HOST: "0.0.0.0" }, "models", "list");
+  assert.equal(byPort.code, 0, byPort.stderr);
+  assert.match(byPort.stdout, /^tiny\s/m);
+  const elsewhere = `http://127.0.0.1:${await freePort()}`;
+  const urlWins = await conduit({ ...env, CONDUIT_URL: elsewhere, CONDUIT_PORT: port }, "models", "list");
+  assert.equal(urlWins.code, 1, "CONDUIT_URL wins over CONDUIT_PORT");
+  assert.match(urlWins.stderr, new RegExp(`cannot reach ${elsewhere}`));
+
+  // Every create prints the id alone.
+  const created = await conduit(env, "models", "create-tiny", "--id", "tiny2");
+  assert.equal(created.code, 0, created.stderr);
+  assert.equal(created.stdout, "tiny2\n");
+});
+
+/** A local server for `models pull`: a file, a 404, a page that is not GGUF, and a download that stalls. */
+async function modelServer(t: TestContext) {
+  const gguf = Buffer.concat([Buffer.from("GGUF"), Buffer.alloc(96, 7)]);
+  const server = http.createServer((request, response) => {
+    if (request.url === "/stall.gguf") {
+      // Says 1000 bytes, sends 100, then nothing: the client must give up on its own.
+      response.writeHead(200, { "content-length": "1000" });
+      response.write(gguf);
+      return;
+    }
+    if (request.url === "/page.gguf")
+      return void response.writeHead(200, { "content-type": "text/html" }).end("<html>login</html>");
+    response.writeHead(404).end("no such file");
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  t.after(() => {
+    server.closeAllConnections();
+    server.close();
+  });
+  return `http://127.0.0.1:${(server.address() as net.AddressInfo).port}`;
+}
+
+test("models pull fails within seconds naming why, shows progress from the first byte and leaves nothing", async (t) => {
+  const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), "conduit-pull-"));
+  t.after(() => fs.rmSync(dataDir, { recursive: true, force: true }));
+  const base = await modelServer(t);
+  const env = { CONDUIT_DATA_DIR: dataDir, CONDUIT_LOG_LEVEL: "silent", CONDUIT_PULL_TIMEOUT_MS: "1500" };
+  const refused = `http://127.0.0.1:${await freePort()}/x.gguf`;
+  const cases: [string, RegExp][] = [
+    ["http://conduit-test.invalid/x.gguf", /cannot resolve host conduit-test\.invalid/],
+    [refused, /connection was refused/],
+    [`${base}/missing.gguf`, /HTTP 404 Not Found/],
+    [`${base}/page.gguf`, /not a GGUF file \(it starts with "<htm"\)/],
+    [
+      `${base}/stall.gguf`,
+      /no more bytes for 1500 ms \(after 100 bytes\); giving up \(CONDUIT_PULL_TIMEOUT_MS\)/,
+    ],
+  ];
+  const outputs = new Map<string, string>();
+  for (const [ref, reason] of cases) {
+    const pulled = await conduit(env, "models", "pull", ref);
+    assert.equal(pulled.code, 1, `${ref}: ${pulled.stderr}`);
+    assert.match(pulled.stderr, new RegExp(`error: Could not download '${ref.replace(/[.?]/g, "\\$&")}': `));
+    assert.match(pulled.stderr, reason, ref);
+    outputs.set(ref, pulled.stderr);
+  }
+  // The stalled download showed its bytes as they came (a line at a time, stderr not being a terminal).
+  assert.match(
+    outputs.get(`${base}/stall.gguf`) ?? "",
+    /100 B of 1000 B/,
+    "progress shows the bytes that came",
+  );
+  const json = await conduit(env, "--json", "models", "pull", `${base}/missing.gguf`);
+  assert.equal(json.code, 1);
+  const error = JSON.parse(json.stderr) as { error: { code: string; exitCode: number; message: string } };
+  assert.equal(error.error.code, "unavailable", "the string code, as the API would say it");
+  assert.equal(error.error.exitCode, 1);
+  assert.match(error.error.message, /HTTP 404/);
+
+  // The hf: form says why too: the network error, or what Hugging Face answered about the repository.
+  const hf = await conduit(env, "models", "pull", "hf:conduit-test/no-such-repo:Q4_K_M");
+  assert.equal(hf.code, 1);
+  assert.match(
+    hf.stderr,
+    /Could not download 'hf:conduit-test\/no-such-repo:Q4_K_M': (huggingface\.co: |no answer from |Hugging Face answers HTTP \d{3})/,
+  );
+  assert.deepEqual(fs.readdirSync(path.join(dataDir, "models")), [], "nothing is left behind");
+
+  // The registry reports progress from the first chunk on.
+  const registry = new ModelRegistry({ modelsDir: path.join(dataDir, "models") });
+  const progress: PullProgress[] = [];
+  await assert.rejects(
+    registry.pull(`${base}/stall.gguf`, (p) => progress.push(p), { timeoutMs: 500, id: "stalled" }),
+    (e: Error) => e instanceof ConduitError && e.code === "unavailable" && /no more bytes/.test(e.message),
+  );
+  assert.deepEqual(progress.at(-1), { downloadedBytes: 100, totalBytes: 1000 });
+  assert.deepEqual(fs.readdirSync(path.join(dataDir, "models")), []);
 });

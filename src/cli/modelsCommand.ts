@@ -3,7 +3,7 @@ import { SingleBar } from "cli-progress";
 import type { Command } from "commander";
 import { isValidModelId, ModelRegistry } from "../model/ModelRegistry.ts";
 import { createTinyModel } from "../model/tinyModel.ts";
-import type { ServableModel } from "../inference/InferenceService.ts";
+import type { LoadedModel, ServableModel } from "../inference/InferenceService.ts";
 import { CliError, exitCodes, table, type CliContext } from "./context.ts";
 
 /** Bytes in the largest unit that keeps a number of at least 1: `685 KiB`, `1.3 GiB`. */
@@ -16,6 +16,13 @@ function size(bytes: number): string {
     unit++;
   }
   return `${unit === 0 || value >= 10 ? Math.round(value) : value.toFixed(1)} ${units[unit]}`;
+}
+
+/** Seconds as `45s`, `12m05s`, `3h20m`. */
+function duration(seconds: number): string {
+  if (seconds < 60) return `${seconds}s`;
+  if (seconds < 3600) return `${Math.floor(seconds / 60)}m${String(seconds % 60).padStart(2, "0")}s`;
+  return `${Math.floor(seconds / 3600)}h${String(Math.floor((seconds % 3600) / 60)).padStart(2, "0")}m`;
 }
 
 export function modelsCommand(program: Command, ctx: CliContext): void {
@@ -47,26 +54,66 @@ export function modelsCommand(program: Command, ctx: CliContext): void {
     });
 
   models
+    .command("ps")
+    .description("models loaded in the server's memory now (base models and your fine-tunes), like ps")
+    .action(async () => {
+      const list = await ctx.client().request<{ data: LoadedModel[] }>("GET", "/conduit/v1/models/loaded");
+      ctx.print(list.data, () =>
+        console.log(
+          list.data.length === 0
+            ? "no model is loaded"
+            : table([
+                ["ID", "KIND", "BASE", "MEMORY", "CONTEXT", "ACTIVE", "QUEUED", "IDLE"],
+                ...list.data.map((m) => [
+                  m.id,
+                  m.kind,
+                  m.base_model ?? "-",
+                  size(m.memory_bytes),
+                  String(m.context_size),
+                  String(m.active_generations),
+                  String(m.queued_requests),
+                  m.active_generations > 0 ? "busy" : duration(m.idle_seconds),
+                ]),
+              ]),
+        ),
+      );
+    });
+
+  models
     .command("pull")
     .description(
       "download a model into the models directory (hf:user/repo:quant, hf:user/repo/file.gguf or https://…)",
     )
     .argument("<ref>")
-    .action(async (ref: string) => {
+    .option("--id <id>", "model id to save it as (file name without .gguf; default: from the reference)")
+    .action(async (ref: string, opts: { id?: string }) => {
       const registry = new ModelRegistry({ modelsDir: ctx.config.modelsDir });
+      // On a terminal, a bar from the first byte; elsewhere a line now and then, so a log shows it moving.
       const bar = ctx.json
         ? undefined
-        : new SingleBar({ format: "{bar} {percentage}% {value}/{total} MB", stream: process.stderr });
+        : new SingleBar({
+            format: "{bar} {percentage}% {done} of {size}",
+            stream: process.stderr,
+            noTTYOutput: true,
+            notTTYSchedule: 10_000,
+          });
       let started = false;
-      const info = await registry.pull(ref, ({ downloadedBytes, totalBytes }) => {
-        if (!bar || totalBytes === 0) return;
-        const mb = (n: number) => Math.round(n / 1024 / 1024);
-        if (!started) bar.start(mb(totalBytes), 0);
-        started = true;
-        bar.update(mb(downloadedBytes));
-      });
-      bar?.stop();
-      ctx.print(info, () => console.log(`${info.id} (${info.path})`));
+      try {
+        const info = await registry.pull(
+          ref,
+          ({ downloadedBytes, totalBytes }) => {
+            if (!bar) return;
+            const payload = { done: size(downloadedBytes), size: totalBytes > 0 ? size(totalBytes) : "?" };
+            if (!started) bar.start(Math.max(totalBytes, 1), downloadedBytes, payload);
+            else bar.update(downloadedBytes, payload);
+            started = true;
+          },
+          { timeoutMs: ctx.config.pullTimeout, ...(opts.id !== undefined ? { id: opts.id } : {}) },
+        );
+        ctx.print(info, () => console.log(`${info.id} (${info.path})`));
+      } finally {
+        if (started) bar?.stop();
+      }
     });
 
   models
@@ -80,6 +127,6 @@ export function modelsCommand(program: Command, ctx: CliContext): void {
       if (!Number.isInteger(seed)) throw new CliError("--seed must be an integer", exitCodes.usage);
       const file = path.join(ctx.config.modelsDir, `${opts.id}.gguf`);
       const info = await createTinyModel(file, { seed });
-      ctx.print({ id: opts.id, ...info }, () => console.log(`${opts.id} (${file})`));
+      ctx.print({ id: opts.id, ...info }, () => console.log(opts.id));
     });
 }
