@@ -694,3 +694,53 @@ test("models pull fails within seconds naming why, shows progress from the first
   assert.deepEqual(progress.at(-1), { downloadedBytes: 100, totalBytes: 1000 });
   assert.deepEqual(fs.readdirSync(path.join(dataDir, "models")), []);
 });
+
+test("interactive chat drops its oldest turns to fit the model's context, keeping the system prompt", async (t) => {
+  const environment = await testEnv(t, "sqlite", { CONDUIT_CONTEXT_SIZE: "128" });
+  const { app } = await buildTestApp(t, environment);
+  const url = await app.listen({ port: 0, host: "127.0.0.1" });
+  const env = { CONDUIT_DATA_DIR: environment.dataDir, CONDUIT_URL: url, CONDUIT_API_KEY: KEY_A };
+  // Each question is about a third of the context: the third turn no longer fits with the first two.
+  const question = (i: number) => `${i} ${"the cat and the dog was in the world ".repeat(8)}`.trim();
+  const input = [1, 2, 3, 4, 5].map(question).join("\n") + "\n\n";
+  const chat = await conduitWithInput(
+    env,
+    input,
+    "--json",
+    "chat",
+    "--model",
+    "tiny",
+    "--system",
+    "Be brief.",
+    "--max-tokens",
+    "4",
+    "--temperature",
+    "0",
+  );
+  assert.equal(chat.code, 0, chat.stderr);
+  const answers = chat.stdout
+    .trim()
+    .split("\n")
+    .map((line) => JSON.parse(line) as { usage: { prompt_tokens: number } });
+  assert.equal(answers.length, 5, chat.stdout);
+  assert.match(chat.stderr, /dropped the oldest turn/);
+  const context = (app as FastifyInstance & { conduit: Core }).conduit.engine.loaded()[0]!.contextSize;
+  for (const answer of answers) assert.ok(answer.usage.prompt_tokens < context);
+  // The system prompt is kept: the first request (with it) is longer than the same question alone.
+  const one = await conduitWithInput(
+    env,
+    `${question(1)}\n\n`,
+    "--json",
+    "chat",
+    "--model",
+    "tiny",
+    "--max-tokens",
+    "4",
+    "--temperature",
+    "0",
+  );
+  assert.ok(
+    answers[0]!.usage.prompt_tokens >
+      (JSON.parse(one.stdout.trim()) as { usage: { prompt_tokens: number } }).usage.prompt_tokens,
+  );
+});

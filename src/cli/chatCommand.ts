@@ -1,5 +1,6 @@
 import readline from "node:readline/promises";
 import type { Command } from "commander";
+import { ApiError } from "./client.ts";
 import { CliError, exitCodes, type CliContext } from "./context.ts";
 
 interface ChatCompletion {
@@ -40,6 +41,41 @@ async function ask(ctx: CliContext, body: Record<string, unknown>): Promise<stri
   return text;
 }
 
+/** The server's answer to a conversation longer than the model's context (a 400 naming the token counts). */
+function outgrewContext(error: unknown): boolean {
+  return (
+    error instanceof ApiError &&
+    error.status === 400 &&
+    (error.param === "history" || error.param === "messages" || error.param === "prompt") &&
+    /context holds/.test(error.message)
+  );
+}
+
+/**
+ * Asks with as much of `history` as fits the model's context: while the server says the conversation is too
+ * long, the oldest turn (a question and its answer) is dropped, saying so in a line on stderr. The system
+ * prompt is always kept. Returns the answer; `history` is left holding the turns that were sent.
+ */
+async function askWithin(
+  ctx: CliContext,
+  body: Record<string, unknown>,
+  prompt: string,
+  history: string[],
+): Promise<string> {
+  for (;;) {
+    try {
+      return await ask(ctx, { ...body, prompt, history });
+    } catch (error) {
+      if (!outgrewContext(error) || history.length === 0) throw error;
+      history.splice(0, 2);
+      const kept = history.length / 2;
+      console.error(
+        `(The conversation outgrew the model's context: dropped the oldest turn, ${kept} earlier turn${kept === 1 ? "" : "s"} kept.)`,
+      );
+    }
+  }
+}
+
 export function chatCommand(program: Command, ctx: CliContext): void {
   program
     .command("chat")
@@ -78,7 +114,7 @@ export function chatCommand(program: Command, ctx: CliContext): void {
         rl.prompt();
         for await (const prompt of rl) {
           if (prompt.trim() === "") break;
-          const answer = await ask(ctx, { ...base, prompt, history });
+          const answer = await askWithin(ctx, base, prompt, history);
           history.push(prompt, answer);
           rl.prompt();
         }
