@@ -6,6 +6,7 @@ import os from "node:os";
 import path from "node:path";
 import { after, before, describe, test } from "node:test";
 import type { FastifyInstance } from "fastify";
+import { describeConfig, loadConfig } from "../src/config.ts";
 import { asAlice, backends, buildTestApp, testEnv } from "./helper.ts";
 
 /**
@@ -260,6 +261,32 @@ function refOf(uri: string, trackerURL: string): { experimentId: string; runId: 
   return { experimentId: match[2] as string, runId: match[3] as string };
 }
 
+test("MLflow settings: an http(s) URL without credentials; the token and password are masked in the logged config", () => {
+  assert.equal(loadConfig({}).mlflowTrackingUri, undefined);
+  assert.equal(loadConfig({}).mlflowExperiment, "conduit");
+  assert.equal(
+    loadConfig({ CONDUIT_MLFLOW_TRACKING_URI: "https://mlflow.example:5000/" }).mlflowTrackingUri,
+    "https://mlflow.example:5000",
+  );
+  assert.throws(() => loadConfig({ CONDUIT_MLFLOW_TRACKING_URI: "mlflow.example:5000" }), /http\(s\) URL/);
+  assert.throws(
+    () => loadConfig({ CONDUIT_MLFLOW_TRACKING_URI: "http://me:secret@mlflow.example" }),
+    /MLFLOW_TRACKING_USERNAME/,
+  );
+  const logged = JSON.stringify(
+    describeConfig(
+      loadConfig({
+        CONDUIT_MLFLOW_TRACKING_URI: "http://mlflow.example",
+        MLFLOW_TRACKING_TOKEN: "token-0123456789",
+        MLFLOW_TRACKING_USERNAME: "me",
+        MLFLOW_TRACKING_PASSWORD: "password-0123456789",
+      }),
+    ),
+  );
+  assert.ok(!logged.includes("token-0123456789") && !logged.includes("password-0123456789"), logged);
+  assert.ok(logged.includes('"mlflowTrackingUsername":"me"'), logged);
+});
+
 describe("runs mirrored to MLflow", () => {
   for (const backend of backends())
     test(`params, tags, metrics and the final status land in MLflow; a restart keeps one MLflow run (${backend})`, async (t) => {
@@ -390,6 +417,27 @@ describe("runs mirrored to MLflow", () => {
       `experiments/get?experiment_id=${ref.experimentId}`,
     );
     assert.equal(experiment.experiment.name, experimentName);
+  });
+
+  test("an experiment deleted in MLflow refuses the run: it still ends READY and its log says so, once", async (t) => {
+    if (typeof server === "string") return t.skip(server);
+    const { uri } = server;
+    const project = `conduit-deleted-${process.pid}`;
+    const { experiment_id } = await mlflow<{ experiment_id: string }>(uri, "experiments/create", {
+      name: project,
+    });
+    await mlflow(uri, "experiments/delete", { experiment_id });
+    const env = await testEnv(t, "sqlite", { CONDUIT_MLFLOW_TRACKING_URI: uri });
+    const { app } = await buildTestApp(t, env, { tracking, scheduler });
+    startScheduler(app);
+    const id = await startRun(app, { datasetID: await datasetOf(app), epochs: 2, trackerProject: project });
+    const run = await until(`run ${id}`, () => getRun(app, id), ended, 240_000);
+    assert.equal(run.status, "READY", run.logs.join("\n"));
+    assert.match(run.trackerURL, new RegExp(`/ui/runs/${id}$`), "trackerURL stays the dashboard page");
+    const report = run.logs.filter((line) => line.includes("MLflow tracking: not delivered"));
+    assert.equal(report.length, 1, run.logs.join("\n"));
+    assert.ok(report[0]?.includes(`experiment "${project}" is deleted in MLflow`), report[0]);
+    assert.ok(report[0]?.includes("nothing more of this run is sent"), report[0]);
   });
 
   // Last: it stops the server.

@@ -295,7 +295,7 @@ export class MlflowTracker {
         state.pumping = undefined;
         if (this.hasWork(state)) {
           if (!this.shutdown.signal.aborted) this.schedule(state, this.flushIntervalMs);
-        } else if (state.ended || !state.training) {
+        } else if (state.ended || (!state.training && !state.refused)) {
           // Over, or only created here: whoever trains it finds its MLflow run in the database.
           clearTimeout(state.timer);
           if (this.states.get(state.runId) === state) this.states.delete(state.runId);
