@@ -3,6 +3,7 @@ import fs from "node:fs";
 import path from "node:path";
 import { Readable } from "node:stream";
 import { describe, test, type TestContext } from "node:test";
+import { createParser } from "eventsource-parser";
 import type { FastifyInstance } from "fastify";
 import {
   asAlice,
@@ -917,4 +918,64 @@ test("artifact: a full run trained on the tiny model downloads as <run id>.gguf,
   assert.equal(stored.sizeBytes, expected.length);
   assert.equal(res.rawPayload.subarray(0, 4).toString(), "GGUF");
   assert.ok(res.rawPayload.equals(expected), "the downloaded bytes are the stored model");
+});
+
+test("run lists are summaries; each stats event carries only the loss points the stream has not sent", async (t) => {
+  const { app } = await build(t);
+  const core = coreOf(app);
+  const url = await app.listen({ port: 0, host: "127.0.0.1" });
+  const ds = await datasetWithPairs(app);
+  const run = await createRun(app, { datasetID: ds.id, baseModelName: "tiny" });
+  assert.equal((await core.runRepository.claimNext("w", 60_000))?.id, run.id);
+  const train = (steps: number[]) => steps.map((step) => ({ step, trainLoss: 5 - step / 10 }));
+  const evals = (steps: number[]) => steps.map((step) => ({ step, epoch: step, evalLoss: 4 }));
+  const stats = (trainSteps: number[], evalSteps: number[]) => ({
+    step: trainSteps.at(-1),
+    totalSteps: 10,
+    lossSeries: train(trainSteps),
+    evalLossSeries: evals(evalSteps),
+  });
+  assert.ok(await core.runRepository.updateStats(run.id, "w", stats([1, 2, 3], [2])));
+
+  // The list: no log, no series; the run itself has both.
+  const [listed] = (await app.inject({ url: "/conduit/finetuning", headers: asAlice })).json() as Record<
+    string,
+    unknown
+  >[];
+  assert.equal(listed?.id, run.id);
+  assert.equal("logs" in (listed ?? {}), false);
+  assert.deepEqual((listed as { stats: unknown }).stats, { step: 3, totalSteps: 10 });
+  const one = (await app.inject({ url: `/conduit/finetuning/${run.id}`, headers: asAlice })).json();
+  assert.ok(one.logs.length > 0);
+  assert.equal(one.stats.lossSeries.length, 3);
+
+  // The events: the first stats event has every point so far, the next ones only what is new.
+  const response = await fetch(`${url}/conduit/finetuning/${run.id}/events`, { headers: asAlice });
+  const queue: { event?: string; data: string }[] = [];
+  const parser = createParser({ onEvent: (event) => queue.push(event) });
+  const reader = response.body!.pipeThrough(new TextDecoderStream()).getReader();
+  const nextStats = async () => {
+    for (;;) {
+      const event = queue.shift();
+      if (event?.event === "stats") return JSON.parse(event.data) as Record<string, unknown>;
+      if (event) continue;
+      const { value, done } = await reader.read();
+      assert.ok(!done, "the stream ended before a stats event");
+      parser.feed(value);
+    }
+  };
+  const first = await nextStats();
+  assert.deepEqual(first.lossSeries, train([1, 2, 3]));
+  assert.deepEqual(first.evalLossSeries, evals([2]));
+  assert.ok(await core.runRepository.updateStats(run.id, "w", stats([1, 2, 3, 4, 5], [2, 4])));
+  const second = await nextStats();
+  assert.deepEqual(second.lossSeries, train([4, 5]));
+  assert.deepEqual(second.evalLossSeries, evals([4]));
+  assert.equal(second.step, 5);
+  assert.equal(second.seriesReset, undefined);
+  // A run that started over: the series start again, and the event says they replace the old ones.
+  assert.ok(await core.runRepository.updateStats(run.id, "w", stats([1], [])));
+  const third = await nextStats();
+  assert.deepEqual([third.lossSeries, third.evalLossSeries, third.seriesReset], [train([1]), [], true]);
+  await reader.cancel();
 });

@@ -10,6 +10,7 @@ import { buildApp } from "../src/api/buildApp.ts";
 import uiRoutes from "../src/api/routes/ui.ts";
 import { loadConfig } from "../src/config.ts";
 import { createCore } from "../src/core.ts";
+import { mergeStats } from "../ui/src/runStats.ts";
 import { readSse, type SseEvent } from "../ui/src/sse.ts";
 import { KEY_A, testEnv } from "./helper.ts";
 
@@ -85,6 +86,28 @@ test("the dashboard's SSE reader: events split anywhere, any line ending, commen
     for await (const event of readSse(body)) events.push(event);
     assert.deepEqual(events, expected, `split at byte ${cut}`);
   }
+});
+
+test("the run page appends each stats event's new loss points; a stream's first event or a reset replaces them", () => {
+  const point = (step: number) => ({ step, trainLoss: 5 - step });
+  const shown = mergeStats({}, { step: 2, lossSeries: [point(1), point(2)] }, true);
+  const next = mergeStats(
+    shown,
+    { step: 3, trainLoss: 2, lossSeries: [point(3)], evalLossSeries: [] },
+    false,
+  );
+  assert.deepEqual(next.lossSeries, [point(1), point(2), point(3)]);
+  assert.equal(next.step, 3);
+  assert.equal(next.trainLoss, 2);
+  // A new connection replays every point in its first event: no duplicates.
+  assert.deepEqual(mergeStats(next, { lossSeries: [point(1), point(2), point(3)] }, true).lossSeries, [
+    point(1),
+    point(2),
+    point(3),
+  ]);
+  const reset = mergeStats(next, { step: 1, lossSeries: [point(1)], seriesReset: true }, false);
+  assert.deepEqual(reset.lossSeries, [point(1)]);
+  assert.equal("seriesReset" in reset, false);
 });
 
 test("/ui routes: SPA fallback, public assets, 404 for missing files, 503 without a build", async (t) => {

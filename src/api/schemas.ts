@@ -133,6 +133,22 @@ export const Run = Type.Object(
   { $id: "Run" },
 );
 
+/** Lists of runs: each run without its log and loss series, which only `GET /conduit/finetuning/{id}` carries. */
+const { logs: _logs, ...summaryFields } = Run.properties;
+export const RunSummary = Type.Object(
+  {
+    ...summaryFields,
+    stats: Type.Record(Type.String(), Type.Unknown(), {
+      description: "The run's `stats` without `lossSeries` and `evalLossSeries` (read the run for those).",
+    }),
+  },
+  {
+    $id: "RunSummary",
+    description:
+      "A run as lists show it: every field of a run but `logs`, and `stats` without the loss series.",
+  },
+);
+
 export const PageQuery = Type.Object(
   {
     limit: Type.Integer({
@@ -390,6 +406,7 @@ export const ExamplesQuery = Type.Object(
 export type DatasetWire = Static<typeof Dataset>;
 export type DatasetFileWire = Static<typeof DatasetFile>;
 export type RunWire = Static<typeof Run>;
+export type RunSummaryWire = Static<typeof RunSummary>;
 export type CreateRunBodyWire = Static<typeof CreateRunBody>;
 export type UploadJsonBodyWire = Static<typeof UploadJsonBody>;
 export type RunExampleWire = Static<typeof RunExample>;
@@ -443,4 +460,4 @@ export function responses(
   return out;
 }
 
-export const sharedSchemas = [ErrorBody, Message, Dataset, DatasetFile, Run, RunExample];
+export const sharedSchemas = [ErrorBody, Message, Dataset, DatasetFile, Run, RunSummary, RunExample];

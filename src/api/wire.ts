@@ -1,6 +1,6 @@
 import type { Dataset, DatasetFile } from "../store/DatasetRepository.ts";
 import type { Run } from "../store/RunRepository.ts";
-import type { DatasetFileWire, DatasetWire, RunWire } from "./schemas.ts";
+import type { DatasetFileWire, DatasetWire, RunSummaryWire, RunWire } from "./schemas.ts";
 
 /** Domain records → the seed's wire shapes (both spellings of the dataset id where the seed has them). */
 
@@ -49,6 +49,13 @@ export function runWire(r: Run): RunWire {
     config: r.config,
     error: r.error,
   };
+}
+
+/** A run as lists show it: no log, no loss series (the run itself has them). */
+export function runSummaryWire(r: Run): RunSummaryWire {
+  const { logs: _logs, stats, ...rest } = runWire(r);
+  const { lossSeries: _loss, evalLossSeries: _eval, ...summary } = stats;
+  return { ...rest, stats: summary };
 }
 
 export const SUCCESS = { message: "SUCCESS" } as const;

@@ -2,6 +2,7 @@ import type {
   DatasetFileWire,
   DatasetWire,
   RunExampleWire,
+  RunSummaryWire,
   RunWire,
   CreateRunBodyWire,
 } from "../../src/api/schemas.ts";
@@ -12,6 +13,8 @@ import { readSse, type SseEvent } from "./sse.ts";
 export type Dataset = DatasetWire;
 export type DatasetFile = DatasetFileWire;
 export type Run = RunWire;
+/** A run as the list shows it: no log, no loss series. */
+export type RunSummary = RunSummaryWire;
 export type CreateRunBody = CreateRunBodyWire;
 /** A training or validation pair of a READY run, with its loss under the served weights. */
 export type RunExample = RunExampleWire;
@@ -40,8 +43,11 @@ export interface RunStats {
   tokensPerSecond?: number;
   elapsedSeconds?: number;
   etaSeconds?: number;
+  /** On a `stats` event, only the points after the previous event's (see `mergeStats` in runStats.ts). */
   lossSeries?: { step: number; trainLoss: number }[];
   evalLossSeries?: { step: number; epoch: number; evalLoss: number }[];
+  /** On a `stats` event: the series start over (the run restarted); they replace what was shown. */
+  seriesReset?: boolean;
   /** The epoch with the lowest eval loss. */
   bestEpoch?: number;
   /** What may have gone wrong, one plain sentence each. */
@@ -154,7 +160,7 @@ export const api = {
       "GET",
       `/conduit/dataset/${enc(datasetId)}/file/${enc(fileId)}/pairs?limit=${limit}&offset=${offset}`,
     ),
-  runs: () => json<Run[]>("GET", "/conduit/finetuning?limit=1000"),
+  runs: () => json<RunSummary[]>("GET", "/conduit/finetuning?limit=1000"),
   run: (id: string) => json<Run>("GET", `/conduit/finetuning/${enc(id)}`),
   createRun: (body: CreateRunBody) => json<Run>("POST", "/conduit/finetuning", body),
   cancelRun: (id: string) => json("POST", `/conduit/finetuning/${enc(id)}/cancel`),

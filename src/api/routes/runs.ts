@@ -16,11 +16,12 @@ import {
   Run,
   RunExample,
   RunParams,
+  RunSummary,
   responses,
   sseEvent,
 } from "../schemas.ts";
 import { openSse } from "../sse.ts";
-import { runWire, SUCCESS } from "../wire.ts";
+import { runSummaryWire, runWire, SUCCESS } from "../wire.ts";
 import { chatEvents, chatMessages, responseFormat, seedChatShape, seedSampling } from "./generation.ts";
 
 /** Seed 4.3: fine-tuning runs (plus `POST /conduit/finetuning`, which the seed does not show). */
@@ -53,11 +54,14 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
       schema: {
         tags,
         summary: "List your runs, newest first",
+        description:
+          "Each run as a summary: no `logs`, and `stats` without `lossSeries` and `evalLossSeries`; " +
+          "`GET /conduit/finetuning/{finetune_id}` has the whole run.",
         querystring: PageQuery,
-        response: responses({ 200: Type.Array(Run) }, [400, 401]),
+        response: responses({ 200: Type.Array(RunSummary) }, [400, 401]),
       },
     },
-    async (request) => (await runs.list(request.userId, request.query)).map(runWire),
+    async (request) => (await runs.list(request.userId, request.query)).map(runSummaryWire),
   );
 
   r.get(
@@ -227,7 +231,10 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
         summary: "Follow a run live (Server-Sent Events)",
         description:
           "Events: `log` (`{line}`) for each log line (earlier lines first), `stats` (the run's `stats`) when they change, " +
-          "`status` (`{status, error}`) when the status changes. The stream ends after the run reaches READY, FAILED or CANCELLED.",
+          "`status` (`{status, error}`) when the status changes. The stream ends after the run reaches READY, FAILED or CANCELLED. " +
+          "A `stats` event's `lossSeries` and `evalLossSeries` hold only the points after those of the stream's previous " +
+          "`stats` event (the first event: all so far), so a client appends them; `seriesReset: true` (a run that " +
+          "started over) means they replace what the client has.",
         params: RunParams,
         response: {
           ...responses({}),
@@ -247,6 +254,7 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
       const sse = openSse(request, reply);
       let seq = -1;
       let lastStats = "";
+      const series = new SeriesDelta();
       let lastStatus = "";
       // Polls the database, so it follows a run trained by any worker sharing it.
       while (!sse.signal.aborted) {
@@ -262,7 +270,7 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
         const stats = JSON.stringify(run.stats);
         if (stats !== lastStats) {
           lastStats = stats;
-          sse.send(run.stats, "stats");
+          sse.send(series.next(run.stats), "stats");
         }
         if (run.status !== lastStatus) {
           lastStatus = run.status;
@@ -276,6 +284,36 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
       return reply;
     },
   );
+}
+
+type Point = { step: number };
+
+/** The loss series of successive `stats` events, cut to the points a client has not had yet. */
+class SeriesDelta {
+  private lastTrain = Number.NEGATIVE_INFINITY;
+  private lastEval = Number.NEGATIVE_INFINITY;
+
+  next(stats: Record<string, unknown>): Record<string, unknown> {
+    const train = pointsOf(stats.lossSeries);
+    const evals = pointsOf(stats.evalLossSeries);
+    const lastTrain = train.at(-1)?.step ?? Number.NEGATIVE_INFINITY;
+    const lastEval = evals.at(-1)?.step ?? Number.NEGATIVE_INFINITY;
+    // A run that started over (a worker lost it, another trains it from the start) has fewer steps.
+    const reset = lastTrain < this.lastTrain || lastEval < this.lastEval;
+    const out: Record<string, unknown> = { ...stats, ...(reset ? { seriesReset: true } : {}) };
+    if ("lossSeries" in stats) out.lossSeries = reset ? train : train.filter((p) => p.step > this.lastTrain);
+    if ("evalLossSeries" in stats)
+      out.evalLossSeries = reset ? evals : evals.filter((p) => p.step > this.lastEval);
+    this.lastTrain = lastTrain;
+    this.lastEval = lastEval;
+    return out;
+  }
+}
+
+function pointsOf(value: unknown): Point[] {
+  return Array.isArray(value)
+    ? value.filter((p): p is Point => typeof (p as Point | null)?.step === "number")
+    : [];
 }
 
 /** How often the events stream looks for news. */

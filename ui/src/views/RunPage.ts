@@ -6,6 +6,7 @@ import { LossChart } from "../components/LossChart.ts";
 import { formatDuration, formatNumber, formatTime } from "../format.ts";
 import { messageOf, useAction } from "../hooks.ts";
 import { Link, navigate } from "../router.ts";
+import { mergeStats } from "../runStats.ts";
 
 /** Lines of log kept on the page; the run itself keeps them all. */
 const logTail = 300;
@@ -44,6 +45,7 @@ function useRunEvents(
       while (!controller.signal.aborted) {
         let logs: string[] = [];
         let received = 0;
+        let statsSeen = false;
         try {
           for await (const event of api.runEvents(id, controller.signal)) {
             setStreamError(undefined);
@@ -57,7 +59,10 @@ function useRunEvents(
                 setLive((l) => l && { ...l, logs: snapshot });
               }
             } else if (event.event === "stats") {
-              setLive((l) => l && { ...l, stats: data as RunStats });
+              // Each event carries only the new loss points; a connection's first one carries them all.
+              const first = !statsSeen;
+              statsSeen = true;
+              setLive((l) => l && { ...l, stats: mergeStats(l.stats, data as RunStats, first) });
             } else if (event.event === "status") {
               status = data.status as RunStatus | "DELETED";
               const error = (data.error as string | null) ?? null;

@@ -1,34 +1,17 @@
 import { h } from "preact";
 import { useEffect, useState } from "preact/hooks";
-import { api, isLive, type CreateRunBody, type Dataset, type Model, type Run } from "../api.ts";
+import { api, isLive, type CreateRunBody, type Dataset, type Model, type RunSummary } from "../api.ts";
 import { ErrorNote, Field, Loading, StatusBadge, TableScroll } from "../components/common.ts";
 import { formatTime } from "../format.ts";
 import { useAction, useInterval, useResource, type Resource } from "../hooks.ts";
 import { Link, navigate } from "../router.ts";
 
-/**
- * The list of runs, kept current while any is live by fetching just the live ones again every
- * 3 s (a run carries its whole log, so the list is not fetched again). One that cannot be fetched
- * (deleted meanwhile) reloads the list.
- */
-function useRuns(): Resource<Run[]> {
+/** The list of runs (summaries: no log, no loss series), fetched again every 3 s while any is live. */
+function useRuns(): Resource<RunSummary[]> {
   const runs = useResource(() => api.runs(), []);
-  const [fresh, setFresh] = useState<ReadonlyMap<string, Run>>(new Map());
-  useEffect(() => setFresh(new Map()), [runs.data]);
-  const data = runs.data?.map((r) => fresh.get(r.id) ?? r);
-  const live = (data ?? []).filter((r) => isLive(r.status)).map((r) => r.id);
-  useInterval(
-    () => {
-      Promise.all(live.map((id) => api.run(id))).then(
-        (updated) =>
-          setFresh((previous) => new Map([...previous, ...updated.map((r) => [r.id, r] as const)])),
-        () => runs.reload(),
-      );
-    },
-    3000,
-    live.length > 0,
-  );
-  return { ...runs, data };
+  const live = (runs.data ?? []).some((r) => isLive(r.status));
+  useInterval(() => runs.reload(), 3000, live);
+  return runs;
 }
 
 /** Fine-tuning runs: the creation form and the list, refreshed while any run is live. */
@@ -51,7 +34,7 @@ export function Runs({ datasetId }: { datasetId: string | null }) {
   );
 }
 
-function RunTable({ runs }: { runs: Run[] }) {
+function RunTable({ runs }: { runs: RunSummary[] }) {
   return h(
     TableScroll,
     { label: "Runs" },
