@@ -397,6 +397,26 @@ test("the document's schema for response_format's JSON schemas is what the gramm
   }
 });
 
+test("a run on a dataset without pairs is a 409: the dataset's state, not the request, is wrong", async (t) => {
+  const { app } = await build(t);
+  const ds = await createDataset(app, "empty");
+  const payload = { datasetID: ds.id, baseModelName: "tiny" };
+  const before = await app.inject({ method: "POST", url: "/conduit/finetuning", headers: asAlice, payload });
+  assert.equal(before.statusCode, 409, before.body);
+  assert.equal(before.json().error.code, "conflict");
+  assert.match(before.json().error.message, /has no IO pairs; upload a file first/);
+  const doc = (await app.inject({ url: "/openapi.json" })).json() as Document;
+  assert.ok(doc.paths["/conduit/finetuning"]?.post?.responses["409"], "the 409 is documented");
+  await app.inject({
+    method: "POST",
+    url: `/conduit/dataset/${ds.id}/upload`,
+    headers: asAlice,
+    payload: { name: "a.jsonl", ioPairs: [{ input: "a", output: "b" }] },
+  });
+  const after = await app.inject({ method: "POST", url: "/conduit/finetuning", headers: asAlice, payload });
+  assert.equal(after.statusCode, 200, after.body);
+});
+
 test("datasetID and datasetId naming different datasets is a 400; the same one twice is fine", async (t) => {
   const { app } = await build(t);
   const world = await aliceWorld(app);

@@ -246,14 +246,11 @@ export class RunService {
         param: "datasetID",
       });
     const dataset = await this.datasets.find(userId, { id: datasetId, name: body.datasetName });
+    // The dataset's state, not the request, is what is wrong (the same body works after an upload).
     if (dataset.ioPairsCount === 0)
-      throw new ConduitError(
-        "invalid_request",
-        `dataset ${dataset.id} has no IO pairs; upload a file first`,
-        {
-          param: datasetId ? "datasetID" : "datasetName",
-        },
-      );
+      throw new ConduitError("conflict", `dataset ${dataset.id} has no IO pairs; upload a file first`, {
+        param: datasetId ? "datasetID" : "datasetName",
+      });
     const baseModelName = body.baseModelName ?? this.options.defaultModel;
     if (!baseModelName)
       throw new ConduitError(

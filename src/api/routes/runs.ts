@@ -39,7 +39,7 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
         description:
           "Validates the configuration and queues the run. `config` on the result shows every effective value.",
         body: CreateRunBody,
-        response: responses({ 200: Run }, [400, 401, 404, 413, 415, 507]),
+        response: responses({ 200: Run }, [400, 401, 404, 409, 413, 415, 507]),
       },
       // Before the schema, so that a target like `attn_k` is refused with its reason.
       preValidation: async (request) =>
