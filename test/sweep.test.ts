@@ -168,3 +168,23 @@ test("a file blob no record holds (a crash between storing and recording) is swe
   assert.equal(fs.existsSync(deletedDir), false, "an empty dataset directory an hour old is removed");
   assert.equal(fs.existsSync(core.blobs.pathOf(`files/${ds.id}`)), true);
 });
+
+test("a run taken back from a dead worker loses its work directory, not its checkpoint", async (t) => {
+  const env = await testEnv(t, "sqlite", { CONDUIT_TRAIN_CONCURRENCY: "0" });
+  const core = await createCore(loadConfig(env.env));
+  t.after(() => core.close());
+  const ds = await core.datasets.create("alice", "d");
+  await core.datasets.upload("alice", ds.id, {
+    name: "a.jsonl",
+    source: Readable.from(['{"input":"ping","output":"pong"}\n']),
+  });
+  const run = await runIn(core, ds.id, "QUEUED", []);
+  // A worker claims it with a lease that runs out at once, writes, and dies.
+  assert.equal((await core.runRepository.claimNext("dead-worker", 1))?.id, run);
+  writeFiles(core, run, ["work/base-f32.gguf", "work/examples.jsonl", "checkpoint/adapter.gguf"]);
+  await new Promise((resolve) => setTimeout(resolve, 10));
+
+  await core.scheduler.tick();
+  assert.equal((await core.runRepository.getById(run))?.status, "QUEUED");
+  assert.deepEqual(filesOf(core, run), ["checkpoint/adapter.gguf"]);
+});

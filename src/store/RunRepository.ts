@@ -468,7 +468,14 @@ export class RunRepository {
    * Crash recovery: RUNNING runs whose lease has expired (their worker died) go back to QUEUED,
    * or to FAILED once they have been started `maxAttempts` times. Returns the affected ids.
    */
-  async recoverExpired(maxAttempts: number): Promise<{ requeued: string[]; failed: string[] }> {
+  async recoverExpired(
+    maxAttempts: number,
+    /**
+     * Called for each expired run before it is taken back, while no worker can claim it: the caller
+     * removes what the dead attempt left (its work directory).
+     */
+    beforeRecover?: (runId: string) => Promise<void>,
+  ): Promise<{ requeued: string[]; failed: string[] }> {
     const now = timestamp();
     const expired = await this.db
       .selectFrom("runs")
@@ -480,6 +487,7 @@ export class RunRepository {
     const failed: string[] = [];
     for (const run of expired) {
       const fail = run.attempts >= maxAttempts;
+      await beforeRecover?.(run.id);
       const result = await this.db
         .updateTable("runs")
         .set({

@@ -92,7 +92,11 @@ export class Scheduler {
 
   private async doTick(): Promise<void> {
     try {
-      const { failed } = await this.runs.recoverExpired(this.maxAttempts);
+      // A dead attempt's work directory is of no use to the next one (which resumes from the checkpoint):
+      // it goes before the run is QUEUED again, while no worker can claim it.
+      const { failed } = await this.runs.recoverExpired(this.maxAttempts, (runId) =>
+        this.blobs.remove(`runs/${runId}/work`),
+      );
       for (const runId of failed) this.runService.events.emit("ended", runId, "FAILED");
       for (const active of this.active.values()) await this.renew(active);
       while (!this.closed && this.active.size < this.options.concurrency) {
