@@ -7,6 +7,7 @@ import path from "node:path";
 import { after, before, describe, test } from "node:test";
 import type { FastifyInstance } from "fastify";
 import { describeConfig, loadConfig } from "../src/config.ts";
+import type { Core } from "../src/core.ts";
 import { asAlice, backends, buildTestApp, testEnv } from "./helper.ts";
 
 /**
@@ -297,8 +298,18 @@ describe("runs mirrored to MLflow", () => {
 
       // Created by a server that stops before training it: the MLflow run is made at creation.
       const first = (await buildTestApp(t, env, { tracking })).app;
+      const datasetID = await datasetOf(first);
+      // A validation file of its own, so that there is an eval loss.
+      const validation = await first.inject({
+        method: "POST",
+        url: `/conduit/dataset/${datasetID}/upload`,
+        headers: asAlice,
+        payload: { name: "v.jsonl", ioPairs: pairs.slice(0, 2) },
+      });
+      assert.equal(validation.statusCode, 200, validation.body);
       const id = await startRun(first, {
-        datasetID: await datasetOf(first),
+        datasetID,
+        validationFileID: validation.json().id,
         epochs: 3,
         trackerProject: project,
         trackerEntity: "team-a",
@@ -361,6 +372,16 @@ describe("runs mirrored to MLflow", () => {
       );
       for (const key of ["learning_rate", "tokens_per_second", "epoch"])
         assert.equal((await history(uri, ref.runId, key)).length, trainLoss.length, key);
+      const evalLoss = await history(uri, ref.runId, "eval_loss");
+      assert.ok(run.stats.evalLossSeries.length > 0);
+      assert.deepEqual(
+        evalLoss.map((point) => point.step),
+        run.stats.evalLossSeries.map((point: { step: number }) => point.step),
+      );
+      assert.ok(
+        evalLoss.every((point, i) => Math.abs(point.value - run.stats.evalLossSeries[i].evalLoss) < 1e-6),
+        JSON.stringify({ evalLoss, series: run.stats.evalLossSeries }),
+      );
 
       // The restart logged to the same MLflow run: the experiment holds exactly one for this run.
       const search = await mlflow<{ runs?: MlflowRun[] }>(uri, "runs/search", {
@@ -382,6 +403,48 @@ describe("runs mirrored to MLflow", () => {
       assert.equal(page.status, 200);
       assert.match(await page.text(), /<html/i);
     });
+
+  test("more metric points than one call takes go in several; a long param is cut to MLflow's 6000 characters", async (t) => {
+    if (typeof server === "string") return t.skip(server);
+    const { uri } = server;
+    const env = await testEnv(t, "sqlite", { CONDUIT_MLFLOW_TRACKING_URI: uri });
+    const { app } = await buildTestApp(t, env, { tracking });
+    const systemPrompt = "You answer in one word. ".repeat(300);
+    const id = await startRun(app, { datasetID: await datasetOf(app), epochs: 1, systemPrompt });
+    const created = await until(
+      "the MLflow run",
+      () => getRun(app, id),
+      (run) => run.trackerURL.startsWith(uri),
+    );
+    const ref = refOf(uri, created.trackerURL);
+    // 300 progress reports at once, as a trainer far ahead of MLflow would send them: 1,500
+    // points queued, more than the 1,000 one call may carry.
+    const core = (app as unknown as { conduit: Core }).conduit;
+    for (let step = 1; step <= 300; step++)
+      core.runs.events.emit("progress", id, {
+        step,
+        totalSteps: 300,
+        epoch: 1,
+        epochs: 1,
+        trainLoss: 5 - step / 100,
+        evalLoss: 6 - step / 100,
+        learningRate: 0.001,
+        tokensPerSecond: 1000 + step,
+        elapsedSeconds: step,
+        etaSeconds: 300 - step,
+      });
+    for (const key of ["train_loss", "eval_loss", "learning_rate", "tokens_per_second", "epoch"])
+      await until(
+        `300 ${key} points`,
+        () => history(uri, ref.runId, key),
+        (points) => points.length === 300,
+      );
+    const logs = (await getRun(app, id)).logs;
+    assert.ok(!logs.some((line) => line.includes("not delivered")), logs.join("\n"));
+    const params = (await mlflowRun(uri, ref.runId)).data.params ?? [];
+    assert.equal(systemPrompt.length > 6000, true);
+    assert.equal(params.find((param) => param.key === "systemPrompt")?.value, systemPrompt.slice(0, 6000));
+  });
 
   test("a cancelled run is KILLED in MLflow, in the default experiment", async (t) => {
     if (typeof server === "string") return t.skip(server);
