@@ -414,15 +414,37 @@ describe("the OpenAI surface on the tiny model", () => {
     });
     assert.equal(chat.statusCode, 200, chat.body);
     assert.ok(chat.json().usage.completion_tokens > 0);
-    // An explicit max_tokens is a cap, also beyond the context.
-    const capped = await small.inject({
+    // An explicit max_tokens that cannot fit after the prompt is a 400 naming it (as OpenAI), on /v1 only:
+    // the seed's endpoints cap it, so their default of 256 works on this model too.
+    const tooMany = await small.inject({
       method: "POST",
       url: chatUrl,
       headers: asAlice,
-      payload: { model: "tiny", messages, temperature: 0, max_tokens: 100_000 },
+      payload: { model: "tiny", messages, temperature: 0, max_tokens: context },
     });
-    assert.equal(capped.statusCode, 200, capped.body);
-    assert.ok(capped.json().usage.prompt_tokens + capped.json().usage.completion_tokens <= context);
+    assert.equal(tooMany.statusCode, 400, tooMany.body);
+    assert.equal(tooMany.json().error.param, "max_tokens");
+    assert.match(tooMany.json().error.message, new RegExp(`context holds ${context}`));
+    const fits = await small.inject({
+      method: "POST",
+      url: chatUrl,
+      headers: asAlice,
+      payload: {
+        model: "tiny",
+        messages,
+        temperature: 0,
+        max_tokens: context - chat.json().usage.prompt_tokens,
+      },
+    });
+    assert.equal(fits.statusCode, 200, fits.body);
+    const seed = await small.inject({
+      method: "POST",
+      url: "/conduit/v1/chat",
+      headers: asAlice,
+      payload: { model: "tiny", prompt: "Hi", temperature: 0, max_tokens: 100_000 },
+    });
+    assert.equal(seed.statusCode, 200, seed.body);
+    assert.ok(seed.json().usage.prompt_tokens + seed.json().usage.completion_tokens <= context);
   });
 
   test("a field OpenAI does not have is a 400 naming it; invalid values still are", async () => {

@@ -398,8 +398,8 @@ const OpenAiSampling = {
   ),
   max_tokens: Nullable(Type.Integer({ minimum: 1 }), {
     description:
-      "Most tokens to generate, a cap: generation also ends (`length`) when the model's context is full. " +
-      "Absent or `null`: up to the room left in the context.",
+      "Most tokens to generate; with the prompt, they must fit the model's context (else a `400` naming " +
+      "`max_tokens`). Absent or `null`: up to the room left in the context.",
   }),
   temperature: OrNull(Type.Number({ minimum: 0, maximum: 2 }), {
     default: 1,

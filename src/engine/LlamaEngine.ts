@@ -311,6 +311,17 @@ class LlamaEngine implements Engine {
     loaded.lastUsed = Date.now();
     // Synchronous from here to taking a sequence, so the free-sequence check and the queue bound cannot race.
     const prompt = this.tokenizeRequest(loaded, request);
+    if (
+      sampling.maxTokensMustFit === true &&
+      sampling.maxTokens !== undefined &&
+      prompt.length + sampling.maxTokens > loaded.contextSize
+    )
+      throw new ConduitError(
+        "invalid_request",
+        `The prompt is ${prompt.length} tokens and max_tokens asks for ${sampling.maxTokens} more; this model's ` +
+          `context holds ${loaded.contextSize}. Lower max_tokens, or leave it out to use the room left.`,
+        { param: "max_tokens" },
+      );
     signal?.throwIfAborted();
     let sequenceId = loaded.waiters.length === 0 ? takeSequence(loaded, prompt) : undefined;
     if (sequenceId === undefined) {

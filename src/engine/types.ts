@@ -7,6 +7,12 @@ export type { ChatMessage, ChatRole, ModelRef, ToolCall, ToolDefinition } from "
 export interface SamplingOptions {
   /** Most tokens to generate, a cap. Absent: until the context is full (or the model stops). */
   maxTokens?: number;
+  /**
+   * `maxTokens` must fit in the context after the prompt, or the request is an `invalid_request` naming
+   * `max_tokens` with the token counts (OpenAI's rule for an explicit `max_tokens`). Defaults to `false`: it is
+   * a cap, and the answer ends (`length`) when the context is full, as in llama-server.
+   */
+  maxTokensMustFit?: boolean;
   /** 0 means greedy. */
   temperature: number;
   topK: number;

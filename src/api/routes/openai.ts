@@ -30,12 +30,17 @@ import { chatEvents, completionShape, responseFormat, seedSampling } from "./gen
 function openAiSampling(
   body: Parameters<typeof seedSampling>[0] & { max_completion_tokens?: number | undefined },
 ): SamplingOptions {
-  return seedSampling({
-    ...body,
-    max_tokens: body.max_completion_tokens ?? body.max_tokens,
-    // OpenAI seeds are any integer; the sampler takes 32 bits.
-    seed: body.seed === undefined ? undefined : body.seed >>> 0,
-  });
+  const maxTokens = body.max_completion_tokens ?? body.max_tokens;
+  return {
+    ...seedSampling({
+      ...body,
+      max_tokens: maxTokens,
+      // OpenAI seeds are any integer; the sampler takes 32 bits.
+      seed: body.seed === undefined ? undefined : body.seed >>> 0,
+    }),
+    // As OpenAI: an explicit max_tokens that cannot fit after the prompt is a 400.
+    ...(maxTokens !== undefined ? { maxTokensMustFit: true } : {}),
+  };
 }
 
 /** OpenAI's end-user ids go to the request's log line, which is what they are for: tracing abuse. */
