@@ -12,6 +12,7 @@ import { fileURLToPath } from "node:url";
 import type { FastifyInstance } from "fastify";
 import { buildTestApp, KEY_A, testEnv } from "./helper.ts";
 import type { Core } from "../src/core.ts";
+import { EtaEstimate } from "../src/cli/runsCommand.ts";
 import { ConduitError } from "../src/errors.ts";
 import { ModelRegistry, type PullProgress } from "../src/model/ModelRegistry.ts";
 
@@ -743,4 +744,81 @@ test("interactive chat drops its oldest turns to fit the model's context, keepin
     answers[0]!.usage.prompt_tokens >
       (JSON.parse(one.stdout.trim()) as { usage: { prompt_tokens: number } }).usage.prompt_tokens,
   );
+});
+
+test("runs watch: on a terminal a bar below the log with an ETA from the step rate; elsewhere the log alone", async (t) => {
+  const environment = await testEnv(t);
+  const { app } = await buildTestApp(t, environment);
+  const core = (app as FastifyInstance & { conduit: Core }).conduit;
+  const url = await app.listen({ port: 0, host: "127.0.0.1" });
+  const env = {
+    CONDUIT_DATA_DIR: environment.dataDir,
+    CONDUIT_LOG_LEVEL: "silent",
+    CONDUIT_URL: url,
+    CONDUIT_API_KEY: KEY_A,
+  };
+  const dataset = await core.datasets.create("alice", "d");
+  await core.datasets.upload("alice", dataset.id, {
+    name: "train.jsonl",
+    source: Readable.from([`${JSON.stringify({ input: "q", output: "a" })}\n`]),
+  });
+  const run = await core.runs.create("alice", { datasetID: dataset.id, baseModelName: "tiny" });
+  assert.equal((await core.runRepository.claimNext("w", 60_000))?.id, run.id);
+  await core.runRepository.appendLog(run.id, "epoch 1 of 3");
+  // 4 of 10 steps in 8 s: 6 steps to go at 2 s a step.
+  await core.runRepository.updateStats(run.id, "w", {
+    step: 4,
+    totalSteps: 10,
+    elapsedSeconds: 8,
+    trainLoss: 1.5,
+  });
+  await core.runRepository.appendLog(run.id, "cancelling now");
+  await core.runs.cancel("alice", run.id);
+
+  // Not a terminal: the log and the status on stdout, no bar anywhere.
+  const piped = await conduit(env, "runs", "watch", run.id);
+  assert.equal(piped.code, 1, "the run ended CANCELLED");
+  assert.match(piped.stdout, /epoch 1 of 3\n.*cancelling now\n(.*\n)*status: CANCELLED\n$/);
+  assert.doesNotMatch(piped.stdout + piped.stderr, /step 4\/10|ETA/);
+
+  // A terminal (util-linux `script` gives the command one).
+  const script = "/usr/bin/script";
+  if (!fs.existsSync(script)) return t.skip(`${script} is missing: no terminal to test the bar on`);
+  const command = [process.execPath, bin, "runs", "watch", run.id].map((a) => `'${a}'`).join(" ");
+  const tty = await new Promise<string>((resolve) =>
+    execFile(
+      script,
+      ["-qec", command, "/dev/null"],
+      { env: { PATH: process.env.PATH ?? "", TERM: "xterm", ...env }, timeout: 120_000 },
+      (_error, stdout) => resolve(stdout),
+    ),
+  );
+  assert.match(tty, /step 4\/10 \[.*\] epoch -\/- loss 1\.5000 eval - - tok\/s ETA 12s/);
+  // What a terminal shows of each line: the text after the last carriage return or erase-line, no escapes.
+  const esc = String.fromCharCode(27);
+  const shown = tty
+    .replace(/\r\n/g, "\n")
+    .split("\n")
+    .map((line) => {
+      const last = line.split(new RegExp(`\\r|${esc}\\[1G|${esc}\\[2K`)).at(-1) ?? "";
+      return last.replace(new RegExp(`${esc}\\[[0-9;?]*[A-Za-z]`, "g"), "");
+    });
+  // The status came while the bar was up: it is printed above the bar, on a line of its own.
+  assert.ok(shown.includes("status: CANCELLED"), JSON.stringify(shown));
+  assert.ok(
+    shown.some((line) => line.endsWith("cancelling now") && !line.includes("step")),
+    JSON.stringify(shown),
+  );
+});
+
+test("the runs watch ETA follows the step rate it sees, else the run's own", () => {
+  const eta = new EtaEstimate();
+  assert.equal(eta.update({ step: 0, totalSteps: 10 }, 0), undefined, "no rate yet");
+  const watch = new EtaEstimate();
+  // First seen at step 2 after 100 s: the run's own rate, 50 s a step, for the 8 steps left.
+  assert.equal(watch.update({ step: 2, totalSteps: 10, elapsedSeconds: 100 }, 1_000), 400);
+  // Then 4 steps in 4 s: the pace seen counts, not the run's slow start.
+  assert.equal(watch.update({ step: 6, totalSteps: 10, elapsedSeconds: 104 }, 5_000), 4);
+  const replay = new EtaEstimate();
+  assert.equal(replay.update({ step: 4, totalSteps: 10, elapsedSeconds: 8 }, 0), 12, "the run's own rate");
 });
