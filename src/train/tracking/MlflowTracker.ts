@@ -195,19 +195,25 @@ export class MlflowTracker {
     this.events?.off("created", this.onCreated);
     this.events?.off("progress", this.onProgress);
     this.events?.off("ended", this.onEnded);
-    for (const state of this.states.values()) {
-      state.coolUntil = 0;
-      this.schedule(state, 0);
+    const sendNow = () => {
+      for (const state of this.states.values()) {
+        state.coolUntil = 0;
+        if (this.hasWork(state)) this.schedule(state, 0);
+      }
+      return [...this.states.values()].flatMap((state) => (state.pumping ? [state.pumping] : []));
+    };
+    const deadline = Date.now() + this.closeTimeoutMs;
+    for (let pumps = sendNow(); pumps.length > 0 && Date.now() < deadline; pumps = sendNow()) {
+      let timer: NodeJS.Timeout | undefined;
+      await Promise.race([
+        Promise.all(pumps),
+        new Promise((resolve) => (timer = setTimeout(resolve, deadline - Date.now()))),
+      ]);
+      clearTimeout(timer);
     }
-    const pumps = () => Promise.all([...this.states.values()].map((state) => state.pumping));
-    let timer: NodeJS.Timeout | undefined;
-    await Promise.race([
-      pumps(),
-      new Promise((resolve) => (timer = setTimeout(resolve, this.closeTimeoutMs))),
-    ]);
-    clearTimeout(timer);
+    // Past the deadline: calls under way are aborted, and what is left is reported as not delivered.
     this.shutdown.abort();
-    await pumps();
+    await Promise.all(sendNow());
   }
 
   private state(runId: string): RunState {
@@ -267,8 +273,16 @@ export class MlflowTracker {
           break;
         }
         try {
-          await this.sendNext(state);
+          const sent = await this.sendNext(state);
           failures = 0;
+          // Metric points go in a batch per flush interval, unless a whole call's worth waits.
+          if (
+            sent === "metrics" &&
+            !this.closing &&
+            state.end === undefined &&
+            state.metrics.length < mlflowLimits.metricsPerBatch
+          )
+            break;
         } catch (error) {
           if (error instanceof MlflowError && !error.retryable) {
             await this.refusal(state, error);
@@ -304,11 +318,11 @@ export class MlflowTracker {
   }
 
   /** One call: create the MLflow run, or send params, a metric batch or the final status. */
-  private async sendNext(state: RunState): Promise<void> {
+  private async sendNext(state: RunState): Promise<"run" | "params" | "metrics" | "end" | undefined> {
     const signal = this.shutdown.signal;
     if (!state.ref) {
       await this.ensureRun(state);
-      return;
+      return "run";
     }
     if (state.params === undefined) {
       const run = state.run ?? (await this.runs.getById(state.runId));
@@ -319,19 +333,21 @@ export class MlflowTracker {
       const params = state.params.slice(0, mlflowLimits.paramsPerBatch);
       await this.client.logBatch(state.ref.runId, { params }, signal);
       state.params.splice(0, params.length);
-      return;
+      return "params";
     }
     state.startWanted = false;
     if (state.metrics.length > 0) {
       const metrics = state.metrics.slice(0, mlflowLimits.metricsPerBatch);
       await this.client.logBatch(state.ref.runId, { metrics }, signal);
       state.metrics.splice(0, metrics.length);
-      return;
+      return "metrics";
     }
     if (state.end) {
       await this.client.updateRun(state.ref.runId, mlflowStatus[state.end], Date.now(), signal);
       state.end = undefined;
+      return "end";
     }
+    return undefined;
   }
 
   /**
