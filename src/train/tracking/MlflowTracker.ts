@@ -134,7 +134,8 @@ export class MlflowTracker {
         state.metrics.push({ key, value, timestamp, step: progress.step });
     const over = state.metrics.length - this.maxQueuedMetrics;
     if (over > 0) {
-      this.noteMetrics(state, state.metrics.splice(0, over));
+      // The oldest tenth goes at once, so that a full queue does not cost a shift per report.
+      this.noteMetrics(state, state.metrics.splice(0, over + Math.floor(this.maxQueuedMetrics / 10)));
       state.quietReason ??= `more than ${this.maxQueuedMetrics} metric points were waiting for MLflow`;
     }
     this.schedule(state, this.flushIntervalMs);
