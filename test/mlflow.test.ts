@@ -35,6 +35,7 @@ function findMlflow(): MlflowCommand | string {
     const result = spawnSync(candidate.command, [...candidate.args, "--version"], {
       encoding: "utf8",
       timeout: 120_000,
+      env: { ...process.env, MLFLOW_DISABLE_TELEMETRY: "true" },
     });
     if (result.status === 0) return candidate;
     tried.push(
@@ -92,8 +93,8 @@ async function startMlflow(dir: string): Promise<MlflowServer | string> {
       cwd: dir,
       detached: true,
       stdio: ["ignore", out, out],
-      // No background job runners (trace jobs): the tests need the tracking API only.
-      env: { ...process.env, MLFLOW_SERVER_ENABLE_JOB_EXECUTION: "false" },
+      // No background job runners (trace jobs): the tests need the tracking API only. No telemetry.
+      env: { ...process.env, MLFLOW_SERVER_ENABLE_JOB_EXECUTION: "false", MLFLOW_DISABLE_TELEMETRY: "true" },
     },
   );
   fs.closeSync(out);
