@@ -1,3 +1,5 @@
+import { MAX_GRAMMAR_COUNT } from "../engine/grammars.ts";
+
 /**
  * Corrections to the generated OpenAPI document, so that it says what the server does.
  *
@@ -73,7 +75,7 @@ const GRAMMAR_SCHEMA_REF = "#/components/schemas/GrammarSchema";
  */
 function grammarSchema(): Json {
   const ref = { $ref: GRAMMAR_SCHEMA_REF };
-  const count = { type: "integer", minimum: 0 };
+  const count = { type: "integer", minimum: 0, maximum: MAX_GRAMMAR_COUNT };
   const literal = { type: ["string", "number", "boolean", "null"] };
   const kind = (keywords: Json): Json => ({
     type: "object",
@@ -85,8 +87,9 @@ function grammarSchema(): Json {
     description:
       "A JSON Schema the sampler's grammar can honour: `type`, `const`, `enum`, `oneOf`/`anyOf`, `properties` " +
       "(all written, as in OpenAI's strict mode), `required`, `additionalProperties`, `items`, `prefixItems`, " +
-      "`minItems`/`maxItems`, `minLength`/`maxLength`, `minProperties`/`maxProperties` and `format` `date-time`, " +
-      "`date` or `time`; `$ref` into the root's `$defs` as well. Any other keyword is a `400`.",
+      "`minItems`/`maxItems`, `minLength`/`maxLength`, `minProperties`/`maxProperties` (each at most " +
+      `${MAX_GRAMMAR_COUNT}) and \`format\` \`date-time\`, \`date\` or \`time\`; \`$ref\` into the root's \`$defs\` as well. ` +
+      "Any other keyword is a `400`.",
     anyOf: [
       kind({ const: literal }),
       kind({ enum: { type: "array", minItems: 1, items: literal } }),

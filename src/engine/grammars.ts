@@ -111,6 +111,13 @@ function anyOfAsOneOf(schema: unknown, names = false): unknown {
 const isLiteral = (value: unknown) =>
   value === null || ["string", "number", "boolean"].includes(typeof value);
 
+/**
+ * Largest `minLength`, `maxLength`, `minItems`, … a schema may hold. They become repetitions in the
+ * grammar, and llama.cpp refuses to parse a grammar that repeats a rule 2000 times or more ("exceeds sane
+ * defaults"; measured with node-llama-cpp 3.22: `minLength` 2000 and `minItems` 2000 fail, 1000 compiles).
+ */
+export const MAX_GRAMMAR_COUNT = 1000;
+
 const TYPES = new Set(["string", "number", "integer", "boolean", "null", "object", "array"]);
 const FORMATS = new Set(["date-time", "date", "time"]);
 /** Keywords that only describe (the grammar ignores them). */
@@ -213,8 +220,11 @@ export function unsupportedJsonSchema(
       if (reason) return reason;
     }
     for (const key of ["minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties"])
-      if (s[key] !== undefined && !(Number.isInteger(s[key]) && (s[key] as number) >= 0))
-        return `${at}.${key} must be a non-negative integer`;
+      if (
+        s[key] !== undefined &&
+        !(Number.isInteger(s[key]) && (s[key] as number) >= 0 && (s[key] as number) <= MAX_GRAMMAR_COUNT)
+      )
+        return `${at}.${key} must be an integer from 0 to ${MAX_GRAMMAR_COUNT}`;
   } else return `${at} needs one of "type", "const", "enum", "oneOf", "anyOf" or "$ref"`;
   const unknown = Object.keys(s).find((key) => !allowed.has(key));
   if (unknown !== undefined) return `${at}.${unknown} is not supported by the grammar`;
