@@ -129,6 +129,7 @@ export class ModelRegistry {
     const part = `${target}.${process.pid}.part`;
     const stall = new Stall(options.timeoutMs, options.signal);
     let downloaded = 0;
+    let out: fs.WriteStream | undefined;
     try {
       stall.phase = `no answer from ${new URL(url).host}`;
       const response = await fetch(url, { signal: stall.signal, redirect: "follow" });
@@ -159,7 +160,7 @@ export class ModelRegistry {
             yield chunk;
           }
         },
-        fs.createWriteStream(part),
+        (out = fs.createWriteStream(part)),
         { signal: stall.signal },
       );
       if (total > 0 && downloaded !== total)
@@ -172,6 +173,10 @@ export class ModelRegistry {
       fs.renameSync(part, target);
       return target;
     } catch (error) {
+      // The file may still be opening when the pipeline fails: remove it once the stream has closed.
+      const stream = out;
+      if (stream && !stream.closed)
+        await new Promise<void>((resolve) => stream.once("close", () => resolve()));
       fs.rmSync(part, { force: true });
       if (options.signal?.aborted) throw error;
       if (error instanceof ConduitError) throw error;
