@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Fuzzes the whole API from its OpenAPI document with schemathesis (PyPI), every check, every phase
+# (examples, coverage, fuzzing, stateful), against a real `conduit serve` on a temp data dir with the
+# tiny generated model and one key. Prints schemathesis's report; exits with its status.
+#
+#   bash bench/schemathesis.sh [--max-examples 30] [any other `schemathesis run` option]
+#
+# The venv goes to .cache/schemathesis-venv (git-ignored), made once.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=bench/.cache/schemathesis-venv
+if [ ! -x "$venv/bin/schemathesis" ]; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet schemathesis
+fi
+
+data=$(mktemp -d /tmp/conduit-schemathesis-XXXXXX)
+port=$(node -e 'const s=require("net").createServer().listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})')
+key=schemathesis-key-0000000000
+CONDUIT_DATA_DIR=$data node bin/conduit.js models create-tiny >/dev/null
+CONDUIT_DATA_DIR=$data CONDUIT_PORT=$port CONDUIT_API_KEYS=$key:fuzzer CONDUIT_DEFAULT_MODEL=tiny \
+  CONDUIT_METRICS_USERS=fuzzer CONDUIT_LOG_LEVEL=warn node bin/conduit.js serve >"$data/server.log" 2>&1 &
+server=$!
+trap 'kill $server 2>/dev/null; wait $server 2>/dev/null; rm -rf "$data"' EXIT
+for _ in $(seq 120); do
+  curl -sf "http://127.0.0.1:$port/healthz" >/dev/null && break
+  sleep 1
+done
+
+"$venv/bin/schemathesis" run "http://127.0.0.1:$port/openapi.json" \
+  -H "x-api-key: $key" --checks all --phases examples,coverage,fuzzing,stateful \
+  --max-examples 30 --suppress-health-check all "$@"
