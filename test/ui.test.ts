@@ -409,51 +409,59 @@ test("dashboard end to end in Chromium", { timeout: 600_000 }, async (t) => {
     await shot(page, "playground");
   });
 
-  await t.test("the runs list follows a live run by fetching just that run", async () => {
-    // Started over the API with enough epochs to stay live for a while; cancelled from here.
-    const datasets = (await (
-      await fetch(`${base}/conduit/dataset`, { headers: { "x-api-key": KEY_A } })
-    ).json()) as { id: string }[];
-    const created = await fetch(`${base}/conduit/finetuning`, {
-      method: "POST",
-      headers: { "x-api-key": KEY_A, "content-type": "application/json" },
-      body: JSON.stringify({
-        datasetID: datasets[0]?.id,
-        baseModelName: "tiny",
-        epochs: 1000,
-        name: "long-run",
-      }),
-    });
-    assert.equal(created.status, 200);
-    const { id } = (await created.json()) as { id: string };
-    const runsRequests: string[] = [];
-    const record = (request: { url(): string }) => {
-      const url = new URL(request.url());
-      if (url.pathname.startsWith("/conduit/finetuning")) runsRequests.push(`${url.pathname}${url.search}`);
-    };
-    page.on("request", record);
-    await page.getByRole("navigation").getByRole("link", { name: "Runs" }).click();
-    const row = page.getByRole("row").filter({ hasText: "long-run" });
-    await row.waitFor();
-    await page.waitForRequest((r) => r.url().endsWith(`/conduit/finetuning/${id}`), { timeout: 10_000 });
-    const cancelled = await fetch(`${base}/conduit/finetuning/${id}/cancel`, {
-      method: "POST",
-      headers: { "x-api-key": KEY_A },
-    });
-    assert.equal(cancelled.status, 200);
-    await row.getByText("CANCELLED").waitFor({ timeout: 10_000 });
-    page.off("request", record);
-    assert.equal(
-      runsRequests.filter((url) => url.startsWith("/conduit/finetuning?")).length,
-      1,
-      `the list is fetched once, then only the live run: ${runsRequests.join(" ")}`,
-    );
-    const deleted = await fetch(`${base}/conduit/finetuning/${id}`, {
-      method: "DELETE",
-      headers: { "x-api-key": KEY_A },
-    });
-    assert.equal(deleted.status, 200);
-  });
+  await t.test(
+    "the runs list refreshes its summaries while a run is live, and stops once none is",
+    async () => {
+      // Started over the API with enough epochs to stay live for a while; cancelled from here.
+      const datasets = (await (
+        await fetch(`${base}/conduit/dataset`, { headers: { "x-api-key": KEY_A } })
+      ).json()) as { id: string }[];
+      const created = await fetch(`${base}/conduit/finetuning`, {
+        method: "POST",
+        headers: { "x-api-key": KEY_A, "content-type": "application/json" },
+        body: JSON.stringify({
+          datasetID: datasets[0]?.id,
+          baseModelName: "tiny",
+          epochs: 1000,
+          name: "long-run",
+        }),
+      });
+      assert.equal(created.status, 200);
+      const { id } = (await created.json()) as { id: string };
+      const runsRequests: string[] = [];
+      const isList = (url: string) => new URL(url).pathname === "/conduit/finetuning";
+      const record = (request: { url(): string }) => {
+        const url = new URL(request.url());
+        if (url.pathname.startsWith("/conduit/finetuning")) runsRequests.push(`${url.pathname}${url.search}`);
+      };
+      page.on("request", record);
+      await page.getByRole("navigation").getByRole("link", { name: "Runs" }).click();
+      const row = page.getByRole("row").filter({ hasText: "long-run" });
+      await row.waitFor();
+      // The list is summaries (no logs): while a run is live it is fetched again, one request for every run.
+      await page.waitForRequest((r) => isList(r.url()), { timeout: 10_000 });
+      const cancelled = await fetch(`${base}/conduit/finetuning/${id}/cancel`, {
+        method: "POST",
+        headers: { "x-api-key": KEY_A },
+      });
+      assert.equal(cancelled.status, 200);
+      await row.getByText("CANCELLED").waitFor({ timeout: 10_000 });
+      const listed = runsRequests.length;
+      // Longer than the 3 s refresh: with nothing live, nothing more is fetched.
+      await page.waitForTimeout(4_000);
+      page.off("request", record);
+      assert.equal(runsRequests.length, listed, `no refresh once nothing is live: ${runsRequests.join(" ")}`);
+      assert.ok(
+        runsRequests.every((url) => isList(`${base}${url}`)),
+        `only the list is fetched: ${runsRequests.join(" ")}`,
+      );
+      const deleted = await fetch(`${base}/conduit/finetuning/${id}`, {
+        method: "DELETE",
+        headers: { "x-api-key": KEY_A },
+      });
+      assert.equal(deleted.status, 200);
+    },
+  );
 
   await t.test("phone width: pages and their tables fit the screen", async () => {
     await page.setViewportSize({ width: 390, height: 844 });
