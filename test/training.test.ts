@@ -3,6 +3,7 @@ import fs from "node:fs";
 import path from "node:path";
 import { describe, test } from "node:test";
 import type { FastifyInstance } from "fastify";
+import type { Core } from "../src/core.ts";
 import { createTinyModel } from "../src/model/tinyModel.ts";
 import { asAlice, buildTestApp, testEnv, type TestEnv } from "./helper.ts";
 
@@ -741,5 +742,34 @@ describe("runs that learn by default", () => {
     const perStep = (await examplesOf(second, id)).reduce((sum, e) => sum + e.tokens, 0);
     assert.equal(final.steps, 400);
     assert.equal(final.lossTokens, (400 - saved.step) * perStep);
+  });
+
+  test("a worker that loses a run's lease stops its trainer and leaves the run's files to the new attempt", async (t) => {
+    const env = await testEnv(t);
+    const app = await trainingApp(t, env);
+    startScheduler(app);
+    const id = await startRun(app, { datasetID: await datasetOf(app, pairs.slice(0, 4)), epochs: 1000 });
+    const checkpoint = path.join(env.dataDir, "blobs", "runs", id, "checkpoint", "latest.json");
+    const deadline = Date.now() + 120_000;
+    while (!fs.existsSync(checkpoint)) {
+      assert.ok(Date.now() < deadline, "no checkpoint was written");
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    // Another server's recovery takes the run over: this worker's lease runs out (as after a long stall),
+    // the run is re-queued and claimed by the other worker, and this worker's next heartbeat fails.
+    const core = (app as unknown as { conduit: Core }).conduit;
+    await core.runRepository.heartbeat(id, core.scheduler.workerId, -1000);
+    await core.runRepository.recoverExpired(3);
+    assert.ok(await core.runRepository.claimNext("other-worker", 600_000), "the other worker has the run");
+    const run = await waitFor(
+      app,
+      id,
+      (r) => r.logs.some((l: string) => l.includes("lost this run's lease")),
+      60_000,
+    );
+    assert.equal(run.status, "RUNNING", "the run is the other worker's attempt now");
+    // The checkpoint the new attempt resumes from is still there (before, the stale worker removed the run's directory).
+    await new Promise((r) => setTimeout(r, 500));
+    assert.ok(fs.existsSync(checkpoint), "the checkpoint is left to the new attempt");
   });
 });

@@ -36,7 +36,12 @@ export interface SchedulerOptions {
 interface ActiveRun {
   run: Run;
   handle?: TrainerHandle;
-  stopping?: "cancel" | "shutdown";
+  /**
+   * Why the run is being stopped: cancelled (or deleted) by a user, the server shutting down, or `lost`: this
+   * worker no longer holds the run's lease (its heartbeat failed, or the run was re-queued), so the run and its
+   * files now belong to another attempt and are left alone.
+   */
+  stopping?: "cancel" | "shutdown" | "lost";
   /** Settles once `train` is done with the run, trainer or not. */
   done?: Promise<void>;
 }
@@ -117,15 +122,23 @@ export class Scheduler {
   }
 
   private async renew(active: ActiveRun): Promise<void> {
-    if (!(await this.runs.heartbeat(active.run.id, this.workerId, this.leaseMs))) this.stop(active, "cancel");
+    if (!(await this.runs.heartbeat(active.run.id, this.workerId, this.leaseMs)))
+      this.stop(active, await this.whyGone(active.run.id));
   }
 
   private async checkCancelled(active: ActiveRun): Promise<void> {
     const run = await this.runs.getById(active.run.id);
-    if (!run || run.status !== "RUNNING") this.stop(active, "cancel");
+    if (!run || run.status === "CANCELLED") this.stop(active, "cancel");
+    else if (run.status !== "RUNNING") this.stop(active, "lost");
   }
 
-  private stop(active: ActiveRun, why: "cancel" | "shutdown"): void {
+  /** Why a run this worker held is no longer its own: cancelled or deleted by a user, or taken over. */
+  private async whyGone(runId: string): Promise<"cancel" | "lost"> {
+    const run = await this.runs.getById(runId);
+    return !run || run.status === "CANCELLED" ? "cancel" : "lost";
+  }
+
+  private stop(active: ActiveRun, why: "cancel" | "shutdown" | "lost"): void {
     if (active.stopping) return;
     active.stopping = why;
     if (why === "cancel") active.handle?.cancel();
@@ -148,6 +161,17 @@ export class Scheduler {
     const checkpointDir = `${runDir}/checkpoint`;
     // A LoRA run keeps only its adapter; it is served on the shared base model.
     const outputPath = this.blobs.pathOf(`${runDir}/${lora ? "adapter" : "model"}.gguf`);
+    /** Set once the run turns out to be another attempt's: then nothing of its files is touched. */
+    let lost = false;
+    const leaveToTheNewAttempt = async () => {
+      lost = true;
+      this.log.warn({ runId: run.id }, "lost the run's lease; trainer stopped");
+      await this.appendLog(
+        run.id,
+        `${this.workerId} lost this run's lease (its heartbeat failed and the run was taken back); ` +
+          `it stopped its trainer and leaves the run's files to the new attempt`,
+      );
+    };
     try {
       await this.appendLog(run.id, `training started on ${this.workerId} (attempt ${run.attempts})`);
       const base = this.models.resolve(config.baseModelName);
@@ -226,9 +250,9 @@ export class Scheduler {
         },
       );
       active.handle = handle;
-      // A cancel or shutdown that came while the trainer was starting.
+      // A cancel, shutdown or lost lease that came while the trainer was starting.
       if (active.stopping === "cancel") handle.cancel();
-      else if (active.stopping === "shutdown") handle.kill();
+      else if (active.stopping !== undefined) handle.kill();
       const outcome = await handle.done;
 
       if (outcome.status === "completed") {
@@ -249,7 +273,10 @@ export class Scheduler {
               ? `run READY: served as "${run.id}" (LoRA adapter of ${(outcome.stats.outputBytes / 2 ** 20).toFixed(2)} MiB on ${base.id})`
               : `run READY: the fine-tuned model is served as "${run.id}"`,
           );
-        else await this.blobs.remove(runDir);
+        else if ((await this.whyGone(run.id)) === "cancel") await this.blobs.remove(runDir);
+        else await leaveToTheNewAttempt();
+      } else if (active.stopping === "lost") {
+        await leaveToTheNewAttempt();
       } else if (active.stopping === "shutdown") {
         // The run is released back to the queue by close(); its checkpoint stays for the next attempt.
       } else if (outcome.status === "cancelled" || active.stopping === "cancel") {
@@ -259,23 +286,29 @@ export class Scheduler {
         if ((await this.runs.getById(run.id))?.status === "CANCELLED")
           this.runService.events.emit("ended", run.id, "CANCELLED");
       } else {
-        await this.fail(run, outcome.reason);
+        if (!(await this.fail(run, outcome.reason))) await leaveToTheNewAttempt();
       }
     } catch (error) {
       const reason = error instanceof Error ? error.message : String(error);
-      await this.fail(run, isOutOfSpace(error) ? `the disk is full (${reason})` : reason);
+      if (!(await this.fail(run, isOutOfSpace(error) ? `the disk is full (${reason})` : reason)))
+        await leaveToTheNewAttempt();
     } finally {
-      await fsp.rm(workDir, { recursive: true, force: true }).catch(() => undefined);
+      if (!lost) await fsp.rm(workDir, { recursive: true, force: true }).catch(() => undefined);
     }
   }
 
-  private async fail(run: Run, reason: string): Promise<void> {
+  /** Fails a run this worker holds; returns false (touching nothing) when it is another attempt's now. */
+  private async fail(run: Run, reason: string): Promise<boolean> {
+    const held = await this.runs.heartbeat(run.id, this.workerId, this.leaseMs);
+    if (!held && (await this.whyGone(run.id)) === "lost") return false;
     this.log.warn({ runId: run.id, reason }, "run failed");
+    // The reason goes in the log before the status changes, so whoever sees FAILED finds it.
     await this.appendLog(run.id, `run failed: ${reason}`);
     if (await this.runs.finish(run.id, this.workerId, { status: "FAILED", error: reason }))
       this.runService.events.emit("ended", run.id, "FAILED");
-    // Nothing of a failed run is kept (no empty directory either).
+    // Nothing of a failed or cancelled run is kept (no empty directory either).
     await this.blobs.remove(`runs/${run.id}`).catch(() => undefined);
+    return true;
   }
 
   /** The run's training and validation examples, formatted for the base model, in files under `dir`. */
