@@ -189,7 +189,7 @@ for (const backend of backends()) {
       );
     });
 
-    test("bad configs are 400/404 naming the field, and nothing is queued", async (t) => {
+    test("bad configs are 400/404/409 naming the field, and nothing is queued", async (t) => {
       const { app } = await build(t, backend, models);
       const ds = await datasetWithPairs(app);
       const empty = (
@@ -241,7 +241,8 @@ for (const backend of backends()) {
         [{ datasetID: ds.id, baseModelName: "nope" }, 404, "baseModelName"],
         [{ datasetID: "ds_missing", baseModelName: "tiny" }, 404, "datasetID"],
         [{ datasetName: "missing", baseModelName: "tiny" }, 404, "datasetName"],
-        [{ datasetID: empty.id, baseModelName: "tiny" }, 400, "datasetID"],
+        // The dataset's state, not the request: a 409 (README, Errors).
+        [{ datasetID: empty.id, baseModelName: "tiny" }, 409, "datasetID"],
       ];
       for (const [payload, status, param] of cases) {
         const res = await app.inject({
