@@ -1,9 +1,11 @@
 import { randomBytes } from "node:crypto";
+import { once } from "node:events";
 import fs from "node:fs";
 import fsp from "node:fs/promises";
 import path from "node:path";
 import type { Readable, Writable } from "node:stream";
 import { pipeline } from "node:stream/promises";
+import { setTimeout as delay } from "node:timers/promises";
 
 /**
  * Big files (uploaded datasets, trained models) live on disk under id-based names; the
@@ -42,9 +44,13 @@ export class BlobStore {
     const tempPath = this.tempPath();
     let size = 0;
     source.on("data", (chunk: Buffer) => (size += chunk.length));
+    const target = this.createTempStream(tempPath);
     try {
-      await pipeline(source, this.createTempStream(tempPath));
+      await pipeline(source, target);
     } catch (error) {
+      // A file stream destroyed before its file was open still opens (creates) it, then closes: remove
+      // the file only after that, or it outlives the failed upload until the sweep.
+      if (!target.closed) await Promise.race([once(target, "close").catch(() => undefined), delay(1000)]);
       await fsp.rm(tempPath, { force: true });
       throw error;
     }
