@@ -126,6 +126,35 @@ export async function createDataset(app: FastifyInstance, name = "d") {
   return response.json() as { id: string; name: string; ioPairsCount: number };
 }
 
+/** A dataset of Alice's holding `pairs` (one uploaded file); returns its id. */
+export async function datasetOf(
+  app: FastifyInstance,
+  pairs: { input: string; output: string }[],
+  name = "pairs",
+): Promise<string> {
+  const ds = await createDataset(app, name);
+  const up = await app.inject({
+    method: "POST",
+    url: `/conduit/dataset/${ds.id}/upload`,
+    headers: asAlice,
+    payload: { name: "p.jsonl", ioPairs: pairs },
+  });
+  if (up.statusCode !== 200) throw new Error(`uploading to ${name}: ${up.body}`);
+  return ds.id;
+}
+
+/** Creates a run of Alice's on the tiny model (`body` adds to or overrides that); returns its id. */
+export async function startRun(app: FastifyInstance, body: Record<string, unknown>): Promise<string> {
+  const res = await app.inject({
+    method: "POST",
+    url: "/conduit/finetuning",
+    headers: asAlice,
+    payload: { baseModelName: "tiny", ...body },
+  });
+  if (res.statusCode !== 200) throw new Error(`creating a run: ${res.body}`);
+  return res.json().id;
+}
+
 /** Alice's resources, for checking that nobody else can reach them. */
 export async function aliceWorld(app: FastifyInstance) {
   const ds = await createDataset(app, "secret");

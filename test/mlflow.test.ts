@@ -8,7 +8,7 @@ import { after, before, describe, test } from "node:test";
 import type { FastifyInstance } from "fastify";
 import { describeConfig, loadConfig } from "../src/config.ts";
 import type { Core } from "../src/core.ts";
-import { asAlice, backends, buildTestApp, testEnv } from "./helper.ts";
+import { asAlice, backends, buildTestApp, datasetOf, startRun, testEnv } from "./helper.ts";
 
 /**
  * Runs mirrored to a real MLflow tracking server (`pip install mlflow`; `.ci/run` puts it in
@@ -204,34 +204,9 @@ const pairs = ["apple", "river", "stone", "cloud"].map((word, i) => ({
   output: `${i} ${word}`,
 }));
 
-async function datasetOf(app: FastifyInstance): Promise<string> {
-  const ds = (
-    await app.inject({
-      method: "POST",
-      url: "/conduit/dataset",
-      headers: asAlice,
-      payload: { name: "mlflow" },
-    })
-  ).json();
-  const up = await app.inject({
-    method: "POST",
-    url: `/conduit/dataset/${ds.id}/upload`,
-    headers: asAlice,
-    payload: { name: "p.jsonl", ioPairs: pairs },
-  });
-  assert.equal(up.statusCode, 200, up.body);
-  return ds.id;
-}
-
-async function startRun(app: FastifyInstance, body: Record<string, unknown>): Promise<string> {
-  const res = await app.inject({
-    method: "POST",
-    url: "/conduit/finetuning",
-    headers: asAlice,
-    payload: { baseModelName: "tiny", lr: 0.001, loraRank: 4, ...body },
-  });
-  assert.equal(res.statusCode, 200, res.body);
-  return res.json().id;
+/** A run on `pairs` with small fixed settings (no "auto": the runs stay short). */
+async function startSmallRun(app: FastifyInstance, body: Record<string, unknown>): Promise<string> {
+  return startRun(app, { datasetID: await datasetOf(app, pairs, "mlflow"), lr: 0.001, loraRank: 4, ...body });
 }
 
 interface RunView {
@@ -299,7 +274,7 @@ describe("runs mirrored to MLflow", () => {
 
       // Created by a server that stops before training it: the MLflow run is made at creation.
       const first = (await buildTestApp(t, env, { tracking })).app;
-      const datasetID = await datasetOf(first);
+      const datasetID = await datasetOf(first, pairs, "mlflow");
       // A validation file of its own, so that there is an eval loss.
       const validation = await first.inject({
         method: "POST",
@@ -309,6 +284,8 @@ describe("runs mirrored to MLflow", () => {
       });
       assert.equal(validation.statusCode, 200, validation.body);
       const id = await startRun(first, {
+        lr: 0.001,
+        loraRank: 4,
         datasetID,
         validationFileID: validation.json().id,
         epochs: 3,
@@ -411,7 +388,7 @@ describe("runs mirrored to MLflow", () => {
     const env = await testEnv(t, "sqlite", { CONDUIT_MLFLOW_TRACKING_URI: uri });
     const { app } = await buildTestApp(t, env, { tracking });
     const systemPrompt = "You answer in one word. ".repeat(300);
-    const id = await startRun(app, { datasetID: await datasetOf(app), epochs: 1, systemPrompt });
+    const id = await startSmallRun(app, { epochs: 1, systemPrompt });
     const created = await until(
       "the MLflow run",
       () => getRun(app, id),
@@ -457,7 +434,7 @@ describe("runs mirrored to MLflow", () => {
     });
     const { app } = await buildTestApp(t, env, { tracking, scheduler });
     startScheduler(app);
-    const id = await startRun(app, { datasetID: await datasetOf(app), epochs: 1000 });
+    const id = await startSmallRun(app, { epochs: 1000 });
     const running = await until(
       "the run to train",
       () => getRun(app, id),
@@ -494,7 +471,7 @@ describe("runs mirrored to MLflow", () => {
     const env = await testEnv(t, "sqlite", { CONDUIT_MLFLOW_TRACKING_URI: uri });
     const { app } = await buildTestApp(t, env, { tracking, scheduler });
     startScheduler(app);
-    const id = await startRun(app, { datasetID: await datasetOf(app), epochs: 2, trackerProject: project });
+    const id = await startSmallRun(app, { epochs: 2, trackerProject: project });
     const run = await until(`run ${id}`, () => getRun(app, id), ended, 240_000);
     assert.equal(run.status, "READY", run.logs.join("\n"));
     assert.match(run.trackerURL, new RegExp(`/ui/runs/${id}$`), "trackerURL stays the dashboard page");
@@ -515,7 +492,7 @@ describe("runs mirrored to MLflow", () => {
     });
     startScheduler(app);
     // Long enough to go on training for a while after MLflow has stopped (0.1 s a step here).
-    const id = await startRun(app, { datasetID: await datasetOf(app), epochs: 200 });
+    const id = await startSmallRun(app, { epochs: 200 });
     const running = await until(
       "the run to train",
       () => getRun(app, id),

@@ -5,7 +5,7 @@ import { describe, test } from "node:test";
 import type { FastifyInstance } from "fastify";
 import type { Core } from "../src/core.ts";
 import { createTinyModel } from "../src/model/tinyModel.ts";
-import { asAlice, buildTestApp, testEnv, type TestEnv } from "./helper.ts";
+import { asAlice, buildTestApp, datasetOf, startRun, testEnv, type TestEnv } from "./helper.ts";
 
 /** Twenty made-up pairs: nothing a random model could produce by chance. */
 const words = [
@@ -34,31 +34,6 @@ const pairs = words.map((word, i) => ({
   input: `${word} ${words[(i * 7 + 3) % 20]}`,
   output: `${words[(i * 3 + 1) % 20]} ${i}`,
 }));
-
-async function datasetOf(app: FastifyInstance, items: { input: string; output: string }[]): Promise<string> {
-  const ds = (
-    await app.inject({ method: "POST", url: "/conduit/dataset", headers: asAlice, payload: { name: "memo" } })
-  ).json();
-  const up = await app.inject({
-    method: "POST",
-    url: `/conduit/dataset/${ds.id}/upload`,
-    headers: asAlice,
-    payload: { name: "p.jsonl", ioPairs: items },
-  });
-  assert.equal(up.statusCode, 200, up.body);
-  return ds.id;
-}
-
-async function startRun(app: FastifyInstance, body: Record<string, unknown>): Promise<string> {
-  const res = await app.inject({
-    method: "POST",
-    url: "/conduit/finetuning",
-    headers: asAlice,
-    payload: { baseModelName: "tiny", ...body },
-  });
-  assert.equal(res.statusCode, 200, res.body);
-  return res.json().id;
-}
 
 /** A run as the tests read it (loosely typed: stats and config are free-form objects). */
 interface RunView {
