@@ -16,9 +16,10 @@ import os from "node:os";
 import path from "node:path";
 import { parseArgs } from "node:util";
 import { createTinyModel } from "../src/model/tinyModel.ts";
-import { LORA_TARGETS } from "../src/train/loraTargets.ts";
+import { LORA_TARGETS } from "../src/contract/runs.ts";
 import { convertModel } from "../src/train/native/runTraining.ts";
-import { startTrainer, type TrainerJob, type TrainerOutputType } from "../src/train/trainer.ts";
+import type { TrainerOutputType } from "../src/contract/runs.ts";
+import { startTrainer, type TrainerJob } from "../src/train/trainer.ts";
 import { corpus } from "./lib/corpus.ts";
 import { modelPath, requireFile, type BenchModel } from "./lib/reference.ts";
 

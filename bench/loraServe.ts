@@ -17,7 +17,7 @@ import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 import { createLlamaEngine } from "../src/engine/LlamaEngine.ts";
 import type { ModelRef } from "../src/model/types.ts";
-import { LORA_TARGETS } from "../src/train/loraTargets.ts";
+import { LORA_TARGETS } from "../src/contract/runs.ts";
 import { loraWeights, writeInitialAdapter } from "../src/train/native/loraAdapter.ts";
 import { loadLlamaLib } from "../src/train/native/llamaLib.ts";
 import { readModelFile } from "../src/train/native/modelFile.ts";

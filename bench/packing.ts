@@ -16,7 +16,7 @@ import path from "node:path";
 import { parseArgs } from "node:util";
 import { getLlama, LlamaLogLevel, type ControlledEvaluateInputItem, type Token } from "node-llama-cpp";
 import { formatExample } from "../src/train/samples.ts";
-import { LORA_TARGETS } from "../src/train/loraTargets.ts";
+import { LORA_TARGETS } from "../src/contract/runs.ts";
 import { startTrainer, type SampleSegment } from "../src/train/trainer.ts";
 import { datesTask } from "./lib/qualityTasks.ts";
 import { modelPath, requireFile, type BenchModel } from "./lib/reference.ts";

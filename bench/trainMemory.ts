@@ -21,7 +21,7 @@ import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 import { createTinyModel } from "../src/model/tinyModel.ts";
-import { LORA_TARGETS } from "../src/train/loraTargets.ts";
+import { LORA_TARGETS } from "../src/contract/runs.ts";
 import { formatExample } from "../src/train/samples.ts";
 import { startTrainer, type TrainerJob, type TrainingSample } from "../src/train/trainer.ts";
 

@@ -1,8 +1,12 @@
 import assert from "node:assert/strict";
+import fsp from "node:fs/promises";
+import path from "node:path";
 import { test } from "node:test";
 import SwaggerParser from "@apidevtools/swagger-parser";
 import { Ajv2020 } from "ajv/dist/2020.js";
 import type { OpenAPI } from "openapi-types";
+import { runStatuses } from "../src/contract/runs.ts";
+import type { RunWire } from "../src/contract/schemas.ts";
 import { unsupportedJsonSchema } from "../src/engine/grammars.ts";
 import { aliceWorld, asAlice, build, createDataset } from "./helper.ts";
 
@@ -442,4 +446,30 @@ test("datasetID and datasetId naming different datasets is a 400; the same one t
   });
   assert.equal(same.statusCode, 200, same.body);
   assert.equal(same.json().datasetId, world.ds);
+});
+
+test("one wire contract: only the server's entry points import src/api, and tsc knows the run statuses", async () => {
+  // `npm run typecheck` fails here if a run's status widens to `string`: the directive would be unused.
+  // @ts-expect-error: "NOT_A_STATUS" is not a run status
+  const invalid: RunWire["status"] = "NOT_A_STATUS";
+  assert.ok(!(runStatuses as readonly string[]).includes(invalid));
+
+  const root = path.resolve(import.meta.dirname, "..");
+  // The composition roots start the HTTP server; everything else (domain, CLI, dashboard) shares src/contract.
+  const entryPoints = new Set(["src/server.ts", "bench/apiServer.ts"].map((file) => path.join(root, file)));
+  const offenders: string[] = [];
+  for (const dir of ["src", "ui/src", "bench", "bin"]) {
+    for (const entry of await fsp.readdir(path.join(root, dir), { recursive: true, withFileTypes: true })) {
+      if (!entry.isFile() || !/\.(ts|tsx|js)$/.test(entry.name)) continue;
+      const file = path.join(entry.parentPath, entry.name);
+      if (entryPoints.has(file) || file.startsWith(path.join(root, "src", "api") + path.sep)) continue;
+      const text = await fsp.readFile(file, "utf8");
+      for (const [, spec] of text.matchAll(/from\s+["']([^"']+)["']/g)) {
+        const target = path.resolve(path.dirname(file), spec as string);
+        if (spec?.startsWith(".") && target.startsWith(path.join(root, "src", "api") + path.sep))
+          offenders.push(`${path.relative(root, file)} imports ${spec}`);
+      }
+    }
+  }
+  assert.deepEqual(offenders, []);
 });

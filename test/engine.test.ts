@@ -850,7 +850,7 @@ describe("LlamaEngine, fallback chat template", () => {
       assert.deepEqual(template.stopStrings, CHATML_STOP_STRINGS);
       const engine = createLlamaEngine({ ...shared() });
       try {
-        // The seed's default of 256 is more than the whole context: a cap, not an error.
+        // the Conduit API's default of 256 is more than the whole context: a cap, not an error.
         const result = await engine.generate({
           model: ref,
           messages: [

@@ -52,7 +52,7 @@ describe("generation on the tiny model", () => {
     for (const fn of cleanups.reverse()) await fn();
   });
 
-  test("chat: the seed's result shape, greedy output is deterministic", async () => {
+  test("chat: the Conduit API's result shape, greedy output is deterministic", async () => {
     const res = await app.inject(
       chat({
         prompt: "Hello there",
@@ -141,7 +141,7 @@ describe("generation on the tiny model", () => {
     const logprobs = withLogprobs.json().choices[0].logprobs;
     assert.ok(logprobs.tokens.length > 0);
     assert.equal(logprobs.token_logprobs.length, logprobs.tokens.length);
-    // The seed's sampling (temperature 1, penalties 1): the logprobs are still the model's own distribution.
+    // The Conduit API's sampling (temperature 1, penalties 1): the logprobs are still the model's own distribution.
     for (const [i, top] of logprobs.top_logprobs.entries()) {
       const values = Object.values(top) as number[];
       assert.ok(values.length > 0 && values.length <= 3);

@@ -415,7 +415,7 @@ describe("the OpenAI surface on the tiny model", () => {
     assert.equal(chat.statusCode, 200, chat.body);
     assert.ok(chat.json().usage.completion_tokens > 0);
     // An explicit max_tokens that cannot fit after the prompt is a 400 naming it (as OpenAI), on /v1 only:
-    // the seed's endpoints cap it, so their default of 256 works on this model too.
+    // the Conduit endpoints cap it, so their default of 256 works on this model too.
     const tooMany = await small.inject({
       method: "POST",
       url: chatUrl,
@@ -437,14 +437,14 @@ describe("the OpenAI surface on the tiny model", () => {
       },
     });
     assert.equal(fits.statusCode, 200, fits.body);
-    const seed = await small.inject({
+    const conduit = await small.inject({
       method: "POST",
       url: "/conduit/v1/chat",
       headers: asAlice,
       payload: { model: "tiny", prompt: "Hi", temperature: 0, max_tokens: 100_000 },
     });
-    assert.equal(seed.statusCode, 200, seed.body);
-    assert.ok(seed.json().usage.prompt_tokens + seed.json().usage.completion_tokens <= context);
+    assert.equal(conduit.statusCode, 200, conduit.body);
+    assert.ok(conduit.json().usage.prompt_tokens + conduit.json().usage.completion_tokens <= context);
   });
 
   test("a field OpenAI does not have is a 400 naming it; invalid values still are", async () => {

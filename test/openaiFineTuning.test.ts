@@ -74,7 +74,7 @@ describe("OpenAI's files and fine-tuning jobs with the official client", () => {
     );
     assert.equal((await client.files.retrieve(file.id)).filename, "chat.jsonl");
     assert.equal(await (await client.files.content(file.id)).text(), chatJsonl);
-    // One store: the file is a dataset of its own on the seed API, one example a pair.
+    // One store: the file is a dataset of its own on the Conduit API, one example a pair.
     const datasetId = (file as OpenAI.FileObject & { dataset_id: string }).dataset_id;
     const dataset = (await app.inject({ url: `/conduit/dataset/${datasetId}`, headers: asAlice })).json();
     assert.equal(dataset.name, "chat.jsonl");
@@ -107,7 +107,7 @@ describe("OpenAI's files and fine-tuning jobs with the official client", () => {
     );
     assert.deepEqual(job.metadata, { purpose: "test" });
     assert.equal(job.fine_tuned_model, null);
-    // The same run on the seed API, with its own status names.
+    // The same run on the Conduit API, with its own status names.
     const run = (await app.inject({ url: `/conduit/finetuning/${job.id}`, headers: asAlice })).json();
     assert.ok(["QUEUED", "RUNNING"].includes(run.status));
     assert.equal(run.config.seed, 7);
@@ -346,7 +346,7 @@ for (const backend of backends())
       const unknownModel = await create({ model: "nope" });
       assert.equal(unknownModel.statusCode, 404);
       assert.equal(unknownModel.json().error.param, "model");
-      // A file of a seed dataset with other files: a job trains on one file alone.
+      // A file of a Conduit dataset with other files: a job trains on one file alone.
       const ds = await createDataset(app, "two files");
       for (const name of ["a.jsonl", "b.jsonl"])
         await app.inject({
@@ -404,7 +404,7 @@ for (const backend of backends())
       assert.deepEqual((await app.inject({ url: "/v1/files", headers: asBob })).json().data, []);
       assert.equal((await app.inject({ url: "/v1/fine_tuning/jobs" })).statusCode, 401);
 
-      // A run started on the seed API is a job too: its training file is its dataset.
+      // A run started on the Conduit API is a job too: its training file is its dataset.
       const seedRun = (
         await app.inject({
           method: "POST",

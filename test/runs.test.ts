@@ -19,8 +19,7 @@ import {
 import { loadConfig } from "../src/config.ts";
 import { createCore, type Core, type CoreOverrides } from "../src/core.ts";
 import { chooseAutoSettings, readModelShape } from "../src/train/autoSettings.ts";
-import { LORA_TARGETS } from "../src/train/loraTargets.ts";
-import type { TrainMethod } from "../src/train/RunService.ts";
+import { LORA_TARGETS, type TrainMethod } from "../src/contract/runs.ts";
 
 // Run lifecycle over HTTP; training itself is covered by the trainer tests.
 const models: CoreOverrides = {};

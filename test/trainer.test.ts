@@ -7,7 +7,7 @@ import { getLlama, LlamaLogLevel, readGgufFileInfo } from "node-llama-cpp";
 import type { Llama, LlamaModel, Token } from "node-llama-cpp";
 import { createTinyModel } from "../src/model/tinyModel.ts";
 import { chooseAutoSettings } from "../src/train/autoSettings.ts";
-import { LORA_TARGETS } from "../src/train/loraTargets.ts";
+import { LORA_TARGETS } from "../src/contract/runs.ts";
 import { learningRateAt } from "../src/train/native/learningRate.ts";
 import { loraWeights, type LoraSpec } from "../src/train/native/loraAdapter.ts";
 import { loraBaseConversion } from "../src/train/native/loraBase.ts";

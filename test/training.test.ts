@@ -109,8 +109,8 @@ describe("fine-tuning runs on the tiny model", () => {
         method: "POST",
         url: `/conduit/finetuning/${id}/inference`,
         headers: asAlice,
-        // The seed's run fields are accepted alongside the chat fields.
-        // The seed's default penalties (1.0) would push a greedy answer off repeated letters.
+        // The Conduit API's run fields are accepted alongside the chat fields.
+        // the Conduit API's default penalties (1.0) would push a greedy answer off repeated letters.
         payload: {
           prompt: pair.input,
           temperature: 0,
@@ -131,7 +131,7 @@ describe("fine-tuning runs on the tiny model", () => {
     assert.ok(exact >= 18, `${exact}/20 reproduced exactly`);
 
     // The served model keeps its base's context (llama.cpp's save writes the training window),
-    // so the seed's default max_tokens of 256 works.
+    // so the Conduit API's default max_tokens of 256 works.
     const defaults = await app.inject({
       method: "POST",
       url: `/conduit/finetuning/${id}/inference`,
@@ -299,7 +299,7 @@ describe("run lifecycle with a real trainer", () => {
   });
 });
 
-/** Greedy answers of `model` (a run id) to each input, through the seed's chat endpoint. */
+/** Greedy answers of `model` (a run id) to each input, through the Conduit API's chat endpoint. */
 async function answers(app: FastifyInstance, model: string, inputs: string[]): Promise<string[]> {
   const out: string[] = [];
   for (const input of inputs) {
@@ -360,8 +360,8 @@ describe("LoRA runs on the tiny model", () => {
         pairs.map((p) => p.input),
       );
       const exact = got.filter((text, i) => text === pairs[i]!.output).length;
-      // The seed's run endpoint serves the same adapter on the same base.
-      const seed = await app.inject({
+      // The Conduit API's run endpoint serves the same adapter on the same base.
+      const conduit = await app.inject({
         method: "POST",
         url: `/conduit/finetuning/${id}/inference`,
         headers: asAlice,
@@ -373,8 +373,8 @@ describe("LoRA runs on the tiny model", () => {
           max_tokens: 24,
         },
       });
-      assert.equal(seed.statusCode, 200, seed.body);
-      assert.equal(seed.json().response, got[0]);
+      assert.equal(conduit.statusCode, 200, conduit.body);
+      assert.equal(conduit.json().response, got[0]);
       t.diagnostic(`${baseType} base: ${exact}/20 exact`);
       assert.ok(exact >= 18, `${exact}/20 exact: ${JSON.stringify(got)}`);
 
@@ -527,7 +527,7 @@ describe("runs that learn by default", () => {
       run.logs.join("\n"),
     );
 
-    // The seed's default request parameters, except a greedy temperature.
+    // the Conduit API's default request parameters, except a greedy temperature.
     const got: string[] = [];
     for (const pair of ten) {
       const chat = await app.inject({

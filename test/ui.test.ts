@@ -356,7 +356,7 @@ test("dashboard end to end in Chromium", { timeout: 600_000 }, async (t) => {
     await page.getByRole("heading", { name: "Playground" }).waitFor();
     assert.match(await page.getByLabel("Model", { exact: true }).inputValue(), /^ft_/);
     assert.equal(await page.getByLabel("Max tokens", { exact: true }).inputValue(), "256");
-    // Greedy, without the seed's repetition penalties: the run answers what it learned.
+    // Greedy, without the Conduit API's repetition penalties: the run answers what it learned.
     await page.getByLabel("Max tokens", { exact: true }).fill("16");
     await page.getByLabel("Temperature", { exact: true }).fill("0");
     await page.getByLabel("Presence penalty", { exact: true }).fill("0");

@@ -9,7 +9,7 @@ import { registerAuth } from "./auth.ts";
 import { ConnectionGuard } from "./connections.ts";
 import { openApiFixes } from "./openApiDocument.ts";
 import { registerErrorHandler } from "./errorHandler.ts";
-import { sharedSchemas } from "./schemas.ts";
+import { sharedSchemas } from "../contract/schemas.ts";
 import { registerSse } from "./sse.ts";
 import datasetRoutes from "./routes/datasets.ts";
 import healthRoutes from "./routes/health.ts";

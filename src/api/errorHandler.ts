@@ -1,6 +1,6 @@
 import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import { ConduitError, errorCatalog, isOutOfSpace, type ErrorCode } from "../errors.ts";
-import { patternReasons, REASON } from "./schemas.ts";
+import { patternReasons, REASON } from "../contract/schemas.ts";
 
 export function errorBody(error: ConduitError) {
   const entry = errorCatalog[error.code];

@@ -8,14 +8,15 @@
 import type { Core } from "../core.ts";
 import { ConduitError } from "../errors.ts";
 import type { DatasetFile } from "../store/DatasetRepository.ts";
-import type { Run, RunStatus } from "../store/RunRepository.ts";
+import type { OpenAiJobRecord, RunStatus } from "../contract/runs.ts";
+import type { Run } from "../store/RunRepository.ts";
 import { servedModelName } from "../train/modelNames.ts";
 import type {
   OpenAiHyperparametersWire,
   OpenAiJobCreateBodyWire,
   OpenAiJobEventWire,
   OpenAiJobWire,
-} from "./openAiFineTuningSchemas.ts";
+} from "../contract/openAiFineTuning.ts";
 
 type OpenAiStatus = OpenAiJobWire["status"];
 
@@ -48,17 +49,8 @@ export function openAiFile(file: DatasetFile) {
   };
 }
 
-/** What the OpenAI face keeps in a run's `config.openai`. */
-interface OpenAiJobRecord {
-  training_file: string;
-  suffix: string | null;
-  metadata: Record<string, string> | null;
-  learning_rate_multiplier: number | null;
-}
-
 function recordOf(run: Run): Partial<OpenAiJobRecord> {
-  const record = run.config.openai;
-  return typeof record === "object" && record !== null ? (record as Partial<OpenAiJobRecord>) : {};
+  return run.config.openai ?? {};
 }
 
 const ended = (status: RunStatus) => status === "READY" || status === "FAILED" || status === "CANCELLED";

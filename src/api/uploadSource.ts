@@ -4,9 +4,9 @@ import { TypeCompiler } from "@sinclair/typebox/compiler";
 import type { DatasetService, ReceivedFile, UploadInput } from "../datasets/DatasetService.ts";
 import type { IoFormat } from "../datasets/ioPairs.ts";
 import { ConduitError } from "../errors.ts";
-import { FileFormat, Name, type UploadJsonBodyWire } from "./schemas.ts";
+import { FileFormat, Name, type UploadJsonBodyWire } from "../contract/schemas.ts";
 
-export { rawContentTypes } from "./schemas.ts";
+export { rawContentTypes } from "../contract/schemas.ts";
 
 const fileName = TypeCompiler.Compile(Name);
 const fileFormat = TypeCompiler.Compile(FileFormat);

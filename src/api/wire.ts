@@ -1,8 +1,8 @@
 import type { Dataset, DatasetFile } from "../store/DatasetRepository.ts";
 import type { Run } from "../store/RunRepository.ts";
-import type { DatasetFileWire, DatasetWire, RunSummaryWire, RunWire } from "./schemas.ts";
+import type { DatasetFileWire, DatasetWire, RunSummaryWire, RunWire } from "../contract/schemas.ts";
 
-/** Domain records → the seed's wire shapes (both spellings of the dataset id where the seed has them). */
+/** Domain records → the Conduit API's wire shapes (both spellings of the dataset id where the API has them). */
 
 export function datasetWire(d: Dataset): DatasetWire {
   return {

@@ -3,7 +3,7 @@ import path from "node:path";
 import { Readable } from "node:stream";
 import { SingleBar, Presets } from "cli-progress";
 import type { Command } from "commander";
-import type { DatasetFileWire, DatasetWire } from "../api/schemas.ts";
+import type { DatasetFileWire, DatasetWire } from "../contract/schemas.ts";
 import { CliError, exitCodes, table, type CliContext } from "./context.ts";
 
 const contentTypes: Record<string, string> = {

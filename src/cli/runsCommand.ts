@@ -4,7 +4,7 @@ import path from "node:path";
 import { pipeline } from "node:stream/promises";
 import { MultiBar, SingleBar } from "cli-progress";
 import type { Command } from "commander";
-import type { RunExampleWire, RunWire } from "../api/schemas.ts";
+import type { RunExampleWire, RunWire } from "../contract/schemas.ts";
 import { CliError, exitCodes, table, type CliContext } from "./context.ts";
 
 function number(name: string) {

@@ -50,7 +50,7 @@ export class DatasetService {
     return dataset;
   }
 
-  /** Finds a dataset by id, else by name (the seed's run body uses either). */
+  /** Finds a dataset by id, else by name (the Conduit API's run body uses either). */
   async find(userId: string, ref: { id?: string | undefined; name?: string | undefined }): Promise<Dataset> {
     const dataset = ref.id
       ? await this.datasets.get(userId, ref.id)

@@ -3,7 +3,7 @@ import type { ChatMessage, ModelRef, ToolDefinition } from "../model/types.ts";
 
 export type { ChatMessage, ChatRole, ModelRef, ToolCall, ToolDefinition } from "../model/types.ts";
 
-/** Sampling options after defaults are applied (the seed's defaults live in the API schemas). */
+/** Sampling options after defaults are applied (the Conduit API's defaults live in the API schemas). */
 export interface SamplingOptions {
   /** Most tokens to generate, a cap. Absent: until the context is full (or the model stops). */
   maxTokens?: number;

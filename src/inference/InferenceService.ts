@@ -97,7 +97,7 @@ export interface LoadedModel {
 }
 
 /**
- * The one generation function behind every endpoint: the seed's chat and completions, a run's
+ * The one generation function behind every endpoint: the Conduit API's chat and completions, a run's
  * inference, and the OpenAI-compatible routes all translate their requests into this.
  */
 export class InferenceService {

@@ -3,14 +3,7 @@ import type { Dialect } from "./database.ts";
 import type { Page } from "./DatasetRepository.ts";
 import type { Database, RunTable } from "./schema.ts";
 import { timestamp } from "./time.ts";
-
-/**
- * Run states. QUEUED → RUNNING → READY | FAILED | CANCELLED; QUEUED → CANCELLED; a RUNNING run
- * whose worker stopped heartbeating goes back to QUEUED (or FAILED after `maxAttempts`).
- */
-export const runStatuses = ["QUEUED", "RUNNING", "READY", "FAILED", "CANCELLED"] as const;
-export type RunStatus = (typeof runStatuses)[number];
-export const activeStatuses: readonly RunStatus[] = ["QUEUED", "RUNNING"];
+import { activeStatuses, type RunConfig, type RunStats, type RunStatus } from "../contract/runs.ts";
 
 export interface Run {
   id: string;
@@ -21,8 +14,8 @@ export interface Run {
   ioPairsCount: number;
   status: RunStatus;
   trackerUrl: string;
-  config: Record<string, unknown>;
-  stats: Record<string, unknown>;
+  config: RunConfig;
+  stats: RunStats;
   logs: string[];
   error: string | null;
   modelPath: string | null;
@@ -45,7 +38,7 @@ export interface NewRun {
   name: string;
   ioPairsCount: number;
   trackerUrl: string;
-  config: Record<string, unknown>;
+  config: RunConfig;
   /** Log lines after `run queued`, written with the run (how its settings were chosen). Defaults to none. */
   logs?: string[];
 }
@@ -60,8 +53,8 @@ function toRun(row: RunTable, logs: string[]): Run {
     ioPairsCount: row.io_pairs_count,
     status: row.status as RunStatus,
     trackerUrl: row.tracker_url,
-    config: JSON.parse(row.config) as Record<string, unknown>,
-    stats: JSON.parse(row.stats) as Record<string, unknown>,
+    config: JSON.parse(row.config) as RunConfig,
+    stats: JSON.parse(row.stats) as RunStats,
     logs,
     error: row.error,
     modelPath: row.model_path,
@@ -205,7 +198,7 @@ export class RunRepository {
       id: r.id,
       name: r.name,
       updatedAt: r.updated_at,
-      config: JSON.parse(r.config) as Record<string, unknown>,
+      config: JSON.parse(r.config) as RunConfig,
       modelPath: r.model_path,
     }));
   }
@@ -376,7 +369,7 @@ export class RunRepository {
   }
 
   /** Stores the latest stats of a run this worker holds; false if it no longer holds it. */
-  async updateStats(id: string, owner: string, stats: Record<string, unknown>): Promise<boolean> {
+  async updateStats(id: string, owner: string, stats: RunStats): Promise<boolean> {
     const result = await this.db
       .updateTable("runs")
       .set({ stats: JSON.stringify(stats), updated_at: timestamp() })

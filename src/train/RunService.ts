@@ -2,7 +2,7 @@ import { EventEmitter } from "node:events";
 import fs from "node:fs";
 import fsp from "node:fs/promises";
 import readline from "node:readline";
-import type { CreateRunBodyWire, ExamplesQueryWire, RunExampleWire } from "../api/schemas.ts";
+import type { CreateRunBodyWire, ExamplesQueryWire, RunExampleWire } from "../contract/schemas.ts";
 import type { DatasetService } from "../datasets/DatasetService.ts";
 import type { BlobStore } from "../store/BlobStore.ts";
 import type { ModelRef } from "../model/types.ts";
@@ -10,97 +10,31 @@ import { ConduitError } from "../errors.ts";
 import { newId } from "../store/ids.ts";
 import type { DatasetFile, Page } from "../store/DatasetRepository.ts";
 import type { Run, RunRepository } from "../store/RunRepository.ts";
+import { chooseAutoSettings, readModelShape, type ModelShape } from "./autoSettings.ts";
 import {
   AUTO_SETTINGS,
-  chooseAutoSettings,
-  readModelShape,
+  LORA_TARGETS,
+  runDefaults,
+  UNTRAINABLE_LORA_TARGETS,
   type AutoSetting,
-  type ModelShape,
-} from "./autoSettings.ts";
-import { LORA_TARGETS, UNTRAINABLE_LORA_TARGETS, type LoraTarget } from "./loraTargets.ts";
-import type { TrainerOutputType, TrainerProgress } from "./protocol.ts";
+  type LoraTarget,
+  type OpenAiJobRecord,
+  type RunConfig,
+  type TrainMethod,
+  type TrainMethodConfig,
+} from "../contract/runs.ts";
+import type { TrainerProgress } from "./protocol.ts";
 
 /** Finds base models by id (the engine's model registry). */
 export interface ModelCatalog {
   resolve(id: string): ModelRef | undefined;
 }
 
-/** How a run fine-tunes: `lora` trains an adapter on the frozen base model, `full` the weights themselves. */
-export const TRAIN_METHODS = ["lora", "full"] as const;
-export type TrainMethod = (typeof TRAIN_METHODS)[number];
-
-/** Bounds of the LoRA settings; the API refuses values outside them. */
-export const loraLimits = { minRank: 1, maxRank: 256, maxAlpha: 4096 } as const;
-
-/**
- * The method's settings as stored: a LoRA run holds its effective rank, alpha (the adapter's
- * output is scaled by alpha / rank) and targets; a full run holds `null` for all three.
- */
-export type TrainMethodConfig =
-  | { method: "lora"; loraRank: number; loraAlpha: number; loraTargets: LoraTarget[] }
-  | { method: "full"; loraRank: null; loraAlpha: null; loraTargets: null };
-
-/** The effective configuration of a run, as stored in `config` and shown to users. */
-export type RunConfig = RunConfigFields & TrainMethodConfig;
-
-interface RunConfigFields {
-  baseModelName: string;
-  datasetID: string;
-  datasetName: string;
-  lr: number;
-  epochs: number;
-  steps: number | null;
-  /** Fraction of the top transformer blocks that get adapters (`lora`) or train (`full`). */
-  complexity: number;
-  systemPrompt: string;
-  name: string;
-  trackerProject: string | null;
-  trackerEntity: string | null;
-  /** Tokens per training window (samples are packed into windows of this size). */
-  contextSize: number;
-  /** How the learning rate moves: cosine decay from `lr` to `lr * lrMinFraction` over the run. */
-  lrSchedule: "cosine" | "linear" | "constant";
-  lrMinFraction: number;
-  /** Weight type of the served model. */
-  outputType: TrainerOutputType;
-  /**
-   * Fraction of pairs held out for eval loss, when the dataset has at least 50 pairs (the
-   * scheduler's `minPairsForEval`).
-   */
-  evalFraction: number;
-  seed: number;
-  /** Train on the whole conversation (prompt and template included) instead of the answers only. */
-  trainOnInputs: boolean;
-  /** A file (of this or another of the user's datasets) whose pairs are the eval set; replaces the random hold-out. */
-  validationFileID: string | null;
-  /** The validation file's name when the run was created, for people reading the config. */
-  validationFileName: string | null;
-  /** Evaluations without a new best eval loss before training stops; `null` never stops early. */
-  earlyStoppingPatience: number | null;
-  /** Which of `epochs`, `lr` and `loraRank` were chosen by `"auto"` (their chosen values are in their fields). */
-  autoSettings: AutoSetting[];
-}
-
-/** Defaults of the settings that are not `"auto"` (epochs, lr and loraRank are chosen per run). */
-export const runDefaults = {
-  method: "lora" as TrainMethod,
-  /** The default alpha is this times the rank (a scale of 2). */
-  loraAlphaPerRank: 2,
-  loraTargets: LORA_TARGETS,
-  complexity: 1,
-  contextSize: 1024,
-  lrSchedule: "cosine" as const,
-  lrMinFraction: 0.1,
-  outputType: "Q8_0" as TrainerOutputType,
-  evalFraction: 0.1,
-  seed: 42,
-};
-
 /**
  * A run's method from its stored config. Runs created before LoRA existed have no `method`: they
  * trained every weight.
  */
-export function methodOf(config: Record<string, unknown>): TrainMethod {
+export function methodOf(config: { method?: string }): TrainMethod {
   return config.method === "lora" ? "lora" : "full";
 }
 
@@ -204,14 +138,14 @@ export interface RunEvents {
   ended: [runId: string, status: RunEnd];
 }
 
-/** Settings of a run that the seed's body has no field for (the OpenAI face's). */
+/** Settings of a run that the Conduit API's body has no field for (the OpenAI face's). */
 export interface CreateRunExtras {
   /** Seed of the run's sample order, held-out pairs and initial adapter. Defaults to `runDefaults.seed`. */
   seed?: number;
   /** Multiplies the learning rate, `"auto"`'s or the one given (OpenAI's `learning_rate_multiplier`). Defaults to `1`. */
   lrMultiplier?: number;
   /** What the OpenAI face was asked (suffix, metadata, ...), kept in `config.openai`. Defaults to none. */
-  openai?: Record<string, unknown>;
+  openai?: OpenAiJobRecord;
 }
 
 /** Fine-tuning runs: creation with validated config, reads, cancel and delete. */

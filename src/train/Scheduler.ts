@@ -10,7 +10,8 @@ import type { BlobStore } from "../store/BlobStore.ts";
 import type { ModelRef } from "../model/types.ts";
 import type { Run, RunRepository } from "../store/RunRepository.ts";
 import type { TrainerJob, TrainerProgress } from "./protocol.ts";
-import { methodOf, type ModelCatalog, type RunConfig, type RunService } from "./RunService.ts";
+import type { RunConfig } from "../contract/runs.ts";
+import { methodOf, type ModelCatalog, type RunService } from "./RunService.ts";
 import { fileLines, LineWriter, writeExampleFiles, type ExampleFiles } from "./exampleFiles.ts";
 import { startTrainer, type ExampleLoss, type TrainerHandle } from "./trainer.ts";
 
@@ -153,7 +154,7 @@ export class Scheduler {
 
   private async train(active: ActiveRun): Promise<void> {
     const { run } = active;
-    const config = run.config as unknown as RunConfig;
+    const config = run.config;
     const lora = methodOf(run.config) === "lora" && config.method === "lora" ? config : undefined;
     const runDir = `runs/${run.id}`;
     const workDir = this.blobs.pathOf(`${runDir}/work`);

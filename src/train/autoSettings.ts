@@ -7,11 +7,7 @@
  * need many passes at a high rate; wide models need a lower rate; more data needs fewer passes.
  */
 import { readGgufFileInfo } from "node-llama-cpp";
-import type { TrainMethod } from "./RunService.ts";
-
-/** The settings that accept `"auto"`. */
-export const AUTO_SETTINGS = ["epochs", "lr", "loraRank"] as const;
-export type AutoSetting = (typeof AUTO_SETTINGS)[number];
+import type { AutoSetting, TrainMethod } from "../contract/runs.ts";
 
 /** What the choice looks at in the model. */
 export interface ModelShape {

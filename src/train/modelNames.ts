@@ -6,7 +6,7 @@ import type { Run } from "../store/RunRepository.ts";
  * fine-tuned models; any other run is its id. The run id works as a model name either way.
  */
 export function servedModelName(run: Pick<Run, "id" | "config">): string {
-  const openai = run.config.openai as { suffix?: unknown } | undefined;
+  const openai = run.config.openai;
   if (openai === undefined) return run.id;
   const suffix = typeof openai.suffix === "string" ? openai.suffix : "";
   return `ft:${String(run.config.baseModelName)}:${suffix}:${run.id}`;

@@ -4,30 +4,8 @@
  * send `{type: "cancel"}`, and the child answers with logs and progress, then exactly one of `done`,
  * `cancelled` or `error`, and exits.
  */
-import type { LoraTarget } from "./loraTargets.ts";
+import type { LoraTarget, TrainerOutputType } from "../contract/runs.ts";
 import type { TrainerBackend } from "./native/llamaLib.ts";
-
-/** Quantization types the trained model can be written as (llama.cpp `llama_ftype` names). */
-export const TRAINER_OUTPUT_TYPES = [
-  "F32",
-  "F16",
-  "BF16",
-  "Q8_0",
-  "Q4_0",
-  "Q4_1",
-  "Q5_0",
-  "Q5_1",
-  "Q2_K",
-  "Q3_K_S",
-  "Q3_K_M",
-  "Q3_K_L",
-  "Q4_K_S",
-  "Q4_K_M",
-  "Q5_K_S",
-  "Q5_K_M",
-  "Q6_K",
-] as const;
-export type TrainerOutputType = (typeof TRAINER_OUTPUT_TYPES)[number];
 
 /** How the learning rate moves over the run's optimizer steps. */
 export interface LearningRateSchedule {

@@ -5,9 +5,8 @@
 import { fork } from "node:child_process";
 import readline from "node:readline";
 import { fileURLToPath } from "node:url";
-import { LORA_TARGETS } from "./loraTargets.ts";
+import { LORA_TARGETS, TRAINER_OUTPUT_TYPES } from "../contract/runs.ts";
 import {
-  TRAINER_OUTPUT_TYPES,
   type ChildMessage,
   type ExampleLoss,
   type ParentMessage,
@@ -27,11 +26,9 @@ export type {
   LearningRateSchedule,
   LoraJobOptions,
   TrainerJob,
-  TrainerOutputType,
   TrainerProgress,
   TrainingStats,
 } from "./protocol.ts";
-export { TRAINER_OUTPUT_TYPES } from "./protocol.ts";
 
 export interface TrainerHandlers {
   /** The trainer's own log lines (phases, one summary per epoch). */

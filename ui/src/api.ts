@@ -5,11 +5,13 @@ import type {
   RunSummaryWire,
   RunWire,
   CreateRunBodyWire,
-} from "../../src/api/schemas.ts";
+} from "../../src/contract/schemas.ts";
+import { activeStatuses } from "../../src/contract/runs.ts";
+import { samplingDefaults } from "../../src/contract/sampling.ts";
 import { apiKey, signOut } from "./auth.ts";
 import { readSse, type SseEvent } from "./sse.ts";
 
-/** The wire types are the API's own schemas (src/api/schemas.ts), shared rather than copied. */
+/** The wire types are the API's own schemas (src/contract/), shared rather than copied. */
 export type Dataset = DatasetWire;
 export type DatasetFile = DatasetFileWire;
 export type Run = RunWire;
@@ -33,28 +35,9 @@ export interface Model {
 }
 
 /** What the trainer reports on a run (`run.stats`, and the `stats` events); fields appear as training goes. */
-export interface RunStats {
-  step?: number;
-  totalSteps?: number;
-  epoch?: number;
-  epochs?: number;
-  trainLoss?: number;
-  evalLoss?: number;
-  tokensPerSecond?: number;
-  elapsedSeconds?: number;
-  etaSeconds?: number;
-  /** On a `stats` event, only the points after the previous event's (see `mergeStats` in runStats.ts). */
-  lossSeries?: { step: number; trainLoss: number }[];
-  evalLossSeries?: { step: number; epoch: number; evalLoss: number }[];
-  /** On a `stats` event: the series start over (the run restarted); they replace what was shown. */
-  seriesReset?: boolean;
-  /** The epoch with the lowest eval loss. */
-  bestEpoch?: number;
-  /** What may have gone wrong, one plain sentence each. */
-  warnings?: string[];
-}
+export type { RunStats } from "../../src/contract/runs.ts";
 
-/** The seed's sampling parameters, with its defaults. */
+/** The Conduit API's sampling parameters, with its defaults. */
 export interface Sampling {
   max_tokens: number;
   temperature: number;
@@ -64,17 +47,10 @@ export interface Sampling {
   frequency_penalty: number;
 }
 
-export const defaultSampling: Sampling = {
-  max_tokens: 256,
-  temperature: 1,
-  top_k: 50,
-  top_p: 0.9,
-  presence_penalty: 1,
-  frequency_penalty: 1,
-};
+export const defaultSampling: Sampling = samplingDefaults;
 
 export function isLive(status: RunStatus): boolean {
-  return status === "QUEUED" || status === "RUNNING";
+  return activeStatuses.includes(status);
 }
 
 /** An API error in plain words: the server's `error.message` (or what went wrong reaching it). */

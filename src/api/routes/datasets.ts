@@ -15,11 +15,11 @@ import {
   UploadBody,
   UploadQuery,
   responses,
-} from "../schemas.ts";
+} from "../../contract/schemas.ts";
 import { rawContentTypes, uploadSource } from "../uploadSource.ts";
 import { datasetWire, fileWire, SUCCESS } from "../wire.ts";
 
-/** Seed 4.2: datasets and their files. */
+/** API document 4.2: datasets and their files. */
 export default async function datasetRoutes(app: FastifyInstance, { core }: { core: Core }) {
   const r = app.withTypeProvider<TypeBoxTypeProvider>();
   const { datasets } = core;

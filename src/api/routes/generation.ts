@@ -11,17 +11,17 @@ import {
   LoadedModelList,
   ModelList,
   type ResponseFormatWire,
-} from "../generationSchemas.ts";
-import { jsonOrEvents, responses } from "../schemas.ts";
+} from "../../contract/generation.ts";
+import { jsonOrEvents, responses } from "../../contract/schemas.ts";
 
 /** What a streamed chat answers. */
 export const chatEvents =
   "Server-Sent Events: `data: {chat.completion.chunk}` lines, then `data: [DONE]`; an error after the first " +
   'chunk is a final `data: {"error":{...}}`.';
 
-/** The seed's sampling fields → engine options. */
-export function seedSampling(body: {
-  /** Absent: up to the room left in the context (the seed's endpoints always have one, default 256). */
+/** The Conduit API's sampling fields → engine options. */
+export function conduitSampling(body: {
+  /** Absent: up to the room left in the context (the Conduit endpoints always have one, default 256). */
   max_tokens?: number | undefined;
   top_k: number;
   top_p: number;
@@ -69,7 +69,7 @@ export function chatMessages(body: {
 }
 
 /** Native chat result: each choice has `role` and the text as both `content` and `text`. */
-export const seedChatShape: ResponseShape = {
+export const conduitChatShape: ResponseShape = {
   idPrefix: "chatcmpl",
   result: (base, result) => ({
     ...base,
@@ -128,7 +128,7 @@ export function completionShape(): ResponseShape {
   };
 }
 
-/** Seed 4.1: generation. */
+/** API document 4.1: generation. */
 export default async function generationRoutes(app: FastifyInstance, { core }: { core: Core }) {
   const r = app.withTypeProvider<TypeBoxTypeProvider>();
   const tags = ["generation"];
@@ -156,10 +156,10 @@ export default async function generationRoutes(app: FastifyInstance, { core }: {
         {
           model: request.body.model,
           messages: chatMessages(request.body),
-          sampling: seedSampling(request.body),
+          sampling: conduitSampling(request.body),
           responseFormat: responseFormat(request.body.response_format),
         },
-        { stream: request.body.stream, shape: seedChatShape },
+        { stream: request.body.stream, shape: conduitChatShape },
       ),
   );
 
@@ -191,7 +191,7 @@ export default async function generationRoutes(app: FastifyInstance, { core }: {
         {
           model: request.body.model,
           messages: request.body.messages.map((m) => ({ role: m.role, content: m.content })),
-          sampling: seedSampling(request.body),
+          sampling: conduitSampling(request.body),
           logprobs: request.body.logprobs,
         },
         { stream: request.body.stream, shape: completionShape() },

@@ -3,7 +3,7 @@ import { Type } from "@sinclair/typebox";
 import type { Core } from "../../core.ts";
 import { GPU_SETTINGS } from "../../engine/accelerator.ts";
 import { diskSpace } from "../../store/diskSpace.ts";
-import { responses } from "../schemas.ts";
+import { responses } from "../../contract/schemas.ts";
 
 const Health = Type.Object({
   status: Type.Union([Type.Literal("ok"), Type.Literal("degraded")], {

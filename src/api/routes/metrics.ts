@@ -2,7 +2,7 @@ import type { FastifyInstance } from "fastify";
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from "prom-client";
 import type { Core } from "../../core.ts";
 import { ConduitError } from "../../errors.ts";
-import { responses } from "../schemas.ts";
+import { responses } from "../../contract/schemas.ts";
 
 /** A counter that mirrors a running total kept elsewhere (the engine's stats). */
 function mirroredCounter(registry: Registry, name: string, help: string, read: () => number) {

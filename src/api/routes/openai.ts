@@ -15,24 +15,24 @@ import {
   OpenAiCompletionBody,
   type OpenAiChatBodyWire,
   type OpenAiCompletionBodyWire,
-} from "../generationSchemas.ts";
+} from "../../contract/generation.ts";
 import { dropNulls } from "../nullable.ts";
-import { jsonOrEvents, noControlCharacters, responses } from "../schemas.ts";
-import { chatEvents, completionShape, responseFormat, seedSampling } from "./generation.ts";
+import { jsonOrEvents, noControlCharacters, responses } from "../../contract/schemas.ts";
+import { chatEvents, completionShape, responseFormat, conduitSampling } from "./generation.ts";
 
 /**
  * OpenAI-compatible routes. They translate OpenAI requests into the same generation call as
- * the seed's endpoints; only the shapes differ. Every OpenAI parameter is honoured or refused by
+ * the Conduit endpoints; only the shapes differ. Every OpenAI parameter is honoured or refused by
  * the body schemas (see `OpenAiChatBody`); `null` fields are dropped before validation, so the
  * handlers see them as absent. Without `max_tokens` a completion may use the room left in the
- * model's context (as OpenAI and vLLM do); the seed's endpoints keep their default of 256.
+ * model's context (as OpenAI and vLLM do); the Conduit endpoints keep their default of 256.
  */
 function openAiSampling(
-  body: Parameters<typeof seedSampling>[0] & { max_completion_tokens?: number | undefined },
+  body: Parameters<typeof conduitSampling>[0] & { max_completion_tokens?: number | undefined },
 ): SamplingOptions {
   const maxTokens = body.max_completion_tokens ?? body.max_tokens;
   return {
-    ...seedSampling({
+    ...conduitSampling({
       ...body,
       max_tokens: maxTokens,
       // OpenAI seeds are any integer; the sampler takes 32 bits.

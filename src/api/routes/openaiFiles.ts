@@ -14,8 +14,8 @@ import {
   OpenAiFileListQuery,
   OpenAiFileParams,
   OpenAiFileUpload,
-} from "../openAiFineTuningSchemas.ts";
-import { Name, responses } from "../schemas.ts";
+} from "../../contract/openAiFineTuning.ts";
+import { Name, responses } from "../../contract/schemas.ts";
 import { malformed } from "../uploadSource.ts";
 
 const fileName = TypeCompiler.Compile(Name);

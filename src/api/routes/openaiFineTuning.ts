@@ -12,8 +12,8 @@ import {
   metadataFilterKey,
   OpenAiJobParams,
   OpenAiPageQuery,
-} from "../openAiFineTuningSchemas.ts";
-import { responses } from "../schemas.ts";
+} from "../../contract/openAiFineTuning.ts";
+import { responses } from "../../contract/schemas.ts";
 
 /**
  * OpenAI's fine-tuning jobs on Conduit's runs (see `openAiFineTuning.ts`): a job is a run, its id the

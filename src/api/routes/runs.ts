@@ -6,7 +6,8 @@ import type { TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
 import type { Core } from "../../core.ts";
 import { checkLoraTargets } from "../../train/RunService.ts";
 import { respondWithGeneration } from "../generate.ts";
-import { RunInferenceBody } from "../generationSchemas.ts";
+import { RunInferenceBody } from "../../contract/generation.ts";
+import type { RunStats } from "../../contract/runs.ts";
 import {
   CreateRunBody,
   ExamplesQuery,
@@ -19,12 +20,12 @@ import {
   RunSummary,
   responses,
   sseEvent,
-} from "../schemas.ts";
+} from "../../contract/schemas.ts";
 import { openSse } from "../sse.ts";
 import { runSummaryWire, runWire, SUCCESS } from "../wire.ts";
-import { chatEvents, chatMessages, responseFormat, seedChatShape, seedSampling } from "./generation.ts";
+import { chatEvents, chatMessages, responseFormat, conduitChatShape, conduitSampling } from "./generation.ts";
 
-/** Seed 4.3: fine-tuning runs (plus `POST /conduit/finetuning`, which the seed does not show). */
+/** API document 4.3: fine-tuning runs (plus `POST /conduit/finetuning`, which the API document does not show). */
 export default async function runRoutes(app: FastifyInstance, { core }: { core: Core }) {
   const r = app.withTypeProvider<TypeBoxTypeProvider>();
   const { runs } = core;
@@ -186,7 +187,7 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
         summary: "Generate with a READY run's fine-tuned model",
         description:
           "Takes the chat fields (`prompt`, `system_prompt`, `history`, sampling parameters; the system prompt defaults to " +
-          "the run's `systemPrompt`). The seed's run fields (`datasetID`, `lr`, ...) are accepted and ignored. " +
+          "the run's `systemPrompt`). The Conduit API's run fields (`datasetID`, `lr`, ...) are accepted and ignored. " +
           "A run that is not READY answers 409.",
         params: RunParams,
         body: RunInferenceBody,
@@ -209,13 +210,13 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
       });
       const input = {
         messages,
-        sampling: seedSampling(body),
+        sampling: conduitSampling(body),
         responseFormat: responseFormat(body.response_format),
       };
       if (body.stream)
         return respondWithGeneration(core, request, reply, input, {
           stream: true,
-          shape: seedChatShape,
+          shape: conduitChatShape,
           model,
         });
       const result = await core.inference.generate(request.userId, input, model);
@@ -286,34 +287,26 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
   );
 }
 
-type Point = { step: number };
-
 /** The loss series of successive `stats` events, cut to the points a client has not had yet. */
 class SeriesDelta {
   private lastTrain = Number.NEGATIVE_INFINITY;
   private lastEval = Number.NEGATIVE_INFINITY;
 
-  next(stats: Record<string, unknown>): Record<string, unknown> {
-    const train = pointsOf(stats.lossSeries);
-    const evals = pointsOf(stats.evalLossSeries);
+  next(stats: RunStats): RunStats {
+    const train = stats.lossSeries ?? [];
+    const evals = stats.evalLossSeries ?? [];
     const lastTrain = train.at(-1)?.step ?? Number.NEGATIVE_INFINITY;
     const lastEval = evals.at(-1)?.step ?? Number.NEGATIVE_INFINITY;
     // A run that started over (a worker lost it, another trains it from the start) has fewer steps.
     const reset = lastTrain < this.lastTrain || lastEval < this.lastEval;
-    const out: Record<string, unknown> = { ...stats, ...(reset ? { seriesReset: true } : {}) };
-    if ("lossSeries" in stats) out.lossSeries = reset ? train : train.filter((p) => p.step > this.lastTrain);
-    if ("evalLossSeries" in stats)
+    const out: RunStats = { ...stats, ...(reset ? { seriesReset: true } : {}) };
+    if (stats.lossSeries) out.lossSeries = reset ? train : train.filter((p) => p.step > this.lastTrain);
+    if (stats.evalLossSeries)
       out.evalLossSeries = reset ? evals : evals.filter((p) => p.step > this.lastEval);
     this.lastTrain = lastTrain;
     this.lastEval = lastEval;
     return out;
   }
-}
-
-function pointsOf(value: unknown): Point[] {
-  return Array.isArray(value)
-    ? value.filter((p): p is Point => typeof (p as Point | null)?.step === "number")
-    : [];
 }
 
 /** How often the events stream looks for news. */

@@ -6,7 +6,7 @@
  * exactly at the base model (as PEFT does: A random, B zero).
  */
 import { gguf, writeGguf, type GgufTensor } from "../../model/gguf/GgufWriter.ts";
-import { type LoraTarget } from "../loraTargets.ts";
+import { type LoraTarget } from "../../contract/runs.ts";
 import type { ModelFileInfo } from "./modelFile.ts";
 import { seededRandom } from "../random.ts";
 import { trainableBlocks } from "./trainableTensor.ts";

@@ -507,8 +507,8 @@ export class MlflowTracker {
   }
 }
 
-function stringField(config: Record<string, unknown>, key: string): string | undefined {
-  const value = config[key];
+function stringField(config: object, key: string): string | undefined {
+  const value = (config as Record<string, unknown>)[key];
   return typeof value === "string" && value !== "" ? value : undefined;
 }
 

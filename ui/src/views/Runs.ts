@@ -1,6 +1,7 @@
 import { h } from "preact";
 import { useEffect, useState } from "preact/hooks";
 import { api, isLive, type CreateRunBody, type Dataset, type Model, type RunSummary } from "../api.ts";
+import { runDefaults } from "../../../src/contract/runs.ts";
 import { ErrorNote, Field, Loading, StatusBadge, TableScroll } from "../components/common.ts";
 import { formatTime } from "../format.ts";
 import { useAction, useInterval, useResource, type Resource } from "../hooks.ts";
@@ -103,10 +104,10 @@ const defaults = {
   lr: "auto",
   epochs: "auto",
   steps: "",
-  method: "lora" as const,
+  method: runDefaults.method,
   loraRank: "auto",
   loraAlpha: "",
-  complexity: "1",
+  complexity: String(runDefaults.complexity),
   trainOnInputs: false,
   earlyStoppingPatience: "",
 };

@@ -217,7 +217,7 @@ export const OpenAiJob = Type.Object(
     status: OpenAiJobStatus,
     trained_tokens: Nullish(Type.Integer()),
     training_file: Type.String({
-      description: "The training file (a run started with the seed API: its dataset id).",
+      description: "The training file (a run started with the Conduit API: its dataset id).",
     }),
     validation_file: Nullish(Type.String()),
     hyperparameters: ResolvedHyperparameters,

@@ -1,39 +1,45 @@
 import { Type, type Static, type TSchema } from "@sinclair/typebox";
 import { Nullable, OrNull } from "./nullable.ts";
+import { samplingDefaults } from "./sampling.ts";
 import { noControlCharacters, noNul, REASON } from "./schemas.ts";
 
-/** Wire types of generation: the seed's chat and completions, and the OpenAI-compatible routes. */
+/** Wire types of generation: the Conduit API's chat and completions, and the OpenAI-compatible routes. */
 
-/** Sampling parameters with the seed's defaults (seed part 8). */
-export const SeedSampling = {
+/** Sampling parameters with the Conduit API's defaults. */
+export const ConduitSampling = {
   max_tokens: Type.Integer({
     minimum: 1,
-    default: 256,
+    default: samplingDefaults.max_tokens,
     description:
       "Most tokens to generate, a cap: generation also ends (`length`) when the model's context is full. Defaults to `256`.",
   }),
   top_k: Type.Integer({
     minimum: 0,
-    default: 50,
+    default: samplingDefaults.top_k,
     description: "Sample from the k most likely tokens (0: all). Defaults to `50`.",
   }),
   top_p: Type.Number({
     exclusiveMinimum: 0,
     maximum: 1,
-    default: 0.9,
+    default: samplingDefaults.top_p,
     description: "Nucleus sampling, in (0, 1]. Defaults to `0.9`.",
   }),
   temperature: Type.Number({
     minimum: 0,
     maximum: 2,
-    default: 1.0,
+    default: samplingDefaults.temperature,
     description: "0 is greedy. Defaults to `1.0`.",
   }),
-  presence_penalty: Type.Number({ minimum: -2, maximum: 2, default: 1.0, description: "Defaults to `1.0`." }),
+  presence_penalty: Type.Number({
+    minimum: -2,
+    maximum: 2,
+    default: samplingDefaults.presence_penalty,
+    description: "Defaults to `1.0`.",
+  }),
   frequency_penalty: Type.Number({
     minimum: -2,
     maximum: 2,
-    default: 1.0,
+    default: samplingDefaults.frequency_penalty,
     description: "Defaults to `1.0`.",
   }),
   stream: Type.Boolean({
@@ -133,7 +139,7 @@ export const ChatBody = Type.Object(
       }),
     ),
     response_format: Type.Optional(ResponseFormat),
-    ...SeedSampling,
+    ...ConduitSampling,
   },
   { additionalProperties: true },
 );
@@ -149,12 +155,12 @@ export const CompletionsBody = Type.Object(
   {
     messages: Type.Array(ChatMessage, { minItems: 1, description: "The conversation so far." }),
     logprobs: Type.Optional(Type.Integer({ minimum: 0, maximum: 5, description: COMPLETION_LOGPROBS })),
-    ...SeedSampling,
+    ...ConduitSampling,
   },
   { additionalProperties: true },
 );
 
-/** `POST /conduit/finetuning/{id}/inference`: the chat fields, plus the seed's run fields (accepted, ignored). */
+/** `POST /conduit/finetuning/{id}/inference`: the chat fields, plus the Conduit API's run fields (accepted, ignored). */
 export const RunInferenceBody = Type.Object(
   {
     prompt: Type.String({ minLength: 1, pattern: noNul }),
@@ -163,7 +169,7 @@ export const RunInferenceBody = Type.Object(
     ),
     history: ChatBody.properties.history,
     response_format: ChatBody.properties.response_format,
-    ...SeedSampling,
+    ...ConduitSampling,
   },
   { additionalProperties: true },
 );
@@ -193,7 +199,7 @@ export const ChatResult = Type.Object(
         index: Type.Integer(),
         role: Type.Literal("assistant"),
         content: Type.String(),
-        text: Type.String({ description: "Same as `content` (the seed names it both ways)." }),
+        text: Type.String({ description: "Same as `content` (the API names it both ways)." }),
         finish_reason: FinishReason,
       }),
     ),
@@ -425,7 +431,7 @@ const OpenAiSampling = {
     default: 1,
     description: `Choices to generate (for each prompt of a completion; ${MAX_CHOICES} in all at most). Defaults to \`1\`.`,
   }),
-  stop: Nullable(SeedSampling.stop),
+  stop: Nullable(ConduitSampling.stop),
   seed: Nullable(Type.Integer(), {
     description: "Sampling seed, any integer (the sampler takes its low 32 bits), for reproducible output.",
   }),

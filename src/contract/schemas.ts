@@ -1,7 +1,15 @@
 import { Type, type Static, type TSchema } from "@sinclair/typebox";
 import { errorCatalog } from "../errors.ts";
-import { LORA_TARGETS, UNTRAINABLE_LORA_TARGETS } from "../train/loraTargets.ts";
-import { loraLimits, runDefaults, TRAIN_METHODS } from "../train/RunService.ts";
+import {
+  LORA_TARGETS,
+  loraLimits,
+  runDefaults,
+  runStatuses,
+  TRAIN_METHODS,
+  UNTRAINABLE_LORA_TARGETS,
+  type RunConfig,
+  type RunStats,
+} from "./runs.ts";
 
 /**
  * One schema per wire type. Routes validate with these, the OpenAPI document is generated
@@ -76,7 +84,7 @@ export const DatasetFile = Type.Object(
   {
     id: Type.String(),
     datasetId: Type.String(),
-    datasetID: Type.String({ description: "Same as `datasetId` (the seed spells it both ways)." }),
+    datasetID: Type.String({ description: "Same as `datasetId` (the API spells it both ways)." }),
     name: Type.String(),
     size: Type.Integer({ description: "Bytes." }),
     type: Type.Literal("IO"),
@@ -108,7 +116,7 @@ export const IoPairPreview = Type.Object({
 });
 
 export const RunStatus = Type.Union(
-  ["QUEUED", "RUNNING", "READY", "FAILED", "CANCELLED"].map((s) => Type.Literal(s)),
+  runStatuses.map((s) => Type.Literal(s)),
   { description: "QUEUED → RUNNING → READY | FAILED | CANCELLED (QUEUED can be CANCELLED too)." },
 );
 
@@ -126,8 +134,12 @@ export const Run = Type.Object(
     createdAt: Timestamp,
     updatedAt: Timestamp,
     logs: Type.Array(Type.String()),
-    stats: Type.Record(Type.String(), Type.Unknown()),
-    config: Type.Record(Type.String(), Type.Unknown()),
+    stats: Type.Unsafe<RunStats>(
+      Type.Record(Type.String(), Type.Unknown(), { description: "What the run reports as it trains." }),
+    ),
+    config: Type.Unsafe<RunConfig>(
+      Type.Record(Type.String(), Type.Unknown(), { description: "The run's effective settings." }),
+    ),
     error: Type.Union([Type.String(), Type.Null()], { description: "Why the run FAILED; null otherwise." }),
   },
   { $id: "Run" },
@@ -138,9 +150,11 @@ const { logs: _logs, ...summaryFields } = Run.properties;
 export const RunSummary = Type.Object(
   {
     ...summaryFields,
-    stats: Type.Record(Type.String(), Type.Unknown(), {
-      description: "The run's `stats` without `lossSeries` and `evalLossSeries` (read the run for those).",
-    }),
+    stats: Type.Unsafe<Omit<RunStats, "lossSeries" | "evalLossSeries">>(
+      Type.Record(Type.String(), Type.Unknown(), {
+        description: "The run's `stats` without `lossSeries` and `evalLossSeries` (read the run for those).",
+      }),
+    ),
   },
   {
     $id: "RunSummary",
@@ -243,7 +257,7 @@ function orAuto<T extends TSchema>(schema: T, description: string) {
   return Type.Union([schema, Type.Literal("auto")], { description });
 }
 
-/** Run configuration (seed 4.3's inference fields); every field is optional with a documented default. */
+/** Run configuration (API document 4.3's inference fields); every field is optional with a documented default. */
 export const RunConfigFields = {
   datasetID: Type.Optional(Id),
   datasetId: Type.Optional(Id),

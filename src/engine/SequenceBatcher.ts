@@ -1,0 +1,544 @@
+import crypto from "node:crypto";
+import type { Llama, LlamaContext, LlamaGrammar, LlamaModel, Token } from "node-llama-cpp";
+import type { ChatTemplate } from "../model/chatTemplate.ts";
+import { bindNative } from "./nativeBatch.ts";
+import type { NativeBinding, NativeGrammarState, NativeSampler } from "./nativeBatch.ts";
+import { promptTokens, type PromptModel } from "./promptTokens.ts";
+import { TextOutput } from "./TextOutput.ts";
+import type { FinishReason, GenerationRequest, GenerationResult, TokenLogprob } from "./types.ts";
+
+/** Decode steps with at least this many tokens run on `promptThreads`. */
+export const PROMPT_BATCH_TOKENS = 32;
+
+export interface SequenceBatcherOptions {
+  llama: Llama;
+  model: LlamaModel;
+  /** Created with `sequences` = the sequences to serve; the batcher drives it through its native handle. */
+  context: LlamaContext;
+  /** The model's chat template, read at load. */
+  template: ChatTemplate;
+  /** Threads for generation steps (see `LlamaEngineOptions.threads`). */
+  threads: number;
+  /** Threads for steps of at least {@link PROMPT_BATCH_TOKENS} tokens (see `LlamaEngineOptions.promptThreads`). */
+  promptThreads: number;
+  /** Most tokens evaluated in one decode step (also capped by the context's batch size). */
+  batchSize: number;
+  logger: (level: "error" | "warn", message: string) => void;
+  /** Called as each generation finishes with its answer (not when it fails or is aborted). */
+  onFinish: (result: GenerationResult, elapsedMs: number) => void;
+}
+
+interface Waiter {
+  resolve(sequenceId: number): void;
+  reject(error: unknown): void;
+}
+
+/** One running generation on one sequence of a loaded model. */
+interface Generation {
+  sequenceId: number;
+  sampler: NativeSampler;
+  /** Tokens still to be evaluated: the prompt (in chunks), then each sampled token. */
+  pending: number[];
+  /** Position of the next token in the sequence. */
+  position: number;
+  /** The tokens in the sequence's KV cache (`position` of them), kept for the next request on it. */
+  fed: number[];
+  /** Prompt tokens found in the KV cache already (a common prefix with the sequence's last request). */
+  cachedTokens: number;
+  /** Set when a decode failed: the KV cache is in an unknown state and must be cleared. */
+  cacheInvalid: boolean;
+  output: TextOutput;
+  completionTokens: number;
+  promptTokens: number;
+  maxTokens: number;
+  onText: ((text: string, logprobs?: TokenLogprob[]) => void) | undefined;
+  /** Set when the request asked for log probabilities. */
+  logprobs: LogprobState | undefined;
+  /** Set once the caller has its answer (finished, failed or aborted); the slot is released by the step loop. */
+  settled: boolean;
+  resolve(result: GenerationResult): void;
+  reject(error: unknown): void;
+  startedAt: number;
+}
+
+/** A generation's log probabilities: a greedy sampler without penalties reads the raw distribution. */
+interface LogprobState {
+  top: number;
+  sampler: NativeSampler;
+  /** One entry per generated token, with where its text starts in the output (`TextOutput.decodedLength`). */
+  entries: { entry: TokenLogprob; start: number }[];
+  /** Entries already streamed. */
+  sent: number;
+  /** The entry of the token just sampled, until `accept` takes it. */
+  next: TokenLogprob | undefined;
+}
+
+/**
+ * The sequences of one loaded model and the loop that batches them: hands out sequences (reusing a KV-cache
+ * prefix when a prompt shares one), queues requests when all are busy, and runs every active generation in
+ * one decode per token step, then samples and streams each.
+ */
+export class SequenceBatcher {
+  readonly model: LlamaModel;
+  /** Tokens each sequence holds (prompt + completion). */
+  readonly contextSize: number;
+  private readonly context: LlamaContext;
+  private readonly native: NativeBinding;
+  private readonly template: ChatTemplate;
+  private readonly prompt: PromptModel;
+  private readonly threads: number;
+  private readonly promptThreads: number;
+  private readonly batchSize: number;
+  private readonly logger: SequenceBatcherOptions["logger"];
+  private readonly onFinish: SequenceBatcherOptions["onFinish"];
+
+  private readonly freeSequences: number[];
+  /** The tokens still in the KV cache of each free sequence (absent: empty), for prefix reuse. */
+  private readonly cached = new Map<number, number[]>();
+  private readonly active = new Set<Generation>();
+  private readonly waiters: Waiter[] = [];
+  private stepping = false;
+  /** Resolves when the step loop has stopped (used by unload and dispose). */
+  private idlePromise: Promise<void> = Promise.resolve();
+  private markIdle: () => void = () => {};
+  /** Set by `close`: freed sequences are no longer handed to waiters, and the step loop is not restarted. */
+  private closed = false;
+
+  /** Binds the context's native handle; throws when node-llama-cpp's native API is not the expected one. */
+  constructor(options: SequenceBatcherOptions) {
+    this.model = options.model;
+    this.context = options.context;
+    this.template = options.template;
+    this.contextSize = options.context.contextSize;
+    this.threads = options.threads;
+    this.promptThreads = options.promptThreads;
+    this.batchSize = options.batchSize;
+    this.logger = options.logger;
+    this.onFinish = options.onFinish;
+    this.native = bindNative(options.llama, options.model, options.context);
+    this.native.context.setThreads(this.threads);
+    this.prompt = {
+      model: options.model,
+      template: options.template,
+      contextSize: this.contextSize,
+      bos: options.model.tokens.shouldPrependBosToken ? (options.model.tokens.bos ?? undefined) : undefined,
+    };
+    this.freeSequences = Array.from({ length: options.context.totalSequences }, (_, i) => i);
+  }
+
+  /** Generations running now. */
+  get activeCount(): number {
+    return this.active.size;
+  }
+
+  /** Requests waiting for a sequence. */
+  get queuedCount(): number {
+    return this.waiters.length;
+  }
+
+  /** Something runs or waits: the model must stay loaded. */
+  get busy(): boolean {
+    return this.active.size > 0 || this.waiters.length > 0;
+  }
+
+  /** Resolves when the step loop has stopped. */
+  idle(): Promise<void> {
+    return this.idlePromise;
+  }
+
+  /** A request's prompt tokens (see {@link promptTokens}). */
+  tokenize(request: GenerationRequest): number[] {
+    return promptTokens(this.prompt, request);
+  }
+
+  /**
+   * A free sequence for `prompt` when one is free and nobody waits for one: the one whose KV cache shares the
+   * longest prefix with it, when that prefix is worth keeping (at least {@link MIN_REUSED_PREFIX} tokens);
+   * otherwise the one freed longest ago, so that a prompt sharing only a BOS or a turn marker does not
+   * overwrite another conversation's cache.
+   */
+  takeSequence(prompt: number[]): number | undefined {
+    if (this.waiters.length > 0) return undefined;
+    let best = 0;
+    let bestLength = 0;
+    for (const [i, id] of this.freeSequences.entries()) {
+      const length = commonPrefix(this.cached.get(id) ?? [], prompt);
+      if (length > bestLength) [best, bestLength] = [i, length];
+    }
+    if (bestLength < MIN_REUSED_PREFIX) best = 0;
+    return this.freeSequences.splice(best, 1)[0];
+  }
+
+  /** Waits for the next freed sequence, in order of arrival; gives up with the signal's reason when it aborts. */
+  waitForSequence(signal: AbortSignal | undefined): Promise<number> {
+    return new Promise<number>((resolve, reject) => {
+      const onAbort = () => {
+        const index = this.waiters.indexOf(waiter);
+        if (index !== -1) this.waiters.splice(index, 1);
+        reject(signal?.reason);
+      };
+      const waiter: Waiter = {
+        resolve: (id) => {
+          signal?.removeEventListener("abort", onAbort);
+          resolve(id);
+        },
+        reject: (error) => {
+          signal?.removeEventListener("abort", onAbort);
+          reject(error);
+        },
+      };
+      this.waiters.push(waiter);
+      signal?.addEventListener("abort", onAbort, { once: true });
+    });
+  }
+
+  /** Fails every waiting and running generation with `error`; the step loop then frees their sequences. */
+  close(error: () => unknown): void {
+    this.closed = true;
+    for (const waiter of this.waiters.splice(0)) waiter.reject(error());
+    for (const gen of this.active) settle(gen, () => gen.reject(error()));
+  }
+
+  /** Runs a generation on `sequenceId` (taken from this batcher) and answers when it ends. */
+  start(
+    sequenceId: number,
+    prompt: number[],
+    request: GenerationRequest,
+    grammar: LlamaGrammar | undefined,
+  ): Promise<GenerationResult> {
+    const { sampling, signal } = request;
+    const model = this.model;
+    // max_tokens is a cap: the generation also ends when the context is full (absent: only then).
+    const maxTokens = Math.min(sampling.maxTokens ?? Infinity, this.contextSize - prompt.length);
+    let sampler: NativeSampler;
+    let grammarState: NativeGrammarState | undefined;
+    let logprobs: LogprobState | undefined;
+    try {
+      // One grammar state per generation: the sampler advances it with every token it samples.
+      grammarState = grammar ? this.native.createGrammarState(grammar) : undefined;
+      sampler = this.native.createSampler();
+      if (request.logprobs !== undefined) {
+        // Greedy, no penalties, no grammar: its candidates are the raw logits of the whole vocabulary.
+        const raw = this.native.createSampler();
+        raw.applyConfig({
+          temperature: 0,
+          topK: 0,
+          topP: 1,
+          seed: 0,
+          repeatPenalty: 1,
+          repeatPenaltyMaxTokens: 0,
+          repeatPenaltyTokens: new Uint32Array(0),
+          repeatPenaltyPresencePenalty: 0,
+          repeatPenaltyFrequencyPenalty: 0,
+        });
+        logprobs = { top: request.logprobs, sampler: raw, entries: [], sent: 0, next: undefined };
+      }
+    } catch (error) {
+      logprobs?.sampler.dispose();
+      this.returnSequence(sequenceId);
+      throw error;
+    }
+    sampler.applyConfig({
+      temperature: sampling.temperature,
+      topK: sampling.topK,
+      topP: sampling.topP,
+      seed: sampling.seed ?? crypto.randomInt(0, 2 ** 31),
+      // OpenAI's presence/frequency penalties are llama.cpp's additive penalties (logit -= count * frequency +
+      // (count > 0) * presence), applied to the tokens generated so far; the multiplicative repeat penalty stays
+      // off (1). The history covers the whole completion; the sampler adds each sampled token itself.
+      repeatPenalty: 1,
+      // Capped like max_tokens: the native sampler allocates a history of this many tokens.
+      repeatPenaltyMaxTokens: Math.max(1, maxTokens),
+      repeatPenaltyTokens: new Uint32Array(0),
+      repeatPenaltyPresencePenalty: sampling.presencePenalty,
+      repeatPenaltyFrequencyPenalty: sampling.frequencyPenalty,
+      ...(grammarState ? { grammarEvaluationState: grammarState } : {}),
+    });
+    // A chat answer on the fallback ChatML template also ends at its turn markers: a model without ChatML
+    // control tokens writes them as text (see CHATML_STOP_STRINGS). Raw prompts are left alone.
+    const turnStops = request.messages !== undefined ? this.template.stopStrings : [];
+    // A JSON grammar ends its value with whitespace and a run of newlines (node-llama-cpp's stop trigger),
+    // which is not part of the answer.
+    const grammarStops = (grammar?.stopGenerationTriggers ?? []).flatMap((t) =>
+      typeof t === "string" ? [t] : Array.isArray(t) ? [] : [t.toString()],
+    );
+    const output = new TextOutput(
+      (tokens, previous) => model.detokenize(tokens as Token[], false, previous as Token[]),
+      [...(sampling.stop ?? []), ...turnStops, ...grammarStops],
+      grammar?.trimWhitespaceSuffix === true,
+    );
+    let reused: number;
+    try {
+      reused = this.reusePrefix(sequenceId, prompt);
+    } catch (error) {
+      sampler.dispose();
+      logprobs?.sampler.dispose();
+      this.native.context.disposeSequence(sequenceId);
+      this.returnSequence(sequenceId);
+      throw error;
+    }
+    return new Promise<GenerationResult>((resolve, reject) => {
+      const gen: Generation = {
+        sequenceId,
+        sampler,
+        pending: prompt.slice(reused),
+        position: reused,
+        fed: prompt.slice(0, reused),
+        cachedTokens: reused,
+        cacheInvalid: false,
+        output,
+        completionTokens: 0,
+        promptTokens: prompt.length,
+        maxTokens,
+        onText: request.onText,
+        logprobs,
+        settled: false,
+        resolve,
+        reject,
+        startedAt: performance.now(),
+      };
+      if (signal) {
+        // Answer at once; the step loop frees the sequence before its next decode.
+        const onAbort = () => settle(gen, () => reject(signal.reason));
+        signal.addEventListener("abort", onAbort, { once: true });
+        const cleanup = () => signal.removeEventListener("abort", onAbort);
+        gen.resolve = (result) => (cleanup(), resolve(result));
+        gen.reject = (error) => (cleanup(), reject(error));
+      }
+      this.active.add(gen);
+      this.ensureStepping();
+    });
+  }
+
+  /**
+   * Frees a generation's sequence. Only called between decode steps (the KV cache is not in use). What the
+   * sequence evaluated stays in its KV cache, so that a next request sharing a prefix with it (the next turn
+   * of a chat, the same system prompt) evaluates only what is new.
+   */
+  private releaseSequence(gen: Generation): void {
+    this.active.delete(gen);
+    gen.sampler.dispose();
+    gen.logprobs?.sampler.dispose();
+    if (gen.cacheInvalid || gen.fed.length === 0) {
+      this.native.context.disposeSequence(gen.sequenceId);
+      this.cached.delete(gen.sequenceId);
+    } else this.cached.set(gen.sequenceId, gen.fed);
+    this.returnSequence(gen.sequenceId);
+  }
+
+  /**
+   * Keeps the longest prefix of the sequence's KV cache that `prompt` starts with (at most all but the
+   * prompt's last token, which is evaluated again for its logits) and drops the rest. Returns its length.
+   */
+  private reusePrefix(sequenceId: number, prompt: number[]): number {
+    const cached = this.cached.get(sequenceId) ?? [];
+    this.cached.delete(sequenceId);
+    const keep = Math.min(commonPrefix(cached, prompt), prompt.length - 1);
+    if (keep === cached.length) return keep;
+    // Models whose cache cannot drop a tail (recurrent ones) start again from an empty sequence.
+    if (keep > 0 && this.native.context.removeTokenCellsFromSequence(sequenceId, keep, -1)) return keep;
+    this.native.context.disposeSequence(sequenceId);
+    return 0;
+  }
+
+  /** Hands a free sequence to the next waiter, or back to the pool. */
+  private returnSequence(sequenceId: number): void {
+    const next = this.waiters.shift();
+    if (next && !this.closed) next.resolve(sequenceId);
+    else this.freeSequences.push(sequenceId);
+  }
+
+  // ---- generation ----
+
+  private ensureStepping(): void {
+    if (this.stepping) return;
+    this.stepping = true;
+    this.idlePromise = new Promise<void>((resolve) => (this.markIdle = resolve));
+    void this.stepLoop()
+      .catch((error: unknown) => {
+        // Not a decode error (those fail only their batch): something is badly wrong; fail everything running.
+        this.logger("error", `step loop failed: ${error instanceof Error ? error.message : error}`);
+        for (const gen of this.active) {
+          settle(gen, () => gen.reject(error));
+          try {
+            this.releaseSequence(gen);
+          } catch {
+            this.active.delete(gen);
+          }
+        }
+      })
+      .finally(() => {
+        this.stepping = false;
+        this.markIdle();
+        // A generation may have joined after the loop's last check.
+        if (this.active.size > 0 && !this.closed) this.ensureStepping();
+      });
+  }
+
+  /**
+   * Continuous batching: each step evaluates, in one decode, the next token of every generating sequence plus
+   * chunks of new prompts (up to `batchSize` tokens), then samples every sequence that produced logits.
+   */
+  private async stepLoop(): Promise<void> {
+    const ctx = this.native.context;
+    while (this.active.size > 0) {
+      for (const gen of this.active) if (gen.settled) this.releaseSequence(gen);
+      if (this.active.size === 0) break;
+
+      // Generating sequences (one pending token) first, so a long new prompt cannot stall running streams.
+      const order = [...this.active].sort((a, b) => a.pending.length - b.pending.length);
+      const batch: { gen: Generation; tokens: number[]; logits: boolean }[] = [];
+      let budget = Math.min(this.batchSize, this.context.batchSize);
+      for (const gen of order) {
+        if (budget === 0) break;
+        const take = Math.min(gen.pending.length, budget);
+        const tokens = gen.pending.slice(0, take);
+        batch.push({ gen, tokens, logits: take === gen.pending.length });
+        budget -= take;
+      }
+      const total = batch.reduce((n, item) => n + item.tokens.length, 0);
+      // Only changes a field of the llama.cpp context when the count differs; no threads are kept between steps.
+      if (this.promptThreads !== this.threads)
+        ctx.setThreads(total >= PROMPT_BATCH_TOKENS ? this.promptThreads : this.threads);
+
+      const sampleAt: { gen: Generation; index: number }[] = [];
+      try {
+        ctx.initBatch(total);
+        for (const item of batch) {
+          const logitIndexes = item.logits ? Uint32Array.of(item.tokens.length - 1) : new Uint32Array(0);
+          const indexes = ctx.addToBatch(
+            item.gen.sequenceId,
+            item.gen.position,
+            Uint32Array.from(item.tokens),
+            logitIndexes,
+          );
+          item.gen.position += item.tokens.length;
+          item.gen.pending = item.gen.pending.slice(item.tokens.length);
+          item.gen.fed.push(...item.tokens);
+          const index = indexes[0];
+          if (item.logits && index !== undefined) sampleAt.push({ gen: item.gen, index });
+        }
+        await ctx.decodeBatch();
+        // Sampling runs on libuv's pool, one job per sequence, concurrently.
+        const tokens = await Promise.all(
+          sampleAt.map(({ gen, index }) =>
+            gen.logprobs ? this.sampleWithLogprobs(gen, index) : ctx.sampleToken(index, gen.sampler),
+          ),
+        );
+        for (let i = 0; i < sampleAt.length; i++) this.accept(sampleAt[i]!.gen, tokens[i]!);
+      } catch (error) {
+        // A failed decode leaves these sequences in an unknown state: fail them (and free their slots).
+        for (const item of batch) {
+          item.gen.cacheInvalid = true;
+          settle(item.gen, () => item.gen.reject(error));
+        }
+        this.logger("error", `decode failed: ${error instanceof Error ? error.message : error}`);
+      }
+    }
+  }
+
+  /**
+   * Samples `gen`'s next token, then reads its log probability and the top alternatives from the same logits
+   * with the generation's raw sampler (a second native call, only for requests that ask).
+   */
+  private async sampleWithLogprobs(gen: Generation, index: number): Promise<number> {
+    const state = gen.logprobs!;
+    const ctx = this.native.context;
+    const token = await ctx.sampleToken(index, gen.sampler);
+    state.next = undefined;
+    if (token < 0 || this.model.isEogToken(token as Token)) return token;
+    const [, , , pairs, weight] = await ctx.sampleToken(
+      index,
+      state.sampler,
+      false,
+      false,
+      [[token], false, false, false, Math.max(1, state.top)],
+      true,
+    );
+    if (!pairs || pairs.length < 4 || weight === undefined)
+      throw new Error("the native sampler returned no logits");
+    // Pairs: the top logits, highest first, then the sampled token's. log p = logit − max − log Σ exp(l − max).
+    const logZ = pairs[1]! + Math.log(weight);
+    const topCount = Math.min(state.top, pairs.length / 2 - 1);
+    // Token text in context, so a SentencePiece word start keeps its space.
+    const previous = gen.fed.slice(-4) as Token[];
+    const text = (t: number) => this.model.detokenize([t as Token], true, previous);
+    const top: TokenLogprob["top"] = [];
+    for (let i = 0; i < topCount; i++)
+      top.push({ token: text(pairs[2 * i]!), logprob: pairs[2 * i + 1]! - logZ });
+    state.next = { token: text(token), logprob: pairs[2 * topCount + 1]! - logZ, top };
+    return token;
+  }
+
+  private accept(gen: Generation, token: number): void {
+    if (gen.settled) return;
+    if (token < 0 || this.model.isEogToken(token as Token)) return this.finish(gen, "stop");
+    gen.completionTokens++;
+    if (gen.logprobs?.next)
+      gen.logprobs.entries.push({ entry: gen.logprobs.next, start: gen.output.decodedLength });
+    const piece = gen.output.push(token);
+    if (piece !== "" || gen.logprobs) this.stream(gen, piece);
+    if (gen.settled) return;
+    if (gen.output.stopped) return this.finish(gen, "stop");
+    if (gen.completionTokens >= gen.maxTokens) return this.finish(gen, "length");
+    gen.pending = [token];
+  }
+
+  /** Streams `piece` with the log probabilities of the tokens whose text now starts in the streamed text. */
+  private stream(gen: Generation, piece: string): void {
+    if (!gen.onText) return;
+    const logprobs = gen.logprobs ? takeLogprobs(gen.logprobs, gen.output.text.length) : undefined;
+    if (piece === "" && (logprobs === undefined || logprobs.length === 0)) return;
+    try {
+      gen.onText(piece, logprobs);
+    } catch (error) {
+      // A throwing consumer ends its own generation, not the step loop.
+      settle(gen, () => gen.reject(error));
+    }
+  }
+
+  private finish(gen: Generation, finishReason: FinishReason): void {
+    const rest = gen.output.finish();
+    if (rest !== "") this.stream(gen, rest);
+    if (gen.settled) return;
+    const end = gen.output.text.length;
+    const result: GenerationResult = {
+      text: gen.output.text,
+      finishReason,
+      promptTokens: gen.promptTokens,
+      cachedTokens: gen.cachedTokens,
+      completionTokens: gen.completionTokens,
+      // Tokens whose text is in the answer (not those of a stop sequence or trimmed whitespace).
+      ...(gen.logprobs
+        ? { logprobs: gen.logprobs.entries.filter((e) => e.start < end).map((e) => e.entry) }
+        : {}),
+    };
+    this.onFinish(result, performance.now() - gen.startedAt);
+    settle(gen, () => gen.resolve(result));
+    this.releaseSequence(gen);
+  }
+}
+
+/** Shorter shared prefixes are not worth taking a sequence that holds another conversation's cache. */
+const MIN_REUSED_PREFIX = 16;
+
+function commonPrefix(a: readonly number[], b: readonly number[]): number {
+  const n = Math.min(a.length, b.length);
+  let i = 0;
+  while (i < n && a[i] === b[i]) i++;
+  return i;
+}
+
+/** The entries not streamed yet whose text starts before `end`. */
+function takeLogprobs(state: LogprobState, end: number): TokenLogprob[] {
+  const taken: TokenLogprob[] = [];
+  while (state.sent < state.entries.length && state.entries[state.sent]!.start < end)
+    taken.push(state.entries[state.sent++]!.entry);
+  return taken;
+}
+
+function settle(gen: Generation, answer: () => void): void {
+  if (gen.settled) return;
+  gen.settled = true;
+  answer();
+}

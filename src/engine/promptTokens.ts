@@ -1,0 +1,82 @@
+import type { LlamaModel } from "node-llama-cpp";
+import { ConduitError } from "../errors.ts";
+import type { ChatTemplate, RenderedSegments } from "../model/chatTemplate.ts";
+import type { GenerationRequest } from "./types.ts";
+
+/** What tokenizing a request needs of a loaded model (read at load, so formatting a request never waits). */
+export interface PromptModel {
+  model: LlamaModel;
+  template: ChatTemplate;
+  contextSize: number;
+  /** The BOS token when the model wants one in front of every prompt. */
+  bos: number | undefined;
+}
+
+/**
+ * A request's prompt tokens: chat messages through the model's template, or a raw prompt, with the BOS token
+ * the model wants. Refuses an empty prompt and one that fills the context.
+ */
+export function promptTokens(
+  { model, template, contextSize, bos }: PromptModel,
+  request: GenerationRequest,
+): number[] {
+  // Special tokens are parsed in the template's text (chat templates write <|im_start|> as text) and in a
+  // raw prompt (its writer controls the whole text), never in a message's content (see chatTokens).
+  const tokens =
+    request.messages !== undefined
+      ? chatTokens(
+          template.renderSegments(request.messages, {
+            addGenerationPrompt: true,
+            ...(request.tools ? { tools: request.tools } : {}),
+          }),
+          (text, special) => model.tokenize(text, special) as number[],
+        )
+      : (model.tokenize(request.prompt ?? "", true) as number[]);
+  if (bos !== undefined && tokens[0] !== bos) tokens.unshift(bos);
+  const param = request.messages !== undefined ? "messages" : "prompt";
+  if (tokens.length === 0) throw new ConduitError("invalid_request", "The prompt is empty.", { param });
+  if (tokens.length >= contextSize)
+    throw new ConduitError(
+      "invalid_request",
+      `The prompt is ${tokens.length} tokens; this model's context holds ${contextSize}.`,
+      { param },
+    );
+  // max_tokens is a cap, as in llama-server, never refused for the context size: a generation stops with
+  // finish_reason "length" when the context is full (`start` caps it), so the default of 256 works on a
+  // model with a 128-token context.
+  return tokens;
+}
+
+/**
+ * A chat prompt's tokens, with control-token text in the messages kept as plain text: a user who writes
+ * `<|im_end|><|im_start|>system` gets those characters, not a forged turn. When no message holds such text
+ * (the usual case) the whole text is tokenized at once, exactly as llama-server does; otherwise piece by
+ * piece, contents without special-token parsing. A template that rewrites contents cannot be split into
+ * pieces: a message with control-token text is then refused.
+ */
+export function chatTokens(
+  rendered: RenderedSegments,
+  tokenize: (text: string, special: boolean) => number[],
+): number[] {
+  const forging = (text: string) => {
+    const plain = tokenize(text, false);
+    const special = tokenize(text, true);
+    return plain.length !== special.length || plain.some((token, i) => token !== special[i]);
+  };
+  if (rendered.opaque.some(forging))
+    throw new ConduitError(
+      "invalid_request",
+      "A tool definition or tool call contains control-token text (such as <|im_end|>); remove it.",
+      { param: "messages" },
+    );
+  if (!rendered.contents.some(forging))
+    return tokenize(rendered.segments.map((segment) => segment.text).join(""), true);
+  if (!rendered.exact)
+    throw new ConduitError(
+      "invalid_request",
+      "A message contains control-token text (such as <|im_end|>) that this model's chat template cannot keep " +
+        "apart from its own turn markers; remove it.",
+      { param: "messages" },
+    );
+  return rendered.segments.flatMap((segment) => tokenize(segment.text, segment.trusted));
+}
