@@ -1,4 +1,5 @@
 import type { FastifyInstance } from "fastify";
+import fp from "fastify-plugin";
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from "prom-client";
 import type { Core } from "../../core.ts";
 import { ConduitError } from "../../errors.ts";
@@ -21,13 +22,10 @@ function mirroredCounter(registry: Registry, name: string, help: string, read: (
 
 /**
  * `GET /metrics`: Prometheus text format. The counters cover every tenant, so only the keys of the
- * users in `CONDUIT_METRICS_USERS` may read them.
+ * users in `CONDUIT_METRICS_USERS` may read them. Not encapsulated (fastify-plugin): its onResponse
+ * hook must see every route registered after it.
  */
-export default function metricsRoutes(app: FastifyInstance, options: { core: Core }) {
-  return metricsPlugin(app, options);
-}
-// Not encapsulated: its onResponse hook must see every route registered after it.
-(metricsRoutes as unknown as Record<symbol, boolean>)[Symbol.for("skip-override")] = true;
+export default fp(metricsPlugin, { name: "conduit-metrics" });
 
 async function metricsPlugin(app: FastifyInstance, { core }: { core: Core }) {
   const registry = new Registry();
