@@ -41,7 +41,7 @@ export interface CoreOverrides {
   engine?: Engine;
   /** Replaces the blob store (tests make its writes fail as on a full disk). */
   blobs?: BlobStore;
-  /** Scheduler timings (tests use short leases). */
+  /** Scheduler timings and seams (tests use short leases, a fake trainer, a held sample preparation). */
   scheduler?: Partial<SchedulerOptions>;
   /** MLflow tracker timings (tests retry fast). */
   tracking?: Partial<MlflowTrackerOptions>;

@@ -7,13 +7,11 @@ import { readGgufFileInfo } from "node-llama-cpp";
 import { writeGgufUint32 } from "../model/gguf/GgufPatch.ts";
 import { isOutOfSpace } from "../errors.ts";
 import type { BlobStore } from "../store/BlobStore.ts";
-import type { ModelRef } from "../model/types.ts";
 import type { Run, RunRepository } from "../store/RunRepository.ts";
 import type { TrainerJob, TrainerProgress } from "./protocol.ts";
-import type { RunConfig } from "../contract/runs.ts";
 import { methodOf, type ModelCatalog, type RunService } from "./RunService.ts";
-import { fileLines, LineWriter, writeExampleFiles, type ExampleFiles } from "./exampleFiles.ts";
-import { startTrainer, type ExampleLoss, type TrainerHandle } from "./trainer.ts";
+import { prepareSamples, writeExampleLosses, type SamplePreparer } from "./prepareSamples.ts";
+import { startTrainer, type TrainerHandle, type TrainerLauncher } from "./trainer.ts";
 
 export interface SchedulerOptions {
   /** Runs trained at once by this process. Defaults to `1`. */
@@ -32,6 +30,13 @@ export interface SchedulerOptions {
   gpu?: () => Promise<NonNullable<TrainerJob["gpu"]>>;
   /** Most tokens a run may train on (`CONDUIT_MAX_RUN_TOKENS`); a run over it fails before its first step. Defaults to no limit. */
   maxRunTokens?: number;
+  /** Starts a run's trainer (tests pass an in-memory fake). Defaults to `startTrainer`, a child process per run. */
+  trainer?: TrainerLauncher;
+  /**
+   * Writes a run's examples, formatted for its base model, to the files its trainer reads (tests wrap it to
+   * hold a run in preparation). Defaults to `prepareSamples` on the run's dataset.
+   */
+  prepareSamples?: SamplePreparer;
 }
 
 interface ActiveRun {
@@ -61,7 +66,8 @@ export class Scheduler {
   private readonly leaseMs: number;
   private readonly pollMs: number;
   private readonly maxAttempts: number;
-  private readonly minPairsForEval: number;
+  private readonly startTrainer: TrainerLauncher;
+  private readonly prepareSamples: SamplePreparer;
   private readonly onChanged = (runId: string) => {
     const active = this.active.get(runId);
     if (active) void this.checkCancelled(active);
@@ -80,7 +86,11 @@ export class Scheduler {
     this.leaseMs = options.leaseMs ?? 30_000;
     this.pollMs = options.pollMs ?? 2_000;
     this.maxAttempts = options.maxAttempts ?? 3;
-    this.minPairsForEval = options.minPairsForEval ?? 50;
+    const minPairsForEval = options.minPairsForEval ?? 50;
+    this.startTrainer = options.trainer ?? startTrainer;
+    this.prepareSamples =
+      options.prepareSamples ??
+      ((run, base, dir) => prepareSamples(this.datasets, run, base, dir, minPairsForEval));
   }
 
   start(): void {
@@ -177,7 +187,7 @@ export class Scheduler {
       await this.appendLog(run.id, `training started on ${this.workerId} (attempt ${run.attempts})`);
       const base = this.models.resolve(config.baseModelName);
       if (!base) throw new Error(`base model "${config.baseModelName}" is no longer available`);
-      const examples = await this.examples(run, config, base, workDir);
+      const examples = await this.prepareSamples(run, base, workDir);
       await this.appendLog(
         run.id,
         `${examples.trainCount} training conversations` +
@@ -212,7 +222,7 @@ export class Scheduler {
       const gpu = (await this.options.gpu?.()) ?? { backend: "cpu", layers: 0 };
       if (active.stopping) return;
       const lossesPath = `${workDir}/losses.jsonl`;
-      const handle = startTrainer(
+      const handle = this.startTrainer(
         {
           method: lora ? "lora" : "full",
           ...(lora
@@ -258,7 +268,7 @@ export class Scheduler {
 
       if (outcome.status === "completed") {
         if (!lora) await restoreContextLength(base.path, outputPath);
-        await writeExamples(this.blobs.pathOf(`${runDir}/examples.jsonl`), examples, lossesPath);
+        await writeExampleLosses(this.blobs.pathOf(`${runDir}/examples.jsonl`), examples, lossesPath);
         const { bestEpoch, bestStep, bestEvalLoss, warnings, stoppedEarly } = outcome.stats;
         await writeStats({ final: outcome.stats, bestEpoch, bestStep, bestEvalLoss, warnings, stoppedEarly });
         await this.blobs.remove(checkpointDir);
@@ -312,35 +322,6 @@ export class Scheduler {
     return true;
   }
 
-  /** The run's training and validation examples, formatted for the base model, in files under `dir`. */
-  private async examples(run: Run, config: RunConfig, base: ModelRef, dir: string): Promise<ExampleFiles> {
-    let examples;
-    try {
-      examples = await writeExampleFiles(
-        this.datasets,
-        base,
-        {
-          userId: run.userId,
-          datasetId: run.datasetId,
-          systemPrompt: config.systemPrompt,
-          trainOnInputs: config.trainOnInputs ?? true,
-          validationFileId: config.validationFileID ?? null,
-          evalFraction: config.evalFraction,
-          minPairsForEval: this.minPairsForEval,
-          seed: config.seed,
-        },
-        dir,
-      );
-    } catch (error) {
-      throw new Error(`could not read dataset ${run.datasetId}: ${(error as Error).message}`, {
-        cause: error,
-      });
-    }
-    if (examples.trainCount === 0)
-      throw new Error(`dataset ${run.datasetId} has no IO pairs to train on (was it deleted or emptied?)`);
-    return examples;
-  }
-
   /** Stops trainers and hands their runs back to the queue, so another start picks them up. */
   async close(): Promise<void> {
     this.closed = true;
@@ -379,45 +360,4 @@ function thin<T>(points: T[], max: number): T[] {
   for (let i = 0; i < max - 1; i++) out.push(points[Math.floor(i * stride)] as T);
   out.push(points[points.length - 1] as T);
   return out;
-}
-
-/**
- * Writes every example with its loss, one JSON object per line (`GET /conduit/finetuning/{id}/examples`):
- * the example files and the trainer's losses file (one `{loss, tokens}` line per example, the training
- * examples then the validation ones) are read side by side.
- */
-async function writeExamples(file: string, examples: ExampleFiles, lossesFile: string): Promise<void> {
-  const temp = `${file}.tmp-${process.pid}`;
-  const out = new LineWriter(temp);
-  const losses = fileLines(lossesFile);
-  try {
-    for (const [split, source] of [
-      ["train", examples.train],
-      ["validation", examples.validation],
-    ] as const) {
-      if (source === null) continue;
-      let index = 0;
-      for await (const line of fileLines(source)) {
-        const example = JSON.parse(line) as { input: string; output: string };
-        const next = await losses.next();
-        const loss = next.done ? undefined : (JSON.parse(next.value) as ExampleLoss);
-        await out.write(
-          JSON.stringify({
-            split,
-            index: index++,
-            input: example.input,
-            output: example.output,
-            loss: loss?.loss ?? null,
-            tokens: loss?.tokens ?? 0,
-          }),
-        );
-      }
-    }
-    await out.close();
-    await fsp.rename(temp, file);
-  } finally {
-    out.destroy();
-    await losses.return(undefined);
-    await fsp.rm(temp, { force: true });
-  }
 }

@@ -62,6 +62,12 @@ export interface TrainerHandle {
   readonly done: Promise<TrainerOutcome>;
 }
 
+/**
+ * How the scheduler starts a trainer: {@link startTrainer} in production, an in-memory fake in the
+ * scheduler's tests. Logs and progress come through `handlers`; `done` says how it ended.
+ */
+export type TrainerLauncher = (job: TrainerJob, handlers: TrainerHandlers) => TrainerHandle;
+
 /** Native log lines kept to explain a crash (an assert message is printed just before the abort). */
 const NATIVE_TAIL_LINES = 8;
 
