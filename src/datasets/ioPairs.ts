@@ -10,8 +10,7 @@ import type { ChatRole } from "../model/types.ts";
  * Objects carry `input`/`output` (or `prompt`/`completion`), or a chat example as OpenAI's
  * fine-tuning takes it, `{"messages": [{role, content}, ...]}`; CSV has `input,output` (or
  * `prompt,completion`) columns. Files are read as streams, so validation and training never
- * hold a whole JSONL or CSV file in memory (a JSON array is parsed whole; prefer JSONL for
- * big files).
+ * hold a whole file in memory (a JSON array's items are cut out and parsed one at a time).
  */
 export type IoFormat = "jsonl" | "json" | "csv";
 export const ioFormats: readonly IoFormat[] = ["jsonl", "json", "csv"];
@@ -194,8 +193,8 @@ function badUtf8Line(bytes: Buffer, firstLine: number): number {
 export interface ReadOptions {
   /**
    * Largest pair in bytes (`CONDUIT_MAX_PAIR_BYTES`): a longer JSONL line, CSV line or record, or JSON
-   * array item is an `IoPairError`, found before more than this much of it is held in memory (but in
-   * a JSON array, which is parsed whole). Defaults to no limit.
+   * array item is an `IoPairError`, found before more than this much of it is held in memory. Defaults to
+   * no limit.
    */
   maxPairBytes?: number;
 }
@@ -287,68 +286,103 @@ async function* readJsonl(filePath: string, options: ReadOptions): AsyncGenerato
   }
 }
 
-/** Offsets where the top-level array's items start, so item errors can name a line. */
-function itemOffsets(text: string): number[] {
-  const offsets: number[] = [];
+type JsonArrayState = "start" | "between" | "item" | "end";
+
+/**
+ * The items of a JSON array file, streamed: each top-level item's text is cut out as the file is read and
+ * parsed alone, so memory holds one item at a time (at most `maxPairBytes` of it), never the whole file.
+ * Errors name the line where the item (or the stray text) starts.
+ */
+async function* readJsonArray(filePath: string, options: ReadOptions): AsyncGenerator<IoPair> {
+  const limit = options.maxPairBytes ?? Number.POSITIVE_INFINITY;
+  const decoder = new TextDecoder("utf-8", { fatal: true, ignoreBOM: false });
+  const notAnArray = (at: number) =>
+    new IoPairError(at, 'a .json file must hold an array of {"input","output"} objects');
+  let line = 1;
+  /** Where the array is: before its `[`, between items, inside one, or after its `]`. */
+  let state = "start" as JsonArrayState;
+  let expectItem = false;
   let depth = 0;
   let inString = false;
-  let expectItem = false;
-  for (let i = 0; i < text.length; i++) {
-    const c = text[i];
-    if (inString) {
-      if (c === "\\") i++;
-      else if (c === '"') inString = false;
-      continue;
+  let escaped = false;
+  let item: string[] = [];
+  let itemChars = 0;
+  let itemLine = 1;
+  const finish = (): IoPair => {
+    const text = item.join("");
+    item = [];
+    itemChars = 0;
+    if (Buffer.byteLength(text) > limit) throw tooLong(itemLine, limit);
+    let value: unknown;
+    try {
+      value = JSON.parse(text);
+    } catch (error) {
+      throw new IoPairError(itemLine, `invalid JSON (${(error as Error).message})`);
     }
-    if (expectItem && c !== " " && c !== "\n" && c !== "\r" && c !== "\t") {
-      expectItem = false;
-      if (c !== "]") offsets.push(i);
+    return toPair(value, itemLine);
+  };
+  for await (const chunk of fs.createReadStream(filePath) as AsyncIterable<Buffer>) {
+    let text: string;
+    try {
+      text = decoder.decode(chunk, { stream: true });
+    } catch {
+      throw notUtf8(badUtf8Line(chunk, line));
     }
-    if (c === '"') inString = true;
-    else if (c === "[" || c === "{") {
-      depth++;
-      if (depth === 1 && c === "[") expectItem = true;
-    } else if (c === "]" || c === "}") depth--;
-    else if (c === "," && depth === 1) expectItem = true;
+    let from = 0;
+    for (let i = 0; i < text.length; i++) {
+      const c = text.charCodeAt(i);
+      if (c === 10) line++;
+      if (state === "item") {
+        if (inString) {
+          if (escaped) escaped = false;
+          else if (c === 92 /* \ */) escaped = true;
+          else if (c === 34 /* " */) inString = false;
+          continue;
+        }
+        if (c === 34) inString = true;
+        else if (c === 123 /* { */ || c === 91 /* [ */) depth++;
+        else if ((c === 125 /* } */ || c === 93) /* ] */ && depth > 0) depth--;
+        else if ((c === 44 /* , */ || c === 93) && depth === 0) {
+          item.push(text.slice(from, i));
+          yield finish();
+          state = c === 44 ? "between" : "end";
+          expectItem = c === 44;
+        }
+        continue;
+      }
+      if (c === 32 || c === 10 || c === 13 || c === 9 || (c === 0xfeff && state === "start" && i === 0))
+        continue;
+      if (state === "start") {
+        if (c !== 91) throw notAnArray(line);
+        state = "between";
+      } else if (state === "between") {
+        if (c === 93 && !expectItem) state = "end";
+        else if (c === 44 || c === 93) throw new IoPairError(line, "invalid JSON (an array item is missing)");
+        else {
+          state = "item";
+          itemLine = line;
+          from = i;
+          i--; // the item's first character is read again, as part of it
+        }
+        expectItem = false;
+      } else throw new IoPairError(line, "invalid JSON (text after the array's closing bracket)");
+    }
+    if (state === "item") {
+      item.push(text.slice(from));
+      itemChars += text.length - from;
+      // A character is at least one byte: more characters than the limit are more bytes than it.
+      if (itemChars > limit) throw tooLong(itemLine, limit);
+    }
   }
-  return offsets;
-}
-
-function countNewlines(text: string, from: number, to: number): number {
-  let count = 0;
-  for (let i = from; i < to && i < text.length; i++) if (text.charCodeAt(i) === 10) count++;
-  return count;
-}
-
-async function* readJsonArray(filePath: string, options: ReadOptions): AsyncGenerator<IoPair> {
-  const bytes = await fsp.readFile(filePath);
-  if (!isUtf8(bytes)) throw notUtf8(badUtf8Line(bytes, 1));
-  const text = bytes.toString("utf8").replace(/^\uFEFF/, "");
-  let value: unknown;
   try {
-    value = JSON.parse(text);
-  } catch (error) {
-    const message = (error as Error).message;
-    const position = Number(message.match(/position (\d+)/)?.[1] ?? NaN);
-    throw new IoPairError(
-      Number.isNaN(position) ? 1 : 1 + countNewlines(text, 0, position),
-      `invalid JSON (${message})`,
-    );
+    decoder.decode();
+  } catch {
+    throw notUtf8(line);
   }
-  if (!Array.isArray(value))
-    throw new IoPairError(1, 'a .json file must hold an array of {"input","output"} objects');
-  const offsets = itemOffsets(text);
-  let line = 1;
-  let lastOffset = 0;
-  for (const [index, item] of value.entries()) {
-    const offset = offsets[index] ?? lastOffset;
-    line += countNewlines(text, lastOffset, offset);
-    lastOffset = offset;
-    const limit = options.maxPairBytes ?? Number.POSITIVE_INFINITY;
-    if (Number.isFinite(limit) && Buffer.byteLength(JSON.stringify(item) ?? "") > limit)
-      throw tooLong(line, limit);
-    yield toPair(item, line);
-  }
+  // (A cast: tsc narrows `state` by the last assignment it saw in the loop.)
+  const last = state as JsonArrayState;
+  if (last === "start") throw notAnArray(1);
+  if (last !== "end") throw new IoPairError(line, "invalid JSON (the array is not closed)");
 }
 
 async function* readCsv(filePath: string, options: ReadOptions): AsyncGenerator<IoPair> {
