@@ -74,9 +74,11 @@ const run = (await (
   await fetch(`${conduit}/conduit/finetuning`, {
     method: "POST",
     headers,
-    body: JSON.stringify({ datasetID: dataset.id, baseModelName: "m" }),
+    // Explicit settings: "auto" reads the model, and "m" is an empty file.
+    body: JSON.stringify({ datasetID: dataset.id, baseModelName: "m", epochs: 1, lr: 0.001, loraRank: 8 }),
   })
-).json()) as { id: string };
+).json()) as { id?: string };
+if (!run.id) throw new Error(`creating the run failed: ${JSON.stringify(run)}`);
 
 const bareGet = await load(`${bare}/bare/${run.id}`, "GET");
 const getRun = await load(`${conduit}/conduit/finetuning/${run.id}`, "GET");

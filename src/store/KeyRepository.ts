@@ -1,6 +1,7 @@
 import { createHash, randomBytes, timingSafeEqual } from "node:crypto";
 import type { Kysely } from "kysely";
 import { newId } from "./ids.ts";
+import { precompile } from "./precompiled.ts";
 import type { ApiKeyTable, Database } from "./schema.ts";
 import { timestamp } from "./time.ts";
 
@@ -28,7 +29,14 @@ function toKey(row: ApiKeyTable): ApiKey {
 
 /** API keys: stored as SHA-256 hashes, looked up by hash and compared in constant time. */
 export class KeyRepository {
-  constructor(private readonly db: Kysely<Database>) {}
+  /** The key check every request makes, compiled once. */
+  private readonly byHash;
+
+  constructor(private readonly db: Kysely<Database>) {
+    this.byHash = precompile<Database, ApiKeyTable, [string]>(db, (arg) =>
+      db.selectFrom("api_keys").selectAll().where("hash", "=", arg(0)),
+    );
+  }
 
   /** Creates a random key for `userId`; the plain key is returned once and never stored. */
   async create(userId: string, name = "default"): Promise<{ key: string; record: ApiKey }> {
@@ -71,7 +79,7 @@ export class KeyRepository {
   /** The key's owner, or undefined for an unknown key. */
   async authenticate(key: string): Promise<ApiKey | undefined> {
     const hash = hashKey(key);
-    const row = await this.db.selectFrom("api_keys").selectAll().where("hash", "=", hash).executeTakeFirst();
+    const [row] = await this.byHash(hash);
     // The lookup is by hash, so timing reveals nothing about the key; compare anyway so a
     // driver that matched loosely can never let a different key through.
     if (!row || !timingSafeEqual(Buffer.from(row.hash, "hex"), Buffer.from(hash, "hex"))) return undefined;
