@@ -37,6 +37,12 @@ interface Waiter {
 interface Generation {
   sequenceId: number;
   sampler: NativeSampler;
+  prompt: number[];
+  /**
+   * Set once the step loop has matched the prompt against the sequence's KV cache (`reusePrefix`, between two
+   * decodes, never while one runs) and set `pending`, `position`, `fed` and `cachedTokens`.
+   */
+  placed: boolean;
   /** Tokens still to be evaluated: the prompt (in chunks), then each sampled token. */
   pending: number[];
   /** Position of the next token in the sequence. */
@@ -267,24 +273,16 @@ export class SequenceBatcher {
       [...(sampling.stop ?? []), ...turnStops, ...grammarStops],
       grammar?.trimWhitespaceSuffix === true,
     );
-    let reused: number;
-    try {
-      reused = this.reusePrefix(sequenceId, prompt);
-    } catch (error) {
-      sampler.dispose();
-      logprobs?.sampler.dispose();
-      this.native.context.disposeSequence(sequenceId);
-      this.returnSequence(sequenceId);
-      throw error;
-    }
     return new Promise<GenerationResult>((resolve, reject) => {
       const gen: Generation = {
         sequenceId,
         sampler,
-        pending: prompt.slice(reused),
-        position: reused,
-        fed: prompt.slice(0, reused),
-        cachedTokens: reused,
+        prompt,
+        placed: false,
+        pending: [],
+        position: 0,
+        fed: [],
+        cachedTokens: 0,
         cacheInvalid: false,
         output,
         completionTokens: 0,
@@ -319,11 +317,34 @@ export class SequenceBatcher {
     this.active.delete(gen);
     gen.sampler.dispose();
     gen.logprobs?.sampler.dispose();
+    // Never placed (aborted before its first step): the sequence's cache is as the last request left it.
+    if (!gen.placed) return this.returnSequence(gen.sequenceId);
     if (gen.cacheInvalid || gen.fed.length === 0) {
       this.native.context.disposeSequence(gen.sequenceId);
       this.cached.delete(gen.sequenceId);
     } else this.cached.set(gen.sequenceId, gen.fed);
     this.returnSequence(gen.sequenceId);
+  }
+
+  /**
+   * Matches a new generation's prompt against its sequence's KV cache; fails the generation if that throws.
+   * Runs in the step loop between two decodes: a request can arrive while a decode runs on libuv's pool, and
+   * llama.cpp's KV cache must not change under it.
+   */
+  private place(gen: Generation): void {
+    gen.placed = true;
+    let reused: number;
+    try {
+      reused = this.reusePrefix(gen.sequenceId, gen.prompt);
+    } catch (error) {
+      gen.cacheInvalid = true;
+      settle(gen, () => gen.reject(error));
+      return;
+    }
+    gen.pending = gen.prompt.slice(reused);
+    gen.position = reused;
+    gen.fed = gen.prompt.slice(0, reused);
+    gen.cachedTokens = reused;
   }
 
   /**
@@ -382,6 +403,8 @@ export class SequenceBatcher {
   private async stepLoop(): Promise<void> {
     const ctx = this.native.context;
     while (this.active.size > 0) {
+      for (const gen of this.active) if (gen.settled) this.releaseSequence(gen);
+      for (const gen of this.active) if (!gen.placed) this.place(gen);
       for (const gen of this.active) if (gen.settled) this.releaseSequence(gen);
       if (this.active.size === 0) break;
 
