@@ -2,12 +2,18 @@
  * The service end to end against raw llama.cpp, on the same GGUF file and thread count:
  *   - single stream: Conduit's `/v1/completions` (streamed and not) over `llama-bench` generation (tg);
  *   - 8 concurrent streams: Conduit's aggregate tokens/s over `llama-server -np 8`'s;
- *   - time to first token: Conduit's over `llama-server`'s (streamed, same prompt).
- * Both servers run as their own processes (`conduit serve` with `CONDUIT_PARALLEL=8`, `llama-server -np 8`)
- * and are driven by this process over loopback with the same requests (greedy, raw prompt, no chat
- * template). Needs `bash bench/setup.sh` first.
+ *   - time to first token: Conduit's over `llama-server`'s (streamed, same prompt);
+ *   - prompt cache: time to first token of a request whose prompt shares a long prefix (`--prefix-sentences`,
+ *     25 ≈ 450 SmolLM2 tokens) with the request before it, over that first request's; llama-server gets
+ *     `cache_prompt: true`.
+ * Both servers run as their own processes (`conduit serve` with `CONDUIT_PARALLEL=8`, `llama-server -np 8`),
+ * both up for the whole run, and are driven by this process over loopback with the same requests (greedy, raw
+ * prompt, no chat template). The machines are shared and their speed drifts over minutes, so the runs are
+ * interleaved: each round measures Conduit, llama-server and `llama-bench` one after the other (the order
+ * rotates), and a ratio compares rounds taken at the same time. Needs `bash bench/setup.sh` first.
  *
  *   node --import tsx bench/serve.ts [stories260K|smollm2-135m|file.gguf] [--threads 1] [--tokens 120] [--runs 5]
+ *        [--prefix-sentences 25] [--prompt-threads N] [--prompt-repeat 1]
  */
 import { spawn, execFileSync, type ChildProcess } from "node:child_process";
 import os from "node:os";
@@ -25,6 +31,7 @@ const { values, positionals } = parseArgs({
     runs: { type: "string", default: "5" },
     "prompt-threads": { type: "string" },
     "prompt-repeat": { type: "string", default: "1" },
+    "prefix-sentences": { type: "string", default: "25" },
   },
 });
 const threads = Number(values.threads);
@@ -41,16 +48,28 @@ const model = requireFile(
   modelArg.endsWith(".gguf") ? path.resolve(modelArg) : modelPath(modelArg as BenchModel),
 );
 const STREAMS = 8;
+/** A long shared prefix: numbered sentences (25 are 451 tokens on SmolLM2-135M). */
+const prefixText = Array.from({ length: Number(values["prefix-sentences"]) }, (_, i) => {
+  const words = ["fox", "hill", "river", "lamp", "garden", "boat", "cloud", "stone"];
+  return `Note ${i + 1}: the ${words[i % 8]} was next to the ${words[(i * 3 + 1) % 8]} on day ${i * 7 + 3}.`;
+}).join(" ");
 /**
  * Every request's prompt starts with a character no earlier request started with, so neither server can
  * reuse a cached prompt prefix (llama-server caches prompts per slot by default): each request pays for
  * its whole prompt, as a new user's would.
  */
 const FIRST = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-let prompts = 0;
-if (1 + runs * (STREAMS + 2) > FIRST.length)
-  throw new Error(`--runs is at most ${Math.floor((FIRST.length - 1) / (STREAMS + 2))}`);
-const prompt = () => `${FIRST[prompts++ % FIRST.length]}: ${promptText}`;
+/** Prompts each server got so far: the servers get the same sequence of prompts. */
+const prompts = new Map<string, number>();
+const PER_ROUND = STREAMS + 3;
+if (1 + runs * PER_ROUND > FIRST.length)
+  throw new Error(`--runs is at most ${Math.floor((FIRST.length - 1) / PER_ROUND)}`);
+const nextFirst = (url: string) => {
+  const n = prompts.get(url) ?? 0;
+  prompts.set(url, n + 1);
+  return FIRST[n % FIRST.length]!;
+};
+const prompt = (url: string) => `${nextFirst(url)}: ${promptText}`;
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)] ?? Number.NaN;
 const fmt = (x: number) => (Number.isFinite(x) ? x.toFixed(x < 10 ? 2 : 0) : "n/a");
@@ -78,12 +97,19 @@ async function startLlamaServer(contextPerSlot: number): Promise<{ url: string; 
 interface Timing {
   /** Completion tokens, from the server's usage. */
   tokens: number;
+  /** Prompt tokens, from the server's usage. */
+  promptTokens: number;
   /** From sending the request to the first text (streamed) or to the whole answer. */
   firstMs: number;
   totalMs: number;
 }
 
-async function complete(url: string, prompt: string, stream: boolean): Promise<Timing> {
+async function complete(
+  url: string,
+  prompt: string,
+  stream: boolean,
+  { maxTokens = tokens, extra = {} }: { maxTokens?: number; extra?: Record<string, unknown> } = {},
+): Promise<Timing> {
   const started = performance.now();
   const response = await fetch(`${url}/v1/completions`, {
     method: "POST",
@@ -91,35 +117,42 @@ async function complete(url: string, prompt: string, stream: boolean): Promise<T
     body: JSON.stringify({
       model: "bench",
       prompt,
-      max_tokens: tokens,
+      max_tokens: maxTokens,
       temperature: 0,
       stream,
       ...(stream ? { stream_options: { include_usage: true } } : {}),
+      ...extra,
     }),
   });
   if (!response.ok) throw new Error(`${url}: ${response.status} ${await response.text()}`);
   if (!stream) {
-    const body = (await response.json()) as { usage: { completion_tokens: number } };
+    const body = (await response.json()) as { usage: { completion_tokens: number; prompt_tokens: number } };
     const totalMs = performance.now() - started;
-    return { tokens: body.usage.completion_tokens, firstMs: totalMs, totalMs };
+    return {
+      tokens: body.usage.completion_tokens,
+      promptTokens: body.usage.prompt_tokens,
+      firstMs: totalMs,
+      totalMs,
+    };
   }
   let firstMs = 0;
   let count = 0;
+  let promptTokens = 0;
   const parser = createParser({
     onEvent(event) {
       if (event.data === "[DONE]") return;
       const chunk = JSON.parse(event.data) as {
         choices?: { text?: string }[];
-        usage?: { completion_tokens: number } | null;
+        usage?: { completion_tokens: number; prompt_tokens: number } | null;
       };
       if (firstMs === 0 && chunk.choices?.[0]?.text) firstMs = performance.now() - started;
-      if (chunk.usage) count = chunk.usage.completion_tokens;
+      if (chunk.usage) [count, promptTokens] = [chunk.usage.completion_tokens, chunk.usage.prompt_tokens];
     },
   });
   const decoder = new TextDecoder();
   for await (const bytes of response.body as unknown as AsyncIterable<Uint8Array>)
     parser.feed(decoder.decode(bytes, { stream: true }));
-  return { tokens: count, firstMs, totalMs: performance.now() - started };
+  return { tokens: count, promptTokens, firstMs, totalMs: performance.now() - started };
 }
 
 /** Generation tokens/s of one request: after the first token when streamed, over the whole request when not. */
@@ -129,7 +162,7 @@ function rate(t: Timing, stream: boolean): number {
 
 async function concurrent(url: string): Promise<number> {
   const started = performance.now();
-  const all = await Promise.all(Array.from({ length: STREAMS }, () => complete(url, prompt(), true)));
+  const all = await Promise.all(Array.from({ length: STREAMS }, () => complete(url, prompt(url), true)));
   return (all.reduce((n, t) => n + t.tokens, 0) / (performance.now() - started)) * 1000;
 }
 
@@ -139,28 +172,53 @@ interface Measured {
   ttft: number[];
   aggregate: number[];
   tokens: number[];
+  /** Time to first token of a new long prompt, then of one sharing all but its last words with it. */
+  prefixFirst: number[];
+  prefixSecond: number[];
+  prefixTokens: number[];
+  bench: number[];
 }
 
-async function measure(url: string): Promise<Measured> {
-  prompts = 0; // both servers get the same prompts
-  await complete(url, prompt(), false); // loads the model, warms the caches
-  const m: Measured = { plain: [], streamed: [], ttft: [], aggregate: [], tokens: [] };
-  for (let r = 0; r < runs; r++) {
-    const plain = await complete(url, prompt(), false);
-    const streamed = await complete(url, prompt(), true);
-    m.plain.push(rate(plain, false));
-    m.streamed.push(rate(streamed, true));
-    m.ttft.push(streamed.firstMs);
-    m.tokens.push(streamed.tokens);
-    m.aggregate.push(await concurrent(url));
+const newMeasured = (): Measured => ({
+  plain: [],
+  streamed: [],
+  ttft: [],
+  aggregate: [],
+  tokens: [],
+  prefixFirst: [],
+  prefixSecond: [],
+  prefixTokens: [],
+  bench: [],
+});
+
+/** One round on one server: single stream (plain, streamed), 8 streams, the shared-prefix pair. */
+async function round(url: string, m: Measured, extra: Record<string, unknown>): Promise<void> {
+  const plain = await complete(url, prompt(url), false);
+  const streamed = await complete(url, prompt(url), true);
+  m.plain.push(rate(plain, false));
+  m.streamed.push(rate(streamed, true));
+  m.ttft.push(streamed.firstMs);
+  m.tokens.push(streamed.tokens);
+  m.aggregate.push(await concurrent(url));
+  // One token, not streamed: the time to the answer is the time to the first token, whatever it is (an
+  // end-of-text token included).
+  const shared = `${nextFirst(url)}: ${prefixText}`;
+  const once = { maxTokens: 1, extra };
+  try {
+    const first = await complete(url, `${shared} Which note names the fox?`, false, once);
+    const second = await complete(url, `${shared} Which note names the boat?`, false, once);
+    m.prefixFirst.push(first.firstMs);
+    m.prefixSecond.push(second.firstMs);
+    m.prefixTokens.push(second.promptTokens);
+  } catch {
+    // The model's context cannot hold the long prompt (stories260K): no prompt-cache figures.
   }
-  return m;
 }
 
 function llamaBench(n: number): number {
   const out = execFileSync(
     requireFile(toolPath("llama-bench")),
-    ["-m", model, "-t", String(threads), "-p", "0", "-n", String(n), "-r", String(runs), "-o", "json"],
+    ["-m", model, "-t", String(threads), "-p", "0", "-n", String(n), "-r", "1", "-o", "json"],
     { encoding: "utf8", stdio: ["ignore", "pipe", "ignore"] },
   );
   const rows = JSON.parse(out) as { avg_ts: number; n_gen: number }[];
@@ -169,6 +227,7 @@ function llamaBench(n: number): number {
 
 // ---- run ----
 
+const loadAtStart = os.loadavg()[0]!;
 const conduit = await startConduit(
   { bench: model },
   {
@@ -179,36 +238,51 @@ const conduit = await startConduit(
     CONDUIT_TRAIN_CONCURRENCY: "0",
   },
 );
-let conduitRuns: Measured;
+let server: { url: string; child: ChildProcess } | undefined;
+const c = newMeasured();
+const s = newMeasured();
+const bench: number[] = [];
 try {
-  conduitRuns = await measure(conduit.url);
+  server = await startLlamaServer(Math.max(256, tokens + 64, 1024));
+  // Loads the model, warms the caches.
+  await complete(conduit.url, prompt(conduit.url), false);
+  await complete(server.url, prompt(server.url), false);
+  const cacheOn = { cache_prompt: true };
+  for (let r = 0; r < runs; r++) {
+    const steps = [
+      () => round(conduit.url, c, {}),
+      () => round(server!.url, s, cacheOn),
+      async () => void bench.push(llamaBench(c.tokens.length > 0 ? median(c.tokens) : tokens)),
+    ];
+    // Rotated each round, so that no side always runs right after the other.
+    for (let i = 0; i < steps.length; i++) await steps[(i + r) % steps.length]!();
+  }
 } finally {
   conduit.stop();
+  server?.child.kill("SIGTERM");
 }
-const server = await startLlamaServer(Math.max(256, tokens + 64));
-let serverRuns: Measured;
-try {
-  serverRuns = await measure(server.url);
-} finally {
-  server.child.kill("SIGTERM");
-}
-const results = { conduit: conduitRuns, server: serverRuns, bench: llamaBench(median(conduitRuns.tokens)) };
 
-const { conduit: c, server: s, bench } = results;
 console.log(
   `model ${path.basename(model)}, ${threads} thread(s) (prompts ${promptThreads}), up to ${tokens} tokens (median ${median(c.tokens)} generated, greedy), ` +
-    `${runs} runs, ${os.cpus().length} cores, load ${os.loadavg()[0]?.toFixed(1)}\n`,
+    `${runs} interleaved runs, ${os.cpus().length} cores, load ${loadAtStart.toFixed(1)} → ${os.loadavg()[0]!.toFixed(1)}\n`,
 );
 console.log("                                   conduit     llama.cpp reference          ratio");
 const row = (name: string, mine: number, theirs: number, ref: string) =>
   console.log(
     `  ${name.padEnd(32)} ${fmt(mine).padStart(8)}     ${fmt(theirs).padStart(8)} ${ref.padEnd(26)} ${fmt(mine / theirs)}x`,
   );
-row("single stream tok/s, not streamed", median(c.plain), bench, "(llama-bench tg)");
-row("single stream tok/s, streamed", median(c.streamed), bench, "(llama-bench tg)");
+row("single stream tok/s, not streamed", median(c.plain), median(bench), "(llama-bench tg)");
+row("single stream tok/s, streamed", median(c.streamed), median(bench), "(llama-bench tg)");
 row("single stream tok/s, streamed", median(c.streamed), median(s.streamed), "(llama-server)");
 row(`${STREAMS} streams aggregate tok/s`, median(c.aggregate), median(s.aggregate), "(llama-server -np 8)");
 row("time to first token ms", median(c.ttft), median(s.ttft), "(llama-server)");
+if (c.prefixSecond.length > 0 && s.prefixSecond.length > 0) {
+  const prefix = `${median(c.prefixTokens)}-token prompts`;
+  row(`TTFT, new ${prefix}`, median(c.prefixFirst), median(s.prefixFirst), "(llama-server)");
+  row(`TTFT, shared prefix`, median(c.prefixSecond), median(s.prefixSecond), "(llama-server, cache_prompt)");
+  const ratio = (m: Measured) => median(m.prefixSecond.map((x, i) => x / m.prefixFirst[i]!));
+  console.log(`  TTFT shared prefix / new prompt: conduit ${fmt(ratio(c))}x, llama-server ${fmt(ratio(s))}x`);
+} else console.log("  (prompt cache: the model's context cannot hold the long prompt)");
 console.log(
   "\n(medians; ratios are conduit / reference: ≥ 1 is better for tok/s, ≤ 1 for time to first token)",
 );
