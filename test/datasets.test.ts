@@ -184,6 +184,15 @@ for (const backend of backends()) {
       });
       assert.equal(raw.statusCode, 200, raw.body);
       assert.equal(raw.json().name, "raw.jsonl");
+      // Without ?name=, a raw upload is named after its media type.
+      const rawNoName = await app.inject({
+        method: "POST",
+        url,
+        headers: { ...asAlice, "content-type": "text/csv" },
+        payload: "input,output\na,b\n",
+      });
+      assert.equal(rawNoName.statusCode, 200, rawNoName.body);
+      assert.deepEqual([rawNoName.json().name, rawNoName.json().format], ["upload.csv", "csv"]);
 
       const multipartBody =
         `--${boundary}\r\nContent-Disposition: form-data; name="name"\r\n\r\nfrom-form.jsonl\r\n` +
@@ -208,10 +217,10 @@ for (const backend of backends()) {
       assert.equal(m2.json().name, "x.jsonl", "directories are stripped; the name is metadata only");
 
       const dataset = (await app.inject({ url: `/conduit/dataset/${ds.id}`, headers: asAlice })).json();
-      assert.equal(dataset.ioPairsCount, 2 + 3 + 2 + 1 + 2 + 2 + 2);
+      assert.equal(dataset.ioPairsCount, 2 + 3 + 2 + 1 + 2 + 1 + 2 + 2);
 
       const files = await app.inject({ url: `/conduit/dataset/${ds.id}/files`, headers: asAlice });
-      assert.equal(files.json().length, 7);
+      assert.equal(files.json().length, 8);
 
       const preview = await app.inject({
         url: `/conduit/dataset/${ds.id}/file/${c.json().id}/pairs`,
@@ -338,14 +347,6 @@ for (const backend of backends()) {
       assert.equal(nulPair.statusCode, 400);
       assert.equal(nulPair.json().error.code, "invalid_file");
       assert.match(nulPair.json().error.message, /line 2: "output" contains a NUL character/);
-      const rawNoName = await app.inject({
-        method: "POST",
-        url,
-        headers: { ...asAlice, "content-type": "text/csv" },
-        payload: "input,output\na,b\n",
-      });
-      assert.equal(rawNoName.statusCode, 400);
-      assert.equal(rawNoName.json().error.param, "name");
       const wrongType = await app.inject({
         method: "POST",
         url,

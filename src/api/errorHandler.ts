@@ -131,6 +131,12 @@ const fastifyMessages: Record<string, string> = {
  * A catalog error for anything thrown while serving a request, or `undefined` for an unexpected one.
  * `schemas` are the route's, so a validation failure can give the `REASON` of the field it is in.
  */
+/** A body schema given per media type (an upload's): its JSON form, the only one the route validates. */
+function jsonForm(schema: unknown): unknown {
+  const content = (schema as { content?: Record<string, { schema?: unknown }> } | undefined)?.content;
+  return content?.["application/json"]?.schema ?? schema;
+}
+
 export function toConduitError(error: unknown, schemas?: Record<string, unknown>): ConduitError | undefined {
   if (error instanceof ConduitError) return error;
   if (isOutOfSpace(error))
@@ -144,7 +150,7 @@ export function toConduitError(error: unknown, schemas?: Record<string, unknown>
     return fromValidation(
       fastifyError.validation as ValidationIssue[],
       fastifyError.validationContext,
-      fastifyError.validationContext ? schemas?.[fastifyError.validationContext] : undefined,
+      jsonForm(fastifyError.validationContext ? schemas?.[fastifyError.validationContext] : undefined),
     );
   const code = fastifyError.code ? fastifyCodes[fastifyError.code] : undefined;
   if (code) {

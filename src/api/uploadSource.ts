@@ -26,13 +26,8 @@ export async function uploadSource(
   datasets: DatasetService,
 ): Promise<UploadInput> {
   if (request.isMultipart()) return multipartSource(request, query, datasets);
-  if (request.body instanceof Readable) {
-    if (!query.name)
-      throw new ConduitError("invalid_request", 'query field "name" is required for a raw upload', {
-        param: "name",
-      });
-    return { name: query.name, source: request.body, format: query.format };
-  }
+  if (request.body instanceof Readable)
+    return { name: query.name ?? rawUploadName(request), source: request.body, format: query.format };
   if (request.body === undefined || request.body === null)
     throw new ConduitError(
       "invalid_request",
@@ -40,12 +35,8 @@ export async function uploadSource(
         "application/jsonl, text/csv, ... with ?name=) or as JSON {name, content} or {name, ioPairs}",
       { param: "file" },
     );
-  // The route's schema has checked it (`UploadBody`'s JSON form).
+  // The route's schema has checked it (`UploadBody`'s JSON form), exactly one of `content` and `ioPairs` included.
   const body = request.body as UploadJsonBodyWire;
-  if ((body.content === undefined) === (body.ioPairs === undefined))
-    throw new ConduitError("invalid_request", 'send exactly one of "content" and "ioPairs"', {
-      param: "content",
-    });
   if (body.ioPairs !== undefined) {
     const lines = body.ioPairs.map(
       (pair) => JSON.stringify({ input: pair.input, output: pair.output }) + "\n",
@@ -57,6 +48,18 @@ export async function uploadSource(
     source: Readable.from([Buffer.from(body.content ?? "", "utf8")]),
     format: body.format,
   };
+}
+
+/**
+ * A raw upload's name when `?name=` is left out: `upload`, with the extension its media type implies
+ * (`upload.jsonl`, `upload.csv`); a `text/plain` or `application/octet-stream` file's format is then
+ * detected from its first character, as for a name without an extension.
+ */
+function rawUploadName(request: FastifyRequest): string {
+  const type = request.headers["content-type"]?.split(";")[0]?.trim().toLowerCase();
+  if (type === "application/jsonl" || type === "application/x-ndjson") return "upload.jsonl";
+  if (type === "text/csv") return "upload.csv";
+  return "upload";
 }
 
 /**

@@ -615,7 +615,17 @@ export const OpenAiChatBody = Type.Object(
     prompt_cache_options: NotYet("prompt cache options"),
     moderation: NotYet("moderation"),
   },
-  { additionalProperties: false },
+  {
+    additionalProperties: false,
+    // For readers of the document (and fuzzers): a forced call needs tools to choose from. The route checks it
+    // itself, with a 400 naming `tool_choice` (Ajv's draft-07 mode leaves `dependentSchemas` alone).
+    dependentSchemas: {
+      tool_choice: {
+        if: { properties: { tool_choice: { anyOf: [{ const: "required" }, { type: "object" }] } } },
+        then: { required: ["tools"], properties: { tools: { type: "array", minItems: 1 } } },
+      },
+    },
+  },
 );
 
 export const OpenAiCompletionBody = Type.Object(

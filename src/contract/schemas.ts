@@ -203,7 +203,15 @@ export const UploadJsonBody = Type.Object(
     ),
     format: Type.Optional(FileFormat),
   },
-  { additionalProperties: false },
+  {
+    additionalProperties: false,
+    allOf: [
+      {
+        oneOf: [{ required: ["content"] }, { required: ["ioPairs"] }],
+        [REASON]: 'needs exactly one of "content" and "ioPairs"',
+      },
+    ],
+  },
 );
 
 /** Raw-body uploads: the request body is the file. */
@@ -243,7 +251,16 @@ export const UploadBody = {
 
 export const UploadQuery = Type.Object(
   {
-    name: Type.Optional(Name),
+    name: Type.Optional(
+      Type.String({
+        minLength: 1,
+        maxLength: 256,
+        pattern: noControlCharacters,
+        description:
+          "The file's name (a multipart `name` field wins over it). A raw upload without it is named after its " +
+          "media type: `upload.jsonl`, `upload.csv`, else `upload`.",
+      }),
+    ),
     format: Type.Optional(FileFormat),
   },
   { additionalProperties: false },
