@@ -11,7 +11,13 @@ import type { Run, RunRepository } from "../store/RunRepository.ts";
 import type { TrainerJob, TrainerProgress } from "./protocol.ts";
 import { methodOf, type ModelCatalog, type RunService } from "./RunService.ts";
 import { prepareSamples, writeExampleLosses, type SamplePreparer } from "./prepareSamples.ts";
-import { startTrainer, type TrainerHandle, type TrainerLauncher } from "./trainer.ts";
+import {
+  startTrainer,
+  type TrainerHandle,
+  type TrainerHandlers,
+  type TrainerLauncher,
+  type TrainerOutcome,
+} from "./trainer.ts";
 
 export interface SchedulerOptions {
   /** Runs trained at once by this process. Defaults to `1`. */
@@ -220,51 +226,45 @@ export class Scheduler {
       };
 
       const gpu = (await this.options.gpu?.()) ?? { backend: "cpu", layers: 0 };
-      if (active.stopping) return;
       const lossesPath = `${workDir}/losses.jsonl`;
-      const handle = this.startTrainer(
-        {
-          method: lora ? "lora" : "full",
-          ...(lora
-            ? { lora: { rank: lora.loraRank, alpha: lora.loraAlpha, targets: lora.loraTargets } }
-            : {}),
-          baseModelPath: base.path,
-          outputPath,
-          workDir,
-          samplesFile: examples.train,
-          evalSamplesFile: examples.validation,
-          lossesFile: lossesPath,
-          maxTrainTokens: this.options.maxRunTokens ?? null,
-          earlyStoppingPatience: config.earlyStoppingPatience ?? null,
-          checkpointDir: this.blobs.pathOf(checkpointDir),
-          learningRate: config.lr,
-          epochs: config.epochs,
-          ...(config.steps ? { maxSteps: config.steps } : {}),
-          complexity: config.complexity,
-          contextSize: config.contextSize,
-          lrSchedule: { kind: config.lrSchedule, minFraction: config.lrMinFraction },
-          threads: this.options.threads,
-          gpu,
-          outputType: config.outputType,
-          seed: config.seed,
+      const job: TrainerJob = {
+        method: lora ? "lora" : "full",
+        ...(lora ? { lora: { rank: lora.loraRank, alpha: lora.loraAlpha, targets: lora.loraTargets } } : {}),
+        baseModelPath: base.path,
+        outputPath,
+        workDir,
+        samplesFile: examples.train,
+        evalSamplesFile: examples.validation,
+        lossesFile: lossesPath,
+        maxTrainTokens: this.options.maxRunTokens ?? null,
+        earlyStoppingPatience: config.earlyStoppingPatience ?? null,
+        checkpointDir: this.blobs.pathOf(checkpointDir),
+        learningRate: config.lr,
+        epochs: config.epochs,
+        ...(config.steps ? { maxSteps: config.steps } : {}),
+        complexity: config.complexity,
+        contextSize: config.contextSize,
+        lrSchedule: { kind: config.lrSchedule, minFraction: config.lrMinFraction },
+        threads: this.options.threads,
+        gpu,
+        outputType: config.outputType,
+        seed: config.seed,
+      };
+      const handlers: TrainerHandlers = {
+        onLog: (line) => void this.appendLog(run.id, line),
+        onProgress: (progress) => {
+          latest = progress;
+          this.runService.events.emit("progress", run.id, progress);
+          lossSeries.push({ step: progress.step, trainLoss: progress.trainLoss });
+          if (progress.evalLoss !== undefined)
+            evalSeries.push({ step: progress.step, epoch: progress.epoch, evalLoss: progress.evalLoss });
+          if (Date.now() - lastStatsWrite > 1000 || progress.evalLoss !== undefined) void writeStats();
         },
-        {
-          onLog: (line) => void this.appendLog(run.id, line),
-          onProgress: (progress) => {
-            latest = progress;
-            this.runService.events.emit("progress", run.id, progress);
-            lossSeries.push({ step: progress.step, trainLoss: progress.trainLoss });
-            if (progress.evalLoss !== undefined)
-              evalSeries.push({ step: progress.step, epoch: progress.epoch, evalLoss: progress.evalLoss });
-            if (Date.now() - lastStatsWrite > 1000 || progress.evalLoss !== undefined) void writeStats();
-          },
-        },
-      );
-      active.handle = handle;
-      // A cancel, shutdown or lost lease that came while the trainer was starting.
-      if (active.stopping === "cancel") handle.cancel();
-      else if (active.stopping !== undefined) handle.kill();
-      const outcome = await handle.done;
+      };
+      // Stopped while being prepared: no trainer to stop, and the run ends as a stopped trainer's would.
+      const outcome = active.stopping
+        ? ({ status: "cancelled" } as const)
+        : await this.runTrainer(active, job, handlers);
 
       if (outcome.status === "completed") {
         if (!lora) await restoreContextLength(base.path, outputPath);
@@ -292,7 +292,10 @@ export class Scheduler {
         // The run is released back to the queue by close(); its checkpoint stays for the next attempt.
       } else if (outcome.status === "cancelled" || active.stopping === "cancel") {
         await this.blobs.remove(runDir);
-        await this.appendLog(run.id, "trainer stopped; partial artifacts removed");
+        await this.appendLog(
+          run.id,
+          `${active.handle ? "trainer stopped" : "stopped before its trainer started"}; partial artifacts removed`,
+        );
         // Cancelled by a user of this or another process (not a lost lease: the run goes on elsewhere).
         if ((await this.runs.getById(run.id))?.status === "CANCELLED")
           this.runService.events.emit("ended", run.id, "CANCELLED");
@@ -306,6 +309,19 @@ export class Scheduler {
     } finally {
       if (!lost) await fsp.rm(workDir, { recursive: true, force: true }).catch(() => undefined);
     }
+  }
+
+  /** Starts the run's trainer and waits for it; a stop that came while it was starting reaches it. */
+  private async runTrainer(
+    active: ActiveRun,
+    job: TrainerJob,
+    handlers: TrainerHandlers,
+  ): Promise<TrainerOutcome> {
+    const handle = this.startTrainer(job, handlers);
+    active.handle = handle;
+    if (active.stopping === "cancel") handle.cancel();
+    else if (active.stopping !== undefined) handle.kill();
+    return handle.done;
   }
 
   /** Fails a run this worker holds; returns false (touching nothing) when it is another attempt's now. */
