@@ -3,7 +3,6 @@ import fs from "node:fs";
 import path from "node:path";
 import { describe, test } from "node:test";
 import type { FastifyInstance } from "fastify";
-import type { Core } from "../src/core.ts";
 import { createTinyModel } from "../src/model/tinyModel.ts";
 import { asAlice, buildTestApp, datasetOf, startRun, testEnv, type TestEnv } from "./helper.ts";
 
@@ -176,128 +175,9 @@ describe("fine-tuning runs on the tiny model", () => {
   });
 });
 
-describe("run lifecycle with a real trainer", () => {
-  test("cancel mid-run stops the trainer within seconds and removes partial artifacts", async (t) => {
-    const env = await testEnv(t);
-    const app = await trainingApp(t, env);
-    startScheduler(app);
-    const datasetID = await datasetOf(app, pairs);
-    const id = await startRun(app, { datasetID, epochs: 1000 });
-    await waitFor(app, id, (r) => r.status === "RUNNING" && r.stats.step > 2, 60_000);
-    const cancelledAt = Date.now();
-    const res = await app.inject({
-      method: "POST",
-      url: `/conduit/finetuning/${id}/cancel`,
-      headers: asAlice,
-    });
-    assert.deepEqual(res.json(), { message: "SUCCESS" });
-    const run = await waitFor(
-      app,
-      id,
-      (r) => r.logs.some((l: string) => l.includes("partial artifacts removed")),
-      30_000,
-    );
-    assert.equal(run.status, "CANCELLED");
-    assert.ok(Date.now() - cancelledAt < 15_000, "stopped within seconds");
-    assert.equal(fs.existsSync(path.join(env.dataDir, "blobs", "runs", id)), false);
-    const inference = await app.inject({
-      method: "POST",
-      url: `/conduit/finetuning/${id}/inference`,
-      headers: asAlice,
-      payload: { prompt: "x" },
-    });
-    assert.equal(inference.statusCode, 409);
-    assert.equal(
-      (await app.inject({ method: "POST", url: `/conduit/finetuning/${id}/cancel`, headers: asAlice }))
-        .statusCode,
-      409,
-    );
-  });
-
-  test("deleting a running run cancels it and removes it", async (t) => {
-    const env = await testEnv(t);
-    const app = await trainingApp(t, env);
-    startScheduler(app);
-    const id = await startRun(app, { datasetID: await datasetOf(app, pairs), epochs: 1000 });
-    await waitFor(app, id, (r) => r.status === "RUNNING" && r.stats.step > 0, 60_000);
-    assert.equal(
-      (await app.inject({ method: "DELETE", url: `/conduit/finetuning/${id}`, headers: asAlice })).statusCode,
-      200,
-    );
-    assert.equal((await app.inject({ url: `/conduit/finetuning/${id}`, headers: asAlice })).statusCode, 404);
-    const deadline = Date.now() + 20_000;
-    while (fs.existsSync(path.join(env.dataDir, "blobs", "runs", id)) && Date.now() < deadline)
-      await new Promise((r) => setTimeout(r, 200));
-    assert.equal(fs.existsSync(path.join(env.dataDir, "blobs", "runs", id)), false, "its files are gone");
-  });
-
-  test("after a server crash the run is re-queued, trains again and ends READY", async (t) => {
-    const env = await testEnv(t);
-    const app = await trainingApp(t, env);
-    const id = await startRun(app, { datasetID: await datasetOf(app, pairs.slice(0, 4)), epochs: 2 });
-    // A worker that claimed the run and died: its lease has run out.
-    const core = (
-      app as unknown as { conduit: { runRepository: { claimNext(o: string, ms: number): Promise<unknown> } } }
-    ).conduit;
-    await core.runRepository.claimNext("crashed-worker", -1);
-    assert.equal(
-      (await app.inject({ url: `/conduit/finetuning/${id}`, headers: asAlice })).json().status,
-      "RUNNING",
-    );
-    startScheduler(app);
-    const run = await waitFor(app, id, (r) => ["READY", "FAILED"].includes(r.status));
-    assert.equal(run.status, "READY", run.logs.join("\n"));
-    assert.ok(run.logs.some((l: string) => l.includes("re-queued")));
-    assert.ok(run.logs.some((l: string) => l.includes("attempt 2")));
-  });
-
-  test("a trainer that crashes fails the run with its reason", async (t) => {
-    const env = await testEnv(t);
-    fs.writeFileSync(
-      path.join(env.dataDir, "models", "broken.gguf"),
-      Buffer.concat([Buffer.from("GGUF"), Buffer.alloc(64, 7)]),
-    );
-    const app = await trainingApp(t, env);
-    startScheduler(app);
-    const id = await startRun(app, {
-      datasetID: await datasetOf(app, pairs.slice(0, 2)),
-      baseModelName: "broken",
-      // Numbers, not "auto": auto reads the model's header at creation, and this file has none.
-      epochs: 1,
-      lr: 0.001,
-      loraRank: 4,
-    });
-    const run = await waitFor(app, id, (r) => ["READY", "FAILED"].includes(r.status), 60_000);
-    assert.equal(run.status, "FAILED");
-    assert.ok(run.error && run.error.length > 0);
-    assert.ok(run.logs.at(-1)?.includes("run failed:"), run.logs.join("\n"));
-  });
-
-  test("the events stream follows a run live until it ends", async (t) => {
-    const app = await trainingApp(t);
-    startScheduler(app);
-    const id = await startRun(app, { datasetID: await datasetOf(app, pairs.slice(0, 6)), epochs: 6 });
-    const address = await app.listen({ port: 0, host: "127.0.0.1" });
-    const response = await fetch(`${address}/conduit/finetuning/${id}/events`, { headers: asAlice });
-    assert.equal(response.status, 200);
-    assert.match(response.headers.get("content-type") ?? "", /^text\/event-stream/);
-    const body = await response.text();
-    const events = body
-      .split("\n\n")
-      .filter((b) => b.trim())
-      .map((b) => ({
-        event: b.match(/^event: (.*)$/m)?.[1],
-        data: JSON.parse(b.match(/^data: (.*)$/m)?.[1] ?? "null"),
-      }));
-    assert.ok(events.some((e) => e.event === "log" && e.data.line.includes("run queued")));
-    assert.ok(events.filter((e) => e.event === "stats" && typeof e.data.step === "number").length >= 1);
-    const statuses = events.filter((e) => e.event === "status").map((e) => e.data.status);
-    assert.equal(statuses.at(-1), "READY");
-    assert.ok(statuses.includes("RUNNING") || statuses[0] === "QUEUED");
-    const missing = await fetch(`${address}/conduit/finetuning/ft_missing/events`, { headers: asAlice });
-    assert.equal(missing.status, 404);
-  });
-});
+// The run lifecycle's edges (cancel, delete, lost lease, shutdown, a failed or crashed trainer, a dead
+// worker's run, the events stream) are in scheduler.test.ts, with a fake trainer; trainer.test.ts has the
+// real trainer's side of each (cancel at a step boundary, a corrupt model, a kill, the token limit).
 
 /** Greedy answers of `model` (a run id) to each input, through the Conduit API's chat endpoint. */
 async function answers(app: FastifyInstance, model: string, inputs: string[]): Promise<string[]> {
@@ -717,34 +597,5 @@ describe("runs that learn by default", () => {
     const perStep = (await examplesOf(second, id)).reduce((sum, e) => sum + e.tokens, 0);
     assert.equal(final.steps, 400);
     assert.equal(final.lossTokens, (400 - saved.step) * perStep);
-  });
-
-  test("a worker that loses a run's lease stops its trainer and leaves the run's files to the new attempt", async (t) => {
-    const env = await testEnv(t);
-    const app = await trainingApp(t, env);
-    startScheduler(app);
-    const id = await startRun(app, { datasetID: await datasetOf(app, pairs.slice(0, 4)), epochs: 1000 });
-    const checkpoint = path.join(env.dataDir, "blobs", "runs", id, "checkpoint", "latest.json");
-    const deadline = Date.now() + 120_000;
-    while (!fs.existsSync(checkpoint)) {
-      assert.ok(Date.now() < deadline, "no checkpoint was written");
-      await new Promise((r) => setTimeout(r, 100));
-    }
-    // Another server's recovery takes the run over: this worker's lease runs out (as after a long stall),
-    // the run is re-queued and claimed by the other worker, and this worker's next heartbeat fails.
-    const core = (app as unknown as { conduit: Core }).conduit;
-    await core.runRepository.heartbeat(id, core.scheduler.workerId, -1000);
-    await core.runRepository.recoverExpired(3);
-    assert.ok(await core.runRepository.claimNext("other-worker", 600_000), "the other worker has the run");
-    const run = await waitFor(
-      app,
-      id,
-      (r) => r.logs.some((l: string) => l.includes("lost this run's lease")),
-      60_000,
-    );
-    assert.equal(run.status, "RUNNING", "the run is the other worker's attempt now");
-    // The checkpoint the new attempt resumes from is still there (before, the stale worker removed the run's directory).
-    await new Promise((r) => setTimeout(r, 500));
-    assert.ok(fs.existsSync(checkpoint), "the checkpoint is left to the new attempt");
   });
 });
