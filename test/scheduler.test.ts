@@ -298,7 +298,10 @@ describe("scheduler with a fake trainer", () => {
     await s.core.scheduler.tick();
     await trainer.stopRequested();
     assert.deepEqual(trainer.stopRequests, ["kill"]);
-    const run = await s.logged(id, /lost this run's lease/);
+    await s.logged(id, /lost this run's lease/);
+    // Until this scheduler is done with the run (it does not hand back a run it no longer holds).
+    await s.core.scheduler.close();
+    const run = await s.run(id);
     assert.equal(run.status, "RUNNING", "the run is the other worker's attempt now");
     assert.equal(run.attempts, 2);
     assert.ok(fs.existsSync(checkpoint), "the checkpoint is left to the new attempt");
@@ -317,7 +320,9 @@ describe("scheduler with a fake trainer", () => {
     assert.equal((await repo.claimNext("other-worker", 600_000))?.id, id);
     // The trainer finishes before the next heartbeat would have noticed.
     trainer.complete();
-    const run = await s.logged(id, /lost this run's lease/);
+    await s.logged(id, /lost this run's lease/);
+    await s.core.scheduler.close();
+    const run = await s.run(id);
     assert.equal(run.status, "RUNNING");
     assert.equal(run.modelPath, null);
     assert.ok(fs.existsSync(s.file(id, "adapter.gguf")), "the files are the new attempt's to replace");
@@ -471,6 +476,8 @@ describe("scheduler with a fake trainer", () => {
     trainer.log("live line");
     trainer.progress();
     trainer.progress({ evalLoss: 3 });
+    // Not stored before the run ends (less than a second after the evaluation): the final stats carry it.
+    trainer.progress();
     trainer.complete();
     const events = (await body)
       .split("\n\n")
@@ -481,7 +488,7 @@ describe("scheduler with a fake trainer", () => {
       }));
     assert.ok(events.some((e) => e.event === "log" && e.data.line.includes("run queued")));
     assert.ok(events.some((e) => e.event === "log" && e.data.line.includes("live line")));
-    assert.ok(events.some((e) => e.event === "stats" && e.data.step === 2));
+    assert.ok(events.some((e) => e.event === "stats" && e.data.step === 3));
     const statuses = events.filter((e) => e.event === "status").map((e) => e.data.status);
     assert.equal(statuses[0], "RUNNING");
     assert.equal(statuses.at(-1), "READY");
