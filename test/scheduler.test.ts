@@ -5,18 +5,17 @@
 import assert from "node:assert/strict";
 import fs from "node:fs";
 import path from "node:path";
+import { Readable } from "node:stream";
 import { describe, test as nodeTest, type TestContext } from "node:test";
 import type { FastifyInstance } from "fastify";
 import { readGgufFileInfo } from "node-llama-cpp";
+import { loadConfig } from "../src/config.ts";
+import { createCore, type Core } from "../src/core.ts";
 import { writeGgufUint32 } from "../src/model/gguf/GgufPatch.ts";
-import type { Core } from "../src/core.ts";
 import type { Run } from "../src/store/RunRepository.ts";
 import { prepareSamples, type SamplePreparer } from "../src/train/prepareSamples.ts";
 import type { SchedulerOptions } from "../src/train/Scheduler.ts";
 import { FakeTrainer } from "./fakeTrainer.ts";
-import { Readable } from "node:stream";
-import { loadConfig } from "../src/config.ts";
-import { createCore } from "../src/core.ts";
 import { asAlice, buildTestApp, endlessEngine, testEnv } from "./helper.ts";
 
 const pairs = Array.from({ length: 4 }, (_, i) => ({ input: `question ${i}`, output: `answer ${i}` }));
