@@ -4,7 +4,10 @@
  *   - raw-evaluate: the minimal public node-llama-cpp loop (`LlamaContextSequence.evaluate`, greedy);
  *   - raw-native: the floor through node-llama-cpp's binding (decodeBatch + sampleToken, nothing else);
  *   - llama-bench (tg, same threads), when `.cache/llama.cpp/build/bin/llama-bench` exists.
- * Prints single-stream tokens/s (greedy), time to first token, and aggregate tokens/s of 8 concurrent streams.
+ * Prints single-stream tokens/s (greedy), time to first token, and aggregate tokens/s of 8 concurrent streams
+ * against raw-native-8: the same binding floor for 8 sequences (one decode for all, then one sampleToken per
+ * sequence, concurrently), with the same prompts and token counts; with the process's CPU time per token, which
+ * shared cores disturb less than tokens/s.
  *
  *   node --import tsx bench/engine.ts [model.gguf] [--threads 1] [--tokens 200] [--runs 9]
  *
@@ -14,11 +17,13 @@
  */
 import { execFileSync } from "node:child_process";
 import fs from "node:fs";
+import os from "node:os";
 import path from "node:path";
 import { getLlama, LlamaLogLevel } from "node-llama-cpp";
 import type { Token } from "node-llama-cpp";
 import { createLlamaEngine } from "../src/engine/LlamaEngine.ts";
 import { bindNative } from "../src/engine/nativeBatch.ts";
+import type { SamplingOptions } from "../src/engine/types.ts";
 
 const args = process.argv.slice(2);
 const flag = (name: string, fallback: number) => {
@@ -133,26 +138,131 @@ async function engineSingle(engine: ReturnType<typeof createLlamaEngine>): Promi
   };
 }
 
-async function engineConcurrent(parallelSequences: number, streams: number) {
-  const engine = createLlamaEngine({ llama, threads, parallelSequences, maxQueue: 64, logger: () => {} });
-  await engine.load(ref);
-  const results: number[] = [];
-  for (let r = 0; r < runs; r++) {
-    const t0 = performance.now();
-    const all = await Promise.all(
-      Array.from({ length: streams }, (_, i) =>
-        engine.generate({
-          model: ref,
-          prompt: PROMPT,
-          sampling: { ...greedy, temperature: 0.8, seed: i + 1 },
-        }),
-      ),
+const STREAMS = 8;
+/** Each stream's prompt: new to every sequence's cache, the same for the engine and the raw loop. */
+const streamPrompt = (run: number, i: number) => `${run}-${i}: ${PROMPT}`;
+
+/** Aggregate tokens/s and CPU ms per token of one batch of concurrent streams. */
+interface Aggregate {
+  tokPerS: number;
+  cpuMsPerToken: number;
+}
+
+function measureAggregate(started: number, cpu: NodeJS.CpuUsage, tokens: number): Aggregate {
+  const used = process.cpuUsage(cpu);
+  return {
+    tokPerS: (tokens / (performance.now() - started)) * 1000,
+    cpuMsPerToken: (used.user + used.system) / 1000 / tokens,
+  };
+}
+
+async function engineStreams(
+  engine: ReturnType<typeof createLlamaEngine>,
+  run: number,
+  sampling: SamplingOptions,
+): Promise<Aggregate> {
+  const t0 = performance.now();
+  const cpu = process.cpuUsage();
+  const all = await Promise.all(
+    Array.from({ length: STREAMS }, (_, i) =>
+      engine.generate({ model: ref, prompt: streamPrompt(run, i), sampling, onText: () => {} }),
+    ),
+  );
+  return measureAggregate(
+    t0,
+    cpu,
+    all.reduce((n, x) => n + x.completionTokens, 0),
+  );
+}
+
+/** The binding's floor for 8 streams: one decode for every sequence per step, then one sampleToken each. */
+async function rawNativeStreams(run: number): Promise<Aggregate> {
+  const context = await model.createContext({ contextSize, sequences: STREAMS, threads });
+  const native = bindNative(llama, model, context);
+  const ctx = native.context;
+  ctx.setThreads(threads);
+  const samplers = Array.from({ length: STREAMS }, () => {
+    const sampler = native.createSampler();
+    sampler.applyConfig({
+      temperature: 0,
+      topK: 40,
+      topP: 1,
+      seed: 1,
+      repeatPenalty: 1,
+      repeatPenaltyMaxTokens: N,
+      repeatPenaltyTokens: new Uint32Array(0),
+      repeatPenaltyPresencePenalty: 0,
+      repeatPenaltyFrequencyPenalty: 0,
+    });
+    return sampler;
+  });
+  const t0 = performance.now();
+  const cpu = process.cpuUsage();
+  const sequences = Array.from({ length: STREAMS }, (_, i) => {
+    const pending = model.tokenize(streamPrompt(run, i), true) as number[];
+    if (model.tokens.shouldPrependBosToken && model.tokens.bos !== null) pending.unshift(model.tokens.bos);
+    return { pending, position: 0, generated: 0, done: false };
+  });
+  let tokens = 0;
+  for (;;) {
+    const live = sequences.filter((s) => !s.done);
+    if (live.length === 0) break;
+    ctx.initBatch(live.reduce((n, s) => n + s.pending.length, 0));
+    const indexes = live.map((s) => {
+      const id = sequences.indexOf(s);
+      const [index] = ctx.addToBatch(
+        id,
+        s.position,
+        Uint32Array.from(s.pending),
+        Uint32Array.of(s.pending.length - 1),
+      );
+      s.position += s.pending.length;
+      return index!;
+    });
+    await ctx.decodeBatch();
+    const sampled = await Promise.all(
+      live.map((s, i) => ctx.sampleToken(indexes[i]!, samplers[sequences.indexOf(s)]!)),
     );
-    const tokens = all.reduce((n, x) => n + x.completionTokens, 0);
-    results.push((tokens / (performance.now() - t0)) * 1000);
+    live.forEach((s, i) => {
+      const token = sampled[i]!;
+      if (model.isEogToken(token as Token)) return void (s.done = true);
+      tokens++;
+      s.pending = [token];
+      if (++s.generated >= N) s.done = true;
+    });
   }
-  await engine.dispose();
-  return median(results);
+  const result = measureAggregate(t0, cpu, tokens);
+  for (const sampler of samplers) sampler.dispose();
+  await context.dispose();
+  return result;
+}
+
+/** 8 concurrent streams through engines with 4 and 8 sequences and through the raw loop, runs interleaved. */
+async function concurrent() {
+  const engines = await Promise.all(
+    [4, 8].map(async (parallelSequences) => {
+      const engine = createLlamaEngine({ llama, threads, parallelSequences, maxQueue: 64, logger: () => {} });
+      await engine.load(ref);
+      return engine;
+    }),
+  );
+  const greedyRuns: Aggregate[][] = [[], [], []];
+  const sampled: number[][] = [[], []];
+  for (let r = 0; r < runs; r++) {
+    for (const [i, engine] of engines.entries()) {
+      greedyRuns[i]!.push(await engineStreams(engine, r, greedy));
+      sampled[i]!.push(
+        (await engineStreams(engine, r, { ...greedy, temperature: 0.8, seed: r + 1 })).tokPerS,
+      );
+    }
+    greedyRuns[2]!.push(await rawNativeStreams(r));
+  }
+  for (const engine of engines) await engine.dispose();
+  const summary = (xs: Aggregate[]) => ({
+    tokPerS: median(xs.map((x) => x.tokPerS)),
+    cpuMsPerToken: median(xs.map((x) => x.cpuMsPerToken)),
+  });
+  return { greedy: greedyRuns.map(summary), sampled: sampled.map(median) };
 }
 
 // Event-loop lag while the engine generates: a 5 ms interval timer's worst lateness.
@@ -234,14 +344,27 @@ if (bench !== undefined)
 else console.log("  llama-bench: not built (.cache/llama.cpp/build/bin/llama-bench)");
 console.log(`  worst event-loop lag (5 ms timer) during engine generation: ${fmt(worstLag)} ms`);
 
-const c4 = await engineConcurrent(4, 8);
-const c8 = await engineConcurrent(8, 8);
-console.log("\n8 concurrent streams (temperature 0.8)   aggregate tok/s (median)   vs single-stream median");
+const c = await concurrent();
+const floor = c.greedy[2]!;
 console.log(
-  `  engine, parallelSequences 4 (default)   ${fmt(c4).padStart(6)}                     ${fmt(c4 / engineMedian)}x`,
+  `\n${STREAMS} concurrent streams (medians)   greedy tok/s  CPU ms/token  vs raw-native-8  vs 1 stream  temperature 0.8 tok/s`,
 );
+for (const [name, i] of [
+  ["engine, parallelSequences 4", 0],
+  ["engine, parallelSequences 8", 1],
+  ["raw-native-8", 2],
+] as const) {
+  const g = c.greedy[i]!;
+  const t = c.sampled[i];
+  console.log(
+    `  ${name.padEnd(30)} ${fmt(g.tokPerS).padStart(12)}  ${g.cpuMsPerToken.toFixed(2).padStart(12)}  ${fmt(g.tokPerS / floor.tokPerS).padStart(14)}x  ${fmt(g.tokPerS / engineMedian).padStart(10)}x  ${t === undefined ? "" : fmt(t).padStart(20)}`,
+  );
+}
 console.log(
-  `  engine, parallelSequences 8             ${fmt(c8).padStart(6)}                     ${fmt(c8 / engineMedian)}x`,
+  `  load ${os
+    .loadavg()
+    .map((x) => x.toFixed(1))
+    .join(" ")}`,
 );
 await model.dispose();
 await llama.dispose();
