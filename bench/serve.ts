@@ -16,6 +16,7 @@
  *        [--prefix-sentences 25] [--prompt-threads N] [--prompt-repeat 1]
  */
 import { spawn, execFileSync, type ChildProcess } from "node:child_process";
+import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { parseArgs } from "node:util";
@@ -160,10 +161,23 @@ function rate(t: Timing, stream: boolean): number {
   return stream ? ((t.tokens - 1) / (t.totalMs - t.firstMs)) * 1000 : (t.tokens / t.totalMs) * 1000;
 }
 
-async function concurrent(url: string): Promise<number> {
+/** CPU seconds the process has used (user + system, from /proc; NaN where there is none). */
+function cpuSeconds(pid: number | undefined): number {
+  try {
+    const fields = fs.readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]!.split(" ");
+    return (Number(fields[11]) + Number(fields[12])) / 100;
+  } catch {
+    return Number.NaN;
+  }
+}
+
+/** 8 concurrent streams: aggregate tokens/s, and the server's CPU ms per token (shared cores disturb it less). */
+async function concurrent(url: string, pid: number | undefined): Promise<[number, number]> {
   const started = performance.now();
+  const cpu = cpuSeconds(pid);
   const all = await Promise.all(Array.from({ length: STREAMS }, () => complete(url, prompt(url), true)));
-  return (all.reduce((n, t) => n + t.tokens, 0) / (performance.now() - started)) * 1000;
+  const tokens = all.reduce((n, t) => n + t.tokens, 0);
+  return [(tokens / (performance.now() - started)) * 1000, ((cpuSeconds(pid) - cpu) * 1000) / tokens];
 }
 
 interface Measured {
@@ -171,6 +185,7 @@ interface Measured {
   streamed: number[];
   ttft: number[];
   aggregate: number[];
+  aggregateCpu: number[];
   tokens: number[];
   /** Time to first token of a new long prompt, then of one sharing all but its last words with it. */
   prefixFirst: number[];
@@ -184,6 +199,7 @@ const newMeasured = (): Measured => ({
   streamed: [],
   ttft: [],
   aggregate: [],
+  aggregateCpu: [],
   tokens: [],
   prefixFirst: [],
   prefixSecond: [],
@@ -192,14 +208,21 @@ const newMeasured = (): Measured => ({
 });
 
 /** One round on one server: single stream (plain, streamed), 8 streams, the shared-prefix pair. */
-async function round(url: string, m: Measured, extra: Record<string, unknown>): Promise<void> {
+async function round(
+  url: string,
+  pid: number | undefined,
+  m: Measured,
+  extra: Record<string, unknown>,
+): Promise<void> {
   const plain = await complete(url, prompt(url), false);
   const streamed = await complete(url, prompt(url), true);
   m.plain.push(rate(plain, false));
   m.streamed.push(rate(streamed, true));
   m.ttft.push(streamed.firstMs);
   m.tokens.push(streamed.tokens);
-  m.aggregate.push(await concurrent(url));
+  const [aggregate, cpu] = await concurrent(url, pid);
+  m.aggregate.push(aggregate);
+  m.aggregateCpu.push(cpu);
   // One token, not streamed: the time to the answer is the time to the first token, whatever it is (an
   // end-of-text token included).
   const shared = `${nextFirst(url)}: ${prefixText}`;
@@ -250,8 +273,8 @@ try {
   const cacheOn = { cache_prompt: true };
   for (let r = 0; r < runs; r++) {
     const steps = [
-      () => round(conduit.url, c, {}),
-      () => round(server!.url, s, cacheOn),
+      () => round(conduit.url, conduit.child.pid, c, {}),
+      () => round(server!.url, server!.child.pid, s, cacheOn),
       async () => void bench.push(llamaBench(c.tokens.length > 0 ? median(c.tokens) : tokens)),
     ];
     // Rotated each round, so that no side always runs right after the other.
@@ -275,6 +298,12 @@ row("single stream tok/s, not streamed", median(c.plain), median(bench), "(llama
 row("single stream tok/s, streamed", median(c.streamed), median(bench), "(llama-bench tg)");
 row("single stream tok/s, streamed", median(c.streamed), median(s.streamed), "(llama-server)");
 row(`${STREAMS} streams aggregate tok/s`, median(c.aggregate), median(s.aggregate), "(llama-server -np 8)");
+row(
+  `${STREAMS} streams CPU ms/token`,
+  median(c.aggregateCpu),
+  median(s.aggregateCpu),
+  "(llama-server -np 8)",
+);
 row("time to first token ms", median(c.ttft), median(s.ttft), "(llama-server)");
 if (c.prefixSecond.length > 0 && s.prefixSecond.length > 0) {
   const prefix = `${median(c.prefixTokens)}-token prompts`;
@@ -284,5 +313,5 @@ if (c.prefixSecond.length > 0 && s.prefixSecond.length > 0) {
   console.log(`  TTFT shared prefix / new prompt: conduit ${fmt(ratio(c))}x, llama-server ${fmt(ratio(s))}x`);
 } else console.log("  (prompt cache: the model's context cannot hold the long prompt)");
 console.log(
-  "\n(medians; ratios are conduit / reference: ≥ 1 is better for tok/s, ≤ 1 for time to first token)",
+  "\n(medians; ratios are conduit / reference: ≥ 1 is better for tok/s, ≤ 1 for CPU per token and time to first token)",
 );
