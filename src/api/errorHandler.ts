@@ -70,6 +70,8 @@ function schemaReason(schema: unknown, schemaPath: string): { depth: number; rea
       depth++;
     } else if (step === "anyOf" || step === "oneOf" || step === "allOf") {
       node = (node[step] as unknown[] | undefined)?.[Number(steps[++i])];
+    } else if (step === "if" || step === "then" || step === "else") {
+      node = node[step];
     } else break;
     if (isSchema(node) && typeof node[REASON] === "string") found = { depth, reason: node[REASON] };
   }

@@ -77,10 +77,19 @@ function grammarSchema(): Json {
   const ref = { $ref: GRAMMAR_SCHEMA_REF };
   const count = { type: "integer", minimum: 0, maximum: MAX_GRAMMAR_COUNT };
   const literal = { type: ["string", "number", "boolean", "null"] };
+  // Keywords that only describe, allowed next to any kind (the grammar ignores them).
+  const annotations = {
+    title: { type: "string" },
+    description: { type: "string" },
+    $comment: { type: "string" },
+    $schema: { type: "string" },
+    $id: { type: "string" },
+    examples: { type: "array" },
+  };
   const kind = (keywords: Json): Json => ({
     type: "object",
     required: [Object.keys(keywords)[0]],
-    properties: { ...keywords, title: { type: "string" }, description: { type: "string" } },
+    properties: { ...keywords, ...annotations },
     additionalProperties: false,
   });
   return {

@@ -649,8 +649,33 @@ export const OpenAiCompletionBody = Type.Object(
     }),
     suffix: NotYet("insertion", { schema: Type.Literal(""), text: '""' }),
   },
-  { additionalProperties: false },
+  { additionalProperties: false, allOf: choiceRules() },
 );
+
+/**
+ * `n` times the prompts is at most {@link MAX_CHOICES}, as JSON Schema can say it: the more prompts, the lower
+ * `n`'s maximum (2 prompts: 4, 3 or 4 prompts: 2, 5 or more: 1).
+ */
+function choiceRules() {
+  const rules: object[] = [];
+  for (let prompts = 2, last = MAX_CHOICES; prompts <= MAX_CHOICES; prompts++) {
+    const most = Math.floor(MAX_CHOICES / prompts);
+    if (most < last)
+      rules.push({
+        if: { required: ["prompt"], properties: { prompt: { type: "array", minItems: prompts } } },
+        then: {
+          properties: {
+            n: {
+              maximum: most,
+              [REASON]: `is at most ${most} for ${prompts} or more prompts: n times the prompts is at most ${MAX_CHOICES} choices`,
+            },
+          },
+        },
+      });
+    last = most;
+  }
+  return rules;
+}
 
 export type ResponseFormatWire = Static<typeof ResponseFormat>;
 export type ChatBodyWire = Static<typeof ChatBody>;

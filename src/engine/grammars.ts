@@ -120,8 +120,15 @@ export const MAX_GRAMMAR_COUNT = 1000;
 
 const TYPES = new Set(["string", "number", "integer", "boolean", "null", "object", "array"]);
 const FORMATS = new Set(["date-time", "date", "time"]);
-/** Keywords that only describe (the grammar ignores them). */
-const ANNOTATIONS = ["title", "description", "$schema", "$id", "$comment", "examples"];
+/** Keywords that only describe (the grammar ignores them), with the JSON type each must have. */
+const ANNOTATIONS: Record<string, "string" | "array"> = {
+  title: "string",
+  description: "string",
+  $schema: "string",
+  $id: "string",
+  $comment: "string",
+  examples: "array",
+};
 const BY_TYPE: Record<string, string[]> = {
   string: ["minLength", "maxLength", "format"],
   object: ["properties", "required", "additionalProperties", "minProperties", "maxProperties"],
@@ -153,7 +160,12 @@ export function unsupportedJsonSchema(
       if (reason) return reason;
     }
   }
-  const allowed = new Set([...ANNOTATIONS, ...(at === "schema" ? ["$defs"] : [])]);
+  for (const [key, type] of Object.entries(ANNOTATIONS)) {
+    const value = s[key];
+    if (value !== undefined && (type === "array" ? !Array.isArray(value) : typeof value !== type))
+      return `${at}.${key} must be ${type === "array" ? "an array" : "a string"}`;
+  }
+  const allowed = new Set([...Object.keys(ANNOTATIONS), ...(at === "schema" ? ["$defs"] : [])]);
   const check = (key: string, value: unknown): string | undefined => {
     if (Array.isArray(value)) {
       for (const [i, v] of value.entries()) {

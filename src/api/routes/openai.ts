@@ -7,7 +7,6 @@ import { ConduitError } from "../../errors.ts";
 import { chatLogprobs, respondWithGeneration, usageOf, type ResponseShape } from "../generate.ts";
 import {
   CompletionResult,
-  MAX_CHOICES,
   ModelEntry,
   ModelList,
   OpenAiChatBody,
@@ -99,16 +98,9 @@ function chatLogprobCount(body: OpenAiChatBodyWire): number | undefined {
   return body.logprobs === true ? (body.top_logprobs ?? 0) : undefined;
 }
 
-/** The prompts of a completion, checked against the choice limit (`n` for each prompt). */
+/** The prompts of a completion (the schema has checked `n` times them against `MAX_CHOICES`). */
 function openAiPrompts(body: OpenAiCompletionBodyWire): string[] {
-  const prompts = typeof body.prompt === "string" ? [body.prompt] : body.prompt;
-  if (prompts.length * body.n > MAX_CHOICES)
-    throw new ConduitError(
-      "invalid_request",
-      `field "n" times the ${prompts.length} prompts is ${prompts.length * body.n} choices; at most ${MAX_CHOICES}`,
-      { param: "n" },
-    );
-  return prompts;
+  return typeof body.prompt === "string" ? [body.prompt] : body.prompt;
 }
 
 const openAiChatShape = (includeUsage: boolean): ResponseShape => ({
