@@ -2,7 +2,10 @@
  * API overhead benchmark. Conduit's routes against a bare Fastify route in the same run
  * (ratios), and a 100 MB JSONL upload (MB/s, peak RSS growth of the server).
  *
- *   node --import tsx bench/api.ts [--seconds 10] [--upload-mb 100]
+ *   node --import tsx bench/api.ts [--seconds 3] [--rounds 5] [--upload-mb 100]
+ *
+ * Each round measures the bare route and Conduit's back to back, `--seconds` each, so a ratio compares the
+ * same moments of a shared machine; the median of the rounds' ratios is reported.
  *
  * Set DATABASE_URL to measure on PostgreSQL instead of the embedded SQLite.
  */
@@ -14,9 +17,14 @@ import { parseArgs } from "node:util";
 import autocannon from "autocannon";
 
 const { values } = parseArgs({
-  options: { seconds: { type: "string", default: "10" }, "upload-mb": { type: "string", default: "100" } },
+  options: {
+    seconds: { type: "string", default: "3" },
+    rounds: { type: "string", default: "5" },
+    "upload-mb": { type: "string", default: "100" },
+  },
 });
 const seconds = Number(values.seconds);
+const rounds = Number(values.rounds);
 const uploadMb = Number(values["upload-mb"]);
 const key = "bench-key-0000000000";
 const headers = { "x-api-key": key, "content-type": "application/json" };
@@ -80,24 +88,42 @@ const run = (await (
 ).json()) as { id?: string };
 if (!run.id) throw new Error(`creating the run failed: ${JSON.stringify(run)}`);
 
-const bareGet = await load(`${bare}/bare/${run.id}`, "GET");
-const getRun = await load(`${conduit}/conduit/finetuning/${run.id}`, "GET");
-const barePost = await load(`${bare}/bare`, "POST", '{"name":"x"}');
-const postDataset = await load(`${conduit}/conduit/dataset`, "POST", '{"name":"x"}');
+type Load = Awaited<ReturnType<typeof load>>;
+const median = (xs: number[]) => [...xs].sort((x, y) => x - y)[Math.floor(xs.length / 2)] as number;
+/** `rounds` rounds of the bare route then Conduit's (the order alternating); the median ratio and its round. */
+async function compare(bareRoute: () => Promise<Load>, conduitRoute: () => Promise<Load>) {
+  const results: { bare: Load; conduit: Load; ratio: number }[] = [];
+  for (let round = 0; round < rounds; round++) {
+    const first = round % 2 === 0 ? await bareRoute() : await conduitRoute();
+    const second = round % 2 === 0 ? await conduitRoute() : await bareRoute();
+    const [bare, conduit] = round % 2 === 0 ? [first, second] : [second, first];
+    results.push({ bare, conduit, ratio: conduit.rps / bare.rps });
+  }
+  const ratios = results.map((r) => r.ratio);
+  const middle = results.find((r) => r.ratio === median(ratios))!;
+  const errors = results.reduce((n, r) => n + r.bare.errors + r.conduit.errors, 0);
+  return { ...middle, ratios, errors };
+}
+
+const getRun = await compare(
+  () => load(`${bare}/bare/${run.id}`, "GET"),
+  () => load(`${conduit}/conduit/finetuning/${run.id}`, "GET"),
+);
+const postDataset = await compare(
+  () => load(`${bare}/bare`, "POST", '{"name":"x"}'),
+  () => load(`${conduit}/conduit/dataset`, "POST", '{"name":"x"}'),
+);
 
 const fmt = (n: number) => n.toFixed(0);
+const report = (label: string, c: Awaited<ReturnType<typeof compare>>) =>
+  `${label}${fmt(c.conduit.rps)} req/s, p99 ${c.conduit.p99} ms (bare Fastify ${fmt(c.bare.rps)} req/s, p99 ${c.bare.p99} ms) → ratio ${c.ratio.toFixed(2)} (median of ${c.ratios.map((r) => r.toFixed(2)).join(", ")})`;
 console.log(
-  `database: ${process.env.DATABASE_URL ? "postgres" : "sqlite"}, ${os.cpus().length} cores, ${seconds}s per phase, 10 connections`,
+  `database: ${process.env.DATABASE_URL ? "postgres" : "sqlite"}, ${os.cpus().length} cores, ${rounds} rounds of ${seconds}s per route, 10 connections, load ${os.loadavg()[0]!.toFixed(1)}`,
 );
-console.log(
-  `GET  /conduit/finetuning/{id}: ${fmt(getRun.rps)} req/s, p99 ${getRun.p99} ms (bare Fastify ${fmt(bareGet.rps)} req/s, p99 ${bareGet.p99} ms) → ratio ${(getRun.rps / bareGet.rps).toFixed(2)}`,
-);
-console.log(
-  `POST /conduit/dataset:         ${fmt(postDataset.rps)} req/s, p99 ${postDataset.p99} ms (bare Fastify ${fmt(barePost.rps)} req/s, p99 ${barePost.p99} ms) → ratio ${(postDataset.rps / barePost.rps).toFixed(2)}`,
-);
+console.log(report("GET  /conduit/finetuning/{id}: ", getRun));
+console.log(report("POST /conduit/dataset:         ", postDataset));
 console.log(
   `upload ${(size / 1024 / 1024).toFixed(0)} MB JSONL (${lines} pairs): ${(size / 1024 / 1024 / uploadSeconds).toFixed(1)} MB/s, peak RSS growth ${((after.hwm - before.rss) / 1024 / 1024).toFixed(1)} MB`,
 );
-if (getRun.errors + postDataset.errors + bareGet.errors + barePost.errors > 0)
-  console.log("warning: some requests failed");
+if (getRun.errors + postDataset.errors > 0) console.log("warning: some requests failed");
 child.send("stop");
