@@ -63,6 +63,8 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
     config.maxPairBytes,
   );
   const runRepository = new RunRepository(db.kysely, db.dialect);
+  // Writes of other servers sharing a PostgreSQL database wake this one's run followers.
+  const stopListening = await runRepository.listen(db);
   const registry = new ModelRegistry({ modelsDir: config.modelsDir });
   const base = publicUrl(config);
   const runs = new RunService(runRepository, datasets, registry, blobs, {
@@ -131,6 +133,7 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
       await scheduler.close();
       await tracker?.close();
       await engine.dispose();
+      await stopListening();
       await db.close();
     },
   };

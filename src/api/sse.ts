@@ -6,6 +6,11 @@ declare module "fastify" {
   interface FastifyInstance {
     /** Ends each open Server-Sent Events stream; `registerSse` calls them when the app closes. */
     sseStreams: Set<() => void>;
+    /**
+     * How long a stream opened with `heartbeat` may stay silent before it gets a `: keep-alive`
+     * comment, so that proxies do not cut it as idle (tests set it lower). Defaults to `15000`.
+     */
+    sseHeartbeatMs: number;
   }
 }
 
@@ -16,6 +21,7 @@ declare module "fastify" {
 export function registerSse(app: FastifyInstance): void {
   const streams = new Set<() => void>();
   app.decorate("sseStreams", streams);
+  app.decorate("sseHeartbeatMs", 15_000);
   app.addHook("preClose", async () => {
     for (const end of [...streams]) end();
   });
@@ -25,8 +31,14 @@ export function registerSse(app: FastifyInstance): void {
 export interface SseStream {
   /** Aborts when the client goes away; pass it to the work that feeds the stream. */
   signal: AbortSignal;
-  /** Writes one `data:` event (JSON), optionally named. */
-  send(data: unknown, event?: string): void;
+  /**
+   * Writes one `data:` event (JSON), optionally named and with an `id:` (what the client sends back
+   * as `Last-Event-ID` to resume). False when the client has not taken what was written before: wait
+   * for `drained()` before sending more.
+   */
+  send(data: unknown, event?: string, id?: string): boolean;
+  /** Resolves once the client has taken what was written, or has gone (at once if nothing waits). */
+  drained(): Promise<void>;
   /** Writes `data: [DONE]` (OpenAI's end marker) and closes. */
   done(): void;
   /** Writes a final `data: {"error":{...}}` event and closes; internal errors stay in the log. */
@@ -56,6 +68,10 @@ export function openSse(
   request: FastifyRequest,
   reply: FastifyReply,
   controller: AbortController = disconnectSignal(reply),
+  options: {
+    /** Sends a `: keep-alive` comment after `sseHeartbeatMs` without any write. Defaults to `false`. */
+    heartbeat?: boolean;
+  } = {},
 ): SseStream {
   reply.hijack();
   const raw = reply.raw;
@@ -68,13 +84,24 @@ export function openSse(
   });
   raw.flushHeaders();
   let ended = false;
-  const write = (text: string) => {
-    if (!ended && !raw.destroyed) raw.write(text);
+  let heartbeat: NodeJS.Timeout | undefined;
+  const write = (text: string): boolean => {
+    if (ended || raw.destroyed) return true;
+    heartbeat?.refresh();
+    return raw.write(text);
   };
+  if (options.heartbeat) {
+    heartbeat = setInterval(() => {
+      // A client that has not taken the last event is not idle; the comment would only queue up.
+      if (!raw.writableNeedDrain) write(": keep-alive\n\n");
+    }, request.server.sseHeartbeatMs);
+    raw.once("close", () => clearInterval(heartbeat));
+  }
   const streams = request.server.sseStreams;
   const close = () => {
     if (ended) return;
     ended = true;
+    clearInterval(heartbeat);
     streams.delete(shutdown);
     raw.end();
   };
@@ -88,8 +115,22 @@ export function openSse(
   raw.once("close", () => streams.delete(shutdown));
   return {
     signal: controller.signal,
-    send(data, event) {
-      write(`${event ? `event: ${event}\n` : ""}data: ${JSON.stringify(data)}\n\n`);
+    send(data, event, id) {
+      return write(
+        `${event ? `event: ${event}\n` : ""}${id ? `id: ${id}\n` : ""}data: ${JSON.stringify(data)}\n\n`,
+      );
+    },
+    drained() {
+      if (ended || raw.destroyed || !raw.writableNeedDrain) return Promise.resolve();
+      return new Promise((resolve) => {
+        const done = () => {
+          raw.off("drain", done);
+          raw.off("close", done);
+          resolve();
+        };
+        raw.once("drain", done);
+        raw.once("close", done);
+      });
     },
     done() {
       write("data: [DONE]\n\n");

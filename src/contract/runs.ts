@@ -10,6 +10,13 @@
  */
 export const runStatuses = ["QUEUED", "RUNNING", "READY", "FAILED", "CANCELLED"] as const;
 export type RunStatus = (typeof runStatuses)[number];
+/**
+ * An event id of a run's events stream, `<log seq>.<last train step>.<last eval step>.<stats hash>.<status>`
+ * (`src/train/FollowCursor.ts`), or empty: what `Last-Event-ID` and `lastEventId` accept.
+ */
+export const RUN_EVENT_ID_PATTERN =
+  "^$|^(-1|\\d{1,15})\\.(-1|\\d{1,15})\\.(-1|\\d{1,15})\\.([0-9a-z]{0,16})\\.([A-Z]{0,16})$";
+
 /** The statuses of a run that has not ended. */
 export const activeStatuses: readonly RunStatus[] = ["QUEUED", "RUNNING"];
 

@@ -1,7 +1,9 @@
 import { sql, type Kysely } from "kysely";
-import type { Dialect } from "./database.ts";
+import type { Db, Dialect } from "./database.ts";
 import type { Page } from "./DatasetRepository.ts";
 import type { Database, RunTable } from "./schema.ts";
+import { precompile } from "./precompiled.ts";
+import { RUN_CHANGES_CHANNEL, RunChanges } from "./RunChanges.ts";
 import { timestamp } from "./time.ts";
 import { activeStatuses, type RunConfig, type RunStats, type RunStatus } from "../contract/runs.ts";
 
@@ -79,13 +81,65 @@ function later(ms: number): string {
  * workers can share one database). Every user-facing method takes the owner.
  */
 export class RunRepository {
+  /**
+   * Wakes followers of a run after each write of its log, stats or status, here and (PostgreSQL
+   * `NOTIFY`) on the other servers sharing the database; `listen` hears theirs.
+   */
+  readonly changes = new RunChanges();
+
   /** The last pending append of each run, so its lines are written one after another. */
   private readonly appending = new Map<string, Promise<unknown>>();
+
+  /** A user's run with its log: every read of a run (and its events stream) makes it, so it is compiled once. */
+  private readonly ownRun;
+  /** A user's run's status, error and stats: what an events stream reads on each change. */
+  private readonly ownRunState;
 
   constructor(
     private readonly db: Kysely<Database>,
     private readonly dialect: Dialect,
-  ) {}
+  ) {
+    this.ownRun = precompile<Database, RunTable & { log_lines: string | string[] }, [string, string]>(
+      db,
+      (arg) =>
+        db
+          .selectFrom("runs")
+          .selectAll()
+          .select(this.logLines())
+          .where("id", "=", arg(0))
+          .where("user_id", "=", arg(1)),
+    );
+    this.ownRunState = precompile<
+      Database,
+      Pick<RunTable, "id" | "status" | "error" | "stats">,
+      [string, string]
+    >(db, (arg) =>
+      db
+        .selectFrom("runs")
+        .select(["id", "status", "error", "stats"])
+        .where("id", "=", arg(0))
+        .where("user_id", "=", arg(1)),
+    );
+  }
+
+  /** Hears the writes of other servers sharing a PostgreSQL database; returns the function that stops. */
+  listen(db: Pick<Db, "listen">): Promise<() => Promise<void>> {
+    return db.listen(
+      RUN_CHANGES_CHANNEL,
+      (payload) => this.changes.notified(payload),
+      () => this.changes.changedAll(),
+    );
+  }
+
+  /**
+   * Tells followers that `runId` was written: on PostgreSQL with `NOTIFY` (inside `tx`, it is sent
+   * when the transaction commits), and those of this process at once (call it after the commit).
+   */
+  private async changed(runId: string, tx: Kysely<Database> = this.db): Promise<void> {
+    if (this.dialect === "postgres")
+      await sql`select pg_notify(${RUN_CHANGES_CHANNEL}, ${this.changes.payload(runId)})`.execute(tx);
+    if (tx === this.db) this.changes.changed(runId);
+  }
 
   async create(run: NewRun): Promise<Run> {
     const now = timestamp();
@@ -122,13 +176,7 @@ export class RunRepository {
   }
 
   async get(userId: string, id: string): Promise<Run | undefined> {
-    const row = await this.db
-      .selectFrom("runs")
-      .selectAll()
-      .select(this.logLines())
-      .where("id", "=", id)
-      .where("user_id", "=", userId)
-      .executeTakeFirst();
+    const [row] = await this.ownRun(id, userId);
     return row && toRun(row, parseLines(row.log_lines));
   }
 
@@ -217,15 +265,36 @@ export class RunRepository {
     >`(select coalesce(${lines}, '[]') from run_logs where run_logs.run_id = runs.id)`.as("log_lines");
   }
 
-  /** Log lines after `afterSeq` (for live streams), with their sequence numbers. */
-  async logsSince(runId: string, afterSeq: number): Promise<{ seq: number; line: string }[]> {
+  /** Log lines after `afterSeq` (for live streams), with their sequence numbers, at most `limit`. */
+  async logsSince(
+    runId: string,
+    afterSeq: number,
+    limit = Number.MAX_SAFE_INTEGER,
+  ): Promise<{ seq: number; line: string }[]> {
     return this.db
       .selectFrom("run_logs")
       .select(["seq", "line"])
       .where("run_id", "=", runId)
       .where("seq", ">", afterSeq)
       .orderBy("seq")
+      .limit(limit)
       .execute();
+  }
+
+  /** What a follower of a user's run looks at besides the log: status, error and stats. */
+  async followed(
+    userId: string,
+    id: string,
+  ): Promise<Pick<Run, "id" | "status" | "error" | "stats"> | undefined> {
+    const [row] = await this.ownRunState(id, userId);
+    return (
+      row && {
+        id: row.id,
+        status: row.status as RunStatus,
+        error: row.error,
+        stats: JSON.parse(row.stats) as RunStats,
+      }
+    );
   }
 
   /**
@@ -260,6 +329,7 @@ export class RunRepository {
       // A run deleted while its trainer winds down (delete right after cancel): the line has
       // nowhere to go, and that is not an error.
       if (Number(touched.numUpdatedRows) === 0) return;
+      await this.changed(runId, tx);
       await tx
         .insertInto("run_logs")
         .columns(["run_id", "seq", "line", "created_at"])
@@ -276,6 +346,7 @@ export class RunRepository {
         )
         .execute();
     });
+    this.changes.changed(runId);
     return line;
   }
 
@@ -303,6 +374,7 @@ export class RunRepository {
         .where("status", "=", status)
         .executeTakeFirst();
       if (Number(result.numUpdatedRows) > 0) {
+        await this.changed(id);
         await this.appendLog(id, `run cancelled by the user (was ${status})`);
         return status;
       }
@@ -310,7 +382,7 @@ export class RunRepository {
   }
 
   async delete(userId: string, id: string): Promise<boolean> {
-    return this.db.transaction().execute(async (tx) => {
+    const deleted = await this.db.transaction().execute(async (tx) => {
       await tx
         .deleteFrom("run_logs")
         .where("run_id", "in", (eb) =>
@@ -322,8 +394,12 @@ export class RunRepository {
         .where("id", "=", id)
         .where("user_id", "=", userId)
         .executeTakeFirst();
-      return Number(result.numDeletedRows) > 0;
+      const deleted = Number(result.numDeletedRows) > 0;
+      if (deleted) await this.changed(id, tx);
+      return deleted;
     });
+    if (deleted) this.changes.changed(id);
+    return deleted;
   }
 
   /** Claims the oldest QUEUED run for `owner` with a lease of `leaseMs`; undefined if none. */
@@ -353,7 +429,16 @@ export class RunRepository {
         .executeTakeFirst();
       return Number(result.numUpdatedRows) > 0 ? next.id : undefined;
     });
-    return id === undefined ? undefined : this.getById(id);
+    if (id === undefined) return undefined;
+    await this.changed(id);
+    return this.getById(id);
+  }
+
+  /** True when `rows` were updated, and then followers of `runId` hear of it. */
+  private async changedIf(runId: string, rows: bigint): Promise<boolean> {
+    if (Number(rows) === 0) return false;
+    await this.changed(runId);
+    return true;
   }
 
   /** Renews the lease; false when the run is no longer this worker's RUNNING run (e.g. cancelled). */
@@ -377,7 +462,7 @@ export class RunRepository {
       .where("status", "=", "RUNNING")
       .where("lease_owner", "=", owner)
       .executeTakeFirst();
-    return Number(result.numUpdatedRows) > 0;
+    return this.changedIf(id, result.numUpdatedRows);
   }
 
   /**
@@ -435,7 +520,7 @@ export class RunRepository {
       .where("status", "=", "RUNNING")
       .where("lease_owner", "=", owner)
       .executeTakeFirst();
-    return Number(result.numUpdatedRows) > 0;
+    return this.changedIf(id, result.numUpdatedRows);
   }
 
   /** Hands a RUNNING run this worker holds back to the queue (graceful shutdown). */
@@ -454,7 +539,7 @@ export class RunRepository {
       .where("status", "=", "RUNNING")
       .where("lease_owner", "=", owner)
       .executeTakeFirst();
-    return Number(result.numUpdatedRows) > 0;
+    return this.changedIf(id, result.numUpdatedRows);
   }
 
   /**
@@ -495,6 +580,7 @@ export class RunRepository {
         .where((eb) => eb.or([eb("lease_expires_at", "is", null), eb("lease_expires_at", "<", now)]))
         .executeTakeFirst();
       if (Number(result.numUpdatedRows) === 0) continue;
+      await this.changed(run.id);
       if (fail) {
         failed.push(run.id);
         await this.appendLog(

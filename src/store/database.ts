@@ -1,7 +1,7 @@
 import fs from "node:fs";
 import path from "node:path";
 import SqliteDatabase from "better-sqlite3";
-import { Kysely, Migrator, PostgresDialect, SqliteDialect, sql } from "kysely";
+import { Kysely, Migrator, PostgresDialect, SqliteDialect, sql, type LogEvent } from "kysely";
 import pg from "pg";
 import { migrationProvider } from "./migrations.ts";
 import type { Database } from "./schema.ts";
@@ -12,6 +12,19 @@ export type Dialect = "sqlite" | "postgres";
 export interface Db {
   kysely: Kysely<Database>;
   dialect: Dialect;
+  /** Queries run so far by this process (tests count them; a gauge for metrics). */
+  queries(): number;
+  /**
+   * Hears `NOTIFY channel` from every server sharing a PostgreSQL database, on one dedicated
+   * connection: `onPayload` gets each payload. A lost connection is opened again (each second until
+   * it works), then `onResumed` is called, since notifications sent meanwhile were missed. On SQLite
+   * (one server) there is nothing to hear. Returns the function that stops listening.
+   */
+  listen(
+    channel: string,
+    onPayload: (payload: string) => void,
+    onResumed: () => void,
+  ): Promise<() => Promise<void>>;
   close(): Promise<void>;
 }
 
@@ -29,10 +42,15 @@ pg.types.setTypeParser(20, (value) => Number(value));
 export async function openDatabase(options: OpenDatabaseOptions): Promise<Db> {
   let kysely: Kysely<Database>;
   let dialect: Dialect;
+  let queries = 0;
+  const log = (event: LogEvent) => {
+    if (event.level === "query") queries++;
+  };
   if (options.databaseUrl) {
     dialect = "postgres";
     kysely = new Kysely<Database>({
       dialect: new PostgresDialect({ pool: new pg.Pool({ connectionString: options.databaseUrl, max: 10 }) }),
+      log,
     });
   } else {
     dialect = "sqlite";
@@ -42,7 +60,10 @@ export async function openDatabase(options: OpenDatabaseOptions): Promise<Db> {
     sqlite.pragma("synchronous = NORMAL");
     sqlite.pragma("busy_timeout = 5000");
     sqlite.pragma("foreign_keys = ON");
-    kysely = new Kysely<Database>({ dialect: new SqliteDialect({ database: withStatementCache(sqlite) }) });
+    kysely = new Kysely<Database>({
+      dialect: new SqliteDialect({ database: withStatementCache(sqlite) }),
+      log,
+    });
   }
 
   // Kysely looks for its migration tables in every schema unless told which one: a database that has
@@ -66,5 +87,60 @@ export async function openDatabase(options: OpenDatabaseOptions): Promise<Db> {
     });
   }
 
-  return { kysely, dialect, close: () => kysely.destroy() };
+  const databaseUrl = options.databaseUrl;
+  return {
+    kysely,
+    dialect,
+    queries: () => queries,
+    listen: async (channel, onPayload, onResumed) =>
+      databaseUrl ? listenPostgres(databaseUrl, channel, onPayload, onResumed) : async () => undefined,
+    close: () => kysely.destroy(),
+  };
+}
+
+/** `Db.listen` on PostgreSQL: a client of its own (a pooled one would be handed to queries). */
+async function listenPostgres(
+  connectionString: string,
+  channel: string,
+  onPayload: (payload: string) => void,
+  onResumed: () => void,
+): Promise<() => Promise<void>> {
+  let stopped = false;
+  let client: pg.Client | undefined;
+  let retry: NodeJS.Timeout | undefined;
+  const open = async () => {
+    const next = new pg.Client({ connectionString });
+    next.on("notification", (message) => {
+      if (message.channel === channel && message.payload !== undefined) onPayload(message.payload);
+    });
+    // A broken connection also ends, and "end" is where it is opened again.
+    next.on("error", () => undefined);
+    try {
+      await next.connect();
+      await next.query(`LISTEN ${pg.escapeIdentifier(channel)}`);
+    } catch (error) {
+      await next.end().catch(() => undefined);
+      throw error;
+    }
+    if (stopped) return void (await next.end());
+    client = next;
+    next.once("end", () => {
+      client = undefined;
+      if (!stopped) reopen();
+    });
+  };
+  const reopen = () => {
+    retry = setTimeout(() => {
+      open().then(onResumed, () => {
+        if (!stopped) reopen();
+      });
+    }, 1000);
+    retry.unref();
+  };
+  await open();
+  return async () => {
+    stopped = true;
+    clearTimeout(retry);
+    await client?.end().catch(() => undefined);
+  };
 }

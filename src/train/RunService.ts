@@ -10,8 +10,10 @@ import { ConduitError } from "../errors.ts";
 import { newId } from "../store/ids.ts";
 import type { DatasetFile, Page } from "../store/DatasetRepository.ts";
 import type { Run, RunRepository } from "../store/RunRepository.ts";
+import { FollowCursor, type RunFollowEvent } from "./FollowCursor.ts";
 import { chooseAutoSettings, readModelShape, type ModelShape } from "./autoSettings.ts";
 import {
+  activeStatuses,
   AUTO_SETTINGS,
   LORA_TARGETS,
   runDefaults,
@@ -119,6 +121,9 @@ export interface RunArtifact {
   fileName: string;
   sizeBytes: number;
 }
+
+/** Log lines a follower reads at once. */
+const FOLLOW_LOG_PAGE = 500;
 
 /** How a run ended. */
 export type RunEnd = "READY" | "FAILED" | "CANCELLED";
@@ -456,6 +461,85 @@ export class RunService {
       throw new ConduitError("conflict", `run ${id} is ${previous} and cannot be cancelled`);
     this.events.emit("ended", id, "CANCELLED");
     this.events.emit("changed", id);
+  }
+
+  /**
+   * Follows a user's run: its log lines (earlier ones first), its stats when they change (loss series
+   * cut to the points not yet sent), its status when it changes, until the run has ended (or is
+   * deleted: status `DELETED`). Each event has an `id`; pass the last one received as `after` to go on
+   * exactly after it. A run that does not exist is a 404 (thrown here, before any event); a malformed
+   * `after` a 400.
+   *
+   * It reads the database only when the run was written: the repository wakes it (this server's
+   * writes, and other servers' through PostgreSQL `NOTIFY`), so a quiet run costs nothing.
+   */
+  async follow(
+    userId: string,
+    id: string,
+    options: {
+      /** The `id` of the last event the client has. Defaults to none: everything from the start. */
+      after?: string | undefined;
+      /** Ends the iteration (the client went away). Defaults to none. */
+      signal?: AbortSignal | undefined;
+    } = {},
+  ): Promise<AsyncGenerator<RunFollowEvent>> {
+    const cursor = FollowCursor.parse(options.after);
+    // Subscribed before the first read, so that no write between the reads goes unnoticed.
+    let dirty = true;
+    let wake: (() => void) | undefined;
+    const unsubscribe = this.runs.changes.subscribe(id, () => {
+      dirty = true;
+      wake?.();
+    });
+    try {
+      if (!(await this.runs.followed(userId, id)))
+        throw new ConduitError("not_found", `run ${id} not found`, { param: "finetune_id" });
+    } catch (error) {
+      unsubscribe();
+      throw error;
+    }
+    const runs = this.runs;
+    const signal = options.signal;
+    const changed = () =>
+      new Promise<void>((resolve) => {
+        const done = () => {
+          wake = undefined;
+          signal?.removeEventListener("abort", done);
+          resolve();
+        };
+        wake = done;
+        signal?.addEventListener("abort", done, { once: true });
+      });
+    return (async function* () {
+      try {
+        while (!signal?.aborted) {
+          if (!dirty) {
+            await changed();
+            continue;
+          }
+          dirty = false;
+          const run = await runs.followed(userId, id);
+          if (!run) {
+            const deleted = cursor.status("DELETED", null);
+            if (deleted) yield deleted;
+            return;
+          }
+          // In pages, so that a long log does not sit in memory at once (the consumer pulls).
+          for (;;) {
+            const lines = await runs.logsSince(id, cursor.seq, FOLLOW_LOG_PAGE);
+            for (const { seq, line } of lines) yield cursor.log(seq, line);
+            if (lines.length < FOLLOW_LOG_PAGE) break;
+          }
+          const stats = cursor.stats(run.stats);
+          if (stats) yield stats;
+          const status = cursor.status(run.status, run.error);
+          if (status) yield status;
+          if (!activeStatuses.includes(run.status)) return;
+        }
+      } finally {
+        unsubscribe();
+      }
+    })();
   }
 
   /** Deletes a run; a running one is cancelled first so its trainer stops. */

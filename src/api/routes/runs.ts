@@ -1,5 +1,4 @@
 import fs from "node:fs";
-import { setTimeout as sleep } from "node:timers/promises";
 import type { FastifyInstance } from "fastify";
 import { Type } from "@sinclair/typebox";
 import type { TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
@@ -7,7 +6,7 @@ import type { Core } from "../../core.ts";
 import { checkLoraTargets } from "../../train/RunService.ts";
 import { respondWithGeneration } from "../generate.ts";
 import { RunInferenceBody } from "../../contract/generation.ts";
-import type { RunStats } from "../../contract/runs.ts";
+import type { RunFollowEvent } from "../../train/FollowCursor.ts";
 import {
   CreateRunBody,
   ExamplesQuery,
@@ -20,8 +19,10 @@ import {
   RunSummary,
   responses,
   sseEvent,
+  REASON,
 } from "../../contract/schemas.ts";
-import { openSse } from "../sse.ts";
+import { RUN_EVENT_ID_PATTERN } from "../../contract/runs.ts";
+import { disconnectSignal, openSse } from "../sse.ts";
 import { runSummaryWire, runWire, SUCCESS } from "../wire.ts";
 import { chatEvents, chatMessages, responseFormat, conduitChatShape, conduitSampling } from "./generation.ts";
 
@@ -235,12 +236,37 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
           "`status` (`{status, error}`) when the status changes. The stream ends after the run reaches READY, FAILED or CANCELLED. " +
           "A `stats` event's `lossSeries` and `evalLossSeries` hold only the points after those of the stream's previous " +
           "`stats` event (the first event: all so far), so a client appends them; `seriesReset: true` (a run that " +
-          "started over) means they replace what the client has.",
+          "started over) means they replace what the client has.\n\n" +
+          "Every event has an `id:`. To resume after a lost connection, send the last id received as the " +
+          "`Last-Event-ID` header (EventSource does this by itself) or the `lastEventId` query parameter: the " +
+          "stream then sends exactly what came after that event (no line twice, no loss point twice). Ids are " +
+          "opaque: send them back as received. A `: keep-alive` comment comes after 15 s without events.",
         params: RunParams,
+        querystring: Type.Object({
+          lastEventId: Type.Optional(
+            Type.String({
+              maxLength: 200,
+              pattern: RUN_EVENT_ID_PATTERN,
+              [REASON]: "is not an event id of this stream; send the id of the last event received",
+              description: "The id of the last event received, for clients that cannot send `Last-Event-ID`.",
+            }),
+          ),
+        }),
+        headers: Type.Object({
+          "last-event-id": Type.Optional(
+            Type.String({
+              maxLength: 200,
+              pattern: RUN_EVENT_ID_PATTERN,
+              [REASON]: "is not an event id of this stream; send the id of the last event received",
+              description:
+                "The id of the last event received: the stream goes on after it. Wins over `lastEventId`.",
+            }),
+          ),
+        }),
         response: {
           ...responses({}),
           200: {
-            description: "Server-Sent Events (`event: log|stats|status`, `data: {json}`).",
+            description: "Server-Sent Events (`event: log|stats|status`, `id: <opaque>`, `data: {json}`).",
             content: {
               "text/event-stream": {
                 schema: sseEvent("`log`, `stats` or `status`, with its JSON in `data`."),
@@ -251,63 +277,29 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
       },
     },
     async (request, reply) => {
-      const first = await runs.get(request.userId, request.params.finetune_id);
-      const sse = openSse(request, reply);
-      let seq = -1;
-      let lastStats = "";
-      const series = new SeriesDelta();
-      let lastStatus = "";
-      // Polls the database, so it follows a run trained by any worker sharing it.
-      while (!sse.signal.aborted) {
-        const run = await core.runRepository.get(request.userId, first.id);
-        if (!run) {
-          sse.send({ status: "DELETED", error: null }, "status");
-          break;
-        }
-        for (const log of await core.runRepository.logsSince(run.id, seq)) {
-          seq = log.seq;
-          sse.send({ line: log.line }, "log");
-        }
-        const stats = JSON.stringify(run.stats);
-        if (stats !== lastStats) {
-          lastStats = stats;
-          sse.send(series.next(run.stats), "stats");
-        }
-        if (run.status !== lastStatus) {
-          lastStatus = run.status;
-          sse.send({ status: run.status, error: run.error }, "status");
-        }
-        if (run.status === "READY" || run.status === "FAILED" || run.status === "CANCELLED") break;
-        // Wakes early when the client leaves or the server shuts down.
-        await sleep(eventsPollMs, undefined, { signal: sse.signal }).catch(() => undefined);
+      const controller = disconnectSignal(reply);
+      // EventSource sends the header when it reconnects by itself, so it is newer than the query's.
+      const after = request.headers["last-event-id"] ?? request.query.lastEventId;
+      const events = await runs.follow(request.userId, request.params.finetune_id, {
+        after,
+        signal: controller.signal,
+      });
+      const sse = openSse(request, reply, controller, { heartbeat: true });
+      try {
+        for await (const event of events)
+          if (!sse.send(eventData(event), event.type, event.id)) await sse.drained();
+        sse.close();
+      } catch (error) {
+        sse.fail(error);
       }
-      sse.close();
       return reply;
     },
   );
 }
 
-/** The loss series of successive `stats` events, cut to the points a client has not had yet. */
-class SeriesDelta {
-  private lastTrain = Number.NEGATIVE_INFINITY;
-  private lastEval = Number.NEGATIVE_INFINITY;
-
-  next(stats: RunStats): RunStats {
-    const train = stats.lossSeries ?? [];
-    const evals = stats.evalLossSeries ?? [];
-    const lastTrain = train.at(-1)?.step ?? Number.NEGATIVE_INFINITY;
-    const lastEval = evals.at(-1)?.step ?? Number.NEGATIVE_INFINITY;
-    // A run that started over (a worker lost it, another trains it from the start) has fewer steps.
-    const reset = lastTrain < this.lastTrain || lastEval < this.lastEval;
-    const out: RunStats = { ...stats, ...(reset ? { seriesReset: true } : {}) };
-    if (stats.lossSeries) out.lossSeries = reset ? train : train.filter((p) => p.step > this.lastTrain);
-    if (stats.evalLossSeries)
-      out.evalLossSeries = reset ? evals : evals.filter((p) => p.step > this.lastEval);
-    this.lastTrain = lastTrain;
-    this.lastEval = lastEval;
-    return out;
-  }
+/** An event's `data`, as the stream has always sent it. */
+function eventData(event: RunFollowEvent): unknown {
+  if (event.type === "log") return { line: event.line };
+  if (event.type === "stats") return event.stats;
+  return { status: event.status, error: event.error };
 }
-
-/** How often the events stream looks for news. */
-const eventsPollMs = 500;
