@@ -193,6 +193,7 @@ export interface RunStats {
 /** A READY run's totals (`stats.final`). */
 export interface RunTotals {
   steps: number;
+  /** Epochs completed (the last may be partial when `maxSteps` cut it). */
   epochs: number;
   /** Window positions trained on (padding included). */
   trainTokens: number;
@@ -200,9 +201,10 @@ export interface RunTotals {
   sampleTokens: number;
   /** Tokens whose loss counted (answers only, unless the run trains on inputs). */
   lossTokens: number;
+  /** The training window in tokens. */
   windowSize: number;
   finalTrainLoss: number;
   finalEvalLoss?: number;
-  /** Bytes of the written model or adapter. */
+  /** Size of what was written: the adapter (LoRA) or the model (full). */
   outputBytes: number;
 }

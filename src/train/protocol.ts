@@ -4,7 +4,7 @@
  * send `{type: "cancel"}`, and the child answers with logs and progress, then exactly one of `done`,
  * `cancelled` or `error`, and exits.
  */
-import type { LoraTarget, TrainerOutputType } from "../contract/runs.ts";
+import type { LoraTarget, RunTotals, TrainerOutputType } from "../contract/runs.ts";
 import type { TrainerBackend } from "./native/llamaLib.ts";
 
 /** How the learning rate moves over the run's optimizer steps. */
@@ -208,20 +208,8 @@ export interface TrainerProgress {
   etaSeconds: number;
 }
 
-export interface TrainingStats {
-  steps: number;
-  /** Epochs completed (the last may be partial when `maxSteps` cut it). */
-  epochs: number;
-  /** Window positions trained on (padding included). */
-  trainTokens: number;
-  /** Sample tokens trained on (padding excluded). */
-  sampleTokens: number;
-  /** Tokens whose loss counted (answers only, unless the samples train on everything). */
-  lossTokens: number;
-  /** The training window in tokens. */
-  windowSize: number;
-  finalTrainLoss: number;
-  finalEvalLoss?: number;
+/** A finished job's figures: the totals a READY run shows (`stats.final`, {@link RunTotals}), and more. */
+export interface TrainingStats extends RunTotals {
   /** The evaluation with the lowest eval loss: its weights are the ones written. */
   bestEvalLoss?: number;
   bestEpoch?: number;
@@ -239,8 +227,6 @@ export interface TrainingStats {
   elapsedSeconds: number;
   trainableTensors: number;
   trainableParameters: number;
-  /** Size of what was written: the adapter (LoRA) or the model (full). */
-  outputBytes: number;
   /** Peak resident memory of the trainer process. */
   peakRssBytes: number;
   /** On a GPU: the most GPU memory the run took (drop of the devices' free memory since it started). */
