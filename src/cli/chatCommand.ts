@@ -1,11 +1,8 @@
 import readline from "node:readline/promises";
 import type { Command } from "commander";
-import { ApiError } from "./client.ts";
+import { ApiError } from "../client/ApiError.ts";
+import type { ChatRequest } from "../contract/client.ts";
 import { CliError, exitCodes, type CliContext } from "./context.ts";
-
-interface ChatCompletion {
-  choices: { text: string }[];
-}
 
 interface ChatOptions {
   model?: string;
@@ -19,21 +16,14 @@ interface ChatOptions {
  * Prints one answer and returns its text: streamed as it is generated, or with `--json` the whole
  * `chat.completion` document on one line.
  */
-async function ask(ctx: CliContext, body: Record<string, unknown>): Promise<string> {
+async function ask(ctx: CliContext, body: ChatRequest): Promise<string> {
   if (ctx.json) {
-    const result = await ctx.client().request<ChatCompletion>("POST", "/conduit/v1/chat", body);
+    const result = await ctx.client().chat(body);
     console.log(JSON.stringify(result));
     return result.choices[0]?.text ?? "";
   }
   let text = "";
-  for await (const event of ctx.client().events("POST", "/conduit/v1/chat", { ...body, stream: true })) {
-    if (event.data === "[DONE]") break;
-    const chunk = JSON.parse(event.data) as {
-      error?: { message: string };
-      choices?: { delta?: { content?: string } }[];
-    };
-    if (chunk.error) throw new CliError(chunk.error.message);
-    const piece = chunk.choices?.[0]?.delta?.content ?? "";
+  for await (const piece of ctx.client().chatStream(body)) {
     text += piece;
     process.stdout.write(piece);
   }
@@ -58,7 +48,7 @@ function outgrewContext(error: unknown): boolean {
  */
 async function askWithin(
   ctx: CliContext,
-  body: Record<string, unknown>,
+  body: Omit<ChatRequest, "prompt">,
   prompt: string,
   history: string[],
 ): Promise<string> {

@@ -1,6 +1,6 @@
 import type { Command } from "commander";
 import { loadConfig, type Config } from "../config.ts";
-import { ApiClient } from "./client.ts";
+import { ConduitClient } from "../client/ConduitClient.ts";
 
 /** Exit codes: 0 ok, 1 failure, 2 usage or invalid input, 3 not found, 4 bad or missing key, 5 conflict. */
 export const exitCodes = { failure: 1, usage: 2, notFound: 3, unauthorized: 4, conflict: 5 } as const;
@@ -40,10 +40,10 @@ export class CliContext {
     return this.options.json === true;
   }
 
-  client(): ApiClient {
+  client(): ConduitClient {
     const key = this.options.key ?? this.config.apiKey;
     if (!key) throw new CliError("no API key: pass --key or set CONDUIT_API_KEY", exitCodes.unauthorized);
-    return new ApiClient(this.options.url ?? this.config.serverUrl, key);
+    return new ConduitClient({ baseUrl: this.options.url ?? this.config.serverUrl, key });
   }
 
   /** JSON for scripts (one document per line, so streams of them stay parseable), else the human form. */
@@ -62,4 +62,13 @@ export function table(rows: string[][]): string {
       row.map((cell, i) => (i === row.length - 1 ? cell : cell.padEnd(widths[i] ?? 0))).join("  "),
     )
     .join("\n");
+}
+
+/** `--limit` and `--offset` as the API's page query (the server checks their range). */
+export function page(opts: { limit: string; offset: string }): { limit: number; offset: number } {
+  const limit = Number(opts.limit);
+  const offset = Number(opts.offset);
+  if (!Number.isInteger(limit) || !Number.isInteger(offset))
+    throw new CliError("--limit and --offset must be integers", exitCodes.usage);
+  return { limit, offset };
 }

@@ -3,14 +3,7 @@ import path from "node:path";
 import { Readable } from "node:stream";
 import { SingleBar, Presets } from "cli-progress";
 import type { Command } from "commander";
-import type { DatasetFileWire, DatasetWire } from "../contract/schemas.ts";
-import { CliError, exitCodes, table, type CliContext } from "./context.ts";
-
-const contentTypes: Record<string, string> = {
-  ".jsonl": "application/jsonl",
-  ".ndjson": "application/jsonl",
-  ".csv": "text/csv",
-};
+import { CliError, exitCodes, page, table, type CliContext } from "./context.ts";
 
 /** The size of a local file to upload; a path that is not a readable file is bad input. */
 function fileSize(file: string): number {
@@ -37,7 +30,7 @@ export function datasetsCommand(program: Command, ctx: CliContext): void {
     .description("create a dataset")
     .argument("<name>")
     .action(async (name: string) => {
-      const dataset = await ctx.client().request<DatasetWire>("POST", "/conduit/dataset", { name });
+      const dataset = await ctx.client().createDataset(name);
       ctx.print(dataset, () => console.log(dataset.id));
     });
 
@@ -47,12 +40,7 @@ export function datasetsCommand(program: Command, ctx: CliContext): void {
     .option("--limit <n>", "how many", "100")
     .option("--offset <n>", "skip this many", "0")
     .action(async (opts: { limit: string; offset: string }) => {
-      const list = await ctx
-        .client()
-        .request<DatasetWire[]>(
-          "GET",
-          `/conduit/dataset?limit=${encodeURIComponent(opts.limit)}&offset=${encodeURIComponent(opts.offset)}`,
-        );
+      const list = await ctx.client().listDatasets(page(opts));
       ctx.print(list, () =>
         console.log(
           table([
@@ -69,11 +57,8 @@ export function datasetsCommand(program: Command, ctx: CliContext): void {
     .argument("<dataset-id>")
     .action(async (id: string) => {
       const client = ctx.client();
-      const dataset = await client.request<DatasetWire>("GET", `/conduit/dataset/${encodeURIComponent(id)}`);
-      const files = await client.request<DatasetFileWire[]>(
-        "GET",
-        `/conduit/dataset/${encodeURIComponent(id)}/files`,
-      );
+      const dataset = await client.getDataset(id);
+      const files = await client.listFiles(id);
       ctx.print({ ...dataset, files }, () => {
         console.log(`${dataset.name} (${dataset.id}): ${dataset.ioPairsCount} pairs, ${dataset.status}`);
         if (files.length > 0)
@@ -92,9 +77,7 @@ export function datasetsCommand(program: Command, ctx: CliContext): void {
     .argument("<dataset-id>")
     .argument("<name>")
     .action(async (id: string, name: string) => {
-      const result = await ctx
-        .client()
-        .request("PATCH", `/conduit/dataset/${encodeURIComponent(id)}`, { name });
+      const result = await ctx.client().renameDataset(id, name);
       ctx.print(result, () => console.log(`renamed ${id} to ${name}`));
     });
 
@@ -103,7 +86,7 @@ export function datasetsCommand(program: Command, ctx: CliContext): void {
     .description("delete a dataset and its files")
     .argument("<dataset-id>")
     .action(async (id: string) => {
-      const result = await ctx.client().request("DELETE", `/conduit/dataset/${encodeURIComponent(id)}`);
+      const result = await ctx.client().deleteDataset(id);
       ctx.print(result, () => console.log(`deleted ${id}`));
     });
 
@@ -126,21 +109,11 @@ export function datasetsCommand(program: Command, ctx: CliContext): void {
               Presets.shades_classic,
             );
       bar?.start(size, 0);
-      let sent = 0;
-      const source = fs.createReadStream(file);
-      source.on("data", (chunk) => {
-        sent += chunk.length;
-        bar?.update(sent);
-      });
       try {
+        const body = Readable.toWeb(fs.createReadStream(file)) as ReadableStream<Uint8Array>;
         const uploaded = await ctx
           .client()
-          .send<DatasetFileWire>(
-            "POST",
-            `/conduit/dataset/${encodeURIComponent(id)}/upload?name=${encodeURIComponent(name)}`,
-            contentTypes[path.extname(file).toLowerCase()] ?? "application/octet-stream",
-            Readable.toWeb(source) as ReadableStream<Uint8Array>,
-          );
+          .uploadFile(id, body, { name, size, onProgress: (sent) => bar?.update(sent) });
         bar?.stop();
         ctx.print(uploaded, () =>
           console.log(

@@ -3,7 +3,7 @@ import { ConfigError } from "../config.ts";
 import { ConduitError } from "../errors.ts";
 import { startServer } from "../server.ts";
 import { chatCommand } from "./chatCommand.ts";
-import { ApiError } from "./client.ts";
+import { ApiError } from "../client/ApiError.ts";
 import { CliContext, CliError, exitCodes } from "./context.ts";
 import { datasetsCommand } from "./datasetsCommand.ts";
 import { keysCommand } from "./keysCommand.ts";

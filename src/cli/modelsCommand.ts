@@ -3,7 +3,6 @@ import { SingleBar } from "cli-progress";
 import type { Command } from "commander";
 import { isValidModelId, ModelRegistry } from "../model/ModelRegistry.ts";
 import { createTinyModel } from "../model/tinyModel.ts";
-import type { LoadedModel, ServableModel } from "../inference/InferenceService.ts";
 import { CliError, exitCodes, table, type CliContext } from "./context.ts";
 
 /** Bytes in the largest unit that keeps a number of at least 1: `685 KiB`, `1.3 GiB`. */
@@ -34,12 +33,12 @@ export function modelsCommand(program: Command, ctx: CliContext): void {
     .command("list")
     .description("models the server can serve: the models directory and your READY runs")
     .action(async () => {
-      const list = await ctx.client().request<{ data: ServableModel[] }>("GET", "/conduit/v1/models");
-      ctx.print(list.data, () =>
+      const list = await ctx.client().listModels();
+      ctx.print(list, () =>
         console.log(
           table([
             ["ID", "KIND", "BASE", "CONTEXT", "SIZE", "QUANT", "OWNER"],
-            ...list.data.map((m) => [
+            ...list.map((m) => [
               m.id,
               m.kind,
               m.base_model ?? "-",
@@ -57,14 +56,14 @@ export function modelsCommand(program: Command, ctx: CliContext): void {
     .command("ps")
     .description("models loaded in the server's memory now (base models and your fine-tunes), like ps")
     .action(async () => {
-      const list = await ctx.client().request<{ data: LoadedModel[] }>("GET", "/conduit/v1/models/loaded");
-      ctx.print(list.data, () =>
+      const list = await ctx.client().listLoadedModels();
+      ctx.print(list, () =>
         console.log(
-          list.data.length === 0
+          list.length === 0
             ? "no model is loaded"
             : table([
                 ["ID", "KIND", "BASE", "MEMORY", "CONTEXT", "ACTIVE", "QUEUED", "IDLE"],
-                ...list.data.map((m) => [
+                ...list.map((m) => [
                   m.id,
                   m.kind,
                   m.base_model ?? "-",

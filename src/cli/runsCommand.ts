@@ -4,8 +4,9 @@ import path from "node:path";
 import { pipeline } from "node:stream/promises";
 import { MultiBar, SingleBar } from "cli-progress";
 import type { Command } from "commander";
-import type { RunExampleWire, RunWire } from "../contract/schemas.ts";
-import { CliError, exitCodes, table, type CliContext } from "./context.ts";
+import type { RunStats } from "../contract/runs.ts";
+import type { CreateRunBodyWire, ExamplesQueryWire } from "../contract/schemas.ts";
+import { CliError, exitCodes, page, table, type CliContext } from "./context.ts";
 
 function number(name: string) {
   return (value: string): number => {
@@ -40,17 +41,11 @@ function formatSeconds(seconds: unknown): string {
   return s >= 60 ? `${Math.floor(s / 60)}m${String(s % 60).padStart(2, "0")}s` : `${s}s`;
 }
 
-/** The file name in a `Content-Disposition: attachment; filename="..."`, if it is a plain one. */
-function attachmentName(header: string | null): string | undefined {
-  const name = /filename="([^"]+)"/.exec(header ?? "")?.[1];
-  return name && /^[\w.-]+$/.test(name) && !name.startsWith(".") ? name : undefined;
-}
-
 /** Streams a READY run's artifact to `file` (through `<file>.part`, so a failed download leaves nothing). */
 async function download(ctx: CliContext, id: string, output: string | undefined) {
-  const response = await ctx.client().download(`/conduit/finetuning/${encodeURIComponent(id)}/artifact`);
-  const file = output ?? attachmentName(response.headers.get("content-disposition")) ?? `${id}.gguf`;
-  const total = Number(response.headers.get("content-length") ?? 0);
+  const artifact = await ctx.client().downloadArtifact(id);
+  const file = output ?? artifact.fileName ?? `${id}.gguf`;
+  const total = artifact.sizeBytes ?? 0;
   const mb = (n: number) => Math.round(n / 1024 / 1024);
   const bar =
     ctx.json || total === 0
@@ -61,7 +56,7 @@ async function download(ctx: CliContext, id: string, output: string | undefined)
   let received = 0;
   try {
     await pipeline(
-      response.body as unknown as AsyncIterable<Uint8Array>,
+      artifact.body as unknown as AsyncIterable<Uint8Array>,
       async function* (source: AsyncIterable<Uint8Array>) {
         for await (const chunk of source) {
           received += chunk.length;
@@ -91,7 +86,7 @@ export class EtaEstimate {
   private first: { step: number; at: number } | undefined;
 
   /** Seconds left after `stats` arrived at `now` (ms), or `undefined` when no rate is known yet. */
-  update(stats: Record<string, unknown>, now: number): number | undefined {
+  update(stats: Pick<RunStats, "step" | "totalSteps" | "elapsedSeconds">, now: number): number | undefined {
     const { step, totalSteps, elapsedSeconds } = stats;
     if (typeof step !== "number" || typeof totalSteps !== "number") return undefined;
     const left = Math.max(0, totalSteps - step);
@@ -129,14 +124,16 @@ async function watch(ctx: CliContext, id: string, out: NodeJS.WriteStream = proc
   };
   let status = "UNKNOWN";
   try {
-    for await (const event of ctx
-      .client()
-      .events("GET", `/conduit/finetuning/${encodeURIComponent(id)}/events`)) {
-      const data = JSON.parse(event.data) as Record<string, unknown>;
-      if (ctx.json) console.log(JSON.stringify({ event: event.event, data }));
-      if (event.event === "log") {
-        if (!ctx.json) say(String(data.line));
-      } else if (event.event === "stats" && bars && typeof data.totalSteps === "number") {
+    const events = ctx.client().runEvents(id, {
+      onRetry: (error) => {
+        if (!ctx.json) say(`(${error.message} Reconnecting…)`);
+      },
+    });
+    for await (const { event, data } of events) {
+      if (ctx.json) console.log(JSON.stringify({ event, data }));
+      if (event === "log") {
+        if (!ctx.json) say(data.line);
+      } else if (event === "stats" && bars && typeof data.totalSteps === "number") {
         const payload = {
           epoch: `${String(data.epoch ?? "-")}/${String(data.epochs ?? "-")}`,
           loss: typeof data.trainLoss === "number" ? data.trainLoss.toFixed(4) : "-",
@@ -150,9 +147,9 @@ async function watch(ctx: CliContext, id: string, out: NodeJS.WriteStream = proc
           bar.setTotal(data.totalSteps);
           bar.update(step, payload);
         }
-      } else if (event.event === "status") {
-        status = String(data.status);
-        if (!ctx.json) say(`status: ${status}${data.error ? ` (${String(data.error)})` : ""}`);
+      } else if (event === "status") {
+        status = data.status;
+        if (!ctx.json) say(`status: ${status}${data.error ? ` (${data.error})` : ""}`);
       }
     }
   } finally {
@@ -247,7 +244,7 @@ export function runsCommand(program: Command, ctx: CliContext): void {
           trackerEntity: opts.trackerEntity,
         }).filter(([, v]) => v !== undefined),
       );
-      const run = await ctx.client().request<RunWire>("POST", "/conduit/finetuning", body);
+      const run = await ctx.client().createRun(body as CreateRunBodyWire);
       // The id alone, so that `R=$(conduit runs create …)` works, even with --watch (it follows on stderr).
       ctx.print(run, () => console.log(run.id));
       if (opts.watch) {
@@ -262,12 +259,7 @@ export function runsCommand(program: Command, ctx: CliContext): void {
     .option("--limit <n>", "how many", "100")
     .option("--offset <n>", "skip this many", "0")
     .action(async (opts: { limit: string; offset: string }) => {
-      const list = await ctx
-        .client()
-        .request<RunWire[]>(
-          "GET",
-          `/conduit/finetuning?limit=${encodeURIComponent(opts.limit)}&offset=${encodeURIComponent(opts.offset)}`,
-        );
+      const list = await ctx.client().listRuns(page(opts));
       ctx.print(list, () =>
         console.log(
           table([
@@ -290,7 +282,7 @@ export function runsCommand(program: Command, ctx: CliContext): void {
     .description("show a run: status, config, stats and log")
     .argument("<run-id>")
     .action(async (id: string) => {
-      const run = await ctx.client().request<RunWire>("GET", `/conduit/finetuning/${encodeURIComponent(id)}`);
+      const run = await ctx.client().getRun(id);
       ctx.print(run, () => {
         console.log(`${run.name} (${run.id}): ${run.status}${run.error ? ` — ${run.error}` : ""}`);
         console.log(
@@ -312,11 +304,12 @@ export function runsCommand(program: Command, ctx: CliContext): void {
     .option("--limit <n>", "how many", "20")
     .option("--offset <n>", "skip this many", "0")
     .action(async (id: string, opts: { sort: string; split?: string; limit: string; offset: string }) => {
-      const query = new URLSearchParams({ sort: opts.sort, limit: opts.limit, offset: opts.offset });
-      if (opts.split) query.set("split", opts.split);
-      const { items, total } = await ctx
-        .client()
-        .list<RunExampleWire>(`/conduit/finetuning/${encodeURIComponent(id)}/examples?${query.toString()}`);
+      // The server checks the words: a wrong --sort or --split is its 400, naming the field.
+      const { items, total } = await ctx.client().listExamples(id, {
+        sort: opts.sort as ExamplesQueryWire["sort"],
+        ...(opts.split ? { split: opts.split as ExamplesQueryWire["split"] } : {}),
+        ...page(opts),
+      });
       ctx.print(items, () => {
         console.log(
           table([
@@ -364,9 +357,7 @@ export function runsCommand(program: Command, ctx: CliContext): void {
     .description("cancel a queued or running run")
     .argument("<run-id>")
     .action(async (id: string) => {
-      const result = await ctx
-        .client()
-        .request("POST", `/conduit/finetuning/${encodeURIComponent(id)}/cancel`);
+      const result = await ctx.client().cancelRun(id);
       ctx.print(result, () => console.log(`cancelled ${id}`));
     });
 
@@ -375,7 +366,7 @@ export function runsCommand(program: Command, ctx: CliContext): void {
     .description("delete a run and its model (a live run is cancelled first)")
     .argument("<run-id>")
     .action(async (id: string) => {
-      const result = await ctx.client().request("DELETE", `/conduit/finetuning/${encodeURIComponent(id)}`);
+      const result = await ctx.client().deleteRun(id);
       ctx.print(result, () => console.log(`deleted ${id}`));
     });
 }
