@@ -10,8 +10,8 @@ import { buildApp } from "../src/api/buildApp.ts";
 import uiRoutes from "../src/api/routes/ui.ts";
 import { loadConfig } from "../src/config.ts";
 import { createCore } from "../src/core.ts";
-import { mergeStats } from "../ui/src/runStats.ts";
-import { readSse, type SseEvent } from "../ui/src/sse.ts";
+import { ConduitClient } from "../src/client/ConduitClient.ts";
+import type { ChatRequest } from "../src/contract/client.ts";
 import { KEY_A, testEnv } from "./helper.ts";
 
 /**
@@ -57,58 +57,6 @@ const launchArgs = [
   "--disable-component-update",
   "--disable-sync",
 ];
-
-test("the dashboard's SSE reader: events split anywhere, any line ending, comments, multi-line data", async () => {
-  const wire =
-    ': keep-alive\r\n\r\nevent: log\r\ndata: {"line":"café"}\r\n\r\n' +
-    'event: stats\ndata: {"step":1}\n\n' +
-    "data: first\rdata: second\r\r" +
-    "id: 7\nretry: 10\ndata\n\n" +
-    "data: [DONE]\n\n";
-  const expected: SseEvent[] = [
-    { event: "log", data: '{"line":"café"}' },
-    { event: "stats", data: '{"step":1}' },
-    { event: "message", data: "first\nsecond" },
-    { event: "message", data: "" },
-    { event: "message", data: "[DONE]" },
-  ];
-  const bytes = new TextEncoder().encode(wire);
-  // Every split point, including inside "\r\n" and inside the two bytes of "é".
-  for (let cut = 0; cut <= bytes.length; cut++) {
-    const body = new ReadableStream<Uint8Array>({
-      start(controller) {
-        controller.enqueue(bytes.slice(0, cut));
-        controller.enqueue(bytes.slice(cut));
-        controller.close();
-      },
-    });
-    const events: SseEvent[] = [];
-    for await (const event of readSse(body)) events.push(event);
-    assert.deepEqual(events, expected, `split at byte ${cut}`);
-  }
-});
-
-test("the run page appends each stats event's new loss points; a stream's first event or a reset replaces them", () => {
-  const point = (step: number) => ({ step, trainLoss: 5 - step });
-  const shown = mergeStats({}, { step: 2, lossSeries: [point(1), point(2)] }, true);
-  const next = mergeStats(
-    shown,
-    { step: 3, trainLoss: 2, lossSeries: [point(3)], evalLossSeries: [] },
-    false,
-  );
-  assert.deepEqual(next.lossSeries, [point(1), point(2), point(3)]);
-  assert.equal(next.step, 3);
-  assert.equal(next.trainLoss, 2);
-  // A new connection replays every point in its first event: no duplicates.
-  assert.deepEqual(mergeStats(next, { lossSeries: [point(1), point(2), point(3)] }, true).lossSeries, [
-    point(1),
-    point(2),
-    point(3),
-  ]);
-  const reset = mergeStats(next, { step: 1, lossSeries: [point(1)], seriesReset: true }, false);
-  assert.deepEqual(reset.lossSeries, [point(1)]);
-  assert.equal("seriesReset" in reset, false);
-});
 
 test("/ui routes: SPA fallback, public assets, 404 for missing files, 503 without a build", async (t) => {
   await ensureBuilt();
@@ -384,18 +332,9 @@ test("dashboard end to end in Chromium", { timeout: 600_000 }, async (t) => {
     const answer = await page.locator(".turn-assistant p").innerText();
     assert.match(answer, /^hello \d!$/, "the run answers in the shape of its data");
     // The same greedy request streams the same chunks, which the page shows joined.
-    const again = await fetch(`${base}/conduit/v1/chat`, {
-      method: "POST",
-      headers: { "x-api-key": KEY_A, "content-type": "application/json" },
-      body: JSON.stringify(request),
-    });
     const deltas: string[] = [];
-    for await (const event of readSse(again.body as ReadableStream<Uint8Array>)) {
-      if (event.data === "[DONE]") break;
-      const chunk = JSON.parse(event.data) as { choices: { delta: { content?: string } }[] };
-      const content = chunk.choices[0]?.delta.content;
-      if (content) deltas.push(content);
-    }
+    const client = new ConduitClient({ baseUrl: base, key: KEY_A });
+    for await (const delta of client.chatStream(request as unknown as ChatRequest)) deltas.push(delta);
     assert.ok(deltas.length >= 2, `the answer came in several chunks: ${JSON.stringify(deltas)}`);
     assert.equal(deltas.join(""), answer);
     // The turn showed "…" first, then the answer as it grew.

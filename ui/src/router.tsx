@@ -1,4 +1,4 @@
-import { h, type ComponentChildren } from "preact";
+import type { ComponentChildren } from "preact";
 import { useEffect, useState } from "preact/hooks";
 
 /** The dashboard lives under /ui; the server answers index.html for every page below it. */
@@ -50,18 +50,19 @@ export function Link(props: {
   children?: ComponentChildren;
   current?: boolean;
 }) {
-  return h(
-    "a",
-    {
-      href: props.href,
-      class: props.class,
-      "aria-current": props.current ? "page" : undefined,
-      onClick: (event: MouseEvent) => {
-        if (event.button !== 0 || event.metaKey || event.ctrlKey || event.shiftKey || event.altKey) return;
-        event.preventDefault();
-        navigate(props.href);
-      },
-    },
-    props.children,
+  const follow = (event: MouseEvent) => {
+    if (event.button !== 0 || event.metaKey || event.ctrlKey || event.shiftKey || event.altKey) return;
+    event.preventDefault();
+    navigate(props.href);
+  };
+  return (
+    <a
+      href={props.href}
+      class={props.class}
+      aria-current={props.current ? "page" : undefined}
+      onClick={follow}
+    >
+      {props.children}
+    </a>
   );
 }

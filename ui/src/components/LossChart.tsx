@@ -1,4 +1,3 @@
-import { h } from "preact";
 import { useEffect, useRef } from "preact/hooks";
 import uPlot from "uplot";
 import "uplot/dist/uPlot.min.css";
@@ -85,10 +84,10 @@ export function LossChart({ stats }: { stats: Series }) {
       : `Loss over ${steps.length} steps.` +
         (lastTrain ? ` Train loss ${formatNumber(lastTrain.trainLoss)} at step ${lastTrain.step}.` : "") +
         (lastEval ? ` Eval loss ${formatNumber(lastEval.evalLoss)} at step ${lastEval.step}.` : "");
-  return h(
-    "figure",
-    { class: "chart" },
-    h("div", { ref: container, class: "chart-canvas", role: "img", "aria-label": summary }),
-    h("figcaption", { class: steps.length === 0 ? "muted" : "visually-hidden" }, summary),
+  return (
+    <figure class="chart">
+      <div ref={container} class="chart-canvas" role="img" aria-label={summary} />
+      <figcaption class={steps.length === 0 ? "muted" : "visually-hidden"}>{summary}</figcaption>
+    </figure>
   );
 }

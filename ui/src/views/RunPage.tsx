@@ -1,0 +1,300 @@
+import { useEffect, useRef, useState } from "preact/hooks";
+import { mergeStats } from "../../../src/client/runEvents.ts";
+import { api, ApiError, isLive, type Run, type RunExample, type RunStats, type RunStatus } from "../api.ts";
+import { ErrorNote, Loading, StatusBadge } from "../components/common.tsx";
+import { LossChart } from "../components/LossChart.tsx";
+import { Table, type Column } from "../components/Table.tsx";
+import { formatDuration, formatNumber, formatTime } from "../format.ts";
+import { messageOf, useAction } from "../hooks.ts";
+import { Link, navigate } from "../router.tsx";
+
+/** Lines of log kept on the page; the run itself keeps them all. */
+const logTail = 300;
+
+interface Live {
+  status: RunStatus | "DELETED";
+  error: string | null;
+  stats: RunStats;
+  logs: string[];
+}
+
+/**
+ * Follows a run over its events stream. The client resumes a dropped connection itself; a stream that
+ * could not be opened at all is tried again every 2 s while the run is live. Each stream starts with the
+ * whole log: the lines shown stay until it has caught up with them.
+ */
+function useRunEvents(
+  id: string,
+  initial: Run | undefined,
+): { live: Live | undefined; streamError?: string } {
+  const [live, setLive] = useState<Live>();
+  const [streamError, setStreamError] = useState<string>();
+  const started = initial !== undefined;
+  useEffect(() => {
+    if (!initial) return;
+    const controller = new AbortController();
+    let status: RunStatus | "DELETED" = initial.status;
+    setLive({ status, error: initial.error, stats: initial.stats, logs: initial.logs.slice(-logTail) });
+    let shown = initial.logs.length;
+    const paused = (error: unknown) => setStreamError(`Live updates paused: ${messageOf(error)} Retrying…`);
+    const follow = async () => {
+      while (!controller.signal.aborted) {
+        let logs: string[] = [];
+        let received = 0;
+        try {
+          const events = api.runEvents(id, { signal: controller.signal, retries: Infinity, onRetry: paused });
+          for await (const event of events) {
+            setStreamError(undefined);
+            if (event.event === "log") {
+              logs = [...logs, event.data.line].slice(-logTail);
+              received++;
+              if (received >= shown) {
+                shown = received;
+                const snapshot = logs;
+                setLive((l) => l && { ...l, logs: snapshot });
+              }
+            } else if (event.event === "stats") {
+              const stats = event.data;
+              setLive((l) => l && { ...l, stats: mergeStats(l.stats, stats) });
+            } else {
+              status = event.data.status;
+              const { error } = event.data;
+              setLive((l) => l && { ...l, status, error });
+            }
+          }
+          return;
+        } catch (error) {
+          if (controller.signal.aborted) return;
+          paused(error);
+        }
+        if (!isLive(status)) return;
+        await new Promise((resolve) => setTimeout(resolve, 2000));
+      }
+    };
+    void follow();
+    return () => controller.abort();
+    // Follows once the run is known; `initial` only seeds the page.
+  }, [id, started]);
+  return { live, streamError };
+}
+
+export function RunPage({ id }: { id: string }) {
+  const [run, setRun] = useState<Run>();
+  const [loadError, setLoadError] = useState<string>();
+  useEffect(() => {
+    setRun(undefined);
+    setLoadError(undefined);
+    api.getRun(id).then(setRun, (error: unknown) => setLoadError(messageOf(error)));
+  }, [id]);
+  const { live, streamError } = useRunEvents(id, run);
+  const action = useAction();
+
+  const back = (
+    <p>
+      <Link href="/ui/runs">← Runs</Link>
+    </p>
+  );
+  if (!run || !live)
+    return (
+      <div class="page">
+        {back}
+        {loadError ? <ErrorNote message={loadError} /> : <Loading what="the run" />}
+      </div>
+    );
+
+  const cancel = async () => {
+    if (!confirm(`Cancel run "${run.name}"?`)) return;
+    await action.run(() => api.cancelRun(run.id));
+  };
+  const remove = async () => {
+    if (!confirm(`Delete run "${run.name}" and its model?`)) return;
+    if (await action.run(() => api.deleteRun(run.id))) navigate("/ui/runs");
+  };
+  const stats = live.stats;
+  const progress = stats.step !== undefined && stats.totalSteps ? stats.step / stats.totalSteps : undefined;
+  const of = (value: number | undefined, total: number | undefined) =>
+    value === undefined ? "—" : `${value}${total ? ` / ${total}` : ""}`;
+
+  return (
+    <div class="page">
+      {back}
+      <h1>
+        {run.name} <StatusBadge status={live.status} />
+      </h1>
+      <p class="muted">
+        {`Dataset ${run.datasetName} · ${run.ioPairsCount} IO pairs · created ${formatTime(run.createdAt)} · `}
+        <code>{run.id}</code>
+      </p>
+      <div class="toolbar">
+        {live.status === "READY" ? (
+          <Link href={`/ui/playground?model=${encodeURIComponent(run.id)}`} class="button primary">
+            Chat with this model
+          </Link>
+        ) : null}
+        {isLive(live.status) ? (
+          <button type="button" onClick={cancel} disabled={action.busy}>
+            Cancel run
+          </button>
+        ) : null}
+        {live.status !== "DELETED" ? (
+          <button type="button" class="danger" onClick={remove} disabled={action.busy}>
+            Delete run
+          </button>
+        ) : null}
+      </div>
+      <ErrorNote message={action.error} />
+      {live.error ? (
+        <p class="note error" role="alert">
+          <strong>Failed: </strong>
+          {live.error}
+        </p>
+      ) : null}
+      {streamError ? (
+        <p class="note" role="status">
+          {streamError}
+        </p>
+      ) : null}
+      {live.status === "DELETED" ? (
+        <p class="note" role="status">
+          This run was deleted.
+        </p>
+      ) : null}
+      <h2>Progress</h2>
+      {progress !== undefined ? (
+        <progress max={1} value={progress} aria-label="Training progress" class="wide-progress" />
+      ) : null}
+      <dl class="stats" aria-live="off">
+        <Stat label="Step" value={of(stats.step, stats.totalSteps)} />
+        <Stat label="Epoch" value={of(stats.epoch, stats.epochs)} />
+        <Stat label="Train loss" value={formatNumber(stats.trainLoss)} />
+        <Stat label="Eval loss" value={formatNumber(stats.evalLoss)} />
+        <Stat label="Tokens / s" value={formatNumber(stats.tokensPerSecond, 3)} />
+        <Stat label="Elapsed" value={formatDuration(stats.elapsedSeconds)} />
+        <Stat label="ETA" value={live.status === "RUNNING" ? formatDuration(stats.etaSeconds) : "—"} />
+        <Stat
+          label="Best epoch"
+          value={typeof stats.bestEpoch === "number" ? String(stats.bestEpoch) : "—"}
+        />
+      </dl>
+      {stats.warnings && stats.warnings.length > 0 ? (
+        <div class="note" role="status">
+          <strong>Warnings</strong>
+          <ul>
+            {stats.warnings.map((warning, i) => (
+              <li key={i}>{warning}</li>
+            ))}
+          </ul>
+        </div>
+      ) : null}
+      <h2>Loss</h2>
+      <LossChart stats={stats} />
+      {live.status === "READY" ? <WorstExamples runId={run.id} /> : null}
+      <h2>Log</h2>
+      <LogTail lines={live.logs} />
+      <h2>Configuration</h2>
+      <dl class="config">
+        {Object.entries(run.config).map(([key, value]) => (
+          <Stat key={key} label={key} value={configValue(value)} />
+        ))}
+      </dl>
+    </div>
+  );
+}
+
+function Stat({ label, value }: { label: string; value: string }) {
+  return (
+    <div>
+      <dt>{label}</dt>
+      <dd>{value}</dd>
+    </div>
+  );
+}
+
+/** A config value in words: lists joined by commas, nothing as a dash. */
+function configValue(value: unknown): string {
+  const text = Array.isArray(value)
+    ? value.join(", ")
+    : value === null || value === undefined
+      ? ""
+      : String(value);
+  return text === "" ? "—" : text;
+}
+
+/** How many of a READY run's examples the page shows, the worst learned first. */
+const worstCount = 10;
+
+const exampleColumns: Column<RunExample>[] = [
+  { label: "Loss", num: true, cell: (e) => (e.loss === null ? "—" : formatNumber(e.loss)) },
+  { label: "Split", cell: (e) => e.split },
+  { label: "#", num: true, cell: (e) => e.index },
+  { label: "Input", cell: (e) => e.input },
+  { label: "Output", cell: (e) => e.output },
+];
+
+/**
+ * The examples a READY run learned worst (highest loss under the served weights). A run without
+ * them (trained before Conduit measured them) is a 409, said as a plain note rather than an error.
+ */
+function WorstExamples({ runId }: { runId: string }) {
+  const [state, setState] = useState<{ examples?: RunExample[]; missing?: string; error?: string }>({});
+  useEffect(() => {
+    let current = true;
+    setState({});
+    api.listExamples(runId, { sort: "loss", limit: worstCount }).then(
+      ({ items }) => current && setState({ examples: items }),
+      (error: unknown) =>
+        current &&
+        setState(
+          error instanceof ApiError && error.status === 409
+            ? { missing: error.message }
+            : { error: messageOf(error) },
+        ),
+    );
+    return () => {
+      current = false;
+    };
+  }, [runId]);
+  return (
+    <section aria-labelledby="worst-examples">
+      <h2 id="worst-examples">Worst examples</h2>
+      <ErrorNote message={state.error} />
+      {state.missing ? (
+        <p class="muted">{state.missing}</p>
+      ) : (
+        <Table
+          label="Worst examples"
+          class="pairs"
+          columns={exampleColumns}
+          rows={state.examples}
+          rowKey={(e) => `${e.split}-${e.index}`}
+          loading={state.error ? undefined : "the examples"}
+          empty="This run has no examples to show."
+        />
+      )}
+    </section>
+  );
+}
+
+/** The log's last lines, kept scrolled to the bottom unless the reader scrolled up. */
+function LogTail({ lines }: { lines: string[] }) {
+  const element = useRef<HTMLPreElement>(null);
+  const pinned = useRef(true);
+  useEffect(() => {
+    const pre = element.current;
+    if (pre && pinned.current) pre.scrollTop = pre.scrollHeight;
+  }, [lines]);
+  return (
+    <pre
+      ref={element}
+      class="log"
+      tabIndex={0}
+      aria-label="Run log"
+      onScroll={(event) => {
+        const pre = event.currentTarget;
+        pinned.current = pre.scrollHeight - pre.scrollTop - pre.clientHeight < 24;
+      }}
+    >
+      {lines.length > 0 ? lines.join("\n") : "No log lines yet."}
+    </pre>
+  );
+}
