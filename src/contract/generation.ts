@@ -74,6 +74,9 @@ export const ConduitSampling = {
  * `response_format`, OpenAI's shape: `text` (free text, the default), `json_object` (any JSON object) or
  * `json_schema` (a value matching `json_schema.schema`), enforced by a grammar while sampling.
  */
+/** The names OpenAI takes for a function or a response format: letters, digits, `_` and `-`, at most 64. */
+const openAiName = "^[a-zA-Z0-9_-]{1,64}$";
+
 export const ResponseFormat = Type.Union(
   [
     Type.Object({ type: Type.Literal("text") }, { additionalProperties: false }),
@@ -84,7 +87,7 @@ export const ResponseFormat = Type.Union(
         json_schema: Type.Object(
           {
             name: Type.String({
-              pattern: "^[a-zA-Z0-9_-]{1,64}$",
+              pattern: openAiName,
               description: "The format's name: letters, digits, `_` and `-`, at most 64. Not used.",
             }),
             description: Nullable(Type.String(), { description: "Not used." }),
@@ -464,7 +467,7 @@ const OpenAiTextPart = Type.Object(
 );
 
 const FunctionName = Type.String({
-  pattern: "^[a-zA-Z0-9_-]{1,64}$",
+  pattern: openAiName,
   description: "Letters, digits, `_` and `-`, at most 64.",
 });
 

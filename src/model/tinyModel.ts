@@ -1,4 +1,5 @@
 import { gguf, writeGguf, type GgufMetadataValue, type GgufTensor } from "./gguf/GgufWriter.ts";
+import { seededRandom } from "../random.ts";
 
 export interface TinyModelOptions {
   /** Width of the residual stream (`llama.embedding_length`). Defaults to `64`. */
@@ -204,7 +205,7 @@ export async function createTinyModel(
     "tokenizer.chat_template": gguf.str(options.chatTemplate ?? TINY_CHAT_TEMPLATE),
   };
 
-  const random = uniformRandom(seed);
+  const random = seededRandom(seed);
   // Weights uniform in ±0.02·√3 (standard deviation 0.02, as GPT-2 and Llama initialise); norms at 1.
   const weight = (name: string, inputs: number, outputs: number): GgufTensor => ({
     name,
@@ -271,19 +272,4 @@ function* randomRows(
     for (let i = 0; i < rowLength; i++) row[i] = (random() * 2 - 1) * limit;
     yield row;
   }
-}
-
-/**
- * Uniform numbers in [0, 1) from mulberry32. Only integer arithmetic and one division: unlike
- * `Math.random`-style Box–Muller with `Math.log`/`Math.cos`, the result is bit-identical on every
- * platform and Node version, so a seed always names the same file.
- */
-function uniformRandom(seed: number): () => number {
-  let state = seed >>> 0;
-  return () => {
-    state = (state + 0x6d2b79f5) | 0;
-    let t = Math.imul(state ^ (state >>> 15), 1 | state);
-    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
 }

@@ -12,7 +12,7 @@ import readline from "node:readline";
 import type { DatasetService } from "../datasets/DatasetService.ts";
 import type { IoPair } from "../datasets/ioPairs.ts";
 import type { ModelRef } from "../model/types.ts";
-import { seededRandom, shuffledOrder } from "./random.ts";
+import { seededRandom, shuffledOrder } from "../random.ts";
 import { prepareExample, type PreparedExample, type SampleOptions } from "./samples.ts";
 
 export interface ExampleFiles {

@@ -42,7 +42,7 @@ import {
   type Pointer,
 } from "./llamaLib.ts";
 import { packWindows, planWindows, type TokenizedSample, type TrainingWindow } from "./packWindows.ts";
-import { seededRandom, shuffledIndices } from "../random.ts";
+import { seededRandom, shuffledIndices } from "../../random.ts";
 import { jobSamples, TokenStore } from "./sampleStore.ts";
 import { CheckpointDir, jobFingerprint } from "./checkpoint.ts";
 import { deviceMemory, GpuMemoryWatch, gpuDevices, OffloadAudit } from "./devices.ts";
