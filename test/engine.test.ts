@@ -547,6 +547,28 @@ describe("LlamaEngine, prompt threads", () => {
   });
 });
 
+describe("LlamaEngine, batch size", () => {
+  test("a prompt longer than batchSize is evaluated in chunks beside a running stream, with the same greedy answers", async () => {
+    const long = "The quick brown fox jumps over the lazy dog. ".repeat(3);
+    const requests = [
+      { prompt: "Once upon a time", sampling: greedy(24) },
+      { prompt: long, sampling: greedy(12) },
+    ];
+    const answers = [];
+    // batchSize 8: the long prompt takes several steps, each next to the first request's generated token.
+    for (const batchSize of [512, 8]) {
+      const engine = createLlamaEngine({ contextSize: 256, parallelSequences: 2, batchSize, ...shared() });
+      try {
+        answers.push(await Promise.all(requests.map((r) => engine.generate({ model, ...r }))));
+      } finally {
+        await engine.dispose();
+      }
+    }
+    assert.ok(answers[0]![1]!.promptTokens > 3 * 8);
+    assert.deepEqual(answers[1], answers[0]);
+  });
+});
+
 describe("LlamaEngine, prefix cache", () => {
   const system = {
     role: "system" as const,

@@ -43,8 +43,10 @@ interface Generation {
    * decodes, never while one runs) and set `pending`, `position`, `fed` and `cachedTokens`.
    */
   placed: boolean;
-  /** Tokens still to be evaluated: the prompt (in chunks), then each sampled token. */
-  pending: number[];
+  /** Tokens still to be evaluated: the prompt (in chunks), then each sampled token (in `next`). */
+  pending: Uint32Array;
+  /** The one-token buffer `pending` points at while generating, reused every step. */
+  next: Uint32Array;
   /** Position of the next token in the sequence. */
   position: number;
   /** The tokens in the sequence's KV cache (`position` of them), kept for the next request on it. */
@@ -102,6 +104,8 @@ export class SequenceBatcher {
   /** The tokens still in the KV cache of each free sequence (absent: empty), for prefix reuse. */
   private readonly cached = new Map<number, number[]>();
   private readonly active = new Set<Generation>();
+  /** Whether a token ends generation, by token (`isEogToken` is a native call; the vocabulary does not change). */
+  private readonly eog = new Map<number, boolean>();
   private readonly waiters: Waiter[] = [];
   private stepping = false;
   /** Resolves when the step loop has stopped (used by unload and dispose). */
@@ -279,7 +283,8 @@ export class SequenceBatcher {
         sampler,
         prompt,
         placed: false,
-        pending: [],
+        pending: EMPTY,
+        next: new Uint32Array(1),
         position: 0,
         fed: [],
         cachedTokens: 0,
@@ -341,7 +346,7 @@ export class SequenceBatcher {
       settle(gen, () => gen.reject(error));
       return;
     }
-    gen.pending = gen.prompt.slice(reused);
+    gen.pending = Uint32Array.from(gen.prompt.slice(reused));
     gen.position = reused;
     gen.fed = gen.prompt.slice(0, reused);
     gen.cachedTokens = reused;
@@ -402,6 +407,16 @@ export class SequenceBatcher {
    */
   private async stepLoop(): Promise<void> {
     const ctx = this.native.context;
+    const maxBatch = Math.min(this.batchSize, this.context.batchSize);
+    // Reused every step (the native calls copy what they read): no batch objects, token arrays or sort per step
+    // while every sequence is generating.
+    const batch: Generation[] = [];
+    const takes: number[] = [];
+    const logitAt: number[] = [];
+    const byId: number[] = [];
+    const sampleAt: Generation[] = [];
+    const sampleIndex: number[] = [];
+    const pending: Promise<number>[] = [];
     while (this.active.size > 0) {
       for (const gen of this.active) if (gen.settled) this.releaseSequence(gen);
       for (const gen of this.active) if (!gen.placed) this.place(gen);
@@ -409,51 +424,93 @@ export class SequenceBatcher {
       if (this.active.size === 0) break;
 
       // Generating sequences (one pending token) first, so a long new prompt cannot stall running streams.
-      const order = [...this.active].sort((a, b) => a.pending.length - b.pending.length);
-      const batch: { gen: Generation; tokens: number[]; logits: boolean }[] = [];
-      let budget = Math.min(this.batchSize, this.context.batchSize);
-      for (const gen of order) {
-        if (budget === 0) break;
-        const take = Math.min(gen.pending.length, budget);
-        const tokens = gen.pending.slice(0, take);
-        batch.push({ gen, tokens, logits: take === gen.pending.length });
-        budget -= take;
+      batch.length = 0;
+      takes.length = 0;
+      let budget = maxBatch;
+      let prompts = false;
+      for (const gen of this.active) {
+        if (gen.pending.length > 1) prompts = true;
+        else if (budget > 0 && gen.pending.length === 1) {
+          batch.push(gen);
+          takes.push(1);
+          budget--;
+        }
       }
-      const total = batch.reduce((n, item) => n + item.tokens.length, 0);
+      if (prompts) {
+        // Then the prompts, shortest first (a stable sort, as before: equal lengths keep their arrival order).
+        const waiting = [...this.active].filter((g) => g.pending.length > 1);
+        waiting.sort((a, b) => a.pending.length - b.pending.length);
+        for (const gen of waiting) {
+          if (budget === 0) break;
+          const take = Math.min(gen.pending.length, budget);
+          batch.push(gen);
+          takes.push(take);
+          budget -= take;
+        }
+      }
+      const total = maxBatch - budget;
       // Only changes a field of the llama.cpp context when the count differs; no threads are kept between steps.
       if (this.promptThreads !== this.threads)
         ctx.setThreads(total >= PROMPT_BATCH_TOKENS ? this.promptThreads : this.threads);
 
-      const sampleAt: { gen: Generation; index: number }[] = [];
+      sampleAt.length = 0;
+      sampleIndex.length = 0;
       try {
         ctx.initBatch(total);
-        for (const item of batch) {
-          const logitIndexes = item.logits ? Uint32Array.of(item.tokens.length - 1) : new Uint32Array(0);
-          const indexes = ctx.addToBatch(
-            item.gen.sequenceId,
-            item.gen.position,
-            Uint32Array.from(item.tokens),
-            logitIndexes,
-          );
-          item.gen.position += item.tokens.length;
-          item.gen.pending = item.gen.pending.slice(item.tokens.length);
-          item.gen.fed.push(...item.tokens);
-          const index = indexes[0];
-          if (item.logits && index !== undefined) sampleAt.push({ gen: item.gen, index });
+        // Tokens go into the batch by sequence id: llama.cpp's per-sequence KV streams make a decode of the same
+        // tokens in another sequence order much slower (SmolLM2-135M, 8 sequences of one token: 57 ms in id
+        // order, 81 ms shuffled). Sampling and streaming keep the order of `batch`.
+        byId.length = 0;
+        for (let i = 0; i < batch.length; i++) byId.push(i);
+        byId.sort((a, b) => batch[a]!.sequenceId - batch[b]!.sequenceId);
+        logitAt.length = batch.length;
+        for (const i of byId) {
+          const gen = batch[i]!;
+          const take = takes[i]!;
+          const logits = take === gen.pending.length;
+          // addToBatch copies the tokens into llama.cpp's batch: views and shared arrays are safe.
+          const tokens = logits ? gen.pending : gen.pending.subarray(0, take);
+          const logitIndexes = !logits ? NONE : take === 1 ? FIRST : Uint32Array.of(take - 1);
+          const indexes = ctx.addToBatch(gen.sequenceId, gen.position, tokens, logitIndexes);
+          gen.position += take;
+          if (take === 1) gen.fed.push(gen.pending[0]!);
+          else for (let t = 0; t < take; t++) gen.fed.push(gen.pending[t]!);
+          gen.pending = take === gen.pending.length ? EMPTY : gen.pending.subarray(take);
+          logitAt[i] = logits ? (indexes[0] ?? -1) : -1;
+        }
+        for (let i = 0; i < batch.length; i++) {
+          if (logitAt[i]! < 0) continue;
+          sampleAt.push(batch[i]!);
+          sampleIndex.push(logitAt[i]!);
         }
         await ctx.decodeBatch();
-        // Sampling runs on libuv's pool, one job per sequence, concurrently.
-        const tokens = await Promise.all(
-          sampleAt.map(({ gen, index }) =>
-            gen.logprobs ? this.sampleWithLogprobs(gen, index) : ctx.sampleToken(index, gen.sampler),
-          ),
-        );
-        for (let i = 0; i < sampleAt.length; i++) this.accept(sampleAt[i]!.gen, tokens[i]!);
+        if (sampleAt.length === 1) {
+          // One sequence (a single stream): no Promise.all round.
+          const gen = sampleAt[0]!;
+          const index = sampleIndex[0]!;
+          this.accept(
+            gen,
+            await (gen.logprobs ? this.sampleWithLogprobs(gen, index) : ctx.sampleToken(index, gen.sampler)),
+          );
+        } else {
+          // Sampling runs on libuv's pool, one job per sequence, concurrently.
+          pending.length = 0;
+          for (let i = 0; i < sampleAt.length; i++) {
+            const gen = sampleAt[i]!;
+            pending.push(
+              gen.logprobs
+                ? this.sampleWithLogprobs(gen, sampleIndex[i]!)
+                : ctx.sampleToken(sampleIndex[i]!, gen.sampler),
+            );
+          }
+          const tokens = await Promise.all(pending);
+          for (let i = 0; i < sampleAt.length; i++) this.accept(sampleAt[i]!, tokens[i]!);
+        }
       } catch (error) {
         // A failed decode leaves these sequences in an unknown state: fail them (and free their slots).
-        for (const item of batch) {
-          item.gen.cacheInvalid = true;
-          settle(item.gen, () => item.gen.reject(error));
+        for (const gen of batch) {
+          gen.cacheInvalid = true;
+          settle(gen, () => gen.reject(error));
         }
         this.logger("error", `decode failed: ${error instanceof Error ? error.message : error}`);
       }
@@ -469,7 +526,7 @@ export class SequenceBatcher {
     const ctx = this.native.context;
     const token = await ctx.sampleToken(index, gen.sampler);
     state.next = undefined;
-    if (token < 0 || this.model.isEogToken(token as Token)) return token;
+    if (this.isEog(token)) return token;
     const [, , , pairs, weight] = await ctx.sampleToken(
       index,
       state.sampler,
@@ -495,7 +552,7 @@ export class SequenceBatcher {
 
   private accept(gen: Generation, token: number): void {
     if (gen.settled) return;
-    if (token < 0 || this.model.isEogToken(token as Token)) return this.finish(gen, "stop");
+    if (this.isEog(token)) return this.finish(gen, "stop");
     gen.completionTokens++;
     if (gen.logprobs?.next)
       gen.logprobs.entries.push({ entry: gen.logprobs.next, start: gen.output.decodedLength });
@@ -504,7 +561,16 @@ export class SequenceBatcher {
     if (gen.settled) return;
     if (gen.output.stopped) return this.finish(gen, "stop");
     if (gen.completionTokens >= gen.maxTokens) return this.finish(gen, "length");
-    gen.pending = [token];
+    gen.next[0] = token;
+    gen.pending = gen.next;
+  }
+
+  /** A sampled token that ends the generation (-1: the sampler found none). */
+  private isEog(token: number): boolean {
+    if (token < 0) return true;
+    let eog = this.eog.get(token);
+    if (eog === undefined) this.eog.set(token, (eog = this.model.isEogToken(token as Token)));
+    return eog;
   }
 
   /** Streams `piece` with the log probabilities of the tokens whose text now starts in the streamed text. */
@@ -541,6 +607,12 @@ export class SequenceBatcher {
     this.releaseSequence(gen);
   }
 }
+
+const EMPTY = new Uint32Array(0);
+/** No logits wanted (`addToBatch`'s logit indexes). */
+const NONE = new Uint32Array(0);
+/** The logits of the first (only) token. */
+const FIRST = Uint32Array.of(0);
 
 /** Shorter shared prefixes are not worth taking a sequence that holds another conversation's cache. */
 const MIN_REUSED_PREFIX = 16;
