@@ -5,9 +5,7 @@ import os from "node:os";
 import path from "node:path";
 import { Writable } from "node:stream";
 import { test } from "node:test";
-import type { FastifyInstance } from "fastify";
 import { sql } from "kysely";
-import type { Core } from "../src/core.ts";
 import { BlobStore } from "../src/store/BlobStore.ts";
 import { asAlice, buildTestApp, createDataset, testEnv } from "./helper.ts";
 
@@ -106,13 +104,9 @@ test("a full disk fails uploads with 507 insufficient_storage and stores nothing
   }
 });
 
-function coreOf(app: FastifyInstance): Core {
-  return (app as unknown as { conduit: Core }).conduit;
-}
-
 test("a full database fails writes with 507 insufficient_storage; reads go on", async (t) => {
-  const { app } = await buildTestApp(t, await testEnv(t));
-  const { kysely } = coreOf(app).db;
+  const { app, core } = await buildTestApp(t, await testEnv(t));
+  const { kysely } = core.db;
   // SQLite refuses to grow the database past this many pages: SQLITE_FULL, as on a full disk.
   const pages = await sql<{ page_count: number }>`PRAGMA page_count`.execute(kysely);
   await sql.raw(`PRAGMA max_page_count = ${pages.rows[0]?.page_count ?? 0}`).execute(kysely);

@@ -1,11 +1,11 @@
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import type { FastifyInstance } from "fastify";
+import type { FastifyInstance, InjectOptions, LightMyRequestResponse } from "fastify";
 import pg from "pg";
 import { buildApp } from "../src/api/buildApp.ts";
 import { loadConfig, type Config } from "../src/config.ts";
-import { createCore, type CoreOverrides } from "../src/core.ts";
+import { createCore, type Core, type CoreOverrides } from "../src/core.ts";
 import type { Engine } from "../src/engine/Engine.ts";
 import type { GenerationRequest, GenerationResult } from "../src/engine/types.ts";
 import { createTinyModel } from "../src/model/tinyModel.ts";
@@ -91,15 +91,16 @@ export async function buildTestApp(
   t: Cleanup,
   testEnvironment: TestEnv,
   overrides: CoreOverrides = {},
-): Promise<{ app: FastifyInstance; config: Config }> {
+): Promise<{ app: FastifyInstance; config: Config; core: Core }> {
   const config = loadConfig(testEnvironment.env);
   const core = await createCore(config, overrides);
   for (const seed of config.apiKeys) await core.keys.ensure(seed.key, seed.userId);
   const app = await buildApp(core);
-  // Tests reach into the core (e.g. to start the scheduler).
+  // Tests reach into the core (e.g. to start the scheduler) through `core`; the `conduit`
+  // decoration stays for tests that still read it off the app.
   app.decorate("conduit", core);
   t.after(() => app.close());
-  return { app, config };
+  return { app, config, core };
 }
 
 /** The usual case: a fresh app with users alice (KEY_A) and bob (KEY_B). */
@@ -114,16 +115,59 @@ export async function build(
 export const asAlice = { "x-api-key": KEY_A };
 export const asBob = { "x-api-key": KEY_B };
 
+/** A Fastify inject response whose `json<T>()` is typed. */
+export type Response = LightMyRequestResponse;
+
+/** Extra inject options for one request (headers are added to the key's). */
+export type RequestOptions = Omit<InjectOptions, "method" | "url" | "payload">;
+
+/**
+ * Requests as one caller: `as(app, KEY_A).post("/conduit/dataset", { name: "d" })`.
+ * `null` sends no key (anonymous).
+ */
+export function as(app: FastifyInstance, key: string | null) {
+  const send = (
+    method: InjectOptions["method"],
+    url: string,
+    payload?: unknown,
+    options: RequestOptions = {},
+  ) =>
+    app.inject({
+      ...options,
+      method,
+      url,
+      headers: { ...(key === null ? {} : { "x-api-key": key }), ...options.headers },
+      ...(payload === undefined ? {} : { payload: payload as InjectOptions["payload"] }),
+    });
+  return {
+    get: (url: string, options?: RequestOptions) => send("GET", url, undefined, options),
+    delete: (url: string, options?: RequestOptions) => send("DELETE", url, undefined, options),
+    post: (url: string, payload?: unknown, options?: RequestOptions) => send("POST", url, payload, options),
+    put: (url: string, payload?: unknown, options?: RequestOptions) => send("PUT", url, payload, options),
+    patch: (url: string, payload?: unknown, options?: RequestOptions) => send("PATCH", url, payload, options),
+  };
+}
+
 /** Creates a dataset for Alice and returns its record. */
 export async function createDataset(app: FastifyInstance, name = "d") {
-  const response = await app.inject({
-    method: "POST",
-    url: "/conduit/dataset",
-    headers: asAlice,
-    payload: { name },
-  });
+  const response = await as(app, KEY_A).post("/conduit/dataset", { name });
   if (response.statusCode !== 200) throw new Error(`creating dataset ${name}: ${response.body}`);
-  return response.json() as { id: string; name: string; ioPairsCount: number };
+  return response.json<{ id: string; name: string; ioPairsCount: number }>();
+}
+
+/**
+ * The one way to a dataset with pairs: a dataset of Alice's holding `pairs` in one uploaded
+ * file. Returns the dataset's and the file's ids.
+ */
+export async function datasetWithPairs(
+  app: FastifyInstance,
+  pairs: { input: string; output: string }[],
+  { name = "pairs", file = "p.jsonl" }: { name?: string; file?: string } = {},
+): Promise<{ id: string; fileId: string }> {
+  const ds = await createDataset(app, name);
+  const up = await as(app, KEY_A).post(`/conduit/dataset/${ds.id}/upload`, { name: file, ioPairs: pairs });
+  if (up.statusCode !== 200) throw new Error(`uploading to ${name}: ${up.body}`);
+  return { id: ds.id, fileId: up.json<{ id: string }>().id };
 }
 
 /** A dataset of Alice's holding `pairs` (one uploaded file); returns its id. */
@@ -132,49 +176,28 @@ export async function datasetOf(
   pairs: { input: string; output: string }[],
   name = "pairs",
 ): Promise<string> {
-  const ds = await createDataset(app, name);
-  const up = await app.inject({
-    method: "POST",
-    url: `/conduit/dataset/${ds.id}/upload`,
-    headers: asAlice,
-    payload: { name: "p.jsonl", ioPairs: pairs },
-  });
-  if (up.statusCode !== 200) throw new Error(`uploading to ${name}: ${up.body}`);
-  return ds.id;
+  return (await datasetWithPairs(app, pairs, { name })).id;
 }
 
 /** Creates a run of Alice's on the tiny model (`body` adds to or overrides that); returns its id. */
 export async function startRun(app: FastifyInstance, body: Record<string, unknown>): Promise<string> {
-  const res = await app.inject({
-    method: "POST",
-    url: "/conduit/finetuning",
-    headers: asAlice,
-    payload: { baseModelName: "tiny", ...body },
-  });
+  const res = await as(app, KEY_A).post("/conduit/finetuning", { baseModelName: "tiny", ...body });
   if (res.statusCode !== 200) throw new Error(`creating a run: ${res.body}`);
-  return res.json().id;
+  return res.json<{ id: string }>().id;
 }
 
 /** Alice's resources, for checking that nobody else can reach them. */
 export async function aliceWorld(app: FastifyInstance) {
-  const ds = await createDataset(app, "secret");
-  const file = (
-    await app.inject({
-      method: "POST",
-      url: `/conduit/dataset/${ds.id}/upload`,
-      headers: asAlice,
-      payload: { name: "a.jsonl", ioPairs: [{ input: "a", output: "b" }] },
-    })
-  ).json();
+  const { id: ds, fileId: file } = await datasetWithPairs(app, [{ input: "a", output: "b" }], {
+    name: "secret",
+    file: "a.jsonl",
+  });
   const run = (
-    await app.inject({
-      method: "POST",
-      url: "/conduit/finetuning",
-      headers: asAlice,
-      payload: { datasetID: ds.id, baseModelName: "tiny" },
-    })
-  ).json();
-  return { ds: ds.id as string, file: file.id as string, run: run.id as string };
+    await as(app, KEY_A).post("/conduit/finetuning", { datasetID: ds, baseModelName: "tiny" })
+  ).json<{
+    id: string;
+  }>();
+  return { ds, file, run: run.id };
 }
 
 /** Streams one token every 20 ms until its request is aborted: a generation that outlasts any test. */

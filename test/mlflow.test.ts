@@ -7,7 +7,6 @@ import path from "node:path";
 import { after, before, describe, test } from "node:test";
 import type { FastifyInstance } from "fastify";
 import { describeConfig, loadConfig } from "../src/config.ts";
-import type { Core } from "../src/core.ts";
 import { asAlice, backends, buildTestApp, datasetOf, startRun, testEnv } from "./helper.ts";
 
 /**
@@ -222,10 +221,6 @@ async function getRun(app: FastifyInstance, id: string): Promise<RunView> {
   return (await app.inject({ url: `/conduit/finetuning/${id}`, headers: asAlice })).json() as RunView;
 }
 
-function startScheduler(app: FastifyInstance) {
-  (app as unknown as { conduit: { scheduler: { start(): void } } }).conduit.scheduler.start();
-}
-
 const ended = (run: RunView) => ["READY", "FAILED", "CANCELLED"].includes(run.status);
 const tracking = { flushIntervalMs: 200 };
 const scheduler = { pollMs: 200, concurrency: 1 };
@@ -300,8 +295,8 @@ describe("runs mirrored to MLflow", () => {
       const ref = refOf(uri, created.trackerURL);
       await first.close();
 
-      const second = (await buildTestApp(t, env, { tracking, scheduler })).app;
-      startScheduler(second);
+      const { app: second, core } = await buildTestApp(t, env, { tracking, scheduler });
+      core.scheduler.start();
       const run = await until(`run ${id}`, () => getRun(second, id), ended, 240_000);
       assert.equal(run.status, "READY", run.logs.join("\n"));
       assert.equal(run.trackerURL, created.trackerURL);
@@ -386,7 +381,7 @@ describe("runs mirrored to MLflow", () => {
     if (typeof server === "string") return t.skip(server);
     const { uri } = server;
     const env = await testEnv(t, "sqlite", { CONDUIT_MLFLOW_TRACKING_URI: uri });
-    const { app } = await buildTestApp(t, env, { tracking });
+    const { app, core } = await buildTestApp(t, env, { tracking });
     const systemPrompt = "You answer in one word. ".repeat(300);
     const id = await startSmallRun(app, { epochs: 1, systemPrompt });
     const created = await until(
@@ -397,7 +392,6 @@ describe("runs mirrored to MLflow", () => {
     const ref = refOf(uri, created.trackerURL);
     // 300 progress reports at once, as a trainer far ahead of MLflow would send them: 1,500
     // points queued, more than the 1,000 one call may carry.
-    const core = (app as unknown as { conduit: Core }).conduit;
     for (let step = 1; step <= 300; step++)
       core.runs.events.emit("progress", id, {
         step,
@@ -432,8 +426,8 @@ describe("runs mirrored to MLflow", () => {
       CONDUIT_MLFLOW_TRACKING_URI: uri,
       CONDUIT_MLFLOW_EXPERIMENT: experimentName,
     });
-    const { app } = await buildTestApp(t, env, { tracking, scheduler });
-    startScheduler(app);
+    const { app, core } = await buildTestApp(t, env, { tracking, scheduler });
+    core.scheduler.start();
     const id = await startSmallRun(app, { epochs: 1000 });
     const running = await until(
       "the run to train",
@@ -469,8 +463,8 @@ describe("runs mirrored to MLflow", () => {
     });
     await mlflow(uri, "experiments/delete", { experiment_id });
     const env = await testEnv(t, "sqlite", { CONDUIT_MLFLOW_TRACKING_URI: uri });
-    const { app } = await buildTestApp(t, env, { tracking, scheduler });
-    startScheduler(app);
+    const { app, core } = await buildTestApp(t, env, { tracking, scheduler });
+    core.scheduler.start();
     const id = await startSmallRun(app, { epochs: 2, trackerProject: project });
     const run = await until(`run ${id}`, () => getRun(app, id), ended, 240_000);
     assert.equal(run.status, "READY", run.logs.join("\n"));
@@ -486,11 +480,11 @@ describe("runs mirrored to MLflow", () => {
     if (typeof server === "string") return t.skip(server);
     const { uri } = server;
     const env = await testEnv(t, "sqlite", { CONDUIT_MLFLOW_TRACKING_URI: uri });
-    const { app } = await buildTestApp(t, env, {
+    const { app, core } = await buildTestApp(t, env, {
       tracking: { ...tracking, maxAttempts: 3, retryDelayMs: 100 },
       scheduler,
     });
-    startScheduler(app);
+    core.scheduler.start();
     // Long enough to go on training for a while after MLflow has stopped (0.1 s a step here).
     const id = await startSmallRun(app, { epochs: 200 });
     const running = await until(

@@ -30,8 +30,7 @@ for (const backend of backends()) {
 test("/metrics: the first-start key reads it by default; CONDUIT_METRICS_USERS names others or *", async (t) => {
   const env = await testEnv(t, "sqlite", { CONDUIT_API_KEYS: "", CONDUIT_METRICS_USERS: "" });
   assert.deepEqual(loadConfig(env.env).metricsUsers, ["default"]);
-  const { app } = await buildTestApp(t, env);
-  const core = (app as unknown as { conduit: Awaited<ReturnType<typeof createCore>> }).conduit;
+  const { app, core } = await buildTestApp(t, env);
   const key = await bootstrapKeys(core);
   assert.equal((await app.inject({ url: "/metrics", headers: { "x-api-key": key ?? "" } })).statusCode, 200);
   const { key: carol } = await core.keys.create("carol");
@@ -126,8 +125,7 @@ test(
   { timeout: 60_000 },
   async (t) => {
     const env = await testEnv(t);
-    const { app } = await buildTestApp(t, env, { scheduler: { pollMs: 200, concurrency: 1 } });
-    const core = (app as unknown as { conduit: Awaited<ReturnType<typeof createCore>> }).conduit;
+    const { app, core } = await buildTestApp(t, env, { scheduler: { pollMs: 200, concurrency: 1 } });
     const ds = await core.datasets.create("alice", "d");
     await core.datasets.upload("alice", ds.id, {
       name: "a.jsonl",
