@@ -7,7 +7,7 @@ import { Writable } from "node:stream";
 import { test } from "node:test";
 import { sql } from "kysely";
 import { BlobStore } from "../src/store/BlobStore.ts";
-import { asAlice, buildTestApp, createDataset, testEnv } from "./helper.ts";
+import { asAlice, buildTestApp, createDataset, testEnv, as, KEY_A } from "./helper.ts";
 
 /** A blob store on a disk that has `free` bytes left: a write past them fails with ENOSPC. */
 class FullDisk extends BlobStore {
@@ -85,9 +85,9 @@ test("a full disk fails uploads with 507 insufficient_storage and stores nothing
     });
     assertOutOfSpace(response, `${upload.url} ${upload.headers["content-type"] ?? "json"}`);
   }
-  const files = await app.inject({ url: `/conduit/dataset/${ds.id}/files`, headers: asAlice });
+  const files = await as(app, KEY_A).get(`/conduit/dataset/${ds.id}/files`);
   assert.deepEqual(files.json(), []);
-  const dataset = await app.inject({ url: `/conduit/dataset/${ds.id}`, headers: asAlice });
+  const dataset = await as(app, KEY_A).get(`/conduit/dataset/${ds.id}`);
   assert.equal(dataset.json().ioPairsCount, 0);
   assert.deepEqual(fs.readdirSync(path.join(env.dataDir, "blobs", ".tmp")), [], "no temp file is left");
 
@@ -114,18 +114,15 @@ test("a full database fails writes with 507 insufficient_storage; reads go on", 
   let created = 0;
   let full: Awaited<ReturnType<typeof app.inject>> | undefined;
   for (let i = 0; i < 1000 && !full; i++) {
-    const response = await app.inject({
-      method: "POST",
-      url: "/conduit/dataset",
-      headers: asAlice,
-      payload: { name: `dataset ${i} ${"x".repeat(200)}` },
+    const response = await as(app, KEY_A).post("/conduit/dataset", {
+      name: `dataset ${i} ${"x".repeat(200)}`,
     });
     if (response.statusCode === 200) created++;
     else full = response;
   }
   assert.ok(full, "the database filled up");
   assertOutOfSpace(full, "POST /conduit/dataset");
-  const list = await app.inject({ url: "/conduit/dataset?limit=1000", headers: asAlice });
+  const list = await as(app, KEY_A).get("/conduit/dataset?limit=1000");
   assert.equal(list.statusCode, 200);
   assert.equal(list.json().length, created, "the refused dataset was not stored");
 });
