@@ -10,6 +10,8 @@ import {
   createDataset,
   KEY_A,
   testEnv,
+  as,
+  KEY_B,
 } from "./helper.ts";
 import type { CoreOverrides } from "../src/core.ts";
 
@@ -79,16 +81,13 @@ for (const backend of backends()) {
       const owner = await app.inject({ method: e.method, url: e.url, headers: asAlice, payload });
       assert.equal(owner.statusCode, 409, `the owner is told the run is not READY: ${owner.body}`);
     }
-    assert.deepEqual((await app.inject({ url: "/conduit/dataset", headers: asBob })).json(), []);
-    assert.deepEqual((await app.inject({ url: "/conduit/finetuning", headers: asBob })).json(), []);
+    assert.deepEqual((await as(app, KEY_B).get("/conduit/dataset")).json(), []);
+    assert.deepEqual((await as(app, KEY_B).get("/conduit/finetuning")).json(), []);
     // Alice still has everything, untouched.
-    const ds = (await app.inject({ url: `/conduit/dataset/${world.ds}`, headers: asAlice })).json();
+    const ds = (await as(app, KEY_A).get(`/conduit/dataset/${world.ds}`)).json();
     assert.equal(ds.name, "secret");
     assert.equal(ds.ioPairsCount, 1);
-    assert.equal(
-      (await app.inject({ url: `/conduit/finetuning/${world.run}`, headers: asAlice })).json().status,
-      "QUEUED",
-    );
+    assert.equal((await as(app, KEY_A).get(`/conduit/finetuning/${world.run}`)).json().status, "QUEUED");
   });
 
   test(`auth: every endpoint needs a valid key, in any of the accepted headers (${backend})`, async (t) => {
@@ -125,7 +124,7 @@ for (const backend of backends()) {
       const res = await app.inject({ url: "/conduit/dataset", headers });
       assert.equal(res.statusCode, 200, JSON.stringify(headers));
     }
-    const unknownRoute = await app.inject({ url: "/conduit/nothing", headers: asAlice });
+    const unknownRoute = await as(app, KEY_A).get("/conduit/nothing");
     assert.equal(unknownRoute.statusCode, 404);
     assert.equal(unknownRoute.json().error.code, "not_found");
   });
@@ -228,28 +227,20 @@ for (const backend of backends()) {
       assert.equal(res.json().error.code, "invalid_request", label);
       assert.equal(res.json().error.param, e.param, `${label} → ${res.body}`);
     }
-    const named = await app.inject({
-      method: "POST",
-      url: "/conduit/dataset",
-      headers: asAlice,
-      payload: { name: "x\u0000" },
-    });
+    const named = await as(app, KEY_A).post("/conduit/dataset", { name: "x\u0000" });
     assert.match(named.json().error.message, /"name" must not contain control characters/);
-    const prompt = await app.inject({
-      method: "POST",
-      url: "/conduit/finetuning",
-      headers: asAlice,
-      payload: { datasetID: world.ds, baseModelName: "tiny", systemPrompt: "line one\nline two" },
+    const prompt = await as(app, KEY_A).post("/conduit/finetuning", {
+      datasetID: world.ds,
+      baseModelName: "tiny",
+      systemPrompt: "line one\nline two",
     });
     assert.equal(prompt.statusCode, 200, "a system prompt may span lines");
     assert.deepEqual(
-      (await app.inject({ url: "/conduit/dataset", headers: asAlice }))
-        .json()
-        .map((d: { name: string }) => d.name),
+      (await as(app, KEY_A).get("/conduit/dataset")).json().map((d: { name: string }) => d.name),
       ["secret"],
     );
-    assert.equal((await app.inject({ url: "/conduit/finetuning", headers: asAlice })).json().length, 2);
-    const files = await app.inject({ url: `/conduit/dataset/${world.ds}/files`, headers: asAlice });
+    assert.equal((await as(app, KEY_A).get("/conduit/finetuning")).json().length, 2);
+    const files = await as(app, KEY_A).get(`/conduit/dataset/${world.ds}/files`);
     assert.equal(files.json().length, 1);
   });
 }
@@ -286,7 +277,7 @@ test("a 5xx body never carries internal text", async (t) => {
   app.get("/boom", async () => {
     throw new Error("secret database password in stack");
   });
-  const res = await app.inject({ url: "/boom", headers: asAlice });
+  const res = await as(app, KEY_A).get("/boom");
   assert.equal(res.statusCode, 500);
   assert.deepEqual(res.json(), {
     error: { message: "internal server error", type: "server_error", param: null, code: "internal_error" },
@@ -309,18 +300,13 @@ for (const backend of backends()) {
     const world = await aliceWorld(first.app);
     await first.app.close();
     const second = await buildTestApp(t, env, models);
-    const ds = (await second.app.inject({ url: `/conduit/dataset/${world.ds}`, headers: asAlice })).json();
+    const ds = (await as(second.app, KEY_A).get(`/conduit/dataset/${world.ds}`)).json();
     assert.equal(ds.ioPairsCount, 1);
     const pairs = (
-      await second.app.inject({
-        url: `/conduit/dataset/${world.ds}/file/${world.file}/pairs`,
-        headers: asAlice,
-      })
+      await as(second.app, KEY_A).get(`/conduit/dataset/${world.ds}/file/${world.file}/pairs`)
     ).json();
     assert.deepEqual(pairs, [{ input: "a", output: "b", line: 1 }]);
-    const run = (
-      await second.app.inject({ url: `/conduit/finetuning/${world.run}`, headers: asAlice })
-    ).json();
+    const run = (await as(second.app, KEY_A).get(`/conduit/finetuning/${world.run}`)).json();
     assert.equal(run.status, "QUEUED");
   });
 }
