@@ -8,7 +8,7 @@ import type { OpenAPI } from "openapi-types";
 import { runStatuses } from "../src/contract/runs.ts";
 import type { RunWire } from "../src/contract/schemas.ts";
 import { unsupportedJsonSchema } from "../src/engine/grammars.ts";
-import { aliceWorld, asAlice, build, createDataset } from "./helper.ts";
+import { aliceWorld, asAlice, build, createDataset, as, KEY_A } from "./helper.ts";
 
 type Operation = {
   parameters?: { name: string; in: string; required?: boolean }[];
@@ -147,7 +147,7 @@ test("a Content-Type other than JSON on a JSON endpoint is 415", async (t) => {
 
 test("a path id over its limit is a 400 naming it; a path segment over 1024 characters a 414", async (t) => {
   const { app } = await build(t);
-  const tooLong = await app.inject({ url: `/conduit/dataset/${"x".repeat(129)}`, headers: asAlice });
+  const tooLong = await as(app, KEY_A).get(`/conduit/dataset/${"x".repeat(129)}`);
   assert.equal(tooLong.statusCode, 400, tooLong.body);
   assert.equal(tooLong.json().error.param, "dataset_id");
   for (const url of [
@@ -170,13 +170,13 @@ test("a path id over its limit is a 400 naming it; a path segment over 1024 char
     });
   }
   // A model name may be 256 characters: an ordinary 404.
-  const model = await app.inject({ url: `/v1/models/${"m".repeat(256)}`, headers: asAlice });
+  const model = await as(app, KEY_A).get(`/v1/models/${"m".repeat(256)}`);
   assert.equal(model.statusCode, 404, model.body);
 });
 
 test("a method a path does not take is a 405 with Allow; an unknown path stays a 404", async (t) => {
   const { app } = await build(t);
-  const put = await app.inject({ method: "PUT", url: "/conduit/dataset", headers: asAlice });
+  const put = await as(app, KEY_A).put("/conduit/dataset");
   assert.equal(put.statusCode, 405, put.body);
   assert.equal(put.json().error.code, "method_not_allowed");
   assert.deepEqual(put.headers.allow?.toString().split(", ").sort(), ["GET", "HEAD", "POST"]);
@@ -188,7 +188,7 @@ test("a method a path does not take is a 405 with Allow; an unknown path stays a
   });
   assert.equal(query.statusCode, 405, query.body);
   assert.deepEqual(query.headers.allow?.toString().split(", ").sort(), ["DELETE", "GET", "HEAD", "PATCH"]);
-  const unknown = await app.inject({ method: "PUT", url: "/conduit/nothing", headers: asAlice });
+  const unknown = await as(app, KEY_A).put("/conduit/nothing");
   assert.equal(unknown.statusCode, 404);
   // Without a key, neither says whether the path exists.
   assert.equal((await app.inject({ method: "PUT", url: "/conduit/dataset" })).statusCode, 401);
@@ -197,11 +197,7 @@ test("a method a path does not take is a 405 with Allow; an unknown path stays a
 test("an upload without a body is a 400 saying how to send one", async (t) => {
   const { app } = await build(t);
   const ds = await createDataset(app);
-  const response = await app.inject({
-    method: "POST",
-    url: `/conduit/dataset/${ds.id}/upload`,
-    headers: asAlice,
-  });
+  const response = await as(app, KEY_A).post(`/conduit/dataset/${ds.id}/upload`);
   assert.equal(response.statusCode, 400, response.body);
   assert.equal(response.json().error.param, "file");
   assert.match(response.json().error.message, /the upload has no body/);
@@ -255,7 +251,7 @@ test("an uploaded file that is not UTF-8 is refused naming the line, and nothing
       `${upload.name}: line ${upload.line}: invalid UTF-8 (save the file as UTF-8 text)`,
     );
   }
-  const files = await app.inject({ url: `/conduit/dataset/${ds.id}/files`, headers: asAlice });
+  const files = await as(app, KEY_A).get(`/conduit/dataset/${ds.id}/files`);
   assert.deepEqual(files.json(), []);
 });
 
@@ -297,12 +293,12 @@ test("a JSON body that is not UTF-8 is a 400 invalid_json, and nothing is stored
         },
       });
     }
-  const datasets = await app.inject({ url: "/conduit/dataset", headers: asAlice });
+  const datasets = await as(app, KEY_A).get("/conduit/dataset");
   assert.deepEqual(
     datasets.json().map((d: { name: string }) => d.name),
     ["kept"],
   );
-  const files = await app.inject({ url: `/conduit/dataset/${ds.id}/files`, headers: asAlice });
+  const files = await as(app, KEY_A).get(`/conduit/dataset/${ds.id}/files`);
   assert.deepEqual(files.json(), []);
   // Valid UTF-8, multi-byte characters included, is read as it was sent.
   const named = await app.inject({
@@ -354,12 +350,7 @@ test("the run body's rules across fields are in the document, and the server kee
   for (const [body, valid] of bodies) {
     const payload = { baseModelName: "tiny", epochs: 1, ...body };
     assert.equal(validate(payload), valid, `the document on ${JSON.stringify(payload)}`);
-    const response = await app.inject({
-      method: "POST",
-      url: "/conduit/finetuning",
-      headers: asAlice,
-      payload,
-    });
+    const response = await as(app, KEY_A).post("/conduit/finetuning", payload);
     assert.equal(response.statusCode, valid ? 200 : 400, `${JSON.stringify(payload)} → ${response.body}`);
   }
 });
@@ -409,19 +400,17 @@ test("a run on a dataset without pairs is a 409: the dataset's state, not the re
   const { app } = await build(t);
   const ds = await createDataset(app, "empty");
   const payload = { datasetID: ds.id, baseModelName: "tiny" };
-  const before = await app.inject({ method: "POST", url: "/conduit/finetuning", headers: asAlice, payload });
+  const before = await as(app, KEY_A).post("/conduit/finetuning", payload);
   assert.equal(before.statusCode, 409, before.body);
   assert.equal(before.json().error.code, "conflict");
   assert.match(before.json().error.message, /has no IO pairs; upload a file first/);
   const doc = (await app.inject({ url: "/openapi.json" })).json() as Document;
   assert.ok(doc.paths["/conduit/finetuning"]?.post?.responses["409"], "the 409 is documented");
-  await app.inject({
-    method: "POST",
-    url: `/conduit/dataset/${ds.id}/upload`,
-    headers: asAlice,
-    payload: { name: "a.jsonl", ioPairs: [{ input: "a", output: "b" }] },
+  await as(app, KEY_A).post(`/conduit/dataset/${ds.id}/upload`, {
+    name: "a.jsonl",
+    ioPairs: [{ input: "a", output: "b" }],
   });
-  const after = await app.inject({ method: "POST", url: "/conduit/finetuning", headers: asAlice, payload });
+  const after = await as(app, KEY_A).post("/conduit/finetuning", payload);
   assert.equal(after.statusCode, 200, after.body);
 });
 
@@ -429,20 +418,18 @@ test("datasetID and datasetId naming different datasets is a 400; the same one t
   const { app } = await build(t);
   const world = await aliceWorld(app);
   const other = await createDataset(app, "other");
-  const conflicting = await app.inject({
-    method: "POST",
-    url: "/conduit/finetuning",
-    headers: asAlice,
-    payload: { datasetID: world.ds, datasetId: other.id, baseModelName: "tiny" },
+  const conflicting = await as(app, KEY_A).post("/conduit/finetuning", {
+    datasetID: world.ds,
+    datasetId: other.id,
+    baseModelName: "tiny",
   });
   assert.equal(conflicting.statusCode, 400, conflicting.body);
   assert.equal(conflicting.json().error.param, "datasetId");
   assert.match(conflicting.json().error.message, /name different datasets/);
-  const same = await app.inject({
-    method: "POST",
-    url: "/conduit/finetuning",
-    headers: asAlice,
-    payload: { datasetID: world.ds, datasetId: world.ds, baseModelName: "tiny" },
+  const same = await as(app, KEY_A).post("/conduit/finetuning", {
+    datasetID: world.ds,
+    datasetId: world.ds,
+    baseModelName: "tiny",
   });
   assert.equal(same.statusCode, 200, same.body);
   assert.equal(same.json().datasetId, world.ds);
