@@ -3,7 +3,7 @@ import fs from "node:fs";
 import path from "node:path";
 import { Readable } from "node:stream";
 import { describe, test } from "node:test";
-import { asAlice, asBob, backends, build, createDataset, KEY_A } from "./helper.ts";
+import { asAlice, asBob, backends, build, createDataset, KEY_A, as } from "./helper.ts";
 
 const jsonl = '{"input":"hi","output":"hello"}\n{"input":"bye","output":"goodbye"}\n';
 const boundary = "----conduit";
@@ -12,12 +12,7 @@ for (const backend of backends()) {
   describe(`datasets (${backend})`, () => {
     test("create, read, list, rename, delete", async (t) => {
       const { app } = await build(t, backend);
-      const created = await app.inject({
-        method: "POST",
-        url: "/conduit/dataset",
-        headers: asAlice,
-        payload: { name: "greetings" },
-      });
+      const created = await as(app, KEY_A).post("/conduit/dataset", { name: "greetings" });
       assert.equal(created.statusCode, 200);
       const dataset = created.json();
       assert.match(dataset.id, /^ds_/);
@@ -28,7 +23,7 @@ for (const backend of backends()) {
       assert.match(dataset.createdAt, /^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}$/);
       assert.equal(dataset.createdAt, dataset.updatedAt);
 
-      const read = await app.inject({ url: `/conduit/dataset/${dataset.id}`, headers: asAlice });
+      const read = await as(app, KEY_A).get(`/conduit/dataset/${dataset.id}`);
       assert.deepEqual(read.json(), dataset);
 
       const renamed = await app.inject({
@@ -40,40 +35,35 @@ for (const backend of backends()) {
       assert.equal(renamed.statusCode, 200);
       assert.deepEqual(renamed.json(), { message: "SUCCESS" });
 
-      const list = await app.inject({ url: "/conduit/dataset", headers: asAlice });
+      const list = await as(app, KEY_A).get("/conduit/dataset");
       assert.equal(list.statusCode, 200);
       assert.equal(list.json().length, 1);
       assert.equal(list.json()[0].name, "salutations");
 
-      const deleted = await app.inject({
-        method: "DELETE",
-        url: `/conduit/dataset/${dataset.id}`,
-        headers: asAlice,
-      });
+      const deleted = await as(app, KEY_A).delete(`/conduit/dataset/${dataset.id}`);
       assert.deepEqual(deleted.json(), { message: "SUCCESS" });
-      const gone = await app.inject({ url: `/conduit/dataset/${dataset.id}`, headers: asAlice });
+      const gone = await as(app, KEY_A).get(`/conduit/dataset/${dataset.id}`);
       assert.equal(gone.statusCode, 404);
       assert.equal(gone.json().error.code, "not_found");
     });
 
     test("lists page with limit and offset, newest first", async (t) => {
       const { app } = await build(t, backend);
-      for (const name of ["a", "b", "c"])
-        await app.inject({ method: "POST", url: "/conduit/dataset", headers: asAlice, payload: { name } });
-      const page1 = await app.inject({ url: "/conduit/dataset?limit=2", headers: asAlice });
+      for (const name of ["a", "b", "c"]) await as(app, KEY_A).post("/conduit/dataset", { name });
+      const page1 = await as(app, KEY_A).get("/conduit/dataset?limit=2");
       assert.deepEqual(
         page1.json().map((d: { name: string }) => d.name),
         ["c", "b"],
       );
-      const page2 = await app.inject({ url: "/conduit/dataset?limit=2&offset=2", headers: asAlice });
+      const page2 = await as(app, KEY_A).get("/conduit/dataset?limit=2&offset=2");
       assert.deepEqual(
         page2.json().map((d: { name: string }) => d.name),
         ["a"],
       );
-      const bad = await app.inject({ url: "/conduit/dataset?limit=0", headers: asAlice });
+      const bad = await as(app, KEY_A).get("/conduit/dataset?limit=0");
       assert.equal(bad.statusCode, 400);
       assert.equal(bad.json().error.param, "limit");
-      const unknown = await app.inject({ url: "/conduit/dataset?page=2", headers: asAlice });
+      const unknown = await as(app, KEY_A).get("/conduit/dataset?page=2");
       assert.equal(unknown.statusCode, 400);
     });
 
@@ -113,12 +103,7 @@ for (const backend of backends()) {
         if (c.param !== undefined) assert.equal(body.error.param, c.param, res.body);
         if (c.code) assert.equal(body.error.code, c.code);
       }
-      const badRename = await app.inject({
-        method: "PATCH",
-        url: "/conduit/dataset/ds_nope",
-        headers: asAlice,
-        payload: { name: "" },
-      });
+      const badRename = await as(app, KEY_A).patch("/conduit/dataset/ds_nope", { name: "" });
       assert.equal(badRename.statusCode, 400);
     });
 
@@ -127,12 +112,7 @@ for (const backend of backends()) {
       const ds = await createDataset(app);
       const url = `/conduit/dataset/${ds.id}/upload`;
 
-      const a = await app.inject({
-        method: "POST",
-        url,
-        headers: asAlice,
-        payload: { name: "a.jsonl", content: jsonl },
-      });
+      const a = await as(app, KEY_A).post(url, { name: "a.jsonl", content: jsonl });
       assert.equal(a.statusCode, 200, a.body);
       const file = a.json();
       assert.match(file.id, /^file_/);
@@ -149,31 +129,16 @@ for (const backend of backends()) {
         { input: "i2", output: "o2" },
         { input: "i3", output: "o3" },
       ]);
-      const b = await app.inject({
-        method: "POST",
-        url,
-        headers: asAlice,
-        payload: { name: "b.json", content: json },
-      });
+      const b = await as(app, KEY_A).post(url, { name: "b.json", content: json });
       assert.equal(b.json().format, "json");
       assert.equal(b.json().ioPairsCount, 3);
 
       const csv = 'input,output\n"a, with comma","x"\nb,"multi\nline"\n';
-      const c = await app.inject({
-        method: "POST",
-        url,
-        headers: asAlice,
-        payload: { name: "c.csv", content: csv },
-      });
+      const c = await as(app, KEY_A).post(url, { name: "c.csv", content: csv });
       assert.equal(c.statusCode, 200, c.body);
       assert.equal(c.json().ioPairsCount, 2);
 
-      const d = await app.inject({
-        method: "POST",
-        url,
-        headers: asAlice,
-        payload: { name: "direct", ioPairs: [{ input: "x", output: "y" }] },
-      });
+      const d = await as(app, KEY_A).post(url, { name: "direct", ioPairs: [{ input: "x", output: "y" }] });
       assert.equal(d.json().ioPairsCount, 1);
 
       const raw = await app.inject({
@@ -216,34 +181,23 @@ for (const backend of backends()) {
       assert.equal(m2.statusCode, 200, m2.body);
       assert.equal(m2.json().name, "x.jsonl", "directories are stripped; the name is metadata only");
 
-      const dataset = (await app.inject({ url: `/conduit/dataset/${ds.id}`, headers: asAlice })).json();
+      const dataset = (await as(app, KEY_A).get(`/conduit/dataset/${ds.id}`)).json();
       assert.equal(dataset.ioPairsCount, 2 + 3 + 2 + 1 + 2 + 1 + 2 + 2);
 
-      const files = await app.inject({ url: `/conduit/dataset/${ds.id}/files`, headers: asAlice });
+      const files = await as(app, KEY_A).get(`/conduit/dataset/${ds.id}/files`);
       assert.equal(files.json().length, 8);
 
-      const preview = await app.inject({
-        url: `/conduit/dataset/${ds.id}/file/${c.json().id}/pairs`,
-        headers: asAlice,
-      });
+      const preview = await as(app, KEY_A).get(`/conduit/dataset/${ds.id}/file/${c.json().id}/pairs`);
       assert.deepEqual(preview.json(), [
         { input: "a, with comma", output: "x", line: 2 },
         { input: "b", output: "multi\nline", line: 4 },
       ]);
 
-      const del = await app.inject({
-        method: "DELETE",
-        url: `/conduit/dataset/${ds.id}/file/${b.json().id}`,
-        headers: asAlice,
-      });
+      const del = await as(app, KEY_A).delete(`/conduit/dataset/${ds.id}/file/${b.json().id}`);
       assert.deepEqual(del.json(), { message: "SUCCESS" });
-      const after = (await app.inject({ url: `/conduit/dataset/${ds.id}`, headers: asAlice })).json();
+      const after = (await as(app, KEY_A).get(`/conduit/dataset/${ds.id}`)).json();
       assert.equal(after.ioPairsCount, dataset.ioPairsCount - 3);
-      const again = await app.inject({
-        method: "DELETE",
-        url: `/conduit/dataset/${ds.id}/file/${b.json().id}`,
-        headers: asAlice,
-      });
+      const again = await as(app, KEY_A).delete(`/conduit/dataset/${ds.id}/file/${b.json().id}`);
       assert.equal(again.statusCode, 404);
     });
 
@@ -251,26 +205,19 @@ for (const backend of backends()) {
       const { app, config } = await build(t, backend);
       const ds = await createDataset(app);
       const upload = async (name: string) =>
-        (
-          await app.inject({
-            method: "POST",
-            url: `/conduit/dataset/${ds.id}/upload`,
-            headers: asAlice,
-            payload: { name, content: jsonl },
-          })
-        ).json();
+        (await as(app, KEY_A).post(`/conduit/dataset/${ds.id}/upload`, { name, content: jsonl })).json();
       const a = await upload("a.jsonl");
       const b = await upload("b.jsonl");
-      const read = await app.inject({ url: `/conduit/dataset/${ds.id}/file/${a.id}`, headers: asAlice });
+      const read = await as(app, KEY_A).get(`/conduit/dataset/${ds.id}/file/${a.id}`);
       assert.equal(read.statusCode, 200);
       assert.deepEqual(read.json(), a);
 
       const dir = path.join(config.dataDir, "blobs", "files", ds.id);
       assert.deepEqual(fs.readdirSync(dir).sort(), [a.id, b.id].sort());
       assert.equal(fs.readFileSync(path.join(dir, a.id), "utf8"), jsonl);
-      await app.inject({ method: "DELETE", url: `/conduit/dataset/${ds.id}/file/${a.id}`, headers: asAlice });
+      await as(app, KEY_A).delete(`/conduit/dataset/${ds.id}/file/${a.id}`);
       assert.deepEqual(fs.readdirSync(dir), [b.id]);
-      await app.inject({ method: "DELETE", url: `/conduit/dataset/${ds.id}`, headers: asAlice });
+      await as(app, KEY_A).delete(`/conduit/dataset/${ds.id}`);
       assert.equal(fs.existsSync(dir), false);
     });
 
@@ -303,46 +250,26 @@ for (const backend of backends()) {
         ["a.csv", "input,output\na,b\nc,d\u0000\n", /line 3: "output" contains a NUL character/],
       ];
       for (const [name, content, expected] of cases) {
-        const res = await app.inject({ method: "POST", url, headers: asAlice, payload: { name, content } });
+        const res = await as(app, KEY_A).post(url, { name, content });
         assert.equal(res.statusCode, 400, `${name} ${JSON.stringify(content)} → ${res.body}`);
         assert.equal(res.json().error.code, "invalid_file");
         assert.match(res.json().error.message, expected);
       }
-      const empty = await app.inject({
-        method: "POST",
-        url,
-        headers: asAlice,
-        payload: { name: "e.jsonl", content: "" },
-      });
+      const empty = await as(app, KEY_A).post(url, { name: "e.jsonl", content: "" });
       assert.equal(empty.statusCode, 400);
-      const both = await app.inject({
-        method: "POST",
-        url,
-        headers: asAlice,
-        payload: { name: "x", content: "a", ioPairs: [] },
-      });
+      const both = await as(app, KEY_A).post(url, { name: "x", content: "a", ioPairs: [] });
       assert.equal(both.statusCode, 400);
-      const neither = await app.inject({ method: "POST", url, headers: asAlice, payload: { name: "x" } });
+      const neither = await as(app, KEY_A).post(url, { name: "x" });
       assert.equal(neither.statusCode, 400);
-      const badPairs = await app.inject({
-        method: "POST",
-        url,
-        headers: asAlice,
-        payload: { name: "x", ioPairs: [{ input: "a" }] },
-      });
+      const badPairs = await as(app, KEY_A).post(url, { name: "x", ioPairs: [{ input: "a" }] });
       assert.equal(badPairs.statusCode, 400);
       assert.equal(badPairs.json().error.param, "ioPairs.0.output");
-      const nulPair = await app.inject({
-        method: "POST",
-        url,
-        headers: asAlice,
-        payload: {
-          name: "x",
-          ioPairs: [
-            { input: "a", output: "b" },
-            { input: "a", output: "\u0000" },
-          ],
-        },
+      const nulPair = await as(app, KEY_A).post(url, {
+        name: "x",
+        ioPairs: [
+          { input: "a", output: "b" },
+          { input: "a", output: "\u0000" },
+        ],
       });
       assert.equal(nulPair.statusCode, 400);
       assert.equal(nulPair.json().error.code, "invalid_file");
@@ -355,9 +282,9 @@ for (const backend of backends()) {
       });
       assert.equal(wrongType.statusCode, 415);
 
-      const files = await app.inject({ url: `/conduit/dataset/${ds.id}/files`, headers: asAlice });
+      const files = await as(app, KEY_A).get(`/conduit/dataset/${ds.id}/files`);
       assert.deepEqual(files.json(), []);
-      const dataset = (await app.inject({ url: `/conduit/dataset/${ds.id}`, headers: asAlice })).json();
+      const dataset = (await as(app, KEY_A).get(`/conduit/dataset/${ds.id}`)).json();
       assert.equal(dataset.ioPairsCount, 0);
     });
 
@@ -415,7 +342,7 @@ for (const backend of backends()) {
         assert.equal(res.json().error.param, param, res.body);
         assert.match(res.json().error.message, message);
       }
-      const files = await app.inject({ url: `/conduit/dataset/${ds.id}/files`, headers: asAlice });
+      const files = await as(app, KEY_A).get(`/conduit/dataset/${ds.id}/files`);
       assert.equal(files.json().length, 4);
       assert.deepEqual(fs.readdirSync(path.join(config.dataDir, "blobs", ".tmp")), []);
     });
@@ -449,7 +376,7 @@ for (const backend of backends()) {
         assert.equal(error.code, "invalid_request");
         assert.match(error.message, /malformed multipart body/);
       }
-      const files = await app.inject({ url: `/conduit/dataset/${ds.id}/files`, headers: asAlice });
+      const files = await as(app, KEY_A).get(`/conduit/dataset/${ds.id}/files`);
       assert.deepEqual(files.json(), []);
       assert.deepEqual(fs.readdirSync(path.join(config.dataDir, "blobs", ".tmp")), []);
     });
@@ -499,14 +426,12 @@ for (const backend of backends()) {
       for (const [name, content, expected] of cases) {
         const res = name.endsWith(".jsonl")
           ? await raw(name, content)
-          : await app.inject({ method: "POST", url, headers: asAlice, payload: { name, content } });
+          : await as(app, KEY_A).post(url, { name, content });
         assert.equal(res.statusCode, 400, `${name} ${content.slice(0, 80)} → ${res.body}`);
         assert.equal(res.json().error.code, "invalid_file", res.body);
         assert.match(res.json().error.message, expected, name);
       }
-      const files = (
-        await app.inject({ url: `${url.replace("/upload", "")}/files`, headers: asAlice })
-      ).json();
+      const files = (await as(app, KEY_A).get(`${url.replace("/upload", "")}/files`)).json();
       assert.deepEqual(
         files.map((f: { name: string }) => f.name),
         ["fits.jsonl"],
@@ -536,18 +461,10 @@ for (const backend of backends()) {
         payload: `--${boundary}\r\nContent-Disposition: form-data; name="file"; filename="big.jsonl"\r\n\r\n${big}\r\n--${boundary}--\r\n`,
       });
       assert.equal(multi.statusCode, 413, multi.body);
-      const json = await app.inject({
-        method: "POST",
-        url,
-        headers: asAlice,
-        payload: { name: "big.jsonl", content: big },
-      });
+      const json = await as(app, KEY_A).post(url, { name: "big.jsonl", content: big });
       assert.equal(json.statusCode, 413, json.body);
       assert.deepEqual(fs.readdirSync(path.join(env.dataDir, "blobs", ".tmp")), []);
-      assert.deepEqual(
-        (await app.inject({ url: `/conduit/dataset/${ds.id}/files`, headers: asAlice })).json(),
-        [],
-      );
+      assert.deepEqual((await as(app, KEY_A).get(`/conduit/dataset/${ds.id}/files`)).json(), []);
       assert.equal(asBob["x-api-key"].length > 0, true);
     });
   });
