@@ -7,7 +7,7 @@ import OpenAI from "openai";
 import type { Core } from "../src/core.ts";
 import { parseToolCalls } from "../src/inference/toolCalls.ts";
 import { createTinyModel } from "../src/model/tinyModel.ts";
-import { asAlice, asBob, build, buildTestApp, KEY_A, testEnv } from "./helper.ts";
+import { asAlice, asBob, build, buildTestApp, KEY_A, testEnv, as, KEY_B } from "./helper.ts";
 
 /** The strict OpenAI surface: `null` is the default, every parameter is honoured or refused, models in detail. */
 
@@ -392,11 +392,10 @@ describe("the OpenAI surface on the tiny model", () => {
 
   test("without max_tokens a /v1 answer may fill the context (a 128-token model)", async (t) => {
     const { app: small } = await buildTestApp(t, await testEnv(t, "sqlite", { CONDUIT_CONTEXT_SIZE: "128" }));
-    const v1 = await small.inject({
-      method: "POST",
-      url: completionsUrl,
-      headers: asAlice,
-      payload: { model: "tiny", prompt: "Once upon a time", temperature: 0 },
+    const v1 = await as(small, KEY_A).post(completionsUrl, {
+      model: "tiny",
+      prompt: "Once upon a time",
+      temperature: 0,
     });
     assert.equal(v1.statusCode, 200, v1.body);
     // llama.cpp rounds a context up to a multiple of 256.
@@ -406,42 +405,32 @@ describe("the OpenAI surface on the tiny model", () => {
     if (v1.json().choices[0].finish_reason === "length")
       assert.equal(usage.prompt_tokens + usage.completion_tokens, context);
     else assert.equal(v1.json().choices[0].finish_reason, "stop");
-    const chat = await small.inject({
-      method: "POST",
-      url: chatUrl,
-      headers: asAlice,
-      payload: { model: "tiny", messages, temperature: 0 },
-    });
+    const chat = await as(small, KEY_A).post(chatUrl, { model: "tiny", messages, temperature: 0 });
     assert.equal(chat.statusCode, 200, chat.body);
     assert.ok(chat.json().usage.completion_tokens > 0);
     // An explicit max_tokens that cannot fit after the prompt is a 400 naming it (as OpenAI), on /v1 only:
     // the Conduit endpoints cap it, so their default of 256 works on this model too.
-    const tooMany = await small.inject({
-      method: "POST",
-      url: chatUrl,
-      headers: asAlice,
-      payload: { model: "tiny", messages, temperature: 0, max_tokens: context },
+    const tooMany = await as(small, KEY_A).post(chatUrl, {
+      model: "tiny",
+      messages,
+      temperature: 0,
+      max_tokens: context,
     });
     assert.equal(tooMany.statusCode, 400, tooMany.body);
     assert.equal(tooMany.json().error.param, "max_tokens");
     assert.match(tooMany.json().error.message, new RegExp(`context holds ${context}`));
-    const fits = await small.inject({
-      method: "POST",
-      url: chatUrl,
-      headers: asAlice,
-      payload: {
-        model: "tiny",
-        messages,
-        temperature: 0,
-        max_tokens: context - chat.json().usage.prompt_tokens,
-      },
+    const fits = await as(small, KEY_A).post(chatUrl, {
+      model: "tiny",
+      messages,
+      temperature: 0,
+      max_tokens: context - chat.json().usage.prompt_tokens,
     });
     assert.equal(fits.statusCode, 200, fits.body);
-    const conduit = await small.inject({
-      method: "POST",
-      url: "/conduit/v1/chat",
-      headers: asAlice,
-      payload: { model: "tiny", prompt: "Hi", temperature: 0, max_tokens: 100_000 },
+    const conduit = await as(small, KEY_A).post("/conduit/v1/chat", {
+      model: "tiny",
+      prompt: "Hi",
+      temperature: 0,
+      max_tokens: 100_000,
     });
     assert.equal(conduit.statusCode, 200, conduit.body);
     assert.ok(conduit.json().usage.prompt_tokens + conduit.json().usage.completion_tokens <= context);
@@ -525,22 +514,17 @@ describe("the OpenAI surface on the tiny model", () => {
     assert.equal(tiny.size_bytes, fs.statSync(tinyFile).size);
 
     // Two of Alice's runs made READY as a worker would: a LoRA adapter (served on tiny) and a full model.
-    const ds = (
-      await app.inject({ method: "POST", url: "/conduit/dataset", headers: asAlice, payload: { name: "d" } })
-    ).json();
-    await app.inject({
-      method: "POST",
-      url: `/conduit/dataset/${ds.id}/upload`,
-      headers: asAlice,
-      payload: { name: "a.jsonl", ioPairs: [{ input: "a", output: "b" }] },
+    const ds = (await as(app, KEY_A).post("/conduit/dataset", { name: "d" })).json();
+    await as(app, KEY_A).post(`/conduit/dataset/${ds.id}/upload`, {
+      name: "a.jsonl",
+      ioPairs: [{ input: "a", output: "b" }],
     });
     const createRun = async (payload: Record<string, unknown>) =>
       (
-        await app.inject({
-          method: "POST",
-          url: "/conduit/finetuning",
-          headers: asAlice,
-          payload: { datasetID: ds.id, baseModelName: "tiny", ...payload },
+        await as(app, KEY_A).post("/conduit/finetuning", {
+          datasetID: ds.id,
+          baseModelName: "tiny",
+          ...payload,
         })
       ).json() as { id: string };
     const lora = await createRun({});
@@ -580,7 +564,7 @@ describe("the OpenAI surface on the tiny model", () => {
     assert.equal(fullModel.context_length, 1024);
     assert.equal(fullModel.base_model, "tiny");
 
-    const listed = (await app.inject({ url: "/v1/models", headers: asAlice })).json();
+    const listed = (await as(app, KEY_A).get("/v1/models")).json();
     assert.deepEqual(
       listed.data.map((m: { id: string }) => m.id),
       ["tiny", full.id, lora.id],
@@ -589,7 +573,7 @@ describe("the OpenAI surface on the tiny model", () => {
       listed.data.find((m: { id: string }) => m.id === lora.id),
       loraModel,
     );
-    const bobs = (await app.inject({ url: "/v1/models", headers: asBob })).json();
+    const bobs = (await as(app, KEY_B).get("/v1/models")).json();
     assert.deepEqual(
       bobs.data.map((m: { id: string }) => m.id),
       ["tiny"],
@@ -744,7 +728,7 @@ describe("tool calls on a tiny model whose template supports tools", () => {
     for (const fn of cleanups.reverse()) await fn();
   });
   const chat = (payload: Record<string, unknown>) =>
-    app.inject({ method: "POST", url: chatUrl, headers: asAlice, payload: { model: "tools", ...payload } });
+    as(app, KEY_A).post(chatUrl, { model: "tools", ...payload });
   const ask = [{ role: "user", content: "What is the weather in Paris?" }];
 
   test("a named tool_choice is a call (a grammar makes the model write one); the tool's answer goes back", async () => {
@@ -851,12 +835,7 @@ describe("tool calls on a tiny model whose template supports tools", () => {
 test("tools on a model whose template has no tool support are a 400 naming them", async (t) => {
   const { app } = await build(t);
   const chat = (payload: Record<string, unknown>) =>
-    app.inject({
-      method: "POST",
-      url: chatUrl,
-      headers: asAlice,
-      payload: { model: "tiny", max_tokens: 4, ...payload },
-    });
+    as(app, KEY_A).post(chatUrl, { model: "tiny", max_tokens: 4, ...payload });
   const tools = await chat({ messages, tools: [weather] });
   assert.equal(tools.statusCode, 400, tools.body);
   assert.equal(tools.json().error.param, "tools");
