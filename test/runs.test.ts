@@ -15,6 +15,8 @@ import {
   KEY_A,
   testEnv,
   tinyModel,
+  as,
+  KEY_B,
 } from "./helper.ts";
 import { loadConfig } from "../src/config.ts";
 import { createCore, type Core, type CoreOverrides } from "../src/core.ts";
@@ -25,20 +27,13 @@ import { LORA_TARGETS, type TrainMethod } from "../src/contract/runs.ts";
 const models: CoreOverrides = {};
 
 async function datasetWithPairs(app: FastifyInstance, name = "d") {
-  const ds = (
-    await app.inject({ method: "POST", url: "/conduit/dataset", headers: asAlice, payload: { name } })
-  ).json();
-  await app.inject({
-    method: "POST",
-    url: `/conduit/dataset/${ds.id}/upload`,
-    headers: asAlice,
-    payload: {
-      name: "a.jsonl",
-      ioPairs: [
-        { input: "a", output: "b" },
-        { input: "c", output: "d" },
-      ],
-    },
+  const ds = (await as(app, KEY_A).post("/conduit/dataset", { name })).json();
+  await as(app, KEY_A).post(`/conduit/dataset/${ds.id}/upload`, {
+    name: "a.jsonl",
+    ioPairs: [
+      { input: "a", output: "b" },
+      { input: "c", output: "d" },
+    ],
   });
   return ds as { id: string; name: string };
 }
@@ -66,9 +61,11 @@ async function upload(
 
 /** What "auto" chooses for Alice's dataset (all of its files) on the tiny model. */
 async function autoChoice(app: FastifyInstance, datasetId: string, method: TrainMethod, except?: string) {
-  const files = (
-    await app.inject({ url: `/conduit/dataset/${datasetId}/files`, headers: asAlice })
-  ).json() as { id: string; size: number; ioPairsCount: number }[];
+  const files = (await as(app, KEY_A).get(`/conduit/dataset/${datasetId}/files`)).json() as {
+    id: string;
+    size: number;
+    ioPairsCount: number;
+  }[];
   const training = files.filter((f) => f.id !== except);
   return chooseAutoSettings({
     method,
@@ -84,7 +81,7 @@ function coreOf(app: FastifyInstance): Core {
 }
 
 async function createRun(app: FastifyInstance, payload: Record<string, unknown>) {
-  const res = await app.inject({ method: "POST", url: "/conduit/finetuning", headers: asAlice, payload });
+  const res = await as(app, KEY_A).post("/conduit/finetuning", payload);
   assert.equal(res.statusCode, 200, res.body);
   return res.json() as { id: string; status: string; config: Record<string, unknown>; logs: string[] };
 }
@@ -93,7 +90,7 @@ async function createRun(app: FastifyInstance, payload: Record<string, unknown>)
 async function waitUntilEnded(app: FastifyInstance, id: string, timeoutMs = 120_000) {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
-    const run = (await app.inject({ url: `/conduit/finetuning/${id}`, headers: asAlice })).json();
+    const run = (await as(app, KEY_A).get(`/conduit/finetuning/${id}`)).json();
     if (["READY", "FAILED", "CANCELLED"].includes(run.status))
       return run as { status: string; logs: string[] };
     if (Date.now() > deadline) throw new Error(`timed out; run is ${run.status}: ${run.logs.join("\n")}`);
@@ -119,18 +116,13 @@ for (const backend of backends()) {
     test("create returns a queued run with every seed field and the effective config", async (t) => {
       const { app } = await build(t, backend, models);
       const ds = await datasetWithPairs(app);
-      const res = await app.inject({
-        method: "POST",
-        url: "/conduit/finetuning",
-        headers: asAlice,
-        payload: {
-          datasetID: ds.id,
-          baseModelName: "tiny",
-          lr: 0.001,
-          epochs: 2,
-          name: "first",
-          trackerProject: "p",
-        },
+      const res = await as(app, KEY_A).post("/conduit/finetuning", {
+        datasetID: ds.id,
+        baseModelName: "tiny",
+        lr: 0.001,
+        epochs: 2,
+        name: "first",
+        trackerProject: "p",
       });
       assert.equal(res.statusCode, 200, res.body);
       const run = res.json();
@@ -161,11 +153,9 @@ for (const backend of backends()) {
       assert.equal(run.config.trackerProject, "p");
       assert.equal(run.config.trackerEntity, null);
 
-      const byName = await app.inject({
-        method: "POST",
-        url: "/conduit/finetuning",
-        headers: asAlice,
-        payload: { datasetName: "d", baseModelName: "tiny" },
+      const byName = await as(app, KEY_A).post("/conduit/finetuning", {
+        datasetName: "d",
+        baseModelName: "tiny",
       });
       assert.equal(byName.statusCode, 200, byName.body);
       assert.equal(byName.json().datasetId, ds.id);
@@ -176,12 +166,12 @@ for (const backend of backends()) {
         headers: { authorization: `Token ${KEY_A}` },
       });
       assert.deepEqual(one.json(), run);
-      const list = await app.inject({ url: "/conduit/finetuning", headers: asAlice });
+      const list = await as(app, KEY_A).get("/conduit/finetuning");
       assert.deepEqual(
         list.json().map((r: { id: string }) => r.id),
         [byName.json().id, run.id],
       );
-      const page = await app.inject({ url: "/conduit/finetuning?limit=1&offset=1", headers: asAlice });
+      const page = await as(app, KEY_A).get("/conduit/finetuning?limit=1&offset=1");
       assert.deepEqual(
         page.json().map((r: { id: string }) => r.id),
         [run.id],
@@ -191,14 +181,7 @@ for (const backend of backends()) {
     test("bad configs are 400/404/409 naming the field, and nothing is queued", async (t) => {
       const { app } = await build(t, backend, models);
       const ds = await datasetWithPairs(app);
-      const empty = (
-        await app.inject({
-          method: "POST",
-          url: "/conduit/dataset",
-          headers: asAlice,
-          payload: { name: "empty" },
-        })
-      ).json();
+      const empty = (await as(app, KEY_A).post("/conduit/dataset", { name: "empty" })).json();
       const cases: [Record<string, unknown>, number, string][] = [
         [{ baseModelName: "tiny" }, 400, "datasetID"],
         [{ datasetID: ds.id, baseModelName: "tiny", lr: 0 }, 400, "lr"],
@@ -244,16 +227,11 @@ for (const backend of backends()) {
         [{ datasetID: empty.id, baseModelName: "tiny" }, 409, "datasetID"],
       ];
       for (const [payload, status, param] of cases) {
-        const res = await app.inject({
-          method: "POST",
-          url: "/conduit/finetuning",
-          headers: asAlice,
-          payload,
-        });
+        const res = await as(app, KEY_A).post("/conduit/finetuning", payload);
         assert.equal(res.statusCode, status, `${JSON.stringify(payload)} → ${res.body}`);
         assert.equal(res.json().error.param, param, res.body);
       }
-      assert.deepEqual((await app.inject({ url: "/conduit/finetuning", headers: asAlice })).json(), []);
+      assert.deepEqual((await as(app, KEY_A).get("/conduit/finetuning")).json(), []);
     });
 
     test("LoRA is the default method; explicit LoRA settings are stored; a full run stores null for them", async (t) => {
@@ -288,7 +266,7 @@ for (const backend of backends()) {
         const run = await createRun(app, { datasetID: ds.id, baseModelName: "tiny", ...settings });
         assert.deepEqual(lora(run.config), expected, JSON.stringify(settings));
         assert.equal(run.config.complexity, 1);
-        const stored = (await app.inject({ url: `/conduit/finetuning/${run.id}`, headers: asAlice })).json();
+        const stored = (await as(app, KEY_A).get(`/conduit/finetuning/${run.id}`)).json();
         assert.deepEqual(lora(stored.config), expected, "as stored");
       }
     });
@@ -330,11 +308,10 @@ for (const backend of backends()) {
         [{ method: "full", loraTargets: ["attn_q"] }, "loraTargets", /"loraTargets" is a LoRA setting/],
       ];
       for (const [settings, param, message] of cases) {
-        const res = await app.inject({
-          method: "POST",
-          url: "/conduit/finetuning",
-          headers: asAlice,
-          payload: { datasetID: ds.id, baseModelName: "tiny", ...settings },
+        const res = await as(app, KEY_A).post("/conduit/finetuning", {
+          datasetID: ds.id,
+          baseModelName: "tiny",
+          ...settings,
         });
         assert.equal(res.statusCode, 400, `${JSON.stringify(settings)} → ${res.body}`);
         const { error } = res.json();
@@ -355,7 +332,7 @@ for (const backend of backends()) {
         }),
         /lists a target twice/,
       );
-      assert.deepEqual((await app.inject({ url: "/conduit/finetuning", headers: asAlice })).json(), []);
+      assert.deepEqual((await as(app, KEY_A).get("/conduit/finetuning")).json(), []);
     });
 
     test('"auto" is the default for epochs, lr and rank: config holds the chosen numbers, autoSettings and a log line says why', async (t) => {
@@ -413,7 +390,7 @@ for (const backend of backends()) {
         assert.deepEqual(chosen(run.config), expected, label);
         assert.ok(Number.isInteger(run.config.epochs), label);
         assert.equal(typeof run.config.lr, "number", label);
-        const stored = (await app.inject({ url: `/conduit/finetuning/${run.id}`, headers: asAlice })).json();
+        const stored = (await as(app, KEY_A).get(`/conduit/finetuning/${run.id}`)).json();
         assert.deepEqual(chosen(stored.config), expected, `${label} as stored`);
         assert.deepEqual(stored.logs, run.logs, `${label}: the response shows the stored log`);
         const auto = expected.autoSettings as ("epochs" | "lr" | "loraRank")[];
@@ -437,14 +414,7 @@ for (const backend of backends()) {
     test("a validation file: another own dataset's or this one's (left out of training); another user's is a 404, an empty one a 400", async (t) => {
       const { app } = await build(t, backend, models);
       const ds = await datasetWithPairs(app, "train");
-      const other = (
-        await app.inject({
-          method: "POST",
-          url: "/conduit/dataset",
-          headers: asAlice,
-          payload: { name: "held" },
-        })
-      ).json();
+      const other = (await as(app, KEY_A).post("/conduit/dataset", { name: "held" })).json();
       const held = await upload(app, other.id, "held.jsonl", 3);
       const run = await createRun(app, {
         datasetID: ds.id,
@@ -482,9 +452,7 @@ for (const backend of backends()) {
       assert.equal(withOwn.config.validationFileID, own.id);
 
       // Bob's file is not Alice's to name, whatever he uploads.
-      const bobs = (
-        await app.inject({ method: "POST", url: "/conduit/dataset", headers: asBob, payload: { name: "b" } })
-      ).json();
+      const bobs = (await as(app, KEY_B).post("/conduit/dataset", { name: "b" })).json();
       const bobsFile = await upload(app, bobs.id, "b.jsonl", 2, asBob);
       const empty = await upload(app, other.id, "empty.jsonl", 1);
       await coreOf(app)
@@ -493,7 +461,7 @@ for (const backend of backends()) {
         .where("id", "=", empty.id)
         .execute();
       const onlyFile = (
-        (await app.inject({ url: `/conduit/dataset/${ds.id}/files`, headers: asAlice })).json() as {
+        (await as(app, KEY_A).get(`/conduit/dataset/${ds.id}/files`)).json() as {
           id: string;
         }[]
       )[0]?.id;
@@ -503,11 +471,10 @@ for (const backend of backends()) {
         [onlyFile, 400, /holds every pair of dataset .*none would be left to train on/],
       ];
       for (const [validationFileID, status, message] of cases) {
-        const res = await app.inject({
-          method: "POST",
-          url: "/conduit/finetuning",
-          headers: asAlice,
-          payload: { datasetID: ds.id, baseModelName: "tiny", validationFileID },
+        const res = await as(app, KEY_A).post("/conduit/finetuning", {
+          datasetID: ds.id,
+          baseModelName: "tiny",
+          validationFileID,
         });
         assert.equal(res.statusCode, status, res.body);
         assert.equal(res.json().error.param, "validationFileID", res.body);
@@ -527,12 +494,7 @@ for (const backend of backends()) {
         models,
       );
       const refused = async (payload: Record<string, unknown>, param: string, message: RegExp) => {
-        const res = await app.inject({
-          method: "POST",
-          url: "/conduit/finetuning",
-          headers: asAlice,
-          payload,
-        });
+        const res = await as(app, KEY_A).post("/conduit/finetuning", payload);
         assert.equal(res.statusCode, 400, res.body);
         assert.equal(res.json().error.code, "invalid_request", res.body);
         assert.equal(res.json().error.param, param, res.body);
@@ -558,11 +520,9 @@ for (const backend of backends()) {
       );
       // One long pair: few pairs, too many bytes.
       const long = await createDataset(app, "long");
-      const res = await app.inject({
-        method: "POST",
-        url: `/conduit/dataset/${long.id}/upload`,
-        headers: asAlice,
-        payload: { name: "long.jsonl", ioPairs: [{ input: "x".repeat(500), output: "y" }] },
+      const res = await as(app, KEY_A).post(`/conduit/dataset/${long.id}/upload`, {
+        name: "long.jsonl",
+        ioPairs: [{ input: "x".repeat(500), output: "y" }],
       });
       assert.equal(res.statusCode, 200, res.body);
       const size = (res.json() as { size: number }).size;
@@ -574,7 +534,7 @@ for (const backend of backends()) {
           `the dataset holds ${size} bytes of IO pairs, more than a run may read \\(CONDUIT_MAX_RUN_BYTES: 400\\)`,
         ),
       );
-      const runs = (await app.inject({ url: "/conduit/finetuning", headers: asAlice })).json() as unknown[];
+      const runs = (await as(app, KEY_A).get("/conduit/finetuning")).json() as unknown[];
       assert.equal(runs.length, 1);
     });
 
@@ -590,10 +550,7 @@ for (const backend of backends()) {
       assert.equal(queued.json().error.code, "conflict");
       assert.match(queued.json().error.message, new RegExp(`run ${run.id} is QUEUED, not READY`));
       assert.equal((await get("", asBob)).statusCode, 404);
-      assert.equal(
-        (await app.inject({ url: "/conduit/finetuning/ft_missing/examples", headers: asAlice })).statusCode,
-        404,
-      );
+      assert.equal((await as(app, KEY_A).get("/conduit/finetuning/ft_missing/examples")).statusCode, 404);
       assert.equal((await app.inject({ url })).statusCode, 401);
 
       const repo = coreOf(app).runRepository;
@@ -675,11 +632,11 @@ for (const backend of backends()) {
       const run = await createRun(app, { datasetID: ds.id, baseModelName: "tiny" });
       const url = `/conduit/finetuning/${run.id}/artifact`;
 
-      const queued = await app.inject({ url, headers: asAlice });
+      const queued = await as(app, KEY_A).get(url);
       assert.equal(queued.statusCode, 409, queued.body);
       assert.equal(queued.json().error.code, "conflict");
       assert.match(queued.json().error.message, new RegExp(`run ${run.id} is QUEUED, not READY`));
-      const bobs = await app.inject({ url, headers: asBob });
+      const bobs = await as(app, KEY_B).get(url);
       assert.equal(bobs.statusCode, 404, bobs.body);
       assert.equal(bobs.json().error.code, "not_found");
       assert.equal((await app.inject({ url })).statusCode, 401);
@@ -692,17 +649,17 @@ for (const backend of backends()) {
       const repo = coreOf(app).runRepository;
       assert.equal((await repo.claimNext("w", 60_000))?.id, run.id);
       assert.ok(await repo.finish(run.id, "w", { status: "READY", modelPath: file }));
-      const res = await app.inject({ url, headers: asAlice });
+      const res = await as(app, KEY_A).get(url);
       assert.equal(res.statusCode, 200, res.body);
       assert.equal(res.headers["content-type"], "application/octet-stream");
       assert.equal(res.headers["content-length"], String(bytes.length));
       assert.equal(res.headers["content-disposition"], `attachment; filename="${run.id}-lora.gguf"`);
       assert.ok(res.rawPayload.equals(bytes), "the downloaded bytes are the stored file");
-      assert.equal((await app.inject({ url, headers: asBob })).statusCode, 404, "still not bob's");
+      assert.equal((await as(app, KEY_B).get(url)).statusCode, 404, "still not bob's");
 
       // The file gone from disk: a clear 404, not a 500, and no server path in it.
       fs.rmSync(file);
-      const missing = await app.inject({ url, headers: asAlice });
+      const missing = await as(app, KEY_A).get(url);
       assert.equal(missing.statusCode, 404, missing.body);
       assert.equal(missing.json().error.code, "not_found");
       assert.match(
@@ -712,15 +669,8 @@ for (const backend of backends()) {
       assert.ok(!missing.body.includes(config.dataDir), missing.body);
 
       const cancelled = await createRun(app, { datasetID: ds.id, baseModelName: "tiny", method: "full" });
-      await app.inject({
-        method: "POST",
-        url: `/conduit/finetuning/${cancelled.id}/cancel`,
-        headers: asAlice,
-      });
-      const notReady = await app.inject({
-        url: `/conduit/finetuning/${cancelled.id}/artifact`,
-        headers: asAlice,
-      });
+      await as(app, KEY_A).post(`/conduit/finetuning/${cancelled.id}/cancel`);
+      const notReady = await as(app, KEY_A).get(`/conduit/finetuning/${cancelled.id}/artifact`);
       assert.equal(notReady.statusCode, 409);
       assert.match(notReady.json().error.message, /is CANCELLED, not READY/);
     });
@@ -729,50 +679,22 @@ for (const backend of backends()) {
       const { app } = await build(t, backend, models);
       const ds = await datasetWithPairs(app);
       const run = (
-        await app.inject({
-          method: "POST",
-          url: "/conduit/finetuning",
-          headers: asAlice,
-          payload: { datasetID: ds.id, baseModelName: "tiny" },
-        })
+        await as(app, KEY_A).post("/conduit/finetuning", { datasetID: ds.id, baseModelName: "tiny" })
       ).json();
-      const cancel = await app.inject({
-        method: "POST",
-        url: `/conduit/finetuning/${run.id}/cancel`,
-        headers: asAlice,
-      });
+      const cancel = await as(app, KEY_A).post(`/conduit/finetuning/${run.id}/cancel`);
       assert.equal(cancel.statusCode, 200);
       assert.deepEqual(cancel.json(), { message: "SUCCESS" });
-      const after = (await app.inject({ url: `/conduit/finetuning/${run.id}`, headers: asAlice })).json();
+      const after = (await as(app, KEY_A).get(`/conduit/finetuning/${run.id}`)).json();
       assert.equal(after.status, "CANCELLED");
       assert.match(after.logs.at(-1), /cancelled by the user/);
-      const again = await app.inject({
-        method: "POST",
-        url: `/conduit/finetuning/${run.id}/cancel`,
-        headers: asAlice,
-      });
+      const again = await as(app, KEY_A).post(`/conduit/finetuning/${run.id}/cancel`);
       assert.equal(again.statusCode, 409);
       assert.equal(again.json().error.code, "conflict");
-      const del = await app.inject({
-        method: "DELETE",
-        url: `/conduit/finetuning/${run.id}`,
-        headers: asAlice,
-      });
+      const del = await as(app, KEY_A).delete(`/conduit/finetuning/${run.id}`);
       assert.deepEqual(del.json(), { message: "SUCCESS" });
-      assert.equal(
-        (await app.inject({ url: `/conduit/finetuning/${run.id}`, headers: asAlice })).statusCode,
-        404,
-      );
-      assert.equal(
-        (await app.inject({ method: "DELETE", url: `/conduit/finetuning/${run.id}`, headers: asAlice }))
-          .statusCode,
-        404,
-      );
-      assert.equal(
-        (await app.inject({ method: "POST", url: `/conduit/finetuning/${run.id}/cancel`, headers: asAlice }))
-          .statusCode,
-        404,
-      );
+      assert.equal((await as(app, KEY_A).get(`/conduit/finetuning/${run.id}`)).statusCode, 404);
+      assert.equal((await as(app, KEY_A).delete(`/conduit/finetuning/${run.id}`)).statusCode, 404);
+      assert.equal((await as(app, KEY_A).post(`/conduit/finetuning/${run.id}/cancel`)).statusCode, 404);
     });
 
     test("the runs table is a job queue: claim, heartbeat, finish, crash recovery", async (t) => {
@@ -909,7 +831,7 @@ test("artifact: a full run trained on the tiny model downloads as <run id>.gguf,
   const ended = await waitUntilEnded(app, run.id);
   assert.equal(ended.status, "READY", ended.logs.join("\n"));
   const stored = await coreOf(app).runs.artifact("alice", run.id);
-  const res = await app.inject({ url: `/conduit/finetuning/${run.id}/artifact`, headers: asAlice });
+  const res = await as(app, KEY_A).get(`/conduit/finetuning/${run.id}/artifact`);
   assert.equal(res.statusCode, 200, res.body);
   assert.equal(res.headers["content-type"], "application/octet-stream");
   assert.equal(res.headers["content-disposition"], `attachment; filename="${run.id}.gguf"`);
@@ -938,14 +860,11 @@ test("run lists are summaries; each stats event carries only the loss points the
   assert.ok(await core.runRepository.updateStats(run.id, "w", stats([1, 2, 3], [2])));
 
   // The list: no log, no series; the run itself has both.
-  const [listed] = (await app.inject({ url: "/conduit/finetuning", headers: asAlice })).json() as Record<
-    string,
-    unknown
-  >[];
+  const [listed] = (await as(app, KEY_A).get("/conduit/finetuning")).json() as Record<string, unknown>[];
   assert.equal(listed?.id, run.id);
   assert.equal("logs" in (listed ?? {}), false);
   assert.deepEqual((listed as { stats: unknown }).stats, { step: 3, totalSteps: 10 });
-  const one = (await app.inject({ url: `/conduit/finetuning/${run.id}`, headers: asAlice })).json();
+  const one = (await as(app, KEY_A).get(`/conduit/finetuning/${run.id}`)).json();
   assert.ok(one.logs.length > 0);
   assert.equal(one.stats.lossSeries.length, 3);
 
