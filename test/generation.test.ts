@@ -2,7 +2,7 @@ import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import type { FastifyInstance } from "fastify";
 import OpenAI from "openai";
-import { asAlice, asBob, build, buildTestApp, KEY_A, testEnv } from "./helper.ts";
+import { build, buildTestApp, KEY_A, testEnv, as, KEY_B } from "./helper.ts";
 import { chatMessages } from "../src/api/routes/generation.ts";
 
 test("history alternates user and assistant; an odd one ends with an unanswered user turn", () => {
@@ -109,20 +109,15 @@ describe("generation on the tiny model", () => {
   });
 
   test("completions: messages in, text_completion out", async () => {
-    const res = await app.inject({
-      method: "POST",
-      url: "/conduit/v1/completions",
-      headers: asAlice,
-      payload: {
-        model: "tiny",
-        messages: [
-          { role: "user", content: "Hi" },
-          { role: "assistant", content: "Hello" },
-          { role: "user", content: "More" },
-        ],
-        max_tokens: 8,
-        temperature: 0,
-      },
+    const res = await as(app, KEY_A).post("/conduit/v1/completions", {
+      model: "tiny",
+      messages: [
+        { role: "user", content: "Hi" },
+        { role: "assistant", content: "Hello" },
+        { role: "user", content: "More" },
+      ],
+      max_tokens: 8,
+      temperature: 0,
     });
     assert.equal(res.statusCode, 200, res.body);
     const body = res.json();
@@ -131,11 +126,11 @@ describe("generation on the tiny model", () => {
     assert.equal(body.choices[0].logprobs, null);
     assert.equal(body.choices[0].index, 0);
 
-    const withLogprobs = await app.inject({
-      method: "POST",
-      url: "/conduit/v1/completions",
-      headers: asAlice,
-      payload: { model: "tiny", messages: [{ role: "user", content: "Hi" }], max_tokens: 6, logprobs: 3 },
+    const withLogprobs = await as(app, KEY_A).post("/conduit/v1/completions", {
+      model: "tiny",
+      messages: [{ role: "user", content: "Hi" }],
+      max_tokens: 6,
+      logprobs: 3,
     });
     assert.equal(withLogprobs.statusCode, 200, withLogprobs.body);
     const logprobs = withLogprobs.json().choices[0].logprobs;
@@ -223,17 +218,12 @@ describe("generation on the tiny model", () => {
   });
 
   test("streaming completions", async () => {
-    const res = await app.inject({
-      method: "POST",
-      url: "/conduit/v1/completions",
-      headers: asAlice,
-      payload: {
-        model: "tiny",
-        messages: [{ role: "user", content: "Hi" }],
-        max_tokens: 6,
-        temperature: 0,
-        stream: true,
-      },
+    const res = await as(app, KEY_A).post("/conduit/v1/completions", {
+      model: "tiny",
+      messages: [{ role: "user", content: "Hi" }],
+      max_tokens: 6,
+      temperature: 0,
+      stream: true,
     });
     const frames = sseData(res.body);
     assert.equal(frames.at(-1), "[DONE]");
@@ -288,19 +278,14 @@ describe("generation on the tiny model", () => {
       [{ messages: [{ role: "user", content: "a\u0000b" }] }, "messages.0.content"],
     ];
     for (const [payload, param] of completions) {
-      const res = await app.inject({
-        method: "POST",
-        url: "/conduit/v1/completions",
-        headers: asAlice,
-        payload: { model: "tiny", ...payload },
-      });
+      const res = await as(app, KEY_A).post("/conduit/v1/completions", { model: "tiny", ...payload });
       assert.equal(res.statusCode, 400, `${JSON.stringify(payload)} → ${res.body}`);
       assert.equal(res.json().error.param, param);
     }
   });
 
   test("models are listed natively and OpenAI-style", async () => {
-    const native = (await app.inject({ url: "/conduit/v1/models", headers: asAlice })).json();
+    const native = (await as(app, KEY_A).get("/conduit/v1/models")).json();
     assert.deepEqual(
       native.data.map((m: { id: string }) => m.id),
       ["tiny"],
@@ -329,7 +314,7 @@ describe("generation on the tiny model", () => {
   });
 
   test("/metrics counts generated tokens", async () => {
-    const res = await app.inject({ url: "/metrics", headers: asAlice });
+    const res = await as(app, KEY_A).get("/metrics");
     assert.equal(res.statusCode, 200);
     const generated = Number(res.body.match(/^conduit_generated_tokens_total (\d+)/m)?.[1]);
     assert.ok(generated > 0, res.body.slice(0, 500));
@@ -337,7 +322,7 @@ describe("generation on the tiny model", () => {
     assert.match(res.body, /^conduit_loaded_models 1$/m);
     assert.equal((await app.inject({ url: "/metrics" })).statusCode, 401);
     // The counters cover every tenant: a user not in CONDUIT_METRICS_USERS is refused.
-    const bob = await app.inject({ url: "/metrics", headers: asBob });
+    const bob = await as(app, KEY_B).get("/metrics");
     assert.equal(bob.statusCode, 403);
     assert.equal(bob.json().error.code, "forbidden");
     assert.match(bob.json().error.message, /CONDUIT_METRICS_USERS/);
