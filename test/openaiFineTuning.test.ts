@@ -4,7 +4,18 @@ import { describe, test } from "node:test";
 import type { FastifyInstance } from "fastify";
 import OpenAI, { toFile } from "openai";
 import { createTinyModel } from "../src/model/tinyModel.ts";
-import { asAlice, asBob, backends, build, buildTestApp, createDataset, KEY_A, testEnv } from "./helper.ts";
+import {
+  asAlice,
+  asBob,
+  backends,
+  build,
+  buildTestApp,
+  createDataset,
+  KEY_A,
+  testEnv,
+  as,
+  KEY_B,
+} from "./helper.ts";
 
 /** Chat examples of two answered turns each: nothing a random model could say by chance. */
 const conversations = [
@@ -76,12 +87,10 @@ describe("OpenAI's files and fine-tuning jobs with the official client", () => {
     assert.equal(await (await client.files.content(file.id)).text(), chatJsonl);
     // One store: the file is a dataset of its own on the Conduit API, one example a pair.
     const datasetId = (file as OpenAI.FileObject & { dataset_id: string }).dataset_id;
-    const dataset = (await app.inject({ url: `/conduit/dataset/${datasetId}`, headers: asAlice })).json();
+    const dataset = (await as(app, KEY_A).get(`/conduit/dataset/${datasetId}`)).json();
     assert.equal(dataset.name, "chat.jsonl");
     assert.equal(dataset.ioPairsCount, 3);
-    const preview = (
-      await app.inject({ url: `/conduit/dataset/${datasetId}/file/${file.id}/pairs`, headers: asAlice })
-    ).json();
+    const preview = (await as(app, KEY_A).get(`/conduit/dataset/${datasetId}/file/${file.id}/pairs`)).json();
     assert.deepEqual(preview[0], { input: "cloud maple", output: "tiger 3", line: 1, ...conversations[0] });
 
     const job = await client.fineTuning.jobs.create({
@@ -108,7 +117,7 @@ describe("OpenAI's files and fine-tuning jobs with the official client", () => {
     assert.deepEqual(job.metadata, { purpose: "test" });
     assert.equal(job.fine_tuned_model, null);
     // The same run on the Conduit API, with its own status names.
-    const run = (await app.inject({ url: `/conduit/finetuning/${job.id}`, headers: asAlice })).json();
+    const run = (await as(app, KEY_A).get(`/conduit/finetuning/${job.id}`)).json();
     assert.ok(["QUEUED", "RUNNING"].includes(run.status));
     assert.equal(run.config.seed, 7);
     assert.equal(run.config.datasetID, datasetId);
@@ -186,7 +195,7 @@ describe("OpenAI's files and fine-tuning jobs with the official client", () => {
     const cancelled = await client.fineTuning.jobs.cancel(long.id);
     assert.equal(cancelled.status, "cancelled");
     assert.equal(cancelled.hyperparameters.learning_rate_multiplier, 2);
-    const runs = (await app.inject({ url: "/conduit/finetuning", headers: asAlice })).json();
+    const runs = (await as(app, KEY_A).get("/conduit/finetuning")).json();
     const [longRun, doneRun] = [long.id, job.id].map((id) => runs.find((r: { id: string }) => r.id === id));
     assert.equal(longRun.status, "CANCELLED");
     assert.ok(Math.abs(longRun.config.lr - 2 * doneRun.config.lr) < 1e-12, `${longRun.config.lr}`);
@@ -212,10 +221,7 @@ describe("OpenAI's files and fine-tuning jobs with the official client", () => {
     // Deleting the file removes its dataset; the fine-tuned model stays.
     assert.deepEqual(await client.files.delete(file.id), { id: file.id, object: "file", deleted: true });
     await assert.rejects(client.files.retrieve(file.id), { status: 404 });
-    assert.equal(
-      (await app.inject({ url: `/conduit/dataset/${datasetId}`, headers: asAlice })).statusCode,
-      404,
-    );
+    assert.equal((await as(app, KEY_A).get(`/conduit/dataset/${datasetId}`)).statusCode, 404);
     assert.equal((await client.models.retrieve(model)).id, model);
   });
 });
@@ -263,8 +269,8 @@ for (const backend of backends())
         assert.match(response.json().error.message, message);
       }
       // Nothing was kept: no file and no dataset.
-      assert.deepEqual((await app.inject({ url: "/v1/files", headers: asAlice })).json().data, []);
-      assert.deepEqual((await app.inject({ url: "/conduit/dataset", headers: asAlice })).json(), []);
+      assert.deepEqual((await as(app, KEY_A).get("/v1/files")).json().data, []);
+      assert.deepEqual((await as(app, KEY_A).get("/conduit/dataset")).json(), []);
       // IO pairs are files too, with text parts joined.
       const pairs = await upload(app, "pairs.jsonl", '{"input":"a","output":"b"}\n');
       assert.equal(pairs.statusCode, 200, pairs.body);
@@ -285,21 +291,18 @@ for (const backend of backends())
         }),
       );
       assert.equal(parts.statusCode, 200, parts.body);
-      const listed = (await app.inject({ url: "/v1/files?limit=1", headers: asAlice })).json();
+      const listed = (await as(app, KEY_A).get("/v1/files?limit=1")).json();
       assert.deepEqual(
         listed.data.map((f: { filename: string }) => f.filename),
         ["parts.jsonl"],
       );
       assert.equal(listed.has_more, true);
-      const older = (await app.inject({ url: `/v1/files?after=${listed.last_id}`, headers: asAlice })).json();
+      const older = (await as(app, KEY_A).get(`/v1/files?after=${listed.last_id}`)).json();
       assert.deepEqual(
         older.data.map((f: { filename: string }) => f.filename),
         ["pairs.jsonl"],
       );
-      assert.deepEqual(
-        (await app.inject({ url: "/v1/files?purpose=batch", headers: asAlice })).json().data,
-        [],
-      );
+      assert.deepEqual((await as(app, KEY_A).get("/v1/files?purpose=batch")).json().data, []);
     });
 
     test("jobs: fields OpenAI has that Conduit cannot honour are 400s naming them; others' files and jobs are 404s", async (t) => {
@@ -349,15 +352,11 @@ for (const backend of backends())
       // A file of a Conduit dataset with other files: a job trains on one file alone.
       const ds = await createDataset(app, "two files");
       for (const name of ["a.jsonl", "b.jsonl"])
-        await app.inject({
-          method: "POST",
-          url: `/conduit/dataset/${ds.id}/upload`,
-          headers: asAlice,
-          payload: { name, ioPairs: [{ input: "a", output: "b" }] },
+        await as(app, KEY_A).post(`/conduit/dataset/${ds.id}/upload`, {
+          name,
+          ioPairs: [{ input: "a", output: "b" }],
         });
-      const seedFiles = (
-        await app.inject({ url: `/conduit/dataset/${ds.id}/files`, headers: asAlice })
-      ).json();
+      const seedFiles = (await as(app, KEY_A).get(`/conduit/dataset/${ds.id}/files`)).json();
       const several = await create({ training_file: seedFiles[0].id });
       assert.equal(several.statusCode, 400);
       assert.equal(several.json().error.param, "training_file");
@@ -374,18 +373,16 @@ for (const backend of backends())
       const job = (await create({})).json();
       const tagged = (await create({ metadata: { team: "a", kind: "x" } })).json();
       const filtered = (
-        await app.inject({ url: "/v1/fine_tuning/jobs?metadata[team]=a&metadata[kind]=x", headers: asAlice })
+        await as(app, KEY_A).get("/v1/fine_tuning/jobs?metadata[team]=a&metadata[kind]=x")
       ).json();
       assert.deepEqual(
         filtered.data.map((j: { id: string }) => j.id),
         [tagged.id],
       );
       assert.deepEqual(filtered.data[0].metadata, { team: "a", kind: "x" });
-      const none = (
-        await app.inject({ url: "/v1/fine_tuning/jobs?metadata[team]=b", headers: asAlice })
-      ).json();
+      const none = (await as(app, KEY_A).get("/v1/fine_tuning/jobs?metadata[team]=b")).json();
       assert.deepEqual(none.data, []);
-      const typo = await app.inject({ url: "/v1/fine_tuning/jobs?limt=2", headers: asAlice });
+      const typo = await as(app, KEY_A).get("/v1/fine_tuning/jobs?limt=2");
       assert.equal(typo.statusCode, 400);
       assert.equal(typo.json().error.param, "limt");
       assert.equal((await create({}, asBob)).statusCode, 404);
@@ -394,35 +391,25 @@ for (const backend of backends())
         `/v1/files/${file.id}/content`,
         `/v1/fine_tuning/jobs/${job.id}`,
       ])
-        assert.equal((await app.inject({ url, headers: asBob })).statusCode, 404, url);
+        assert.equal((await as(app, KEY_B).get(url)).statusCode, 404, url);
       for (const [method, url] of [
         ["DELETE", `/v1/files/${file.id}`],
         ["POST", `/v1/fine_tuning/jobs/${job.id}/cancel`],
       ] as const)
         assert.equal((await app.inject({ method, url, headers: asBob })).statusCode, 404, url);
-      assert.deepEqual((await app.inject({ url: "/v1/fine_tuning/jobs", headers: asBob })).json().data, []);
-      assert.deepEqual((await app.inject({ url: "/v1/files", headers: asBob })).json().data, []);
+      assert.deepEqual((await as(app, KEY_B).get("/v1/fine_tuning/jobs")).json().data, []);
+      assert.deepEqual((await as(app, KEY_B).get("/v1/files")).json().data, []);
       assert.equal((await app.inject({ url: "/v1/fine_tuning/jobs" })).statusCode, 401);
 
       // A run started on the Conduit API is a job too: its training file is its dataset.
       const seedRun = (
-        await app.inject({
-          method: "POST",
-          url: "/conduit/finetuning",
-          headers: asAlice,
-          payload: { datasetID: ds.id, baseModelName: "tiny" },
-        })
+        await as(app, KEY_A).post("/conduit/finetuning", { datasetID: ds.id, baseModelName: "tiny" })
       ).json();
-      const asJob = (
-        await app.inject({ url: `/v1/fine_tuning/jobs/${seedRun.id}`, headers: asAlice })
-      ).json();
+      const asJob = (await as(app, KEY_A).get(`/v1/fine_tuning/jobs/${seedRun.id}`)).json();
       assert.equal(asJob.status, "queued");
       assert.equal(asJob.training_file, ds.id);
       assert.equal(asJob.user_provided_suffix, null);
-      const badCursor = await app.inject({
-        url: `/v1/fine_tuning/jobs/${job.id}/events?after=x`,
-        headers: asAlice,
-      });
+      const badCursor = await as(app, KEY_A).get(`/v1/fine_tuning/jobs/${job.id}/events?after=x`);
       assert.equal(badCursor.statusCode, 400);
       assert.equal(badCursor.json().error.param, "after");
     });
