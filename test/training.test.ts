@@ -4,7 +4,7 @@ import path from "node:path";
 import { describe, test } from "node:test";
 import type { FastifyInstance } from "fastify";
 import { createTinyModel } from "../src/model/tinyModel.ts";
-import { asAlice, buildTestApp, datasetOf, startRun, testEnv, type TestEnv } from "./helper.ts";
+import { asAlice, buildTestApp, datasetOf, startRun, testEnv, type TestEnv, as, KEY_A } from "./helper.ts";
 
 /** Twenty made-up pairs: nothing a random model could produce by chance. */
 const words = [
@@ -51,7 +51,7 @@ async function waitFor(
 ): Promise<RunView> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
-    const run = (await app.inject({ url: `/conduit/finetuning/${id}`, headers: asAlice })).json() as RunView;
+    const run = (await as(app, KEY_A).get(`/conduit/finetuning/${id}`)).json() as RunView;
     if (done(run)) return run;
     if (Date.now() > deadline) throw new Error(`timed out; run is ${run.status}: ${run.logs?.join("\n")}`);
     await new Promise((r) => setTimeout(r, 200));
@@ -131,46 +131,30 @@ describe("fine-tuning runs on the tiny model", () => {
 
     // The served model keeps its base's context (llama.cpp's save writes the training window),
     // so the Conduit API's default max_tokens of 256 works.
-    const defaults = await app.inject({
-      method: "POST",
-      url: `/conduit/finetuning/${id}/inference`,
-      headers: asAlice,
-      payload: { prompt: learned.input },
+    const defaults = await as(app, KEY_A).post(`/conduit/finetuning/${id}/inference`, {
+      prompt: learned.input,
     });
     assert.equal(defaults.statusCode, 200, defaults.body);
 
     // The run id is a model everywhere else too.
-    const chat = await app.inject({
-      method: "POST",
-      url: "/conduit/v1/chat",
-      headers: asAlice,
-      payload: {
-        model: id,
-        prompt: learned.input,
-        temperature: 0,
-        presence_penalty: 0,
-        frequency_penalty: 0,
-        max_tokens: 24,
-      },
+    const chat = await as(app, KEY_A).post("/conduit/v1/chat", {
+      model: id,
+      prompt: learned.input,
+      temperature: 0,
+      presence_penalty: 0,
+      frequency_penalty: 0,
+      max_tokens: 24,
     });
     assert.equal(chat.json().choices[0].text, learned.output);
-    const models = (await app.inject({ url: "/v1/models", headers: asAlice })).json();
+    const models = (await as(app, KEY_A).get("/v1/models")).json();
     assert.ok(models.data.some((m: { id: string }) => m.id === id));
 
     // Deleting a READY run removes its model.
     const modelDir = path.join(env.dataDir, "blobs", "runs", id);
     assert.ok(fs.existsSync(path.join(modelDir, "model.gguf")));
-    assert.equal(
-      (await app.inject({ method: "DELETE", url: `/conduit/finetuning/${id}`, headers: asAlice })).statusCode,
-      200,
-    );
+    assert.equal((await as(app, KEY_A).delete(`/conduit/finetuning/${id}`)).statusCode, 200);
     assert.equal(fs.existsSync(modelDir), false);
-    const gone = await app.inject({
-      method: "POST",
-      url: "/conduit/v1/chat",
-      headers: asAlice,
-      payload: { model: id, prompt: "x" },
-    });
+    const gone = await as(app, KEY_A).post("/conduit/v1/chat", { model: id, prompt: "x" });
     assert.equal(gone.statusCode, 404);
   });
 });
@@ -183,18 +167,13 @@ describe("fine-tuning runs on the tiny model", () => {
 async function answers(app: FastifyInstance, model: string, inputs: string[]): Promise<string[]> {
   const out: string[] = [];
   for (const input of inputs) {
-    const res = await app.inject({
-      method: "POST",
-      url: "/conduit/v1/chat",
-      headers: asAlice,
-      payload: {
-        model,
-        prompt: input,
-        temperature: 0,
-        presence_penalty: 0,
-        frequency_penalty: 0,
-        max_tokens: 24,
-      },
+    const res = await as(app, KEY_A).post("/conduit/v1/chat", {
+      model,
+      prompt: input,
+      temperature: 0,
+      presence_penalty: 0,
+      frequency_penalty: 0,
+      max_tokens: 24,
     });
     assert.equal(res.statusCode, 200, res.body);
     out.push(res.json().choices[0].text);
@@ -241,17 +220,12 @@ describe("LoRA runs on the tiny model", () => {
       );
       const exact = got.filter((text, i) => text === pairs[i]!.output).length;
       // The Conduit API's run endpoint serves the same adapter on the same base.
-      const conduit = await app.inject({
-        method: "POST",
-        url: `/conduit/finetuning/${id}/inference`,
-        headers: asAlice,
-        payload: {
-          prompt: pairs[0]!.input,
-          temperature: 0,
-          presence_penalty: 0,
-          frequency_penalty: 0,
-          max_tokens: 24,
-        },
+      const conduit = await as(app, KEY_A).post(`/conduit/finetuning/${id}/inference`, {
+        prompt: pairs[0]!.input,
+        temperature: 0,
+        presence_penalty: 0,
+        frequency_penalty: 0,
+        max_tokens: 24,
       });
       assert.equal(conduit.statusCode, 200, conduit.body);
       assert.equal(conduit.json().response, got[0]);
@@ -271,7 +245,7 @@ describe("LoRA runs on the tiny model", () => {
       assert.equal(run.stats.final.outputBytes, adapterBytes);
 
       // The artifact is that adapter, and it loads on the base in plain node-llama-cpp.
-      const download = await app.inject({ url: `/conduit/finetuning/${id}/artifact`, headers: asAlice });
+      const download = await as(app, KEY_A).get(`/conduit/finetuning/${id}/artifact`);
       assert.equal(download.statusCode, 200);
       assert.match(String(download.headers["content-disposition"]), new RegExp(`${id}-lora\\.gguf`));
       assert.deepEqual(download.rawPayload, fs.readFileSync(adapter));
@@ -302,11 +276,7 @@ describe("LoRA runs on the tiny model", () => {
       await context.dispose();
 
       // Deleting the run removes its adapter.
-      assert.equal(
-        (await app.inject({ method: "DELETE", url: `/conduit/finetuning/${id}`, headers: asAlice }))
-          .statusCode,
-        200,
-      );
+      assert.equal((await as(app, KEY_A).delete(`/conduit/finetuning/${id}`)).statusCode, 200);
       assert.equal(fs.existsSync(adapter), false);
     });
   }
@@ -370,10 +340,7 @@ async function examplesOf(
 ): Promise<
   { split: string; index: number; input: string; output: string; loss: number | null; tokens: number }[]
 > {
-  const res = await app.inject({
-    url: `/conduit/finetuning/${id}/examples?limit=100${query}`,
-    headers: asAlice,
-  });
+  const res = await as(app, KEY_A).get(`/conduit/finetuning/${id}/examples?limit=100${query}`);
   assert.equal(res.statusCode, 200, res.body);
   return res.json();
 }
@@ -385,11 +352,9 @@ describe("runs that learn by default", () => {
     const app = await trainingApp(t, env);
     startScheduler(app);
     const ten = pairs.slice(0, 10);
-    const res = await app.inject({
-      method: "POST",
-      url: "/conduit/finetuning",
-      headers: asAlice,
-      payload: { datasetID: await datasetOf(app, ten), baseModelName: "tiny128" },
+    const res = await as(app, KEY_A).post("/conduit/finetuning", {
+      datasetID: await datasetOf(app, ten),
+      baseModelName: "tiny128",
     });
     assert.equal(res.statusCode, 200, res.body);
     const { id, config } = res.json();
@@ -410,11 +375,10 @@ describe("runs that learn by default", () => {
     // the Conduit API's default request parameters, except a greedy temperature.
     const got: string[] = [];
     for (const pair of ten) {
-      const chat = await app.inject({
-        method: "POST",
-        url: "/conduit/v1/chat",
-        headers: asAlice,
-        payload: { model: id, prompt: pair.input, temperature: 0 },
+      const chat = await as(app, KEY_A).post("/conduit/v1/chat", {
+        model: id,
+        prompt: pair.input,
+        temperature: 0,
       });
       assert.equal(chat.statusCode, 200, chat.body);
       got.push(chat.json().choices[0].text);
@@ -438,24 +402,19 @@ describe("runs that learn by default", () => {
     );
 
     // The run's own endpoint takes response_format too: the answer follows the schema.
-    const structured = await app.inject({
-      method: "POST",
-      url: `/conduit/finetuning/${id}/inference`,
-      headers: asAlice,
-      payload: {
-        prompt: ten[0]!.input,
-        temperature: 0,
-        max_tokens: 64,
-        response_format: {
-          type: "json_schema",
-          json_schema: {
-            name: "flag",
-            schema: {
-              type: "object",
-              properties: { ok: { type: "boolean" } },
-              required: ["ok"],
-              additionalProperties: false,
-            },
+    const structured = await as(app, KEY_A).post(`/conduit/finetuning/${id}/inference`, {
+      prompt: ten[0]!.input,
+      temperature: 0,
+      max_tokens: 64,
+      response_format: {
+        type: "json_schema",
+        json_schema: {
+          name: "flag",
+          schema: {
+            type: "object",
+            properties: { ok: { type: "boolean" } },
+            required: ["ok"],
+            additionalProperties: false,
           },
         },
       },
@@ -474,9 +433,7 @@ describe("runs that learn by default", () => {
     // training answers, the worse it does there, so its best evaluation comes early.
     const contrary = six.map((p, i) => ({ input: p.input, output: `${words[(i * 3 + 11) % 20]} ${i + 40}` }));
     const validationDataset = await datasetOf(app, contrary);
-    const files = (
-      await app.inject({ url: `/conduit/dataset/${validationDataset}/files`, headers: asAlice })
-    ).json();
+    const files = (await as(app, KEY_A).get(`/conduit/dataset/${validationDataset}/files`)).json();
     const id = await startRun(app, {
       datasetID: await datasetOf(app, six),
       baseModelName: "tiny128",
