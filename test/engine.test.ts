@@ -18,6 +18,7 @@ import {
 import type { Engine } from "../src/engine/Engine.ts";
 import { chatTokens, createLlamaEngine, PROMPT_BATCH_TOKENS } from "../src/engine/LlamaEngine.ts";
 import { isValidModelId, ModelRegistry } from "../src/model/ModelRegistry.ts";
+import { SequenceBatcher } from "../src/engine/SequenceBatcher.ts";
 import { TextOutput } from "../src/engine/TextOutput.ts";
 import { createTinyModel } from "../src/model/tinyModel.ts";
 import { gguf, writeGguf } from "../src/model/gguf/GgufWriter.ts";
@@ -627,6 +628,56 @@ describe("LlamaEngine, prefix cache", () => {
       );
     } finally {
       await engine.dispose();
+    }
+  });
+});
+
+describe("SequenceBatcher", () => {
+  test("a new request takes a free sequence beside the running ones, unless one holds its prefix; with none running, the one freed longest ago", async () => {
+    // llama.cpp decodes each run of consecutive sequence ids in its own pass over the weights
+    // (kv_unified = false), so gaps between running ids make every step slower.
+    const loaded = await llama.loadModel({ modelPath: model.path, gpuLayers: 0 });
+    const context = await loaded.createContext({ contextSize: 256, sequences: 4, threads: 1 });
+    try {
+      const batcher = new SequenceBatcher({
+        llama,
+        model: loaded,
+        context,
+        template: await loadChatTemplate(model),
+        threads: 1,
+        promptThreads: 1,
+        batchSize: 256,
+        logger: () => {},
+        onFinish: () => {},
+      });
+      const tokens = (prompt: string) => batcher.tokenize({ model, prompt, sampling: greedy(2) });
+      const run = (id: number, prompt: number[]) =>
+        batcher.start(id, prompt, { model, prompt: "", sampling: greedy(2) }, undefined);
+      const short = tokens("Zebras");
+      const long = tokens("Once upon a time there was a little girl who lived in a village near the forest.");
+      assert.ok(long.length >= 24, `${long.length} tokens`);
+
+      assert.deepEqual(
+        [batcher.takeSequence(short), batcher.takeSequence(short), batcher.takeSequence(short)],
+        [0, 1, 2],
+      );
+      await run(1, short);
+      // Free: 3, then 1 (freed last). 1 fills the gap between 0 and 2.
+      assert.equal(batcher.takeSequence(short), 1);
+      await run(0, long);
+      await run(2, short);
+      await run(1, short);
+      // Nothing running (free: 3, 0, 2, 1): the one freed longest ago.
+      assert.equal(batcher.takeSequence(short), 3);
+      // 3 runs (free: 0, 2, 1): 2 is beside it, 0 was freed before.
+      assert.equal(batcher.takeSequence(short), 2);
+      // 2 and 3 run (free: 0, 1): 0 holds the long prompt, 1 is beside the running ones.
+      assert.equal(batcher.takeSequence(long), 0);
+      assert.equal(batcher.takeSequence(short), 1);
+      assert.equal(batcher.takeSequence(short), undefined);
+    } finally {
+      await context.dispose();
+      await loaded.dispose();
     }
   });
 });
