@@ -5,8 +5,11 @@ import { test } from "node:test";
 import SwaggerParser from "@apidevtools/swagger-parser";
 import { Ajv2020 } from "ajv/dist/2020.js";
 import type { OpenAPI } from "openapi-types";
+import { Type } from "@sinclair/typebox";
+import Fastify from "fastify";
+import { registerSerializer } from "../src/api/serializer.ts";
 import { runStatuses } from "../src/contract/runs.ts";
-import type { RunWire } from "../src/contract/schemas.ts";
+import { Run, RunSummary, sharedSchemas, type RunWire } from "../src/contract/schemas.ts";
 import { unsupportedJsonSchema } from "../src/engine/grammars.ts";
 import { aliceWorld, asAlice, build, createDataset, as, KEY_A } from "./helper.ts";
 
@@ -143,6 +146,52 @@ test("a Content-Type other than JSON on a JSON endpoint is 415", async (t) => {
     payload: '{"input":"a","output":"b"}\n',
   });
   assert.equal(upload.statusCode, 200, upload.body);
+});
+
+test("response bodies: a run's open config and stats come back whole; fields a schema does not name never leave", async () => {
+  const app = Fastify();
+  for (const schema of sharedSchemas) app.addSchema(schema);
+  registerSerializer(app, sharedSchemas);
+  const run = {
+    ...Object.fromEntries(Object.keys(Run.properties).map((key) => [key, "x"])),
+    ioPairsCount: 1,
+    status: "READY",
+    logs: ["a"],
+    error: null,
+    config: { lr: 0.001, loraTargets: ["attn_q"], steps: null, nested: { deep: [1, { two: 2 }] } },
+    stats: { lossSeries: [[1, 2.5]], trainLoss: 0.1 },
+    modelPath: "/secret/path.gguf",
+  };
+  app.get("/run", { schema: { response: { 200: Run } } }, async () => run);
+  app.get("/runs", { schema: { response: { 200: Type.Array(Type.Ref(RunSummary)) } } }, async () => [run]);
+  const one = (await app.inject({ method: "GET", url: "/run" })).json();
+  assert.deepEqual(one.config, run.config);
+  assert.deepEqual(one.stats, run.stats);
+  assert.equal(one.modelPath, undefined);
+  const [listed] = (await app.inject({ method: "GET", url: "/runs" })).json();
+  assert.deepEqual(listed.config, run.config);
+  assert.equal(listed.logs, undefined, "a summary has no logs");
+  assert.equal(listed.modelPath, undefined);
+  await app.close();
+});
+
+test("every answer carries its request id: success, a refused key, an unknown route, a bad body, a framework error", async (t) => {
+  const { app } = await build(t);
+  const answers = [
+    await as(app, KEY_A).get("/conduit/dataset"),
+    await as(app, null).get("/conduit/dataset"),
+    await as(app, "wrong-key-000000000000").get("/conduit/dataset"),
+    await as(app, KEY_A).get("/conduit/nothing-here"),
+    await as(app, KEY_A).post("/conduit/dataset", { name: 7 }),
+    await app.inject({ method: "GET", url: `/conduit/dataset/${"x".repeat(1025)}`, headers: asAlice }),
+  ];
+  assert.deepEqual(
+    answers.map((a) => a.statusCode),
+    [200, 401, 401, 404, 400, 414],
+  );
+  const ids = answers.map((a) => a.headers["x-request-id"]);
+  for (const id of ids) assert.match(String(id), /^[0-9a-f-]{36}$/);
+  assert.equal(new Set(ids).size, ids.length, "each answer has its own id");
 });
 
 test("a path id over its limit is a 400 naming it; a path segment over 1024 characters a 414", async (t) => {

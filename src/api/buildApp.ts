@@ -10,6 +10,7 @@ import { ConnectionGuard } from "./connections.ts";
 import { openApiFixes } from "./openApiDocument.ts";
 import { registerErrorHandler } from "./errorHandler.ts";
 import { sharedSchemas } from "../contract/schemas.ts";
+import { registerSerializer } from "./serializer.ts";
 import { registerSse } from "./sse.ts";
 import datasetRoutes from "./routes/datasets.ts";
 import healthRoutes from "./routes/health.ts";
@@ -83,9 +84,13 @@ export async function buildApp(core: Core): Promise<FastifyInstance> {
     return httpPart === "body" ? bodyAjv.compile(schema) : textAjv.compile(schema);
   });
   for (const schema of sharedSchemas) app.addSchema(schema);
+  registerSerializer(app, sharedSchemas);
 
-  app.addHook("onSend", async (request, reply) => {
+  // First of the hooks, so that every answer carries it (errors keep the headers set before them); the
+  // framework's own errors, which come before any hook, set it in `frameworkErrors`.
+  app.addHook("onRequest", (request, reply, done) => {
     void reply.header("x-request-id", request.id);
+    done();
   });
 
   registerErrorHandler(app);

@@ -112,9 +112,12 @@ export class ConnectionGuard {
       // Requests that arrive while closing get the catalog's 503 from `register`'s hook instead.
       return503OnClosing: false,
       routerOptions: { maxParamLength: MAX_PARAM_LENGTH },
-      frameworkErrors: (error: FastifyError, _request: FastifyRequest, reply: FastifyReply) => {
+      frameworkErrors: (error: FastifyError, request: FastifyRequest, reply: FastifyReply) => {
         const conduitError = toConduitError(error) ?? new ConduitError("invalid_request", "invalid request");
-        void reply.status(conduitError.status).send(errorBody(conduitError));
+        void reply
+          .header("x-request-id", request.id)
+          .status(conduitError.status)
+          .send(errorBody(conduitError));
       },
       // Node's own timeouts and parse errors, answered while nothing else was written on the socket.
       clientErrorHandler: (error: Error & { code?: string }, socket: Socket) => {
@@ -135,7 +138,8 @@ export class ConnectionGuard {
       });
     });
 
-    app.addHook("onRequest", async (request, reply) => {
+    // A callback hook, not an async one: it runs for every request and has nothing to wait for.
+    app.addHook("onRequest", (request, reply, done) => {
       const socket = request.raw.socket;
       // `inject` requests have no real socket.
       if (sockets.has(socket)) {
@@ -150,7 +154,7 @@ export class ConnectionGuard {
           if (current.get(socket) === tracked) current.delete(socket);
         });
       }
-      if (this.closing) throw new ConduitError("unavailable", "the server is shutting down");
+      done(this.closing ? new ConduitError("unavailable", "the server is shutting down") : undefined);
     });
 
     this.bodyTimer = setInterval(() => this.checkBodies(), checkInterval(this.settings.bodyTimeout));

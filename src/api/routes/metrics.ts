@@ -100,10 +100,12 @@ async function metricsPlugin(app: FastifyInstance, { core }: { core: Core }) {
     () => stats().loadedBases,
   );
 
-  app.addHook("onResponse", async (request, reply) => {
+  // A callback hook: it runs after every request and has nothing to wait for.
+  app.addHook("onResponse", (request, reply, done) => {
     const route = request.routeOptions.url ?? "unmatched";
     requests.inc({ method: request.method, route, status: String(reply.statusCode) });
     latency.observe({ method: request.method, route }, reply.elapsedTime / 1000);
+    done();
   });
 
   app.get(
