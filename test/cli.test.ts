@@ -9,9 +9,7 @@ import path from "node:path";
 import { Readable } from "node:stream";
 import { test, type TestContext } from "node:test";
 import { fileURLToPath } from "node:url";
-import type { FastifyInstance } from "fastify";
 import { buildTestApp, KEY_A, testEnv } from "./helper.ts";
-import type { Core } from "../src/core.ts";
 import { EtaEstimate } from "../src/cli/runsCommand.ts";
 import { ConduitError } from "../src/errors.ts";
 import { ModelRegistry, type PullProgress } from "../src/model/ModelRegistry.ts";
@@ -61,8 +59,8 @@ async function conduitWithClosedStdout(env: Record<string, string>, ...args: str
 
 test("the conduit CLI drives the whole loop against a real server", async (t) => {
   const environment = await testEnv(t);
-  const { app } = await buildTestApp(t, environment, { scheduler: { pollMs: 200, concurrency: 1 } });
-  (app as FastifyInstance & { conduit: { scheduler: { start(): void } } }).conduit.scheduler.start();
+  const { app, core } = await buildTestApp(t, environment, { scheduler: { pollMs: 200, concurrency: 1 } });
+  core.scheduler.start();
   const url = await app.listen({ port: 0, host: "127.0.0.1" });
   const local = { CONDUIT_DATA_DIR: environment.dataDir, CONDUIT_LOG_LEVEL: "silent" };
 
@@ -233,7 +231,7 @@ test("the conduit CLI drives the whole loop against a real server", async (t) =>
   const result = path.join(environment.dataDir, "result.gguf");
   const downloaded = await conduit(env, "--json", "runs", "download", runId, "-o", result);
   assert.equal(downloaded.code, 0, downloaded.stderr);
-  const stored = await (app as FastifyInstance & { conduit: Core }).conduit.runs.artifact("carol", runId);
+  const stored = await core.runs.artifact("carol", runId);
   assert.deepEqual(JSON.parse(downloaded.stdout), { id: runId, path: result, sizeBytes: stored.sizeBytes });
   assert.ok(fs.readFileSync(result).equals(fs.readFileSync(stored.path)));
   const nothing = path.join(environment.dataDir, "nothing.gguf");
@@ -305,8 +303,7 @@ test("the conduit CLI drives the whole loop against a real server", async (t) =>
 test("runs create takes auto or numbers and the validation options; runs examples prints a READY run's examples", async (t) => {
   // No trainer: runs stay QUEUED until the test makes one READY.
   const environment = await testEnv(t);
-  const { app } = await buildTestApp(t, environment);
-  const core = (app as FastifyInstance & { conduit: Core }).conduit;
+  const { app, core } = await buildTestApp(t, environment);
   const url = await app.listen({ port: 0, host: "127.0.0.1" });
   const env = {
     CONDUIT_DATA_DIR: environment.dataDir,
@@ -698,7 +695,7 @@ test("models pull fails within seconds naming why, shows progress from the first
 
 test("interactive chat drops its oldest turns to fit the model's context, keeping the system prompt", async (t) => {
   const environment = await testEnv(t, "sqlite", { CONDUIT_CONTEXT_SIZE: "128" });
-  const { app } = await buildTestApp(t, environment);
+  const { app, core } = await buildTestApp(t, environment);
   const url = await app.listen({ port: 0, host: "127.0.0.1" });
   const env = { CONDUIT_DATA_DIR: environment.dataDir, CONDUIT_URL: url, CONDUIT_API_KEY: KEY_A };
   // Each question is about a third of the context: the third turn no longer fits with the first two.
@@ -725,7 +722,7 @@ test("interactive chat drops its oldest turns to fit the model's context, keepin
     .map((line) => JSON.parse(line) as { usage: { prompt_tokens: number } });
   assert.equal(answers.length, 5, chat.stdout);
   assert.match(chat.stderr, /dropped the oldest turn/);
-  const context = (app as FastifyInstance & { conduit: Core }).conduit.engine.loaded()[0]!.contextSize;
+  const context = core.engine.loaded()[0]!.contextSize;
   for (const answer of answers) assert.ok(answer.usage.prompt_tokens < context);
   // The system prompt is kept: the first request (with it) is longer than the same question alone.
   const one = await conduitWithInput(
@@ -748,8 +745,7 @@ test("interactive chat drops its oldest turns to fit the model's context, keepin
 
 test("runs watch: on a terminal a bar below the log with an ETA from the step rate; elsewhere the log alone", async (t) => {
   const environment = await testEnv(t);
-  const { app } = await buildTestApp(t, environment);
-  const core = (app as FastifyInstance & { conduit: Core }).conduit;
+  const { app, core } = await buildTestApp(t, environment);
   const url = await app.listen({ port: 0, host: "127.0.0.1" });
   const env = {
     CONDUIT_DATA_DIR: environment.dataDir,

@@ -4,7 +4,6 @@ import http from "node:http";
 import type net from "node:net";
 import { Readable } from "node:stream";
 import { test, type TestContext } from "node:test";
-import type { FastifyInstance } from "fastify";
 import { ApiError } from "../src/client/ApiError.ts";
 import { chatChunkText } from "../src/client/chatChunk.ts";
 import { ConduitClient } from "../src/client/ConduitClient.ts";
@@ -29,9 +28,9 @@ async function listen(t: TestContext, handler: http.RequestListener): Promise<st
 
 /** A Conduit server on 127.0.0.1 (users alice and bob, no trainer), and its core. */
 async function conduitServer(t: TestContext): Promise<{ url: string; core: Core }> {
-  const { app } = await buildTestApp(t, await testEnv(t));
+  const { app, core } = await buildTestApp(t, await testEnv(t));
   const url = await app.listen({ port: 0, host: "127.0.0.1" });
-  return { url, core: (app as FastifyInstance & { conduit: Core }).conduit };
+  return { url, core };
 }
 
 test("the SSE reader: events split anywhere, any line ending, comments, multi-line data, ids", async () => {
@@ -282,7 +281,10 @@ test("run events resume after a dropped connection: Last-Event-ID, each log line
   assert.equal(proxy.requests[1]?.["last-event-id"], retried[0]?.lastId);
   const lines = events.flatMap((e) => (e.event === "log" ? [e.data.line] : []));
   assert.deepEqual(lines, (await core.runs.get("alice", run.id)).logs, "every line once, in order");
-  assert.ok(lines.some((line) => line.endsWith(" three")), "the line written while the connection was down");
+  assert.ok(
+    lines.some((line) => line.endsWith(" three")),
+    "the line written while the connection was down",
+  );
   assert.deepEqual(
     events.flatMap((e) => (e.event === "status" ? [e.data.status] : [])),
     ["RUNNING", "CANCELLED"],
@@ -295,13 +297,11 @@ test("run events: a server that resumes from Last-Event-ID is not second-guessed
     const last = request.headers["last-event-id"] as string | undefined;
     asked.push(last);
     if (request.url !== "/conduit/finetuning/ft_1/events")
-      return void response
-        .writeHead(404, { "content-type": "application/json" })
-        .end(
-          JSON.stringify({
-            error: { message: "no such run", type: "not_found_error", param: null, code: "not_found" },
-          }),
-        );
+      return void response.writeHead(404, { "content-type": "application/json" }).end(
+        JSON.stringify({
+          error: { message: "no such run", type: "not_found_error", param: null, code: "not_found" },
+        }),
+      );
     response.writeHead(200, { "content-type": "text/event-stream" });
     const log = (id: number, line: string) => `id: ${id}\nevent: log\ndata: ${JSON.stringify({ line })}\n\n`;
     const status = (s: string) => `event: status\ndata: ${JSON.stringify({ status: s, error: null })}\n\n`;

@@ -96,9 +96,6 @@ export async function buildTestApp(
   const core = await createCore(config, overrides);
   for (const seed of config.apiKeys) await core.keys.ensure(seed.key, seed.userId);
   const app = await buildApp(core);
-  // Tests reach into the core (e.g. to start the scheduler) through `core`; the `conduit`
-  // decoration stays for tests that still read it off the app.
-  app.decorate("conduit", core);
   t.after(() => app.close());
   return { app, config, core };
 }

@@ -17,9 +17,10 @@ const messages = [{ role: "user", content: "Hi" }];
 
 describe("the OpenAI surface on the tiny model", () => {
   let app: FastifyInstance;
+  let core: Core;
   const cleanups: (() => unknown)[] = [];
   before(async () => {
-    ({ app } = await build({ after: (fn) => cleanups.push(fn) }));
+    ({ app, core } = await build({ after: (fn) => cleanups.push(fn) }));
   });
   after(async () => {
     for (const fn of cleanups.reverse()) await fn();
@@ -391,7 +392,10 @@ describe("the OpenAI surface on the tiny model", () => {
   });
 
   test("without max_tokens a /v1 answer may fill the context (a 128-token model)", async (t) => {
-    const { app: small } = await buildTestApp(t, await testEnv(t, "sqlite", { CONDUIT_CONTEXT_SIZE: "128" }));
+    const { app: small, core: smallCore } = await buildTestApp(
+      t,
+      await testEnv(t, "sqlite", { CONDUIT_CONTEXT_SIZE: "128" }),
+    );
     const v1 = await as(small, KEY_A).post(completionsUrl, {
       model: "tiny",
       prompt: "Once upon a time",
@@ -399,7 +403,7 @@ describe("the OpenAI surface on the tiny model", () => {
     });
     assert.equal(v1.statusCode, 200, v1.body);
     // llama.cpp rounds a context up to a multiple of 256.
-    const context = (small as FastifyInstance & { conduit: Core }).conduit.engine.loaded()[0]!.contextSize;
+    const context = smallCore.engine.loaded()[0]!.contextSize;
     assert.ok(context < 512, String(context));
     const usage = v1.json().usage;
     if (v1.json().choices[0].finish_reason === "length")
@@ -509,7 +513,6 @@ describe("the OpenAI surface on the tiny model", () => {
       },
     );
     assert.ok(Number.isInteger(tiny.created) && tiny.created > 0);
-    const core = (app as FastifyInstance & { conduit: Core }).conduit;
     const tinyFile = path.join(core.config.modelsDir, "tiny.gguf");
     assert.equal(tiny.size_bytes, fs.statSync(tinyFile).size);
 

@@ -53,10 +53,6 @@ async function upload(
   });
 }
 
-function startScheduler(app: FastifyInstance) {
-  (app as unknown as { conduit: { scheduler: { start(): void } } }).conduit.scheduler.start();
-}
-
 describe("OpenAI's files and fine-tuning jobs with the official client", () => {
   test("upload a chat file, train a job, follow its events to succeeded, chat with ft:…, cancel another", async (t) => {
     const env = await testEnv(t);
@@ -65,8 +61,8 @@ describe("OpenAI's files and fine-tuning jobs with the official client", () => {
       seed: 1,
       embeddingLength: 128,
     });
-    const { app } = await buildTestApp(t, env, { scheduler: { pollMs: 200, concurrency: 1 } });
-    startScheduler(app);
+    const { app, core } = await buildTestApp(t, env, { scheduler: { pollMs: 200, concurrency: 1 } });
+    core.scheduler.start();
     const address = await app.listen({ port: 0, host: "127.0.0.1" });
     const client = new OpenAI({ baseURL: `${address}/v1`, apiKey: KEY_A, maxRetries: 0 });
 

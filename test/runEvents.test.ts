@@ -5,12 +5,8 @@ import { test } from "node:test";
 import type { FastifyInstance } from "fastify";
 import { createParser, type EventSourceMessage } from "eventsource-parser";
 import { loadConfig } from "../src/config.ts";
-import { createCore, type Core } from "../src/core.ts";
+import { createCore } from "../src/core.ts";
 import { asAlice, backends, buildTestApp, datasetOf, startRun, testEnv } from "./helper.ts";
-
-function coreOf(app: FastifyInstance): Core {
-  return (app as FastifyInstance & { conduit: Core }).conduit;
-}
 
 interface Event {
   event: string;
@@ -135,8 +131,7 @@ function summary(events: Event[]) {
 
 for (const backend of backends()) {
   test(`events (${backend}): a connection killed mid-stream resumes with Last-Event-ID, nothing lost, nothing twice`, async (t) => {
-    const { app } = await buildTestApp(t, await testEnv(t, backend));
-    const core = coreOf(app);
+    const { app, core } = await buildTestApp(t, await testEnv(t, backend));
     const url = await app.listen({ port: 0, host: "127.0.0.1" });
     const id = await queuedRun(app);
     const whole = await Stream.open(url, id);
@@ -199,8 +194,7 @@ for (const backend of backends()) {
   });
 
   test(`events (${backend}): what was written while a client was away comes once: every line, the latest stats with the points it lacked`, async (t) => {
-    const { app } = await buildTestApp(t, await testEnv(t, backend));
-    const core = coreOf(app);
+    const { app, core } = await buildTestApp(t, await testEnv(t, backend));
     const url = await app.listen({ port: 0, host: "127.0.0.1" });
     const id = await queuedRun(app);
     assert.ok(await core.runRepository.claimNext("w", 60_000));
@@ -252,8 +246,7 @@ for (const backend of backends()) {
   });
 
   test(`events (${backend}): 300 idle followers cost no database query; a change costs two per follower; heartbeats keep them alive`, async (t) => {
-    const { app } = await buildTestApp(t, await testEnv(t, backend));
-    const core = coreOf(app);
+    const { app, core } = await buildTestApp(t, await testEnv(t, backend));
     app.sseHeartbeatMs = 200;
     const url = await app.listen({ port: 0, host: "127.0.0.1" });
     const id = await queuedRun(app);
@@ -286,8 +279,7 @@ for (const backend of backends()) {
   });
 
   test(`events (${backend}): a reader that does not read holds the stream up; the log is read as it takes it`, async (t) => {
-    const { app } = await buildTestApp(t, await testEnv(t, backend));
-    const core = coreOf(app);
+    const { app, core } = await buildTestApp(t, await testEnv(t, backend));
     const url = await app.listen({ port: 0, host: "127.0.0.1" });
     const id = await queuedRun(app);
     // 40 MB of log, more than the sockets between server and client hold.
@@ -344,8 +336,7 @@ test(
   { skip: !backends().includes("postgres") },
   async (t) => {
     const env = await testEnv(t, "postgres");
-    const { app } = await buildTestApp(t, env);
-    const core = coreOf(app);
+    const { app, core } = await buildTestApp(t, env);
     const url = await app.listen({ port: 0, host: "127.0.0.1" });
     const id = await queuedRun(app);
     const follower = await Stream.open(url, id);

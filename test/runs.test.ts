@@ -19,7 +19,7 @@ import {
   KEY_B,
 } from "./helper.ts";
 import { loadConfig } from "../src/config.ts";
-import { createCore, type Core, type CoreOverrides } from "../src/core.ts";
+import { createCore, type CoreOverrides } from "../src/core.ts";
 import { chooseAutoSettings, readModelShape } from "../src/train/autoSettings.ts";
 import { LORA_TARGETS, type TrainMethod } from "../src/contract/runs.ts";
 
@@ -76,10 +76,6 @@ async function autoChoice(app: FastifyInstance, datasetId: string, method: Train
 }
 
 /** The core behind a test app (helper.ts decorates the app with it). */
-function coreOf(app: FastifyInstance): Core {
-  return (app as FastifyInstance & { conduit: Core }).conduit;
-}
-
 async function createRun(app: FastifyInstance, payload: Record<string, unknown>) {
   const res = await as(app, KEY_A).post("/conduit/finetuning", payload);
   assert.equal(res.statusCode, 200, res.body);
@@ -272,7 +268,7 @@ for (const backend of backends()) {
     });
 
     test("bad LoRA settings are a 400 naming the field, and nothing is queued", async (t) => {
-      const { app } = await build(t, backend, models);
+      const { app, core } = await build(t, backend, models);
       const ds = await datasetWithPairs(app);
       const cases: [Record<string, unknown>, string, RegExp][] = [
         [{ loraRank: 0 }, "loraRank", /"loraRank" must be >= 1/],
@@ -321,11 +317,11 @@ for (const backend of backends()) {
       }
       // The service refuses the same without the HTTP schema (the scheduler's and tests' way in).
       await assert.rejects(
-        coreOf(app).runs.create("alice", { datasetID: ds.id, baseModelName: "tiny", loraTargets: [] }),
+        core.runs.create("alice", { datasetID: ds.id, baseModelName: "tiny", loraTargets: [] }),
         /at least one target/,
       );
       await assert.rejects(
-        coreOf(app).runs.create("alice", {
+        core.runs.create("alice", {
           datasetID: ds.id,
           baseModelName: "tiny",
           loraTargets: ["attn_q", "attn_q"],
@@ -412,7 +408,7 @@ for (const backend of backends()) {
     });
 
     test("a validation file: another own dataset's or this one's (left out of training); another user's is a 404, an empty one a 400", async (t) => {
-      const { app } = await build(t, backend, models);
+      const { app, core } = await build(t, backend, models);
       const ds = await datasetWithPairs(app, "train");
       const other = (await as(app, KEY_A).post("/conduit/dataset", { name: "held" })).json();
       const held = await upload(app, other.id, "held.jsonl", 3);
@@ -455,8 +451,8 @@ for (const backend of backends()) {
       const bobs = (await as(app, KEY_B).post("/conduit/dataset", { name: "b" })).json();
       const bobsFile = await upload(app, bobs.id, "b.jsonl", 2, asBob);
       const empty = await upload(app, other.id, "empty.jsonl", 1);
-      await coreOf(app)
-        .db.kysely.updateTable("files")
+      await core.db.kysely
+        .updateTable("files")
         .set({ io_pairs_count: 0 })
         .where("id", "=", empty.id)
         .execute();
@@ -539,7 +535,7 @@ for (const backend of backends()) {
     });
 
     test("examples: a READY run's examples with their loss, worst first, by split, paged; 409 before READY or without them, 404 for others", async (t) => {
-      const { app } = await build(t, backend, models);
+      const { app, core } = await build(t, backend, models);
       const ds = await datasetWithPairs(app);
       const run = await createRun(app, { datasetID: ds.id, baseModelName: "tiny" });
       const url = `/conduit/finetuning/${run.id}/examples`;
@@ -553,7 +549,7 @@ for (const backend of backends()) {
       assert.equal((await as(app, KEY_A).get("/conduit/finetuning/ft_missing/examples")).statusCode, 404);
       assert.equal((await app.inject({ url })).statusCode, 401);
 
-      const repo = coreOf(app).runRepository;
+      const repo = core.runRepository;
       assert.equal((await repo.claimNext("w", 60_000))?.id, run.id);
       assert.ok(await repo.finish(run.id, "w", { status: "READY", modelPath: "/m.gguf" }));
       const none = await get();
@@ -587,7 +583,7 @@ for (const backend of backends()) {
         example("validation", 2, 0.05),
         example("train", 4, 3),
       ];
-      const file = coreOf(app).blobs.pathOf(`runs/${run.id}/examples.jsonl`);
+      const file = core.blobs.pathOf(`runs/${run.id}/examples.jsonl`);
       fs.mkdirSync(path.dirname(file), { recursive: true });
       fs.writeFileSync(file, examples.map((e) => JSON.stringify(e)).join("\n") + "\n");
       const keys = (res: { json(): unknown }) =>
@@ -627,7 +623,7 @@ for (const backend of backends()) {
     });
 
     test("artifact: the owner downloads a READY run's file; 409 before READY, 404 for others, 401 without a key", async (t) => {
-      const { app, config } = await build(t, backend, models);
+      const { app, config, core } = await build(t, backend, models);
       const ds = await datasetWithPairs(app);
       const run = await createRun(app, { datasetID: ds.id, baseModelName: "tiny" });
       const url = `/conduit/finetuning/${run.id}/artifact`;
@@ -646,7 +642,7 @@ for (const backend of backends()) {
       const file = path.join(config.dataDir, "adapter.gguf");
       const bytes = Buffer.concat([Buffer.from("GGUF"), Buffer.alloc(300_000, 7)]);
       fs.writeFileSync(file, bytes);
-      const repo = coreOf(app).runRepository;
+      const repo = core.runRepository;
       assert.equal((await repo.claimNext("w", 60_000))?.id, run.id);
       assert.ok(await repo.finish(run.id, "w", { status: "READY", modelPath: file }));
       const res = await as(app, KEY_A).get(url);
@@ -824,13 +820,13 @@ for (const backend of backends()) {
 }
 
 test("artifact: a full run trained on the tiny model downloads as <run id>.gguf, the stored model byte for byte", async (t) => {
-  const { app } = await build(t, "sqlite", { scheduler: { pollMs: 200, concurrency: 1 } });
-  coreOf(app).scheduler.start();
+  const { app, core } = await build(t, "sqlite", { scheduler: { pollMs: 200, concurrency: 1 } });
+  core.scheduler.start();
   const ds = await datasetWithPairs(app);
   const run = await createRun(app, { datasetID: ds.id, baseModelName: "tiny", method: "full", epochs: 1 });
   const ended = await waitUntilEnded(app, run.id);
   assert.equal(ended.status, "READY", ended.logs.join("\n"));
-  const stored = await coreOf(app).runs.artifact("alice", run.id);
+  const stored = await core.runs.artifact("alice", run.id);
   const res = await as(app, KEY_A).get(`/conduit/finetuning/${run.id}/artifact`);
   assert.equal(res.statusCode, 200, res.body);
   assert.equal(res.headers["content-type"], "application/octet-stream");
@@ -843,8 +839,7 @@ test("artifact: a full run trained on the tiny model downloads as <run id>.gguf,
 });
 
 test("run lists are summaries; each stats event carries only the loss points the stream has not sent", async (t) => {
-  const { app } = await build(t);
-  const core = coreOf(app);
+  const { app, core } = await build(t);
   const url = await app.listen({ port: 0, host: "127.0.0.1" });
   const ds = await datasetWithPairs(app);
   const run = await createRun(app, { datasetID: ds.id, baseModelName: "tiny" });

@@ -73,8 +73,7 @@ async function setup(
   let app: FastifyInstance | undefined;
   let core: Core;
   if (http) {
-    app = (await buildTestApp(t, env, overrides)).app;
-    core = (app as FastifyInstance & { conduit: Core }).conduit;
+    ({ app, core } = await buildTestApp(t, env, overrides));
   } else {
     core = await createCore(loadConfig(env.env), overrides);
     t.after(() => core.close());

@@ -65,15 +65,13 @@ async function tiny128(env: TestEnv): Promise<string> {
   return file;
 }
 
+/** An app whose scheduler runs, polling every 200 ms. */
 async function trainingApp(t: { after(fn: () => unknown): void }, env?: TestEnv) {
-  const { app } = await buildTestApp(t, env ?? (await testEnv(t)), {
+  const built = await buildTestApp(t, env ?? (await testEnv(t)), {
     scheduler: { pollMs: 200, concurrency: 1 },
   });
-  return app;
-}
-
-function startScheduler(app: FastifyInstance) {
-  (app as unknown as { conduit: { scheduler: { start(): void } } }).conduit.scheduler.start();
+  built.core.scheduler.start();
+  return built;
 }
 
 describe("fine-tuning runs on the tiny model", () => {
@@ -81,8 +79,7 @@ describe("fine-tuning runs on the tiny model", () => {
     const env = await testEnv(t);
     // The default tiny model (64 wide) memorises too slowly for a test; 128 wide does it in ~30 s.
     await tiny128(env);
-    const app = await trainingApp(t, env);
-    startScheduler(app);
+    const { app } = await trainingApp(t, env);
     const datasetID = await datasetOf(app, pairs);
     const id = await startRun(app, {
       datasetID,
@@ -181,10 +178,6 @@ async function answers(app: FastifyInstance, model: string, inputs: string[]): P
   return out;
 }
 
-function engineOf(app: FastifyInstance) {
-  return (app as unknown as { conduit: { engine: import("../src/engine/Engine.ts").Engine } }).conduit.engine;
-}
-
 describe("LoRA runs on the tiny model", () => {
   /** Settings with which a LoRA adapter memorises the 20 pairs on the random tiny model (see bench/README.md §LoRA). */
   const memorise = { method: "lora", loraRank: 32, loraAlpha: 64, lr: 0.003, epochs: 200 };
@@ -200,8 +193,7 @@ describe("LoRA runs on the tiny model", () => {
         fs.rmSync(f32);
       }
       const baseModelName = baseType === "F32" ? "tiny128" : "tiny128-q8";
-      const app = await trainingApp(t, env);
-      startScheduler(app);
+      const { app } = await trainingApp(t, env);
       const datasetID = await datasetOf(app, pairs);
       const id = await startRun(app, { datasetID, baseModelName, ...memorise });
       const run = await waitFor(app, id, (r) => ["READY", "FAILED", "CANCELLED"].includes(r.status), 360_000);
@@ -284,8 +276,7 @@ describe("LoRA runs on the tiny model", () => {
   test("two LoRA runs of one base answer differently while the base is loaded once", async (t) => {
     const env = await testEnv(t);
     await tiny128(env);
-    const app = await trainingApp(t, env);
-    startScheduler(app);
+    const { app, core } = await trainingApp(t, env);
     // The same four questions, answered differently by each dataset.
     const questions = pairs.slice(0, 4).map((p) => p.input);
     const first = questions.map((input, i) => ({ input, output: `${words[i + 10]} ${i}` }));
@@ -302,7 +293,7 @@ describe("LoRA runs on the tiny model", () => {
       assert.equal(run.status, "READY", run.logs.join("\n"));
       ids.push(id);
     }
-    const engine = engineOf(app);
+    const engine = core.engine;
     const before = engine.stats();
     const a = await answers(app, ids[0]!, questions);
     const b = await answers(app, ids[1]!, questions);
@@ -349,8 +340,7 @@ describe("runs that learn by default", () => {
   test("a run with every setting left to auto learns 10 pairs, trained on the answers only", async (t) => {
     const env = await testEnv(t);
     await tiny128(env);
-    const app = await trainingApp(t, env);
-    startScheduler(app);
+    const { app } = await trainingApp(t, env);
     const ten = pairs.slice(0, 10);
     const res = await as(app, KEY_A).post("/conduit/finetuning", {
       datasetID: await datasetOf(app, ten),
@@ -426,8 +416,7 @@ describe("runs that learn by default", () => {
   test("the best checkpoint by validation loss is the one served; early stopping and a warning", async (t) => {
     const env = await testEnv(t);
     await tiny128(env);
-    const app = await trainingApp(t, env);
-    startScheduler(app);
+    const { app } = await trainingApp(t, env);
     const six = pairs.slice(0, 6);
     // The validation file asks the same questions with other answers: the more the run memorises its
     // training answers, the worse it does there, so its best evaluation comes early.
@@ -481,8 +470,7 @@ describe("runs that learn by default", () => {
   test("per-example loss ranks a mislabeled pair first", async (t) => {
     const env = await testEnv(t);
     await tiny128(env);
-    const app = await trainingApp(t, env);
-    startScheduler(app);
+    const { app } = await trainingApp(t, env);
     // One question asked three times with one answer, and once more with a contrary one.
     const question = pairs[0]!;
     const items = [
@@ -515,8 +503,7 @@ describe("runs that learn by default", () => {
   test("a run interrupted by a restart resumes from its checkpoint", async (t) => {
     const env = await testEnv(t);
     await tiny128(env);
-    const first = await trainingApp(t, env);
-    startScheduler(first);
+    const { app: first } = await trainingApp(t, env);
     const id = await startRun(first, {
       datasetID: await datasetOf(first, pairs.slice(0, 4)),
       baseModelName: "tiny128",
@@ -534,8 +521,7 @@ describe("runs that learn by default", () => {
     const saved = JSON.parse(fs.readFileSync(state, "utf8"));
     assert.ok(saved.step > 0);
 
-    const second = await trainingApp(t, env);
-    startScheduler(second);
+    const { app: second } = await trainingApp(t, env);
     const run = await waitFor(
       second,
       id,
