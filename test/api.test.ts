@@ -13,6 +13,9 @@ import {
   as,
   KEY_B,
 } from "./helper.ts";
+import path from "node:path";
+import Sqlite from "better-sqlite3";
+import pg from "pg";
 import type { CoreOverrides } from "../src/core.ts";
 
 const models: CoreOverrides = {};
@@ -127,6 +130,42 @@ for (const backend of backends()) {
     const unknownRoute = await as(app, KEY_A).get("/conduit/nothing");
     assert.equal(unknownRoute.statusCode, 404);
     assert.equal(unknownRoute.json().error.code, "not_found");
+  });
+
+  test(`a revoked key fails on the next request, revoked here or by another process (${backend})`, async (t) => {
+    const environment = await testEnv(t, backend);
+    const { app, config, core } = await buildTestApp(t, environment);
+    const list = () => as(app, KEY_A).get("/conduit/dataset");
+    const queriesOf = async (request: () => Promise<{ statusCode: number }>) => {
+      const before = core.db.queries();
+      assert.equal((await request()).statusCode, 200);
+      return core.db.queries() - before;
+    };
+    // On SQLite a key that passed is remembered: the next check reads no table. PostgreSQL reads it each time.
+    const first = await queriesOf(list);
+    assert.equal(await queriesOf(list), backend === "sqlite" ? first - 1 : first);
+
+    // Another process deletes alice's key behind this server's back (its own connection, as `conduit keys
+    // revoke` on the same database would).
+    if (backend === "sqlite") {
+      const other = new Sqlite(path.join(environment.dataDir, "conduit.db"));
+      other.prepare("DELETE FROM api_keys WHERE user_id = 'alice'").run();
+      other.close();
+    } else {
+      const other = new pg.Client({ connectionString: config.databaseUrl });
+      await other.connect();
+      await other.query("DELETE FROM api_keys WHERE user_id = 'alice'");
+      await other.end();
+    }
+    assert.equal((await list()).statusCode, 401, "revoked by another process");
+
+    // Bob's key, remembered, then revoked through this server's own repository.
+    assert.equal((await as(app, KEY_B).get("/conduit/dataset")).statusCode, 200);
+    assert.equal(await core.keys.revoke(KEY_B), true);
+    assert.equal((await as(app, KEY_B).get("/conduit/dataset")).statusCode, 401, "revoked here");
+    // A key added afterwards works at once.
+    const { key } = await core.keys.create("carol");
+    assert.equal((await as(app, key).get("/conduit/dataset")).statusCode, 200);
   });
 }
 
