@@ -5,7 +5,7 @@ import { test } from "node:test";
 import { loadConfig } from "../src/config.ts";
 import { bootstrapKeys, createCore } from "../src/core.ts";
 import { startServer } from "../src/server.ts";
-import { aliceWorld, asAlice, backends, buildTestApp, endlessEngine, testEnv } from "./helper.ts";
+import { aliceWorld, as, asAlice, backends, buildTestApp, endlessEngine, KEY_A, testEnv } from "./helper.ts";
 
 for (const backend of backends()) {
   test(`first start: one key for user "default", returned once; later starts create none (${backend})`, async (t) => {
@@ -45,6 +45,37 @@ test("/metrics: the first-start key reads it by default; CONDUIT_METRICS_USERS n
     () => loadConfig({ ...env.env, CONDUIT_METRICS_USERS: "ops,,carol" }),
     /CONDUIT_METRICS_USERS/,
   );
+});
+
+test("/metrics counts HTTP requests by method, route and status, and their latency by route", async (t) => {
+  const { app } = await buildTestApp(t, await testEnv(t));
+  for (let i = 0; i < 3; i++) assert.equal((await as(app, KEY_A).get("/conduit/dataset")).statusCode, 200);
+  assert.equal((await as(app, KEY_A).get("/conduit/dataset/ds_nope")).statusCode, 404);
+  assert.equal((await app.inject({ url: "/conduit/dataset" })).statusCode, 401);
+  const text = (await as(app, KEY_A).get("/metrics")).body;
+  const value = (line: string) => {
+    const found = text.split("\n").find((l) => l.startsWith(`${line} `));
+    assert.ok(found, `no line ${line} in:\n${text}`);
+    return Number(found.slice(line.length + 1));
+  };
+  const requests = "conduit_http_requests_total";
+  assert.equal(value(`${requests}{method="GET",route="/conduit/dataset",status="200"}`), 3);
+  assert.equal(value(`${requests}{method="GET",route="/conduit/dataset",status="401"}`), 1);
+  assert.equal(value(`${requests}{method="GET",route="/conduit/dataset/:dataset_id",status="404"}`), 1);
+  // The histogram's buckets are cumulative, end in +Inf at the count, and its sum is the latencies' total.
+  const latency = "conduit_http_request_duration_seconds";
+  const labels = 'method="GET",route="/conduit/dataset"';
+  const bounds = ["0.001", "0.005", "0.01", "0.05", "0.1", "0.5", "1", "2", "5", "10", "30", "60", "+Inf"];
+  const buckets = bounds.map((le) => value(`${latency}_bucket{le="${le}",${labels}}`));
+  assert.deepEqual(
+    buckets,
+    [...buckets].sort((a, b) => a - b),
+  );
+  assert.equal(buckets.at(-1), 4);
+  assert.equal(value(`${latency}_count{${labels}}`), 4);
+  assert.ok(value(`${latency}_sum{${labels}}`) > 0);
+  assert.match(text, /^# TYPE conduit_http_request_duration_seconds histogram$/m);
+  assert.match(text, /^# TYPE conduit_http_requests_total counter$/m);
 });
 
 test("keys from CONDUIT_API_KEYS count: no default key is made beside them", async (t) => {
