@@ -1,5 +1,4 @@
 import Fastify, { type FastifyBaseLogger, type FastifyInstance } from "fastify";
-import multipart from "@fastify/multipart";
 import swagger from "@fastify/swagger";
 import swaggerUi from "@fastify/swagger-ui";
 import { Ajv } from "ajv";
@@ -98,9 +97,6 @@ export async function buildApp(core: Core): Promise<FastifyInstance> {
   registerAuth(app, core.keys);
   registerSse(app);
 
-  await app.register(multipart, {
-    limits: { fileSize: core.config.maxUploadBytes + 1, files: 1, fields: 8, fieldSize: 1024 },
-  });
   await app.register(swagger, {
     // 3.1: its schemas are JSON Schema 2020-12, as TypeBox writes them (numeric `exclusiveMinimum`, `examples`).
     transformObject: (generated) =>

@@ -16,7 +16,7 @@ import {
   OpenAiFileUpload,
 } from "../../contract/openAiFineTuning.ts";
 import { Name, responses } from "../../contract/schemas.ts";
-import { malformed } from "../uploadSource.ts";
+import { acceptMultipart, malformed } from "../uploadSource.ts";
 
 const fileName = TypeCompiler.Compile(Name);
 
@@ -28,6 +28,8 @@ export default async function openAiFileRoutes(app: FastifyInstance, { core }: {
   const r = app.withTypeProvider<TypeBoxTypeProvider>();
   const { datasets } = core;
   const tags = ["openai fine-tuning"];
+  // This plugin is its own context: multipart reaches the /v1/files routes only.
+  await acceptMultipart(app, core.config.maxUploadBytes);
 
   r.post(
     "/v1/files",
