@@ -78,12 +78,25 @@ fs.rmSync(file);
 if (upload.status !== 200 || uploaded.ioPairsCount !== lines)
   throw new Error(`upload failed: ${upload.status} ${JSON.stringify(uploaded)}`);
 
+// The run reads a small dataset of its own: the uploaded one holds more pairs than a run may (CONDUIT_MAX_RUN_PAIRS).
+const small = (await (
+  await fetch(`${conduit}/conduit/dataset`, {
+    method: "POST",
+    headers,
+    body: '{"name":"small"}',
+  })
+).json()) as { id: string };
+await fetch(`${conduit}/conduit/dataset/${small.id}/upload`, {
+  method: "POST",
+  headers,
+  body: JSON.stringify({ name: "one.jsonl", ioPairs: [{ input: "a", output: "b" }] }),
+});
 const run = (await (
   await fetch(`${conduit}/conduit/finetuning`, {
     method: "POST",
     headers,
     // Explicit settings: "auto" reads the model, and "m" is an empty file.
-    body: JSON.stringify({ datasetID: dataset.id, baseModelName: "m", epochs: 1, lr: 0.001, loraRank: 8 }),
+    body: JSON.stringify({ datasetID: small.id, baseModelName: "m", epochs: 1, lr: 0.001, loraRank: 8 }),
   })
 ).json()) as { id?: string };
 if (!run.id) throw new Error(`creating the run failed: ${JSON.stringify(run)}`);
