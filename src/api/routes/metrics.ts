@@ -42,8 +42,11 @@ class HttpStats {
   private readonly routes = new Map<string, RouteCounts>();
 
   constructor(registry: Registry) {
+    // What prom-client's registry calls on a metric: `get` (scrapes) and `reset` (`registry.resetMetrics()`).
+    const reset = () => this.routes.clear();
     registry.registerMetric({
       name: "conduit_http_requests_total",
+      reset,
       get: () => ({
         name: "conduit_http_requests_total",
         help: "HTTP requests by method, route and status",
@@ -56,6 +59,7 @@ class HttpStats {
     } as never);
     registry.registerMetric({
       name: "conduit_http_request_duration_seconds",
+      reset,
       get: () => ({
         name: "conduit_http_request_duration_seconds",
         help: "HTTP request latency (streamed responses are not counted)",
