@@ -22,7 +22,7 @@ import path from "node:path";
 import { getLlama, LlamaLogLevel } from "node-llama-cpp";
 import type { Token } from "node-llama-cpp";
 import { createLlamaEngine } from "../src/engine/LlamaEngine.ts";
-import { bindNative } from "../src/engine/nativeBatch.ts";
+import { bindNative, greedySamplerConfig } from "../src/engine/nativeBatch.ts";
 import type { SamplingOptions } from "../src/engine/types.ts";
 
 const args = process.argv.slice(2);
@@ -80,17 +80,7 @@ async function rawNative(): Promise<Run> {
   const context = await model.createContext({ contextSize, sequences: 1, threads });
   const native = bindNative(llama, model, context);
   const sampler = native.createSampler();
-  sampler.applyConfig({
-    temperature: 0,
-    topK: 40,
-    topP: 1,
-    seed: 1,
-    repeatPenalty: 1,
-    repeatPenaltyMaxTokens: 1,
-    repeatPenaltyTokens: new Uint32Array(0),
-    repeatPenaltyPresencePenalty: 0,
-    repeatPenaltyFrequencyPenalty: 0,
-  });
+  sampler.applyConfig(greedySamplerConfig());
   const ctx = native.context;
   ctx.setThreads(threads);
   const t0 = performance.now();
@@ -183,17 +173,7 @@ async function rawNativeStreams(run: number): Promise<Aggregate> {
   ctx.setThreads(threads);
   const samplers = Array.from({ length: STREAMS }, () => {
     const sampler = native.createSampler();
-    sampler.applyConfig({
-      temperature: 0,
-      topK: 40,
-      topP: 1,
-      seed: 1,
-      repeatPenalty: 1,
-      repeatPenaltyMaxTokens: N,
-      repeatPenaltyTokens: new Uint32Array(0),
-      repeatPenaltyPresencePenalty: 0,
-      repeatPenaltyFrequencyPenalty: 0,
-    });
+    sampler.applyConfig(greedySamplerConfig());
     return sampler;
   });
   const t0 = performance.now();

@@ -10,7 +10,7 @@
  * main thread, libuv, other processes) a spinning thread waits for a descheduled partner for whole time slices.
  */
 import { getLlama, LlamaLogLevel } from "node-llama-cpp";
-import { bindNative } from "../src/engine/nativeBatch.ts";
+import { bindNative, greedySamplerConfig } from "../src/engine/nativeBatch.ts";
 
 const args = process.argv.slice(2);
 const flag = (name: string, fallback: string) => {
@@ -35,17 +35,7 @@ const contextSize = Math.min(512, model.trainContextSize);
 const context = await model.createContext({ contextSize, sequences: 1, threads: 1, batchSize: contextSize });
 const { context: ctx, createSampler } = bindNative(llama, model, context);
 const sampler = createSampler();
-sampler.applyConfig({
-  temperature: 0,
-  topK: 40,
-  topP: 1,
-  seed: 1,
-  repeatPenalty: 1,
-  repeatPenaltyMaxTokens: 1,
-  repeatPenaltyTokens: new Uint32Array(0),
-  repeatPenaltyPresencePenalty: 0,
-  repeatPenaltyFrequencyPenalty: 0,
-});
+sampler.applyConfig(greedySamplerConfig());
 const story = "Once upon a time there was a little girl who lived in a village near the forest. ";
 const longPrompt = model.tokenize(story.repeat(20), true).slice(0, Math.min(120, contextSize - 1));
 const shortPrompt = model.tokenize("Once upon a time", true);

@@ -20,7 +20,7 @@ import { execFileSync } from "node:child_process";
 import { Worker } from "node:worker_threads";
 import { parseArgs } from "node:util";
 import { getLlama, LlamaLogLevel } from "node-llama-cpp";
-import { bindNative } from "../src/engine/nativeBatch.ts";
+import { bindNative, greedySamplerConfig } from "../src/engine/nativeBatch.ts";
 import { koffiDecoder } from "./lib/koffiDecode.ts";
 import { modelPath, requireFile, toolPath, type BenchModel } from "./lib/reference.ts";
 
@@ -50,17 +50,7 @@ const bos = model.tokens.bos ?? 0;
 const context = await model.createContext({ contextSize: 512, sequences: 1, threads });
 const native = bindNative(llama, model, context);
 const greedy = native.createSampler();
-greedy.applyConfig({
-  temperature: 0,
-  topK: 0,
-  topP: 1,
-  seed: 1,
-  repeatPenalty: 1,
-  repeatPenaltyMaxTokens: 1,
-  repeatPenaltyTokens: new Uint32Array(0),
-  repeatPenaltyPresencePenalty: 0,
-  repeatPenaltyFrequencyPenalty: 0,
-});
+greedy.applyConfig(greedySamplerConfig());
 const binding: Loop = {
   async run() {
     const ctx = native.context;

@@ -1,7 +1,7 @@
 import crypto from "node:crypto";
 import type { Llama, LlamaContext, LlamaGrammar, LlamaModel, Token } from "node-llama-cpp";
 import type { ChatTemplate } from "../model/chatTemplate.ts";
-import { bindNative } from "./nativeBatch.ts";
+import { bindNative, greedySamplerConfig } from "./nativeBatch.ts";
 import type { NativeBinding, NativeGrammarState, NativeSampler } from "./nativeBatch.ts";
 import { promptTokens, type PromptModel } from "./promptTokens.ts";
 import { TextOutput } from "./TextOutput.ts";
@@ -255,17 +255,7 @@ export class SequenceBatcher {
       if (request.logprobs !== undefined) {
         // Greedy, no penalties, no grammar: its candidates are the raw logits of the whole vocabulary.
         const raw = this.native.createSampler();
-        raw.applyConfig({
-          temperature: 0,
-          topK: 0,
-          topP: 1,
-          seed: 0,
-          repeatPenalty: 1,
-          repeatPenaltyMaxTokens: 0,
-          repeatPenaltyTokens: new Uint32Array(0),
-          repeatPenaltyPresencePenalty: 0,
-          repeatPenaltyFrequencyPenalty: 0,
-        });
+        raw.applyConfig(greedySamplerConfig());
         logprobs = { top: request.logprobs, sampler: raw, entries: [], sent: 0, next: undefined };
       }
     } catch (error) {

@@ -82,6 +82,24 @@ export interface NativeSamplerConfig {
   grammarEvaluationState?: NativeGrammarState;
 }
 
+/**
+ * Greedy with nothing else: no penalties, no truncation, no grammar. Its candidates are the raw logits of the
+ * whole vocabulary (what log probabilities are read from); the benches use it as the plainest sampler.
+ */
+export function greedySamplerConfig(): NativeSamplerConfig {
+  return {
+    temperature: 0,
+    topK: 0,
+    topP: 1,
+    seed: 0,
+    repeatPenalty: 1,
+    repeatPenaltyMaxTokens: 0,
+    repeatPenaltyTokens: new Uint32Array(0),
+    repeatPenaltyPresencePenalty: 0,
+    repeatPenaltyFrequencyPenalty: 0,
+  };
+}
+
 /** Where a generation stands in its grammar (`AddonGrammarEvaluationState`); opaque, freed by the GC. */
 export interface NativeGrammarState {
   readonly __nativeGrammarState: never;
