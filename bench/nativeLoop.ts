@@ -1,5 +1,5 @@
 /**
- * One stream's decode loop three ways, against `llama-bench` tg, on the same GGUF and thread count (what bounds
+ * One stream's decode loop five ways, against `llama-bench` tg, on the same GGUF and thread count (what bounds
  * the single-stream goal of #11):
  *   - binding: node-llama-cpp 3.22.1's native context as the engine drives it (`src/engine/nativeBatch.ts`):
  *     `decodeBatch`, then `sampleToken`, two libuv jobs a token;

@@ -2,9 +2,8 @@
  * A one-sequence greedy decoder on the libllama node-llama-cpp ships, through koffi (the trainer's bindings in
  * `src/train/native/llamaLib.ts` plus the sampler calls they lack). For bench/nativeLoop.ts and its worker.
  */
-import fs from "node:fs";
 import koffi from "koffi";
-import { loadLlamaLib, type Pointer } from "../../src/train/native/llamaLib.ts";
+import { findLibrary, loadLlamaLib, type Pointer } from "../../src/train/native/llamaLib.ts";
 
 export interface KoffiDecoder {
   /** Empties the KV cache. */
@@ -21,14 +20,13 @@ function open(file: string) {
   const lib = loadLlamaLib();
   lib.ggml_backend_load_all_from_path(lib.binDir);
   lib.llama_backend_init();
-  const libllamaFile = fs.readdirSync(lib.binDir).find((f) => /^libllama\.v[\d.]+\.so$/.test(f));
-  if (!libllamaFile) throw new Error(`no libllama in ${lib.binDir}`);
-  const libllama = koffi.load(`${lib.binDir}/${libllamaFile}`);
+  const libllama = koffi.load(findLibrary(lib.binDir, /^libllama\.((cuda|vulkan)\.)?v[\d.]+\.so$/));
   koffi.struct("bench_sampler_chain_params", { no_perf: "bool" });
   const SeqConfig = koffi.struct("bench_sampler_seq_config", { seq_id: "int32_t", sampler: "void *" });
   const model = lib.llama_model_load_from_file(file, lib.llama_model_default_params());
   if (model === null) throw new Error(`could not load ${file} through koffi`);
   return {
+    file,
     lib,
     model,
     SeqConfig,
@@ -50,6 +48,7 @@ function open(file: string) {
  */
 export function koffiDecoder(file: string, threads: number, backendSampling: boolean): KoffiDecoder {
   const k = (opened ??= open(file));
+  if (k.file !== file) throw new Error(`koffiDecoder: this process already loaded ${k.file}`);
   const params = k.lib.llama_context_default_params() as unknown as Record<string, unknown>;
   Object.assign(params, { n_ctx: 512, n_batch: 512, n_ubatch: 512, n_seq_max: 1, n_threads: threads });
   Object.assign(params, { n_threads_batch: threads, no_perf: true });

@@ -380,7 +380,8 @@ function resolveOrUndefined(require: NodeJS.Require, specifier: string): string 
   }
 }
 
-function findLibrary(binDir: string, pattern: RegExp): string {
+/** The one file in `binDir` whose name matches `pattern`. */
+export function findLibrary(binDir: string, pattern: RegExp): string {
   const name = fs.readdirSync(binDir).find((file) => pattern.test(file));
   if (name === undefined) throw new Error(`trainer: no library matching ${pattern} in ${binDir}`);
   return path.join(binDir, name);
