@@ -55,14 +55,14 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
     sqlitePath: path.join(config.dataDir, "conduit.db"),
   });
   const blobs = overrides.blobs ?? new BlobStore(path.join(config.dataDir, "blobs"));
-  const keys = new KeyRepository(db.kysely, db.dataVersion);
+  const keys = new KeyRepository(db.kysely, db.readCommitted);
   const datasets = new DatasetService(
     new DatasetRepository(db.kysely),
     blobs,
     config.maxUploadBytes,
     config.maxPairBytes,
   );
-  const runRepository = new RunRepository(db.kysely, db.dialect);
+  const runRepository = new RunRepository(db.kysely, db.dialect, db.readCommitted);
   // Writes of other servers sharing a PostgreSQL database wake this one's run followers.
   const stopListening = await runRepository.listen(db);
   const registry = new ModelRegistry({ modelsDir: config.modelsDir });

@@ -167,6 +167,46 @@ for (const backend of backends()) {
     const { key } = await core.keys.create("carol");
     assert.equal((await as(app, key).get("/conduit/dataset")).statusCode, 200);
   });
+
+  test(`a run read is answered from memory only until anything is committed, here or by another process (${backend})`, async (t) => {
+    const environment = await testEnv(t, backend);
+    const { app, config, core } = await buildTestApp(t, environment);
+    const { run } = await aliceWorld(app);
+    const read = async () => {
+      const before = core.db.queries();
+      const response = await as(app, KEY_A).get(`/conduit/finetuning/${run}`);
+      assert.equal(response.statusCode, 200);
+      return {
+        queries: core.db.queries() - before,
+        run: response.json<{ status: string; logs: string[] }>(),
+      };
+    };
+    await read();
+    // Nothing committed since: SQLite answers the key check and the run from memory; PostgreSQL reads both.
+    assert.equal((await read()).queries, backend === "sqlite" ? 0 : 2);
+
+    // This server's own write shows on the next read.
+    await core.runRepository.appendLog(run, "written here");
+    assert.match((await read()).run.logs.at(-1) ?? "", / written here$/);
+
+    // So does another process's, behind this server's back.
+    const statement = "UPDATE runs SET status = 'FAILED', error = 'failed elsewhere' WHERE id = ";
+    if (backend === "sqlite") {
+      const other = new Sqlite(path.join(environment.dataDir, "conduit.db"));
+      other.prepare(`${statement}?`).run(run);
+      other.close();
+    } else {
+      const other = new pg.Client({ connectionString: config.databaseUrl });
+      await other.connect();
+      await other.query(`${statement}$1`, [run]);
+      await other.end();
+    }
+    const after = await read();
+    assert.equal(after.run.status, "FAILED");
+    assert.ok(after.queries > 0, "read again after another process's commit");
+    // Bob is refused it as before, remembered or not.
+    assert.equal((await as(app, KEY_B).get(`/conduit/finetuning/${run}`)).statusCode, 404);
+  });
 }
 
 /** Values that pass a plain type check but that a database refuses or mis-stores. */

@@ -1,4 +1,5 @@
 import { sql, type Kysely } from "kysely";
+import type { ReadCommitted } from "./committedReads.ts";
 import type { Db, Dialect } from "./database.ts";
 import type { Page } from "./DatasetRepository.ts";
 import type { Database, RunTable } from "./schema.ts";
@@ -98,6 +99,7 @@ export class RunRepository {
   constructor(
     private readonly db: Kysely<Database>,
     private readonly dialect: Dialect,
+    readCommitted?: ReadCommitted,
   ) {
     this.ownRun = precompile<Database, RunTable & { log_lines: string | string[] }, [string, string]>(
       db,
@@ -108,17 +110,21 @@ export class RunRepository {
           .select(this.logLines())
           .where("id", "=", arg(0))
           .where("user_id", "=", arg(1)),
+      readCommitted,
     );
     this.ownRunState = precompile<
       Database,
       Pick<RunTable, "id" | "status" | "error" | "stats">,
       [string, string]
-    >(db, (arg) =>
-      db
-        .selectFrom("runs")
-        .select(["id", "status", "error", "stats"])
-        .where("id", "=", arg(0))
-        .where("user_id", "=", arg(1)),
+    >(
+      db,
+      (arg) =>
+        db
+          .selectFrom("runs")
+          .select(["id", "status", "error", "stats"])
+          .where("id", "=", arg(0))
+          .where("user_id", "=", arg(1)),
+      readCommitted,
     );
   }
 

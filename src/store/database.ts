@@ -3,6 +3,7 @@ import path from "node:path";
 import SqliteDatabase from "better-sqlite3";
 import { Kysely, Migrator, PostgresDialect, SqliteDialect, sql, type LogEvent } from "kysely";
 import pg from "pg";
+import { CommittedReads, type ReadCommitted } from "./committedReads.ts";
 import { migrationProvider } from "./migrations.ts";
 import type { Database } from "./schema.ts";
 import { withStatementCache } from "./statementCache.ts";
@@ -15,11 +16,10 @@ export interface Db {
   /** Queries run so far by this process (tests count them; a gauge for metrics). */
   queries(): number;
   /**
-   * SQLite only (undefined on PostgreSQL): this connection's `PRAGMA data_version`, which changes whenever
-   * another connection (the CLI, another process on the same file) has committed anything since the last
-   * call, and not for this connection's own commits. A cache of rows can check it instead of re-reading them.
+   * SQLite only (undefined on PostgreSQL): a compiled read on a connection of its own, whose answers are
+   * remembered until anything is committed ({@link CommittedReads}). For the queries every request makes.
    */
-  dataVersion: (() => number) | undefined;
+  readCommitted: ReadCommitted | undefined;
   /**
    * Hears `NOTIFY channel` from every server sharing a PostgreSQL database, on one dedicated
    * connection: `onPayload` gets each payload. A lost connection is opened again (each second until
@@ -48,7 +48,6 @@ pg.types.setTypeParser(20, (value) => Number(value));
 export async function openDatabase(options: OpenDatabaseOptions): Promise<Db> {
   let kysely: Kysely<Database>;
   let dialect: Dialect;
-  let dataVersion: (() => number) | undefined;
   let queries = 0;
   const log = (event: LogEvent) => {
     if (event.level === "query") queries++;
@@ -67,8 +66,6 @@ export async function openDatabase(options: OpenDatabaseOptions): Promise<Db> {
     sqlite.pragma("synchronous = NORMAL");
     sqlite.pragma("busy_timeout = 5000");
     sqlite.pragma("foreign_keys = ON");
-    const version = sqlite.prepare("PRAGMA data_version").pluck();
-    dataVersion = () => version.get() as number;
     kysely = new Kysely<Database>({
       dialect: new SqliteDialect({ database: withStatementCache(sqlite) }),
       log,
@@ -96,15 +93,25 @@ export async function openDatabase(options: OpenDatabaseOptions): Promise<Db> {
     });
   }
 
+  const committedReads =
+    dialect === "sqlite"
+      ? new CommittedReads(options.sqlitePath, () => {
+          queries++;
+        })
+      : undefined;
+
   const databaseUrl = options.databaseUrl;
   return {
     kysely,
     dialect,
     queries: () => queries,
-    dataVersion,
+    readCommitted: committedReads?.read,
     listen: async (channel, onPayload, onResumed) =>
       databaseUrl ? listenPostgres(databaseUrl, channel, onPayload, onResumed) : async () => undefined,
-    close: () => kysely.destroy(),
+    close: async () => {
+      committedReads?.close();
+      await kysely.destroy();
+    },
   };
 }
 
