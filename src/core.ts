@@ -55,7 +55,7 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
     sqlitePath: path.join(config.dataDir, "conduit.db"),
   });
   const blobs = overrides.blobs ?? new BlobStore(path.join(config.dataDir, "blobs"));
-  const keys = new KeyRepository(db.kysely, db.readCommitted);
+  const keys = new KeyRepository(db.kysely, db.dataVersion, db.readCommitted);
   const datasets = new DatasetService(
     new DatasetRepository(db.kysely),
     blobs,

@@ -16,6 +16,12 @@ export interface Db {
   /** Queries run so far by this process (tests count them; a gauge for metrics). */
   queries(): number;
   /**
+   * SQLite only (undefined on PostgreSQL): this connection's `PRAGMA data_version`, which changes whenever
+   * another connection (the CLI, another process on the same file) has committed anything since the last
+   * call, and not for this connection's own commits. A cache of rows can check it instead of re-reading them.
+   */
+  dataVersion: (() => number) | undefined;
+  /**
    * SQLite only (undefined on PostgreSQL): a compiled read on a connection of its own, whose answers are
    * remembered until anything is committed ({@link CommittedReads}). For the queries every request makes.
    */
@@ -48,6 +54,7 @@ pg.types.setTypeParser(20, (value) => Number(value));
 export async function openDatabase(options: OpenDatabaseOptions): Promise<Db> {
   let kysely: Kysely<Database>;
   let dialect: Dialect;
+  let dataVersion: (() => number) | undefined;
   let queries = 0;
   const log = (event: LogEvent) => {
     if (event.level === "query") queries++;
@@ -66,6 +73,8 @@ export async function openDatabase(options: OpenDatabaseOptions): Promise<Db> {
     sqlite.pragma("synchronous = NORMAL");
     sqlite.pragma("busy_timeout = 5000");
     sqlite.pragma("foreign_keys = ON");
+    const version = sqlite.prepare("PRAGMA data_version").pluck();
+    dataVersion = () => version.get() as number;
     kysely = new Kysely<Database>({
       dialect: new SqliteDialect({ database: withStatementCache(sqlite) }),
       log,
@@ -105,6 +114,7 @@ export async function openDatabase(options: OpenDatabaseOptions): Promise<Db> {
     kysely,
     dialect,
     queries: () => queries,
+    dataVersion,
     readCommitted: committedReads?.read,
     listen: async (channel, onPayload, onResumed) =>
       databaseUrl ? listenPostgres(databaseUrl, channel, onPayload, onResumed) : async () => undefined,
