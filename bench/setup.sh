@@ -91,6 +91,17 @@ build_llama() {
     -DLLAMA_BUILD_UI=OFF            # no npm build of the web UI
     -DLLAMA_USE_PREBUILT_UI=OFF     # no download of the web UI (no internet); server runs without it
   )
+  # On a CPU with AMX (Intel Sapphire Rapids and later), -march=native compiles ggml's AMX kernels, and this
+  # release's llama-server then dies with SIGILL while it warms up (a `tilezero` the kernel refuses; seen on a
+  # 2-core Xeon VM, 2026-11-26). So AMX is left out here, and the reference is then NOT a fair one: Conduit's
+  # prebuilt binaries load their AMX "sapphirerapids" variant, and on that VM this build evaluated prompts
+  # about 4x slower (llama-bench pp256 144 tok/s) than Conduit did. Ratios against it flatter Conduit.
+  if grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then
+    local no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+    cmake_args+=("-DCMAKE_C_FLAGS=$no_amx" "-DCMAKE_CXX_FLAGS=$no_amx")
+    say "WARNING: this CPU has AMX; the reference tools are built without it (see the comment in bench/setup.sh),"
+    say "         so they are slower than Conduit's own binaries here and the bench ratios are not comparable."
+  fi
   command -v ninja >/dev/null || die "ninja not found (apt-get install ninja-build)"
   local stamp="$BUILD/.bench-setup-cmake-args"
   if [ -f "$BUILD/CMakeCache.txt" ] && [ -z "${FORCE_RECONFIGURE:-}" ] \

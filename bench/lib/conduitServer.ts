@@ -24,11 +24,13 @@ export async function freePort(): Promise<number> {
   });
 }
 
-/** Polls `url` until it answers 2xx (with the bench key), or throws when the child exits or 2 minutes pass. */
+/** Polls `url` until it answers 2xx (with the bench key), or throws when the child exits or dies or 2 minutes pass. */
 export async function waitFor(url: string, child: ChildProcess, what: string): Promise<void> {
   const deadline = Date.now() + 120_000;
   while (Date.now() < deadline) {
-    if (child.exitCode !== null) throw new Error(`${what} exited with code ${child.exitCode}`);
+    // A child killed by a signal (llama-server's SIGILL on an unsupported instruction) has no exit code.
+    if (child.exitCode !== null || child.signalCode !== null)
+      throw new Error(`${what} exited with ${child.signalCode ?? `code ${child.exitCode}`}`);
     try {
       if ((await fetch(url, { headers: { authorization: `Bearer ${BENCH_KEY}` } })).ok) return;
     } catch {
