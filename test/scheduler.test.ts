@@ -490,6 +490,10 @@ describe("scheduler with a fake trainer", () => {
     const statuses = events.filter((e) => e.event === "status").map((e) => e.data.status);
     assert.equal(statuses[0], "RUNNING");
     assert.equal(statuses.at(-1), "READY");
+    // The stream ends at the final status, and the line that says READY reached it first: the two are one commit.
+    const lastLine = events.findLastIndex((e) => e.event === "log");
+    assert.match(events[lastLine]?.data.line, /run READY: served as/);
+    assert.ok(lastLine < events.findLastIndex((e) => e.event === "status"));
     const missing = await fetch(`${address}/conduit/finetuning/ft_missing/events`, { headers: asAlice });
     assert.equal(missing.status, 404);
   });

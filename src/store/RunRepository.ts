@@ -67,6 +67,25 @@ function toRun(row: RunTable, logs: string[]): Run {
   };
 }
 
+/** Appends `line` to a run's log with the next sequence number, inside `tx`. */
+async function insertLine(tx: Kysely<Database>, runId: string, line: string, now: string): Promise<void> {
+  await tx
+    .insertInto("run_logs")
+    .columns(["run_id", "seq", "line", "created_at"])
+    .expression((eb) =>
+      eb
+        .selectFrom("run_logs")
+        .select([
+          sql<string>`${runId}`.as("run_id"),
+          sql<number>`coalesce(max(seq), -1) + 1`.as("seq"),
+          sql<string>`${line}`.as("line"),
+          sql<string>`${now}`.as("created_at"),
+        ])
+        .where("run_id", "=", runId),
+    )
+    .execute();
+}
+
 /** PostgreSQL's driver parses JSON columns; SQLite returns the text. */
 function parseLines(value: string | string[]): string[] {
   return typeof value === "string" ? (JSON.parse(value) as string[]) : value;
@@ -336,21 +355,7 @@ export class RunRepository {
       // nowhere to go, and that is not an error.
       if (Number(touched.numUpdatedRows) === 0) return;
       await this.changed(runId, tx);
-      await tx
-        .insertInto("run_logs")
-        .columns(["run_id", "seq", "line", "created_at"])
-        .expression((eb) =>
-          eb
-            .selectFrom("run_logs")
-            .select([
-              sql<string>`${runId}`.as("run_id"),
-              sql<number>`coalesce(max(seq), -1) + 1`.as("seq"),
-              sql<string>`${line}`.as("line"),
-              sql<string>`${now}`.as("created_at"),
-            ])
-            .where("run_id", "=", runId),
-        )
-        .execute();
+      await insertLine(tx, runId, line, now);
     });
     this.changes.changed(runId);
     return line;
@@ -506,27 +511,45 @@ export class RunRepository {
     return (await this.mlflowRun(id)) ?? undefined;
   }
 
-  /** Ends a RUNNING run this worker holds; false if it was cancelled or taken meanwhile. */
+  /**
+   * Ends a RUNNING run this worker holds; false if it was cancelled or taken meanwhile. `message`, when given,
+   * goes in its log in the same commit, after the lines already on their way: a follower ends its stream at
+   * the final status, so a line written after it could be missed.
+   */
   async finish(
     id: string,
     owner: string,
-    outcome: { status: "READY" | "FAILED" | "CANCELLED"; modelPath?: string; error?: string },
+    outcome: {
+      status: "READY" | "FAILED" | "CANCELLED";
+      modelPath?: string;
+      error?: string;
+      message?: string;
+    },
   ): Promise<boolean> {
-    const result = await this.db
-      .updateTable("runs")
-      .set({
-        status: outcome.status,
-        model_path: outcome.modelPath ?? null,
-        error: outcome.error ?? null,
-        lease_owner: null,
-        lease_expires_at: null,
-        updated_at: timestamp(),
-      })
-      .where("id", "=", id)
-      .where("status", "=", "RUNNING")
-      .where("lease_owner", "=", owner)
-      .executeTakeFirst();
-    return this.changedIf(id, result.numUpdatedRows);
+    await this.appending.get(id);
+    const now = timestamp();
+    const finished = await this.db.transaction().execute(async (tx) => {
+      const result = await tx
+        .updateTable("runs")
+        .set({
+          status: outcome.status,
+          model_path: outcome.modelPath ?? null,
+          error: outcome.error ?? null,
+          lease_owner: null,
+          lease_expires_at: null,
+          updated_at: now,
+        })
+        .where("id", "=", id)
+        .where("status", "=", "RUNNING")
+        .where("lease_owner", "=", owner)
+        .executeTakeFirst();
+      if (Number(result.numUpdatedRows) === 0) return false;
+      if (outcome.message !== undefined) await insertLine(tx, id, `${now} ${outcome.message}`, now);
+      await this.changed(id, tx);
+      return true;
+    });
+    if (finished) this.changes.changed(id);
+    return finished;
   }
 
   /** Hands a RUNNING run this worker holds back to the queue (graceful shutdown). */

@@ -275,15 +275,11 @@ export class Scheduler {
         const finished = await this.runs.finish(run.id, this.workerId, {
           status: "READY",
           modelPath: outputPath,
+          message: lora
+            ? `run READY: served as "${run.id}" (LoRA adapter of ${(outcome.stats.outputBytes / 2 ** 20).toFixed(2)} MiB on ${base.id})`
+            : `run READY: the fine-tuned model is served as "${run.id}"`,
         });
         if (finished) this.runService.events.emit("ended", run.id, "READY");
-        if (finished)
-          await this.appendLog(
-            run.id,
-            lora
-              ? `run READY: served as "${run.id}" (LoRA adapter of ${(outcome.stats.outputBytes / 2 ** 20).toFixed(2)} MiB on ${base.id})`
-              : `run READY: the fine-tuned model is served as "${run.id}"`,
-          );
         else if ((await this.whyGone(run.id)) === "cancel") await this.blobs.remove(runDir);
         else await leaveToTheNewAttempt();
       } else if (active.stopping === "lost") {
