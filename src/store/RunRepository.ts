@@ -67,6 +67,11 @@ function toRun(row: RunTable, logs: string[]): Run {
   };
 }
 
+/** A run log line as stored: its time, then the message. */
+function logLine(now: string, message: string): string {
+  return `${now} ${message}`;
+}
+
 /** Appends `line` to a run's log with the next sequence number, inside `tx`. */
 async function insertLine(tx: Kysely<Database>, runId: string, line: string, now: string): Promise<void> {
   await tx
@@ -189,7 +194,7 @@ export class RunRepository {
       created_at: now,
       updated_at: now,
     };
-    const lines = ["run queued", ...(run.logs ?? [])].map((message) => `${now} ${message}`);
+    const lines = ["run queued", ...(run.logs ?? [])].map((message) => logLine(now, message));
     await this.db.transaction().execute(async (tx) => {
       await tx.insertInto("runs").values(row).execute();
       await tx
@@ -344,7 +349,7 @@ export class RunRepository {
 
   private async insertLog(runId: string, message: string): Promise<string> {
     const now = timestamp();
-    const line = `${now} ${message}`;
+    const line = logLine(now, message);
     await this.db.transaction().execute(async (tx) => {
       const touched = await tx
         .updateTable("runs")
@@ -544,7 +549,7 @@ export class RunRepository {
         .where("lease_owner", "=", owner)
         .executeTakeFirst();
       if (Number(result.numUpdatedRows) === 0) return false;
-      if (outcome.message !== undefined) await insertLine(tx, id, `${now} ${outcome.message}`, now);
+      if (outcome.message !== undefined) await insertLine(tx, id, logLine(now, outcome.message), now);
       await this.changed(id, tx);
       return true;
     });
