@@ -680,6 +680,56 @@ describe("SequenceBatcher", () => {
       await loaded.dispose();
     }
   });
+
+  test("a sampler made while the first decode runs: one that cannot be made fails only its generation", async () => {
+    const loaded = await llama.loadModel({ modelPath: model.path, gpuLayers: 0 });
+    const context = await loaded.createContext({ contextSize: 256, sequences: 2, threads: 1 });
+    try {
+      const batcher = new SequenceBatcher({
+        llama,
+        model: loaded,
+        context,
+        template: await loadChatTemplate(model),
+        threads: 1,
+        promptThreads: 1,
+        batchSize: 256,
+        logger: () => {},
+        onFinish: () => {},
+      });
+      const request = { model, prompt: "Once upon a time", sampling: greedy(8) };
+      const prompt = batcher.tokenize(request);
+      // The answer, not how much of the prompt a sequence's cache held.
+      const run = () =>
+        batcher
+          .start(batcher.takeSequence(prompt)!, prompt, request, undefined)
+          .then(({ text, finishReason, completionTokens }) => ({ text, finishReason, completionTokens }));
+      const alone = await run();
+      // The step loop makes samplers through the batcher's native binding: the second one it asks for fails.
+      const native = (batcher as unknown as { native: { createSampler: () => unknown } }).native;
+      const createSampler = native.createSampler;
+      let made = 0;
+      native.createSampler = () => {
+        if (++made === 2) throw new Error("no memory for a sampler");
+        return createSampler();
+      };
+      // One step decodes both prompts, then makes their samplers (which one is second depends on the cache).
+      const settled = await Promise.allSettled([run(), run()]);
+      assert.equal(made, 2);
+      const failed = settled.filter((s): s is PromiseRejectedResult => s.status === "rejected");
+      assert.equal(failed.length, 1);
+      assert.match(String(failed[0]!.reason), /no memory for a sampler/);
+      assert.deepEqual(
+        settled.find((s) => s.status === "fulfilled"),
+        { status: "fulfilled", value: alone },
+      );
+      native.createSampler = createSampler;
+      // Both sequences are free again and answer as before.
+      assert.deepEqual(await Promise.all([run(), run()]), [alone, alone]);
+    } finally {
+      await context.dispose();
+      await loaded.dispose();
+    }
+  });
 });
 
 describe("LlamaEngine, one sequence", () => {

@@ -2,7 +2,7 @@ import crypto from "node:crypto";
 import type { Llama, LlamaContext, LlamaGrammar, LlamaModel, Token } from "node-llama-cpp";
 import type { ChatTemplate } from "../model/chatTemplate.ts";
 import { bindNative, greedySamplerConfig } from "./nativeBatch.ts";
-import type { NativeBinding, NativeGrammarState, NativeSampler } from "./nativeBatch.ts";
+import type { NativeBinding, NativeGrammarState, NativeSampler, NativeSamplerConfig } from "./nativeBatch.ts";
 import { promptTokens, type PromptModel } from "./promptTokens.ts";
 import { TextOutput } from "./TextOutput.ts";
 import type { FinishReason, GenerationRequest, GenerationResult, TokenLogprob } from "./types.ts";
@@ -36,7 +36,13 @@ interface Waiter {
 /** One running generation on one sequence of a loaded model. */
 interface Generation {
   sequenceId: number;
-  sampler: NativeSampler;
+  /**
+   * Made by the step loop while the generation's first decode runs (`prepareSamplers`): a native sampler
+   * allocates a candidate array of the whole vocabulary, ~0.37 ms on SmolLM2's 49,152 tokens, which would
+   * otherwise add to the time to the first token.
+   */
+  sampler: NativeSampler | undefined;
+  samplerConfig: NativeSamplerConfig;
   prompt: number[];
   /**
    * Set once the step loop has matched the prompt against the sequence's KV cache (`reusePrefix`, between two
@@ -72,7 +78,8 @@ interface Generation {
 /** A generation's log probabilities: a greedy sampler without penalties reads the raw distribution. */
 interface LogprobState {
   top: number;
-  sampler: NativeSampler;
+  /** Made with the generation's sampler (see `Generation.sampler`). */
+  sampler: NativeSampler | undefined;
   /** One entry per generated token, with where its text starts in the output (`TextOutput.decodedLength`). */
   entries: { entry: TokenLogprob; start: number }[];
   /** Entries already streamed. */
@@ -245,25 +252,15 @@ export class SequenceBatcher {
     const model = this.model;
     // max_tokens is a cap: the generation also ends when the context is full (absent: only then).
     const maxTokens = Math.min(sampling.maxTokens ?? Infinity, this.contextSize - prompt.length);
-    let sampler: NativeSampler;
     let grammarState: NativeGrammarState | undefined;
-    let logprobs: LogprobState | undefined;
     try {
       // One grammar state per generation: the sampler advances it with every token it samples.
       grammarState = grammar ? this.native.createGrammarState(grammar) : undefined;
-      sampler = this.native.createSampler();
-      if (request.logprobs !== undefined) {
-        // Greedy, no penalties, no grammar: its candidates are the raw logits of the whole vocabulary.
-        const raw = this.native.createSampler();
-        raw.applyConfig(greedySamplerConfig());
-        logprobs = { top: request.logprobs, sampler: raw, entries: [], sent: 0, next: undefined };
-      }
     } catch (error) {
-      logprobs?.sampler.dispose();
       this.returnSequence(sequenceId);
       throw error;
     }
-    sampler.applyConfig({
+    const samplerConfig: NativeSamplerConfig = {
       temperature: sampling.temperature,
       topK: sampling.topK,
       topP: sampling.topP,
@@ -278,7 +275,11 @@ export class SequenceBatcher {
       repeatPenaltyPresencePenalty: sampling.presencePenalty,
       repeatPenaltyFrequencyPenalty: sampling.frequencyPenalty,
       ...(grammarState ? { grammarEvaluationState: grammarState } : {}),
-    });
+    };
+    const logprobs: LogprobState | undefined =
+      request.logprobs !== undefined
+        ? { top: request.logprobs, sampler: undefined, entries: [], sent: 0, next: undefined }
+        : undefined;
     // A chat answer on the fallback ChatML template also ends at its turn markers: a model without ChatML
     // control tokens writes them as text (see CHATML_STOP_STRINGS). Raw prompts are left alone.
     const turnStops = request.messages !== undefined ? this.template.stopStrings : [];
@@ -295,7 +296,8 @@ export class SequenceBatcher {
     return new Promise<GenerationResult>((resolve, reject) => {
       const gen: Generation = {
         sequenceId,
-        sampler,
+        sampler: undefined,
+        samplerConfig,
         prompt,
         placed: false,
         pending: EMPTY,
@@ -335,8 +337,8 @@ export class SequenceBatcher {
    */
   private releaseSequence(gen: Generation): void {
     this.active.delete(gen);
-    gen.sampler.dispose();
-    gen.logprobs?.sampler.dispose();
+    gen.sampler?.dispose();
+    gen.logprobs?.sampler?.dispose();
     // Never placed (aborted before its first step): the sequence's cache is as the last request left it.
     if (!gen.placed) return this.returnSequence(gen.sequenceId);
     if (gen.cacheInvalid || gen.fed.length === 0) {
@@ -498,14 +500,18 @@ export class SequenceBatcher {
           sampleAt.push(batch[i]!);
           sampleIndex.push(logitAt[i]!);
         }
-        await ctx.decodeBatch();
+        const decoding = ctx.decodeBatch();
+        // The samplers of generations sampling for the first time are made while the decode runs.
+        this.prepareSamplers(sampleAt, sampleIndex);
+        await decoding;
+        if (sampleAt.length === 0) continue;
         if (sampleAt.length === 1) {
           // One sequence (a single stream): no Promise.all round.
           const gen = sampleAt[0]!;
           const index = sampleIndex[0]!;
           this.accept(
             gen,
-            await (gen.logprobs ? this.sampleWithLogprobs(gen, index) : ctx.sampleToken(index, gen.sampler)),
+            await (gen.logprobs ? this.sampleWithLogprobs(gen, index) : ctx.sampleToken(index, gen.sampler!)),
           );
         } else {
           // Sampling runs on libuv's pool, one job per sequence, concurrently.
@@ -515,7 +521,7 @@ export class SequenceBatcher {
             pending.push(
               gen.logprobs
                 ? this.sampleWithLogprobs(gen, sampleIndex[i]!)
-                : ctx.sampleToken(sampleIndex[i]!, gen.sampler),
+                : ctx.sampleToken(sampleIndex[i]!, gen.sampler!),
             );
           }
           const tokens = await Promise.all(pending);
@@ -533,18 +539,50 @@ export class SequenceBatcher {
   }
 
   /**
+   * Makes the native samplers of the generations in `sampleAt` that have none yet. One that fails is failed and
+   * taken out of `sampleAt` and `sampleIndex` (its sequence is released by the next step); never throws, so
+   * that the decode running meanwhile is always awaited.
+   */
+  private prepareSamplers(sampleAt: Generation[], sampleIndex: number[]): void {
+    let kept = 0;
+    for (let i = 0; i < sampleAt.length; i++) {
+      const gen = sampleAt[i]!;
+      if (!gen.sampler) {
+        try {
+          const sampler = this.native.createSampler();
+          gen.sampler = sampler;
+          sampler.applyConfig(gen.samplerConfig);
+          if (gen.logprobs) {
+            // Greedy, no penalties, no grammar: its candidates are the raw logits of the whole vocabulary.
+            const raw = this.native.createSampler();
+            gen.logprobs.sampler = raw;
+            raw.applyConfig(greedySamplerConfig());
+          }
+        } catch (error) {
+          settle(gen, () => gen.reject(error));
+          continue;
+        }
+      }
+      sampleAt[kept] = gen;
+      sampleIndex[kept++] = sampleIndex[i]!;
+    }
+    sampleAt.length = kept;
+    sampleIndex.length = kept;
+  }
+
+  /**
    * Samples `gen`'s next token, then reads its log probability and the top alternatives from the same logits
    * with the generation's raw sampler (a second native call, only for requests that ask).
    */
   private async sampleWithLogprobs(gen: Generation, index: number): Promise<number> {
     const state = gen.logprobs!;
     const ctx = this.native.context;
-    const token = await ctx.sampleToken(index, gen.sampler);
+    const token = await ctx.sampleToken(index, gen.sampler!);
     state.next = undefined;
     if (this.isEog(token)) return token;
     const [, , , pairs, weight] = await ctx.sampleToken(
       index,
-      state.sampler,
+      state.sampler!,
       false,
       false,
       [[token], false, false, false, Math.max(1, state.top)],
