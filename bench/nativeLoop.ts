@@ -1,8 +1,11 @@
 /**
- * One stream's decode loop five ways, against `llama-bench` tg, on the same GGUF and thread count (what bounds
+ * One stream's decode loop six ways, against `llama-bench` tg, on the same GGUF and thread count (what bounds
  * the single-stream goal of #11):
  *   - binding: node-llama-cpp 3.22.1's native context as the engine drives it (`src/engine/nativeBatch.ts`):
  *     `decodeBatch`, then `sampleToken`, two libuv jobs a token;
+ *   - binding-spin: the same while a `setImmediate` chain keeps the main thread busy (libuv then polls without
+ *     sleeping), to tell the cost of waking a sleeping event loop from the cost of the jobs themselves; it burns
+ *     a core, which a server shares with its clients;
  *   - koffi: `llama_decode` as one koffi async call, then `llama_sampler_sample` (greedy) on the main thread,
  *     through the libllama node-llama-cpp ships (the trainer's route, `src/train/native/llamaLib.ts`);
  *   - koffi-backend: `llama_decode` with a greedy *backend sampler* (`llama_context_params.samplers`,
@@ -51,23 +54,38 @@ const context = await model.createContext({ contextSize: 512, sequences: 1, thre
 const native = bindNative(llama, model, context);
 const greedy = native.createSampler();
 greedy.applyConfig(greedySamplerConfig());
-const binding: Loop = {
-  async run() {
-    const ctx = native.context;
-    ctx.disposeSequence(0);
-    const chosen: number[] = [];
-    let token = bos;
-    const started = performance.now();
-    for (let position = 0; position < tokens; position++) {
-      ctx.initBatch(1);
-      const [index] = ctx.addToBatch(0, position, Uint32Array.of(token), Uint32Array.of(0));
-      await ctx.decodeBatch();
-      token = await ctx.sampleToken(index!, greedy);
-      chosen.push(token);
-    }
-    return { perSecond: (tokens / (performance.now() - started)) * 1000, chosen };
-  },
-};
+function bindingLoop(spin: boolean): Loop {
+  return {
+    async run() {
+      let spinning = spin;
+      const tick = () => {
+        if (spinning) setImmediate(tick);
+      };
+      if (spin) setImmediate(tick);
+      try {
+        return await bindingRun();
+      } finally {
+        spinning = false;
+      }
+    },
+  };
+}
+const binding = bindingLoop(false);
+async function bindingRun(): Promise<{ perSecond: number; chosen: number[] }> {
+  const ctx = native.context;
+  ctx.disposeSequence(0);
+  const chosen: number[] = [];
+  let token = bos;
+  const started = performance.now();
+  for (let position = 0; position < tokens; position++) {
+    ctx.initBatch(1);
+    const [index] = ctx.addToBatch(0, position, Uint32Array.of(token), Uint32Array.of(0));
+    await ctx.decodeBatch();
+    token = await ctx.sampleToken(index!, greedy);
+    chosen.push(token);
+  }
+  return { perSecond: (tokens / (performance.now() - started)) * 1000, chosen };
+}
 
 // ---- koffi on the same libllama ----
 function koffiLoop(backendSampling: boolean, sync: boolean): Loop {
@@ -124,6 +142,7 @@ function llamaBench(): number {
 
 const loops: [string, Loop][] = [
   ["binding (decodeBatch + sampleToken)", binding],
+  ["binding-spin (main thread kept busy)", bindingLoop(true)],
   ["koffi (decode + llama_sampler_sample)", koffiLoop(false, false)],
   ["koffi-backend (backend sampler)", koffiLoop(true, false)],
   ["koffi-sync (blocks the event loop)", koffiLoop(false, true)],
