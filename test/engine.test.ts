@@ -633,23 +633,34 @@ describe("LlamaEngine, prefix cache", () => {
 });
 
 describe("SequenceBatcher", () => {
+  /** A batcher on a fresh 256-token context of `sequences` sequences of the tiny model, disposed after `use`. */
+  async function withBatcher(sequences: number, use: (batcher: SequenceBatcher) => Promise<void>) {
+    const loaded = await llama.loadModel({ modelPath: model.path, gpuLayers: 0 });
+    const context = await loaded.createContext({ contextSize: 256, sequences, threads: 1 });
+    try {
+      await use(
+        new SequenceBatcher({
+          llama,
+          model: loaded,
+          context,
+          template: await loadChatTemplate(model),
+          threads: 1,
+          promptThreads: 1,
+          batchSize: 256,
+          logger: () => {},
+          onFinish: () => {},
+        }),
+      );
+    } finally {
+      await context.dispose();
+      await loaded.dispose();
+    }
+  }
+
   test("a new request takes a free sequence beside the running ones, unless one holds its prefix; with none running, the one freed longest ago", async () => {
     // llama.cpp decodes each run of consecutive sequence ids in its own pass over the weights
     // (kv_unified = false), so gaps between running ids make every step slower.
-    const loaded = await llama.loadModel({ modelPath: model.path, gpuLayers: 0 });
-    const context = await loaded.createContext({ contextSize: 256, sequences: 4, threads: 1 });
-    try {
-      const batcher = new SequenceBatcher({
-        llama,
-        model: loaded,
-        context,
-        template: await loadChatTemplate(model),
-        threads: 1,
-        promptThreads: 1,
-        batchSize: 256,
-        logger: () => {},
-        onFinish: () => {},
-      });
+    await withBatcher(4, async (batcher) => {
       const tokens = (prompt: string) => batcher.tokenize({ model, prompt, sampling: greedy(2) });
       const run = (id: number, prompt: number[]) =>
         batcher.start(id, prompt, { model, prompt: "", sampling: greedy(2) }, undefined);
@@ -675,27 +686,11 @@ describe("SequenceBatcher", () => {
       assert.equal(batcher.takeSequence(long), 0);
       assert.equal(batcher.takeSequence(short), 1);
       assert.equal(batcher.takeSequence(short), undefined);
-    } finally {
-      await context.dispose();
-      await loaded.dispose();
-    }
+    });
   });
 
   test("a sampler made while the first decode runs: one that cannot be made fails only its generation", async () => {
-    const loaded = await llama.loadModel({ modelPath: model.path, gpuLayers: 0 });
-    const context = await loaded.createContext({ contextSize: 256, sequences: 2, threads: 1 });
-    try {
-      const batcher = new SequenceBatcher({
-        llama,
-        model: loaded,
-        context,
-        template: await loadChatTemplate(model),
-        threads: 1,
-        promptThreads: 1,
-        batchSize: 256,
-        logger: () => {},
-        onFinish: () => {},
-      });
+    await withBatcher(2, async (batcher) => {
       const request = { model, prompt: "Once upon a time", sampling: greedy(8) };
       const prompt = batcher.tokenize(request);
       // The answer, not how much of the prompt a sequence's cache held.
@@ -725,10 +720,7 @@ describe("SequenceBatcher", () => {
       native.createSampler = createSampler;
       // Both sequences are free again and answer as before.
       assert.deepEqual(await Promise.all([run(), run()]), [alone, alone]);
-    } finally {
-      await context.dispose();
-      await loaded.dispose();
-    }
+    });
   });
 });
 
