@@ -95,9 +95,10 @@ build_llama() {
   # release's llama-server then dies with SIGILL while it warms up: a `tilezero` in the AMX Q4_1 kernel
   # (`tinygemm_kernel_amx<block_q8_1, block_q4_1>`, from ggml_backend_amx_mul_mat). Seen on a 2-core Xeon VM,
   # 2026-11-26, also with a static build from node-llama-cpp's sapphirerapids flags instead of -march=native;
-  # only its dynamic-backend build (GGML_BACKEND_DL) works there. So AMX is left out here, and the reference is then NOT a fair one: Conduit's
-  # prebuilt binaries load their AMX "sapphirerapids" variant, and on that VM this build evaluated prompts
-  # about 4x slower (llama-bench pp256 144 tok/s) than Conduit did. Ratios against it flatter Conduit.
+  # only its dynamic-backend build (GGML_BACKEND_DL) works there. So AMX is left out here, and the reference
+  # is then NOT a fair one: Conduit's prebuilt binaries load their AMX "sapphirerapids" variant, and on that VM
+  # this build evaluated prompts about 4x slower (llama-bench pp256 144 tok/s) than Conduit did. Ratios against
+  # it flatter Conduit.
   if grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then
     local no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
     cmake_args+=("-DCMAKE_C_FLAGS=$no_amx" "-DCMAKE_CXX_FLAGS=$no_amx")
