@@ -45,6 +45,12 @@ export async function buildApp(core: Core): Promise<FastifyInstance> {
   const utf8 = new TextDecoder("utf-8", { fatal: true });
   app.removeContentTypeParser("application/json");
   app.addContentTypeParser("application/json", { parseAs: "buffer" }, (request, body, done) => {
+    // An empty body is no body (OpenAI's clients send `Content-Type: application/json` with nothing on
+    // cancel and delete): the operation's schema decides whether it needs one (see `emptyBodyAsObject`).
+    if ((body as Buffer).every((byte) => byte === 0x20 || byte === 0x09 || byte === 0x0a || byte === 0x0d)) {
+      done(null, undefined);
+      return;
+    }
     let text: string;
     try {
       text = utf8.decode(body as Buffer);
@@ -53,6 +59,12 @@ export async function buildApp(core: Core): Promise<FastifyInstance> {
       return;
     }
     parseJson(request, text, done);
+  });
+
+  // No body where the operation's fields are all optional is the empty object, as in OpenAI's API.
+  app.addHook("preValidation", (request, _reply, done) => {
+    if (request.body === undefined && allFieldsOptional(request.routeOptions.schema?.body)) request.body = {};
+    done();
   });
 
   // Bodies are validated strictly (no type coercion, unknown fields are errors where a schema
@@ -143,4 +155,11 @@ export async function buildApp(core: Core): Promise<FastifyInstance> {
 
   app.addHook("onClose", async () => core.close());
   return app;
+}
+
+/** Whether a body schema is an object whose every field may be left out (then no body means `{}`). */
+function allFieldsOptional(schema: unknown): boolean {
+  if (typeof schema !== "object" || schema === null) return false;
+  const { type, required } = schema as { type?: unknown; required?: unknown };
+  return type === "object" && (!Array.isArray(required) || required.length === 0);
 }
