@@ -6,14 +6,7 @@
 import fs from "node:fs";
 import path from "node:path";
 import koffi from "koffi";
-import type {
-  ExampleLoss,
-  ResolvedTrainerJob,
-  SampleSegment,
-  TrainerProgress,
-  TrainingSample,
-  TrainingStats,
-} from "../protocol.ts";
+import type { ExampleLoss, ResolvedTrainerJob, TrainerProgress, TrainingStats } from "../protocol.ts";
 import { learningRateAt } from "./learningRate.ts";
 import {
   GGML_OPT_OPTIMIZER_TYPE_ADAMW,
@@ -41,9 +34,10 @@ import {
   type LlamaLib,
   type Pointer,
 } from "./llamaLib.ts";
-import { packWindows, planWindows, type TokenizedSample, type TrainingWindow } from "./packWindows.ts";
-import { seededRandom, shuffledIndices } from "../../random.ts";
-import { jobSamples, TokenStore } from "./sampleStore.ts";
+import type { TrainingWindow } from "./packWindows.ts";
+import type { TokenStore } from "./sampleStore.ts";
+import { tokenizeSamples } from "./tokenizeSample.ts";
+import { TrainingPlan } from "./trainingPlan.ts";
 import { CheckpointDir, jobFingerprint } from "./checkpoint.ts";
 import { deviceMemory, GpuMemoryWatch, gpuDevices, OffloadAudit } from "./devices.ts";
 import { writeHeadroomAdapter } from "./graphHeadroom.ts";
@@ -76,10 +70,6 @@ export type TrainingResult =
     }
   | { status: "cancelled" };
 
-/** Window sizes are multiples of this: llama.cpp pads a context's size to it. */
-const WINDOW_MULTIPLE = 256;
-/** Epochs longer than this many steps are also evaluated and checkpointed every quarter. */
-const LONG_EPOCH_STEPS = 100;
 /** The latest checkpoint is written at most this often (and at the first evaluation point). */
 const CHECKPOINT_INTERVAL_MS = 10_000;
 /** Above this final training loss (nats per trained token) the run gets a warning. */
@@ -203,91 +193,38 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
 
     // Samples are tokenized once, as they are read, into token files in the work directory; only
     // where each starts stays in memory, and a window's samples are read back when it runs.
-    const tokenizeAll = async (source: readonly TrainingSample[] | string, name: string) => {
-      const store = new TokenStore(job.workDir, name);
-      stores.push(store);
-      let trained = 0;
-      for await (const sample of jobSamples(source)) {
-        const tokenized = tokenizeSample(lib, vocab, sample);
-        store.append(tokenized);
-        for (const flag of tokenized.trained) trained += flag;
-        if (store.size % 1024 === 0) {
-          await hooks.yieldToEventLoop();
-          if (hooks.isCancelled()) return undefined;
-        }
-      }
-      store.flush();
-      return { store, trained };
-    };
-    const trainSet = await tokenizeAll(job.samplesFile ?? job.samples, "train");
-    const evalSet = trainSet && (await tokenizeAll(job.evalSamplesFile ?? job.evalSamples, "eval"));
+    const trainSet = await tokenizeSamples(
+      lib,
+      vocab,
+      job.samplesFile ?? job.samples,
+      job.workDir,
+      "train",
+      hooks,
+      stores,
+    );
+    const evalSet =
+      trainSet &&
+      (await tokenizeSamples(
+        lib,
+        vocab,
+        job.evalSamplesFile ?? job.evalSamples,
+        job.workDir,
+        "eval",
+        hooks,
+        stores,
+      ));
     if (trainSet === undefined || evalSet === undefined) return { status: "cancelled" };
     const trainSamples = trainSet.store;
     const evalSamples = evalSet.store;
-    if (trainSamples.tokens === 0) throw new Error("trainer: no training samples");
-    const { windowSize, capacity } = chooseWindow(
+    const plan = TrainingPlan.create(
+      job,
       trainSamples,
       evalSamples,
-      job.contextSize,
       lib.llama_model_n_ctx_train(model),
+      endToken,
     );
-    const evalPlan = planWindows(evalSamples.size, (p) => evalSamples.length(p), capacity, job.packing);
-
-    // Sample order is reshuffled every epoch. Every order is drawn once up front so that totalSteps is
-    // exact, and drawn again from the same seed when its epoch comes: one order is in memory at a time.
-    const random = seededRandom(job.seed);
-    const stepsPerEpoch: number[] = [];
-    let totalSteps = 0;
-    // Sample tokens the run will train on (the last epoch may be cut by maxSteps).
-    let plannedTokens = 0;
-    while (stepsPerEpoch.length < job.epochs && (job.maxSteps === null || totalSteps < job.maxSteps)) {
-      const order = shuffledIndices(trainSamples.size, random);
-      const plan = planWindows(order.length, (p) => trainSamples.length(order[p]!), capacity, job.packing);
-      const steps = job.maxSteps === null ? plan.length : Math.min(plan.length, job.maxSteps - totalSteps);
-      if (steps === plan.length) plannedTokens += trainSamples.tokens;
-      else for (let p = 0; p < plan[steps]!; p++) plannedTokens += trainSamples.length(order[p]!);
-      stepsPerEpoch.push(steps);
-      totalSteps += steps;
-    }
-    const epochs = stepsPerEpoch.length;
-    if (job.maxTrainTokens !== null && plannedTokens > job.maxTrainTokens)
-      throw new Error(
-        `trainer: the run would train on ${plannedTokens} tokens (${trainSamples.size} examples of ` +
-          `${trainSamples.tokens} tokens in all, ${epochs} epochs${job.maxSteps === null ? "" : ` within ${job.maxSteps} steps`}), ` +
-          `more than a run may train on (CONDUIT_MAX_RUN_TOKENS: ${job.maxTrainTokens}); ` +
-          "train on fewer pairs or epochs, or set steps",
-      );
-    /** Window `k` of `plan` over `store`, the samples taken in `order` (by index when `null`). */
-    const windowAt = (
-      store: TokenStore,
-      order: Uint32Array | null,
-      plan: readonly number[],
-      k: number,
-      count: number,
-    ): TrainingWindow => {
-      const end = plan[k + 1] ?? count;
-      const indices: number[] = [];
-      const samples: TokenizedSample[] = [];
-      for (let p = plan[k]!; p < end; p++) {
-        const index = order === null ? p : order[p]!;
-        if (store.length(index) === 0) continue;
-        indices.push(index);
-        samples.push(store.read(index));
-      }
-      const windows = packWindows(
-        samples,
-        samples.map((_, i) => i),
-        windowSize,
-        endToken,
-        true,
-        capacity,
-      );
-      const window = windows[0];
-      if (windows.length !== 1 || window === undefined)
-        throw new Error(`trainer: window ${k} planned for one window packed into ${windows.length}`);
-      for (const span of window.spans) span.sample = indices[span.sample]!;
-      return window;
-    };
+    const { windowSize, capacity, stepsPerEpoch, totalSteps, epochs } = plan;
+    const evalPlan = plan.evalWindows;
 
     const audit = new OffloadAudit(lib, gpus[0]);
     const { ctx, checkCallback, adapterTensors, loss } = createContext(
@@ -379,7 +316,7 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
       for (let k = 0; k < evalPlan.length; k++) {
         await hooks.yieldToEventLoop();
         if (hooks.isCancelled()) return undefined;
-        const window = windowAt(evalSamples, null, evalPlan, k, evalSamples.size);
+        const window = plan.evalWindow(k);
         sum += runWindow(window, false);
         count += window.lossTokens;
       }
@@ -520,20 +457,15 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
       return true;
     };
 
-    const orders = seededRandom(job.seed);
     // A resumed run draws the orders of the epochs it has done, so that the next one is the same.
-    for (let epoch = 0; epoch < (resume?.epoch ?? 0); epoch++) shuffledIndices(trainSamples.size, orders);
-    training: for (let epoch = resume?.epoch ?? 0; epoch < epochs; epoch++) {
-      const order = shuffledIndices(trainSamples.size, orders);
-      const plan = planWindows(order.length, (p) => trainSamples.length(order[p]!), capacity, job.packing);
-      const windowCount = Math.min(plan.length, stepsPerEpoch[epoch] ?? 0);
-      // Long epochs are evaluated (and checkpointed) every quarter too.
-      const interval = windowCount > LONG_EPOCH_STEPS ? Math.ceil(windowCount / 4) : windowCount;
+    training: for (const epochPlan of plan.epochPlans(resume?.epoch ?? 0)) {
+      const epoch = epochPlan.epoch;
+      const windowCount = epochPlan.steps;
       let lossSum = 0;
       let lossCount = 0;
       const first = epoch === resume?.epoch ? resume.window : 0;
       for (let index = first; index < windowCount; index++) {
-        const window = windowAt(trainSamples, order, plan, index, order.length);
+        const window = plan.trainWindow(epochPlan, index);
         await hooks.yieldToEventLoop();
         if (hooks.isCancelled()) return { status: "cancelled" };
         learningRate = learningRateAt(job.learningRate, job.lrSchedule, step, totalSteps);
@@ -554,7 +486,7 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
         step += 1;
         finalTrainLoss = lossCount > 0 ? lossSum / lossCount : Number.NaN;
         const last = index === windowCount - 1;
-        if (last || (index + 1) % interval === 0) {
+        if (TrainingPlan.evaluatesAfter(epochPlan, index)) {
           if (!(await checkpoint(epoch, index + 1, finalTrainLoss))) return { status: "cancelled" };
           if (stoppedEarly) {
             epochsDone = epoch + (last ? 1 : 0);
@@ -598,12 +530,12 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
       ] as const) {
         const emit = (example: ExampleLoss) =>
           lossesOut === undefined ? examples[split].push(example) : lossesOut.write(example);
-        const plan = planWindows(samples.size, (p) => samples.length(p), capacity, job.packing);
+        const inOrder = plan.inOrder(samples);
         let next = 0;
-        for (let k = 0; k < plan.length; k++) {
+        for (let k = 0; k < inOrder.windows.length; k++) {
           await hooks.yieldToEventLoop();
           if (hooks.isCancelled()) return { status: "cancelled" };
-          const window = windowAt(samples, null, plan, k, samples.size);
+          const window = inOrder.window(k);
           runWindow(window, false);
           for (const span of window.spans) {
             for (; next < span.sample; next++) emit({ loss: null, tokens: 0 });
@@ -680,38 +612,6 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
     for (const file of [baseF32Path, trainedF32Path, baseConvertedPath, initialAdapterPath])
       fs.rmSync(file, { force: true });
   }
-}
-
-/**
- * The training window: the smallest multiple of 256 (llama.cpp pads a context to that) that holds the
- * longest example, and how many of its positions hold examples: all of them, unless the model was
- * trained on a shorter context (then the rest is padding that never counts). An example longer than
- * `maxWindow` or the model's trained context is an error naming it.
- */
-function chooseWindow(
-  train: TokenStore,
-  evalSet: TokenStore,
-  maxWindow: number,
-  modelContext: number,
-): { windowSize: number; capacity: number } {
-  const cap = Math.max(1, Math.min(maxWindow, modelContext > 0 ? modelContext : maxWindow));
-  let longest = 1;
-  for (const [split, samples] of [
-    ["training", train],
-    ["validation", evalSet],
-  ] as const)
-    for (let i = 0; i < samples.size; i++) {
-      const length = samples.length(i);
-      if (length > cap)
-        throw new Error(
-          `trainer: ${split} example ${i + 1} is ${length} tokens long, more than the longest training window ` +
-            `of ${cap} tokens (${cap === modelContext ? "the model's trained context" : "the run's contextSize"}); ` +
-            "shorten or remove it",
-        );
-      longest = Math.max(longest, length);
-    }
-  const windowSize = Math.ceil(longest / WINDOW_MULTIPLE) * WINDOW_MULTIPLE;
-  return { windowSize, capacity: Math.min(windowSize, cap) };
 }
 
 /** Per-example losses as JSON lines, written in blocks. */
@@ -1029,72 +929,6 @@ function initOptimizer(
   }
   if (tensors === 0) throw new Error("trainer: no trainable tensors (is the model F32?)");
   return { tensors, parameters };
-}
-
-/**
- * A sample's tokens and which are trained on. Segments are tokenized one by one (BOS, as the vocab
- * asks, before the first), the way inference tokenizes a prompt and then generates the answer.
- */
-function tokenizeSample(lib: LlamaLib, vocab: Pointer, sample: TrainingSample): TokenizedSample {
-  const segments = typeof sample === "string" ? [{ text: sample, train: true }] : sample;
-  const parts = segments.map((segment, i) => ({
-    tokens: segmentTokens(lib, vocab, segment, i === 0),
-    train: segment.train,
-  }));
-  const length = parts.reduce((sum, part) => sum + part.tokens.length, 0);
-  const tokens = new Int32Array(length);
-  const trained = new Uint8Array(length);
-  let at = 0;
-  for (const part of parts) {
-    tokens.set(part.tokens, at);
-    if (part.train) trained.fill(1, at, at + part.tokens.length);
-    at += part.tokens.length;
-  }
-  return { tokens, trained };
-}
-
-/**
- * A segment's tokens: the whole text with control-token text parsed, unless one of its content pieces holds
- * control-token text (`<|im_end|>` in a pair); then piece by piece, contents as plain text, so that a pair
- * cannot forge a turn boundary (as inference does with a request's messages).
- */
-function segmentTokens(lib: LlamaLib, vocab: Pointer, segment: SampleSegment, first: boolean): Int32Array {
-  const forging = (text: string) => {
-    const plain = tokenize(lib, vocab, text, false, false);
-    const special = tokenize(lib, vocab, text, false, true);
-    return plain.length !== special.length || plain.some((token, i) => token !== special[i]);
-  };
-  const pieces = segment.pieces ?? [];
-  if (!pieces.some((piece) => !piece.special && forging(piece.text)))
-    return tokenize(lib, vocab, segment.text, first);
-  const parts = pieces.map((piece, i) => tokenize(lib, vocab, piece.text, first && i === 0, piece.special));
-  const tokens = new Int32Array(parts.reduce((sum, part) => sum + part.length, 0));
-  let at = 0;
-  for (const part of parts) {
-    tokens.set(part, at);
-    at += part.length;
-  }
-  return tokens;
-}
-
-/** Tokenizes with special-token text parsed as control tokens, and BOS first when `addSpecial` and the vocab asks. */
-function tokenize(
-  lib: LlamaLib,
-  vocab: Pointer,
-  text: string,
-  addSpecial: boolean,
-  parseSpecial = true,
-): Int32Array {
-  if (text.length === 0) return new Int32Array(0);
-  const bytes = Buffer.byteLength(text);
-  let tokens = new Int32Array(bytes + 8);
-  let count = lib.llama_tokenize(vocab, text, bytes, tokens, tokens.length, addSpecial, parseSpecial);
-  if (count < 0) {
-    tokens = new Int32Array(-count);
-    count = lib.llama_tokenize(vocab, text, bytes, tokens, tokens.length, addSpecial, parseSpecial);
-  }
-  if (count < 0) throw new Error("trainer: tokenization failed");
-  return tokens.slice(0, count);
 }
 
 /** Writes the trained model as the requested type to `outputPath`: temp file, fsync, rename. */
