@@ -1,4 +1,5 @@
 import path from "node:path";
+import { TRAINER_SETTINGS, type TrainerSetting } from "./contract/runs.ts";
 import { GPU_SETTINGS, type GpuLayers, type GpuSetting } from "./engine/accelerator.ts";
 
 /**
@@ -300,6 +301,25 @@ export const settings = {
     description: "llama.cpp compute threads of each trainer process.",
     defaultText: "1",
     parse: integer("CONDUIT_TRAIN_THREADS", 1, 1, 256),
+  },
+  trainer: {
+    env: "CONDUIT_TRAINER",
+    description:
+      "Which trainer fine-tunes: `auto` (the PyTorch + PEFT worker when `CONDUIT_PYTHON` has its packages and the run can use it, else the embedded llama.cpp trainer), `llama.cpp` or `torch`. A run's `config.trainer` and log say which trained it and why.",
+    defaultText: "auto",
+    parse: (raw): TrainerSetting => {
+      const value = text("auto")(raw).toLowerCase();
+      if (!(TRAINER_SETTINGS as readonly string[]).includes(value))
+        throw new ConfigError(`CONDUIT_TRAINER must be one of ${TRAINER_SETTINGS.join(", ")}, got "${raw}"`);
+      return value as TrainerSetting;
+    },
+  },
+  python: {
+    env: "CONDUIT_PYTHON",
+    description:
+      "The Python of the torch trainer (with the packages of `src/train/torch/requirements.txt`; `npm run setup:torch` makes one in `.cache/torch-venv`).",
+    defaultText: "`.cache/torch-venv/bin/python` when that venv exists, else none (no torch trainer)",
+    parse: (raw): string | undefined => optionalText(raw),
   },
   mlflowTrackingUri: {
     env: "CONDUIT_MLFLOW_TRACKING_URI",

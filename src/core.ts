@@ -1,4 +1,5 @@
 import path from "node:path";
+import { TorchTrainerStatus } from "./train/torch/torchStatus.ts";
 import { pino, type Logger } from "pino";
 import { publicUrl, type Config } from "./config.ts";
 import { DatasetService } from "./datasets/DatasetService.ts";
@@ -33,6 +34,8 @@ export interface Core {
   engine: Engine;
   inference: InferenceService;
   scheduler: Scheduler;
+  /** Whether the torch trainer can run here (checked in the background by the server, on demand otherwise). */
+  torch: TorchTrainerStatus;
   close(): Promise<void>;
 }
 
@@ -67,10 +70,12 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
   const stopListening = await runRepository.listen(db);
   const registry = new ModelRegistry({ modelsDir: config.modelsDir });
   const base = publicUrl(config);
+  const torch = new TorchTrainerStatus(config.python);
   const runs = new RunService(runRepository, datasets, registry, blobs, {
     defaultModel: config.defaultModel,
     trackerUrl: (id) => `${base}/ui/runs/${id}`,
     limits: { maxPairs: config.maxRunPairs, maxBytes: config.maxRunBytes },
+    trainers: { setting: config.trainer, torch: () => torch.check() },
   });
   // With an MLflow server set, every run is mirrored to it, following the run events.
   const tracker = config.mlflowTrackingUri
@@ -113,6 +118,12 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
         : { backend: "cpu", layers: 0 };
     },
     maxRunTokens: config.maxRunTokens,
+    torch: async () => {
+      const status = await torch.check();
+      return status.available
+        ? { python: status.python, device: config.gpu === "off" ? "cpu" : "auto" }
+        : { unavailable: status.reason };
+    },
     ...overrides.scheduler,
   });
 
@@ -129,6 +140,7 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
     engine,
     inference,
     scheduler,
+    torch,
     async close() {
       await scheduler.close();
       await tracker?.close();

@@ -1,5 +1,6 @@
 import type { AddressInfo } from "node:net";
 import { buildApp } from "./api/buildApp.ts";
+import { describeTorch } from "./train/torch/torchStatus.ts";
 import { ConfigError, describeConfig, localUrl, type Config } from "./config.ts";
 import { bootstrapKeys, createCore } from "./core.ts";
 import { describeBackend } from "./engine/accelerator.ts";
@@ -22,6 +23,17 @@ export async function startServer(config: Config): Promise<{ close(): Promise<vo
     await app.close();
     throw error instanceof ConduitError ? new ConfigError(error.message) : error;
   }
+  // Whether the torch trainer is installed is known before the first run asks (importing PyTorch takes seconds).
+  if (config.trainer !== "llama.cpp")
+    void core.torch
+      .check()
+      .then((status) =>
+        status.available
+          ? app.log.info(`torch trainer: ${describeTorch(status.probe)} (${status.python})`)
+          : config.trainer === "torch"
+            ? app.log.warn(`torch trainer: not available, and CONDUIT_TRAINER is torch: ${status.reason}`)
+            : app.log.info(`torch trainer: not available (${status.reason}); runs train on llama.cpp`),
+      );
   // Only the server sweeps (the CLI opens the same data dir), and only leftovers.
   const files = new DatasetRepository(core.db.kysely);
   const sweeper = new Sweeper(core.blobs, core.runRepository, files, core.log, {

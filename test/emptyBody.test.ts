@@ -112,14 +112,16 @@ deleted = client.files.delete(file.id)
 print(json.dumps({"job": cancelled.status, "deleted": deleted.deleted,
                   "after": client.fine_tuning.jobs.retrieve(job.id).status}))
 `;
-      const result = await new Promise<{ status: number | null; stdout: string; stderr: string }>((resolve) => {
-        const child = spawn(python!, ["-c", script, address, KEY_A, data]);
-        let stdout = "";
-        let stderr = "";
-        child.stdout.on("data", (chunk: Buffer) => (stdout += chunk.toString()));
-        child.stderr.on("data", (chunk: Buffer) => (stderr += chunk.toString()));
-        child.on("close", (status: number | null) => resolve({ status, stdout, stderr }));
-      });
+      const result = await new Promise<{ status: number | null; stdout: string; stderr: string }>(
+        (resolve) => {
+          const child = spawn(python!, ["-c", script, address, KEY_A, data]);
+          let stdout = "";
+          let stderr = "";
+          child.stdout.on("data", (chunk: Buffer) => (stdout += chunk.toString()));
+          child.stderr.on("data", (chunk: Buffer) => (stderr += chunk.toString()));
+          child.on("close", (status: number | null) => resolve({ status, stdout, stderr }));
+        },
+      );
       assert.equal(result.status, 0, result.stderr);
       assert.deepEqual(JSON.parse(result.stdout), { job: "cancelled", deleted: true, after: "cancelled" });
     },

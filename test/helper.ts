@@ -78,6 +78,8 @@ export async function testEnv(
     CONDUIT_LOG_LEVEL: "silent",
     // Tests that train start the scheduler themselves.
     CONDUIT_TRAIN_CONCURRENCY: "0",
+    // The embedded trainer, whatever is installed; the torch trainer's tests ask for it.
+    CONDUIT_TRAINER: "llama.cpp",
     ...extra,
   };
   fs.mkdirSync(path.join(dataDir, "models"), { recursive: true });

@@ -21,7 +21,7 @@ import {
 import { loadConfig } from "../src/config.ts";
 import { createCore, type CoreOverrides } from "../src/core.ts";
 import { chooseAutoSettings, readModelShape } from "../src/train/autoSettings.ts";
-import { LORA_TARGETS, type TrainMethod } from "../src/contract/runs.ts";
+import { LLAMA_CPP_LORA_TARGETS, type TrainMethod } from "../src/contract/runs.ts";
 
 // Run lifecycle over HTTP; training itself is covered by the trainer tests.
 const models: CoreOverrides = {};
@@ -138,8 +138,10 @@ for (const backend of backends()) {
       assert.equal(run.config.epochs, 2);
       // The numbers given are kept; the rank was left to "auto".
       assert.deepEqual(run.config.autoSettings, ["loraRank"]);
-      assert.equal(run.logs.length, 2);
+      assert.equal(run.logs.length, 3);
       assert.match(run.logs[1], /auto settings: LoRA rank/);
+      assert.match(run.logs[2], /trainer: llama\.cpp \(CONDUIT_TRAINER\)/);
+      assert.equal(run.config.trainer, "llama.cpp");
       assert.equal(run.config.trainOnInputs, false);
       assert.equal(run.config.validationFileID, null);
       assert.equal(run.config.earlyStoppingPatience, null);
@@ -241,20 +243,26 @@ for (const backend of backends()) {
       });
       const rank = (await autoChoice(app, ds.id, "lora")).loraRank;
       const cases: [Record<string, unknown>, Record<string, unknown>][] = [
-        [{}, { method: "lora", loraRank: rank, loraAlpha: 2 * rank, loraTargets: [...LORA_TARGETS] }],
+        [
+          {},
+          { method: "lora", loraRank: rank, loraAlpha: 2 * rank, loraTargets: [...LLAMA_CPP_LORA_TARGETS] },
+        ],
         [
           { method: "lora" },
-          { method: "lora", loraRank: rank, loraAlpha: 2 * rank, loraTargets: [...LORA_TARGETS] },
+          { method: "lora", loraRank: rank, loraAlpha: 2 * rank, loraTargets: [...LLAMA_CPP_LORA_TARGETS] },
         ],
         // alpha follows the rank unless given
-        [{ loraRank: 4 }, { method: "lora", loraRank: 4, loraAlpha: 8, loraTargets: [...LORA_TARGETS] }],
+        [
+          { loraRank: 4 },
+          { method: "lora", loraRank: 4, loraAlpha: 8, loraTargets: [...LLAMA_CPP_LORA_TARGETS] },
+        ],
         [
           { loraRank: 256, loraAlpha: 0.5, loraTargets: ["ffn_down", "attn_q"] },
           { method: "lora", loraRank: 256, loraAlpha: 0.5, loraTargets: ["ffn_down", "attn_q"] },
         ],
         [
           { loraRank: 1, loraAlpha: 4096 },
-          { method: "lora", loraRank: 1, loraAlpha: 4096, loraTargets: [...LORA_TARGETS] },
+          { method: "lora", loraRank: 1, loraAlpha: 4096, loraTargets: [...LLAMA_CPP_LORA_TARGETS] },
         ],
         [{ method: "full" }, { method: "full", loraRank: null, loraAlpha: null, loraTargets: null }],
       ];
@@ -284,9 +292,9 @@ for (const backend of backends()) {
         [
           { loraTargets: ["attn_k"] },
           "loraTargets",
-          /"attn_k" cannot be a LoRA target: .*no gradient.*KV cache/,
+          /the llama\.cpp trainer cannot train "attn_k": .*no gradient.*KV cache.*npm run setup:torch/,
         ],
-        [{ loraTargets: ["attn_q", "attn_v"] }, "loraTargets", /"attn_v" cannot be a LoRA target/],
+        [{ loraTargets: ["attn_q", "attn_v"] }, "loraTargets", /the llama\.cpp trainer cannot train "attn_v"/],
         [
           { loraTargets: ["attn_q", "mlp"] },
           "loraTargets",
@@ -391,10 +399,10 @@ for (const backend of backends()) {
         assert.deepEqual(stored.logs, run.logs, `${label}: the response shows the stored log`);
         const auto = expected.autoSettings as ("epochs" | "lr" | "loraRank")[];
         if (auto.length === 0) {
-          assert.equal(run.logs.length, 1, `${label}: nothing chosen, nothing said`);
+          assert.equal(run.logs.length, 2, `${label}: nothing chosen, nothing said but the trainer`);
           continue;
         }
-        assert.equal(run.logs.length, 2, label);
+        assert.equal(run.logs.length, 3, label);
         const [, line] = run.logs;
         const choice = settings.method === "full" ? full : lora;
         assert.match(line ?? "", /^\S+ \S+ auto settings: /, label);

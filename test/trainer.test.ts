@@ -7,7 +7,7 @@ import { getLlama, LlamaLogLevel, readGgufFileInfo } from "node-llama-cpp";
 import type { Llama, LlamaModel, Token } from "node-llama-cpp";
 import { createTinyModel } from "../src/model/tinyModel.ts";
 import { chooseAutoSettings } from "../src/train/autoSettings.ts";
-import { LORA_TARGETS } from "../src/contract/runs.ts";
+import { LLAMA_CPP_LORA_TARGETS } from "../src/contract/runs.ts";
 import { learningRateAt } from "../src/train/native/learningRate.ts";
 import { loraWeights, type LoraSpec } from "../src/train/native/loraAdapter.ts";
 import { loraBaseConversion } from "../src/train/native/loraBase.ts";
@@ -189,9 +189,13 @@ describe("trainer building blocks", () => {
     const lib = loadLlamaLib();
     const model = readModelFile(lib, baseModel);
     const names = (spec: Partial<LoraSpec>) =>
-      loraWeights(model, { rank: 4, alpha: 8, targets: [...LORA_TARGETS], complexity: 1, ...spec }).map(
-        (w) => w.name,
-      );
+      loraWeights(model, {
+        rank: 4,
+        alpha: 8,
+        targets: [...LLAMA_CPP_LORA_TARGETS],
+        complexity: 1,
+        ...spec,
+      }).map((w) => w.name);
     assert.deepEqual(names({ targets: ["ffn_up", "output"], complexity: 0.5 }).sort(), [
       "blk.1.ffn_up.weight",
       "output.weight",
@@ -426,7 +430,7 @@ describe("trainer process", () => {
     const train = async (name: string, promptTrained: boolean, answerTrained: boolean) => {
       const outcome = await startTrainer({
         method: "lora",
-        lora: { rank: 4, alpha: 4, targets: [...LORA_TARGETS] },
+        lora: { rank: 4, alpha: 4, targets: [...LLAMA_CPP_LORA_TARGETS] },
         optimizer: "sgd",
         baseModelPath: baseModel,
         outputPath: path.join(dir, `${name}.gguf`),
@@ -475,7 +479,7 @@ describe("trainer process", () => {
   test("a window with every position masked does not train", async () => {
     const outcome = await startTrainer({
       method: "lora",
-      lora: { rank: 4, alpha: 4, targets: [...LORA_TARGETS] },
+      lora: { rank: 4, alpha: 4, targets: [...LLAMA_CPP_LORA_TARGETS] },
       baseModelPath: baseModel,
       outputPath: path.join(dir, "masked.gguf"),
       workDir: path.join(dir, "masked-work"),
@@ -498,7 +502,7 @@ describe("trainer process", () => {
     await createTinyModel(small, { seed: 1, contextLength: 512 });
     const outcome = await startTrainer({
       method: "lora",
-      lora: { rank: 4, alpha: 8, targets: [...LORA_TARGETS] },
+      lora: { rank: 4, alpha: 8, targets: [...LLAMA_CPP_LORA_TARGETS] },
       baseModelPath: small,
       outputPath: path.join(dir, "too-long.gguf"),
       workDir: path.join(dir, "too-long-work"),
@@ -524,7 +528,7 @@ describe("trainer process", () => {
     const evalSamples = Array.from({ length: 5 }, (_, i) => sample(100 + i));
     const job = (name: string): TrainerJob => ({
       method: "lora",
-      lora: { rank: 2, alpha: 4, targets: [...LORA_TARGETS] },
+      lora: { rank: 2, alpha: 4, targets: [...LLAMA_CPP_LORA_TARGETS] },
       baseModelPath: baseModel,
       outputPath: path.join(dir, `${name}.gguf`),
       workDir: path.join(dir, `${name}-work`),

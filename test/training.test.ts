@@ -221,7 +221,7 @@ describe("LoRA runs on the tiny model", () => {
       });
       assert.equal(conduit.statusCode, 200, conduit.body);
       assert.equal(conduit.json().response, got[0]);
-      t.diagnostic(`${baseType} base: ${exact}/20 exact`);
+      t.diagnostic(`${baseType} base: ${exact}/20 exact, loss ${run.stats.final.finalTrainLoss}`);
       assert.ok(exact >= 18, `${exact}/20 exact: ${JSON.stringify(got)}`);
 
       // The run keeps only its adapter: its F32 parameters and a header, no copy of the model.

@@ -31,17 +31,52 @@ export const loraLimits = { minRank: 1, maxRank: 256, maxAlpha: 4096 } as const;
  * The weights a LoRA adapter can target, by their llama.cpp tensor names: `blk.N.<target>.weight` in the
  * blocks `complexity` selects, and `output` for the output head (`output.weight`; skipped when the model ties
  * it to the token embeddings, as SmolLM2 does, since llama.cpp has no adapter path for the embeddings).
- *
- * `attn_k` and `attn_v` are left out on purpose: in the pinned llama.cpp release keys and values reach
- * attention through the KV cache (`set_rows`), which has no backward pass, so adapters on them would get
- * no gradient and never train.
  */
-export const LORA_TARGETS = ["attn_q", "attn_output", "ffn_gate", "ffn_up", "ffn_down", "output"] as const;
+export const LORA_TARGETS = [
+  "attn_q",
+  "attn_k",
+  "attn_v",
+  "attn_output",
+  "ffn_gate",
+  "ffn_up",
+  "ffn_down",
+  "output",
+] as const;
 
 export type LoraTarget = (typeof LORA_TARGETS)[number];
 
+/**
+ * The targets the llama.cpp trainer can train: `attn_k` and `attn_v` are left out because in the pinned
+ * llama.cpp release keys and values reach attention through the KV cache (`set_rows`), which has no backward
+ * pass, so adapters on them would get no gradient and never train. The torch trainer trains all of them.
+ */
+export const LLAMA_CPP_LORA_TARGETS = [
+  "attn_q",
+  "attn_output",
+  "ffn_gate",
+  "ffn_up",
+  "ffn_down",
+  "output",
+] as const satisfies readonly LoraTarget[];
+
 /** Weights that exist in llama.cpp models but cannot be trained by this release's backward pass. */
-export const UNTRAINABLE_LORA_TARGETS = ["attn_k", "attn_v"] as const;
+export const UNTRAINABLE_LORA_TARGETS = ["attn_k", "attn_v"] as const satisfies readonly LoraTarget[];
+
+/**
+ * The trainers: llama.cpp's own training API, shipped with node-llama-cpp (no install), and the PyTorch + PEFT
+ * worker (`npm run setup:torch`).
+ */
+export const TRAINERS = ["llama.cpp", "torch"] as const;
+export type TrainerName = (typeof TRAINERS)[number];
+
+/** `CONDUIT_TRAINER`: a trainer, or `auto` (the torch trainer where it is installed and can train the run). */
+export const TRAINER_SETTINGS = ["auto", ...TRAINERS] as const;
+export type TrainerSetting = (typeof TRAINER_SETTINGS)[number];
+
+/** The targets a LoRA run gets when it names none: every one its trainer can train. */
+export function defaultLoraTargets(trainer: TrainerName): readonly LoraTarget[] {
+  return trainer === "torch" ? LORA_TARGETS : LLAMA_CPP_LORA_TARGETS;
+}
 
 /** Quantization types the trained model can be written as (llama.cpp `llama_ftype` names). */
 export const TRAINER_OUTPUT_TYPES = [
@@ -116,6 +151,8 @@ interface RunConfigFields {
   earlyStoppingPatience: number | null;
   /** Which of `epochs`, `lr` and `loraRank` were chosen by `"auto"` (their chosen values are in their fields). */
   autoSettings: AutoSetting[];
+  /** Which trainer trains the run, chosen at creation (`CONDUIT_TRAINER`); runs older than the choice have none: llama.cpp. */
+  trainer?: TrainerName;
   /** What a run created through the OpenAI face was asked (`/v1/fine_tuning/jobs`); absent otherwise. */
   openai?: OpenAiJobRecord;
 }
@@ -133,7 +170,6 @@ export const runDefaults = {
   method: "lora" as TrainMethod,
   /** The default alpha is this times the rank (a scale of 2). */
   loraAlphaPerRank: 2,
-  loraTargets: LORA_TARGETS,
   complexity: 1,
   contextSize: 1024,
   lrSchedule: "cosine" as const,

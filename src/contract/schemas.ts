@@ -326,9 +326,11 @@ export const RunConfigFields = {
       uniqueItems: true,
       description:
         "The weights that get adapters, by llama.cpp tensor name, each at most once; `lora` only. " +
-        `${UNTRAINABLE_LORA_TARGETS.map((t) => `\`${t}\``).join(" and ")} cannot be targets: this llama.cpp ` +
-        "release gives them no gradient (K and V pass through the KV cache). " +
-        `Defaults to all of them: ${LORA_TARGETS.map((t) => `\`${t}\``).join(", ")}.`,
+        `${UNTRAINABLE_LORA_TARGETS.map((t) => `\`${t}\``).join(" and ")} train on the torch trainer only: this ` +
+        "llama.cpp release gives them no gradient (K and V pass through the KV cache), so with the llama.cpp " +
+        "trainer they are a 400. Defaults to every target the run's trainer can train (`config.trainer`): " +
+        `${LORA_TARGETS.map((t) => `\`${t}\``).join(", ")} on torch, the same without ` +
+        `${UNTRAINABLE_LORA_TARGETS.map((t) => `\`${t}\``).join(" and ")} on llama.cpp.`,
     }),
   ),
   complexity: Type.Optional(

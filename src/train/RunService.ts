@@ -11,20 +11,29 @@ import { newId } from "../store/ids.ts";
 import type { DatasetFile, Page } from "../store/DatasetRepository.ts";
 import type { Run, RunRepository } from "../store/RunRepository.ts";
 import { FollowCursor, type RunFollowEvent } from "./FollowCursor.ts";
-import { chooseAutoSettings, readModelShape, type ModelShape } from "./autoSettings.ts";
+import {
+  chooseAutoSettings,
+  readModelArchitecture,
+  readModelShape,
+  type ModelShape,
+} from "./autoSettings.ts";
 import {
   activeStatuses,
   AUTO_SETTINGS,
+  defaultLoraTargets,
   LORA_TARGETS,
   runDefaults,
-  UNTRAINABLE_LORA_TARGETS,
   type AutoSetting,
   type LoraTarget,
   type OpenAiJobRecord,
   type RunConfig,
   type TrainMethod,
   type TrainMethodConfig,
+  type TrainerName,
+  type TrainerSetting,
 } from "../contract/runs.ts";
+import { chooseTrainer, type TrainerChoice } from "./trainerChoice.ts";
+import type { TorchStatus } from "./torch/torchStatus.ts";
 import type { TrainerProgress } from "./protocol.ts";
 
 /** Finds base models by id (the engine's model registry). */
@@ -41,27 +50,32 @@ export function methodOf(config: { method?: string }): TrainMethod {
 }
 
 /**
- * Refuses LoRA targets that are not in `LORA_TARGETS`, naming the reason. Runs before the body
- * schema's own check too (the route's `preValidation`), so that `attn_k` and `attn_v` get theirs
- * instead of a bare "must be one of". Anything that is not a list of strings is left to the schema.
+ * Refuses LoRA targets that are not in `LORA_TARGETS`, naming them and the targets. Runs before the body
+ * schema's own check too (the route's `preValidation`), so that a typo gets the list instead of a bare
+ * "must be one of". Anything that is not a list of strings is left to the schema. Whether the run's
+ * trainer can train a target is decided with the trainer (`chooseTrainer`).
  */
 export function checkLoraTargets(targets: unknown): void {
   if (!Array.isArray(targets)) return;
   for (const target of targets) {
     if (typeof target !== "string" || (LORA_TARGETS as readonly string[]).includes(target)) continue;
-    const allowed = LORA_TARGETS.join(", ");
-    const message = (UNTRAINABLE_LORA_TARGETS as readonly string[]).includes(target)
-      ? `"${target}" cannot be a LoRA target: this llama.cpp release gives the attention K and V weights ` +
-        `no gradient (K and V pass through the KV cache), so an adapter on them would never train; ` +
-        `the targets are ${allowed}`
-      : `${JSON.stringify(target)} is not a LoRA target; the targets are ${allowed}`;
-    throw new ConduitError("invalid_request", message, { param: "loraTargets" });
+    throw new ConduitError(
+      "invalid_request",
+      `${JSON.stringify(target)} is not a LoRA target; the targets are ${LORA_TARGETS.join(", ")}`,
+      { param: "loraTargets" },
+    );
   }
 }
 
 /** The method's settings as asked for: a LoRA rank may still be `"auto"` and the alpha left to follow it. */
 type MethodRequest =
-  | { method: "lora"; loraRank: number | "auto"; loraAlpha: number | undefined; loraTargets: LoraTarget[] }
+  | {
+      method: "lora";
+      loraRank: number | "auto";
+      loraAlpha: number | undefined;
+      /** Undefined: the trainer's defaults. */
+      loraTargets: LoraTarget[] | undefined;
+    }
   | { method: "full"; loraRank: null; loraAlpha: null; loraTargets: null };
 
 /** The method and its settings, with defaults filled in; LoRA settings with method `full` are a 400. */
@@ -78,7 +92,9 @@ function methodRequest(body: CreateRunBodyWire): MethodRequest {
     return { method, loraRank: null, loraAlpha: null, loraTargets: null };
   }
   checkLoraTargets(body.loraTargets);
-  const targets = body.loraTargets ?? runDefaults.loraTargets;
+  const targets = body.loraTargets;
+  if (targets === undefined)
+    return { method, loraRank: body.loraRank ?? "auto", loraAlpha: body.loraAlpha, loraTargets: undefined };
   if (targets.length === 0)
     throw new ConduitError("invalid_request", '"loraTargets" needs at least one target', {
       param: "loraTargets",
@@ -88,14 +104,22 @@ function methodRequest(body: CreateRunBodyWire): MethodRequest {
   return { method, loraRank: body.loraRank ?? "auto", loraAlpha: body.loraAlpha, loraTargets: [...targets] };
 }
 
-/** The stored method settings once the rank is known; the alpha follows the rank unless given. */
-function methodConfig(request: MethodRequest, autoRank: () => number): TrainMethodConfig {
+/**
+ * The stored method settings once the rank and the trainer are known; the alpha follows the rank unless
+ * given, the targets default to all the trainer can train.
+ */
+function methodConfig(
+  request: MethodRequest,
+  autoRank: () => number,
+  trainer: TrainerName,
+): TrainMethodConfig {
   if (request.method === "full") return request;
   const loraRank = request.loraRank === "auto" ? autoRank() : request.loraRank;
   return {
     ...request,
     loraRank,
     loraAlpha: request.loraAlpha ?? runDefaults.loraAlphaPerRank * loraRank,
+    loraTargets: request.loraTargets ?? [...defaultLoraTargets(trainer)],
   };
 }
 
@@ -168,6 +192,11 @@ export class RunService {
       trackerUrl: (runId: string) => string;
       /** Most pairs and bytes of dataset files a run may read (`CONDUIT_MAX_RUN_PAIRS`, `CONDUIT_MAX_RUN_BYTES`). Defaults to no limit. */
       limits?: { maxPairs: number; maxBytes: number };
+      /**
+       * Which trainer a run gets (`CONDUIT_TRAINER`) and whether the torch trainer is installed. Defaults to
+       * the llama.cpp trainer only.
+       */
+      trainers?: { setting: TrainerSetting; torch: () => Promise<TorchStatus> };
     },
   ) {}
 
@@ -204,6 +233,7 @@ export class RunService {
       throw new ConduitError("model_not_found", `model "${baseModelName}" not found`, {
         param: "baseModelName",
       });
+    const trainer = await this.trainerFor(method, baseModelName, model.path);
     const training = await this.trainingSet(userId, dataset, body.validationFileID);
     this.checkLimits(training, datasetId ? "datasetID" : "datasetName");
 
@@ -234,7 +264,7 @@ export class RunService {
       epochs: typeof body.epochs === "number" ? body.epochs : chosen("epochs"),
       steps: body.steps ?? null,
       complexity: body.complexity ?? runDefaults.complexity,
-      ...methodConfig(method, () => chosen("loraRank")),
+      ...methodConfig(method, () => chosen("loraRank"), trainer.trainer),
       systemPrompt: body.systemPrompt ?? "",
       name: body.name ?? `${dataset.name}-${baseModelName}`,
       trackerProject: body.trackerProject ?? null,
@@ -250,6 +280,7 @@ export class RunService {
       validationFileName: training.validation?.name ?? null,
       earlyStoppingPatience: body.earlyStoppingPatience ?? null,
       autoSettings,
+      trainer: trainer.trainer,
     };
     if (config.lr > 1)
       throw new ConduitError(
@@ -264,6 +295,7 @@ export class RunService {
       logs.push(
         `learning rate ${config.lr}: ${config.lr / extras.lrMultiplier} × ${extras.lrMultiplier} (multiplier)`,
       );
+    logs.push(trainer.reason);
     const run = await this.runs.create({
       id,
       userId,
@@ -350,6 +382,36 @@ export class RunService {
   }
 
   /** The base model's shape for auto settings; a file that cannot be read is the model's fault, a 400. */
+  /** The run's trainer (see `chooseTrainer`); a run no trainer here can train is a 400. */
+  private async trainerFor(method: MethodRequest, name: string, modelPath: string): Promise<TrainerChoice> {
+    const trainers = this.options.trainers;
+    if (trainers === undefined) return { trainer: "llama.cpp", reason: "trainer: llama.cpp" };
+    let architecture: string;
+    try {
+      architecture = await readModelArchitecture(modelPath);
+    } catch (error) {
+      throw new ConduitError(
+        "invalid_request",
+        `model "${name}" cannot be read (${(error as Error).message})`,
+        {
+          param: "baseModelName",
+        },
+      );
+    }
+    // The torch trainer's status is only needed when it could be chosen.
+    const torch: TorchStatus =
+      trainers.setting === "llama.cpp"
+        ? { available: false, python: null, reason: "CONDUIT_TRAINER is llama.cpp" }
+        : await trainers.torch();
+    return chooseTrainer({
+      setting: trainers.setting,
+      torch,
+      method: method.method,
+      architecture,
+      targets: method.loraTargets ?? undefined,
+    });
+  }
+
   private async modelShape(name: string, modelPath: string): Promise<ModelShape> {
     try {
       return await readModelShape(modelPath);

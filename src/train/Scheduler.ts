@@ -36,6 +36,11 @@ export interface SchedulerOptions {
   gpu?: () => Promise<NonNullable<TrainerJob["gpu"]>>;
   /** Most tokens a run may train on (`CONDUIT_MAX_RUN_TOKENS`); a run over it fails before its first step. Defaults to no limit. */
   maxRunTokens?: number;
+  /**
+   * The torch trainer's Python and device, or why there is none, for runs created for it. Defaults to none
+   * (such runs fail with the reason).
+   */
+  torch?: () => Promise<{ python: string; device: "auto" | "cpu" } | { unavailable: string }>;
   /** Starts a run's trainer (tests pass an in-memory fake). Defaults to `startTrainer`, a child process per run. */
   trainer?: TrainerLauncher;
   /**
@@ -226,8 +231,20 @@ export class Scheduler {
       };
 
       const gpu = (await this.options.gpu?.()) ?? { backend: "cpu", layers: 0 };
+      const backend = config.trainer ?? "llama.cpp";
+      let torch: TrainerJob["torch"];
+      if (backend === "torch") {
+        const found = (await this.options.torch?.()) ?? { unavailable: "this server has no torch trainer" };
+        if ("unavailable" in found)
+          throw new Error(
+            `this run was created for the torch trainer, which ${this.workerId} cannot run: ${found.unavailable}`,
+          );
+        torch = found;
+      }
       const lossesPath = `${workDir}/losses.jsonl`;
       const job: TrainerJob = {
+        backend,
+        ...(torch ? { torch } : {}),
         method: lora ? "lora" : "full",
         ...(lora ? { lora: { rank: lora.loraRank, alpha: lora.loraAlpha, targets: lora.loraTargets } } : {}),
         baseModelPath: base.path,

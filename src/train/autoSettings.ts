@@ -80,6 +80,12 @@ export function chooseAutoSettings(input: AutoSettingsInput): AutoChoice {
 }
 
 /** Reads the model's shape from its GGUF header. */
+/** A GGUF model's `general.architecture` (the header only). */
+export async function readModelArchitecture(modelPath: string): Promise<string> {
+  const { metadata } = await readGgufFileInfo(modelPath, { readTensorInfo: false, logWarnings: false });
+  return metadata.general?.architecture ?? "llama";
+}
+
 export async function readModelShape(modelPath: string): Promise<ModelShape> {
   const { metadata } = await readGgufFileInfo(modelPath, { readTensorInfo: false, logWarnings: false });
   const architecture = metadata.general?.architecture ?? "llama";

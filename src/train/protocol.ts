@@ -4,7 +4,7 @@
  * send `{type: "cancel"}`, and the child answers with logs and progress, then exactly one of `done`,
  * `cancelled` or `error`, and exits.
  */
-import type { LoraTarget, RunTotals, TrainerOutputType } from "../contract/runs.ts";
+import type { LoraTarget, RunTotals, TrainerName, TrainerOutputType } from "../contract/runs.ts";
 import type { TrainerBackend } from "./native/llamaLib.ts";
 
 /** How the learning rate moves over the run's optimizer steps. */
@@ -63,6 +63,13 @@ export interface LoraJobOptions {
  * full-weight training of the top transformer blocks (`"full"`).
  */
 export interface TrainerJob {
+  /**
+   * Which trainer computes: llama.cpp's own training API in the trainer process (`"llama.cpp"`), or the
+   * PyTorch + PEFT worker (`"torch"`, LoRA only, needs `torch`). Defaults to `"llama.cpp"`.
+   */
+  backend?: TrainerName;
+  /** The `torch` backend's Python and where it computes; required with `backend: "torch"`. */
+  torch?: TorchJobOptions;
   /**
    * `"lora"` writes an adapter GGUF to `outputPath` (the base stays frozen, in its own type when quantized);
    * `"full"` writes a whole model. Defaults to `"full"`.
@@ -158,6 +165,22 @@ export interface TrainerJob {
   weightDecay?: number;
 }
 
+/** How the `torch` backend runs. */
+export interface TorchJobOptions {
+  /** The Python executable that has the pinned PyTorch, transformers, PEFT and gguf packages. */
+  python: string;
+  /** `auto` uses CUDA when PyTorch sees a GPU. Defaults to `"auto"`. */
+  device?: "auto" | "cpu" | "cuda";
+  /** Type of the base weights: `auto` is bf16 where the hardware computes it natively, else F32. Defaults to `"auto"`. */
+  dtype?: "auto" | "bf16" | "f32";
+  /**
+   * For tests and benches: after training, the trained model's logits for these tokens (one sequence) are
+   * written to `file`, raw F32 `[tokens, vocab]`, to compare with llama.cpp serving the exported adapter.
+   * Defaults to none.
+   */
+  probe?: { tokens: number[]; file: string } | null;
+}
+
 /** A job with every default applied; this is what crosses the IPC channel. */
 export type ResolvedTrainerJob = Required<
   Omit<
@@ -172,8 +195,11 @@ export type ResolvedTrainerJob = Required<
     | "evalSamplesFile"
     | "lossesFile"
     | "maxTrainTokens"
+    | "torch"
   >
 > & {
+  /** Set with `backend: "torch"`, else `null`. */
+  torch: Required<TorchJobOptions> | null;
   /** Empty when the samples are in `samplesFile`. */
   samples: TrainingSample[];
   samplesFile: string | null;

@@ -5,7 +5,7 @@
 import { fork } from "node:child_process";
 import readline from "node:readline";
 import { fileURLToPath } from "node:url";
-import { LORA_TARGETS, TRAINER_OUTPUT_TYPES } from "../contract/runs.ts";
+import { LLAMA_CPP_LORA_TARGETS, LORA_TARGETS, TRAINER_OUTPUT_TYPES } from "../contract/runs.ts";
 import {
   type ChildMessage,
   type ExampleLoss,
@@ -78,7 +78,18 @@ export function resolveTrainerJob(job: TrainerJob): ResolvedTrainerJob {
   };
   const isPositiveInteger = (value: number) => Number.isInteger(value) && value >= 1;
   const method = job.method ?? "full";
+  const backend = job.backend ?? "llama.cpp";
   const resolved: ResolvedTrainerJob = {
+    backend,
+    torch:
+      backend === "torch" && job.torch !== undefined
+        ? {
+            python: job.torch.python,
+            device: job.torch.device ?? "auto",
+            dtype: job.torch.dtype ?? "auto",
+            probe: job.torch.probe ?? null,
+          }
+        : null,
     method,
     lora: method === "lora" ? (job.lora ?? null) : null,
     baseModelPath: job.baseModelPath,
@@ -111,15 +122,21 @@ export function resolveTrainerJob(job: TrainerJob): ResolvedTrainerJob {
     weightDecay: job.weightDecay ?? 0,
   };
   check(method === "lora" || method === "full", "method", 'must be "lora" or "full"');
+  check(backend === "llama.cpp" || backend === "torch", "backend", 'must be "llama.cpp" or "torch"');
+  if (backend === "torch") {
+    check(resolved.torch !== null, "torch", 'is required with backend "torch"');
+    check(method === "lora", "method", 'must be "lora" with backend "torch"');
+  }
   if (method === "lora") {
     const lora = resolved.lora;
     check(lora !== null, "lora", 'is required with method "lora"');
     check(isPositiveInteger(lora!.rank), "lora.rank", "must be an integer >= 1");
     check(Number.isFinite(lora!.alpha) && lora!.alpha > 0, "lora.alpha", "must be > 0");
+    const targets: readonly string[] = backend === "torch" ? LORA_TARGETS : LLAMA_CPP_LORA_TARGETS;
     check(
-      lora!.targets.length > 0 && lora!.targets.every((t) => (LORA_TARGETS as readonly string[]).includes(t)),
+      lora!.targets.length > 0 && lora!.targets.every((t) => targets.includes(t)),
       "lora.targets",
-      `must be a non-empty list of ${LORA_TARGETS.join(", ")}`,
+      `must be a non-empty list of ${targets.join(", ")}${backend === "torch" ? "" : " (the llama.cpp trainer's)"}`,
     );
   }
   if (resolved.samplesFile === null) check(resolved.samples.length > 0, "samples", "must not be empty");

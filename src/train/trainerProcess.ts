@@ -5,6 +5,7 @@
  * process, and the parent sees its exit code or signal.
  */
 import { runTraining } from "./native/runTraining.ts";
+import { runTorchTraining } from "./torch/runTorchTraining.ts";
 import type { ChildMessage, ParentMessage, ResolvedTrainerJob } from "./protocol.ts";
 
 const send = process.send?.bind(process);
@@ -31,7 +32,8 @@ async function finish(message: ChildMessage, exitCode: number): Promise<never> {
 
 async function run(job: ResolvedTrainerJob): Promise<void> {
   try {
-    const result = await runTraining(job, {
+    const train = job.backend === "torch" ? runTorchTraining : runTraining;
+    const result = await train(job, {
       log: (line) => void post({ type: "log", line }),
       progress: (progress) => void post({ type: "progress", ...progress }),
       isCancelled: () => cancelRequested,

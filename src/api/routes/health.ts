@@ -1,7 +1,9 @@
 import type { FastifyInstance } from "fastify";
 import { Type } from "@sinclair/typebox";
 import type { Core } from "../../core.ts";
+import { TRAINER_SETTINGS } from "../../contract/runs.ts";
 import { GPU_SETTINGS } from "../../engine/accelerator.ts";
+import { describeTorch } from "../../train/torch/torchStatus.ts";
 import { diskSpace } from "../../store/diskSpace.ts";
 import { responses } from "../../contract/schemas.ts";
 
@@ -48,11 +50,55 @@ const Health = Type.Object({
     },
     { description: "The compute backend of generation and training (`CONDUIT_GPU`)." },
   ),
+  trainers: Type.Object(
+    {
+      setting: Type.Union(
+        TRAINER_SETTINGS.map((s) => Type.Literal(s)),
+        { description: "`CONDUIT_TRAINER` as set." },
+      ),
+      "llama.cpp": Type.Object(
+        { available: Type.Boolean({ description: "Always: it ships with node-llama-cpp." }) },
+        { description: "The embedded llama.cpp trainer." },
+      ),
+      torch: Type.Object(
+        {
+          available: Type.Boolean(),
+          checking: Type.Optional(
+            Type.Boolean({ description: "The first check (importing PyTorch) is still running." }),
+          ),
+          python: Type.Union([Type.String(), Type.Null()], {
+            description: "The Python it runs with (`CONDUIT_PYTHON`).",
+          }),
+          detail: Type.Optional(
+            Type.String({ description: "Versions, device and weight type, when available." }),
+          ),
+          reason: Type.Optional(Type.String({ description: "Why it is not available." })),
+        },
+        { description: "The PyTorch + PEFT trainer (`npm run setup:torch`)." },
+      ),
+    },
+    {
+      description:
+        "Which trainers this server can fine-tune with; a run's `config.trainer` says which one it got.",
+    },
+  ),
   warnings: Type.Optional(Type.Array(Type.String(), { description: "Why the status is `degraded`." })),
 });
 
 function mib(bytes: number): string {
   return `${Math.floor(bytes / 2 ** 20)} MiB`;
+}
+
+/** The torch trainer as last checked; the first check is started here when nothing started it, never awaited. */
+function torchHealth(core: Core) {
+  const status = core.torch.current();
+  if (status === undefined) {
+    void core.torch.check();
+    return { available: false, checking: true, python: core.torch.python };
+  }
+  return status.available
+    ? { available: true, python: status.python, detail: describeTorch(status.probe) }
+    : { available: false, python: status.python, reason: status.reason };
 }
 
 /** Liveness and readiness without auth: the database answers, and the data directory's disk has room. */
@@ -88,6 +134,11 @@ export default async function healthRoutes(app: FastifyInstance, { core }: { cor
         database: core.db.dialect,
         disk: { freeBytes, totalBytes, minFreeBytes },
         accelerator,
+        trainers: {
+          setting: core.config.trainer,
+          "llama.cpp": { available: true },
+          torch: torchHealth(core),
+        },
         ...(warnings.length > 0 ? { warnings } : {}),
       };
     },

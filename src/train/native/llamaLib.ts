@@ -254,6 +254,8 @@ export interface LlamaLib {
   ): number;
   llama_batch_get_one(tokens: Pointer, nTokens: number): Record<string, unknown>;
   llama_decode(ctx: Pointer, batch: Record<string, unknown>): number;
+  /** The logits of output `i` of the last decode (`-1`: the last), `n_vocab` floats owned by the context. */
+  llama_get_logits_ith(ctx: Pointer, i: number): Pointer | null;
   llama_opt_init(ctx: Pointer, model: Pointer, params: LlamaOptParamsValue): void;
   llama_opt_epoch(
     ctx: Pointer,
@@ -507,6 +509,7 @@ export function loadLlamaLib(options: { binDir?: string; gpu?: TrainerBackend } 
     ),
     llama_batch_get_one: llama.func("llama_batch llama_batch_get_one(void *tokens, int32_t n_tokens)"),
     llama_decode: llama.func("int32_t llama_decode(void *ctx, llama_batch batch)"),
+    llama_get_logits_ith: llama.func("float *llama_get_logits_ith(void *ctx, int32_t i)"),
     llama_opt_init: llama.func("void llama_opt_init(void *ctx, void *model, llama_opt_params params)"),
     llama_opt_epoch: llama.func(
       "void llama_opt_epoch(void *ctx, void *dataset, void *result_train, void *result_eval, " +

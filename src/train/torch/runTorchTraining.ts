@@ -1,0 +1,438 @@
+/**
+ * The `torch` trainer backend, driven from the trainer child process: Conduit tokenizes the samples with
+ * the model's own llama.cpp tokenizer and plans the run exactly as the llama.cpp trainer does
+ * (`TrainingPlan`), writes every window the run will see to the work directory, and hands the job to the
+ * PyTorch + PEFT worker (`worker.py`), whose messages it relays. The worker writes the trained adapter's
+ * tensors raw in llama.cpp's layout; the GGUF adapter is written here, by the same writer as the llama.cpp
+ * trainer's, so both backends' adapters are served the same way.
+ */
+import { spawn } from "node:child_process";
+import fs from "node:fs";
+import path from "node:path";
+import readline from "node:readline";
+import { fileURLToPath } from "node:url";
+import type { ExampleLoss, ResolvedTrainerJob, TrainerProgress, TrainingStats } from "../protocol.ts";
+import { learningRateAt } from "../native/learningRate.ts";
+import { loadLlamaLib, type Pointer } from "../native/llamaLib.ts";
+import { loraWeights, writeTrainedAdapter, type LoraSpec, type LoraWeight } from "../native/loraAdapter.ts";
+import { readModelFile } from "../native/modelFile.ts";
+import type { TrainingWindow, WindowSpan } from "../native/packWindows.ts";
+import { jobFingerprint } from "../native/checkpoint.ts";
+import type { TrainingHooks, TrainingResult } from "../native/runTraining.ts";
+import type { TokenStore } from "../native/sampleStore.ts";
+import { tokenizeSamples } from "../native/tokenizeSample.ts";
+import { TrainingPlan } from "../native/trainingPlan.ts";
+import { trainingWarnings } from "../trainingWarnings.ts";
+
+/** The worker program, next to this file. */
+export const TORCH_WORKER = fileURLToPath(new URL("./worker.py", import.meta.url));
+
+/** How long a cancelled worker gets to stop before it is killed (it stops at once, mid-step). */
+const CANCEL_KILL_MS = 3_000;
+/** Lines of the worker's stderr kept to explain a failure. */
+const STDERR_TAIL_LINES = 12;
+
+/** What the worker is given (`worker.py` reads these fields). */
+export interface TorchWorkerJob {
+  baseModelPath: string;
+  windowSize: number;
+  train: { file: string };
+  eval: { file: string } | null;
+  stepsPerEpoch: number[];
+  /** The learning rate of every step. */
+  learningRates: number[];
+  /** Steps (counted from 1) after which the run evaluates, keeps the best weights and checkpoints. */
+  evaluationPoints: number[];
+  examples: { split: "train" | "eval"; file: string; spansFile: string; count: number }[];
+  lossesFile: string | null;
+  lora: { rank: number; alpha: number; targets: string[]; weights: LoraWeight[] };
+  optimizer: "adamw" | "sgd";
+  weightDecay: number;
+  earlyStoppingPatience: number | null;
+  checkpointDir: string | null;
+  fingerprint: string;
+  seed: number;
+  threads: number;
+  device: "auto" | "cpu" | "cuda";
+  dtype: "auto" | "bf16" | "f32";
+  /** Where the trained adapter's tensors are written raw. */
+  adapterFile: string;
+  probe: { tokens: number[]; file: string } | null;
+}
+
+/** The worker's `done` message. */
+interface WorkerDone {
+  type: "done";
+  stats: Omit<TrainingStats, "warnings" | "outputBytes" | "finalTrainLoss"> & {
+    finalTrainLoss: number | null;
+    device: string;
+    dtype: string;
+  };
+  evalHistory: { epoch: number; step: number; trainLoss: number; evalLoss: number }[];
+  examples: { train: ExampleLoss[]; eval: ExampleLoss[] };
+}
+
+type WorkerMessage =
+  | { type: "log"; line: string }
+  | ({ type: "progress" } & TrainerProgress)
+  | WorkerDone
+  | { type: "error"; message: string }
+  | { type: "cancelled" };
+
+export async function runTorchTraining(
+  job: ResolvedTrainerJob,
+  hooks: TrainingHooks,
+): Promise<TrainingResult> {
+  if (job.method !== "lora" || job.lora === null)
+    throw new Error('trainer: the torch backend trains LoRA adapters only ("method": "lora")');
+  if (job.torch === null) throw new Error("trainer: the torch backend needs job.torch (its Python)");
+  const startedAt = performance.now();
+  const lora: LoraSpec = { ...job.lora, complexity: job.complexity };
+  fs.mkdirSync(job.workDir, { recursive: true });
+  const stores: TokenStore[] = [];
+  try {
+    const prepared = await prepare(job, lora, hooks, stores);
+    if (prepared === undefined) return { status: "cancelled" };
+    const { workerJob, baseInfo, weights } = prepared;
+    hooks.log(
+      `trainer: ${workerJob.stepsPerEpoch.reduce((a, b) => a + b, 0)} windows of ${workerJob.windowSize} tokens ` +
+        `written for the torch worker; starting ${job.torch.python}`,
+    );
+    const outcome = await runWorker(job.torch.python, workerJob, hooks);
+    if (outcome.type === "cancelled") return { status: "cancelled" };
+
+    const values = readAdapterValues(workerJob.adapterFile, weights, lora.rank);
+    const outputBytes = await writeTrainedAdapter(baseInfo, job.outputPath, weights, lora, values);
+    hooks.log(
+      `trainer: wrote the LoRA adapter (${(outputBytes / 2 ** 20).toFixed(2)} MiB) to ${job.outputPath}`,
+    );
+    const { device: _device, dtype: _dtype, ...stats } = outcome.stats;
+    const finalTrainLoss = stats.finalTrainLoss ?? Number.NaN;
+    const best =
+      stats.bestEvalLoss === undefined
+        ? null
+        : { loss: stats.bestEvalLoss, epoch: stats.bestEpoch ?? 0, step: stats.bestStep ?? 0 };
+    const warnings = trainingWarnings(finalTrainLoss, outcome.evalHistory, best);
+    for (const warning of warnings) hooks.log(`trainer: warning: ${warning}`);
+    return {
+      status: "completed",
+      outputPath: job.outputPath,
+      examples: outcome.examples,
+      stats: {
+        ...stats,
+        finalTrainLoss,
+        warnings,
+        outputBytes,
+        elapsedSeconds: (performance.now() - startedAt) / 1000,
+      },
+    };
+  } finally {
+    for (const store of stores) store.dispose();
+    for (const name of fs.readdirSync(job.workDir))
+      if (/\.(windows|spans\.json|adapter\.f32)$/.test(name))
+        fs.rmSync(path.join(job.workDir, name), { force: true });
+  }
+}
+
+/**
+ * Tokenizes and plans the job with llama.cpp (the model's vocabulary only) and writes the worker's inputs.
+ * `undefined` when cancelled meanwhile.
+ */
+async function prepare(job: ResolvedTrainerJob, lora: LoraSpec, hooks: TrainingHooks, stores: TokenStore[]) {
+  const lib = loadLlamaLib({ gpu: "cpu" });
+  lib.ggml_backend_load_all_from_path(lib.binDir);
+  lib.llama_backend_init();
+  let model: Pointer | null = null;
+  try {
+    const baseInfo = readModelFile(lib, job.baseModelPath);
+    const weights = loraWeights(baseInfo, lora);
+    const params = lib.llama_model_default_params();
+    params.vocab_only = true;
+    model = lib.llama_model_load_from_file(job.baseModelPath, params);
+    if (model === null) throw new Error(`trainer: could not read the vocabulary of ${job.baseModelPath}`);
+    const vocab = lib.llama_model_get_vocab(model);
+    const eos = lib.llama_vocab_eos(vocab);
+    const endToken = eos >= 0 ? eos : Math.max(0, lib.llama_vocab_bos(vocab));
+    const trainSet = await tokenizeSamples(
+      lib,
+      vocab,
+      job.samplesFile ?? job.samples,
+      job.workDir,
+      "train",
+      hooks,
+      stores,
+    );
+    const evalSet =
+      trainSet &&
+      (await tokenizeSamples(
+        lib,
+        vocab,
+        job.evalSamplesFile ?? job.evalSamples,
+        job.workDir,
+        "eval",
+        hooks,
+        stores,
+      ));
+    if (trainSet === undefined || evalSet === undefined) return undefined;
+    const plan = TrainingPlan.create(
+      job,
+      trainSet.store,
+      evalSet.store,
+      lib.llama_model_n_ctx_train(model),
+      endToken,
+    );
+    hooks.log(
+      `trainer: ${trainSet.store.size} samples (${trainSet.store.tokens} tokens, ${trainSet.trained} trained on) in ` +
+        `windows of ${plan.windowSize} tokens, ${plan.epochs} epochs, ${plan.totalSteps} steps` +
+        (plan.evalWindows.length > 0 ? `, ${evalSet.store.size} eval samples` : ""),
+    );
+    const workerJob = await writeWorkerInputs(job, plan, weights, hooks);
+    if (workerJob === undefined) return undefined;
+    return { workerJob, baseInfo, weights };
+  } finally {
+    if (model !== null) lib.llama_model_free(model);
+    lib.llama_backend_free();
+  }
+}
+
+/** Writes every window of the plan (training in step order, eval, per-example passes) and returns the worker's job. */
+async function writeWorkerInputs(
+  job: ResolvedTrainerJob,
+  plan: TrainingPlan,
+  weights: LoraWeight[],
+  hooks: TrainingHooks,
+): Promise<TorchWorkerJob | undefined> {
+  const file = (name: string) => path.join(job.workDir, name);
+  const evaluationPoints: number[] = [];
+  const train = new WindowFile(file("train.windows"), plan.windowSize);
+  try {
+    let step = 0;
+    for (const epoch of plan.epochPlans()) {
+      for (let k = 0; k < epoch.steps; k++) {
+        train.write(plan.trainWindow(epoch, k));
+        step += 1;
+        if (TrainingPlan.evaluatesAfter(epoch, k)) evaluationPoints.push(step);
+        if (step % 256 === 0) {
+          await hooks.yieldToEventLoop();
+          if (hooks.isCancelled()) return undefined;
+        }
+      }
+    }
+    train.close();
+  } finally {
+    train.dispose();
+  }
+  let evalFile: string | null = null;
+  if (plan.evalWindows.length > 0) {
+    evalFile = file("eval.windows");
+    const out = new WindowFile(evalFile, plan.windowSize);
+    try {
+      for (let k = 0; k < plan.evalWindows.length; k++) out.write(plan.evalWindow(k));
+      out.close();
+    } finally {
+      out.dispose();
+    }
+  }
+  const examples: TorchWorkerJob["examples"] = [];
+  for (const [split, store] of [
+    ["train", plan.train],
+    ["eval", plan.evalSet],
+  ] as const) {
+    const inOrder = plan.inOrder(store);
+    const windowsFile = file(`examples-${split}.windows`);
+    const spansFile = file(`examples-${split}.spans.json`);
+    const out = new WindowFile(windowsFile, plan.windowSize);
+    const spans: [number, number, number][][] = [];
+    try {
+      for (let k = 0; k < inOrder.windows.length; k++) {
+        const window = inOrder.window(k);
+        out.write(window);
+        spans.push(window.spans.map((s: WindowSpan) => [s.sample, s.start, s.length]));
+        if (k % 256 === 255) {
+          await hooks.yieldToEventLoop();
+          if (hooks.isCancelled()) return undefined;
+        }
+      }
+      out.close();
+    } finally {
+      out.dispose();
+    }
+    fs.writeFileSync(spansFile, JSON.stringify(spans));
+    examples.push({ split, file: windowsFile, spansFile, count: store.size });
+  }
+  const learningRates = Array.from({ length: plan.totalSteps }, (_, step) =>
+    learningRateAt(job.learningRate, job.lrSchedule, step, plan.totalSteps),
+  );
+  return {
+    baseModelPath: job.baseModelPath,
+    windowSize: plan.windowSize,
+    train: { file: file("train.windows") },
+    eval: evalFile === null ? null : { file: evalFile },
+    stepsPerEpoch: plan.stepsPerEpoch,
+    learningRates,
+    evaluationPoints,
+    examples,
+    lossesFile: job.lossesFile,
+    lora: { rank: job.lora!.rank, alpha: job.lora!.alpha, targets: job.lora!.targets, weights },
+    optimizer: job.optimizer,
+    weightDecay: job.weightDecay,
+    earlyStoppingPatience: job.earlyStoppingPatience,
+    checkpointDir: job.checkpointDir,
+    fingerprint: await jobFingerprint(job),
+    seed: job.seed,
+    threads: job.threads,
+    device: job.torch!.device,
+    dtype: job.torch!.dtype,
+    adapterFile: file("trained.adapter.f32"),
+    probe: job.torch!.probe,
+  };
+}
+
+/**
+ * Windows as the worker reads them: packed little-endian records of int32 sample tokens, int32 input[W],
+ * int32 labels[W] and uint8 loss mask[W], written through a buffer and fsynced on close.
+ */
+class WindowFile {
+  private readonly fd: number;
+  private readonly record: Buffer;
+  private readonly buffer: Buffer;
+  private used = 0;
+
+  constructor(
+    file: string,
+    private readonly size: number,
+  ) {
+    this.fd = fs.openSync(file, "w");
+    this.record = Buffer.alloc(4 + size * 9);
+    this.buffer = Buffer.alloc(Math.max(this.record.length, 1 << 20));
+  }
+
+  write(window: TrainingWindow): void {
+    const { size, record } = this;
+    record.writeInt32LE(window.sampleTokens, 0);
+    Buffer.from(window.input.buffer, window.input.byteOffset, size * 4).copy(record, 4);
+    Buffer.from(window.labels.buffer, window.labels.byteOffset, size * 4).copy(record, 4 + size * 4);
+    Buffer.from(window.lossMask.buffer, window.lossMask.byteOffset, size).copy(record, 4 + size * 8);
+    if (this.used + record.length > this.buffer.length) this.flush();
+    record.copy(this.buffer, this.used);
+    this.used += record.length;
+  }
+
+  close(): void {
+    this.flush();
+    fs.fsyncSync(this.fd);
+  }
+
+  dispose(): void {
+    try {
+      fs.closeSync(this.fd);
+    } catch {
+      // already closed
+    }
+  }
+
+  private flush(): void {
+    for (let done = 0; done < this.used;) done += fs.writeSync(this.fd, this.buffer, done, this.used - done);
+    this.used = 0;
+  }
+}
+
+/** The worker's raw adapter file back as the tensors `writeTrainedAdapter` takes. */
+function readAdapterValues(
+  file: string,
+  weights: readonly LoraWeight[],
+  rank: number,
+): Map<string, Float32Array> {
+  const bytes = fs.readFileSync(file);
+  const values = new Map<string, Float32Array>();
+  let at = 0;
+  const take = (count: number) => {
+    const data = new Float32Array(count);
+    if (at + count * 4 > bytes.length) throw new Error(`trainer: ${file} ends early`);
+    Buffer.from(data.buffer).set(bytes.subarray(at, at + count * 4));
+    at += count * 4;
+    return data;
+  };
+  for (const weight of weights) {
+    values.set(`${weight.name}.lora_a`, take(weight.inputs * rank));
+    values.set(`${weight.name}.lora_b`, take(rank * weight.outputs));
+  }
+  if (at !== bytes.length)
+    throw new Error(`trainer: ${file} holds ${bytes.length - at} bytes more than the adapter`);
+  return values;
+}
+
+/**
+ * Runs the worker on a job and relays its logs and progress. Its stderr (Python's own output) goes to this
+ * process's stderr, which the parent keeps as the native log; a failure names its last lines.
+ */
+function runWorker(
+  python: string,
+  workerJob: TorchWorkerJob,
+  hooks: TrainingHooks,
+): Promise<WorkerDone | { type: "cancelled" }> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(python, ["-u", TORCH_WORKER], {
+      stdio: ["pipe", "pipe", "pipe"],
+      env: {
+        ...process.env,
+        PYTHONUNBUFFERED: "1",
+        // Nothing is downloaded: the model is the GGUF file, the tokenizer is llama.cpp's.
+        HF_HUB_OFFLINE: "1",
+        TRANSFORMERS_OFFLINE: "1",
+        TQDM_DISABLE: "1",
+        OMP_NUM_THREADS: String(workerJob.threads),
+      },
+    });
+    let final: WorkerMessage | undefined;
+    let spawnError: Error | undefined;
+    let cancelSent = false;
+    const stderrTail: string[] = [];
+    readline.createInterface({ input: child.stderr, crlfDelay: Infinity }).on("line", (line) => {
+      process.stderr.write(`${line}\n`);
+      stderrTail.push(line);
+      if (stderrTail.length > STDERR_TAIL_LINES) stderrTail.shift();
+    });
+    readline.createInterface({ input: child.stdout, crlfDelay: Infinity }).on("line", (line) => {
+      let message: WorkerMessage;
+      try {
+        message = JSON.parse(line) as WorkerMessage;
+      } catch {
+        process.stderr.write(`${line}\n`); // a library printing to stdout: kept as native output
+        return;
+      }
+      if (message.type === "log") hooks.log(message.line);
+      else if (message.type === "progress") {
+        const { type: _type, ...progress } = message;
+        hooks.progress(progress);
+      } else final = message;
+    });
+    child.on("error", (error) => (spawnError ??= error));
+    child.stdin.on("error", () => undefined); // a worker that died is reported on close
+    child.stdin.write(`${JSON.stringify({ type: "job", job: workerJob })}\n`);
+    const poll = setInterval(() => {
+      if (cancelSent || !hooks.isCancelled()) return;
+      cancelSent = true;
+      child.stdin.write(`${JSON.stringify({ type: "cancel" })}\n`);
+      setTimeout(() => child.kill("SIGKILL"), CANCEL_KILL_MS).unref();
+    }, 100);
+    child.on("close", (code, signal) => {
+      clearInterval(poll);
+      if (final?.type === "done") return resolve(final);
+      if (final?.type === "cancelled" || cancelSent) return resolve({ type: "cancelled" });
+      if (final?.type === "error") return reject(new Error(withTail(final.message, stderrTail)));
+      const how =
+        spawnError !== undefined
+          ? `could not be started (${python}: ${spawnError.message})`
+          : signal !== null
+            ? `was killed by ${signal}`
+            : `exited with code ${code}`;
+      reject(new Error(withTail(`trainer: the torch worker ${how}`, stderrTail)));
+    });
+  });
+}
+
+function withTail(message: string, tail: readonly string[]): string {
+  const last = tail.filter((line) => line.trim() !== "").slice(-4);
+  return last.length === 0 ? message : `${message}; last output: ${last.join(" | ")}`;
+}

@@ -1,0 +1,783 @@
+#!/usr/bin/env python3
+"""Conduit's PyTorch + PEFT trainer worker: trains a LoRA adapter on a GGUF base model.
+
+Conduit prepares everything that does not need the model's weights: it tokenizes the examples with the
+served model's own tokenizer (llama.cpp), packs them into windows (token ids, next-token labels and a loss
+mask per position), draws every epoch's order, the learning rate of every step and the steps after which
+to evaluate. This worker loads the base from the same GGUF (transformers' GGUF loader, dequantized to
+bf16 where the hardware computes it, F32 otherwise; on CUDA when there is a GPU), trains the adapter
+(PEFT LoRA, AdamW), evaluates, keeps the best weights, checkpoints, measures per-example losses, and
+writes the adapter's tensors raw in llama.cpp's layout; Conduit writes the GGUF adapter from them.
+
+Protocol (the same messages as Conduit's llama.cpp trainer child, `src/train/protocol.ts`): JSON lines.
+  stdin:  {"type": "job", "job": {...}} first, then possibly {"type": "cancel"}; end of input means the
+          parent is gone, and the worker exits.
+  stdout: {"type": "log", "line"}, {"type": "progress", ...}, then exactly one of {"type": "done", ...},
+          {"type": "error", "message"} or {"type": "cancelled"}.
+`--job FILE` runs a job file with no parent (benches, and a GPU machine without Node); `--probe` prints what
+this Python can do (versions, CUDA, bf16) as one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import sys
+import threading
+import time
+from typing import Any, Callable, Optional
+
+PROGRESS_INTERVAL_S = 0.5
+CHECKPOINT_INTERVAL_S = 10.0
+# The llama.cpp tensor name of each LoRA target, and the module that holds it in a transformers model.
+TARGET_MODULES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+class Channel:
+    """Writes protocol messages to stdout, one JSON object per line, whole lines only."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.out = sys.stdout
+
+    def send(self, message: dict[str, Any]) -> None:
+        line = json.dumps(message, allow_nan=False) + "\n"
+        with self.lock:
+            self.out.write(line)
+            self.out.flush()
+
+    def log(self, line: str) -> None:
+        self.send({"type": "log", "line": line})
+
+
+class Cancelled(Exception):
+    pass
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Pure helpers (unit-tested in test/torch/test_worker.py)
+# ----------------------------------------------------------------------------------------------------------
+
+
+def permute_rows(rows: Any, n_head: int, n_head_kv: Optional[int] = None) -> Any:
+    """llama.cpp's Q/K row order for llama-architecture models (`convert_hf_to_gguf.py`'s `permute`).
+
+    transformers' GGUF loader undoes this permutation on load (its `LlamaTensorProcessor`), so an adapter's
+    `lora_b` for `attn_q`/`attn_k`, trained on the unpermuted weights, is permuted back for llama.cpp.
+    """
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    shape = rows.shape
+    return rows.reshape(n_head, 2, shape[0] // n_head // 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
+
+
+def eval_noise(loss: float) -> float:
+    """Eval-loss differences below this are noise (the same rule as the llama.cpp trainer)."""
+    return max(0.001, 0.01 * loss)
+
+
+class BestTracker:
+    """The best evaluation so far and early stopping, with `eval_noise` as the tie band."""
+
+    def __init__(self, patience: Optional[int], state: Optional[dict[str, Any]] = None) -> None:
+        self.patience = patience
+        state = state or {}
+        self.best: Optional[dict[str, Any]] = state.get("best")
+        self.evals_since_best: int = state.get("evalsSinceBest", 0)
+        self.lowest: Optional[float] = state.get("lowestEvalLoss")
+        self.stopped = False
+
+    def observe(self, loss: float, epoch: int, step: int) -> bool:
+        """Records an evaluation; returns True when its weights are the new best to keep."""
+        if self.lowest is None or loss < self.lowest - eval_noise(self.lowest):
+            self.evals_since_best = 0
+        else:
+            self.evals_since_best += 1
+            if self.patience is not None and self.evals_since_best >= self.patience:
+                self.stopped = True
+        self.lowest = loss if self.lowest is None else min(self.lowest, loss)
+        if self.best is None or loss <= self.lowest + eval_noise(self.lowest):
+            self.best = {"loss": loss, "epoch": epoch, "step": step}
+            return True
+        return False
+
+    def state(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"best": self.best, "evalsSinceBest": self.evals_since_best}
+        if self.lowest is not None:
+            out["lowestEvalLoss"] = self.lowest
+        return out
+
+
+def module_for(weight_name: str) -> str:
+    """The transformers module suffix of a llama.cpp weight: `blk.3.attn_q.weight` -> `layers.3.self_attn.q_proj`."""
+    if weight_name == "output.weight":
+        return "lm_head"
+    parts = weight_name.split(".")
+    if len(parts) != 4 or parts[0] != "blk" or parts[3] != "weight" or parts[2] not in TARGET_MODULES:
+        raise ValueError(f"no transformers module is known for the llama.cpp weight {weight_name}")
+    return f"layers.{parts[1]}.{TARGET_MODULES[parts[2]]}"
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX), where it is PyTorch's fastest type."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return bool(flags & {"avx512_bf16", "amx_bf16"})
+    except OSError:
+        pass
+    return False
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Windows written by Conduit
+# ----------------------------------------------------------------------------------------------------------
+
+
+class Windows:
+    """Fixed-size records, little-endian, packed: int32 sample tokens (positions before the padding),
+    int32 input[W], int32 labels[W], uint8 loss mask[W]."""
+
+    def __init__(self, path: str, size: int) -> None:
+        import numpy as np
+
+        self.size = size
+        self.dtype = np.dtype(
+            [("sampleTokens", "<i4"), ("input", "<i4", (size,)), ("labels", "<i4", (size,)), ("mask", "u1", (size,))]
+        )
+        bytes_ = os.path.getsize(path)
+        if bytes_ % self.dtype.itemsize != 0:
+            raise ValueError(f"{path}: {bytes_} bytes is not a whole number of {size}-token windows")
+        self.count = bytes_ // self.dtype.itemsize
+        self.data = np.memmap(path, dtype=self.dtype, mode="r") if self.count > 0 else None
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> Any:
+        assert self.data is not None
+        return self.data[index]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The trainer
+# ----------------------------------------------------------------------------------------------------------
+
+
+def probe() -> dict[str, Any]:
+    import torch  # noqa: F401  (the imports are the check)
+    import transformers
+    import peft
+    import gguf  # noqa: F401
+    from importlib.metadata import version
+
+    cuda = torch.cuda.is_available()
+    return {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "peft": peft.__version__,
+        "gguf": version("gguf"),
+        "cuda": cuda,
+        "cudaDevice": torch.cuda.get_device_name(0) if cuda else None,
+        "bf16": (cuda and torch.cuda.is_bf16_supported()) or (not cuda and cpu_has_bf16()),
+    }
+
+
+class Trainer:
+    def __init__(self, job: dict[str, Any], channel: Channel, cancelled: Callable[[], bool]) -> None:
+        self.job = job
+        self.channel = channel
+        self.cancelled = cancelled
+        self.started = time.perf_counter()
+
+    def log(self, line: str) -> None:
+        self.channel.log(f"trainer: {line}")
+
+    def check_cancel(self) -> None:
+        if self.cancelled():
+            raise Cancelled()
+
+    # -- setup -------------------------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        import torch
+
+        job = self.job
+        torch.manual_seed(job["seed"])
+        torch.set_num_threads(job["threads"])
+        wants = job.get("device", "auto")
+        cuda = torch.cuda.is_available()
+        if wants == "cuda" and not cuda:
+            raise RuntimeError("CUDA was asked for, but this PyTorch sees no CUDA device")
+        self.device = torch.device("cuda" if (cuda and wants != "cpu") else "cpu")
+        dtype = job.get("dtype", "auto")
+        if dtype == "auto":
+            bf16 = torch.cuda.is_bf16_supported() if self.device.type == "cuda" else cpu_has_bf16()
+            dtype = "bf16" if bf16 else "f32"
+        self.dtype_name = dtype
+        self.dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
+        where = (
+            f"CUDA ({torch.cuda.get_device_name(self.device)})"
+            if self.device.type == "cuda"
+            else f"the CPU ({job['threads']} thread{'s' if job['threads'] != 1 else ''})"
+        )
+        import peft
+        import transformers
+
+        self.log(
+            f"PyTorch {torch.__version__}, transformers {transformers.__version__}, PEFT {peft.__version__} "
+            f"on {where}, base weights in {dtype}"
+            + (
+                " (this CPU has no native bf16)"
+                if dtype == "f32" and self.device.type == "cpu" and job.get("dtype", "auto") == "auto"
+                else ""
+            )
+        )
+
+    def load_model(self) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+        path = self.job["baseModelPath"]
+        t0 = time.perf_counter()
+        model = AutoModelForCausalLM.from_pretrained(
+            os.path.dirname(os.path.abspath(path)), gguf_file=os.path.basename(path), dtype=self.dtype
+        )
+        model.to(self.device)
+        model.requires_grad_(False)
+        model.config.use_cache = False
+        self.architecture = model.config.model_type
+        self.n_head = int(model.config.num_attention_heads)
+        self.n_head_kv = int(getattr(model.config, "num_key_value_heads", None) or self.n_head)
+        self.log(f"loaded {os.path.basename(path)} ({type(model).__name__}) in {time.perf_counter() - t0:.1f} s")
+        self.check_cancel()
+
+        from peft import LoraConfig, get_peft_model
+
+        lora = self.job["lora"]
+        names = [name for name, _ in model.named_modules()]
+        self.targets: list[tuple[dict[str, Any], str]] = []
+        for weight in lora["weights"]:
+            suffix = module_for(weight["name"])
+            matches = [n for n in names if n == suffix or n.endswith("." + suffix)]
+            if len(matches) != 1:
+                raise RuntimeError(
+                    f"the model has {len(matches)} modules named like {suffix} (for {weight['name']}); "
+                    "this architecture's layout is not one the trainer knows"
+                )
+            self.targets.append((weight, matches[0]))
+        config = LoraConfig(
+            r=lora["rank"],
+            lora_alpha=lora["alpha"],
+            lora_dropout=0.0,
+            bias="none",
+            target_modules=[module for _, module in self.targets],
+        )
+        torch.manual_seed(self.job["seed"])
+        self.model = get_peft_model(model, config)
+        # The adapter's A and B of every target, in the order of `lora.weights`.
+        self.adapter: list[tuple[dict[str, Any], Any, Any]] = []
+        modules = dict(self.model.named_modules())
+        for weight, module in self.targets:
+            layer = modules["base_model.model." + module]
+            a = layer.lora_A["default"].weight
+            b = layer.lora_B["default"].weight
+            if tuple(a.shape) != (lora["rank"], weight["inputs"]) or tuple(b.shape) != (weight["outputs"], lora["rank"]):
+                raise RuntimeError(
+                    f"{weight['name']}: the adapter's shapes {tuple(a.shape)}/{tuple(b.shape)} do not match the GGUF's "
+                    f"{weight['inputs']}x{weight['outputs']}"
+                )
+            self.adapter.append((weight, a, b))
+        self.parameters = [p for p in self.model.parameters() if p.requires_grad]
+        count = sum(p.numel() for p in self.parameters)
+        self.trainable = (len(self.parameters), count)
+        if self.job.get("optimizer", "adamw") == "sgd":
+            self.optimizer = torch.optim.SGD(self.parameters, lr=self.job["learningRates"][0])
+        else:
+            self.optimizer = torch.optim.AdamW(
+                self.parameters,
+                lr=self.job["learningRates"][0],
+                betas=(0.9, 0.999),
+                eps=1e-8,
+                weight_decay=self.job.get("weightDecay", 0.0),
+                **({"fused": True} if self.device.type == "cuda" else {}),
+            )
+
+    # -- windows -----------------------------------------------------------------------------------------
+
+    def window_losses(self, record: Any) -> Any:
+        """Per-position losses (nats) of a window's masked-in positions, in order; None when it has none."""
+        import numpy as np
+        import torch
+        import torch.nn.functional as F
+
+        positions = np.flatnonzero(record["mask"])
+        if positions.size == 0:
+            return None
+        ids = torch.from_numpy(np.asarray(record["input"], dtype=np.int64)).to(self.device, non_blocking=True)
+        keep = torch.from_numpy(positions.astype(np.int64)).to(self.device, non_blocking=True)
+        labels = torch.from_numpy(np.asarray(record["labels"][positions], dtype=np.int64)).to(
+            self.device, non_blocking=True
+        )
+        # Only the positions whose loss counts go through the output head (the answers, by default).
+        logits = self.model(input_ids=ids.unsqueeze(0), logits_to_keep=keep, use_cache=False).logits[0]
+        return F.cross_entropy(logits.float(), labels, reduction="none")
+
+    def adapter_state(self) -> dict[str, Any]:
+        return {name: p.detach().to("cpu", copy=True) for name, p in self.model.named_parameters() if p.requires_grad}
+
+    def load_adapter_state(self, state: dict[str, Any]) -> None:
+        import torch
+
+        with torch.no_grad():
+            for name, p in self.model.named_parameters():
+                if p.requires_grad:
+                    p.copy_(state[name].to(p.device))
+
+    # -- the run -----------------------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        import torch
+
+        job = self.job
+        self.setup()
+        self.load_model()
+        window_size = job["windowSize"]
+        train = Windows(job["train"]["file"], window_size)
+        evals = Windows(job["eval"]["file"], window_size) if job.get("eval") else None
+        steps_per_epoch: list[int] = job["stepsPerEpoch"]
+        total_steps = sum(steps_per_epoch)
+        if len(train) != total_steps:
+            raise RuntimeError(f"the windows file holds {len(train)} windows for {total_steps} steps")
+        rates: list[float] = job["learningRates"]
+        evaluate_after = set(job["evaluationPoints"])
+        epochs = len(steps_per_epoch)
+        epoch_starts = [sum(steps_per_epoch[:e]) for e in range(epochs)]
+
+        checkpoint_dir: Optional[str] = job.get("checkpointDir")
+        fingerprint = job.get("fingerprint", "")
+        resume = self.read_checkpoint(checkpoint_dir, fingerprint)
+        step = 0
+        tracker = BestTracker(job.get("earlyStoppingPatience"))
+        best_state: Optional[dict[str, Any]] = None
+        if resume is not None:
+            meta, weights = resume
+            self.load_adapter_state(weights["adapter"])
+            self.optimizer.load_state_dict(weights["optimizer"])
+            step = meta["step"]
+            tracker = BestTracker(job.get("earlyStoppingPatience"), meta)
+            if tracker.best is not None and checkpoint_dir is not None:
+                best_file = os.path.join(checkpoint_dir, "torch-best.pt")
+                if os.path.exists(best_file):
+                    best_state = torch.load(best_file, map_location="cpu")
+            self.log(f"resuming from the checkpoint at step {step}, with the optimizer's state")
+        resumed_from = step
+
+        lora = job["lora"]
+        blocks = sorted({w["name"].split(".")[1] for w in lora["weights"] if w["name"].startswith("blk.")})
+        tensors, parameters = self.trainable
+        self.log(
+            f"LoRA rank {lora['rank']} alpha {lora['alpha']} on {', '.join(lora['targets'])} of {len(blocks)} blocks"
+            + (" and the output head" if any(w["name"] == "output.weight" for w in lora["weights"]) else "")
+            + f": {tensors} trainable tensors ({parameters} parameters); {total_steps} windows of {window_size} tokens, "
+            f"{epochs} epochs"
+            + (f", {len(evals)} eval windows" if evals is not None and len(evals) > 0 else "")
+        )
+
+        train_seconds = 0.0
+        eval_seconds = 0.0
+        train_tokens = sample_tokens = loss_tokens = 0
+        last_progress = 0.0
+        last_checkpoint: Optional[float] = None
+        final_train_loss = math.nan
+        final_eval_loss: Optional[float] = None
+        eval_history: list[dict[str, Any]] = []
+        epochs_done = 0
+        for e in range(epochs):
+            if step >= epoch_starts[e] + steps_per_epoch[e]:
+                epochs_done = e + 1
+        learning_rate = rates[step] if step < len(rates) else rates[-1]
+        # The epoch's summed loss stays on the device until it is reported (no sync per step).
+        loss_sum = torch.zeros((), device=self.device, dtype=torch.float32)
+        loss_count = 0
+
+        def epoch_of(s: int) -> int:
+            for e in range(epochs):
+                if s < epoch_starts[e] + steps_per_epoch[e]:
+                    return e
+            return epochs - 1
+
+        def report(epoch: int, train_loss: float, eval_loss: Optional[float]) -> None:
+            nonlocal last_progress
+            last_progress = time.perf_counter()
+            done = step - resumed_from
+            per_step = (train_seconds + eval_seconds) / done if done > 0 else 0.0
+            message: dict[str, Any] = {
+                "type": "progress",
+                "step": step,
+                "totalSteps": total_steps,
+                "epoch": epoch,
+                "epochs": epochs,
+                "trainLoss": train_loss if math.isfinite(train_loss) else 0.0,
+                "learningRate": learning_rate,
+                "tokensPerSecond": train_tokens / train_seconds if train_seconds > 0 else 0.0,
+                "elapsedSeconds": time.perf_counter() - self.started,
+                "etaSeconds": per_step * (total_steps - step),
+            }
+            if eval_loss is not None:
+                message["evalLoss"] = eval_loss
+            self.channel.send(message)
+
+        def current_train_loss() -> float:
+            value = float(loss_sum.item()) / loss_count if loss_count > 0 else math.nan
+            if loss_count > 0 and not math.isfinite(value):
+                raise RuntimeError(f"trainer: loss became {value}; try a lower learning rate")
+            return value
+
+        def evaluate() -> float:
+            assert evals is not None
+            total = torch.zeros((), device=self.device, dtype=torch.float32)
+            count = 0
+            with torch.inference_mode():
+                for k in range(len(evals)):
+                    self.check_cancel()
+                    losses = self.window_losses(evals[k])
+                    if losses is not None:
+                        total += losses.sum()
+                        count += losses.numel()
+            return float(total.item()) / count if count > 0 else math.nan
+
+        self.model.train()
+        while step < total_steps:
+            self.check_cancel()
+            epoch = epoch_of(step)
+            if step == epoch_starts[epoch] or step == resumed_from:
+                loss_sum.zero_()
+                loss_count = 0
+            learning_rate = rates[step]
+            record = train[step]
+            t0 = time.perf_counter()
+            losses = self.window_losses(record)
+            if losses is not None:
+                for group in self.optimizer.param_groups:
+                    group["lr"] = learning_rate
+                losses.mean().backward()
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                loss_sum += losses.detach().sum()
+                loss_count += losses.numel()
+                loss_tokens += losses.numel()
+                train_tokens += window_size
+                sample_tokens += int(record["sampleTokens"])
+                train_seconds += time.perf_counter() - t0
+            step += 1
+            if step in evaluate_after:
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize()
+                final_train_loss = current_train_loss()
+                eval_loss: Optional[float] = None
+                if evals is not None and len(evals) > 0:
+                    self.model.eval()
+                    t1 = time.perf_counter()
+                    eval_loss = evaluate()
+                    eval_seconds += time.perf_counter() - t1
+                    self.model.train()
+                    final_eval_loss = eval_loss
+                    eval_history.append(
+                        {"epoch": epoch + 1, "step": step, "trainLoss": final_train_loss, "evalLoss": eval_loss}
+                    )
+                    if tracker.observe(eval_loss, epoch + 1, step):
+                        best_state = self.adapter_state()
+                        if checkpoint_dir is not None:
+                            atomic_save(os.path.join(checkpoint_dir, "torch-best.pt"), best_state)
+                report(epoch + 1, final_train_loss, eval_loss)
+                epoch_done = step == epoch_starts[epoch] + steps_per_epoch[epoch]
+                best = tracker.best
+                self.log(
+                    (f"epoch {epoch + 1}/{epochs}" if epoch_done else f"step {step}/{total_steps} (epoch {epoch + 1})")
+                    + f" train loss {final_train_loss:.4f}"
+                    + (
+                        ""
+                        if eval_loss is None
+                        else f" eval loss {eval_loss:.4f}" + (" (best)" if best is not None and best["step"] == step else "")
+                    )
+                    + f" lr {learning_rate:.2e}"
+                )
+                now = time.perf_counter()
+                if checkpoint_dir is not None and (last_checkpoint is None or now - last_checkpoint >= CHECKPOINT_INTERVAL_S):
+                    last_checkpoint = now
+                    self.write_checkpoint(checkpoint_dir, fingerprint, step, tracker)
+                if epoch_done:
+                    epochs_done = epoch + 1
+                if tracker.stopped:
+                    assert best is not None
+                    self.log(
+                        f"stopping early: the eval loss has not improved on {best['loss']:.4f} (epoch {best['epoch']}) "
+                        f"for {tracker.evals_since_best} evaluations"
+                    )
+                    break
+            elif time.perf_counter() - last_progress >= PROGRESS_INTERVAL_S:
+                report(epoch + 1, current_train_loss(), None)
+        if step > resumed_from:
+            final_train_loss = current_train_loss()
+        self.check_cancel()
+
+        best = tracker.best
+        if best is not None and best["step"] != step and best_state is not None:
+            self.load_adapter_state(best_state)
+            self.log(
+                f"writing the best checkpoint (epoch {best['epoch']}, step {best['step']}, eval loss {best['loss']:.4f})"
+            )
+
+        examples = self.example_losses()
+        adapter_bytes = self.write_adapter(job["adapterFile"])
+        if job.get("probe"):
+            self.write_probe(job["probe"]["tokens"], job["probe"]["file"])
+        stats: dict[str, Any] = {
+            "steps": step,
+            "epochs": epochs_done,
+            "trainTokens": train_tokens,
+            "sampleTokens": sample_tokens,
+            "lossTokens": loss_tokens,
+            "windowSize": window_size,
+            "finalTrainLoss": final_train_loss if math.isfinite(final_train_loss) else None,
+            "stoppedEarly": tracker.stopped,
+            "resumedFromStep": resumed_from,
+            "tokensPerSecond": train_tokens / train_seconds if train_seconds > 0 else 0.0,
+            "trainSeconds": train_seconds + eval_seconds,
+            "elapsedSeconds": time.perf_counter() - self.started,
+            "trainableTensors": tensors,
+            "trainableParameters": parameters,
+            "peakRssBytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "device": self.device.type,
+            "dtype": self.dtype_name,
+        }
+        if final_eval_loss is not None:
+            stats["finalEvalLoss"] = final_eval_loss
+        if best is not None:
+            stats.update({"bestEvalLoss": best["loss"], "bestEpoch": best["epoch"], "bestStep": best["step"]})
+        if self.device.type == "cuda":
+            stats["peakGpuBytes"] = int(torch.cuda.max_memory_allocated(self.device))
+        return {
+            "type": "done",
+            "stats": stats,
+            "evalHistory": eval_history,
+            "adapterBytes": adapter_bytes,
+            "examples": examples,
+        }
+
+    # -- per-example losses --------------------------------------------------------------------------------
+
+    def example_losses(self) -> dict[str, list[Any]]:
+        """Each example's mean loss per trained token with the written weights, in order, as the llama.cpp trainer."""
+        import torch
+
+        job = self.job
+        out_file = job.get("lossesFile")
+        sink = open(out_file, "w", encoding="utf8") if out_file else None
+        result: dict[str, list[Any]] = {"train": [], "eval": []}
+        try:
+            self.model.eval()
+            with torch.inference_mode():
+                for part in job["examples"]:
+                    windows = Windows(part["file"], job["windowSize"])
+                    with open(part["spansFile"], encoding="utf8") as f:
+                        spans: list[list[list[int]]] = json.load(f)
+                    if len(spans) != len(windows):
+                        raise RuntimeError(f"{part['spansFile']}: {len(spans)} span lists for {len(windows)} windows")
+
+                    def emit(value: dict[str, Any]) -> None:
+                        if sink is not None:
+                            sink.write(json.dumps(value) + "\n")
+                        else:
+                            result[part["split"]].append(value)
+
+                    following = 0
+                    for k in range(len(windows)):
+                        self.check_cancel()
+                        record = windows[k]
+                        losses = self.window_losses(record)
+                        rows = [0.0] * job["windowSize"]
+                        if losses is not None:
+                            import numpy as np
+
+                            for position, value in zip(np.flatnonzero(record["mask"]).tolist(), losses.tolist()):
+                                rows[position] = value
+                        mask = record["mask"]
+                        for sample, start, length in spans[k]:
+                            for _ in range(following, sample):
+                                emit({"loss": None, "tokens": 0})
+                            trained = [rows[p] for p in range(start, start + length) if mask[p]]
+                            emit({"loss": sum(trained) / len(trained) if trained else None, "tokens": len(trained)})
+                            following = sample + 1
+                    for _ in range(following, part["count"]):
+                        emit({"loss": None, "tokens": 0})
+            if sink is not None:
+                sink.flush()
+                os.fsync(sink.fileno())
+        finally:
+            if sink is not None:
+                sink.close()
+        return result
+
+    # -- adapter and checkpoints -------------------------------------------------------------------------------
+
+    def write_adapter(self, path: str) -> int:
+        """The adapter's tensors as raw little-endian F32, in llama.cpp's layout: for each weight of `lora.weights`
+        in order, `lora_a` ([rank, in] row-major, ggml [in, rank]) then `lora_b` ([out, rank], ggml [rank, out])."""
+        import numpy as np
+
+        temp = f"{path}.tmp-{os.getpid()}"
+        written = 0
+        with open(temp, "wb") as f:
+            for weight, a, b in self.adapter:
+                a_rows = a.detach().float().cpu().numpy()
+                b_rows = b.detach().float().cpu().numpy()
+                target = weight["name"].split(".")[2] if weight["name"].startswith("blk.") else ""
+                if self.architecture == "llama" and target == "attn_q":
+                    b_rows = permute_rows(b_rows, self.n_head, self.n_head)
+                elif self.architecture == "llama" and target == "attn_k":
+                    b_rows = permute_rows(b_rows, self.n_head, self.n_head_kv)
+                for rows in (a_rows, b_rows):
+                    data = np.ascontiguousarray(rows, dtype="<f4").tobytes()
+                    f.write(data)
+                    written += len(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, path)
+        return written
+
+    def write_probe(self, tokens: list[int], path: str) -> None:
+        """The trained model's logits for `tokens` (one sequence), raw F32 [len(tokens), vocab]: what the exported
+        adapter must reproduce when llama.cpp serves it (the tests compare the two)."""
+        import numpy as np
+        import torch
+
+        with torch.inference_mode():
+            ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
+            logits = self.model(input_ids=ids, use_cache=False).logits[0].float().cpu().numpy()
+        with open(path, "wb") as f:
+            f.write(np.ascontiguousarray(logits, dtype="<f4").tobytes())
+
+    def write_checkpoint(self, directory: str, fingerprint: str, step: int, tracker: BestTracker) -> None:
+        os.makedirs(directory, exist_ok=True)
+        atomic_save(
+            os.path.join(directory, "torch-latest.pt"),
+            {"adapter": self.adapter_state(), "optimizer": self.optimizer.state_dict()},
+        )
+        meta = {"fingerprint": fingerprint, "step": step, **tracker.state()}
+        atomic_write_text(os.path.join(directory, "torch-latest.json"), json.dumps(meta))
+
+    def read_checkpoint(self, directory: Optional[str], fingerprint: str) -> Optional[tuple[dict[str, Any], dict[str, Any]]]:
+        import torch
+
+        if directory is None:
+            return None
+        try:
+            with open(os.path.join(directory, "torch-latest.json"), encoding="utf8") as f:
+                meta = json.load(f)
+            if meta.get("fingerprint") != fingerprint:
+                return None
+            weights = torch.load(os.path.join(directory, "torch-latest.pt"), map_location="cpu")
+            return meta, weights
+        except (OSError, ValueError, RuntimeError):
+            return None
+
+
+def atomic_save(path: str, value: Any) -> None:
+    import torch
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    temp = f"{path}.tmp-{os.getpid()}"
+    torch.save(value, temp)
+    os.replace(temp, path)
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    temp = f"{path}.tmp-{os.getpid()}"
+    with open(temp, "w", encoding="utf8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temp, path)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Entry points
+# ----------------------------------------------------------------------------------------------------------
+
+
+def run_job(job: dict[str, Any], channel: Channel, cancelled: Callable[[], bool]) -> int:
+    try:
+        result = Trainer(job, channel, cancelled).run()
+    except Cancelled:
+        channel.send({"type": "cancelled"})
+        return 0
+    except Exception as error:  # noqa: BLE001 — every failure becomes the protocol's error message
+        import traceback
+
+        traceback.print_exc(file=sys.stderr)
+        message = str(error) if str(error).startswith("trainer:") else f"trainer: {type(error).__name__}: {error}"
+        channel.send({"type": "error", "message": message})
+        return 1
+    channel.send(result)
+    return 0
+
+
+def serve(channel: Channel) -> int:
+    """Reads the job from stdin, then watches stdin for a cancel (or its end: the parent is gone)."""
+    first = sys.stdin.readline()
+    if not first:
+        return 1
+    message = json.loads(first)
+    if message.get("type") != "job":
+        channel.send({"type": "error", "message": "trainer: the first message must be the job"})
+        return 1
+
+    def watch() -> None:
+        for line in sys.stdin:
+            if line.strip() and json.loads(line).get("type") == "cancel":
+                # Nothing of a cancelled run is kept, so there is nothing to finish: stop now, mid-step.
+                channel.send({"type": "cancelled"})
+                os._exit(0)
+        os._exit(1)  # the parent is gone; the run must not go on alone
+
+    threading.Thread(target=watch, daemon=True).start()
+    return run_job(message["job"], channel, lambda: False)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--probe", action="store_true", help="print versions, CUDA and bf16 support as JSON")
+    parser.add_argument("--job", help="run this job file with no parent process")
+    args = parser.parse_args()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.probe:
+        print(json.dumps(probe()))
+        return 0
+    channel = Channel()
+    if args.job:
+        with open(args.job, encoding="utf8") as f:
+            return run_job(json.load(f), channel, lambda: False)
+    return serve(channel)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
