@@ -63,7 +63,7 @@ test("chooseTrainer: the setting, the install and the run decide; what nothing c
     [{ setting: "torch", method: "full" }, /param:method/, /LoRA adapters only/],
   ];
   for (const [over, expected, message] of cases) {
-    const label = JSON.stringify({ ...over, torch: over.torch === missing ? "missing" : undefined });
+    const label: string = JSON.stringify({ ...over, torch: over.torch === missing ? "missing" : undefined });
     if (typeof expected === "string") {
       const choice = run(over);
       assert.equal(choice.trainer, expected, label);
