@@ -294,7 +294,11 @@ for (const backend of backends()) {
           "loraTargets",
           /the llama\.cpp trainer cannot train "attn_k": .*no gradient.*KV cache.*npm run setup:torch/,
         ],
-        [{ loraTargets: ["attn_q", "attn_v"] }, "loraTargets", /the llama\.cpp trainer cannot train "attn_v"/],
+        [
+          { loraTargets: ["attn_q", "attn_v"] },
+          "loraTargets",
+          /the llama\.cpp trainer cannot train "attn_v"/,
+        ],
         [
           { loraTargets: ["attn_q", "mlp"] },
           "loraTargets",
