@@ -9,14 +9,8 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { before, describe, test } from "node:test";
-import koffi from "koffi";
 import { createTinyModel } from "../src/model/tinyModel.ts";
-import {
-  GGML_TYPE_F32,
-  LLAMA_FLASH_ATTN_TYPE_DISABLED,
-  loadLlamaLib,
-  type Pointer,
-} from "../src/train/native/llamaLib.ts";
+import { llamaCppLogits } from "../src/train/native/probeLogits.ts";
 import { startTrainer, type TrainerJob } from "../src/train/trainer.ts";
 import type { FastifyInstance } from "fastify";
 import { gguf, writeGguf } from "../src/model/gguf/GgufWriter.ts";
@@ -72,52 +66,6 @@ function job(name: string, extra: Partial<TrainerJob> = {}): TrainerJob {
     epochs: 4,
     ...extra,
   };
-}
-
-/** llama.cpp's logits for `tokens` (decoded one by one), with `adapter` applied at scale 1. */
-function llamaCppLogits(modelPath: string, adapterPath: string | null, tokens: number[]): Float32Array[] {
-  const lib = loadLlamaLib();
-  lib.ggml_backend_load_all_from_path(lib.binDir);
-  lib.llama_backend_init();
-  const mparams = lib.llama_model_default_params();
-  const loaded = lib.llama_model_load_from_file(modelPath, mparams);
-  assert.ok(loaded !== null);
-  const m = loaded as Pointer;
-  const adapter = adapterPath === null ? null : lib.llama_adapter_lora_init(m, adapterPath);
-  assert.ok(adapterPath === null || adapter !== null, "llama.cpp loads the exported adapter");
-  const cparams = lib.llama_context_default_params();
-  cparams.n_ctx = 256;
-  cparams.n_batch = 256;
-  cparams.n_ubatch = 256;
-  cparams.n_threads = 1;
-  cparams.n_threads_batch = 1;
-  // F32 keys and values and no flash attention: with the serving defaults (F16 cache, CPU flash attention)
-  // llama.cpp alone differs from PyTorch's F32 attention by up to ~6e-4 here; this way the two agree to F32
-  // rounding, and the tolerance below tests the export itself.
-  cparams.type_k = GGML_TYPE_F32;
-  cparams.type_v = GGML_TYPE_F32;
-  cparams.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
-  const ctx = lib.llama_init_from_model(m, cparams);
-  assert.ok(ctx !== null);
-  const vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(m));
-  const token = koffi.alloc("int32_t", 1) as Pointer;
-  try {
-    if (adapter !== null)
-      assert.equal(lib.llama_set_adapters_lora(ctx as Pointer, [adapter], 1, Float32Array.of(1)), 0);
-    return tokens.map((t) => {
-      koffi.encode(token, "int32_t", t);
-      assert.equal(lib.llama_decode(ctx as Pointer, lib.llama_batch_get_one(token, 1)), 0);
-      const logits = lib.llama_get_logits_ith(ctx as Pointer, -1);
-      assert.ok(logits !== null);
-      return Float32Array.from(koffi.decode(logits, "float", vocab) as number[]);
-    });
-  } finally {
-    koffi.free(token);
-    lib.llama_free(ctx as Pointer);
-    if (adapter !== null) lib.llama_adapter_lora_free(adapter);
-    lib.llama_model_free(m);
-    lib.llama_backend_free();
-  }
 }
 
 describe("the torch trainer backend", { skip }, () => {

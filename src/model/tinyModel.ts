@@ -20,6 +20,8 @@ export interface TinyModelOptions {
   name?: string;
   /** `tokenizer.chat_template` (Jinja). Defaults to {@link TINY_CHAT_TEMPLATE}. */
   chatTemplate?: string;
+  /** Type of the weight matrices (norms stay F32): `F16` halves a big model's file. Defaults to `"F32"`. */
+  weightType?: "F32" | "F16";
 }
 
 /** What `createTinyModel` wrote; plain JSON. */
@@ -176,7 +178,8 @@ export async function createTinyModel(
     "general.architecture": gguf.str("llama"),
     "general.name": gguf.str(name),
     // LLAMA_FTYPE_ALL_F32: only F32 tensors are trained by llama.cpp's optimizer.
-    "general.file_type": gguf.u32(0),
+    // llama_ftype: ALL_F32 (0) or MOSTLY_F16 (1).
+    "general.file_type": gguf.u32(options.weightType === "F16" ? 1 : 0),
     "llama.vocab_size": gguf.u32(vocabSize),
     "llama.context_length": gguf.u32(contextLength),
     "llama.embedding_length": gguf.u32(embeddingLength),
@@ -210,7 +213,7 @@ export async function createTinyModel(
   const weight = (name: string, inputs: number, outputs: number): GgufTensor => ({
     name,
     dims: [inputs, outputs],
-    type: "F32",
+    type: options.weightType ?? "F32",
     data: () => randomRows(random, inputs, outputs, 0.02 * Math.sqrt(3)),
   });
   const norm = (name: string): GgufTensor => ({

@@ -257,6 +257,11 @@ export interface TrainingStats extends RunTotals {
   peakRssBytes: number;
   /** On a GPU: the most GPU memory the run took (drop of the devices' free memory since it started). */
   peakGpuBytes?: number;
+  /** CPU seconds (all threads of the trainer process) of its training steps, evaluations left out. */
+  trainCpuSeconds?: number;
+  /** Wall and CPU seconds of the first step (graph and buffer allocation, kernel selection), for benches. */
+  firstStepSeconds?: number;
+  firstStepCpuSeconds?: number;
 }
 
 export type ParentMessage = { type: "job"; job: ResolvedTrainerJob } | { type: "cancel" };

@@ -355,6 +355,8 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
     let sampleTokens = 0;
     let lossTokens = 0;
     let trainSeconds = 0;
+    let trainCpuSeconds = 0;
+    let firstStep: { wall: number; cpu: number } | undefined;
     let evalSeconds = 0;
     let lastProgressAt = 0;
     let finalTrainLoss = Number.NaN;
@@ -475,8 +477,13 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
         // A window with nothing to learn (every answer empty) would only move the weights by momentum.
         if (window.lossTokens > 0) {
           const t0 = performance.now();
+          const cpu0 = process.cpuUsage();
           lossSum += runWindow(window, true);
-          trainSeconds += (performance.now() - t0) / 1000;
+          const stepSeconds = (performance.now() - t0) / 1000;
+          const { user, system } = process.cpuUsage(cpu0);
+          trainSeconds += stepSeconds;
+          trainCpuSeconds += (user + system) / 1e6;
+          if (firstStep === undefined) firstStep = { wall: stepSeconds, cpu: (user + system) / 1e6 };
           lossCount += window.lossTokens;
           lossTokens += window.lossTokens;
           trainTokens += windowSize;
@@ -597,6 +604,10 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
         warnings,
         tokensPerSecond: trainSeconds > 0 ? trainTokens / trainSeconds : 0,
         trainSeconds: trainSeconds + evalSeconds,
+        trainCpuSeconds,
+        ...(firstStep === undefined
+          ? {}
+          : { firstStepSeconds: firstStep.wall, firstStepCpuSeconds: firstStep.cpu }),
         elapsedSeconds: (performance.now() - startedAt) / 1000,
         trainableTensors: tensors,
         trainableParameters: parameters,

@@ -135,10 +135,16 @@ export async function runTorchTraining(
 }
 
 /**
- * Tokenizes and plans the job with llama.cpp (the model's vocabulary only) and writes the worker's inputs.
- * `undefined` when cancelled meanwhile.
+ * Tokenizes and plans the job with llama.cpp (the model's vocabulary only) and writes the worker's inputs
+ * to its work directory (benches also hand them to the worker on another machine: `worker.py --job`).
+ * `undefined` when cancelled meanwhile. The token stores are pushed to `stores`, for the caller to dispose.
  */
-async function prepare(job: ResolvedTrainerJob, lora: LoraSpec, hooks: TrainingHooks, stores: TokenStore[]) {
+export async function prepare(
+  job: ResolvedTrainerJob,
+  lora: LoraSpec,
+  hooks: Pick<TrainingHooks, "log" | "isCancelled" | "yieldToEventLoop">,
+  stores: TokenStore[],
+) {
   const lib = loadLlamaLib({ gpu: "cpu" });
   lib.ggml_backend_load_all_from_path(lib.binDir);
   lib.llama_backend_init();
@@ -200,7 +206,7 @@ async function writeWorkerInputs(
   job: ResolvedTrainerJob,
   plan: TrainingPlan,
   weights: LoraWeight[],
-  hooks: TrainingHooks,
+  hooks: Pick<TrainingHooks, "isCancelled" | "yieldToEventLoop">,
 ): Promise<TorchWorkerJob | undefined> {
   const file = (name: string) => path.join(job.workDir, name);
   const evaluationPoints: number[] = [];
@@ -338,7 +344,7 @@ class WindowFile {
 }
 
 /** The worker's raw adapter file back as the tensors `writeTrainedAdapter` takes. */
-function readAdapterValues(
+export function readAdapterValues(
   file: string,
   weights: readonly LoraWeight[],
   rank: number,

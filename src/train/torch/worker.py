@@ -256,6 +256,8 @@ class Trainer:
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
         path = self.job["baseModelPath"]
+        if not os.path.isfile(path):
+            raise RuntimeError(f"trainer: the base model {path} does not exist")
         t0 = time.perf_counter()
         model = AutoModelForCausalLM.from_pretrained(
             os.path.dirname(os.path.abspath(path)), gguf_file=os.path.basename(path), dtype=self.dtype
@@ -336,8 +338,10 @@ class Trainer:
         labels = torch.from_numpy(np.asarray(record["labels"][positions], dtype=np.int64)).to(
             self.device, non_blocking=True
         )
-        # Only the positions whose loss counts go through the output head (the answers, by default).
-        logits = self.model(input_ids=ids.unsqueeze(0), logits_to_keep=keep, use_cache=False).logits[0]
+        # Only the positions whose loss counts go through the output head (the answers, by default); a window
+        # trained in full takes the plain path (no gather of the hidden states).
+        whole = positions.size == record["mask"].size
+        logits = self.model(input_ids=ids.unsqueeze(0), logits_to_keep=0 if whole else keep, use_cache=False).logits[0]
         return F.cross_entropy(logits.float(), labels, reduction="none")
 
     def adapter_state(self) -> dict[str, Any]:
@@ -401,7 +405,9 @@ class Trainer:
             + (f", {len(evals)} eval windows" if evals is not None and len(evals) > 0 else "")
         )
 
-        train_seconds = 0.0
+        # Training time is the loop's wall (and CPU) time less evaluations: every overhead of ours (progress,
+        # logs, checkpoints) counts; on CUDA the clock is read after the device has finished.
+        clock = LoopClock(self.device)
         eval_seconds = 0.0
         train_tokens = sample_tokens = loss_tokens = 0
         last_progress = 0.0
@@ -428,6 +434,7 @@ class Trainer:
             nonlocal last_progress
             last_progress = time.perf_counter()
             done = step - resumed_from
+            train_seconds = clock.wall()
             per_step = (train_seconds + eval_seconds) / done if done > 0 else 0.0
             message: dict[str, Any] = {
                 "type": "progress",
@@ -473,7 +480,6 @@ class Trainer:
                 loss_count = 0
             learning_rate = rates[step]
             record = train[step]
-            t0 = time.perf_counter()
             losses = self.window_losses(record)
             if losses is not None:
                 for group in self.optimizer.param_groups:
@@ -486,7 +492,7 @@ class Trainer:
                 loss_tokens += losses.numel()
                 train_tokens += window_size
                 sample_tokens += int(record["sampleTokens"])
-                train_seconds += time.perf_counter() - t0
+                clock.step_done()
             step += 1
             if step in evaluate_after:
                 if self.device.type == "cuda":
@@ -495,9 +501,9 @@ class Trainer:
                 eval_loss: Optional[float] = None
                 if evals is not None and len(evals) > 0:
                     self.model.eval()
-                    t1 = time.perf_counter()
-                    eval_loss = evaluate()
-                    eval_seconds += time.perf_counter() - t1
+                    with clock.paused() as paused:
+                        eval_loss = evaluate()
+                    eval_seconds += paused.seconds
                     self.model.train()
                     final_eval_loss = eval_loss
                     eval_history.append(
@@ -535,6 +541,8 @@ class Trainer:
                     break
             elif time.perf_counter() - last_progress >= PROGRESS_INTERVAL_S:
                 report(epoch + 1, current_train_loss(), None)
+        clock.stop()
+        train_seconds = clock.wall()
         if step > resumed_from:
             final_train_loss = current_train_loss()
         self.check_cancel()
@@ -562,6 +570,10 @@ class Trainer:
             "resumedFromStep": resumed_from,
             "tokensPerSecond": train_tokens / train_seconds if train_seconds > 0 else 0.0,
             "trainSeconds": train_seconds + eval_seconds,
+            # For benches: the training loop's CPU time (all threads) and its first step, which allocates.
+            "trainCpuSeconds": clock.cpu(),
+            "firstStepSeconds": clock.first_wall,
+            "firstStepCpuSeconds": clock.first_cpu,
             "elapsedSeconds": time.perf_counter() - self.started,
             "trainableTensors": tensors,
             "trainableParameters": parameters,
@@ -701,6 +713,66 @@ class Trainer:
             return None
 
 
+class LoopClock:
+    """Wall and CPU time of the training loop, less the spans spent in `paused()` (evaluations)."""
+
+    class Span:
+        seconds = 0.0
+
+    def __init__(self, device: Any) -> None:
+        self.device = device
+        self.wall_start = time.perf_counter()
+        self.cpu_start = time.process_time()
+        self.wall_paused = 0.0
+        self.cpu_paused = 0.0
+        self.stopped: Optional[tuple[float, float]] = None
+        self.first_wall: Optional[float] = None
+        self.first_cpu: Optional[float] = None
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            import torch
+
+            torch.cuda.synchronize(self.device)
+
+    def step_done(self) -> None:
+        if self.first_wall is None:
+            self.sync()
+            self.first_wall = self.wall()
+            self.first_cpu = self.cpu()
+
+    def paused(self) -> Any:
+        clock = self
+
+        class Paused:
+            def __enter__(self) -> "LoopClock.Span":
+                clock.sync()
+                self.span = LoopClock.Span()
+                self.wall = time.perf_counter()
+                self.cpu = time.process_time()
+                return self.span
+
+            def __exit__(self, *_: Any) -> None:
+                clock.sync()
+                self.span.seconds = time.perf_counter() - self.wall
+                clock.wall_paused += self.span.seconds
+                clock.cpu_paused += time.process_time() - self.cpu
+
+        return Paused()
+
+    def stop(self) -> None:
+        self.sync()
+        self.stopped = (time.perf_counter(), time.process_time())
+
+    def wall(self) -> float:
+        now = self.stopped[0] if self.stopped else time.perf_counter()
+        return now - self.wall_start - self.wall_paused
+
+    def cpu(self) -> float:
+        now = self.stopped[1] if self.stopped else time.process_time()
+        return now - self.cpu_start - self.cpu_paused
+
+
 def atomic_save(path: str, value: Any) -> None:
     import torch
 
@@ -763,19 +835,39 @@ def serve(channel: Channel) -> int:
     return run_job(message["job"], channel, lambda: False)
 
 
+PATH_FIELDS = ("baseModelPath", "file", "spansFile", "lossesFile", "checkpointDir", "adapterFile")
+
+
+def resolve_paths(value: Any, base: str) -> Any:
+    """A job file's relative paths are relative to the file (a job prepared on one machine runs on another)."""
+    if isinstance(value, dict):
+        return {
+            k: (os.path.join(base, v) if k in PATH_FIELDS and isinstance(v, str) and not os.path.isabs(v) else resolve_paths(v, base))
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [resolve_paths(v, base) for v in value]
+    return value
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--probe", action="store_true", help="print versions, CUDA and bf16 support as JSON")
     parser.add_argument("--job", help="run this job file with no parent process")
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    # Deprecation notices of the libraries (PEFT calling transformers' renamed helpers) are not the run's concern.
+    import warnings
+
+    warnings.filterwarnings("ignore", category=FutureWarning)
     if args.probe:
         print(json.dumps(probe()))
         return 0
     channel = Channel()
     if args.job:
         with open(args.job, encoding="utf8") as f:
-            return run_job(json.load(f), channel, lambda: False)
+            return run_job(resolve_paths(json.load(f), os.path.dirname(os.path.abspath(args.job))), channel, lambda: False)
     return serve(channel)
 
 
