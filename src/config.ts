@@ -298,7 +298,7 @@ export const settings = {
   },
   trainThreads: {
     env: "CONDUIT_TRAIN_THREADS",
-    description: "llama.cpp compute threads of each trainer process.",
+    description: "Compute threads of each trainer (llama.cpp's, or PyTorch's in the torch trainer).",
     defaultText: "1",
     parse: integer("CONDUIT_TRAIN_THREADS", 1, 1, 256),
   },

@@ -62,8 +62,26 @@ export async function buildApp(core: Core): Promise<FastifyInstance> {
   });
 
   // No body where the operation's fields are all optional is the empty object, as in OpenAI's API.
+  // No body where fields are required is a 400 naming them.
   app.addHook("preValidation", (request, _reply, done) => {
-    if (request.body === undefined && allFieldsOptional(request.routeOptions.schema?.body)) request.body = {};
+    const schema = request.routeOptions.schema?.body;
+    if (request.body === undefined && schema !== undefined) {
+      const required = requiredFields(schema);
+      if (required === undefined || required.length === 0) {
+        // Only an empty JSON body: a request without one keeps `undefined` (an upload's handler says how to send one).
+        if (request.headers["content-type"]?.split(";")[0]?.trim().toLowerCase() === "application/json")
+          request.body = {};
+      } else {
+        done(
+          new ConduitError(
+            "invalid_request",
+            `the body is empty; this operation takes a JSON object with ${required.map((f) => `"${f}"`).join(", ")}`,
+            { param: required[0] },
+          ),
+        );
+        return;
+      }
+    }
     done();
   });
 
@@ -157,9 +175,13 @@ export async function buildApp(core: Core): Promise<FastifyInstance> {
   return app;
 }
 
-/** Whether a body schema is an object whose every field may be left out (then no body means `{}`). */
-function allFieldsOptional(schema: unknown): boolean {
-  if (typeof schema !== "object" || schema === null) return false;
+/**
+ * The fields an object body schema requires (empty when all are optional: then no body means `{}`), or
+ * undefined for a schema that is not a plain object (its own validation speaks).
+ */
+function requiredFields(schema: unknown): string[] | undefined {
+  if (typeof schema !== "object" || schema === null) return undefined;
   const { type, required } = schema as { type?: unknown; required?: unknown };
-  return type === "object" && (!Array.isArray(required) || required.length === 0);
+  if (type !== "object") return undefined;
+  return Array.isArray(required) ? required.filter((f): f is string => typeof f === "string") : [];
 }
