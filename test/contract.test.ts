@@ -373,7 +373,10 @@ test("a JSON body that is not UTF-8 is a 400 invalid_json, and nothing is stored
   // An empty body is no body (OpenAI's clients send one on cancel and delete): here one is needed.
   assert.equal(empty.statusCode, 400, empty.body);
   assert.equal(empty.json().error.code, "invalid_request");
-  assert.equal(empty.json().error.message, 'the body is empty; this operation takes a JSON object with "name"');
+  assert.equal(
+    empty.json().error.message,
+    'the body is empty; this operation takes a JSON object with "name"',
+  );
 });
 
 test("a __proto__ key in a JSON body is dropped, not refused, and pollutes nothing", async (t) => {
