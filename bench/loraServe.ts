@@ -17,7 +17,7 @@ import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 import { createLlamaEngine } from "../src/engine/LlamaEngine.ts";
 import type { ModelRef } from "../src/model/types.ts";
-import { LORA_TARGETS } from "../src/contract/runs.ts";
+import { LLAMA_CPP_LORA_TARGETS } from "../src/contract/runs.ts";
 import { loraWeights, writeInitialAdapter } from "../src/train/native/loraAdapter.ts";
 import { loadLlamaLib } from "../src/train/native/llamaLib.ts";
 import { readModelFile } from "../src/train/native/modelFile.ts";
@@ -85,7 +85,7 @@ process.on("exit", () => fs.rmSync(dir, { recursive: true, force: true }));
 fs.copyFileSync(source, path.join(dir, "base.gguf"));
 const info = readModelFile(loadLlamaLib(), source);
 const rank = Number(values.rank);
-const spec = { rank, alpha: 2 * rank, targets: [...LORA_TARGETS], complexity: 1 };
+const spec = { rank, alpha: 2 * rank, targets: [...LLAMA_CPP_LORA_TARGETS], complexity: 1 };
 const weights = loraWeights(info, spec);
 for (let i = 0; i < count; i++) {
   await writeInitialAdapter(info, path.join(dir, `adapter-${i}.gguf`), weights, spec, i);

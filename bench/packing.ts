@@ -16,7 +16,7 @@ import path from "node:path";
 import { parseArgs } from "node:util";
 import { getLlama, LlamaLogLevel, type ControlledEvaluateInputItem, type Token } from "node-llama-cpp";
 import { formatExample } from "../src/train/samples.ts";
-import { LORA_TARGETS } from "../src/contract/runs.ts";
+import { LLAMA_CPP_LORA_TARGETS } from "../src/contract/runs.ts";
 import { startTrainer, type SampleSegment } from "../src/train/trainer.ts";
 import { datesTask } from "./lib/qualityTasks.ts";
 import { modelPath, requireFile, type BenchModel } from "./lib/reference.ts";
@@ -53,7 +53,7 @@ try {
   const outcome = await startTrainer(
     {
       method: "lora",
-      lora: { rank: 16, alpha: 32, targets: [...LORA_TARGETS] },
+      lora: { rank: 16, alpha: 32, targets: [...LLAMA_CPP_LORA_TARGETS] },
       baseModelPath: base,
       outputPath: path.join(dir, "adapter.gguf"),
       workDir: path.join(dir, "work"),

@@ -21,7 +21,7 @@ import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 import { createTinyModel } from "../src/model/tinyModel.ts";
-import { LORA_TARGETS } from "../src/contract/runs.ts";
+import { LLAMA_CPP_LORA_TARGETS } from "../src/contract/runs.ts";
 import { formatExample } from "../src/train/samples.ts";
 import { startTrainer, type TrainerJob, type TrainingSample } from "../src/train/trainer.ts";
 
@@ -77,7 +77,7 @@ async function measureOne(pairs: number, model: string): Promise<Measured> {
     if (heldOut !== undefined) fs.closeSync(heldOut);
     const job: TrainerJob = {
       method: "lora",
-      lora: { rank: 8, alpha: 16, targets: [...LORA_TARGETS] },
+      lora: { rank: 8, alpha: 16, targets: [...LLAMA_CPP_LORA_TARGETS] },
       baseModelPath: model,
       outputPath: path.join(dir, "adapter.gguf"),
       workDir: path.join(dir, "work"),
