@@ -13,7 +13,11 @@
  * rotates), and a ratio compares rounds taken at the same time. Needs `bash bench/setup.sh` first.
  *
  *   node --import tsx bench/serve.ts [stories260K|smollm2-135m|file.gguf] [--threads 1] [--tokens 120] [--runs 5]
- *        [--prefix-sentences 25] [--prompt-threads N] [--prompt-repeat 1]
+ *        [--prefix-sentences 25] [--prompt-threads N] [--prompt-repeat 1] [--gpu off|cuda|vulkan] [--json FILE]
+ *
+ * `--gpu cuda` runs both on the GPU with every layer offloaded: Conduit with `CONDUIT_GPU=cuda`, the reference
+ * with `-ngl 99` (a llama.cpp built with CUDA: `CONDUIT_BENCH_LLAMA_BIN`, see bench/gpu/). `off` (the default)
+ * is `CONDUIT_GPU=off` and `-ngl 0`. `--json` also writes the medians and ratios to FILE.
  */
 import { spawn, execFileSync, type ChildProcess } from "node:child_process";
 import fs from "node:fs";
@@ -33,8 +37,14 @@ const { values, positionals } = parseArgs({
     "prompt-threads": { type: "string" },
     "prompt-repeat": { type: "string", default: "1" },
     "prefix-sentences": { type: "string", default: "25" },
+    gpu: { type: "string", default: "off" },
+    json: { type: "string" },
   },
 });
+const gpu = values.gpu;
+if (!["off", "cuda", "vulkan"].includes(gpu)) throw new Error(`--gpu is off, cuda or vulkan, not ${gpu}`);
+/** Layers the reference offloads: all of them (99 is more than any bench model has) on a GPU. */
+const ngl = gpu === "off" ? "0" : "99";
 const threads = Number(values.threads);
 const tokens = Number(values.tokens);
 const runs = Number(values.runs);
@@ -84,7 +94,7 @@ async function startLlamaServer(contextPerSlot: number): Promise<{ url: string; 
     [
       ...["-m", model, "--host", "127.0.0.1", "--port", String(port)],
       ...["-t", String(threads), "-tb", String(promptThreads), "-np", String(STREAMS)],
-      ...["-c", String(contextPerSlot * STREAMS), "--no-webui", "--log-disable"],
+      ...["-c", String(contextPerSlot * STREAMS), "-ngl", ngl, "--no-webui", "--log-disable"],
     ],
     { stdio: ["ignore", "ignore", "ignore"] },
   );
@@ -241,7 +251,7 @@ async function round(
 function llamaBench(n: number): number {
   const out = execFileSync(
     requireFile(toolPath("llama-bench")),
-    ["-m", model, "-t", String(threads), "-p", "0", "-n", String(n), "-r", "1", "-o", "json"],
+    ["-m", model, "-t", String(threads), "-ngl", ngl, "-p", "0", "-n", String(n), "-r", "1", "-o", "json"],
     { encoding: "utf8", stdio: ["ignore", "pipe", "ignore"] },
   );
   const rows = JSON.parse(out) as { avg_ts: number; n_gen: number }[];
@@ -259,8 +269,12 @@ const conduit = await startConduit(
     CONDUIT_PARALLEL: String(STREAMS),
     CONDUIT_MAX_QUEUE: "64",
     CONDUIT_TRAIN_CONCURRENCY: "0",
+    CONDUIT_GPU: gpu,
+    CONDUIT_GPU_LAYERS: "all",
   },
 );
+/** What Conduit generates on (`GET /healthz`'s `accelerator`), to be sure it is the GPU asked for. */
+let accelerator: unknown;
 let server: { url: string; child: ChildProcess } | undefined;
 const c = newMeasured();
 const s = newMeasured();
@@ -269,6 +283,8 @@ try {
   server = await startLlamaServer(Math.max(256, tokens + 64, 1024));
   // Loads the model, warms the caches.
   await complete(conduit.url, prompt(conduit.url), false);
+  accelerator = ((await (await fetch(`${conduit.url}/healthz`)).json()) as { accelerator?: unknown })
+    .accelerator;
   await complete(server.url, prompt(server.url), false);
   const cacheOn = { cache_prompt: true };
   for (let r = 0; r < runs; r++) {
@@ -285,6 +301,7 @@ try {
   server?.child.kill("SIGTERM");
 }
 
+console.log(`conduit accelerator: ${JSON.stringify(accelerator)}; reference -ngl ${ngl}`);
 console.log(
   `model ${path.basename(model)}, ${threads} thread(s) (prompts ${promptThreads}), up to ${tokens} tokens (median ${median(c.tokens)} generated, greedy), ` +
     `${runs} interleaved runs, ${os.cpus().length} cores, load ${loadAtStart.toFixed(1)} → ${os.loadavg()[0]!.toFixed(1)}\n`,
@@ -312,6 +329,31 @@ if (c.prefixSecond.length > 0 && s.prefixSecond.length > 0) {
   const ratio = (m: Measured) => median(m.prefixSecond.map((x, i) => x / m.prefixFirst[i]!));
   console.log(`  TTFT shared prefix / new prompt: conduit ${fmt(ratio(c))}x, llama-server ${fmt(ratio(s))}x`);
 } else console.log("  (prompt cache: the model's context cannot hold the long prompt)");
+if (values.json) {
+  const pair = (mine: number, theirs: number) => ({ conduit: mine, reference: theirs, ratio: mine / theirs });
+  const result = {
+    model: path.basename(model),
+    gpu,
+    accelerator,
+    threads,
+    tokens: median(c.tokens),
+    runs,
+    singlePlainVsBench: pair(median(c.plain), median(bench)),
+    singleStreamedVsBench: pair(median(c.streamed), median(bench)),
+    singleStreamedVsServer: pair(median(c.streamed), median(s.streamed)),
+    streams8VsServer: pair(median(c.aggregate), median(s.aggregate)),
+    streams8CpuMsPerToken: pair(median(c.aggregateCpu), median(s.aggregateCpu)),
+    ttftMs: pair(median(c.ttft), median(s.ttft)),
+    ...(c.prefixSecond.length > 0 && s.prefixSecond.length > 0
+      ? {
+          ttftNewPromptMs: pair(median(c.prefixFirst), median(s.prefixFirst)),
+          ttftSharedPrefixMs: pair(median(c.prefixSecond), median(s.prefixSecond)),
+        }
+      : {}),
+    raw: { conduit: c, server: s, bench },
+  };
+  fs.writeFileSync(values.json, `${JSON.stringify(result, null, 2)}\n`);
+}
 console.log(
   "\n(medians; ratios are conduit / reference: ≥ 1 is better for tok/s, ≤ 1 for CPU per token and time to first token)",
 );

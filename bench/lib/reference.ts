@@ -6,7 +6,9 @@ import { fileURLToPath } from "node:url";
 
 export const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..");
 export const cacheDir = join(repoRoot, ".cache");
-export const llamaBinDir = join(cacheDir, "llama.cpp", "build", "bin");
+/** `CONDUIT_BENCH_LLAMA_BIN` points elsewhere, e.g. at the CUDA build bench/gpu/run.sh unpacks. */
+export const llamaBinDir =
+  process.env["CONDUIT_BENCH_LLAMA_BIN"] || join(cacheDir, "llama.cpp", "build", "bin");
 export const modelsDir = join(cacheDir, "models");
 
 export type ReferenceTool = "llama-bench" | "llama-server" | "llama-cli" | "llama-finetune";
