@@ -6,7 +6,14 @@
  *   node --import tsx bench/lora.ts [smollm2-135m|stories260K|file.gguf] [--threads 1] [--ctx 256] [--kb 6]
  *     [--bases F32,Q8_0,Q4_1] [--rank 16] [--steps 12]
  *   node --import tsx bench/lora.ts --big [--steps 2]   # a random ~1B model of TinyLlama's shape, Q4_0 base
+ *   node --import tsx bench/lora.ts smollm2-135m --gpu cuda [--layers all] [--methods lora] [--bases Q8_0,F32]
+ *     [--json FILE] [--native-log FILE]   # on a GPU: also peak GPU memory and the ops left to the CPU
  *
+ * `--gpu cuda|vulkan` trains on that build of llama.cpp (job.gpu, as `CONDUIT_GPU` gives the scheduler), with
+ * `--layers` offloaded; each run then reports its peak GPU memory (`stats.peakGpuBytes`) and the trainer's log
+ * lines about the device (which GPU, which ops of a step it cannot run and leaves to the CPU). `--methods lora`
+ * leaves out the full fine-tune (the ratios are then not printed). `--native-log FILE` appends llama.cpp's own
+ * log of every run to FILE (with `GGML_SCHED_DEBUG=1` in the environment: the scheduler's splits per backend).
  * Rates leave out the first optimizer step (graph allocation): tokens between the first and the last progress
  * report over the time between them. Peak RSS is the trainer process's own `maxRSS` (a Node process, ~50 MB
  * of it before any model). With `--big` only LoRA runs (full F32 training of 1B parameters needs ~16 GB).
@@ -16,7 +23,8 @@ import os from "node:os";
 import path from "node:path";
 import { parseArgs } from "node:util";
 import { createTinyModel } from "../src/model/tinyModel.ts";
-import { LORA_TARGETS } from "../src/contract/runs.ts";
+import { LLAMA_CPP_LORA_TARGETS } from "../src/contract/runs.ts";
+import { loadLlamaLib } from "../src/train/native/llamaLib.ts";
 import { convertModel } from "../src/train/native/runTraining.ts";
 import type { TrainerOutputType } from "../src/contract/runs.ts";
 import { startTrainer, type TrainerJob } from "../src/train/trainer.ts";
@@ -33,8 +41,22 @@ const { values, positionals } = parseArgs({
     rank: { type: "string", default: "16" },
     steps: { type: "string", default: "12" },
     big: { type: "boolean", default: false },
+    gpu: { type: "string", default: "cpu" },
+    layers: { type: "string", default: "all" },
+    methods: { type: "string", default: "full,lora" },
+    json: { type: "string" },
+    "native-log": { type: "string" },
   },
 });
+const gpu = values.gpu as "cpu" | "cuda" | "vulkan";
+if (!["cpu", "cuda", "vulkan"].includes(gpu)) throw new Error(`--gpu is cpu, cuda or vulkan, not ${gpu}`);
+const gpuJob = { backend: gpu, layers: values.layers === "all" ? ("all" as const) : Number(values.layers) };
+const methods = values.methods.split(",");
+// The conversions below run in this process on the first libllama it loads: the GPU build's (a GPU host may
+// have no CPU-only package), as the trainer does.
+if (gpu !== "cpu") loadLlamaLib({ gpu });
+/** Every run's results, for `--json`. */
+const results: Record<string, Measured> = {};
 const threads = Number(values.threads);
 const ctx = Number(values.ctx);
 const steps = Number(values.steps);
@@ -48,12 +70,18 @@ interface Measured {
   outputMb: number;
   parameters: number;
   wallSeconds: number;
+  steps: number;
+  /** On a GPU: `stats.peakGpuBytes` in MiB. */
+  peakGpuMb?: number;
+  /** The trainer's log lines about the device: where it trains, ops it leaves to the CPU. */
+  deviceLog: string[];
 }
 
 async function train(job: Partial<TrainerJob> & Pick<TrainerJob, "baseModelPath">): Promise<Measured> {
   const started = performance.now();
   let first: { at: number; step: number } | undefined;
   let last: { at: number; step: number } | undefined;
+  const deviceLog: string[] = [];
   const handle = startTrainer(
     {
       outputPath: path.join(work, "out.gguf"),
@@ -64,9 +92,19 @@ async function train(job: Partial<TrainerJob> & Pick<TrainerJob, "baseModelPath"
       maxSteps: steps,
       contextSize: ctx,
       threads,
+      gpu: gpuJob,
       ...job,
     },
     {
+      onLog: (line) => {
+        if (/training on|registered no GPU|cannot run|llama\.cpp .* from /.test(line)) {
+          deviceLog.push(line);
+          console.log(`    ${line}`);
+        }
+      },
+      ...(values["native-log"] === undefined
+        ? {}
+        : { onNativeLog: (line: string) => fs.appendFileSync(values["native-log"]!, `${line}\n`) }),
       onProgress: (progress) => {
         const point = { at: performance.now(), step: progress.step };
         first ??= point;
@@ -83,13 +121,18 @@ async function train(job: Partial<TrainerJob> & Pick<TrainerJob, "baseModelPath"
     outputMb: outcome.stats.outputBytes / 2 ** 20,
     parameters: outcome.stats.trainableParameters,
     wallSeconds: (performance.now() - started) / 1000,
+    steps: outcome.stats.steps,
+    ...(outcome.stats.peakGpuBytes === undefined ? {} : { peakGpuMb: outcome.stats.peakGpuBytes / 2 ** 20 }),
+    deviceLog,
   };
 }
 
-const lora = { rank, alpha: 2 * rank, targets: [...LORA_TARGETS] };
-const row = (name: string, m: Measured, reference?: Measured) =>
+const lora = { rank, alpha: 2 * rank, targets: [...LLAMA_CPP_LORA_TARGETS] };
+const row = (name: string, m: Measured, reference?: Measured) => {
+  results[name] = m;
   console.log(
     `  ${name.padEnd(18)} ${m.tokensPerSecond.toFixed(1).padStart(8)} tok/s  peak RSS ${m.peakRssMb.toFixed(0).padStart(6)} MB  ` +
+      (m.peakGpuMb === undefined ? "" : `peak GPU ${m.peakGpuMb.toFixed(0).padStart(6)} MB  `) +
       `writes ${m.outputMb.toFixed(2).padStart(7)} MB  ${(m.parameters / 1e6).toFixed(2).padStart(7)} M trained  ` +
       `wall ${m.wallSeconds.toFixed(0).padStart(4)} s` +
       (reference
@@ -97,6 +140,7 @@ const row = (name: string, m: Measured, reference?: Measured) =>
           `RSS ${(m.peakRssMb / reference.peakRssMb).toFixed(2)}x, size ${(m.outputMb / reference.outputMb).toFixed(3)}x`
         : ""),
   );
+};
 
 if (values.big) {
   // TinyLlama-1.1B's shape (2048 wide, 22 blocks, 32 heads, 4 KV heads, 5632 FFN) with the tiny vocabulary:
@@ -116,7 +160,7 @@ if (values.big) {
   console.log(
     `random model of TinyLlama's shape: ${(info.parameters / 1e9).toFixed(2)} B parameters, Q4_0 ` +
       `${(fs.statSync(q40).size / 1e6).toFixed(0)} MB; ${threads} thread(s), context ${ctx}, ${steps} steps, ` +
-      `${os.cpus().length} cores, load ${os.loadavg()[0]?.toFixed(1)}`,
+      `${os.cpus().length} cores, load ${os.loadavg()[0]?.toFixed(1)}, gpu ${gpu}`,
   );
   row(`LoRA r${rank} on Q4_0`, await train({ baseModelPath: q40, method: "lora", lora }));
 } else {
@@ -124,14 +168,26 @@ if (values.big) {
   const source = requireFile(name.endsWith(".gguf") ? path.resolve(name) : modelPath(name as BenchModel));
   console.log(
     `model ${path.basename(source)}; ${threads} thread(s), context ${ctx}, ${steps} steps of ${ctx} tokens, ` +
-      `LoRA rank ${rank} on ${lora.targets.join(",")}; ${os.cpus().length} cores, load ${os.loadavg()[0]?.toFixed(1)}`,
+      `LoRA rank ${rank} on ${lora.targets.join(",")}; ${os.cpus().length} cores, load ${os.loadavg()[0]?.toFixed(1)}, ` +
+      `gpu ${gpu}${gpu === "cpu" ? "" : ` (${values.layers} layers)`}`,
   );
-  const full = await train({ baseModelPath: source, method: "full", outputType: "Q8_0" });
-  row("full (F32 → Q8_0)", full);
-  for (const type of values.bases.split(",")) {
+  let full: Measured | undefined;
+  if (methods.includes("full")) {
+    full = await train({ baseModelPath: source, method: "full", outputType: "Q8_0" });
+    row("full (F32 → Q8_0)", full);
+  }
+  for (const type of methods.includes("lora") ? values.bases.split(",") : []) {
     const base = path.join(work, `base-${type}.gguf`);
     convertModel(source, base, type as TrainerOutputType, threads);
     row(`LoRA on ${type}`, await train({ baseModelPath: base, method: "lora", lora }), full);
     fs.rmSync(base);
   }
+}
+// --json FILE: the results, merged into FILE's when it already has some (runs with other settings, e.g. steps).
+if (values.json) {
+  const before = fs.existsSync(values.json)
+    ? (JSON.parse(fs.readFileSync(values.json, "utf8")) as { results?: Record<string, Measured> }).results
+    : undefined;
+  const merged = { gpu, layers: values.layers, threads, ctx, rank, results: { ...before, ...results } };
+  fs.writeFileSync(values.json, `${JSON.stringify(merged, null, 2)}\n`);
 }
