@@ -27,7 +27,7 @@
 # Environment: OUT (results, default .cache/gpu-out), GPU (cuda; `off` for the CPU rehearsal), TRAIN_GPU (the
 # trainer's backend, default $GPU), THREADS (generation threads, 1), TRAIN_THREADS (min(8, cores)),
 # RUNS (serve.ts rounds, 5), TOKENS (128), STEPS (trainer steps on an F32 base, 40), STEPS_QUANT (on a quantized
-# base, 20), BASES (Q8_0,F32).
+# base, 20), BASES (Q8_0,F32), BUDGET (seconds after which no step runs on, 330: the script ends by ~6 min).
 # Writes to $OUT at most 6 files: log.txt bench.json serve.json train.json sched.txt summary.txt (bench/gpu/torch.sh
 # adds 2: the device tool brings back 8), and prints the summary last. Every step runs under `timeout`.
 set -uo pipefail
@@ -49,6 +49,7 @@ TOKENS="${TOKENS:-128}"
 STEPS="${STEPS:-40}"
 STEPS_QUANT="${STEPS_QUANT:-20}"
 BASES="${BASES:-Q8_0,F32}"
+BUDGET="${BUDGET:-330}"
 MODEL="$ROOT/.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 LOG="$OUT/log.txt"
 SUMMARY="$OUT/summary.txt"
@@ -60,8 +61,13 @@ export CONDUIT_BENCH_LLAMA_BIN="$RT/ref"
 log() { printf '[gpu %4ds] %s\n' "$((SECONDS - T0))" "$*" | tee -a "$LOG"; }
 note() { printf '%s\n' "$*" >> "$SUMMARY"; }
 # step NAME SECONDS CMD...: runs CMD under timeout, its output into the log (and on the console); never aborts.
+# No step runs past BUDGET seconds from the start: its limit is cut to what is left, and with under 15 s left it
+# is skipped.
 step() {
   local name=$1 limit=$2; shift 2
+  local left=$((BUDGET - (SECONDS - T0)))
+  if [ "$left" -lt 15 ]; then log "── $name: skipped (BUDGET ${BUDGET}s spent)"; note "SKIPPED: $name (BUDGET)"; return 1; fi
+  [ "$limit" -le "$left" ] || limit=$left
   log "── $name (timeout ${limit}s): $*"
   local t=$SECONDS
   timeout -k 10 "$limit" "$@" 2>&1 | tee -a "$LOG"
@@ -184,18 +190,18 @@ check() {
     echo "ldd libggml-cuda.so (reference):"; ldd "$RT/ref/libggml-cuda.so" 2>&1 | grep -E 'cu|not found'
   } >> "$LOG" 2>&1
   note "device: $( (timeout 10 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo none) | head -n 1); $NPROC cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
-  step "engine backend" 120 "$NODE" --import tsx bench/gpu/check.ts engine "$GPU" && note "engine: $(grep '^engine:' "$LOG" | tail -n 1)"
-  step "trainer backend" 120 "$NODE" --import tsx bench/gpu/check.ts trainer "$TRAIN_GPU" && note "trainer: $(grep '^trainer:' "$LOG" | tail -n 1)"
-  step "reference devices" 60 "$RT/ref/llama-server" --list-devices
+  step "engine backend" 60 "$NODE" --import tsx bench/gpu/check.ts engine "$GPU" && note "engine: $(grep '^engine:' "$LOG" | tail -n 1)"
+  step "trainer backend" 60 "$NODE" --import tsx bench/gpu/check.ts trainer "$TRAIN_GPU" && note "trainer: $(grep '^trainer:' "$LOG" | tail -n 1)"
+  step "reference devices" 30 "$RT/ref/llama-server" --list-devices
 }
 
 # ---------------------------------------------------------------------------------------------------------
 gen() {
   [ -f "$MODEL" ] || { note "FAILED: gen (no model)"; return 1; }
   local ngl=99; [ "$GPU" = off ] && ngl=0
-  log "── llama-bench (timeout 120s): pp512, tg$TOKENS, -t $THREADS -ngl $ngl -r 5"
+  log "── llama-bench (timeout 90s): pp512, tg$TOKENS, -t $THREADS -ngl $ngl -r 5"
   local t=$SECONDS
-  timeout -k 10 120 "$RT/ref/llama-bench" -m "$MODEL" -t "$THREADS" -ngl "$ngl" -p 512 -n "$TOKENS" -r 5 -o json \
+  timeout -k 10 90 "$RT/ref/llama-bench" -m "$MODEL" -t "$THREADS" -ngl "$ngl" -p 512 -n "$TOKENS" -r 5 -o json \
     > "$OUT/bench.json" 2>> "$LOG"
   local rc=$?
   log "── llama-bench: rc=$rc in $((SECONDS - t))s"
@@ -204,7 +210,7 @@ gen() {
     const rows = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));
     for (const r of rows) console.log(`llama-bench ${r.n_prompt ? "pp" + r.n_prompt : "tg" + r.n_gen}: ${r.avg_ts.toFixed(1)} ± ${r.stddev_ts.toFixed(1)} tok/s (${r.backends}, ngl ${r.n_gpu_layers}, ${r.gpu_info || r.cpu_info})`);
   ' "$OUT/bench.json" 2>/dev/null | tee -a "$LOG" >> "$SUMMARY"
-  step "serve.ts" 240 "$NODE" --import tsx bench/serve.ts "$MODEL" --gpu "$GPU" --threads "$THREADS" \
+  step "serve.ts" 180 "$NODE" --import tsx bench/serve.ts "$MODEL" --gpu "$GPU" --threads "$THREADS" \
     --tokens "$TOKENS" --runs "$RUNS" --json "$OUT/serve.json"
   [ -f "$OUT/serve.json" ] && "$NODE" -e '
     const r = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));
@@ -232,7 +238,7 @@ train() {
   for base in ${BASES//,/ }; do
     # A quantized base's backward pass partly runs on the CPU (OUT_PROD): fewer steps, so it cannot eat the call.
     steps=$STEPS; [ "$base" = F32 ] || steps=$STEPS_QUANT
-    step "lora.ts $base" 200 "$NODE" --import tsx bench/lora.ts "$MODEL" --gpu "$TRAIN_GPU" --methods lora --bases "$base" \
+    step "lora.ts $base" 150 "$NODE" --import tsx bench/lora.ts "$MODEL" --gpu "$TRAIN_GPU" --methods lora --bases "$base" \
       --steps "$steps" --kb "$((steps * 3 / 2 + 4))" --ctx 256 --threads "$TRAIN_THREADS" --json "$OUT/train.json"
   done
   [ -f "$OUT/train.json" ] && "$NODE" -e '
@@ -246,7 +252,7 @@ train() {
   # The scheduler's own account of a step (GGML_SCHED_DEBUG=2: every node of every graph with the backend it runs
   # on): of the largest graph (the training step's), the nodes per backend and the ops left on the CPU.
   rm -f "$OUT/sched.raw"
-  step "sched debug" 120 env GGML_SCHED_DEBUG=2 "$NODE" --import tsx bench/lora.ts "$MODEL" --gpu "$TRAIN_GPU" --methods lora \
+  step "sched debug" 90 env GGML_SCHED_DEBUG=2 "$NODE" --import tsx bench/lora.ts "$MODEL" --gpu "$TRAIN_GPU" --methods lora \
     --bases "${BASES%%,*}" --steps 2 --kb 4 --ctx 256 --threads "$TRAIN_THREADS" --native-log "$OUT/sched.raw" > /dev/null
   if [ -f "$OUT/sched.raw" ]; then
     head -c 15000000 "$OUT/sched.raw" > "$OUT/sched.txt"; rm -f "$OUT/sched.raw"
