@@ -6,7 +6,7 @@
 #
 #   bash bench/gpu/torch.sh        # after `bench/gpu/run.sh unpack` (SmolLM2 in .cache/models, node in .device/rt)
 #
-# Writes $OUT/torch.tar (the worker's and the peer's output, the dates adapter and probe) and
+# BUDGET (seconds, default 300) bounds the whole script. Writes $OUT/torch.tar (the worker's and the peer's output, the dates adapter and probe) and
 # $OUT/torch-summary.txt, and prints the summary last. Every step runs under `timeout`.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -15,14 +15,23 @@ T0=$SECONDS
 OUT="${OUT:-$ROOT/.cache/gpu-out}"
 T="$ROOT/.device/train"
 R="$T/results"
+rm -rf "$R"
 mkdir -p "$OUT" "$R" "$T/models"
 PY="${PYTHON:-python3}"
 NODE="${NODE:-$ROOT/.device/rt/bin/node}"
 SUMMARY="$OUT/torch-summary.txt"
 : > "$SUMMARY"
 log() { printf '[torch %4ds] %s\n' "$((SECONDS - T0))" "$*" | tee -a "$R/log.txt"; }
+BUDGET="${BUDGET:-300}"   # seconds for the whole script: a step gets what is left of it, later steps are skipped
 step() {
   local name=$1 limit=$2 out=$3; shift 3
+  local left=$((BUDGET - (SECONDS - T0)))
+  if [ "$left" -lt 15 ]; then
+    log "── $name: skipped (${left}s of the ${BUDGET}s budget left)"
+    echo "SKIPPED: $name (budget)" >> "$SUMMARY"
+    return 1
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
   log "── $name (timeout ${limit}s)"
   local t=$SECONDS
   timeout -k 10 "$limit" "$@" > "$out" 2>> "$R/stderr.txt"
@@ -35,24 +44,27 @@ step() {
 # The worker's packages: the image has PyTorch, transformers and PEFT; gguf travels as a wheel.
 "$PY" -m pip install -q --no-index --no-deps --target /tmp/torch-site "$T"/wheels/*.whl && export PYTHONPATH=/tmp/torch-site
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TQDM_DISABLE=1 PYTHONUNBUFFERED=1
-step probe 120 "$R/probe.json" "$PY" src/train/torch/worker.py --probe
+step probe 60 "$R/probe.json" "$PY" src/train/torch/worker.py --probe
 log "$(cat "$R/probe.json")"
 "$PY" -m pip list 2>/dev/null | grep -iE '^(torch|transformers|peft|gguf|accelerate) ' > "$R/versions.txt"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$R/gpu.txt" 2>&1
 
 ln -sf "$ROOT/.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf" "$T/models/"
+
+model_of() { [ "$1" = smollm2 ] && echo SmolLM2-135M-Instruct.Q4_1.gguf || echo tinyllama-1b-f16.gguf; }
+speed() {
+  [ -f "$T/models/$(model_of "$1")" ] || { log "no model for $1"; return; }
+  step "$1 peer" "$2" "$R/$1.peer.json" "$PY" bench/peft_peer.py "$T/$1/job.json"
+  step "$1 worker" "$2" "$R/$1.worker.jsonl" "$PY" src/train/torch/worker.py --job "$T/$1/job.json"
+}
+speed smollm2 150
+step "dates worker" 120 "$R/dates.worker.jsonl" "$PY" src/train/torch/worker.py --job "$T/dates/job.json"
 if [ -x "$NODE" ]; then
-  step make-1b 300 "$R/make-1b.json" "$NODE" "$T/makeModel.mjs" tinyllama-1b "$T/models/tinyllama-1b-f16.gguf"
+  step make-1b 120 "$R/make-1b.json" "$NODE" "$T/makeModel.mjs" tinyllama-1b "$T/models/tinyllama-1b-f16.gguf"
 else
   log "no node at $NODE: the 1B model cannot be written"
 fi
-
-for job in smollm2 tinyllama-1b; do
-  [ -f "$T/models/$( [ $job = smollm2 ] && echo SmolLM2-135M-Instruct.Q4_1.gguf || echo tinyllama-1b-f16.gguf)" ] || continue
-  step "$job peer" 300 "$R/$job.peer.json" "$PY" bench/peft_peer.py "$T/$job/job.json"
-  step "$job worker" 300 "$R/$job.worker.jsonl" "$PY" src/train/torch/worker.py --job "$T/$job/job.json"
-done
-step "dates worker" 300 "$R/dates.worker.jsonl" "$PY" src/train/torch/worker.py --job "$T/dates/job.json"
+speed tinyllama-1b 150
 cp "$T/dates/trained.adapter.f32" "$T/dates/probe.f32" "$R/" 2>/dev/null
 
 "$PY" - "$R" >> "$SUMMARY" <<'PY'
