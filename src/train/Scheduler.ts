@@ -22,8 +22,11 @@ import {
 export interface SchedulerOptions {
   /** Runs trained at once by this process. Defaults to `1`. */
   concurrency: number;
-  /** llama.cpp threads of each trainer process. Defaults to `1`. */
-  threads: number;
+  /**
+   * Compute threads of each trainer; `auto`: every core for the torch trainer, 1 for llama.cpp's.
+   * Defaults to `1`.
+   */
+  threads: number | "auto";
   /** How long a claimed run stays ours without a heartbeat. Defaults to `30000` ms. */
   leaseMs?: number;
   /** Heartbeat and queue poll interval. Defaults to `2000` ms. */
@@ -262,7 +265,12 @@ export class Scheduler {
         complexity: config.complexity,
         contextSize: config.contextSize,
         lrSchedule: { kind: config.lrSchedule, minFraction: config.lrMinFraction },
-        threads: this.options.threads,
+        threads:
+          this.options.threads === "auto"
+            ? backend === "torch"
+              ? os.availableParallelism()
+              : 1
+            : this.options.threads,
         gpu,
         outputType: config.outputType,
         seed: config.seed,
