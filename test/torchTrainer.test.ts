@@ -136,6 +136,24 @@ describe("the torch trainer backend's job", { skip }, () => {
     );
   });
 
+  test("a base loaded once is kept dequantized in the cache: the next run loads that copy", async () => {
+    const cacheDir = path.join(dir, "base-cache");
+    const cached = (name: string) => {
+      const base = job(name, { epochs: 1 });
+      return { ...base, torch: { ...base.torch!, cacheDir } };
+    };
+    const loads: string[] = [];
+    const onLog = (line: string) => void (line.includes("trainer: loaded") && loads.push(line));
+    for (const name of ["cache-1", "cache-2"])
+      assert.equal((await startTrainer(cached(name), { onLog }).done).status, "completed");
+    assert.match(loads[0] ?? "", /through transformers' GGUF dequantizer; kept a f32 copy for the next runs/);
+    assert.match(loads[1] ?? "", /from its f32 copy in the cache/);
+    assert.deepEqual(
+      fs.readdirSync(cacheDir).map((entry) => entry.replace(/-[0-9a-f]{16}$/, "-<key>")),
+      ["tiny-gqa-<key>"],
+    );
+  });
+
   test(
     "cancel stops the worker mid-run, without waiting for a step boundary",
     { timeout: 120_000 },

@@ -242,7 +242,8 @@ export class Scheduler {
           throw new Error(
             `this run was created for the torch trainer, which ${this.workerId} cannot run: ${found.unavailable}`,
           );
-        torch = found;
+        // The worker's dequantized copies of base models live in the blob store, like everything the server keeps.
+        torch = { ...found, cacheDir: this.blobs.pathOf("cache/torch") };
       }
       const lossesPath = `${workDir}/losses.jsonl`;
       const job: TrainerJob = {

@@ -179,6 +179,12 @@ export interface TorchJobOptions {
    * Defaults to none.
    */
   probe?: { tokens: number[]; file: string } | null;
+  /**
+   * Where the worker keeps a dequantized copy of each base it loads (transformers parses and dequantizes a GGUF
+   * in Python on every load: 15–40 s for small models), so that the next run on the same file loads in about
+   * a second. Defaults to none (every run loads the GGUF).
+   */
+  cacheDir?: string | null;
 }
 
 /** A job with every default applied; this is what crosses the IPC channel. */

@@ -88,6 +88,7 @@ export function resolveTrainerJob(job: TrainerJob): ResolvedTrainerJob {
             device: job.torch.device ?? "auto",
             dtype: job.torch.dtype ?? "auto",
             probe: job.torch.probe ?? null,
+            cacheDir: job.torch.cacheDir ?? null,
           }
         : null,
     method,

@@ -58,6 +58,7 @@ export interface TorchWorkerJob {
   /** Where the trained adapter's tensors are written raw. */
   adapterFile: string;
   probe: { tokens: number[]; file: string } | null;
+  cacheDir: string | null;
 }
 
 /** The worker's `done` message. */
@@ -291,6 +292,7 @@ async function writeWorkerInputs(
     dtype: job.torch!.dtype,
     adapterFile: file("trained.adapter.f32"),
     probe: job.torch!.probe,
+    cacheDir: job.torch!.cacheDir,
   };
 }
 
