@@ -5,6 +5,7 @@
  * (`npm run setup:torch`, which `.ci/run` runs); skipped with a message without it.
  */
 import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
@@ -337,4 +338,17 @@ describe("the trainer a run gets through the API", () => {
       assert.ok(exact >= 18, `${exact}/20 exact`);
     },
   );
+});
+
+test("the worker's own unit tests pass (test/python, with the worker's Python)", { skip }, () => {
+  const result = spawnSync(
+    python.ok ? python.python : "",
+    ["-m", "unittest", "discover", "-s", "test/python", "-t", "test/python"],
+    {
+      encoding: "utf8",
+      env: { ...process.env, TQDM_DISABLE: "1" },
+    },
+  );
+  assert.equal(result.status, 0, result.stderr);
+  assert.match(result.stderr, /^Ran \d+ tests/m);
 });

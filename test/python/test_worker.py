@@ -1,0 +1,86 @@
+"""Unit tests of the torch worker's pure parts (run by test/torchTrainer.test.ts with the worker's Python)."""
+
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src", "train", "torch"))
+
+import numpy as np  # noqa: E402
+
+import worker  # noqa: E402
+
+
+class PermuteRows(unittest.TestCase):
+    def test_undoes_transformers_reverse_permutation(self) -> None:
+        from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+
+        for n_head, n_head_kv, rows in ((4, 4, 128), (32, 4, 256), (9, 3, 192)):
+            llama_cpp = np.random.default_rng(n_head).standard_normal((rows, 5)).astype(np.float32)
+            processor = LlamaTensorProcessor(config={"num_attention_heads": n_head, "num_key_value_heads": n_head_kv})
+            name = "blk.0.attn_k.weight" if rows < n_head * 64 else "blk.0.attn_q.weight"
+            hf = processor.process(weights=llama_cpp, name=name).weights
+            back = worker.permute_rows(hf, n_head, n_head_kv if "attn_k" in name else n_head)
+            np.testing.assert_array_equal(back, llama_cpp)
+
+
+class Best(unittest.TestCase):
+    def test_ties_within_noise_keep_the_later_weights_and_do_not_reset_patience(self) -> None:
+        tracker = worker.BestTracker(patience=2)
+        self.assertTrue(tracker.observe(1.0, 1, 10))
+        self.assertTrue(tracker.observe(0.995, 2, 20))  # within 1 %: a tie, the later weights are kept
+        self.assertEqual(tracker.evals_since_best, 1)
+        self.assertFalse(tracker.stopped)
+        self.assertFalse(tracker.observe(1.5, 3, 30))
+        self.assertTrue(tracker.stopped)
+        self.assertEqual(tracker.best, {"loss": 0.995, "epoch": 2, "step": 20})
+
+    def test_state_round_trips(self) -> None:
+        tracker = worker.BestTracker(patience=None)
+        tracker.observe(2.0, 1, 5)
+        again = worker.BestTracker(patience=None, state=tracker.state())
+        self.assertEqual((again.best, again.lowest, again.evals_since_best), (tracker.best, tracker.lowest, 0))
+
+
+class Names(unittest.TestCase):
+    def test_llama_cpp_weights_map_to_transformers_modules(self) -> None:
+        self.assertEqual(worker.module_for("blk.3.attn_q.weight"), "layers.3.self_attn.q_proj")
+        self.assertEqual(worker.module_for("blk.0.ffn_down.weight"), "layers.0.mlp.down_proj")
+        self.assertEqual(worker.module_for("output.weight"), "lm_head")
+        with self.assertRaises(ValueError):
+            worker.module_for("blk.0.ssm_in.weight")
+
+    def test_job_paths_are_relative_to_the_job_file(self) -> None:
+        job = {"baseModelPath": "../m.gguf", "train": {"file": "t.windows"}, "lora": {"rank": 4}, "probe": None}
+        resolved = worker.resolve_paths(job, "/jobs/a")
+        self.assertEqual(resolved["baseModelPath"], "/jobs/a/../m.gguf")
+        self.assertEqual(resolved["train"]["file"], "/jobs/a/t.windows")
+        self.assertEqual(resolved["lora"], {"rank": 4})
+        self.assertEqual(worker.resolve_paths({"file": "/abs"}, "/x"), {"file": "/abs"})
+
+
+class Windows(unittest.TestCase):
+    def test_reads_the_records_conduit_writes(self) -> None:
+        import tempfile
+
+        size = 8
+        layout = [("sampleTokens", "<i4"), ("input", "<i4", (size,)), ("labels", "<i4", (size,)), ("mask", "u1", (size,))]
+        record = np.zeros(1, dtype=np.dtype(layout))
+        record["sampleTokens"] = 5
+        record["input"][0, :5] = [1, 2, 3, 4, 5]
+        record["mask"][0, 2:5] = 1
+        with tempfile.NamedTemporaryFile(suffix=".windows", delete=False) as f:
+            f.write(record.tobytes() * 3)
+        windows = worker.Windows(f.name, size)
+        self.assertEqual(len(windows), 3)
+        self.assertEqual(int(windows[2]["sampleTokens"]), 5)
+        self.assertEqual(list(np.flatnonzero(windows[1]["mask"])), [2, 3, 4])
+        with open(f.name, "ab") as g:
+            g.write(b"x")
+        with self.assertRaises(ValueError):
+            worker.Windows(f.name, size)
+        os.unlink(f.name)
+
+
+if __name__ == "__main__":
+    unittest.main()
