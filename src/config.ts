@@ -434,10 +434,34 @@ export function loadConfig(env: Env = process.env): Config {
 }
 
 /** The effective config for the start-up log, secrets masked. */
+/** Query parameters of a URL that hold a credential (PostgreSQL's `password`, `sslpassword`; tokens and keys). */
+const SECRET_PARAMS = /^(password|passwd|pass|pwd|sslpassword|sslkey|secret|token|access_token|auth|api[_-]?key|key)$/i;
+
+/**
+ * A URL fit for a log: the password of its user info and every query parameter that holds a credential are
+ * `***`. A value that does not parse as a URL has both forms replaced by pattern.
+ */
+export function redactUrl(value: string): string {
+  try {
+    const url = new URL(value);
+    if (url.password) url.password = "***";
+    for (const name of [...url.searchParams.keys()])
+      if (SECRET_PARAMS.test(name)) url.searchParams.set(name, "***");
+    // URLSearchParams escapes the asterisks it wrote.
+    return url.toString().replace(/%2A%2A%2A/g, "***");
+  } catch {
+    return value
+      .replace(/\/\/([^:@/]*):[^@/]*@/, "//$1:***@")
+      .replace(/([?&;\s](?:password|passwd|pass|pwd|sslpassword|secret|token|access_token|api[_-]?key|key)=)[^&;\s]*/gi, "$1***");
+  }
+}
+
 export function describeConfig(config: Config): Record<string, unknown> {
   return {
     ...config,
-    databaseUrl: config.databaseUrl?.replace(/\/\/([^:@/]+):[^@/]*@/, "//$1:***@"),
+    databaseUrl: config.databaseUrl === undefined ? undefined : redactUrl(config.databaseUrl),
+    publicUrl: config.publicUrl === undefined ? undefined : redactUrl(config.publicUrl),
+    mlflowTrackingUri: config.mlflowTrackingUri === undefined ? undefined : redactUrl(config.mlflowTrackingUri),
     apiKeys: config.apiKeys.map((k) => `***:${k.userId}`),
     apiKey: config.apiKey ? "***" : undefined,
     mlflowTrackingToken: config.mlflowTrackingToken ? "***" : undefined,
