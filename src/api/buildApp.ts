@@ -121,6 +121,17 @@ export async function buildApp(core: Core): Promise<FastifyInstance> {
     void reply.header("x-request-id", request.id);
     done();
   });
+  // No answer is sniffed into another type, and no page of ours is framed (clickjacking): a page without a
+  // policy of its own gets one that loads nothing.
+  app.addHook("onSend", (_request, reply, payload, done) => {
+    void reply.header("x-content-type-options", "nosniff");
+    if (String(reply.getHeader("content-type") ?? "").startsWith("text/html")) {
+      void reply.header("x-frame-options", "DENY");
+      if (!reply.hasHeader("content-security-policy"))
+        void reply.header("content-security-policy", "default-src 'none'; frame-ancestors 'none'");
+    }
+    done(null, payload);
+  });
 
   registerErrorHandler(app);
   connections.register(app);
@@ -157,7 +168,22 @@ export async function buildApp(core: Core): Promise<FastifyInstance> {
   app.addHook("onRoute", (route) => {
     if (route.url.startsWith("/docs")) route.config = { ...(route.config as object), public: true };
   });
-  await app.register(swaggerUi, { routePrefix: "/docs", uiConfig: { docExpansion: "list" } });
+  await app.register(swaggerUi, {
+    routePrefix: "/docs",
+    uiConfig: { docExpansion: "list" },
+    // Swagger UI's own files only: its styles are set inline, nothing else is.
+    staticCSP: [
+      "default-src 'self'",
+      "img-src 'self' data:",
+      "style-src 'self' 'unsafe-inline'",
+      "script-src 'self'",
+      "script-src-attr 'none'",
+      "object-src 'none'",
+      "base-uri 'self'",
+      "frame-ancestors 'none'",
+      "form-action 'self'",
+    ].join("; "),
+  });
 
   app.get("/openapi.json", { config: { public: true }, schema: { hide: true } }, async () => app.swagger());
 
