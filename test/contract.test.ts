@@ -520,3 +520,41 @@ test("one wire contract: only the server's entry points import src/api, and tsc 
   }
   assert.deepEqual(offenders, []);
 });
+
+test("a JSON body in another charset is a 415, and a lone surrogate a 400 naming its field; nothing is stored", async (t) => {
+  const { app } = await build(t);
+  const post = (payload: string, type: string) =>
+    app.inject({
+      method: "POST",
+      url: "/conduit/dataset",
+      headers: { ...asAlice, "content-type": type },
+      payload,
+    });
+  for (const type of ["application/json; charset=latin1", "application/json; charset=ISO-8859-1"]) {
+    const refused = await post('{"name":"caf\u00e9"}', type);
+    assert.equal(refused.statusCode, 415, refused.body);
+    assert.equal(refused.json().error.code, "unsupported_media_type");
+    assert.match(refused.json().error.message, /UTF-8/);
+  }
+  for (const type of ["application/json; charset=utf-8", 'application/json; charset="UTF8"'])
+    assert.equal((await post('{"name":"ok"}', type)).statusCode, 200, type);
+  const lone = await post('{"name":"a\\ud800b"}', "application/json");
+  assert.equal(lone.statusCode, 400, lone.body);
+  assert.equal(lone.json().error.param, "name");
+  assert.match(lone.json().error.message, /lone UTF-16 surrogate/);
+  const nested = await app.inject({
+    method: "POST",
+    url: "/conduit/v1/chat",
+    headers: { ...asAlice, "content-type": "application/json" },
+    payload:
+      '{"model":"tiny","messages":[{"role":"user","content":"x"},{"role":"user","content":"\\udc00"}]}',
+  });
+  assert.equal(nested.statusCode, 400, nested.body);
+  assert.equal(nested.json().error.param, "messages[1].content");
+  // A pair of surrogates is a character, and is kept.
+  const pair = await post('{"name":"\\ud834\\udd1e"}', "application/json");
+  assert.equal(pair.statusCode, 200, pair.body);
+  assert.equal(pair.json().name, "𝄞");
+  const names = (await app.inject({ method: "GET", url: "/conduit/dataset", headers: asAlice })).json();
+  assert.deepEqual(names.map((d: { name: string }) => d.name).sort(), ["ok", "ok", "𝄞"]);
+});

@@ -45,8 +45,20 @@ export async function buildApp(core: Core): Promise<FastifyInstance> {
   const utf8 = new TextDecoder("utf-8", { fatal: true });
   app.removeContentTypeParser("application/json");
   app.addContentTypeParser("application/json", { parseAs: "buffer" }, (request, body, done) => {
+    // A JSON body is UTF-8 text: one that says it is in another charset would be misread, so it is refused.
+    const charset = /;\s*charset\s*=\s*"?([^";\s]+)/i.exec(request.headers["content-type"] ?? "")?.[1];
+    if (charset !== undefined && !/^utf-?8$/i.test(charset)) {
+      done(
+        new ConduitError(
+          "unsupported_media_type",
+          `a JSON body must be UTF-8 text; Content-Type says charset=${charset}`,
+        ),
+        undefined,
+      );
+      return;
+    }
     // An empty body is no body (OpenAI's clients send `Content-Type: application/json` with nothing on
-    // cancel and delete): the operation's schema decides whether it needs one (see `emptyBodyAsObject`).
+    // cancel and delete): the operation's schema decides whether it needs one (the preValidation hook below).
     if ((body as Buffer).every((byte) => byte === 0x20 || byte === 0x09 || byte === 0x0a || byte === 0x0d)) {
       done(null, undefined);
       return;
@@ -58,7 +70,20 @@ export async function buildApp(core: Core): Promise<FastifyInstance> {
       done(new ConduitError("invalid_json", "the body is not valid JSON: it is not UTF-8 text"), undefined);
       return;
     }
-    parseJson(request, text, done);
+    parseJson(request, text, (error, value) => {
+      // JSON's \ud800 escapes can spell a lone surrogate, which no UTF-8 text (nor the database) can hold.
+      const bad = error === null ? loneSurrogate(value) : undefined;
+      if (bad !== undefined)
+        done(
+          new ConduitError(
+            "invalid_request",
+            `${bad === "" ? "the body" : `"${bad}"`} holds a lone UTF-16 surrogate (an unpaired \\ud800–\\udfff escape), which is not text`,
+            { param: bad || undefined },
+          ),
+          undefined,
+        );
+      else done(error, value);
+    });
   });
 
   // No body where the operation's fields are all optional is the empty object, as in OpenAI's API.
@@ -210,4 +235,24 @@ function requiredFields(schema: unknown): string[] | undefined {
   const { type, required } = schema as { type?: unknown; required?: unknown };
   if (type !== "object") return undefined;
   return Array.isArray(required) ? required.filter((f): f is string => typeof f === "string") : [];
+}
+
+/** The path (`messages[2].content`) of the first string, or object key, that is not well-formed UTF-16, if any. */
+function loneSurrogate(value: unknown, at = ""): string | undefined {
+  if (typeof value === "string") return value.isWellFormed() ? undefined : at;
+  if (Array.isArray(value)) {
+    for (const [i, item] of value.entries()) {
+      const found = loneSurrogate(item, `${at}[${i}]`);
+      if (found !== undefined) return found;
+    }
+    return undefined;
+  }
+  if (typeof value === "object" && value !== null)
+    for (const [key, item] of Object.entries(value)) {
+      const path = at === "" ? key : `${at}.${key}`;
+      if (!key.isWellFormed()) return path;
+      const found = loneSurrogate(item, path);
+      if (found !== undefined) return found;
+    }
+  return undefined;
 }
