@@ -263,13 +263,17 @@ describe("generation on the tiny model", () => {
       [{ prompt: "a\u0000b" }, 400, "prompt"],
       [{ prompt: "x", system_prompt: "\u0000" }, 400, "system_prompt"],
       [{ prompt: "x", history: ["a\u0000", "b"] }, 400, "history.0"],
-      [{ prompt: "x", stop: ["\u0000"] }, 400, "stop"],
+      [{ prompt: "x", stop: ["\u0000"] }, 400, "stop.0"],
+      [{ prompt: "x", stop: ["a", "b", "c", "d", "e"] }, 400, "stop"],
     ];
     for (const [payload, status, param] of cases) {
       const res = await app.inject(chat(payload));
       assert.equal(res.statusCode, status, `${JSON.stringify(payload)} → ${res.body}`);
       assert.equal(res.json().error.param, param, res.body);
     }
+    // A list of five stop sequences fails on its length, not on the other branch of the union (a string).
+    const five = await app.inject(chat({ prompt: "x", stop: ["a", "b", "c", "d", "e"] }));
+    assert.match(five.json().error.message, /"stop" must NOT have more than 4 items/, five.body);
     const completions: [Record<string, unknown>, string][] = [
       [{}, "messages"],
       [{ messages: [] }, "messages"],

@@ -78,13 +78,30 @@ function schemaReason(schema: unknown, schemaPath: string): { depth: number; rea
   return found;
 }
 
+/**
+ * The issue that says what is wrong. Ajv reports a union's branches in order, so a value of the second branch's
+ * type (five `stop` strings in a list) first shows the first branch's type mismatch ("must be string"); the
+ * branch whose type matched says more ("must NOT have more than 4 items"), so a type issue gives way to
+ * another issue at the same place or deeper.
+ */
+function telling(issues: ValidationIssue[]): ValidationIssue | undefined {
+  const first = issues[0];
+  if (first?.keyword !== "type") return first;
+  const within = (path: string) => path === first.instancePath || path.startsWith(`${first.instancePath}/`);
+  return (
+    issues.find((i) => within(i.instancePath) && !["type", "anyOf", "oneOf", "const"].includes(i.keyword)) ??
+    issues.find((i) => i.keyword === "type" && i.instancePath.startsWith(`${first.instancePath}/`)) ??
+    first
+  );
+}
+
 /** Turns an Ajv validation failure into a 400 naming the field. */
 function fromValidation(
   issues: ValidationIssue[],
   context: string | undefined,
   schema?: unknown,
 ): ConduitError {
-  const issue = issues[0];
+  const issue = telling(issues);
   const where = context === "querystring" ? "query" : (context ?? "body");
   if (!issue) return new ConduitError("invalid_request", `invalid ${where}`);
   const segments = issue.instancePath.split("/").filter(Boolean);
