@@ -397,7 +397,16 @@ describe("scheduler with a fake trainer", () => {
     const trainer = await s.trainer.started();
     const running = await s.run(id);
     assert.equal(running.attempts, 2);
-    assert.ok(running.logs.some((line) => line.includes("run re-queued")));
+    // The log says where the next attempt starts: from the checkpoint the dead one wrote, not the base.
+    assert.ok(
+      running.logs.some((line) =>
+        /run re-queued: the server stopped while it was training; it resumes from its checkpoint at step 1$/.test(
+          line,
+        ),
+      ),
+      running.logs.join("\n"),
+    );
+    assert.ok(!running.logs.some((line) => line.includes("from the base model")), running.logs.join("\n"));
     assert.ok(running.logs.some((line) => line.includes("(attempt 2)")));
     assert.equal(fs.existsSync(s.file(id, "work/stale.jsonl")), false, "the dead attempt's work is gone");
     assert.ok(fs.existsSync(checkpoint), "the checkpoint is there to resume from");

@@ -584,9 +584,10 @@ export class RunRepository {
     maxAttempts: number,
     /**
      * Called for each expired run before it is taken back, while no worker can claim it: the caller
-     * removes what the dead attempt left (its work directory).
+     * removes what the dead attempt left (its work directory) and says where the next attempt starts
+     * (`it resumes from its checkpoint at step 40`), for the run's log.
      */
-    beforeRecover?: (runId: string) => Promise<void>,
+    beforeRecover?: (runId: string) => Promise<string | void>,
   ): Promise<{ requeued: string[]; failed: string[] }> {
     const now = timestamp();
     const expired = await this.db
@@ -599,7 +600,7 @@ export class RunRepository {
     const failed: string[] = [];
     for (const run of expired) {
       const fail = run.attempts >= maxAttempts;
-      await beforeRecover?.(run.id);
+      const resumes = (await beforeRecover?.(run.id)) ?? "it starts again from the base model";
       const result = await this.db
         .updateTable("runs")
         .set({
@@ -623,10 +624,7 @@ export class RunRepository {
         );
       } else {
         requeued.push(run.id);
-        await this.appendLog(
-          run.id,
-          "run re-queued: the server stopped while it was training; it starts again from the base model",
-        );
+        await this.appendLog(run.id, `run re-queued: the server stopped while it was training; ${resumes}`);
       }
     }
     return { requeued, failed };

@@ -124,9 +124,13 @@ export class Scheduler {
     try {
       // A dead attempt's work directory is of no use to the next one (which resumes from the checkpoint):
       // it goes before the run is QUEUED again, while no worker can claim it.
-      const { failed } = await this.runs.recoverExpired(this.maxAttempts, (runId) =>
-        this.blobs.remove(`runs/${runId}/work`),
-      );
+      const { failed } = await this.runs.recoverExpired(this.maxAttempts, async (runId) => {
+        await this.blobs.remove(`runs/${runId}/work`);
+        const step = await checkpointStep(this.blobs.pathOf(`runs/${runId}/checkpoint`));
+        return step === undefined
+          ? "it starts again from the base model (it had written no checkpoint)"
+          : `it resumes from its checkpoint at step ${step}`;
+      });
       for (const runId of failed) this.runService.events.emit("ended", runId, "FAILED");
       for (const active of this.active.values()) await this.renew(active);
       while (!this.closed && this.active.size < this.options.concurrency) {
@@ -388,6 +392,18 @@ async function restoreContextLength(basePath: string, outputPath: string): Promi
   const base = (metadata as unknown as Record<string, { context_length?: unknown } | undefined>)[architecture]
     ?.context_length;
   if (typeof base === "number") await writeGgufUint32(outputPath, `${architecture}.context_length`, base);
+}
+
+/** The step of a run's latest checkpoint (either trainer's), if it wrote one. */
+async function checkpointStep(dir: string): Promise<number | undefined> {
+  for (const name of ["latest.json", "torch-latest.json"]) {
+    const state = await fsp
+      .readFile(`${dir}/${name}`, "utf8")
+      .then((text) => JSON.parse(text) as { step?: unknown })
+      .catch(() => undefined);
+    if (typeof state?.step === "number") return state.step;
+  }
+  return undefined;
 }
 
 /** At most `max` points, evenly thinned, always keeping the latest. */
