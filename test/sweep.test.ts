@@ -1,5 +1,6 @@
 import assert from "node:assert/strict";
 import fs from "node:fs";
+import os from "node:os";
 import path from "node:path";
 import { Readable } from "node:stream";
 import { test } from "node:test";
@@ -187,4 +188,36 @@ test("a run taken back from a dead worker loses its work directory, not its chec
   await core.scheduler.tick();
   assert.equal((await core.runRepository.getById(run))?.status, "QUEUED");
   assert.deepEqual(filesOf(core, run), ["checkpoint/adapter.gguf"]);
+});
+
+test("a killed upload's temp file is swept at the next start, however new; another host's or a live process's stays", async (t) => {
+  const env = await testEnv(t, "sqlite");
+  const tmp = path.join(env.dataDir, "blobs", ".tmp");
+  fs.mkdirSync(tmp, { recursive: true });
+  // A process of this host that is gone: a pid no process has (pids stay below 2^22 on Linux).
+  const dead = path.join(tmp, `${os.hostname()}~4194399~0badcafe~${Date.now()}-0123456789abcdef`);
+  // The last server of a container had this process's pid (1, say), but it was another instance.
+  const samePid = path.join(tmp, `${os.hostname()}~${process.pid}~deadbeef~${Date.now()}-0123456789abcdef`);
+  const otherHost = path.join(tmp, `another-host~4194399~0badcafe~${Date.now()}-0123456789abcdef`);
+  const live = path.join(tmp, `${os.hostname()}~${process.ppid}~0badcafe~${Date.now()}-0123456789abcdef`);
+  for (const file of [dead, samePid, otherHost, live]) fs.writeFileSync(file, "part of an upload");
+  const core = await createCore(loadConfig(env.env));
+  t.after(() => core.close());
+  const report = await new Sweeper(
+    core.blobs,
+    core.runRepository,
+    new DatasetRepository(core.db.kysely),
+    core.log,
+    { intervalMs: 600_000 },
+  ).sweep({
+    atStart: true,
+  });
+  assert.deepEqual(report.tempFiles.sort(), [path.basename(dead), path.basename(samePid)].sort());
+  assert.equal(fs.existsSync(otherHost), true, "another server sharing the store may still be writing it");
+  assert.equal(fs.existsSync(live), true, "its process still runs");
+  // This process's own temp files are never abandoned.
+  const own = core.blobs.tempPath();
+  fs.writeFileSync(own, "mine");
+  assert.deepEqual((await core.blobs.sweepTemp()).length, 0);
+  assert.equal(fs.existsSync(own), true);
 });

@@ -2,6 +2,7 @@ import { randomBytes } from "node:crypto";
 import { once } from "node:events";
 import fs from "node:fs";
 import fsp from "node:fs/promises";
+import os from "node:os";
 import path from "node:path";
 import type { Readable, Writable } from "node:stream";
 import { pipeline } from "node:stream/promises";
@@ -34,9 +35,15 @@ export class BlobStore {
     return full;
   }
 
-  /** A fresh temp file path; pass it to `commit` or `discard`. */
+  /**
+   * A fresh temp file path; pass it to `commit` or `discard`. Its name says whose it is (host and process), so
+   * that a server starting again can remove what its killed predecessor left at once (`sweepTemp`).
+   */
   tempPath(): string {
-    return path.join(this.tmpDir, `${Date.now()}-${randomBytes(8).toString("hex")}`);
+    return path.join(
+      this.tmpDir,
+      `${os.hostname()}~${process.pid}~${INSTANCE}~${Date.now()}-${randomBytes(8).toString("hex")}`,
+    );
   }
 
   /** Streams `source` into a temp file, returning its path and byte count. */
@@ -89,7 +96,8 @@ export class BlobStore {
   }
 
   /**
-   * Removes temp files left by a crash: those untouched for `olderThanMs`. Younger ones may be
+   * Removes temp files left by a crash: those of a process of this host that is gone (a killed upload's,
+   * found at the next start), and any untouched for `olderThanMs`. Younger ones of other hosts may be
    * uploads in progress on another server sharing the data dir. Defaults to an hour.
    */
   async sweepTemp(olderThanMs = 60 * 60 * 1000): Promise<string[]> {
@@ -98,10 +106,31 @@ export class BlobStore {
     for (const name of await fsp.readdir(this.tmpDir)) {
       const file = path.join(this.tmpDir, name);
       const stat = await fsp.stat(file).catch(() => undefined);
-      if (!stat || stat.mtimeMs >= cutoff) continue;
+      // A temp file of a process of this host that no longer runs is abandoned, however new; any other
+      // (another server sharing the store may still be writing it) only once it is old.
+      if (!stat || (stat.mtimeMs >= cutoff && !abandoned(name))) continue;
       await fsp.rm(file, { force: true, recursive: true });
       removed.push(name);
     }
     return removed;
+  }
+}
+
+/** Tells this process's temp files from those of an earlier process that had the same pid (a container's 1). */
+const INSTANCE = randomBytes(4).toString("hex");
+
+/** Whether a temp file's name says it belongs to a process of this host that is gone. */
+function abandoned(name: string): boolean {
+  const [host, pid, instance] = name.split("~");
+  if (host !== os.hostname() || pid === undefined || !/^\d+$/.test(pid) || instance === undefined)
+    return false;
+  if (instance === INSTANCE) return false;
+  if (Number(pid) === process.pid) return true;
+  try {
+    process.kill(Number(pid), 0);
+    return false;
+  } catch (error) {
+    // EPERM: the process exists, under another user.
+    return (error as NodeJS.ErrnoException).code === "ESRCH";
   }
 }
