@@ -11,7 +11,9 @@ import { Sweeper } from "./store/Sweeper.ts";
 /** Starts the service: migrations, keys, routes, then listen; closes gracefully on SIGINT/SIGTERM. */
 export async function startServer(config: Config): Promise<{ close(): Promise<void>; url: string }> {
   const core = await createCore(config);
-  const firstKey = await bootstrapKeys(core);
+  // The configured keys exist before any request can come; the first start's own key is made once the
+  // port is ours (a start that cannot listen makes none, so the key it would print is never lost).
+  for (const seed of config.apiKeys) await core.keys.ensure(seed.key, seed.userId);
   const app = await buildApp(core);
   app.log.info({ config: describeConfig(config) }, "effective config");
   // Starts llama.cpp's backend now, so the log says what generation and training run on and an unmet
@@ -40,17 +42,10 @@ export async function startServer(config: Config): Promise<{ close(): Promise<vo
     intervalMs: config.sweepInterval,
   });
   await sweeper.sweep({ atStart: true });
-  // Printed once, on the first start only (the database keeps just its hash), even if listening fails.
-  const keyText = firstKey
-    ? `\nNo API key existed, so one was created for user "default" (it is not shown again):\n\n  ${firstKey}\n\n` +
-      `Use it as \`x-api-key: <key>\` or \`Authorization: Token <key>\` (and to sign in to the dashboard);\n` +
-      `the CLI reads it from CONDUIT_API_KEY. Manage keys with \`conduit keys\`.\n`
-    : "";
   let url: string;
   try {
     url = await app.listen({ port: config.port, host: config.host });
   } catch (error) {
-    process.stdout.write(keyText);
     await app.close();
     if ((error as NodeJS.ErrnoException).code === "EADDRINUSE")
       throw new ConfigError(
@@ -58,6 +53,13 @@ export async function startServer(config: Config): Promise<{ close(): Promise<vo
       );
     throw error;
   }
+  // Printed once, on the first start only (the database keeps just its hash).
+  const firstKey = await bootstrapKeys(core);
+  const keyText = firstKey
+    ? `\nNo API key existed, so one was created for user "default" (it is not shown again):\n\n  ${firstKey}\n\n` +
+      `Use it as \`x-api-key: <key>\` or \`Authorization: Token <key>\` (and to sign in to the dashboard);\n` +
+      `the CLI reads it from CONDUIT_API_KEY. Manage keys with \`conduit keys\`.\n`
+    : "";
   const port = (app.server.address() as AddressInfo).port;
   const base = config.publicUrl?.replace(/\/+$/, "") ?? localUrl(config.host, port);
   // The banner: where to go next.

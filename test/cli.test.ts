@@ -818,3 +818,28 @@ test("the runs watch ETA follows the step rate it sees, else the run's own", () 
   const replay = new EtaEstimate();
   assert.equal(replay.update({ step: 4, totalSteps: 10, elapsedSeconds: 8 }, 0), 12, "the run's own rate");
 });
+
+test("a first start on a port in use makes no key (none to lose); the next start on a free port does", async (t) => {
+  const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), "conduit-busy-"));
+  t.after(() => fs.rmSync(dataDir, { recursive: true, force: true }));
+  const blocker = net.createServer();
+  await new Promise<void>((resolve) => blocker.listen(0, "127.0.0.1", resolve));
+  t.after(() => blocker.close());
+  const busyPort = (blocker.address() as net.AddressInfo).port;
+  const env = { CONDUIT_DATA_DIR: dataDir, CONDUIT_PORT: String(busyPort), CONDUIT_TRAINER: "llama.cpp" };
+  const busy = await conduit(env, "serve");
+  assert.equal(busy.code, 2, busy.stdout + busy.stderr);
+  assert.match(busy.stderr, /is in use.*CONDUIT_PORT/);
+  assert.doesNotMatch(busy.stdout + busy.stderr, /cnd_|not shown again/);
+  // No key was made: the key list of a fresh database is still empty.
+  const keys = await conduit({ CONDUIT_DATA_DIR: dataDir }, "--json", "keys", "list");
+  assert.equal(keys.code, 0, keys.stderr);
+  assert.deepEqual(JSON.parse(keys.stdout), []);
+  const port = await freePort();
+  const url = `http://127.0.0.1:${port}`;
+  const started = await serve(t, { ...env, CONDUIT_PORT: String(port) }, url);
+  for (let i = 0; i < 50 && !/cnd_/.test(started.output()); i++)
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  assert.match(started.output(), /not shown again[\s\S]*cnd_/);
+  await started.stop();
+});
