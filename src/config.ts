@@ -248,6 +248,13 @@ export const settings = {
     defaultText: "4",
     parse: integer("CONDUIT_PARALLEL", 4, 1, 64),
   },
+  maxKeyFailures: {
+    env: "CONDUIT_MAX_KEY_FAILURES",
+    description:
+      "Wrong or missing API keys a client (by address) may send in a minute; past it its requests get `429` until the minute is over, and a warning is logged (`0`: no limit).",
+    defaultText: "20",
+    parse: integer("CONDUIT_MAX_KEY_FAILURES", 20, 0),
+  },
   maxQueue: {
     env: "CONDUIT_MAX_QUEUE",
     description: "Generations that may wait for a free sequence; past it requests get 429 with Retry-After.",

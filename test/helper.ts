@@ -80,6 +80,8 @@ export async function testEnv(
     CONDUIT_TRAIN_CONCURRENCY: "0",
     // The embedded trainer, whatever is installed; the torch trainer's tests ask for it.
     CONDUIT_TRAINER: "llama.cpp",
+    // Tests send many wrong keys from one address on purpose; the throttle's own test sets a limit.
+    CONDUIT_MAX_KEY_FAILURES: "0",
     ...extra,
   };
   fs.mkdirSync(path.join(dataDir, "models"), { recursive: true });

@@ -160,7 +160,7 @@ export async function buildApp(core: Core): Promise<FastifyInstance> {
 
   registerErrorHandler(app);
   connections.register(app);
-  registerAuth(app, core.keys);
+  registerAuth(app, core.keys, core.config.maxKeyFailures);
   registerSse(app);
 
   await app.register(swagger, {
