@@ -166,6 +166,20 @@ export const settings = {
     defaultText: "30000 (30 s)",
     parse: integer("CONDUIT_BODY_TIMEOUT_MS", 30_000, 1),
   },
+  minBodyRate: {
+    env: "CONDUIT_MIN_BODY_RATE",
+    description:
+      "Slowest average rate, in bytes per second, at which a request body may arrive once it has taken `CONDUIT_BODY_TIMEOUT_MS` (a body trickled a byte at a time); below it the answer is 408 and the connection closes. 0: no minimum.",
+    defaultText: "1024",
+    parse: integer("CONDUIT_MIN_BODY_RATE", 1024, 0),
+  },
+  maxConnections: {
+    env: "CONDUIT_MAX_CONNECTIONS",
+    description:
+      "Open client connections the server keeps at once; a connection past it is closed as it arrives. 0: no limit.",
+    defaultText: "1024",
+    parse: integer("CONDUIT_MAX_CONNECTIONS", 1024, 0),
+  },
   requestTimeout: {
     env: "CONDUIT_REQUEST_TIMEOUT_MS",
     description:
@@ -442,7 +456,8 @@ export function loadConfig(env: Env = process.env): Config {
 
 /** The effective config for the start-up log, secrets masked. */
 /** Query parameters of a URL that hold a credential (PostgreSQL's `password`, `sslpassword`; tokens and keys). */
-const SECRET_PARAMS = /^(password|passwd|pass|pwd|sslpassword|sslkey|secret|token|access_token|auth|api[_-]?key|key)$/i;
+const SECRET_PARAMS =
+  /^(password|passwd|pass|pwd|sslpassword|sslkey|secret|token|access_token|auth|api[_-]?key|key)$/i;
 
 /**
  * A URL fit for a log: the password of its user info and every query parameter that holds a credential are
@@ -459,7 +474,10 @@ export function redactUrl(value: string): string {
   } catch {
     return value
       .replace(/\/\/([^:@/]*):[^@/]*@/, "//$1:***@")
-      .replace(/([?&;\s](?:password|passwd|pass|pwd|sslpassword|secret|token|access_token|api[_-]?key|key)=)[^&;\s]*/gi, "$1***");
+      .replace(
+        /([?&;\s](?:password|passwd|pass|pwd|sslpassword|secret|token|access_token|api[_-]?key|key)=)[^&;\s]*/gi,
+        "$1***",
+      );
   }
 }
 
@@ -468,7 +486,8 @@ export function describeConfig(config: Config): Record<string, unknown> {
     ...config,
     databaseUrl: config.databaseUrl === undefined ? undefined : redactUrl(config.databaseUrl),
     publicUrl: config.publicUrl === undefined ? undefined : redactUrl(config.publicUrl),
-    mlflowTrackingUri: config.mlflowTrackingUri === undefined ? undefined : redactUrl(config.mlflowTrackingUri),
+    mlflowTrackingUri:
+      config.mlflowTrackingUri === undefined ? undefined : redactUrl(config.mlflowTrackingUri),
     apiKeys: config.apiKeys.map((k) => `***:${k.userId}`),
     apiKey: config.apiKey ? "***" : undefined,
     mlflowTrackingToken: config.mlflowTrackingToken ? "***" : undefined,

@@ -260,3 +260,41 @@ test("shutdown ends within CONDUIT_SHUTDOWN_TIMEOUT_MS whatever the answers unde
   assert.ok(elapsed >= 450 && elapsed < 2500, `close took ${elapsed} ms`);
   assert.ok((await never) instanceof Error, "the connection was closed under the request");
 });
+
+test("a body trickled below CONDUIT_MIN_BODY_RATE is answered 408 though it never pauses long", async (t) => {
+  const { url } = await listening(t, { CONDUIT_BODY_TIMEOUT_MS: "400", CONDUIT_MIN_BODY_RATE: "1024" });
+  const client = await connect(url);
+  const body = JSON.stringify({ name: "x".repeat(200) });
+  client.socket.write(post("/conduit/dataset", body.length));
+  // A byte every 100 ms: no pause reaches the 400 ms limit, but 10 bytes/s is far below 1024.
+  let sent = 0;
+  const trickle = setInterval(() => {
+    if (sent < body.length && !client.socket.destroyed) client.socket.write(body[sent++]!);
+  }, 100);
+  t.after(() => clearInterval(trickle));
+  await client.closed;
+  clearInterval(trickle);
+  const { status, body: answer } = parseResponse(client.received());
+  assert.equal(status, 408, client.received());
+  assert.match(answer.error?.message ?? "", /slower than 1024 \(CONDUIT_MIN_BODY_RATE\)/);
+  assert.ok(sent < body.length, `closed after ${sent} of ${body.length} bytes`);
+});
+
+test("connections past CONDUIT_MAX_CONNECTIONS are closed as they arrive; the others are served", async (t) => {
+  const { url } = await listening(t, { CONDUIT_MAX_CONNECTIONS: "2" });
+  const held = [await connect(url), await connect(url)];
+  const third = await connect(url);
+  third.socket.write(`GET /healthz HTTP/1.1\r\nhost: localhost\r\n\r\n`);
+  await third.closed;
+  assert.equal(third.received(), "", "refused without an answer");
+  held[0]!.socket.write(`GET /healthz HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n`);
+  await held[0]!.closed;
+  assert.equal(parseResponse(held[0]!.received()).status, 200);
+  held[1]!.socket.destroy();
+  // With the two gone, a new connection is served.
+  await new Promise((resolve) => setTimeout(resolve, 50));
+  const later = await connect(url);
+  later.socket.write(`GET /healthz HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n`);
+  await later.closed;
+  assert.equal(parseResponse(later.received()).status, 200);
+});

@@ -22,7 +22,13 @@ import { errorBody, toConduitError } from "./errorHandler.ts";
  */
 export type ConnectionSettings = Pick<
   Config,
-  "headersTimeout" | "bodyTimeout" | "requestTimeout" | "idleTimeout" | "shutdownTimeout"
+  | "headersTimeout"
+  | "bodyTimeout"
+  | "minBodyRate"
+  | "requestTimeout"
+  | "idleTimeout"
+  | "shutdownTimeout"
+  | "maxConnections"
 >;
 
 /**
@@ -77,6 +83,9 @@ interface Tracked {
   /** `socket.bytesRead` when last seen, and when it last moved. */
   bytesRead: number;
   movedAt: number;
+  /** `socket.bytesRead` and the time when the request began. */
+  startBytes: number;
+  startedAt: number;
 }
 
 /**
@@ -130,6 +139,8 @@ export class ConnectionGuard {
 
   register(app: FastifyInstance): void {
     const { sockets, current } = this;
+    // Node closes a connection that arrives past the limit at once.
+    if (this.settings.maxConnections > 0) app.server.maxConnections = this.settings.maxConnections;
     app.server.on("connection", (socket: Socket) => {
       sockets.add(socket);
       socket.once("close", () => {
@@ -143,11 +154,14 @@ export class ConnectionGuard {
       const socket = request.raw.socket;
       // `inject` requests have no real socket.
       if (sockets.has(socket)) {
+        const now = Date.now();
         const tracked: Tracked = {
           request: request.raw,
           reply,
           bytesRead: socket.bytesRead,
-          movedAt: Date.now(),
+          movedAt: now,
+          startBytes: socket.bytesRead,
+          startedAt: now,
         };
         current.set(socket, tracked);
         reply.raw.once("close", () => {
@@ -171,15 +185,31 @@ export class ConnectionGuard {
       if (socket.bytesRead !== tracked.bytesRead) {
         tracked.bytesRead = socket.bytesRead;
         tracked.movedAt = now;
-      } else if (now - tracked.movedAt >= this.settings.bodyTimeout) {
-        this.current.delete(socket);
-        tracked.reply.log.info("the request body stalled: answered 408 and closed the connection");
-        const error = new ConduitError(
-          "request_timeout",
-          `the request body stopped arriving for ${this.settings.bodyTimeout} ms; the connection is closed`,
-        );
-        answerAndClose(socket, tracked.reply.raw, error, tracked.reply.request.id);
       }
+      // Once a body has taken the pause limit, it must also have come at the least rate on average: a byte
+      // every few seconds never pauses long, but would hold the connection for as long as the request may take.
+      const elapsed = now - tracked.startedAt;
+      const rate = ((socket.bytesRead - tracked.startBytes) * 1000) / Math.max(1, elapsed);
+      const stalled = now - tracked.movedAt >= this.settings.bodyTimeout;
+      const slow =
+        this.settings.minBodyRate > 0 &&
+        elapsed >= this.settings.bodyTimeout &&
+        rate < this.settings.minBodyRate;
+      if (!stalled && !slow) continue;
+      this.current.delete(socket);
+      tracked.reply.log.info(
+        stalled
+          ? "the request body stalled: answered 408 and closed the connection"
+          : `the request body arrived at ${rate.toFixed(0)} B/s: answered 408 and closed the connection`,
+      );
+      const error = new ConduitError(
+        "request_timeout",
+        stalled
+          ? `the request body stopped arriving for ${this.settings.bodyTimeout} ms; the connection is closed`
+          : `the request body arrives at ${rate.toFixed(0)} bytes/s, slower than ${this.settings.minBodyRate} ` +
+              "(CONDUIT_MIN_BODY_RATE); the connection is closed",
+      );
+      answerAndClose(socket, tracked.reply.raw, error, tracked.reply.request.id);
     }
   }
 
