@@ -378,6 +378,13 @@ for (const backend of backends())
       assert.deepEqual(filtered.data[0].metadata, { team: "a", kind: "x" });
       const none = (await as(app, KEY_A).get("/v1/fine_tuning/jobs?metadata[team]=b")).json();
       assert.deepEqual(none.data, []);
+      // A key's 64 characters are counted as the document's schema counts them: 40 astral characters are 80
+      // UTF-16 units, and fit.
+      const astral = "𝐓".repeat(40);
+      const wide = await create({ metadata: { [astral]: "x" } });
+      assert.equal(wide.statusCode, 200, wide.body);
+      const tooLong = await create({ metadata: { ["𝐓".repeat(65)]: "x" } });
+      assert.equal(tooLong.statusCode, 400, tooLong.body);
       const typo = await as(app, KEY_A).get("/v1/fine_tuning/jobs?limt=2");
       assert.equal(typo.statusCode, 400);
       assert.equal(typo.json().error.param, "limt");

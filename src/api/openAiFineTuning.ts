@@ -210,11 +210,12 @@ export async function createOpenAiJob(
   body: OpenAiJobCreateBodyWire,
 ): Promise<Run> {
   const hyperparameters = hyperparametersOf(body);
+  // Characters as JSON Schema counts them (code points, as the document's limit is stated), not UTF-16 units.
   for (const key of Object.keys(body.metadata ?? {}))
-    if (key.length > 64)
+    if ([...key].length > 64)
       throw new ConduitError(
         "invalid_request",
-        `metadata key "${key.slice(0, 64)}…" is longer than 64 characters`,
+        `metadata key "${[...key].slice(0, 64).join("")}…" is longer than 64 characters`,
         {
           param: "metadata",
         },

@@ -211,5 +211,79 @@ export function openApiFixes<T extends object>(generated: T): T {
   unrequireDefaults(document);
   describeRunRules(document);
   describeResponseFormats(document);
+  describeLinks(document);
   return document as T;
+}
+
+/** A JSON pointer to an operation of the document (`operationRef`). */
+function operationRef(path: string, method: string): string {
+  return `#/paths/${path.replaceAll("~", "~0").replaceAll("/", "~1")}/${method}`;
+}
+
+/**
+ * OpenAPI links: how the id in one answer feeds the next operations (a dataset's to its upload and its runs, a
+ * run's to everything about it). Clients read them as documentation; a stateful fuzzer (bench/schemathesis.sh)
+ * follows them from creating a dataset to uploading pairs, starting a short run and reaching every run operation.
+ */
+function describeLinks(document: Json): void {
+  const paths = isObject(document.paths) ? document.paths : {};
+  const link = (
+    from: readonly [string, string],
+    name: string,
+    to: readonly [string, string],
+    fields: Json,
+  ) => {
+    const operation = paths[from[0]];
+    const target = paths[to[0]];
+    if (
+      !isObject(operation) ||
+      !isObject(operation[from[1]]) ||
+      !isObject(target) ||
+      !isObject(target[to[1]])
+    )
+      return;
+    const responses = (operation[from[1]] as Json).responses;
+    const ok = isObject(responses) ? responses["200"] : undefined;
+    if (!isObject(ok)) return;
+    const links = isObject(ok.links) ? ok.links : (ok.links = {});
+    (links as Json)[name] = { operationRef: operationRef(to[0], to[1]), ...fields };
+  };
+  const dataset = "/conduit/dataset/{dataset_id}";
+  const run = "/conduit/finetuning/{finetune_id}";
+  const byDataset = { parameters: { "path.dataset_id": "$response.body#/id" } };
+  for (const [name, to] of [
+    ["GetDataset", [dataset, "get"]],
+    ["RenameDataset", [dataset, "patch"]],
+    ["DeleteDataset", [dataset, "delete"]],
+    ["ListFiles", [`${dataset}/files`, "get"]],
+  ] as const)
+    link(["/conduit/dataset", "post"], name, to, byDataset);
+  link(["/conduit/dataset", "post"], "UploadPairs", [`${dataset}/upload`, "post"], {
+    ...byDataset,
+    requestBody: { name: "pairs.jsonl", ioPairs: [{ input: "ping", output: "pong" }] },
+  });
+  const byFile = {
+    parameters: { "path.dataset_id": "$response.body#/datasetID", "path.file_id": "$response.body#/id" },
+  };
+  for (const [name, to] of [
+    ["GetFile", [`${dataset}/file/{file_id}`, "get"]],
+    ["FilePairs", [`${dataset}/file/{file_id}/pairs`, "get"]],
+    ["DeleteFile", [`${dataset}/file/{file_id}`, "delete"]],
+  ] as const)
+    link([`${dataset}/upload`, "post"], name, to, byFile);
+  // A run of two steps on the dataset the file went into, on the server's default model.
+  link([`${dataset}/upload`, "post"], "StartRun", ["/conduit/finetuning", "post"], {
+    requestBody: { datasetID: "$response.body#/datasetID", steps: 2 },
+  });
+  const byRun = { parameters: { "path.finetune_id": "$response.body#/id" } };
+  for (const [name, to] of [
+    ["GetRun", [run, "get"]],
+    ["RunEvents", [`${run}/events`, "get"]],
+    ["RunExamples", [`${run}/examples`, "get"]],
+    ["RunArtifact", [`${run}/artifact`, "get"]],
+    ["RunInference", [`${run}/inference`, "post"]],
+    ["CancelRun", [`${run}/cancel`, "post"]],
+    ["DeleteRun", [run, "delete"]],
+  ] as const)
+    link(["/conduit/finetuning", "post"], name, to, byRun);
 }
