@@ -18,7 +18,8 @@ data=$(mktemp -d /tmp/conduit-schemathesis-XXXXXX)
 port=$(node -e 'const s=require("net").createServer().listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})')
 key=schemathesis-key-0000000000
 CONDUIT_DATA_DIR=$data node bin/conduit.js models create-tiny >/dev/null
-CONDUIT_DATA_DIR=$data CONDUIT_PORT=$port CONDUIT_API_KEYS=$key:fuzzer CONDUIT_DEFAULT_MODEL=tiny \
+# The fuzzer sends wrong keys on purpose, thousands of them: no failed-key throttle (CONDUIT_MAX_KEY_FAILURES=0).
+CONDUIT_DATA_DIR=$data CONDUIT_PORT=$port CONDUIT_API_KEYS=$key:fuzzer CONDUIT_DEFAULT_MODEL=tiny CONDUIT_MAX_KEY_FAILURES=0 \
   CONDUIT_METRICS_USERS=fuzzer CONDUIT_LOG_LEVEL=warn node bin/conduit.js serve >"$data/server.log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null; wait $server 2>/dev/null; rm -rf "$data"' EXIT
@@ -29,7 +30,30 @@ done
 
 # Every check, with the built-in positive_data_acceptance replaced by the one in bench/schemathesis_hooks.py,
 # which differs only for refusals that depend on a file's content or on the named model (the file says which).
-SCHEMATHESIS_HOOKS=bench/schemathesis_hooks.py "$venv/bin/schemathesis" run "http://127.0.0.1:$port/openapi.json" \
+# The document's links lead the stateful phase from a new dataset to an upload, a two-step run on the tiny model
+# and every run operation; the HAR of all requests is counted below.
+har=bench/.cache/schemathesis-last.har
+status=0
+SCHEMATHESIS_HOOKS=bench/schemathesis_hooks.py "$venv/bin/schemathesis" --config-file bench/schemathesis.toml run "http://127.0.0.1:$port/openapi.json" \
   -H "x-api-key: $key" --checks all --exclude-checks positive_data_acceptance \
   --phases examples,coverage,fuzzing,stateful \
-  --max-examples 30 --suppress-health-check all "$@"
+  --max-examples 30 --suppress-health-check all --report har --report-har-path "$har" "$@" || status=$?
+python3 - "$har" <<'PY'
+import json, re, sys
+from collections import Counter
+entries = json.load(open(sys.argv[1]))["log"]["entries"]
+reached, ok = Counter(), Counter()
+for e in entries:
+    path = re.sub(r"^https?://[^/]+", "", e["request"]["url"]).split("?")[0]
+    m = re.match(r"^/conduit/finetuning/ft_[0-9A-Z]{26}(/[a-z]+)?$", path)
+    if not m:
+        continue
+    op = f'{e["request"]["method"]} /conduit/finetuning/{{id}}{m.group(1) or ""}'
+    reached[op] += 1
+    if 200 <= e["response"]["status"] < 300:
+        ok[op] += 1
+print(f"\nrequests to a run operation with a real run's id: {sum(reached.values())} ({sum(ok.values())} answered 2xx)")
+for op in sorted(reached):
+    print(f"  {op}: {reached[op]} ({ok[op]} 2xx)")
+PY
+exit $status

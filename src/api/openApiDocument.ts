@@ -286,4 +286,13 @@ function describeLinks(document: Json): void {
     ["DeleteRun", [run, "delete"]],
   ] as const)
     link(["/conduit/finetuning", "post"], name, to, byRun);
+  // The OpenAI face: a job's id to what is asked of the job.
+  const job = "/v1/fine_tuning/jobs/{fine_tuning_job_id}";
+  const byJob = { parameters: { "path.fine_tuning_job_id": "$response.body#/id" } };
+  for (const [name, to] of [
+    ["RetrieveJob", [job, "get"]],
+    ["JobEvents", [`${job}/events`, "get"]],
+    ["CancelJob", [`${job}/cancel`, "post"]],
+  ] as const)
+    link(["/v1/fine_tuning/jobs", "post"], name, to, byJob);
 }
