@@ -5,7 +5,8 @@
  * on CUDA).
  *
  *   node --import tsx bench/trainTorch.ts [smollm2-135m|tinyllama-1b|file.gguf] [--steps 16] [--ctx 256]
- *     [--threads 1] [--rank 16] [--targets attn_q,...] [--device auto|cpu|cuda] [--skip llama.cpp,torch,peft]
+ *     [--threads 1] [--rank 16] [--targets attn_q,...] [--device auto|cpu|cuda]
+ *     [--skip peft,peft-f32,torch,llama.cpp,llama.cpp+blas]
  *   node --import tsx bench/trainTorch.ts smollm2-135m --export DIR [--steps 200]   # a job for worker.py --job
  *   node --import tsx bench/trainTorch.ts smollm2-135m --export DIR --task dates [--epochs 3] [--lr 1e-3]
  *     # the dates task of bench/quality.ts, answer-only, with a probe: the worker writes its logits for a
@@ -13,8 +14,12 @@
  *
  * - `torch`: Conduit's torch trainer as the scheduler starts it (the trainer process tokenizes and writes the
  *   windows, the worker trains): its own stats (`trainCpuSeconds`, `firstStepSeconds`).
- * - `llama.cpp`: the embedded trainer with its defaults (a quantized base is converted to Q8_0 and trained through).
- * - `PEFT`: the textbook loop on the torch trainer's windows (`model(input_ids, labels)`, full logits).
+ * - `llama.cpp`: the embedded trainer with its defaults and no setup (a quantized base is converted to Q8_0 and
+ *   trained through).
+ * - `llama.cpp+blas`: the same with the BLAS backend of `npm run setup:trainer` (CONDUIT_TRAINER_BLAS or
+ *   .cache/trainer-blas), as the scheduler gives it: the base is converted to F32 and trained through BLAS.
+ * - `PEFT`: the textbook loop on the torch trainer's windows (`model(input_ids, labels)`, full logits), in bf16
+ *   where the CPU has it (`peft`) and in F32 (`peft-f32`).
  * The torch trainer computes the output head only at the positions whose loss counts (`logits_to_keep`); the
  * samples here are trained in full, so that saves nothing and the comparison is of the same work.
  * `--export DIR` writes the torch worker's job (relative paths, the model expected at `DIR/../models/<file>`) and
@@ -45,6 +50,7 @@ import { formatExample } from "../src/train/samples.ts";
 import { corpus } from "./lib/corpus.ts";
 import { datesTask, type Pair } from "./lib/qualityTasks.ts";
 import { SHAPES } from "./makeModel.ts";
+import { blasStatus } from "../src/train/native/blasBackend.ts";
 import { modelPath, modelsDir, repoRoot, requireFile, type BenchModel } from "./lib/reference.ts";
 
 const { values, positionals } = parseArgs({
@@ -73,6 +79,7 @@ const targets = values.targets.split(",") as LoraTarget[];
 const device = values.device as "auto" | "cpu" | "cuda";
 const skip = new Set(values.skip.split(",").filter(Boolean));
 const python = process.env.CONDUIT_PYTHON ?? PROJECT_TORCH_PYTHON;
+const blas = blasStatus(process.env.CONDUIT_TRAINER_BLAS);
 
 async function model(): Promise<string> {
   if (!big) return requireFile(name.endsWith(".gguf") ? path.resolve(name) : modelPath(name as BenchModel));
@@ -119,6 +126,7 @@ function job(
   samples: TrainingSample[],
   work: string,
   backend: "torch" | "llama.cpp",
+  blasLibrary: string | null = null,
 ): TrainerJob {
   const task = values.task !== undefined;
   return {
@@ -136,6 +144,7 @@ function job(
     contextSize: ctx,
     threads,
     gpu: device === "cuda" ? { backend: "cuda", layers: "all" } : { backend: "cpu", layers: 0 },
+    blasLibrary,
     lrSchedule: { kind: "cosine", minFraction: 0.1 },
     packing: true,
   };
@@ -216,20 +225,23 @@ async function conduit(
   samples: string[],
   work: string,
   backend: "torch" | "llama.cpp",
+  blasLibrary: string | null = null,
 ): Promise<Row> {
   const logs: string[] = [];
-  const outcome = await startTrainer(job(modelFile, samples, work, backend), {
+  const outcome = await startTrainer(job(modelFile, samples, work, backend, blasLibrary), {
     onLog: (line) => logs.push(line),
   }).done;
   if (outcome.status !== "completed")
     throw new Error(`${backend}: ${JSON.stringify(outcome)}\n${logs.join("\n")}`);
   const where = logs.find((line) => /PyTorch|converting the base|LoRA rank/.test(line)) ?? "";
-  return fromStats(`Conduit ${backend}`, outcome.stats, where.replace(/^trainer: /, "").slice(0, 90));
+  const label = `Conduit ${backend}${blasLibrary === null ? "" : " + BLAS"}`;
+  return fromStats(label, outcome.stats, where.replace(/^trainer: /, "").slice(0, 90));
 }
 
-function peer(jobFile: string): Promise<Row> {
+function peer(jobFile: string, dtype: "auto" | "f32"): Promise<Row> {
   return new Promise((resolve, reject) => {
-    const child = spawn(python, [path.join(repoRoot, "bench", "peft_peer.py"), jobFile], {
+    const args = [path.join(repoRoot, "bench", "peft_peer.py"), jobFile, "--dtype", dtype];
+    const child = spawn(python, args, {
       stdio: ["ignore", "pipe", "inherit"],
       env: { ...process.env, HF_HUB_OFFLINE: "1", TQDM_DISABLE: "1", OMP_NUM_THREADS: String(threads) },
     });
@@ -239,7 +251,7 @@ function peer(jobFile: string): Promise<Row> {
       if (code !== 0) return reject(new Error(`peft_peer.py exited with ${code}`));
       const r = JSON.parse(out.trim().split("\n").at(-1)!) as Record<string, number | string>;
       resolve({
-        name: "bare PEFT",
+        name: `bare PEFT ${r.dtype}`,
         tokensPerSecond: r.tokensPerSecond as number,
         tokensPerCpuSecond: r.tokensPerCpuSecond as number,
         firstStepSeconds: r.firstStepSeconds as number,
@@ -292,20 +304,28 @@ if (values.export !== undefined) {
       `${threads} thread(s), device ${device}; ${os.cpus().length} cores (${os.cpus()[0]?.model}), load ${os.loadavg()[0]?.toFixed(2)}`,
   );
   const rows: Row[] = [];
-  if (!skip.has("peft")) {
+  if (!skip.has("peft") || !skip.has("peft-f32")) {
     const jobFile = await exportJob(modelFile, samples, path.join(work, "peer"), modelFile);
-    rows.push(await peer(jobFile));
+    if (!skip.has("peft")) rows.push(await peer(jobFile, "auto"));
+    if (!skip.has("peft-f32")) rows.push(await peer(jobFile, "f32"));
   }
   if (!skip.has("torch")) rows.push(await conduit(modelFile, samples, work, "torch"));
   if (!skip.has("llama.cpp")) rows.push(await conduit(modelFile, samples, work, "llama.cpp"));
-  const reference = rows.find((r) => r.name === "bare PEFT");
+  if (!skip.has("llama.cpp+blas")) {
+    if (blas.available) rows.push(await conduit(modelFile, samples, work, "llama.cpp", blas.library));
+    else console.log(`llama.cpp + BLAS skipped: ${blas.reason}`);
+  }
+  const ratio = (r: Row, dtype: string) => {
+    const reference = rows.find((p) => p.name === `bare PEFT ${dtype}`);
+    return reference ? (r.tokensPerCpuSecond / reference.tokensPerCpuSecond).toFixed(2) : "-";
+  };
   console.log(`load after: ${os.loadavg()[0]?.toFixed(2)}`);
-  console.log("| trainer | tok/s | tok/CPU-s | × PEFT (CPU-s) | first step | peak RSS | what |");
-  console.log("|---|---|---|---|---|---|---|");
+  console.log("| trainer | tok/s | tok/CPU-s | × PEFT F32 | × PEFT bf16 | first step | peak RSS | what |");
+  console.log("|---|---|---|---|---|---|---|---|");
   for (const r of rows)
     console.log(
       `| ${r.name} | ${r.tokensPerSecond.toFixed(1)} | ${r.tokensPerCpuSecond.toFixed(1)} | ` +
-        `${reference ? (r.tokensPerCpuSecond / reference.tokensPerCpuSecond).toFixed(2) : "-"} | ` +
+        `${ratio(r, "f32")} | ${ratio(r, "bf16")} | ` +
         `${r.firstStepSeconds.toFixed(2)} s | ${r.peakRssMb.toFixed(0)} MB` +
         `${r.peakGpuMb === undefined ? "" : ` (GPU ${r.peakGpuMb.toFixed(0)} MB)`} | ${r.note} |`,
     );

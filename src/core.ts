@@ -1,5 +1,6 @@
 import path from "node:path";
 import { TorchTrainerStatus } from "./train/torch/torchStatus.ts";
+import { blasStatus } from "./train/native/blasBackend.ts";
 import { pino, type Logger } from "pino";
 import { publicUrl, type Config } from "./config.ts";
 import { DatasetService } from "./datasets/DatasetService.ts";
@@ -123,6 +124,10 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
       return status.available
         ? { python: status.python, device: config.gpu === "off" ? "cpu" : "auto" }
         : { unavailable: status.reason };
+    },
+    blasLibrary: () => {
+      const blas = blasStatus(config.trainerBlas);
+      return blas.available ? blas.library : null;
     },
     ...overrides.scheduler,
   });

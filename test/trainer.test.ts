@@ -10,6 +10,7 @@ import { chooseAutoSettings } from "../src/train/autoSettings.ts";
 import { LLAMA_CPP_LORA_TARGETS } from "../src/contract/runs.ts";
 import { learningRateAt } from "../src/train/native/learningRate.ts";
 import { loraWeights, type LoraSpec } from "../src/train/native/loraAdapter.ts";
+import { blasStatus } from "../src/train/native/blasBackend.ts";
 import { loraBaseConversion } from "../src/train/native/loraBase.ts";
 import { readModelFile } from "../src/train/native/modelFile.ts";
 import { convertModel } from "../src/train/native/runTraining.ts";
@@ -213,6 +214,16 @@ describe("trainer building blocks", () => {
     const q8 = path.join(dir, "tiny-q8_0.gguf");
     convertModel(baseModel, q8, "Q8_0");
     assert.equal(loraBaseConversion(readModelFile(lib, q8)), undefined);
+    // With a BLAS backend every base trains in F32 when its F32 copy fits the budget, and keeps the rule otherwise.
+    const roomy = { blas: true, f32Budget: 2 ** 30 };
+    assert.equal(loraBaseConversion(model, roomy), undefined, "F32 trains as it is");
+    for (const file of [q8, q4, f16])
+      assert.equal(loraBaseConversion(readModelFile(lib, file), roomy)?.to, "F32");
+    const tight = { blas: true, f32Budget: 1000 };
+    const over = loraBaseConversion(readModelFile(lib, q4), tight);
+    assert.equal(over?.to, "Q8_0");
+    assert.match(over!.reason, /would exceed the F32 budget/);
+    assert.equal(loraBaseConversion(readModelFile(lib, q8), tight), undefined);
   });
 
   test("learning-rate schedules warm up, decay, and stay positive", () => {
@@ -381,6 +392,58 @@ describe("trainer process", () => {
       logs.join("\n"),
     );
     assert.equal(outcome.status === "completed" && outcome.stats.peakGpuBytes, undefined);
+  });
+
+  test("with the BLAS backend (npm run setup:trainer) the products go through BLAS, and the losses stay ggml's own", async (t) => {
+    const blas = blasStatus(process.env.CONDUIT_TRAINER_BLAS);
+    if (!blas.available) return t.skip(`no BLAS backend here: ${blas.reason}`);
+    const train = async (name: string, blasLibrary: string | null) => {
+      const logs: string[] = [];
+      const losses: number[] = [];
+      const job = longJob(name, { epochs: 1, maxSteps: 4, outputType: "F32", blasLibrary, seed: 3 });
+      const outcome = await startTrainer(job, {
+        onLog: (line) => logs.push(line),
+        onProgress: (p) => losses.push(p.trainLoss),
+      }).done;
+      assert.equal(outcome.status, "completed", `${JSON.stringify(outcome)}\n${logs.join("\n")}`);
+      return { logs, losses };
+    };
+    const plain = await train("no-blas", null);
+    assert.ok(
+      plain.logs.some((line) => /^trainer: no BLAS backend/.test(line)),
+      plain.logs.join("\n"),
+    );
+    const fast = await train("blas", blas.library);
+    assert.ok(
+      fast.logs.some((line) => line.startsWith(`trainer: BLAS backend OpenBLAS (${blas.library})`)),
+      fast.logs.join("\n"),
+    );
+    // The same F32 base, windows and seed: sgemm sums in another order, nothing else differs.
+    assert.equal(fast.losses.length, plain.losses.length);
+    for (const [i, loss] of fast.losses.entries())
+      assert.ok(
+        Math.abs(loss - plain.losses[i]!) < 1e-3 * plain.losses[i]!,
+        `step ${i}: ${loss} vs ${plain.losses[i]}`,
+      );
+  });
+
+  test("a missing, disabled or stale BLAS backend is reported as such, never loaded", (t) => {
+    const folder = fs.mkdtempSync(path.join(os.tmpdir(), "conduit-blas-"));
+    t.after(() => fs.rmSync(folder, { recursive: true, force: true }));
+    assert.deepEqual(blasStatus("off"), {
+      available: false,
+      library: null,
+      reason: "CONDUIT_TRAINER_BLAS is off",
+    });
+    const library = path.join(folder, "libggml-blas.so");
+    assert.match((blasStatus(library) as { reason: string }).reason, /does not exist/);
+    fs.writeFileSync(library, "");
+    assert.deepEqual(blasStatus(library), { available: true, library });
+    fs.writeFileSync(path.join(folder, "build.json"), JSON.stringify({ nodeLlamaCpp: "0.0.1" }));
+    assert.match(
+      (blasStatus(library) as { reason: string }).reason,
+      /compiled for node-llama-cpp 0\.0\.1, and [\d.]+ is installed: run npm run setup:trainer again/,
+    );
   });
 
   test("a corrupt base model fails with the trainer's reason", async () => {

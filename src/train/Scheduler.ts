@@ -44,6 +44,8 @@ export interface SchedulerOptions {
    * (such runs fail with the reason).
    */
   torch?: () => Promise<{ python: string; device: "auto" | "cpu" } | { unavailable: string }>;
+  /** The BLAS backend library the llama.cpp trainer loads on the CPU, asked per run; `null`: none. Defaults to none. */
+  blasLibrary?: () => string | null;
   /** Starts a run's trainer (tests pass an in-memory fake). Defaults to `startTrainer`, a child process per run. */
   trainer?: TrainerLauncher;
   /**
@@ -277,6 +279,7 @@ export class Scheduler {
               : 1
             : this.options.threads,
         gpu,
+        ...(backend === "llama.cpp" ? { blasLibrary: this.options.blasLibrary?.() ?? null } : {}),
         outputType: config.outputType,
         seed: config.seed,
       };

@@ -155,6 +155,11 @@ export interface TrainerJob {
    * line. Defaults to `{ backend: "cpu", layers: 0 }`.
    */
   gpu?: { backend: TrainerBackend; layers: "all" | number };
+  /**
+   * A ggml BLAS backend library for the llama.cpp trainer to load on the CPU (`npm run setup:trainer`,
+   * blasBackend.ts): LoRA then trains on an F32 copy of the base. Defaults to `null` (none).
+   */
+  blasLibrary?: string | null;
   /** Type of the written model. Defaults to `"Q8_0"`. */
   outputType?: TrainerOutputType;
   /** Seeds the order in which samples are packed into windows each epoch. Defaults to `0`. */

@@ -113,6 +113,7 @@ export function resolveTrainerJob(job: TrainerJob): ResolvedTrainerJob {
     contextSize: job.contextSize ?? 1024,
     threads: job.threads ?? 1,
     gpu: job.gpu ?? { backend: "cpu", layers: 0 },
+    blasLibrary: job.blasLibrary ?? null,
     outputType: job.outputType ?? "Q8_0",
     seed: job.seed ?? 0,
     lrSchedule: {

@@ -4,6 +4,7 @@ import type { Core } from "../../core.ts";
 import { TRAINER_SETTINGS } from "../../contract/runs.ts";
 import { GPU_SETTINGS } from "../../engine/accelerator.ts";
 import { describeTorch } from "../../train/torch/torchStatus.ts";
+import { blasStatus } from "../../train/native/blasBackend.ts";
 import { diskSpace } from "../../store/diskSpace.ts";
 import { responses } from "../../contract/schemas.ts";
 
@@ -57,7 +58,19 @@ const Health = Type.Object({
         { description: "`CONDUIT_TRAINER` as set." },
       ),
       "llama.cpp": Type.Object(
-        { available: Type.Boolean({ description: "Always: it ships with node-llama-cpp." }) },
+        {
+          available: Type.Boolean({ description: "Always: it ships with node-llama-cpp." }),
+          blas: Type.Object(
+            {
+              available: Type.Boolean({ description: "Runs on the CPU load it and train on an F32 base." }),
+              library: Type.Union([Type.String(), Type.Null()], {
+                description: "The library (`CONDUIT_TRAINER_BLAS`).",
+              }),
+              reason: Type.Optional(Type.String({ description: "Why there is none." })),
+            },
+            { description: "Its BLAS backend, the fast path on the CPU (`npm run setup:trainer`)." },
+          ),
+        },
         { description: "The embedded llama.cpp trainer." },
       ),
       torch: Type.Object(
@@ -136,7 +149,7 @@ export default async function healthRoutes(app: FastifyInstance, { core }: { cor
         accelerator,
         trainers: {
           setting: core.config.trainer,
-          "llama.cpp": { available: true },
+          "llama.cpp": { available: true, blas: blasStatus(core.config.trainerBlas) },
           torch: torchHealth(core),
         },
         ...(warnings.length > 0 ? { warnings } : {}),

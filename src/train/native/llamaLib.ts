@@ -229,6 +229,8 @@ export interface LlamaLib {
   llama_backend_init(): void;
   llama_backend_free(): void;
   ggml_backend_load_all_from_path(dir: string): void;
+  /** Registers one backend library (`ggml_backend_load`); `null` when it did not load. */
+  ggml_backend_load(path: string): Pointer | null;
   llama_model_default_params(): LlamaModelParamsValue;
   llama_context_default_params(): LlamaContextParamsValue;
   llama_model_quantize_default_params(): LlamaModelQuantizeParamsValue;
@@ -483,6 +485,7 @@ export function loadLlamaLib(options: { binDir?: string; gpu?: TrainerBackend } 
     llama_backend_init: llama.func("void llama_backend_init(void)"),
     llama_backend_free: llama.func("void llama_backend_free(void)"),
     ggml_backend_load_all_from_path: ggml.func("void ggml_backend_load_all_from_path(const char *dir)"),
+    ggml_backend_load: ggml.func("void *ggml_backend_load(const char *path)"),
     llama_model_default_params: llama.func("llama_model_params llama_model_default_params(void)"),
     llama_context_default_params: llama.func("llama_context_params llama_context_default_params(void)"),
     llama_model_quantize_default_params: llama.func(

@@ -19,13 +19,47 @@ export const LORA_BASE_TYPES: ReadonlyMap<number, string> = new Map([
 /** The type a base of any other type is converted to before LoRA training. */
 export const LORA_FALLBACK_BASE_TYPE: OutputType = "Q8_0";
 
-/** `undefined` when the base trains as it is, else the type to convert it to and why. */
-export function loraBaseConversion(model: ModelFileInfo): { to: OutputType; reason: string } | undefined {
-  const tensors = model.tensors;
+/** What the choice depends on besides the model. */
+export interface LoraBaseOptions {
+  /** The trainer loaded a BLAS backend (blasBackend.ts): products of F32 weights, `OUT_PROD` included, go to BLAS. */
+  blas: boolean;
+  /** Bytes an F32 copy of the base may take; a larger base keeps the Q8_0 rule. */
+  f32Budget: number;
+}
+
+/**
+ * `undefined` when the base trains as it is, else the type to convert it to and why. With a BLAS backend the
+ * base is trained in F32 whenever its F32 copy fits `f32Budget`: by measurement (bench/README.md, "The embedded
+ * trainer with BLAS") that is 2–2.5x the tokens per CPU-second of a Q8_0 base, for about 1.5x its peak RSS on
+ * SmolLM2. Without BLAS, F32 and Q8_0 train as they are and any other type goes to Q8_0.
+ */
+export function loraBaseConversion(
+  model: ModelFileInfo,
+  options: LoraBaseOptions = { blas: false, f32Budget: 0 },
+): { to: OutputType; reason: string } | undefined {
   // Only the 2-D block weights go through the backward matrix products; norms and embeddings are read only.
-  const other = tensors.find(
-    (t) => /^blk\.\d+\..*\.weight$/.test(t.name) && t.dims.length >= 2 && !LORA_BASE_TYPES.has(t.type),
-  );
+  const blocks = model.tensors.filter((t) => /^blk\.\d+\..*\.weight$/.test(t.name) && t.dims.length >= 2);
+  if (options.blas) {
+    const notF32 = blocks.find((t) => t.type !== 0);
+    if (notF32 === undefined) return undefined;
+    const f32Bytes = model.tensors.reduce((sum, t) => sum + 4 * t.dims.reduce((a, b) => a * b, 1), 0);
+    const mib = (bytes: number) => `${Math.round(bytes / 2 ** 20)} MiB`;
+    if (f32Bytes <= options.f32Budget)
+      return {
+        to: "F32",
+        reason:
+          `${notF32.name} is of ggml type ${notF32.type}; with the BLAS backend LoRA trains fastest through F32 ` +
+          `weights (${mib(f32Bytes)}, within the F32 budget of ${mib(options.f32Budget)})`,
+      };
+    const rule = loraBaseConversion(model);
+    return rule === undefined
+      ? undefined
+      : {
+          ...rule,
+          reason: `${rule.reason} (an F32 copy, ${mib(f32Bytes)}, would exceed the F32 budget of ${mib(options.f32Budget)})`,
+        };
+  }
+  const other = blocks.find((t) => !LORA_BASE_TYPES.has(t.type));
   if (other === undefined) return undefined;
   return {
     to: LORA_FALLBACK_BASE_TYPE,

@@ -4,6 +4,7 @@
  * optimizer step, sets process-global llama.cpp state, and a native crash must not take the API down.
  */
 import fs from "node:fs";
+import os from "node:os";
 import path from "node:path";
 import koffi from "koffi";
 import type { ExampleLoss, ResolvedTrainerJob, TrainerProgress, TrainingStats } from "../protocol.ts";
@@ -49,6 +50,7 @@ import {
   type LoraSpec,
   type LoraWeight,
 } from "./loraAdapter.ts";
+import { loadBlasBackend, TRAINER_SETUP_COMMAND } from "./blasBackend.ts";
 import { loraBaseConversion } from "./loraBase.ts";
 import { readModelFile, type ModelFileInfo } from "./modelFile.ts";
 import { isTrainableTensor } from "./trainableTensor.ts";
@@ -74,6 +76,8 @@ export type TrainingResult =
 /** The latest checkpoint is written at most this often (and at the first evaluation point). */
 const CHECKPOINT_INTERVAL_MS = 10_000;
 const PROGRESS_INTERVAL_MS = 500;
+/** With a BLAS backend, LoRA trains on an F32 copy of the base when it takes at most this share of the memory. */
+const F32_BASE_MEMORY_FRACTION = 0.25;
 
 /** Native handles, freed in reverse order whatever happens. */
 class NativeScope {
@@ -92,6 +96,18 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
   const lib = loadLlamaLib({ gpu: job.gpu.backend });
   hooks.log(`trainer: llama.cpp ${lib.llama_version()} from ${lib.binDir}`);
   lib.ggml_backend_load_all_from_path(lib.binDir);
+  // On the CPU, a BLAS backend takes the products of F32 weights; the base is then trained in F32 (loraBase.ts).
+  const blas =
+    job.blasLibrary !== null && job.gpu.backend === "cpu"
+      ? loadBlasBackend(lib, job.blasLibrary, hooks.log)
+      : undefined;
+  hooks.log(
+    blas !== undefined
+      ? `trainer: BLAS backend ${blas} (${job.blasLibrary}): products of F32 weights, the backward pass's included, go through it`
+      : job.gpu.backend === "cpu"
+        ? `trainer: no BLAS backend; matrix products on ggml's CPU backend (${TRAINER_SETUP_COMMAND} makes training on the CPU faster)`
+        : `trainer: no BLAS backend on a GPU`,
+  );
   lib.llama_backend_init();
   const gpus = job.gpu.backend === "cpu" ? [] : gpuDevices(lib);
   if (job.gpu.backend !== "cpu" && gpus.length === 0)
@@ -143,8 +159,12 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
       basePath = baseF32Path;
     } else {
       // LoRA leaves the base frozen: F32 and Q8_0 (QLoRA) train as they are, any other type is converted
-      // once to Q8_0, the fastest and lightest to train through by measurement (see loraBase.ts).
-      const conversion = loraBaseConversion(readModelFile(lib, job.baseModelPath));
+      // once to Q8_0, the fastest and lightest to train through by measurement; with a BLAS backend, to F32
+      // when it fits a quarter of the memory (see loraBase.ts).
+      const conversion = loraBaseConversion(readModelFile(lib, job.baseModelPath), {
+        blas: blas !== undefined,
+        f32Budget: F32_BASE_MEMORY_FRACTION * os.totalmem(),
+      });
       if (conversion === undefined) basePath = job.baseModelPath;
       else {
         hooks.log(`trainer: ${conversion.reason}; converting the base to ${conversion.to} for training`);

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# npm run setup:trainer — gives the embedded llama.cpp trainer a BLAS backend: ggml's BLAS backend
+# (ggml/src/ggml-blas, one C++ file) compiled from the exact llama.cpp source node-llama-cpp ships
+# (node_modules/node-llama-cpp/llama/gitRelease.bundle) against OpenBLAS, as a plugin of node-llama-cpp's
+# prebuilt ggml: .cache/trainer-blas/libggml-blas.so. The trainer loads it by itself (CONDUIT_TRAINER_BLAS),
+# trains LoRA on an F32 copy of the base and runs the backward pass's matrix products through cblas_sgemm.
+# Generation does not use it. Safe to run again; a node-llama-cpp upgrade needs it run again (the trainer
+# says so).
+#
+# Needs g++ and OpenBLAS's headers and library (Debian: libopenblas-dev, ~30 MB; installed here with apt-get
+# when missing and this runs as root). Takes ~10 s.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=.cache/trainer-blas
+say() { printf '[setup:trainer] %s\n' "$*"; }
+
+have_openblas() {
+  [ -f /usr/include/x86_64-linux-gnu/openblas-pthread/cblas.h ] || [ -f /usr/include/openblas/cblas.h ] ||
+    [ -f /usr/include/cblas.h ]
+}
+if ! have_openblas; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    say "installing libopenblas-dev (apt-get)"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libopenblas-dev) >/dev/null
+  else
+    say "OpenBLAS's headers are missing: install libopenblas-dev (Debian/Ubuntu) or openblas-devel, then run this again" >&2
+    exit 1
+  fi
+fi
+blas_include=""
+for dir in /usr/include/x86_64-linux-gnu/openblas-pthread /usr/include/openblas /usr/include; do
+  if [ -f "$dir/cblas.h" ]; then
+    blas_include="$dir"
+    break
+  fi
+done
+command -v g++ >/dev/null || { say "g++ is missing (Debian: apt-get install g++)" >&2; exit 1; }
+
+bundle=node_modules/node-llama-cpp/llama/gitRelease.bundle
+bins=$(node -e '
+  import("./src/train/native/llamaLib.ts").then((m) => console.log(m.findBinDir("cpu")))' --import tsx)
+[ -f "$bundle" ] || { say "$bundle is missing: run npm install first" >&2; exit 1; }
+head=$(git bundle list-heads "$bundle" | head -n1 | cut -d' ' -f1)
+version=$(node -p 'require("./node_modules/node-llama-cpp/package.json").version')
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+say "ggml source of node-llama-cpp $version (llama.cpp ${head:0:12})"
+git clone --quiet --bare "$bundle" "$work/src.git"
+git --git-dir="$work/src.git" archive "$head" ggml/include ggml/src/ggml-blas ggml/src/ggml-impl.h \
+  ggml/src/ggml-backend-impl.h ggml/src/ggml-common.h | tar -x -C "$work"
+
+mkdir -p "$OUT"
+say "compiling ggml-blas against OpenBLAS ($blas_include) for $bins"
+# As ggml's CMake builds a dynamically loaded backend (GGML_BACKEND_DL, shared): it exports ggml_backend_init
+# and links the prebuilt libggml-base.so.
+g++ -O2 -std=c++17 -shared -fPIC -DNDEBUG -DGGML_BACKEND_DL -DGGML_BACKEND_BUILD -DGGML_BACKEND_SHARED \
+  -DGGML_SHARED -DGGML_BLAS_USE_OPENBLAS -I "$work/ggml/include" -I "$work/ggml/src" -I "$blas_include" \
+  "$work/ggml/src/ggml-blas/ggml-blas.cpp" -L "$bins" -l:libggml-base.so -lopenblas -Wl,-rpath,"$bins" \
+  -o "$OUT/libggml-blas.so.tmp"
+mv "$OUT/libggml-blas.so.tmp" "$OUT/libggml-blas.so"
+printf '{"nodeLlamaCpp": "%s", "llamaCpp": "%s", "blas": "OpenBLAS"}\n' "$version" "$head" >"$OUT/build.json"
+
+say "checking: the trainer's llama.cpp loads it"
+node --import tsx -e '
+  import("./src/train/native/blasBackend.ts").then((m) => {
+    const found = m.probeBlasBackend(process.argv[1]);
+    console.log("[setup:trainer] " + found);
+  })' "$PWD/$OUT/libggml-blas.so"
+say "done: the llama.cpp trainer uses it from its next run (CONDUIT_TRAINER_BLAS; /healthz says so)"

@@ -1,0 +1,115 @@
+/**
+ * The embedded trainer's BLAS backend: ggml's BLAS backend compiled against OpenBLAS as a plugin of
+ * node-llama-cpp's prebuilt ggml (`npm run setup:trainer`, bin/setup-trainer.sh). Loaded into the trainer
+ * process with `ggml_backend_load`, it takes the matrix products of F32 weights, among them the backward pass's
+ * `OUT_PROD` (the gradient to the activations of every frozen weight), which the CPU backend computes with
+ * vector loops: LoRA on an F32 base then trains 2–2.5× faster (bench/README.md). Generation never loads it.
+ */
+import fs from "node:fs";
+import { createRequire } from "node:module";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { loadLlamaLib, type LlamaLib } from "./llamaLib.ts";
+
+/** What `npm run setup:trainer` writes. */
+export const PROJECT_BLAS_LIBRARY = fileURLToPath(
+  new URL("../../../.cache/trainer-blas/libggml-blas.so", import.meta.url),
+);
+
+/** The setup command, for messages. */
+export const TRAINER_SETUP_COMMAND = "npm run setup:trainer";
+
+export type BlasStatus =
+  { available: true; library: string } | { available: false; library: string | null; reason: string };
+
+/**
+ * Whether the trainer has a BLAS backend to load, from `CONDUIT_TRAINER_BLAS`: `off`, a library's path, or
+ * unset (the project's own, when `npm run setup:trainer` made it). Cheap: a stat and the setup's `build.json`,
+ * whose node-llama-cpp version must be the installed one (the plugin is compiled against its ggml).
+ */
+export function blasStatus(setting: string | undefined): BlasStatus {
+  if (setting?.toLowerCase() === "off")
+    return { available: false, library: null, reason: "CONDUIT_TRAINER_BLAS is off" };
+  const library = setting ?? PROJECT_BLAS_LIBRARY;
+  if (!fs.existsSync(library))
+    return {
+      available: false,
+      library: setting ?? null,
+      reason:
+        setting === undefined
+          ? `no BLAS backend (${TRAINER_SETUP_COMMAND} makes one)`
+          : `CONDUIT_TRAINER_BLAS names ${library}, which does not exist`,
+    };
+  const built = builtFor(library);
+  const installed = nodeLlamaCppVersion();
+  if (built !== undefined && installed !== undefined && built !== installed)
+    return {
+      available: false,
+      library,
+      reason:
+        `the BLAS backend was compiled for node-llama-cpp ${built}, and ${installed} is installed: ` +
+        `run ${TRAINER_SETUP_COMMAND} again`,
+    };
+  return { available: true, library };
+}
+
+/** The node-llama-cpp version `build.json` beside the library names, when there is one. */
+function builtFor(library: string): string | undefined {
+  try {
+    const build = JSON.parse(fs.readFileSync(path.join(path.dirname(library), "build.json"), "utf8")) as {
+      nodeLlamaCpp?: unknown;
+    };
+    return typeof build.nodeLlamaCpp === "string" ? build.nodeLlamaCpp : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/** The installed node-llama-cpp's version (its package exports no package.json: found beside its entry). */
+function nodeLlamaCppVersion(): string | undefined {
+  try {
+    let dir = path.dirname(createRequire(import.meta.url).resolve("node-llama-cpp"));
+    for (; dir !== path.dirname(dir); dir = path.dirname(dir)) {
+      const file = path.join(dir, "package.json");
+      if (!fs.existsSync(file)) continue;
+      const pkg = JSON.parse(fs.readFileSync(file, "utf8")) as { name?: unknown; version?: unknown };
+      if (pkg.name === "node-llama-cpp") return typeof pkg.version === "string" ? pkg.version : undefined;
+    }
+  } catch {
+    // Not installed: the trainer cannot run either, and says so.
+  }
+  return undefined;
+}
+
+/**
+ * Registers the BLAS backend in this process's ggml (after `ggml_backend_load_all_from_path`, before any
+ * context): llama.cpp then schedules the products it supports on it. Returns the device's description, or
+ * `undefined` with the reason logged when it did not load.
+ */
+export function loadBlasBackend(
+  lib: LlamaLib,
+  library: string,
+  log: (line: string) => void,
+): string | undefined {
+  const before = lib.ggml_backend_dev_count();
+  if (lib.ggml_backend_load(library) === null) {
+    log(`trainer: the BLAS backend ${library} did not load (llama.cpp's log says why); training without it`);
+    return undefined;
+  }
+  for (let i = before; i < lib.ggml_backend_dev_count(); i++) {
+    const device = lib.ggml_backend_dev_get(i);
+    if (lib.ggml_backend_dev_name(device) === "BLAS") return lib.ggml_backend_dev_description(device);
+  }
+  log(`trainer: ${library} registered no BLAS device; training without it`);
+  return undefined;
+}
+
+/** For the setup's check: loads the trainer's llama.cpp and `library` into this process; throws when it fails. */
+export function probeBlasBackend(library: string): string {
+  const lib = loadLlamaLib();
+  lib.ggml_backend_load_all_from_path(lib.binDir);
+  const lines: string[] = [];
+  const description = loadBlasBackend(lib, library, (line) => lines.push(line));
+  if (description === undefined) throw new Error(lines.join("\n"));
+  return `the trainer's llama.cpp (${lib.binDir}) loads ${library}: ${description}`;
+}
