@@ -382,6 +382,23 @@ describe("the OpenAI surface on the tiny model", () => {
     }
   });
 
+  test("a prompt longer than the context can hold is refused by its size, on chat and completions", async () => {
+    const text = "word ".repeat(100_000);
+    for (const [url, payload, param] of [
+      [completionsUrl, { prompt: text }, "prompt"],
+      [chatUrl, { messages: [{ role: "user", content: text }] }, "messages"],
+    ] as const) {
+      const res = await post(url, { ...payload, max_tokens: 1 });
+      assert.equal(res.statusCode, 400, res.body);
+      const error = res.json().error;
+      assert.equal(error.param, param);
+      assert.match(
+        error.message,
+        /^The prompt is \d+ bytes, at least \d+ tokens; this model's context holds \d+\.$/,
+      );
+    }
+  });
+
   /** The data of each event of a stream. */
   const events = (body: string) =>
     body
