@@ -114,7 +114,8 @@ export const settings = {
   },
   bodyLimit: {
     env: "CONDUIT_BODY_LIMIT",
-    description: "Largest JSON request body in bytes (uploads have their own limit).",
+    description:
+      "Largest JSON request body in bytes, JSON uploads included (multipart and raw uploads have `CONDUIT_MAX_UPLOAD_BYTES`).",
     defaultText: "1048576 (1 MiB)",
     parse: integer("CONDUIT_BODY_LIMIT", MB, 1024),
   },

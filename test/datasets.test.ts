@@ -467,5 +467,44 @@ for (const backend of backends()) {
       assert.deepEqual((await as(app, KEY_A).get(`/conduit/dataset/${ds.id}/files`)).json(), []);
       assert.equal(asBob["x-api-key"].length > 0, true);
     });
+
+    test("a JSON upload is held to the JSON body limit; the same file streamed is stored", async (t) => {
+      const { testEnv, buildTestApp } = await import("./helper.ts");
+      const env = await testEnv(t, backend, { CONDUIT_BODY_LIMIT: "2048" });
+      const { app } = await buildTestApp(t, env);
+      const ds = await createDataset(app);
+      const pair = { input: "aaaaaaaaaaaaaaaaaaaa", output: "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbb" };
+      const url = `/conduit/dataset/${ds.id}/upload`;
+      const content = { name: "big.jsonl", content: `${JSON.stringify(pair)}\n`.repeat(40) };
+      for (const json of [
+        await as(app, KEY_A).post(url, content),
+        await as(app, KEY_A).post(url, {
+          name: "big.jsonl",
+          ioPairs: Array.from({ length: 40 }, () => pair),
+        }),
+        // Without a Content-Length: refused once read, before it is parsed.
+        await app.inject({
+          method: "POST",
+          url,
+          headers: { ...asAlice, "content-type": "application/json" },
+          payload: Readable.from([JSON.stringify(content)]),
+        }),
+      ]) {
+        assert.equal(json.statusCode, 413, json.body);
+        assert.equal(json.json().error.code, "payload_too_large");
+        assert.match(
+          json.json().error.message,
+          /^a JSON body is at most 2048 bytes \(CONDUIT_BODY_LIMIT\); upload a bigger file as multipart\/form-data or as a raw body$/,
+        );
+      }
+      const raw = await app.inject({
+        method: "POST",
+        url: `${url}?name=big.jsonl`,
+        headers: { ...asAlice, "content-type": "application/jsonl" },
+        payload: `${JSON.stringify(pair)}\n`.repeat(40),
+      });
+      assert.equal(raw.statusCode, 200, raw.body);
+      assert.equal(raw.json().ioPairsCount, 40);
+    });
   });
 }

@@ -17,6 +17,7 @@ import {
 } from "../src/model/chatTemplate.ts";
 import type { Engine } from "../src/engine/Engine.ts";
 import { chatTokens, createLlamaEngine, PROMPT_BATCH_TOKENS } from "../src/engine/LlamaEngine.ts";
+import { promptTokens } from "../src/engine/promptTokens.ts";
 import { isValidModelId, ModelRegistry } from "../src/model/ModelRegistry.ts";
 import { SequenceBatcher } from "../src/engine/SequenceBatcher.ts";
 import { TextOutput } from "../src/engine/TextOutput.ts";
@@ -145,6 +146,31 @@ describe("chat template", () => {
       (error: unknown) => isCode("invalid_request")(error) && (error as ConduitError).param === "messages",
     );
   });
+});
+
+test("a prompt with more bytes than the context's tokens can stand for is refused without tokenizing it", () => {
+  const never = {
+    tokenize() {
+      throw new Error("tokenized");
+    },
+  };
+  const prompt = {
+    model: never,
+    contextSize: 100,
+    bos: undefined,
+    maxTokenBytes: 4,
+  } as unknown as Parameters<typeof promptTokens>[0];
+  const sampling = {} as Parameters<typeof promptTokens>[1]["sampling"];
+  const request = (text: string) => ({ model: { id: "m", path: "m" }, prompt: text, sampling });
+  assert.throws(
+    () => promptTokens(prompt, request("é".repeat(200))),
+    (error: unknown) =>
+      error instanceof ConduitError &&
+      error.param === "prompt" &&
+      /^The prompt is 400 bytes, at least 100 tokens; this model's context holds 100\.$/.test(error.message),
+  );
+  // One byte less could still fit: it is tokenized.
+  assert.throws(() => promptTokens(prompt, request("x".repeat(396))), /tokenized/);
 });
 
 describe("control tokens in messages", () => {

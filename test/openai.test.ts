@@ -306,6 +306,99 @@ describe("the OpenAI surface on the tiny model", () => {
     }
   });
 
+  test("a 100,000-value enum (0.9 MB) is a 400 naming the bound, and other requests are answered meanwhile", async () => {
+    const schema = { enum: Array.from({ length: 100_000 }, (_, i) => `v${i}`) };
+    const [res, health] = await Promise.all([
+      post(chatUrl, {
+        messages,
+        max_tokens: 4,
+        response_format: { type: "json_schema", json_schema: { name: "many", schema } },
+      }),
+      app.inject({ url: "/healthz" }),
+    ]);
+    assert.equal(health.statusCode, 200, health.body);
+    assert.equal(res.statusCode, 400, res.body.slice(0, 300));
+    const error = res.json().error;
+    assert.equal(error.code, "invalid_request");
+    assert.equal(error.param, "response_format");
+    assert.equal(
+      error.message,
+      'field "response_format": its JSON schema has 100000 enum values; at most 1000 are allowed',
+    );
+  });
+
+  test("a response_format just over each of the grammar's bounds is a 400 naming it and the count", async () => {
+    const strings = (n: number, length = 0) =>
+      Array.from({ length: n }, (_, i) => `v${i}`.padEnd(length, "x"));
+    const properties = (n: number, schema: unknown) => ({
+      type: "object",
+      properties: Object.fromEntries(Array.from({ length: n }, (_, i) => [`p${i}`, schema])),
+    });
+    let deep: unknown = { type: "boolean" };
+    for (let i = 1; i < 65; i++) deep = { type: "array", items: deep };
+    const cases: [unknown, string][] = [
+      [{ enum: strings(1001) }, "has 1001 enum values; at most 1000 are allowed"],
+      [
+        { oneOf: strings(1001).map((v) => ({ const: v })) },
+        "has 1001 oneOf/anyOf alternatives; at most 1000",
+      ],
+      [properties(2000, { type: "boolean" }), "has more than 2000 subschemas"],
+      [deep, "nests more than 64 levels of objects and arrays; at most 64 are allowed"],
+      [
+        properties(11, { type: "string", maxLength: 1000 }),
+        "maxProperties adding up to 11000; at most 10000 are allowed",
+      ],
+      [
+        { enum: strings(1000, 121) },
+        "has 121000 characters of enum and const strings and property names; at most 120000 are allowed",
+      ],
+    ];
+    for (const [schema, reason] of cases) {
+      const res = await post(chatUrl, {
+        messages,
+        max_tokens: 2,
+        response_format: { type: "json_schema", json_schema: { name: "x", schema } },
+      });
+      assert.equal(res.statusCode, 400, `${reason}: ${res.body.slice(0, 300)}`);
+      const error = res.json().error;
+      assert.equal(error.param, "response_format");
+      assert.ok(error.message.startsWith('field "response_format": its JSON schema '), error.message);
+      assert.ok(error.message.includes(reason), error.message);
+    }
+  });
+
+  test("an enum at the bound is compiled and the answer is one of its values", async () => {
+    const values = Array.from({ length: 1000 }, (_, i) => `v${i}`);
+    const res = await post(chatUrl, {
+      messages,
+      n: 2,
+      max_tokens: 32,
+      response_format: { type: "json_schema", json_schema: { name: "many", schema: { enum: values } } },
+    });
+    assert.equal(res.statusCode, 200, res.body);
+    for (const c of res.json().choices) {
+      assert.equal(c.finish_reason, "stop", c.message.content);
+      assert.ok(values.includes(JSON.parse(c.message.content)), c.message.content);
+    }
+  });
+
+  test("a prompt longer than the context can hold is refused by its size, on chat and completions", async () => {
+    const text = "word ".repeat(100_000);
+    for (const [url, payload, param] of [
+      [completionsUrl, { prompt: text }, "prompt"],
+      [chatUrl, { messages: [{ role: "user", content: text }] }, "messages"],
+    ] as const) {
+      const res = await post(url, { ...payload, max_tokens: 1 });
+      assert.equal(res.statusCode, 400, res.body);
+      const error = res.json().error;
+      assert.equal(error.param, param);
+      assert.match(
+        error.message,
+        /^The prompt is \d+ bytes, at least \d+ tokens; this model's context holds \d+\.$/,
+      );
+    }
+  });
+
   /** The data of each event of a stream. */
   const events = (body: string) =>
     body
@@ -793,6 +886,27 @@ describe("tool calls on a tiny model whose template supports tools", () => {
     assert.equal(calls[0].index, 0);
     assert.deepEqual(calls[0].function, choice.message.tool_calls[0].function);
     assert.equal(chunks.at(-1).choices[0].finish_reason, "tool_calls");
+  });
+
+  test("a forced call whose parameters are over the grammar's bounds is a 400 naming tools and the bound", async () => {
+    const many = {
+      type: "function",
+      function: {
+        name: "pick",
+        parameters: {
+          type: "object",
+          properties: { colour: { enum: Array.from({ length: 1001 }, (_, i) => `c${i}`) } },
+        },
+      },
+    };
+    const res = await chat({ messages: ask, tools: [many, weather], tool_choice: "required", max_tokens: 8 });
+    assert.equal(res.statusCode, 400, res.body.slice(0, 300));
+    const error = res.json().error;
+    assert.equal(error.param, "tools");
+    assert.equal(
+      error.message,
+      'field "tools": the schema of a call to these functions has 1001 enum values; at most 1000 are allowed',
+    );
   });
 
   test("tool_choice naming a function not in tools, or a call without tools, is a 400 naming it", async () => {

@@ -4,6 +4,7 @@ import swaggerUi from "@fastify/swagger-ui";
 import { Ajv } from "ajv";
 import type { Core } from "../core.ts";
 import { ConduitError } from "../errors.ts";
+import { jsonTooLarge } from "./uploadSource.ts";
 import { registerAuth } from "./auth.ts";
 import { ConnectionGuard } from "./connections.ts";
 import { openApiFixes } from "./openApiDocument.ts";
@@ -55,6 +56,11 @@ export async function buildApp(core: Core): Promise<FastifyInstance> {
         ),
         undefined,
       );
+      return;
+    }
+    // Parsing is synchronous: a JSON body gets the JSON limit even where the route takes more (see limitJsonUploads).
+    if ((body as Buffer).length > core.config.bodyLimit) {
+      done(jsonTooLarge(core.config.bodyLimit), undefined);
       return;
     }
     // An empty body is no body (OpenAI's clients send `Content-Type: application/json` with nothing on

@@ -1,4 +1,4 @@
-import { MAX_GRAMMAR_COUNT } from "../engine/grammars.ts";
+import { MAX_GRAMMAR_COUNT, SCHEMA_BOUNDS } from "../engine/schemaBounds.ts";
 
 /**
  * Corrections to the generated OpenAPI document, so that it says what the server does.
@@ -98,7 +98,12 @@ function grammarSchema(): Json {
       "(all written, as in OpenAI's strict mode), `required`, `additionalProperties`, `items`, `prefixItems`, " +
       "`minItems`/`maxItems`, `minLength`/`maxLength`, `minProperties`/`maxProperties` (each at most " +
       `${MAX_GRAMMAR_COUNT}) and \`format\` \`date-time\`, \`date\` or \`time\`; \`$ref\` into the root's \`$defs\` as well. ` +
-      "Any other keyword is a `400`.",
+      "Any other keyword is a `400`. Compiling a schema is bounded (a `400` names the bound and the count): at most " +
+      `${SCHEMA_BOUNDS.enumValues} \`enum\` values and ${SCHEMA_BOUNDS.alternatives} \`oneOf\`/\`anyOf\` ` +
+      `alternatives in all, ${SCHEMA_BOUNDS.subschemas} subschemas, ${SCHEMA_BOUNDS.depth} levels of nested objects ` +
+      `and arrays, minimum and maximum counts adding up to ${SCHEMA_BOUNDS.repetitions}, and ` +
+      `${SCHEMA_BOUNDS.literalCharacters} characters of \`enum\` and \`const\` strings and property names; a ` +
+      "`$ref` counts as its definition wherever it is used.",
     anyOf: [
       kind({ const: literal }),
       kind({ enum: { type: "array", minItems: 1, items: literal } }),

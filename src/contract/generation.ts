@@ -96,7 +96,9 @@ export const ResponseFormat = Type.Union(
                 "The JSON Schema the answer must match: `type`, `const`, `enum`, `oneOf`/`anyOf`, `$ref` into `$defs`, " +
                 "`properties` (all written, as in OpenAI's strict mode), `additionalProperties`, `items`, " +
                 "`prefixItems`, `minItems`/`maxItems`, `minLength`/`maxLength`, `minProperties`/`maxProperties`, " +
-                "and `format` `date-time`, `date` or `time`. Any other keyword (`pattern`, `minimum`, …) is a `400`.",
+                "and `format` `date-time`, `date` or `time`. Any other keyword (`pattern`, `minimum`, …) is a `400`, and so " +
+                "is a schema over the grammar's size bounds (`enum` values, alternatives, subschemas, nesting; see " +
+                "`GrammarSchema`).",
             }),
             strict: Nullable(Type.Boolean(), {
               description: "Accepted; the schema is always enforced exactly.",

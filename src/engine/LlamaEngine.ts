@@ -243,7 +243,7 @@ class LlamaEngine implements Engine {
     const shuttingDown = () => new ConduitError("unavailable", "The inference engine is shutting down.");
     // Queued and running generations fail at once; models still loading are refused by the pool.
     for (const m of this.pool.loaded()) m.batcher.close(shuttingDown);
-    await this.pool.dispose();
+    await Promise.all([this.pool.dispose(), this.grammars.dispose()]);
   }
 
   private ensureOpen(): void {

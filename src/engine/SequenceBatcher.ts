@@ -3,7 +3,7 @@ import type { Llama, LlamaContext, LlamaGrammar, LlamaModel, Token } from "node-
 import type { ChatTemplate } from "../model/chatTemplate.ts";
 import { bindNative, greedySamplerConfig } from "./nativeBatch.ts";
 import type { NativeBinding, NativeGrammarState, NativeSampler, NativeSamplerConfig } from "./nativeBatch.ts";
-import { promptTokens, type PromptModel } from "./promptTokens.ts";
+import { longestTokenBytes, promptTokens, type PromptModel } from "./promptTokens.ts";
 import { TextOutput } from "./TextOutput.ts";
 import type { FinishReason, GenerationRequest, GenerationResult, TokenLogprob } from "./types.ts";
 
@@ -139,6 +139,7 @@ export class SequenceBatcher {
       template: options.template,
       contextSize: this.contextSize,
       bos: options.model.tokens.shouldPrependBosToken ? (options.model.tokens.bos ?? undefined) : undefined,
+      maxTokenBytes: longestTokenBytes(options.model),
     };
     this.freeSequences = Array.from({ length: options.context.totalSequences }, (_, i) => i);
   }

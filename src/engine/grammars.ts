@@ -1,19 +1,42 @@
 import type { Llama, LlamaGrammar } from "node-llama-cpp";
 import { ConduitError } from "../errors.ts";
+import { GbnfWriter, GbnfWriterStopped } from "./GbnfWriter.ts";
+import { MAX_GRAMMAR_COUNT, schemaOverBounds } from "./schemaBounds.ts";
 import type { ResponseFormat } from "./types.ts";
 
 /** Compiled grammars kept for reuse, keyed by the schema's JSON text. */
 const CACHE_SIZE = 64;
 
 /**
+ * What node-llama-cpp's `createGrammarForJsonSchema` makes of its GBNF text: its JSON value ends with a run of
+ * newlines, its stop trigger, trimmed from the answer.
+ */
+const JSON_SCHEMA_GRAMMAR = { stopGenerationTriggers: ["\n".repeat(4)], trimWhitespaceSuffix: true };
+
+/**
  * Compiles `response_format` into node-llama-cpp grammars, at most once per distinct schema (the most
- * recently used `CACHE_SIZE` are kept). A schema node-llama-cpp cannot honour is an `invalid_request`
- * naming `response_format`, before any model is loaded.
+ * recently used `CACHE_SIZE` are kept). A schema over `SCHEMA_BOUNDS` or one node-llama-cpp cannot honour is an
+ * `invalid_request` naming `response_format` (`tools` for a forced tool call), before any model is loaded. The
+ * GBNF text is written in a worker thread (`GbnfWriter`); llama.cpp parses it on the event loop, which the
+ * bounds keep short.
  */
 export class GrammarCache {
   private readonly grammars = new Map<string, Promise<LlamaGrammar>>();
+  private readonly writer = new GbnfWriter();
 
   get(llama: Llama, format: ResponseFormat): Promise<LlamaGrammar> {
+    const param = format.kind === "wrapped_json_schema" ? "tools" : "response_format";
+    if (format.kind !== "json") {
+      const over = schemaOverBounds(format.schema);
+      if (over !== undefined)
+        throw new ConduitError(
+          "invalid_request",
+          format.kind === "json_schema"
+            ? `field "response_format": its JSON schema ${over}`
+            : `field "tools": the schema of a call to these functions ${over}`,
+          { param },
+        );
+    }
     const key =
       format.kind === "json"
         ? "json"
@@ -28,27 +51,25 @@ export class GrammarCache {
         if (reason !== undefined)
           throw new ConduitError(
             "invalid_request",
-            `field "response_format" has an unsupported JSON schema: ${reason}`,
-            {
-              param: "response_format",
-            },
+            `field "${param}" has an unsupported JSON schema: ${reason}`,
+            { param },
           );
       }
       grammar =
         format.kind === "json"
           ? llama.getGrammarFor("json")
           : format.kind === "json_schema"
-            ? // The schema was checked above; node-llama-cpp's types cannot express an arbitrary value.
-              llama.createGrammarForJsonSchema(
-                anyOfAsOneOf(format.schema) as Parameters<Llama["createGrammarForJsonSchema"]>[0],
-              )
-            : wrappedGrammar(llama, format.schema, format.prefix, format.suffix);
+            ? this.writer
+                .write(anyOfAsOneOf(format.schema))
+                .then((gbnf) => llama.createGrammar({ grammar: gbnf, ...JSON_SCHEMA_GRAMMAR }))
+            : this.wrappedGrammar(llama, format.schema, format.prefix, format.suffix);
       grammar = grammar.catch((error: unknown) => {
         this.grammars.delete(key);
+        if (error instanceof GbnfWriterStopped) throw error;
         throw new ConduitError(
           "invalid_request",
-          `field "response_format" could not be compiled into a grammar: ${error instanceof Error ? error.message : error}`,
-          { param: "response_format", cause: error },
+          `field "${param}" could not be compiled into a grammar: ${error instanceof Error ? error.message : error}`,
+          { param, cause: error },
         );
       });
     }
@@ -56,35 +77,38 @@ export class GrammarCache {
     if (this.grammars.size > CACHE_SIZE) this.grammars.delete(this.grammars.keys().next().value!);
     return grammar;
   }
-}
 
-/**
- * A grammar for `prefix`, a JSON value matching `schema`, then `suffix`, and nothing after it (the model can
- * only end its turn). node-llama-cpp's JSON-schema grammar ends its root rule with a run of newlines (its stop
- * trigger); that tail is replaced by the suffix.
- */
-async function wrappedGrammar(
-  llama: Llama,
-  schema: unknown,
-  prefix: string,
-  suffix: string,
-): Promise<LlamaGrammar> {
-  const inner = await llama.createGrammarForJsonSchema(
-    anyOfAsOneOf(schema) as Parameters<Llama["createGrammarForJsonSchema"]>[0],
-  );
-  const tail = ' "\\n\\n\\n\\n" [\\n]*';
-  const lines = inner.grammar.split("\n");
-  const root = lines.findIndex((line) => line.startsWith("root ::= "));
-  if (root === -1 || !lines[root]!.endsWith(tail))
-    throw new Error("node-llama-cpp's JSON-schema grammar no longer ends its root rule as expected");
-  const body = lines[root]!.slice("root ::= ".length, -tail.length);
-  const parts = [
-    prefix === "" ? "" : `${gbnfLiteral(prefix)} `,
-    `( ${body} )`,
-    suffix === "" ? "" : ` ${gbnfLiteral(suffix)}`,
-  ];
-  lines[root] = `root ::= ${parts.join("")}`;
-  return llama.createGrammar({ grammar: lines.join("\n") });
+  /** Stops the grammar writer's worker thread. */
+  dispose(): Promise<void> {
+    return this.writer.dispose();
+  }
+
+  /**
+   * A grammar for `prefix`, a JSON value matching `schema`, then `suffix`, and nothing after it (the model can
+   * only end its turn). node-llama-cpp's JSON-schema grammar ends its root rule with a run of newlines (its stop
+   * trigger); that tail is replaced by the suffix.
+   */
+  private async wrappedGrammar(
+    llama: Llama,
+    schema: unknown,
+    prefix: string,
+    suffix: string,
+  ): Promise<LlamaGrammar> {
+    const inner = await this.writer.write(anyOfAsOneOf(schema));
+    const tail = ' "\\n\\n\\n\\n" [\\n]*';
+    const lines = inner.split("\n");
+    const root = lines.findIndex((line) => line.startsWith("root ::= "));
+    if (root === -1 || !lines[root]!.endsWith(tail))
+      throw new Error("node-llama-cpp's JSON-schema grammar no longer ends its root rule as expected");
+    const body = lines[root]!.slice("root ::= ".length, -tail.length);
+    const parts = [
+      prefix === "" ? "" : `${gbnfLiteral(prefix)} `,
+      `( ${body} )`,
+      suffix === "" ? "" : ` ${gbnfLiteral(suffix)}`,
+    ];
+    lines[root] = `root ::= ${parts.join("")}`;
+    return llama.createGrammar({ grammar: lines.join("\n") });
+  }
 }
 
 /** A GBNF string literal. */
@@ -110,13 +134,6 @@ function anyOfAsOneOf(schema: unknown, names = false): unknown {
 
 const isLiteral = (value: unknown) =>
   value === null || ["string", "number", "boolean"].includes(typeof value);
-
-/**
- * Largest `minLength`, `maxLength`, `minItems`, … a schema may hold. They become repetitions in the
- * grammar, and llama.cpp refuses to parse a grammar that repeats a rule 2000 times or more ("exceeds sane
- * defaults"; measured with node-llama-cpp 3.22: `minLength` 2000 and `minItems` 2000 fail, 1000 compiles).
- */
-export const MAX_GRAMMAR_COUNT = 1000;
 
 const TYPES = new Set(["string", "number", "integer", "boolean", "null", "object", "array"]);
 const FORMATS = new Set(["date-time", "date", "time"]);
@@ -198,8 +215,10 @@ export function unsupportedJsonSchema(
     if (reason) return reason;
   } else if ("type" in s) {
     const types = Array.isArray(s.type) ? (s.type as unknown[]) : [s.type];
-    for (const t of types)
+    for (const [i, t] of types.entries()) {
       if (typeof t !== "string" || !TYPES.has(t)) return `${at}.type ${JSON.stringify(t)} is not a JSON type`;
+      if (types.indexOf(t) !== i) return `${at}.type lists "${t}" twice`;
+    }
     allowed.add("type");
     for (const t of types) for (const key of BY_TYPE[t as string] ?? []) allowed.add(key);
     if (s.format !== undefined && (typeof s.format !== "string" || !FORMATS.has(s.format)))

@@ -10,30 +10,44 @@ export interface PromptModel {
   contextSize: number;
   /** The BOS token when the model wants one in front of every prompt. */
   bos: number | undefined;
+  /** Most bytes of prompt text one token stands for (see {@link longestTokenBytes}). */
+  maxTokenBytes: number;
 }
 
 /**
  * A request's prompt tokens: chat messages through the model's template, or a raw prompt, with the BOS token
- * the model wants. Refuses an empty prompt and one that fills the context.
+ * the model wants. Refuses an empty prompt and one that fills the context; one with more bytes than the
+ * context's tokens can stand for is refused before it is tokenized (tokenizing is synchronous: a 573 KiB chat
+ * prompt, tokenized three times, held the event loop for 0.4 s).
  */
 export function promptTokens(
-  { model, template, contextSize, bos }: PromptModel,
+  { model, template, contextSize, bos, maxTokenBytes }: PromptModel,
   request: GenerationRequest,
 ): number[] {
+  const param = request.messages !== undefined ? "messages" : "prompt";
   // Special tokens are parsed in the template's text (chat templates write <|im_start|> as text) and in a
   // raw prompt (its writer controls the whole text), never in a message's content (see chatTokens).
-  const tokens =
+  const rendered =
     request.messages !== undefined
-      ? chatTokens(
-          template.renderSegments(request.messages, {
-            addGenerationPrompt: true,
-            ...(request.tools ? { tools: request.tools } : {}),
-          }),
-          (text, special) => model.tokenize(text, special) as number[],
-        )
-      : (model.tokenize(request.prompt ?? "", true) as number[]);
+      ? template.renderSegments(request.messages, {
+          addGenerationPrompt: true,
+          ...(request.tools ? { tools: request.tools } : {}),
+        })
+      : undefined;
+  const bytes = rendered
+    ? rendered.segments.reduce((sum, segment) => sum + Buffer.byteLength(segment.text), 0)
+    : Buffer.byteLength(request.prompt ?? "");
+  const fewestTokens = Math.ceil(bytes / maxTokenBytes);
+  if (fewestTokens >= contextSize)
+    throw new ConduitError(
+      "invalid_request",
+      `The prompt is ${bytes} bytes, at least ${fewestTokens} tokens; this model's context holds ${contextSize}.`,
+      { param },
+    );
+  const tokens = rendered
+    ? chatTokens(rendered, (text, special) => model.tokenize(text, special) as number[])
+    : (model.tokenize(request.prompt ?? "", true) as number[]);
   if (bos !== undefined && tokens[0] !== bos) tokens.unshift(bos);
-  const param = request.messages !== undefined ? "messages" : "prompt";
   if (tokens.length === 0) throw new ConduitError("invalid_request", "The prompt is empty.", { param });
   if (tokens.length >= contextSize)
     throw new ConduitError(
@@ -45,6 +59,23 @@ export function promptTokens(
   // finish_reason "length" when the context is full (`start` caps it), so the default of 256 works on a
   // model with a 128-token context.
   return tokens;
+}
+
+/**
+ * The most bytes of text one token of `model` stands for: its longest vocabulary entry, in UTF-8 bytes. SPM and
+ * BPE entries spell their text with at least as many bytes as it has (`▁` for a space, GPT-2's characters for
+ * bytes, `<0x0A>`), so a prompt of `n` bytes is at least `n` / this many tokens. Other tokenizers normalize text
+ * first (an entry may stand for more), and a model whose vocabulary is not in its metadata gives no bound:
+ * `Infinity`.
+ */
+export function longestTokenBytes(model: LlamaModel): number {
+  if (model.vocabularyType !== "spm" && model.vocabularyType !== "bpe") return Infinity;
+  const tokens: unknown = model.fileInfo.metadata.tokenizer?.ggml?.tokens;
+  if (!Array.isArray(tokens) || tokens.length === 0) return Infinity;
+  let longest = 1;
+  for (const token of tokens)
+    longest = Math.max(longest, typeof token === "string" ? Buffer.byteLength(token) : Infinity);
+  return longest;
 }
 
 /**

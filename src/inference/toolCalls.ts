@@ -2,6 +2,7 @@ import { randomBytes } from "node:crypto";
 import type { ToolCallFormat } from "../model/chatTemplate.ts";
 import type { ResponseFormat, ToolCall, ToolDefinition } from "../engine/types.ts";
 import { unsupportedJsonSchema } from "../engine/grammars.ts";
+import { schemaOverBounds } from "../engine/schemaBounds.ts";
 
 /**
  * Tool calls in a model's answer, and a grammar that makes the model write one. What the model writes depends
@@ -103,6 +104,8 @@ const ANY_OBJECT = { type: "object", additionalProperties: true };
 function argumentsSchema(tool: ToolDefinition): unknown {
   const p = tool.parameters;
   if (p === undefined || p.type !== "object") return ANY_OBJECT;
+  // Kept as it is, so that the call's schema is refused naming the bound it is over.
+  if (schemaOverBounds(p) !== undefined) return p;
   // References into $defs only resolve at a schema's root, and the arguments are nested in the call.
   if (JSON.stringify(p).includes('"$ref"') || unsupportedJsonSchema(p) !== undefined) return ANY_OBJECT;
   const { $defs: _defs, ...rest } = p;

@@ -16,7 +16,7 @@ import {
   UploadQuery,
   responses,
 } from "../../contract/schemas.ts";
-import { acceptMultipart, rawContentTypes, uploadSource } from "../uploadSource.ts";
+import { acceptMultipart, limitJsonUploads, rawContentTypes, uploadSource } from "../uploadSource.ts";
 import { datasetWire, fileWire, SUCCESS } from "../wire.ts";
 
 /** API document 4.2: datasets and their files. */
@@ -160,6 +160,7 @@ export default async function datasetRoutes(app: FastifyInstance, { core }: { co
   // The upload route lives in its own context so its raw-body parsers apply to it alone.
   await r.register(async (upload) => {
     await acceptMultipart(upload, core.config.maxUploadBytes);
+    limitJsonUploads(upload, core.config.bodyLimit);
     upload.addContentTypeParser(rawContentTypes, (_request, payload, done) => done(null, payload));
     upload.withTypeProvider<TypeBoxTypeProvider>().post(
       "/conduit/dataset/:dataset_id/upload",

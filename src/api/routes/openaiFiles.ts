@@ -16,7 +16,7 @@ import {
   OpenAiFileUpload,
 } from "../../contract/openAiFineTuning.ts";
 import { Name, responses } from "../../contract/schemas.ts";
-import { acceptMultipart, malformed } from "../uploadSource.ts";
+import { acceptMultipart, limitJsonUploads, malformed } from "../uploadSource.ts";
 
 const fileName = TypeCompiler.Compile(Name);
 
@@ -30,6 +30,7 @@ export default async function openAiFileRoutes(app: FastifyInstance, { core }: {
   const tags = ["openai fine-tuning"];
   // This plugin is its own context: multipart reaches the /v1/files routes only.
   await acceptMultipart(app, core.config.maxUploadBytes);
+  limitJsonUploads(app, core.config.bodyLimit);
 
   r.post(
     "/v1/files",
