@@ -22,11 +22,26 @@
  *
  * Prints one line per round and a summary: rounds, kills by phase (what was under way at the kill),
  * inconsistencies found (each named). Exits 1 if any was found.
+ *
+ * `--fault overwrite` leaves the server up and overwrites the model it serves instead, as an operator updating
+ * a model does, each round in one of three ways: copied over in place (`cp`: truncated, then written in 64 KiB
+ * pieces with pauses, so requests arrive while it is half written), truncated at a random length and a
+ * complete file copied back a moment later (a copy that was interrupted, then redone), or a complete file
+ * renamed over it (`mv`, the safe way). Each round swaps between two generated models of different shapes,
+ * also served under their own ids for reference, while streams run, a request loop probes the model and LoRA
+ * runs train on it. Counted as an inconsistency, besides the checks above: the server dying (a crash), an
+ * answer that is neither version's, a request or stream cut while the server is up, any status but 200 or
+ * `503 unavailable` (a file that does not load), an answer after the round from the version that is no longer
+ * on disk, a model listing whose `size_bytes` is not the file's size.
+ *
+ *   node --import tsx bench/faults.ts --fault overwrite [--rounds 50] [--seed 1]
  */
 import { spawn, type ChildProcess } from "node:child_process";
+import { once } from "node:events";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
+import readline from "node:readline";
 import { parseArgs } from "node:util";
 import SqliteDatabase from "better-sqlite3";
 import { createTinyModel } from "../src/model/tinyModel.ts";
@@ -38,8 +53,11 @@ const { values } = parseArgs({
     rounds: { type: "string", default: "50" },
     seed: { type: "string", default: "1" },
     "max-kill-ms": { type: "string", default: "8000" },
+    fault: { type: "string", default: "kill" },
   },
 });
+const fault = values.fault;
+if (fault !== "kill" && fault !== "overwrite") throw new Error(`--fault is kill or overwrite, not ${fault}`);
 const rounds = Number(values.rounds);
 const maxKillMs = Number(values["max-kill-ms"]);
 
@@ -64,7 +82,16 @@ const SWEEP_MS = 3_000;
 const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), "conduit-faults-"));
 const blobsDir = path.join(dataDir, "blobs");
 fs.mkdirSync(path.join(dataDir, "models"));
-await createTinyModel(path.join(dataDir, "models", "tiny.gguf"));
+const modelFile = path.join(dataDir, "models", "tiny.gguf");
+await createTinyModel(modelFile);
+/** The overwrite rounds' versions of `tiny`: the generated model and a smaller one of another shape. */
+const versions: Buffer[] = [];
+if (fault === "overwrite") {
+  const other = path.join(dataDir, "models", "tiny-v1.gguf");
+  await createTinyModel(other, { seed: 2, embeddingLength: 32, blockCount: 1 });
+  fs.copyFileSync(modelFile, path.join(dataDir, "models", "tiny-v0.gguf"));
+  versions.push(fs.readFileSync(modelFile), fs.readFileSync(other));
+}
 const port = await freePort();
 const url = `http://127.0.0.1:${port}`;
 const auth = { authorization: `Bearer ${BENCH_KEY}` };
@@ -85,6 +112,8 @@ const trainingPairs = jsonl(40, 10);
 pairsBySize.set(trainingPairs.length, 40);
 
 let server: ChildProcess | undefined;
+/** What the server's log said (overwrite rounds): reloads of a changed model file, failed loads of one. */
+const logged = { reloads: 0, failedLoads: 0 };
 async function startServer(): Promise<ChildProcess> {
   const child = spawn(process.execPath, [path.join(repoRoot, "bin", "conduit.js"), "serve"], {
     env: {
@@ -93,14 +122,20 @@ async function startServer(): Promise<ChildProcess> {
       CONDUIT_PORT: String(port),
       CONDUIT_API_KEYS: `${BENCH_KEY}:bench`,
       CONDUIT_DEFAULT_MODEL: "tiny",
-      CONDUIT_LOG_LEVEL: "warn",
+      // The overwrite rounds count the engine's reloads, logged at info.
+      CONDUIT_LOG_LEVEL: fault === "overwrite" ? "info" : "warn",
       // Periodic sweeps run during the rounds too, not only the one at start.
       CONDUIT_SWEEP_INTERVAL_MS: String(SWEEP_MS),
     },
-    stdio: ["ignore", "ignore", "pipe"],
+    stdio: ["ignore", fault === "overwrite" ? "pipe" : "ignore", "pipe"],
   });
   const log: string[] = [];
   child.stderr?.on("data", (chunk: Buffer) => log.push(chunk.toString()));
+  if (child.stdout)
+    readline.createInterface({ input: child.stdout }).on("line", (line) => {
+      if (line.includes("loading the file again")) logged.reloads++;
+      else if (line.includes("loading model 'tiny' failed")) logged.failedLoads++;
+    });
   try {
     await waitFor(`${url}/healthz`, child, "conduit serve");
   } catch (error) {
@@ -321,11 +356,10 @@ const outcomes = { uploadsDone: 0, uploadsCut: 0, runsCreated: 0, streamsCut: 0,
 let orphanTrainers = 0;
 const started = performance.now();
 
-for (let round = 1; round <= rounds; round++) {
-  const upSince = Date.now();
-  await new Promise((resolve) => setTimeout(resolve, SETTLE_MS));
-  for (const problem of check(upSince)) report(round, problem);
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
+/** One round of the kill fault: a workload, a SIGKILL at a random moment, a restart. */
+async function killRound(round: number): Promise<void> {
   // The workload: uploads, maybe a run, maybe a delete, generation streams; none awaited before the kill.
   const inFlight = { upload: 0, generation: 0, deleting: 0 };
   const track = (kind: keyof typeof inFlight, work: Promise<unknown>) => {
@@ -388,8 +422,8 @@ for (let round = 1; round <= rounds; round++) {
       ),
     );
 
-  await new Promise((resolve) => setTimeout(resolve, 100 + random() * maxKillMs));
-  const pid = server.pid!;
+  await sleep(100 + random() * maxKillMs);
+  const pid = server!.pid!;
   const trainers = childrenOf(pid);
   const phases = [
     ...(inFlight.upload > 0 ? ["upload"] : []),
@@ -400,7 +434,7 @@ for (let round = 1; round <= rounds; round++) {
   if (phases.length === 0) phases.push("idle");
   for (const phase of phases) kills[phase] = (kills[phase] ?? 0) + 1;
   const exited = new Promise((resolve) => server!.once("exit", resolve));
-  server.kill("SIGKILL");
+  server!.kill("SIGKILL");
   await exited;
   // The trainer must notice its parent is gone and stop (it would otherwise write into a re-queued run).
   const deadline = Date.now() + 10_000;
@@ -418,9 +452,204 @@ for (let round = 1; round <= rounds; round++) {
   server = await restart(round);
 }
 
-// Last: wait out every lease the last kill left, then check again, then a graceful stop must release runs.
+// ---- The overwrite fault ----
+const overwrites: Record<string, number> = { cp: 0, truncate: 0, rename: 0 };
+const probes = { answered: [0, 0], refused: 0, listings: 0 };
+const streams = { done: 0, refused: 0, endedWithError: 0 };
+const crashes: string[] = [];
+let truncatedRefused = 0;
+const rss = { startMiB: 0, maxMiB: 0, endMiB: 0 };
+/** What each version answers (greedy, the same prompt), asked under its own id. */
+const answers: string[] = [];
+/** Which version is in `tiny.gguf` now. */
+let onDisk = 0;
+
+const serverUp = () => server !== undefined && server.exitCode === null && server.signalCode === null;
+
+async function complete(model: string): Promise<{ status: number; text?: string; code?: string }> {
+  const response = await fetch(`${url}/v1/completions`, {
+    method: "POST",
+    headers: { ...auth, "content-type": "application/json" },
+    body: JSON.stringify({ model, prompt: "Once upon a time", max_tokens: 16, temperature: 0 }),
+  });
+  const body = (await response.json()) as { choices?: { text: string }[]; error?: { code: string } };
+  return { status: response.status, text: body.choices?.[0]?.text, code: body.error?.code };
+}
+
+function rssMiB(pid: number): number {
+  return Number(/^VmRSS:\s+(\d+) kB/m.exec(procStatus(pid))?.[1] ?? 0) / 1024;
+}
+
+/** `GET /v1/models`, which reads every model file's header: a half-written one must not fail it. */
+async function listModels(): Promise<{ data: { id: string; size_bytes: number | null }[] }> {
+  const listed = await api<{ data: { id: string; size_bytes: number | null }[] }>("GET", "/v1/models");
+  probes.listings++;
+  return listed;
+}
+
+/** A request's outcome while the file may be anything: either version's answer, or a 503 for a file that does not load. */
+function checkProbe(round: number, outcome: { status: number; text?: string; code?: string }): void {
+  const version = outcome.status === 200 ? answers.indexOf(outcome.text ?? "") : -1;
+  if (version !== -1) probes.answered[version]!++;
+  else if (outcome.status === 503 && outcome.code === "unavailable") probes.refused++;
+  else report(round, `a request answered ${outcome.status} ${outcome.code ?? JSON.stringify(outcome.text)}`);
+}
+
+/** A streamed chat on `tiny`: it must end with `[DONE]` or an error event, or be refused with a 503. */
+async function stream(round: number): Promise<void> {
+  let status: number;
+  let text: string;
+  try {
+    const response = await fetch(`${url}/v1/chat/completions`, {
+      method: "POST",
+      headers: { ...auth, "content-type": "application/json" },
+      body: JSON.stringify({
+        model: "tiny",
+        messages: [{ role: "user", content: `round ${round}` }],
+        max_tokens: 300,
+        stream: true,
+      }),
+    });
+    status = response.status;
+    text = await response.text();
+  } catch (error) {
+    // A server that died says so on exit, a moment after its connections failed.
+    await Promise.race([once(server!, "exit"), sleep(2000)]);
+    if (serverUp()) report(round, `a stream was cut with the server up: ${(error as Error).message}`);
+    return;
+  }
+  if (status === 503) streams.refused++;
+  else if (status !== 200) report(round, `a stream answered ${status}: ${text.slice(0, 200)}`);
+  else if (/data: \[DONE\]\s*$/.test(text)) streams.done++;
+  else if (/data: \{"error"[^\n]*\s*$/.test(text)) streams.endedWithError++;
+  else report(round, `a stream ended without [DONE] or an error event: ...${text.slice(-200)}`);
+}
+
+/** Puts version `target` in place of `tiny.gguf` the way `kind` does. */
+async function overwrite(round: number, kind: string, target: number): Promise<void> {
+  const bytes = versions[target]!;
+  if (kind === "cp") {
+    // Like `cp`: the same file truncated, then written a piece at a time (a big model takes seconds).
+    const fd = fs.openSync(modelFile, "w");
+    try {
+      for (let at = 0; at < bytes.length; at += 65_536) {
+        fs.writeSync(fd, bytes, at, Math.min(65_536, bytes.length - at));
+        await sleep(random() * 20);
+      }
+    } finally {
+      fs.closeSync(fd);
+    }
+  } else if (kind === "truncate") {
+    // A copy cut short, then done again. A request meanwhile must be refused, not answered by the old weights.
+    fs.truncateSync(modelFile, Math.floor(random() * fs.statSync(modelFile).size));
+    const meanwhile = await complete("tiny").catch((error: Error) => ({ status: 0, code: error.message }));
+    if (meanwhile.status !== 503 || meanwhile.code !== "unavailable")
+      report(round, `a truncated model file was answered ${meanwhile.status} ${meanwhile.code ?? ""}`);
+    else truncatedRefused++;
+    await sleep(100 + random() * 500);
+    fs.writeFileSync(modelFile, bytes);
+  } else {
+    // The safe way: a complete file renamed over the old one. Its name does not end in .gguf: not a model.
+    fs.writeFileSync(`${modelFile}.tmp`, bytes);
+    fs.renameSync(`${modelFile}.tmp`, modelFile);
+  }
+}
+
+/** One round of the overwrite fault: streams, maybe a run, a request loop, and `tiny.gguf` replaced under them. */
+async function overwriteRound(round: number): Promise<void> {
+  const work: Promise<unknown>[] = [];
+  for (let i = 0, n = Math.floor(random() * 3); i < n; i++) work.push(stream(round));
+  if (random() < 0.3)
+    await api("POST", "/conduit/finetuning", {
+      datasetID: training.id,
+      baseModelName: "tiny",
+      epochs: 2,
+    }).then(
+      () => outcomes.runsCreated++,
+      (error: Error) => report(round, `a run was refused: ${error.message}`),
+    );
+  let probing = true;
+  // Requests for the model and listings of the models directory, one after another, while the file changes.
+  const prober = (async () => {
+    for (let i = 0; probing && serverUp(); i++)
+      await (
+        i % 4 === 3 ? listModels() : complete("tiny").then((outcome) => checkProbe(round, outcome))
+      ).catch(async (error: Error) => {
+        await Promise.race([once(server!, "exit"), sleep(2000)]);
+        if (serverUp()) report(round, `a request failed with the server up: ${error.message}`);
+      });
+  })();
+  await sleep(50 + random() * 450);
+  const kind = pick(["cp", "truncate", "rename"]);
+  overwrites[kind]!++;
+  const target = 1 - onDisk;
+  await overwrite(round, kind, target);
+  onDisk = target;
+  probing = false;
+  await prober;
+  await Promise.all(work);
+
+  // The file is complete now: the next request is answered by it, and the listing shows it.
+  try {
+    const after = await complete("tiny");
+    if (after.status !== 200 || after.text !== answers[onDisk])
+      report(
+        round,
+        `after a ${kind} to version ${onDisk}: ${after.status} ${JSON.stringify(after.text)}` +
+          (after.text === answers[1 - onDisk] ? " (the old version's answer)" : ""),
+      );
+    const listed = await listModels();
+    const size = listed.data.find((m) => m.id === "tiny")?.size_bytes;
+    if (size !== versions[onDisk]!.length)
+      report(round, `GET /v1/models says tiny has ${size} bytes, the file ${versions[onDisk]!.length}`);
+    rss.maxMiB = Math.max(rss.maxMiB, rssMiB(server!.pid!));
+  } catch (error) {
+    // A server that died says so on exit, a moment after its connections failed.
+    await Promise.race([once(server!, "exit"), sleep(2000)]);
+    if (serverUp()) report(round, `after a ${kind}: ${(error as Error).message}`);
+  }
+  if (!serverUp()) {
+    const how = server!.signalCode ?? `exit code ${server!.exitCode}`;
+    crashes.push(`round ${round}: ${how} during a ${kind}`);
+    report(round, `the server died (${how}) during a ${kind}`);
+    server = await restart(round);
+  }
+  console.log(
+    `round ${round}: ${kind} to version ${onDisk}; ` +
+      `${inconsistencies.filter((i) => i.round === round).length} inconsistencies`,
+  );
+}
+
+if (fault === "overwrite") {
+  answers.push((await complete("tiny-v0")).text ?? "", (await complete("tiny-v1")).text ?? "");
+  if (answers[0] === answers[1] || (await complete("tiny")).text !== answers[0])
+    throw new Error(
+      `the two versions must answer differently, and tiny as version 0: ${JSON.stringify(answers)}`,
+    );
+  rss.startMiB = rssMiB(server.pid!);
+}
+
+for (let round = 1; round <= rounds; round++) {
+  const upSince = Date.now();
+  await sleep(SETTLE_MS);
+  for (const problem of check(upSince)) report(round, problem);
+  if (fault === "kill") await killRound(round);
+  else await overwriteRound(round);
+}
+
+// Last: wait out every lease the last kill left (and the overwrite rounds' runs), check again, then a graceful
+// stop must release runs.
 const upSince = Date.now();
-await new Promise((resolve) => setTimeout(resolve, LEASE_MS + SETTLE_MS));
+await sleep(fault === "kill" ? LEASE_MS + SETTLE_MS : SETTLE_MS);
+if (fault === "overwrite") {
+  const deadline = Date.now() + 300_000;
+  const busy = async () =>
+    (await api<{ status: string }[]>("GET", "/conduit/finetuning?limit=1000")).some(
+      (r) => r.status === "QUEUED" || r.status === "RUNNING",
+    );
+  while ((await busy()) && Date.now() < deadline) await sleep(1000);
+  rss.endMiB = rssMiB(server.pid!);
+}
 for (const problem of check(upSince)) report(rounds + 1, problem);
 const stopped = new Promise((resolve) => server!.once("exit", resolve));
 const stopStarted = Date.now();
@@ -433,17 +662,44 @@ const byStatus = db.prepare("SELECT status, COUNT(*) AS n FROM runs GROUP BY sta
   n: number;
 }[];
 const fileCount = (db.prepare("SELECT COUNT(*) AS n FROM files").get() as { n: number }).n;
+const failures = db
+  .prepare("SELECT error, COUNT(*) AS n FROM runs WHERE status = 'FAILED' GROUP BY error")
+  .all() as { error: string; n: number }[];
 db.close();
 if (byStatus.some((s) => s.status === "RUNNING"))
   report(rounds + 1, "a run is still RUNNING after a graceful stop");
 
 console.log("\n# Fault script summary");
-console.log(`rounds: ${rounds} (seed ${values.seed}, kill 0.1–${maxKillMs / 1000} s into each round's work)`);
-console.log(`kills by phase (a kill can hit several): ${JSON.stringify(kills)}`);
-console.log(
-  `work: ${outcomes.uploadsDone} uploads answered, ${outcomes.uploadsCut} cut by a kill; ${outcomes.runsCreated} runs created; ` +
-    `${outcomes.streamsDone} streams ended, ${outcomes.streamsCut} cut`,
-);
+if (fault === "kill") {
+  console.log(
+    `rounds: ${rounds} (seed ${values.seed}, kill 0.1–${maxKillMs / 1000} s into each round's work)`,
+  );
+  console.log(`kills by phase (a kill can hit several): ${JSON.stringify(kills)}`);
+  console.log(
+    `work: ${outcomes.uploadsDone} uploads answered, ${outcomes.uploadsCut} cut by a kill; ${outcomes.runsCreated} runs created; ` +
+      `${outcomes.streamsDone} streams ended, ${outcomes.streamsCut} cut`,
+  );
+} else {
+  console.log(`rounds: ${rounds} (seed ${values.seed}); overwrites by kind: ${JSON.stringify(overwrites)}`);
+  console.log(`crashes: ${crashes.length}${crashes.length > 0 ? ` (${crashes.join("; ")})` : ""}`);
+  console.log(
+    `requests while the file changed: ${probes.answered[0]} answered by version 0, ${probes.answered[1]} by version 1, ` +
+      `${probes.refused} refused with 503 (the file did not load); after a truncate, ${truncatedRefused} of ` +
+      `${overwrites.truncate} requests refused with 503 as they must be; ${probes.listings} listings answered`,
+  );
+  console.log(
+    `streams: ${streams.done} ended with [DONE], ${streams.endedWithError} with an error event, ${streams.refused} refused with 503`,
+  );
+  console.log(
+    `the server's log: ${logged.reloads} reloads of a changed file, ${logged.failedLoads} failed loads`,
+  );
+  console.log(
+    `server RSS: ${rss.startMiB.toFixed(0)} MiB after the first answers, at most ${rss.maxMiB.toFixed(0)} after a round, ` +
+      `${rss.endMiB.toFixed(0)} at the end`,
+  );
+  console.log(`runs: ${outcomes.runsCreated} created`);
+  for (const { error, n } of failures) console.log(`  FAILED ×${n}: ${error}`);
+}
 console.log(
   `end state: ${fileCount} files; runs ${JSON.stringify(Object.fromEntries(byStatus.map((s) => [s.status, s.n])))}`,
 );

@@ -863,6 +863,43 @@ describe("LlamaEngine, loading", () => {
     }
     await assert.rejects(engine.generate({ model, prompt: "x", sampling: greedy(2) }), isCode("unavailable"));
   });
+
+  test("a model file replaced while it generates: that generation ends on the weights it began with, the next one loads the new file", async () => {
+    const ref = { id: "swapped", path: path.join(dir, "swapped.gguf") };
+    await writeScriptedModel(ref.path, ["A", "B", "C", "X", "Y", "Z"], ["A", "B", "C"]);
+    const next = path.join(dir, "swapped.next.gguf");
+    await writeScriptedModel(next, ["A", "B", "C", "X", "Y", "Z"], ["X", "Y", "Z"]);
+    const logs: string[] = [];
+    const engine = createLlamaEngine({ contextSize: 256, llama, logger: (_, message) => logs.push(message) });
+    try {
+      let swapped = false;
+      const running = await engine.generate({
+        model: ref,
+        prompt: "A",
+        sampling: greedy(120),
+        onText: () => {
+          if (swapped) return;
+          swapped = true;
+          fs.renameSync(next, ref.path);
+        },
+      });
+      assert.ok(swapped);
+      assert.match(running.text, /^(BCA)+/);
+      assert.doesNotMatch(running.text, /[XYZ]/);
+      const after = await engine.generate({ model: ref, prompt: "X", sampling: greedy(9) });
+      assert.equal(after.text, "YZXYZXYZX");
+      assert.ok(
+        logs.some((line) => /model 'swapped': \S+ was replaced by another file; unloading it/.test(line)),
+        logs.join("\n"),
+      );
+      assert.deepEqual(
+        engine.loaded().map((m) => m.id),
+        ["swapped"],
+      );
+    } finally {
+      await engine.dispose();
+    }
+  });
 });
 
 /**

@@ -469,6 +469,46 @@ describe("trainer process", () => {
     assert.match(outcome.reason, /killed by SIGKILL/);
   });
 
+  test("a LoRA base truncated in place while it trains: training goes on with the weights it read", async () => {
+    // The LoRA base is the models directory's own file (an F32 one is not converted first).
+    const base = path.join(dir, "truncated-base.gguf");
+    fs.copyFileSync(baseModel, base);
+    let steps = 0;
+    let trained: () => void;
+    const enough = new Promise<void>((resolve) => (trained = resolve));
+    const job = longJob("truncated-base", {
+      baseModelPath: base,
+      method: "lora",
+      lora: { rank: 2, alpha: 4, targets: [...LLAMA_CPP_LORA_TARGETS] },
+    });
+    const handle = startTrainer(job, {
+      onProgress: () => {
+        steps++;
+        if (steps === 1) fs.truncateSync(base, 0);
+        if (steps === 4) trained();
+      },
+    });
+    await Promise.race([enough, handle.done]);
+    handle.cancel();
+    assert.deepEqual(await handle.done, { status: "cancelled" });
+    assert.ok(steps >= 4, `${steps} steps`);
+  });
+
+  test("a trainer killed by SIGBUS fails naming what that means", async () => {
+    let firstProgress: () => void;
+    const progressed = new Promise<void>((resolve) => (firstProgress = resolve));
+    const handle = startTrainer(longJob("sigbus"), { onProgress: () => firstProgress() });
+    await progressed;
+    process.kill(handle.pid!, "SIGBUS");
+    const outcome = await handle.done;
+    assert.ok(outcome.status === "failed", JSON.stringify(outcome));
+    assert.equal(outcome.signal, "SIGBUS");
+    assert.match(
+      outcome.reason,
+      /killed by SIGBUS: a file it had mapped, most likely the base model, was truncated or rewritten in place.*renaming a complete file over it/,
+    );
+  });
+
   /** Every F32 tensor of a GGUF file (the adapters the trainer writes are F32). */
   async function readF32Tensors(file: string): Promise<Map<string, Float32Array>> {
     const info = await readGgufFileInfo(file, { logWarnings: false });

@@ -71,8 +71,11 @@ export interface LlamaEngineOptions {
    * created on first use (CPU or GPU per `gpu`) and disposed with the engine.
    */
   llama?: Llama;
-  /** Receives llama.cpp's warnings and errors. Defaults to `console.warn`. */
-  logger?: (level: "error" | "warn", message: string) => void;
+  /**
+   * Receives llama.cpp's warnings and errors, and the engine's notes (`info`: a model file that changed on disk
+   * is loaded again). Defaults to `console.warn`.
+   */
+  logger?: (level: "error" | "warn" | "info", message: string) => void;
 }
 
 const DEFAULTS = {
@@ -242,7 +245,7 @@ class LlamaEngine implements Engine {
     this.disposed = true;
     const shuttingDown = () => new ConduitError("unavailable", "The inference engine is shutting down.");
     // Queued and running generations fail at once; models still loading are refused by the pool.
-    for (const m of this.pool.loaded()) m.batcher.close(shuttingDown);
+    for (const m of [...this.pool.loaded(), ...this.pool.retired()]) m.batcher.close(shuttingDown);
     await Promise.all([this.pool.dispose(), this.grammars.dispose()]);
   }
 

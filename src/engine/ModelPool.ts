@@ -4,6 +4,7 @@ import type { Llama, LlamaContext, LlamaModel } from "node-llama-cpp";
 import { ConduitError } from "../errors.ts";
 import { loadChatTemplate } from "../model/chatTemplate.ts";
 import type { ChatTemplate } from "../model/chatTemplate.ts";
+import { describeFileChange, fileIdentity } from "../model/fileIdentity.ts";
 import {
   backendOf,
   describeAccelerator,
@@ -32,7 +33,7 @@ export interface ModelPoolOptions {
   gpuMemoryBudget: number | undefined;
   /** An existing node-llama-cpp instance (not disposed with the pool); absent: one is created on first use. */
   llama: Llama | undefined;
-  logger: (level: "error" | "warn", message: string) => void;
+  logger: (level: "error" | "warn" | "info", message: string) => void;
   /** Makes what serves a model just loaded (the pool keeps it until the model is unloaded). */
   createBatcher(parts: BatcherParts): SequenceBatcher;
 }
@@ -56,6 +57,8 @@ interface Memory {
 /** Base weights in memory, shared by every context (the bare model and each LoRA adapter) that uses them. */
 interface LoadedBase {
   path: string;
+  /** The file's {@link fileIdentity} when it was read: another one now means the file was replaced or rewritten. */
+  identity: string;
   model: LlamaModel;
   /** Host memory the weights take (the file's size on the CPU). */
   sizeBytes: number;
@@ -78,6 +81,8 @@ export interface LoadedModel {
   /** Where the adapter's bytes are counted: GPU memory when the backend is a GPU, else host memory. */
   adapterOnGpu: boolean;
   base: LoadedBase;
+  /** The adapter file's {@link fileIdentity} when it was read (LoRA models only). */
+  adapterIdentity: string | undefined;
   context: LlamaContext;
   batcher: SequenceBatcher;
   lastUsed: number;
@@ -89,6 +94,10 @@ export interface LoadedModel {
  * The models in memory (Ollama's `server/sched.go` to the batcher's `llm/server.go`): loads each once, shares
  * base weights between a model and its LoRA adapters, keeps host and GPU memory within their budgets by
  * unloading the least recently used idle models, and owns the node-llama-cpp instance.
+ *
+ * Model files can change under it (an operator copies a new version over one): the weights are read into
+ * memory, not mapped, so a file truncated or rewritten in place cannot fault the process, and before each use
+ * the files' identity is checked (one `stat`): a model whose file changed is retired and its file loaded again.
  */
 export class ModelPool {
   private readonly options: ModelPoolOptions;
@@ -99,6 +108,8 @@ export class ModelPool {
   private readonly models = new Map<string, LoadedModel>();
   private readonly loading = new Map<string, Promise<LoadedModel>>();
   private readonly bases = new Map<string, LoadedBase>();
+  /** Models whose file changed: out of service, unloaded once their running generations end. */
+  private readonly retiring = new Map<LoadedModel, Promise<void>>();
   private readonly loadingBases = new Map<string, Promise<LoadedBase>>();
   private closed = false;
 
@@ -109,9 +120,22 @@ export class ModelPool {
     if (options.llama) this.llama = Promise.resolve(options.llama);
   }
 
-  /** The model if it is loaded now. */
+  /**
+   * The model if it is loaded now from the files that are there now. One whose file changed since it was read is
+   * retired (see {@link retire}) and `undefined` returned, so that `load` reads the file again.
+   */
   get(ref: ModelRef): LoadedModel | undefined {
-    return this.models.get(modelKey(ref));
+    const loaded = this.models.get(modelKey(ref));
+    if (loaded === undefined) return undefined;
+    const change = this.fileChange(loaded);
+    if (change === undefined) return loaded;
+    this.retire(loaded, change);
+    return undefined;
+  }
+
+  /** Models taken out of service because their file changed whose generations have not ended yet. */
+  retired(): LoadedModel[] {
+    return [...this.retiring.keys()];
   }
 
   /** Loaded models (a base and each of its adapters count one each). */
@@ -132,6 +156,7 @@ export class ModelPool {
     this.closed = true;
     await Promise.allSettled(this.loading.values());
     await Promise.all([...this.models.values()].map((m) => this.unload(m)));
+    await Promise.allSettled(this.retiring.values());
     const llama = this.llama;
     this.llama = undefined;
     if (llama && this.ownsLlama) await (await llama.catch(() => undefined))?.dispose();
@@ -181,8 +206,8 @@ export class ModelPool {
   }
 
   /**
-   * What loading `file` costs: on the CPU its size (the weights are mapped); on a GPU node-llama-cpp's estimate
-   * of host and GPU memory with `gpuLayers` offloaded, so each budget counts its own memory.
+   * What loading `file` costs: on the CPU its size (the weights are read into memory); on a GPU node-llama-cpp's
+   * estimate of host and GPU memory with `gpuLayers` offloaded, so each budget counts its own memory.
    */
   private async memoryNeed(file: string, fileBytes: number): Promise<Memory> {
     const llama = await this.getLlama();
@@ -199,7 +224,7 @@ export class ModelPool {
   /** Loads a model once; concurrent callers share the same promise. */
   load(ref: ModelRef): Promise<LoadedModel> {
     const key = modelKey(ref);
-    const loaded = this.models.get(key);
+    const loaded = this.get(ref);
     if (loaded) return Promise.resolve(loaded);
     let promise = this.loading.get(key);
     if (!promise) {
@@ -223,13 +248,15 @@ export class ModelPool {
     };
     const baseBytes = sizeOf(ref.path);
     const adapterBytes = ref.lora ? sizeOf(ref.lora.path) : 0;
+    // Taken before the file is read: a change while it is read shows at the next use, which reads it again.
+    const adapterIdentity = ref.lora ? (fileIdentity(ref.lora.path) ?? "") : undefined;
     // A base already in memory costs nothing more; an adapter costs its own file.
     const sizeBytes = ref.lora ? adapterBytes : baseBytes;
     let base: LoadedBase | undefined;
     let context: LlamaContext | undefined;
     let adapterOnGpu = false;
     try {
-      const need = this.bases.has(ref.path)
+      const need = this.currentBase(ref.path)
         ? { host: 0, gpu: 0 }
         : await this.memoryNeed(ref.path, baseBytes);
       adapterOnGpu = backendOf(await this.getLlama()) !== "cpu";
@@ -262,6 +289,7 @@ export class ModelPool {
         sizeBytes,
         adapterOnGpu,
         base,
+        adapterIdentity,
         context,
         batcher: options.createBatcher({
           llama,
@@ -290,17 +318,29 @@ export class ModelPool {
 
   /** The base weights at `path`, loaded once and counted as one more user. */
   private async acquireBase(path: string, need: Memory): Promise<LoadedBase> {
-    let base = this.bases.get(path);
+    let base = this.currentBase(path);
     if (!base) {
       let loading = this.loadingBases.get(path);
       if (!loading) {
         loading = (async () => {
           const llama = await this.getLlama();
+          const identity = fileIdentity(path) ?? "";
           const model = await llama.loadModel({
             modelPath: path,
             gpuLayers: modelGpuLayers(backendOf(llama), this.options.gpuLayers),
+            // Read, not mapped: a mapped file truncated or rewritten in place (an operator's `cp` over it) ends
+            // the process with SIGBUS at the next access. Reading takes the same resident memory (anonymous
+            // pages instead of file pages) and about the same time (bench/README.md §Model files).
+            useMmap: false,
           });
-          const loaded: LoadedBase = { path, model, sizeBytes: need.host, gpuBytes: need.gpu, users: 0 };
+          const loaded: LoadedBase = {
+            path,
+            identity,
+            model,
+            sizeBytes: need.host,
+            gpuBytes: need.gpu,
+            users: 0,
+          };
           this.bases.set(path, loaded);
           return loaded;
         })().finally(() => this.loadingBases.delete(path));
@@ -316,8 +356,43 @@ export class ModelPool {
   private async releaseBase(base: LoadedBase): Promise<void> {
     base.users--;
     if (base.users > 0) return;
-    this.bases.delete(base.path);
+    // A base whose file changed may already have been replaced by its new version.
+    if (this.bases.get(base.path) === base) this.bases.delete(base.path);
     await base.model.dispose().catch(() => {});
+  }
+
+  /** The loaded base of `path` if its file has not changed since; a changed one is forgotten (its users keep it). */
+  private currentBase(path: string): LoadedBase | undefined {
+    const base = this.bases.get(path);
+    if (base === undefined || fileIdentity(path) === base.identity) return base;
+    this.bases.delete(path);
+    return undefined;
+  }
+
+  /** How the model's files changed since they were read, in words; `undefined` when they have not. */
+  private fileChange(m: LoadedModel): string | undefined {
+    const base = fileIdentity(m.base.path);
+    if (base !== m.base.identity) return `${m.base.path} ${describeFileChange(m.base.identity, base)}`;
+    if (m.ref.lora === undefined) return undefined;
+    const adapter = fileIdentity(m.ref.lora.path);
+    if (adapter !== m.adapterIdentity)
+      return `${m.ref.lora.path} ${describeFileChange(m.adapterIdentity ?? "", adapter)}`;
+    return undefined;
+  }
+
+  /**
+   * Takes a model whose file changed out of service: the next request loads the file as it is now, and
+   * generations running on the old weights (in memory, not mapped) finish before they are unloaded.
+   */
+  private retire(m: LoadedModel, change: string): void {
+    this.models.delete(m.key);
+    // When the base file changed, the next load reads it again; the base's other users retire at their next use.
+    this.currentBase(m.base.path);
+    this.options.logger("info", `model '${m.ref.id}': ${change}; unloading it and loading the file again`);
+    this.retiring.set(
+      m,
+      this.unload(m).finally(() => this.retiring.delete(m)),
+    );
   }
 
   /**
@@ -326,12 +401,13 @@ export class ModelPool {
    */
   private async makeRoomFor(incoming: Memory): Promise<void> {
     const used: Memory = { host: 0, gpu: 0 };
-    for (const b of this.bases.values()) {
+    // Retired models and bases whose file changed hold their memory until their generations end.
+    const holders = [...this.models.values(), ...this.retiring.keys()];
+    for (const b of new Set([...this.bases.values(), ...holders.map((m) => m.base)])) {
       used.host += b.sizeBytes;
       used.gpu += b.gpuBytes;
     }
-    for (const m of this.models.values())
-      if (m.ref.lora) used[m.adapterOnGpu ? "gpu" : "host"] += m.sizeBytes;
+    for (const m of holders) if (m.ref.lora) used[m.adapterOnGpu ? "gpu" : "host"] += m.sizeBytes;
     const gpuBudget = this.gpuMemoryBudget ?? Infinity;
     const fits = () =>
       used.host + incoming.host <= this.options.memoryBudget &&
@@ -354,7 +430,7 @@ export class ModelPool {
   }
 
   private async unload(m: LoadedModel): Promise<void> {
-    this.models.delete(m.key);
+    if (this.models.get(m.key) === m) this.models.delete(m.key);
     await m.batcher.idle();
     await m.context.dispose().catch(() => {});
     await this.releaseBase(m.base);

@@ -3,6 +3,7 @@ import fs from "node:fs/promises";
 import { Template } from "@huggingface/jinja";
 import { readGgufFileInfo } from "node-llama-cpp";
 import { ConduitError } from "../errors.ts";
+import { identityOf } from "./fileIdentity.ts";
 import type { ChatMessage, ModelRef, ToolDefinition } from "./types.ts";
 
 /**
@@ -109,7 +110,7 @@ export async function loadChatTemplate(model: ModelRef): Promise<ChatTemplate> {
   let key: string;
   try {
     const stat = await fs.stat(model.path);
-    key = `${model.path}\0${stat.size}\0${stat.mtimeMs}`;
+    key = `${model.path}\0${identityOf(stat)}`;
   } catch (error) {
     throw new ConduitError("model_not_found", `The model '${model.id}' does not exist.`, {
       param: "model",

@@ -1,5 +1,6 @@
 import fs from "node:fs/promises";
 import { GgufFileType, readGgufFileInfo } from "node-llama-cpp";
+import { identityOf } from "./fileIdentity.ts";
 
 /** What a model file's GGUF header says about it, and its size. */
 export interface ModelFileInfo {
@@ -45,7 +46,7 @@ async function read(file: string, sizeBytes: number): Promise<ModelFileInfo> {
   }
 }
 
-/** Headers read, by path, while the file's size and modification time stay the same. */
+/** Headers read, by path, while the file stays the same ({@link identityOf}). */
 const cache = new Map<string, { stamp: string; info: Promise<ModelFileInfo> }>();
 const CACHE_LIMIT = 1000;
 
@@ -59,7 +60,7 @@ export async function readModelFileInfo(file: string): Promise<ModelFileInfo | u
   try {
     const stat = await fs.stat(file);
     if (!stat.isFile()) return undefined;
-    stamp = `${stat.size}:${stat.mtimeMs}`;
+    stamp = identityOf(stat);
     sizeBytes = stat.size;
   } catch {
     return undefined;

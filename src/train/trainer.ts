@@ -6,6 +6,7 @@ import { fork } from "node:child_process";
 import readline from "node:readline";
 import { fileURLToPath } from "node:url";
 import { LLAMA_CPP_LORA_TARGETS, LORA_TARGETS, TRAINER_OUTPUT_TYPES } from "../contract/runs.ts";
+import { killedBy } from "./killedBy.ts";
 import {
   type ChildMessage,
   type ExampleLoss,
@@ -283,7 +284,7 @@ export function startTrainer(
       spawnError !== undefined
         ? `could not be started: ${spawnError.message}`
         : signal !== null
-          ? `was killed by ${signal}`
+          ? killedBy(signal)
           : `exited with code ${exitCode}`;
     const tail = nativeTail.length > 0 ? `; last output: ${nativeTail.join(" | ")}` : "";
     return { status: "failed", reason: `trainer process ${how}${tail}`, exitCode, signal };

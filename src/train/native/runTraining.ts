@@ -187,7 +187,7 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
     }
     if (hooks.isCancelled()) return { status: "cancelled" };
 
-    const model = loadModel(lib, basePath, scope, lora === undefined, gpuLayers);
+    const model = loadModel(lib, basePath, scope, gpuLayers);
     const vocab = lib.llama_model_get_vocab(model);
     const nLayers = lib.llama_model_n_layer(model);
     await makeGraphHeadroom(
@@ -735,19 +735,15 @@ function freeBytes(dir: string): number | undefined {
   }
 }
 
-function loadModel(
-  lib: LlamaLib,
-  modelPath: string,
-  scope: NativeScope,
-  writable: boolean,
-  gpuLayers = 0,
-): Pointer {
+function loadModel(lib: LlamaLib, modelPath: string, scope: NativeScope, gpuLayers = 0): Pointer {
   const params = lib.llama_model_default_params();
   // -1: every layer and the output (llama_model::n_gpu_layers).
   params.n_gpu_layers = gpuLayers;
-  // Full training writes to the weights in place: they must be plain allocations, not a read-only mmap.
-  // A LoRA base is only read, so it stays mapped (shared with the page cache, not copied).
-  if (writable) params.load_mode = LLAMA_LOAD_MODE_NONE;
+  // Read, never mapped: full training writes to the weights in place (a read-only mapping would not do), and a
+  // LoRA base is the models directory's file itself, which an operator may rewrite or truncate in place during
+  // a run of hours: a mapping would end the trainer with SIGBUS at its next step. Read weights take the same
+  // resident memory (bench/README.md §Model files).
+  params.load_mode = LLAMA_LOAD_MODE_NONE;
   // Repacked CPU buffers are not trainable weights.
   params["use_extra_bufts"] = false;
   const model = lib.llama_model_load_from_file(modelPath, params);

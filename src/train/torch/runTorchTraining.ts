@@ -11,6 +11,7 @@ import fs from "node:fs";
 import path from "node:path";
 import readline from "node:readline";
 import { fileURLToPath } from "node:url";
+import { killedBy } from "../killedBy.ts";
 import type { ExampleLoss, ResolvedTrainerJob, TrainerProgress, TrainingStats } from "../protocol.ts";
 import { learningRateAt } from "../native/learningRate.ts";
 import { loadLlamaLib, type Pointer } from "../native/llamaLib.ts";
@@ -433,7 +434,7 @@ function runWorker(
         spawnError !== undefined
           ? `could not be started (${python}: ${spawnError.message})`
           : signal !== null
-            ? `was killed by ${signal}`
+            ? killedBy(signal)
             : `exited with code ${code}`;
       reject(new Error(withTail(`trainer: the torch worker ${how}`, stderrTail)));
     });
