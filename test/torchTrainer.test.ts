@@ -10,6 +10,7 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { before, describe, test } from "node:test";
+import { blasStatus } from "../src/train/native/blasBackend.ts";
 import { createTinyModel } from "../src/model/tinyModel.ts";
 import { llamaCppLogits } from "../src/train/native/probeLogits.ts";
 import { startTrainer, type TrainerJob } from "../src/train/trainer.ts";
@@ -22,6 +23,7 @@ const python = torchPythonForTests();
 
 /** A run as these tests read it. */
 interface RunView {
+  id: string;
   status: string;
   logs: string[];
   // eslint-disable-next-line @typescript-eslint/no-explicit-any -- config and stats are free-form objects
@@ -242,10 +244,11 @@ describe("the trainer a run gets through the API", () => {
       { "general.architecture": gguf.str("gemma3"), "gemma3.embedding_length": gguf.u32(64) },
       [{ name: "token_embd.weight", dims: [64, 8], type: "F32", data: new Float32Array(512) }],
     );
-    const { app } = await buildTestApp(t, env);
+    const { app, core } = await buildTestApp(t, env, { scheduler: { pollMs: 200, concurrency: 1 } });
+    core.scheduler.start();
     const datasetID = await datasetOf(app, pairs);
     const run = (
-      await as(app, KEY_A).post("/conduit/finetuning", { datasetID, baseModelName: "tiny" })
+      await as(app, KEY_A).post("/conduit/finetuning", { datasetID, baseModelName: "tiny", steps: 2 })
     ).json<RunView>();
     assert.equal(run.config.trainer, "llama.cpp");
     assert.deepEqual(run.config.loraTargets, [
@@ -274,9 +277,22 @@ describe("the trainer a run gets through the API", () => {
       /cannot train gemma3 models: .*GEGLU.*torch trainer is not available.*npm run setup:torch/,
     );
     const health = (await as(app, null).get("/healthz")).json<{
-      trainers: { torch: { available: boolean } };
+      trainers: { torch: { available: boolean }; "llama.cpp": { blas: { available: boolean } } };
     }>();
     assert.equal(health.trainers.torch.available, false);
+    // The llama.cpp trainer got the BLAS backend when this machine has one (npm run setup:trainer), and said so.
+    const blas = blasStatus(process.env.CONDUIT_TRAINER_BLAS);
+    assert.equal(health.trainers["llama.cpp"].blas.available, blas.available);
+    const trained = await waitReady(app, run.id);
+    assert.equal(trained.status, "READY", trained.logs.join("\n"));
+    assert.ok(
+      trained.logs.some((line) =>
+        blas.available
+          ? line.includes("trainer: BLAS backend OpenBLAS")
+          : line.includes("trainer: no BLAS backend"),
+      ),
+      trained.logs.join("\n"),
+    );
   });
 
   test(
