@@ -10,7 +10,13 @@ import type { BlobStore } from "../store/BlobStore.ts";
 import type { Run, RunRepository } from "../store/RunRepository.ts";
 import type { TrainerJob, TrainerProgress } from "./protocol.ts";
 import { methodOf, type ModelCatalog, type RunService } from "./RunService.ts";
-import { prepareSamples, writeExampleLosses, type SamplePreparer } from "./prepareSamples.ts";
+import {
+  DEFAULT_MIN_PAIRS_FOR_EVAL,
+  prepareSamples,
+  writeExampleLosses,
+  type SamplePreparer,
+} from "./prepareSamples.ts";
+import { trainerThreads } from "./trainerChoice.ts";
 import {
   startTrainer,
   type TrainerHandle,
@@ -100,7 +106,7 @@ export class Scheduler {
     this.leaseMs = options.leaseMs ?? 30_000;
     this.pollMs = options.pollMs ?? 2_000;
     this.maxAttempts = options.maxAttempts ?? 3;
-    const minPairsForEval = options.minPairsForEval ?? 50;
+    const minPairsForEval = options.minPairsForEval ?? DEFAULT_MIN_PAIRS_FOR_EVAL;
     this.startTrainer = options.trainer ?? startTrainer;
     this.prepareSamples =
       options.prepareSamples ??
@@ -270,12 +276,7 @@ export class Scheduler {
         complexity: config.complexity,
         contextSize: config.contextSize,
         lrSchedule: { kind: config.lrSchedule, minFraction: config.lrMinFraction },
-        threads:
-          this.options.threads === "auto"
-            ? backend === "torch"
-              ? os.availableParallelism()
-              : 1
-            : this.options.threads,
+        threads: trainerThreads(backend, this.options.threads),
         gpu,
         outputType: config.outputType,
         seed: config.seed,
