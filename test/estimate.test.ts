@@ -108,7 +108,8 @@ describe("planning a run", () => {
         },
         first,
       ),
-      finished({ trainTokens: 30_000, trainSeconds: 100, elapsedSeconds: 140 }),
+      // The whole attempt's seconds count where a run has them.
+      finished({ trainTokens: 30_000, trainSeconds: 100, elapsedSeconds: 130, runSeconds: 140 }),
     ];
     const plan = planRun(input({ history }));
     assert.equal(plan.basis, "measured");
@@ -172,7 +173,14 @@ describe("the estimate a run shows", () => {
     assert.deepEqual(
       [ready?.basis, ready?.seconds, ready?.remainingSeconds, ready?.finishAt],
       ["final", 95, 0, null],
+      "a run trained before runSeconds: the trainer's seconds",
     );
+    const whole = currentEstimate(plan, {
+      status: "READY",
+      stats: { final: { elapsedSeconds: 95, runSeconds: 97 } as never },
+      updatedAt: at,
+    });
+    assert.equal(whole?.seconds, 97, "the whole attempt: examples, trainer, per-example losses");
     for (const status of ["FAILED", "CANCELLED"] as const)
       assert.equal(currentEstimate(plan, { status, stats, updatedAt: at }), null);
     // A re-queued run keeps its last attempt's stats: the plan again.
@@ -377,13 +385,20 @@ test("a run trained on the tiny model: its estimate from creation to READY, and 
     await new Promise((resolve) => setTimeout(resolve, 100));
   }
   assert.equal(run.status, "READY");
-  const final = run.stats.final as { trainTokens: number; trainSeconds: number; elapsedSeconds: number };
+  const final = run.stats.final as {
+    trainTokens: number;
+    trainSeconds: number;
+    elapsedSeconds: number;
+    runSeconds: number;
+  };
   assert.equal(run.estimate?.basis, "final");
-  assert.equal(run.estimate?.seconds, final.elapsedSeconds);
+  assert.equal(run.estimate?.seconds, final.runSeconds);
+  assert.ok(final.runSeconds > final.elapsedSeconds, "the trainer's seconds are part of the run's");
   assert.deepEqual(run.estimate?.planned, first.estimate?.planned);
 
   const next = await createRun(app, { datasetID: ds.id, baseModelName: "tiny", epochs: 3 });
   assert.equal(next.estimate?.basis, "measured");
   assert.equal(next.estimate?.measuredRuns, 1);
   assert.equal(next.estimate?.planned?.tokensPerSecond, final.trainTokens / final.trainSeconds);
+  assert.equal(next.estimate?.planned?.overheadSeconds, final.runSeconds - final.trainSeconds);
 });

@@ -17,7 +17,10 @@ export interface RunPlan {
    * `prior`: none yet, a rate scaled from the trainer's benchmarks by the model's size and the threads.
    */
   basis: "prior" | "measured";
-  /** Seconds the trainer is expected to take, from its start to the trained file written. */
+  /**
+   * Seconds the run is expected to take from its start on a worker to READY: preparing its examples, the
+   * trainer (loading the base, training, evaluating, saving) and the per-example losses.
+   */
   seconds: number;
   /** Training tokens planned: window positions, padding included (what `stats.final.trainTokens` counts). */
   tokens: number;
@@ -32,7 +35,10 @@ export interface RunPlan {
   windowSize: number;
   /** Training tokens per second assumed for the training loop. */
   tokensPerSecond: number;
-  /** Seconds assumed outside the loop: loading and converting the base, tokenizing, per-example losses, saving. */
+  /**
+   * Seconds assumed outside the training loop: preparing the examples, starting the trainer, loading and
+   * converting the base, tokenizing, per-example losses, saving.
+   */
   overheadSeconds: number;
   /** Earlier runs the rate was measured on; `0` with a prior. */
   measuredRuns: number;
@@ -45,10 +51,10 @@ export interface RunPlan {
 export interface RunEstimate {
   /**
    * `prior` or `measured` (the plan: the run has not trained a step yet), `training` (the trainer's own pace:
-   * seconds elapsed plus its `etaSeconds`), `final` (a READY run: the trainer's actual seconds).
+   * seconds elapsed plus its `etaSeconds`), `final` (a READY run: its actual seconds).
    */
   basis: EstimateBasis;
-  /** The trainer's whole time, from its start to the trained file written. */
+  /** The run's whole time, from its start on a worker to READY (while it trains: the trainer's part). */
   seconds: number;
   /** Seconds still to go when the run was last updated (`updatedAt`); `0` once READY. */
   remainingSeconds: number;
@@ -89,7 +95,9 @@ export function currentEstimate(planned: RunPlan | null, context: EstimateContex
   const { status, stats, updatedAt } = context;
   const measuredRuns = planned?.measuredRuns ?? 0;
   if (status === "READY") {
-    const seconds = (stats.final as { elapsedSeconds?: unknown } | undefined)?.elapsedSeconds;
+    // Runs trained before `runSeconds` have the trainer's own seconds.
+    const final = stats.final as { runSeconds?: unknown; elapsedSeconds?: unknown } | undefined;
+    const seconds = positive(final?.runSeconds) ? final.runSeconds : final?.elapsedSeconds;
     if (!positive(seconds)) return null;
     return { basis: "final", seconds, remainingSeconds: 0, finishAt: null, measuredRuns, planned };
   }

@@ -131,7 +131,10 @@ const RunPlanSchema = Type.Object(
         "`measured`: the training rate of this server's latest READY runs of the same trainer, base model and " +
         "method; `prior`: none yet, a rate scaled from the trainer's benchmarks by the model's size and the threads.",
     }),
-    seconds: EstimateSeconds("The trainer's expected time, from its start to the trained file written."),
+    seconds: EstimateSeconds(
+      "The run's expected time from its start on a worker to READY: preparing its examples, the trainer, the " +
+        "per-example losses.",
+    ),
     tokens: Type.Integer({ description: "Training tokens planned: window positions, padding included." }),
     sampleTokens: Type.Integer({ description: "Tokens of the examples planned, padding excluded." }),
     tokenRatio: Type.Number({
@@ -145,7 +148,8 @@ const RunPlanSchema = Type.Object(
       description: "Training tokens per second assumed for the training loop.",
     }),
     overheadSeconds: EstimateSeconds(
-      "Seconds assumed outside the training loop: loading the base model, tokenizing, per-example losses, saving.",
+      "Seconds assumed outside the training loop: preparing the examples, starting the trainer, loading the base " +
+        "model, tokenizing, per-example losses, saving.",
     ),
     measuredRuns: Type.Integer({ description: "Earlier runs the rate was measured on; 0 with a prior." }),
   },
@@ -164,7 +168,10 @@ const RunEstimateSchema = Type.Union(
             "the trainer's own pace (seconds elapsed plus `stats.etaSeconds`); `final`: a READY run's actual time.",
         },
       ),
-      seconds: EstimateSeconds("The trainer's whole time, from its start to the trained file written."),
+      seconds: EstimateSeconds(
+        "The run's whole time from its start on a worker to READY (while it trains: the trainer's part, " +
+          "elapsed plus to go; once READY: `stats.final.runSeconds`).",
+      ),
       remainingSeconds: EstimateSeconds(
         "Seconds still to go when the run was last updated (`updatedAt`); 0 once READY.",
       ),

@@ -45,6 +45,7 @@ export interface Run {
 export interface FinishedRun {
   final: Partial<RunTotals> & {
     trainSeconds?: number;
+    /** The trainer's own seconds; `runSeconds` counts the whole attempt. */
     elapsedSeconds?: number;
     resumedFromStep?: number;
     stoppedEarly?: boolean;

@@ -187,6 +187,7 @@ export class Scheduler {
   }
 
   private async train(active: ActiveRun): Promise<void> {
+    const startedAt = performance.now();
     const { run } = active;
     const config = run.config;
     const lora = methodOf(run.config) === "lora" && config.method === "lora" ? config : undefined;
@@ -301,7 +302,16 @@ export class Scheduler {
         if (!lora) await restoreContextLength(base.path, outputPath);
         await writeExampleLosses(this.blobs.pathOf(`${runDir}/examples.jsonl`), examples, lossesPath);
         const { bestEpoch, bestStep, bestEvalLoss, warnings, stoppedEarly } = outcome.stats;
-        await writeStats({ final: outcome.stats, bestEpoch, bestStep, bestEvalLoss, warnings, stoppedEarly });
+        // The whole attempt, not just the trainer's part: what a run's estimate plans.
+        const runSeconds = (performance.now() - startedAt) / 1000;
+        await writeStats({
+          final: { ...outcome.stats, runSeconds },
+          bestEpoch,
+          bestStep,
+          bestEvalLoss,
+          warnings,
+          stoppedEarly,
+        });
         await this.blobs.remove(checkpointDir);
         const finished = await this.runs.finish(run.id, this.workerId, {
           status: "READY",

@@ -150,8 +150,8 @@ const PRIOR = {
     loraF32: 48.5,
     full: 36.7,
     exponent: 0.82,
-    /** Tokens per second the test model (64 wide, 2 blocks, 172k parameters) trains LoRA at, one thread, here. */
-    most: 6_000,
+    /** The test model (64 wide, 2 blocks, 172k parameters) trained LoRA at 7,000–14,000 tokens per second here. */
+    most: 8_000,
   },
   torch: { lora: 192.3, exponent: 0.47, most: 3_000 },
   /** 2 threads trained SmolLM2 1.35× faster than 1 on 2 cores (the torch trainer; `CONDUIT_TRAIN_THREADS`). */
@@ -183,13 +183,14 @@ export function priorTokensPerSecond(
 }
 
 /**
- * Seconds a trainer spends outside its training loop besides per-example losses: llama.cpp loads the base and
+ * Seconds a run spends outside its training loop besides per-example losses: preparing the examples and
+ * starting the trainer's process (half a second for the test model here), then llama.cpp loads the base and
  * converts it when it is neither F32 nor Q8_0 (SmolLM2's 94 MB Q4_1: about 4 s in all here); the torch worker
  * starts Python and loads the base, the first time dequantizing it (18 s for SmolLM2, README Trainers).
  */
 export function priorOverheadSeconds(trainer: TrainerName, model: Pick<ModelCost, "sizeBytes">): number {
   const megabytes = model.sizeBytes / 2 ** 20;
-  return trainer === "torch" ? 8 + 0.2 * megabytes : 0.2 + 0.04 * megabytes;
+  return trainer === "torch" ? 8 + 0.2 * megabytes : 0.5 + 0.04 * megabytes;
 }
 
 function median(values: number[]): number {
@@ -200,18 +201,21 @@ function median(values: number[]): number {
 
 /**
  * What the earlier runs measured: their training loop's rate (training tokens per second of steps and
- * evaluations), the seconds around it (loading, tokenizing, per-example losses, saving), and how many sample
+ * evaluations), the seconds around it (`runSeconds` less the loop's: preparing the examples, starting the
+ * trainer, loading, tokenizing, per-example losses, saving), and how many sample
  * tokens they trained against what their plans said (the tokenizer's true bytes per token, and the template's
  * tokens). `undefined` when none has the totals.
  */
 export function measured(
   history: readonly FinishedRun[],
 ): { tokensPerSecond: number; overheadSeconds: number; tokenRatio: number; runs: number } | undefined {
+  // The whole attempt's seconds; runs trained before those were recorded have the trainer's own.
+  const wholeSeconds = (final: FinishedRun["final"]) => final.runSeconds ?? final.elapsedSeconds ?? 0;
   const usable = history.filter(
     ({ final }) =>
       (final.trainTokens ?? 0) > 0 &&
       (final.trainSeconds ?? 0) > 0 &&
-      (final.elapsedSeconds ?? 0) >= (final.trainSeconds ?? 0),
+      wholeSeconds(final) >= (final.trainSeconds ?? 0),
   );
   if (usable.length === 0) return undefined;
   let tokens = 0;
@@ -232,7 +236,7 @@ export function measured(
   );
   return {
     tokensPerSecond: tokens / seconds,
-    overheadSeconds: median(usable.map(({ final }) => final.elapsedSeconds! - final.trainSeconds!)),
+    overheadSeconds: median(usable.map(({ final }) => wholeSeconds(final) - final.trainSeconds!)),
     tokenRatio: ratios.length > 0 ? median(ratios) : 1,
     runs: usable.length,
   };
