@@ -77,6 +77,7 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
     trackerUrl: (id) => `${base}/ui/runs/${id}`,
     limits: { maxPairs: config.maxRunPairs, maxBytes: config.maxRunBytes },
     trainers: { setting: config.trainer, torch: () => torch.check() },
+    trainThreads: config.trainThreads,
   });
   // With an MLflow server set, every run is mirrored to it, following the run events.
   const tracker = config.mlflowTrackingUri

@@ -807,6 +807,55 @@ test("runs watch: on a terminal a bar below the log with an ETA from the step ra
   );
 });
 
+test("runs create, show and watch print the run's estimate: a prior, then measured on the runs before it", async (t) => {
+  // No trainer: the test ends runs READY as a worker would.
+  const environment = await testEnv(t);
+  const { app, core } = await buildTestApp(t, environment);
+  const url = await app.listen({ port: 0, host: "127.0.0.1" });
+  const env = {
+    CONDUIT_DATA_DIR: environment.dataDir,
+    CONDUIT_LOG_LEVEL: "silent",
+    CONDUIT_URL: url,
+    CONDUIT_API_KEY: KEY_A,
+  };
+  const dataset = await core.datasets.create("alice", "d");
+  await core.datasets.upload("alice", dataset.id, {
+    name: "train.jsonl",
+    source: Readable.from([`${JSON.stringify({ input: "q", output: "a" })}\n`]),
+  });
+  const create = () =>
+    conduit(env, "runs", "create", "--dataset", dataset.id, "--model", "tiny", "--epochs", "2");
+
+  // The id alone on stdout (for R=$(…)); the estimate on stderr.
+  const first = await create();
+  assert.equal(first.code, 0, first.stderr);
+  const id = first.stdout.trim();
+  assert.match(id, /^ft_\w+$/);
+  assert.match(
+    first.stderr,
+    /^estimate: (a few seconds|about \d+ (s|min)) \(no earlier run to measure: a prior/m,
+  );
+  const shown = await conduit(env, "runs", "show", id);
+  assert.match(shown.stdout, /^estimate: .* \(no earlier run to measure/m);
+
+  assert.equal((await core.runRepository.claimNext("w", 60_000))?.id, id);
+  const final = { trainTokens: 512, trainSeconds: 100, elapsedSeconds: 161 };
+  assert.ok(await core.runRepository.updateStats(id, "w", { final: final as never }));
+  assert.ok(await core.runRepository.finish(id, "w", { status: "READY", modelPath: "/m.gguf" }));
+  assert.match((await conduit(env, "runs", "show", id)).stdout, /^estimate: took 2m41s \(estimated .+\)$/m);
+  const watched = await conduit(env, "runs", "watch", id);
+  assert.equal(watched.code, 0, watched.stderr);
+  assert.equal(watched.stdout.match(/^estimate: took 2m41s/gm)?.length, 1, watched.stdout);
+
+  // 512 tokens in 100 s and 61 s around them: the next run of tiny is measured on it.
+  const second = await create();
+  assert.equal(second.code, 0, second.stderr);
+  assert.match(second.stderr, /^estimate: about \d+ min \(measured on 1 earlier run\)$/m);
+  const json = await conduit(env, "--json", "runs", "create", "--dataset", dataset.id, "--model", "tiny");
+  assert.equal(json.stderr, "", "--json prints the run, estimate included, and nothing else");
+  assert.equal((JSON.parse(json.stdout) as { estimate: { basis: string } }).estimate.basis, "measured");
+});
+
 test("the runs watch ETA follows the step rate it sees, else the run's own", () => {
   const eta = new EtaEstimate();
   assert.equal(eta.update({ step: 0, totalSteps: 10 }, 0), undefined, "no rate yet");

@@ -166,6 +166,7 @@ test("response bodies: a run's open config and stats come back whole; fields a s
     error: null,
     config: { lr: 0.001, loraTargets: ["attn_q"], steps: null, nested: { deep: [1, { two: 2 }] } },
     stats: { lossSeries: [[1, 2.5]], trainLoss: 0.1 },
+    estimate: null,
     modelPath: "/secret/path.gguf",
   };
   app.get("/run", { schema: { response: { 200: Run } } }, async () => run);

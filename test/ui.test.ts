@@ -264,6 +264,10 @@ test("dashboard end to end in Chromium", { timeout: 600_000 }, async (t) => {
     await page.getByRole("button", { name: "Start run" }).click();
     await page.getByRole("heading", { name: /hello-run/, level: 1 }).waitFor();
     assert.match(page.url(), /\/ui\/runs\/ft_/);
+    // How long it takes, from creation: the plan (no run of tiny before it), or the trainer's pace once it steps.
+    await page
+      .getByText(/^Estimate: .+ \((no earlier run to measure: a prior|at the trainer's pace)/)
+      .waitFor();
     // The configuration shows what auto chose for the rank, and that it was auto.
     const config = page.locator("dl.config");
     await config.getByText("autoSettings").waitFor();
@@ -289,6 +293,7 @@ test("dashboard end to end in Chromium", { timeout: 600_000 }, async (t) => {
       /Loss over \d+ steps\. Train loss [\d.]+ at step \d+\. Eval loss/,
     );
     assert.match(await page.getByLabel("Run log", { exact: true }).innerText(), /READY/);
+    await page.getByText(/^Estimate: took \d+(s|m\d\ds) \(estimated (a few seconds|about .+)\)$/).waitFor();
     assert.ok((await page.locator(".chart canvas").count()) > 0);
     // Once READY: the examples it learned worst, each with its loss.
     await page.getByRole("heading", { name: "Worst examples" }).waitFor();

@@ -11,6 +11,7 @@ import type { DatasetFile } from "../store/DatasetRepository.ts";
 import type { OpenAiJobRecord, RunStatus } from "../contract/runs.ts";
 import type { Run } from "../store/RunRepository.ts";
 import { servedModelName } from "../train/modelNames.ts";
+import { runEstimate } from "./wire.ts";
 import type {
   OpenAiHyperparametersWire,
   OpenAiJobCreateBodyWire,
@@ -63,7 +64,9 @@ function lastLogSeconds(run: Run): number | undefined {
 
 export function openAiJob(run: Run): OpenAiJobWire {
   const record = recordOf(run);
-  const stats = run.stats as { etaSeconds?: unknown; final?: { sampleTokens?: unknown } };
+  const stats = run.stats as { final?: { sampleTokens?: unknown } };
+  // A RUNNING run's finish is in its estimate; a QUEUED one's counts from now (the queue ahead left out).
+  const estimate = runEstimate(run);
   const hyperparameters = {
     n_epochs: Number(run.config.epochs),
     learning_rate_multiplier: record.learning_rate_multiplier ?? 1,
@@ -75,10 +78,13 @@ export function openAiJob(run: Run): OpenAiJobWire {
     object: "fine_tuning.job",
     created_at: unixSeconds(run.createdAt),
     finished_at: finished,
-    estimated_finish:
-      run.status === "RUNNING" && typeof stats.etaSeconds === "number"
-        ? Math.round(Date.now() / 1000 + stats.etaSeconds)
-        : null,
+    estimated_finish: !estimate
+      ? null
+      : estimate.finishAt !== null
+        ? unixSeconds(estimate.finishAt)
+        : run.status === "QUEUED"
+          ? Math.round(Date.now() / 1000 + estimate.remainingSeconds)
+          : null,
     error:
       run.status === "FAILED"
         ? { code: "training_failed", message: run.error ?? "the run failed", param: null }

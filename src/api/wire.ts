@@ -1,6 +1,7 @@
 import type { Dataset, DatasetFile } from "../store/DatasetRepository.ts";
 import type { Run } from "../store/RunRepository.ts";
 import type { DatasetFileWire, DatasetWire, RunSummaryWire, RunWire } from "../contract/schemas.ts";
+import { currentEstimate, type RunEstimate } from "../contract/estimate.ts";
 
 /** Domain records → the Conduit API's wire shapes (both spellings of the dataset id where the API has them). */
 
@@ -31,6 +32,16 @@ export function fileWire(f: DatasetFile): DatasetFileWire {
   };
 }
 
+/** Milliseconds since the epoch of a stored timestamp (`YYYY-MM-DD HH:MM:SS.mmm`, UTC). */
+function msOf(timestamp: string): number {
+  return Date.parse(`${timestamp.replace(" ", "T")}Z`);
+}
+
+/** The run's estimate: its plan, refined from its stats (a RUNNING run's were written at its `updatedAt`). */
+export function runEstimate(r: Run): RunEstimate | null {
+  return currentEstimate(r.estimate, { status: r.status, stats: r.stats, updatedAt: msOf(r.updatedAt) });
+}
+
 export function runWire(r: Run): RunWire {
   return {
     id: r.id,
@@ -48,6 +59,7 @@ export function runWire(r: Run): RunWire {
     stats: r.stats,
     config: r.config,
     error: r.error,
+    estimate: runEstimate(r),
   };
 }
 

@@ -4,8 +4,9 @@ import path from "node:path";
 import { pipeline } from "node:stream/promises";
 import { MultiBar, SingleBar } from "cli-progress";
 import type { Command } from "commander";
+import { describeEstimate } from "../contract/estimate.ts";
 import type { RunStats } from "../contract/runs.ts";
-import type { CreateRunBodyWire, ExamplesQueryWire } from "../contract/schemas.ts";
+import type { CreateRunBodyWire, ExamplesQueryWire, RunWire } from "../contract/schemas.ts";
 import { CliError, exitCodes, page, table, type CliContext } from "./context.ts";
 
 function number(name: string) {
@@ -99,11 +100,22 @@ export class EtaEstimate {
   }
 }
 
+/** `estimate: about 3 min (measured on 2 earlier runs)`, or nothing for a run without one. */
+function estimateLine(run: Pick<RunWire, "estimate">): string | undefined {
+  return run.estimate ? `estimate: ${describeEstimate(run.estimate)}` : undefined;
+}
+
 /**
- * Follows a run's event stream; resolves with its final status. Log and status lines go to `out`; on a
- * terminal a progress bar (step, epoch, loss, tokens/s, ETA) stays below them on stderr.
+ * Follows a run's event stream; resolves with its final status. Its estimate first, then log and status lines
+ * go to `out` (and how long it took, once READY); on a terminal a progress bar (step, epoch, loss, tokens/s,
+ * ETA) stays below them on stderr. `run` is the run as just read, if the caller has it.
  */
-async function watch(ctx: CliContext, id: string, out: NodeJS.WriteStream = process.stdout): Promise<string> {
+async function watch(
+  ctx: CliContext,
+  id: string,
+  out: NodeJS.WriteStream = process.stdout,
+  run?: RunWire,
+): Promise<string> {
   const bars =
     !ctx.json && process.stderr.isTTY === true
       ? new MultiBar({
@@ -123,7 +135,15 @@ async function watch(ctx: CliContext, id: string, out: NodeJS.WriteStream = proc
     else out.write(`${line}\n`);
   };
   let status = "UNKNOWN";
+  /** Whether the run had ended READY before the watch began: its estimate, printed first, says how long it took. */
+  let readyBefore = false;
   try {
+    if (!ctx.json) {
+      const first = run ?? (await ctx.client().getRun(id));
+      readyBefore = first.status === "READY";
+      const line = estimateLine(first);
+      if (line) say(line);
+    }
     const events = ctx.client().runEvents(id, {
       onRetry: (error) => {
         if (!ctx.json) say(`(${error.message} Reconnecting…)`);
@@ -151,6 +171,10 @@ async function watch(ctx: CliContext, id: string, out: NodeJS.WriteStream = proc
         status = data.status;
         if (!ctx.json) say(`status: ${status}${data.error ? ` (${data.error})` : ""}`);
       }
+    }
+    if (status === "READY" && !readyBefore && !ctx.json) {
+      const line = estimateLine(await ctx.client().getRun(id));
+      if (line) say(line);
     }
   } finally {
     if (bars?.isActive) {
@@ -248,8 +272,11 @@ export function runsCommand(program: Command, ctx: CliContext): void {
       // The id alone, so that `R=$(conduit runs create …)` works, even with --watch (it follows on stderr).
       ctx.print(run, () => console.log(run.id));
       if (opts.watch) {
-        const status = await watch(ctx, run.id, process.stderr);
+        const status = await watch(ctx, run.id, process.stderr, run);
         if (status !== "READY") process.exitCode = exitCodes.failure;
+      } else if (!ctx.json) {
+        const line = estimateLine(run);
+        if (line) console.error(line);
       }
     });
 
@@ -288,6 +315,8 @@ export function runsCommand(program: Command, ctx: CliContext): void {
         console.log(
           `dataset ${run.datasetName} (${run.datasetId}), ${run.ioPairsCount} pairs; ${run.trackerURL}`,
         );
+        const estimate = estimateLine(run);
+        if (estimate) console.log(estimate);
         console.log(`config ${JSON.stringify(run.config)}`);
         const { lossSeries: _l, evalLossSeries: _e, ...stats } = run.stats;
         if (Object.keys(stats).length > 0) console.log(`stats ${JSON.stringify(stats)}`);

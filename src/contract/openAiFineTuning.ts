@@ -201,7 +201,11 @@ export const OpenAiJob = Type.Object(
     object: Type.Literal("fine_tuning.job"),
     created_at: Type.Integer(),
     finished_at: Nullish(Type.Integer()),
-    estimated_finish: Nullish(Type.Integer()),
+    estimated_finish: Nullish(
+      Type.Integer(),
+      "Unix seconds when a queued or running job should finish: a running job's `estimate.finishAt`, a queued " +
+        "job's now plus its `estimate.seconds` (the jobs ahead of it are not counted); null once it has ended.",
+    ),
     error: Nullish(
       Type.Object({ code: Type.String(), message: Type.String(), param: Nullish(Type.String()) }),
       "Why the job failed, once `failed`.",

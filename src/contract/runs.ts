@@ -243,4 +243,9 @@ export interface RunTotals {
   finalEvalLoss?: number;
   /** Size of what was written: the adapter (LoRA) or the model (full). */
   outputBytes: number;
+  /**
+   * Seconds from the run's start on a worker (its latest attempt) to its results written: preparing the
+   * examples, the trainer, the per-example losses. What `estimate.seconds` plans. Absent on runs trained before it.
+   */
+  runSeconds?: number;
 }

@@ -1,5 +1,6 @@
 import { Type, type Static, type TSchema } from "@sinclair/typebox";
 import { errorCatalog } from "../errors.ts";
+import { ESTIMATE_BASES } from "./estimate.ts";
 import {
   LORA_TARGETS,
   loraLimits,
@@ -120,6 +121,82 @@ export const RunStatus = Type.Union(
   { description: "QUEUED → RUNNING → READY | FAILED | CANCELLED (QUEUED can be CANCELLED too)." },
 );
 
+const EstimateSeconds = (description: string) => Type.Number({ minimum: 0, description });
+
+/** The estimate made when a run was created (`RunPlan`). */
+const RunPlanSchema = Type.Object(
+  {
+    basis: Type.Union([Type.Literal("prior"), Type.Literal("measured")], {
+      description:
+        "`measured`: the training rate of this server's latest READY runs of the same trainer, base model and " +
+        "method; `prior`: none yet, a rate scaled from the trainer's benchmarks by the model's size and the threads.",
+    }),
+    seconds: EstimateSeconds(
+      "The run's expected time from its start on a worker to READY: preparing its examples, the trainer, the " +
+        "per-example losses.",
+    ),
+    tokens: Type.Integer({ description: "Training tokens planned: window positions, padding included." }),
+    sampleTokens: Type.Integer({ description: "Tokens of the examples planned, padding excluded." }),
+    tokenRatio: Type.Number({
+      description:
+        "Tokens the earlier runs trained per token their plans counted from their files' bytes; `sampleTokens` " +
+        "includes it. 1 with a prior.",
+    }),
+    steps: Type.Integer({ description: "Optimizer steps planned (one per window)." }),
+    windowSize: Type.Integer({ description: "The training window planned, in tokens." }),
+    tokensPerSecond: Type.Number({
+      description: "Training tokens per second assumed for the training loop.",
+    }),
+    overheadSeconds: EstimateSeconds(
+      "Seconds assumed outside the training loop: preparing the examples, starting the trainer, loading the base " +
+        "model, tokenizing, per-example losses, saving.",
+    ),
+    measuredRuns: Type.Integer({ description: "Earlier runs the rate was measured on; 0 with a prior." }),
+  },
+  { description: "The estimate made when the run was created." },
+);
+
+/** `run.estimate`: see src/contract/estimate.ts. */
+const RunEstimateSchema = Type.Union(
+  [
+    Type.Object({
+      basis: Type.Union(
+        ESTIMATE_BASES.map((basis) => Type.Literal(basis)),
+        {
+          description:
+            "`prior` or `measured`: the plan made at creation (the run has not trained a step yet); `training`: " +
+            "the trainer's own pace (seconds elapsed plus `stats.etaSeconds`); `final`: a READY run's actual time.",
+        },
+      ),
+      seconds: EstimateSeconds(
+        "The run's whole time from its start on a worker to READY (while it trains: the trainer's part, " +
+          "elapsed plus to go; once READY: `stats.final.runSeconds`).",
+      ),
+      remainingSeconds: EstimateSeconds(
+        "Seconds still to go when the run was last updated (`updatedAt`); 0 once READY.",
+      ),
+      finishAt: Type.Union([Timestamp, Type.Null()], {
+        description:
+          "When a RUNNING run should be READY: its `updatedAt` plus `remainingSeconds`. Null otherwise: a QUEUED " +
+          "run's seconds count from its start (the runs ahead of it in the queue are not counted).",
+      }),
+      measuredRuns: Type.Integer({
+        description: "Earlier runs the plan's rate was measured on; 0 with a prior.",
+      }),
+      planned: Type.Union([RunPlanSchema, Type.Null()], {
+        description: "The plan made at creation; null for runs created before Conduit planned them.",
+      }),
+    }),
+    Type.Null(),
+  ],
+  {
+    description:
+      "How long the run takes, from creation: planned from the dataset, the settings and the rate of its trainer " +
+      "on its base model, refined from the trainer's pace as it trains, the actual time once READY; null for a " +
+      "FAILED or CANCELLED run, and where none can be made.",
+  },
+);
+
 export const Run = Type.Object(
   {
     id: Type.String(),
@@ -141,6 +218,7 @@ export const Run = Type.Object(
       Type.Record(Type.String(), Type.Unknown(), { description: "The run's effective settings." }),
     ),
     error: Type.Union([Type.String(), Type.Null()], { description: "Why the run FAILED; null otherwise." }),
+    estimate: RunEstimateSchema,
   },
   { $id: "Run" },
 );

@@ -6,7 +6,16 @@ import type { Database, RunTable } from "./schema.ts";
 import { precompile } from "./precompiled.ts";
 import { RUN_CHANGES_CHANNEL, RunChanges } from "./RunChanges.ts";
 import { timestamp } from "./time.ts";
-import { activeStatuses, type RunConfig, type RunStats, type RunStatus } from "../contract/runs.ts";
+import {
+  activeStatuses,
+  type RunConfig,
+  type RunStats,
+  type RunStatus,
+  type RunTotals,
+  type TrainMethod,
+  type TrainerName,
+} from "../contract/runs.ts";
+import type { RunPlan } from "../contract/estimate.ts";
 
 export interface Run {
   id: string;
@@ -23,8 +32,25 @@ export interface Run {
   error: string | null;
   modelPath: string | null;
   attempts: number;
+  /** The estimate made when the run was created; null for runs created before estimates (or none could be made). */
+  estimate: RunPlan | null;
   createdAt: string;
   updatedAt: string;
+}
+
+/**
+ * A READY run's totals as its trainer reported them (`stats.final`: the trainer's `TrainingStats`) and the
+ * plan it was created with, for planning the next run of the same trainer, model and method.
+ */
+export interface FinishedRun {
+  final: Partial<RunTotals> & {
+    trainSeconds?: number;
+    /** The trainer's own seconds; `runSeconds` counts the whole attempt. */
+    elapsedSeconds?: number;
+    resumedFromStep?: number;
+    stoppedEarly?: boolean;
+  };
+  plan: RunPlan | null;
 }
 
 /** Where a run is mirrored in MLflow. */
@@ -44,6 +70,8 @@ export interface NewRun {
   config: RunConfig;
   /** Log lines after `run queued`, written with the run (how its settings were chosen). Defaults to none. */
   logs?: string[];
+  /** The estimate made at creation. Defaults to none. */
+  estimate?: RunPlan | null;
 }
 
 function toRun(row: RunTable, logs: string[]): Run {
@@ -62,6 +90,7 @@ function toRun(row: RunTable, logs: string[]): Run {
     error: row.error,
     modelPath: row.model_path,
     attempts: row.attempts,
+    estimate: row.estimate === null ? null : (JSON.parse(row.estimate) as RunPlan),
     createdAt: row.created_at,
     updatedAt: row.updated_at,
   };
@@ -191,6 +220,7 @@ export class RunRepository {
       attempts: 0,
       mlflow_experiment_id: null,
       mlflow_run_id: null,
+      estimate: run.estimate ? JSON.stringify(run.estimate) : null,
       created_at: now,
       updated_at: now,
     };
@@ -279,6 +309,46 @@ export class RunRepository {
       config: JSON.parse(r.config) as RunConfig,
       modelPath: r.model_path,
     }));
+  }
+
+  /**
+   * This server's latest READY runs (any user's: the rate is the machine's) of a trainer, base model and
+   * method, newest first, with their trainer's totals and the plan they were created with.
+   */
+  async finishedRuns(
+    match: { trainer: TrainerName; baseModelName: string; method: TrainMethod },
+    limit: number,
+  ): Promise<FinishedRun[]> {
+    // Runs older than the trainer choice have no `trainer` (llama.cpp), older than LoRA no `method` (full).
+    const field = (column: "config" | "stats", key: string) =>
+      this.dialect === "postgres"
+        ? sql<string | null>`(${sql.ref(column)}::jsonb ->> ${key})`
+        : sql<string | null>`json_extract(${sql.ref(column)}, ${`$.${key}`})`;
+    const final =
+      this.dialect === "postgres"
+        ? sql<string | null>`(stats::jsonb -> 'final')::text`
+        : field("stats", "final");
+    const rows = await this.db
+      .selectFrom("runs")
+      .select([final.as("final"), "estimate"])
+      .where("status", "=", "READY")
+      .where(sql`coalesce(${field("config", "trainer")}, 'llama.cpp')`, "=", match.trainer)
+      .where(field("config", "baseModelName"), "=", match.baseModelName)
+      .where(sql`coalesce(${field("config", "method")}, 'full')`, "=", match.method)
+      .orderBy("updated_at", "desc")
+      .orderBy("id", "desc")
+      .limit(limit)
+      .execute();
+    return rows.flatMap((row) =>
+      row.final === null
+        ? []
+        : [
+            {
+              final: JSON.parse(row.final) as FinishedRun["final"],
+              plan: row.estimate === null ? null : (JSON.parse(row.estimate) as RunPlan),
+            },
+          ],
+    );
   }
 
   /**

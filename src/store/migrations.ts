@@ -101,6 +101,12 @@ const migrations: Record<string, Migration> = {
       await db.schema.alterTable("runs").addColumn("mlflow_run_id", "text").execute();
     },
   },
+  // The estimate made when a run is created (`RunPlan`, JSON): runs before it have none.
+  "0004_run_estimate": {
+    async up(db: Kysely<unknown>) {
+      await db.schema.alterTable("runs").addColumn("estimate", "text").execute();
+    },
+  },
 };
 
 export const migrationProvider: MigrationProvider = {

@@ -61,6 +61,8 @@ export interface RunTable {
   /** The MLflow experiment and run this run is mirrored to (`CONDUIT_MLFLOW_TRACKING_URI`), once created. */
   mlflow_experiment_id: string | null;
   mlflow_run_id: string | null;
+  /** JSON `RunPlan`: the estimate made when the run was created; null for runs created before estimates. */
+  estimate: string | null;
   created_at: string;
   updated_at: string;
 }

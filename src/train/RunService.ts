@@ -32,7 +32,11 @@ import {
   type TrainerName,
   type TrainerSetting,
 } from "../contract/runs.ts";
-import { chooseTrainer, type TrainerChoice } from "./trainerChoice.ts";
+import { chooseTrainer, trainerThreads, type TrainerChoice } from "./trainerChoice.ts";
+import { DEFAULT_MIN_PAIRS_FOR_EVAL } from "./prepareSamples.ts";
+import { formatOverhead, planRun, readModelCost, templateTokens } from "./runEstimate.ts";
+import { formatExample } from "./samples.ts";
+import type { RunPlan } from "../contract/estimate.ts";
 import type { TorchStatus } from "./torch/torchStatus.ts";
 import type { TrainerProgress } from "./protocol.ts";
 
@@ -146,8 +150,25 @@ export interface RunArtifact {
   sizeBytes: number;
 }
 
+/** What a run trains on, as its creation sees it (the files' sizes, nothing read). */
+interface TrainingSet {
+  /** The dataset's pairs, less the validation file's when it is one of the dataset's own. */
+  pairs: number;
+  /** Bytes of those pairs' files (what auto settings look at). */
+  characters: number;
+  /** The same less each format's characters around a pair (what the estimate turns into tokens). */
+  textBytes: number;
+  validation: DatasetFile | undefined;
+}
+
+function textBytesOf(file: Pick<DatasetFile, "size" | "ioPairsCount" | "format">): number {
+  return Math.max(0, file.size - formatOverhead(file.format) * file.ioPairsCount);
+}
+
 /** Log lines a follower reads at once. */
 const FOLLOW_LOG_PAGE = 500;
+/** The latest READY runs of a trainer, model and method whose rate an estimate is measured on. */
+const MEASURED_RUNS = 5;
 
 /** How a run ended. */
 export type RunEnd = "READY" | "FAILED" | "CANCELLED";
@@ -197,6 +218,8 @@ export class RunService {
        * the llama.cpp trainer only.
        */
       trainers?: { setting: TrainerSetting; torch: () => Promise<TorchStatus> };
+      /** Compute threads of each trainer (`CONDUIT_TRAIN_THREADS`), for the estimate. Defaults to `"auto"`. */
+      trainThreads?: number | "auto";
     },
   ) {}
 
@@ -296,6 +319,10 @@ export class RunService {
         `learning rate ${config.lr}: ${config.lr / extras.lrMultiplier} × ${extras.lrMultiplier} (multiplier)`,
       );
     logs.push(trainer.reason);
+    const estimate = await this.plan(config, model, training).catch((error: unknown) => {
+      logs.push(`no estimate of the run's duration: ${(error as Error).message}`);
+      return null;
+    });
     const run = await this.runs.create({
       id,
       userId,
@@ -306,6 +333,7 @@ export class RunService {
       trackerUrl: this.options.trackerUrl(id),
       config: { ...config, ...(extras.openai ? { openai: extras.openai } : {}) },
       logs,
+      estimate,
     });
     this.events.emit("created", run);
     this.events.emit("changed", id);
@@ -321,16 +349,20 @@ export class RunService {
     userId: string,
     dataset: { id: string; ioPairsCount: number },
     validationFileId: string | undefined,
-  ): Promise<{ pairs: number; characters: number; validation: DatasetFile | undefined }> {
+  ): Promise<TrainingSet> {
     let pairs = dataset.ioPairsCount;
     let characters = 0;
+    let textBytes = 0;
     const pageSize = 1000;
     for (let offset = 0; ; offset += pageSize) {
       const files = await this.datasets.listFiles(userId, dataset.id, { limit: pageSize, offset });
-      for (const file of files) characters += file.size;
+      for (const file of files) {
+        characters += file.size;
+        textBytes += textBytesOf(file);
+      }
       if (files.length < pageSize) break;
     }
-    if (validationFileId === undefined) return { pairs, characters, validation: undefined };
+    if (validationFileId === undefined) return { pairs, characters, textBytes, validation: undefined };
     const validation = await this.datasets.getUserFile(userId, validationFileId);
     if (validation.ioPairsCount === 0)
       throw new ConduitError(
@@ -341,6 +373,7 @@ export class RunService {
     if (validation.datasetId === dataset.id) {
       pairs -= validation.ioPairsCount;
       characters -= validation.size;
+      textBytes -= textBytesOf(validation);
       if (pairs <= 0)
         throw new ConduitError(
           "invalid_request",
@@ -349,17 +382,14 @@ export class RunService {
           { param: "validationFileID" },
         );
     }
-    return { pairs, characters, validation };
+    return { pairs, characters, textBytes, validation };
   }
 
   /**
    * Refuses a run that would read more pairs or bytes than the limits allow, naming the limit and the
    * numbers (its tokens are only known once the trainer has tokenized them: `CONDUIT_MAX_RUN_TOKENS`).
    */
-  private checkLimits(
-    training: { pairs: number; characters: number; validation: DatasetFile | undefined },
-    param: string,
-  ): void {
+  private checkLimits(training: TrainingSet, param: string): void {
     const limits = this.options.limits;
     if (!limits) return;
     const pairs = training.pairs + (training.validation?.ioPairsCount ?? 0);
@@ -409,6 +439,38 @@ export class RunService {
       method: method.method,
       architecture,
       targets: method.loraTargets ?? undefined,
+    });
+  }
+
+  /**
+   * The run's estimate (`planRun`): its tokens from the training set's size, its rate from this server's
+   * latest READY runs of the same trainer, model and method, or a prior. Throws when the model cannot be read
+   * for it (the caller creates the run without one: an estimate never stands in the way of a run).
+   */
+  private async plan(config: RunConfig, model: ModelRef, training: TrainingSet): Promise<RunPlan> {
+    const trainer = config.trainer ?? "llama.cpp";
+    const cost = await readModelCost(model.path);
+    // The template's text around one pair (and the system prompt), its own text left empty.
+    const { sample } = await formatExample(model, config.systemPrompt, "", "", true);
+    const rendered = typeof sample === "string" ? sample : sample.map((segment) => segment.text).join("");
+    const validation = training.validation;
+    return planRun({
+      trainer,
+      method: config.method,
+      model: cost,
+      train: { pairs: training.pairs, textBytes: training.textBytes },
+      validation: validation ? { pairs: validation.ioPairsCount, textBytes: textBytesOf(validation) } : null,
+      evalFraction: config.evalFraction,
+      minPairsForEval: DEFAULT_MIN_PAIRS_FOR_EVAL,
+      epochs: config.epochs,
+      steps: config.steps,
+      contextSize: config.contextSize,
+      templateTokens: templateTokens(rendered, cost.vocabSize),
+      threads: trainerThreads(trainer, this.options.trainThreads ?? "auto"),
+      history: await this.runs.finishedRuns(
+        { trainer, baseModelName: config.baseModelName, method: config.method },
+        MEASURED_RUNS,
+      ),
     });
   }
 

@@ -10,7 +10,13 @@ import type { BlobStore } from "../store/BlobStore.ts";
 import type { Run, RunRepository } from "../store/RunRepository.ts";
 import type { TrainerJob, TrainerProgress } from "./protocol.ts";
 import { methodOf, type ModelCatalog, type RunService } from "./RunService.ts";
-import { prepareSamples, writeExampleLosses, type SamplePreparer } from "./prepareSamples.ts";
+import {
+  DEFAULT_MIN_PAIRS_FOR_EVAL,
+  prepareSamples,
+  writeExampleLosses,
+  type SamplePreparer,
+} from "./prepareSamples.ts";
+import { trainerThreads } from "./trainerChoice.ts";
 import {
   startTrainer,
   type TrainerHandle,
@@ -102,7 +108,7 @@ export class Scheduler {
     this.leaseMs = options.leaseMs ?? 30_000;
     this.pollMs = options.pollMs ?? 2_000;
     this.maxAttempts = options.maxAttempts ?? 3;
-    const minPairsForEval = options.minPairsForEval ?? 50;
+    const minPairsForEval = options.minPairsForEval ?? DEFAULT_MIN_PAIRS_FOR_EVAL;
     this.startTrainer = options.trainer ?? startTrainer;
     this.prepareSamples =
       options.prepareSamples ??
@@ -183,6 +189,7 @@ export class Scheduler {
   }
 
   private async train(active: ActiveRun): Promise<void> {
+    const startedAt = performance.now();
     const { run } = active;
     const config = run.config;
     const lora = methodOf(run.config) === "lora" && config.method === "lora" ? config : undefined;
@@ -272,12 +279,7 @@ export class Scheduler {
         complexity: config.complexity,
         contextSize: config.contextSize,
         lrSchedule: { kind: config.lrSchedule, minFraction: config.lrMinFraction },
-        threads:
-          this.options.threads === "auto"
-            ? backend === "torch"
-              ? os.availableParallelism()
-              : 1
-            : this.options.threads,
+        threads: trainerThreads(backend, this.options.threads),
         gpu,
         ...(backend === "llama.cpp" ? { blasLibrary: this.options.blasLibrary?.() ?? null } : {}),
         outputType: config.outputType,
@@ -303,7 +305,16 @@ export class Scheduler {
         if (!lora) await restoreContextLength(base.path, outputPath);
         await writeExampleLosses(this.blobs.pathOf(`${runDir}/examples.jsonl`), examples, lossesPath);
         const { bestEpoch, bestStep, bestEvalLoss, warnings, stoppedEarly } = outcome.stats;
-        await writeStats({ final: outcome.stats, bestEpoch, bestStep, bestEvalLoss, warnings, stoppedEarly });
+        // The whole attempt, not just the trainer's part: what a run's estimate plans.
+        const runSeconds = (performance.now() - startedAt) / 1000;
+        await writeStats({
+          final: { ...outcome.stats, runSeconds },
+          bestEpoch,
+          bestStep,
+          bestEvalLoss,
+          warnings,
+          stoppedEarly,
+        });
         await this.blobs.remove(checkpointDir);
         const finished = await this.runs.finish(run.id, this.workerId, {
           status: "READY",

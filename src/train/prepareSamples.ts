@@ -10,6 +10,9 @@ import type { Run } from "../store/RunRepository.ts";
 import { fileLines, LineWriter, writeExampleFiles, type ExampleFiles } from "./exampleFiles.ts";
 import type { ExampleLoss } from "./protocol.ts";
 
+/** Pairs a dataset needs before `evalFraction` of them are held out for eval loss (the scheduler's default). */
+export const DEFAULT_MIN_PAIRS_FOR_EVAL = 50;
+
 /** Writes a run's training (and validation) examples for `base` into `dir`; the scheduler's seam for tests. */
 export type SamplePreparer = (run: Run, base: ModelRef, dir: string) => Promise<ExampleFiles>;
 

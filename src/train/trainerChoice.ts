@@ -4,6 +4,7 @@
  * fine-tune, an architecture, LoRA targets). A run no trainer here can train is refused at creation with
  * the reason, never queued to fail later.
  */
+import os from "node:os";
 import { ConduitError } from "../errors.ts";
 import {
   UNTRAINABLE_LORA_TARGETS,
@@ -118,6 +119,15 @@ export function chooseTrainer(input: TrainerChoiceInput): TrainerChoice {
       reason: `trainer: llama.cpp (auto: ${method === "full" ? torchCannot.why : `no torch trainer here (${TORCH_SETUP_COMMAND} adds one)`})`,
     };
   return refuse(llamaCppCannot, torchCannot);
+}
+
+/**
+ * A trainer's compute threads: the setting (`CONDUIT_TRAIN_THREADS`), or with `auto` every core for the torch
+ * trainer and 1 for llama.cpp's (more threads do not pay there).
+ */
+export function trainerThreads(trainer: TrainerName, setting: number | "auto"): number {
+  if (setting !== "auto") return setting;
+  return trainer === "torch" ? os.availableParallelism() : 1;
 }
 
 function onlyAvailable(torch: TorchStatus) {

@@ -1,5 +1,6 @@
 import { useEffect, useRef, useState } from "preact/hooks";
 import { mergeStats } from "../../../src/client/runEvents.ts";
+import { currentEstimate, describeEstimate } from "../../../src/contract/estimate.ts";
 import { api, ApiError, isLive, type Run, type RunExample, type RunStats, type RunStatus } from "../api.ts";
 import { ErrorNote, Loading, StatusBadge } from "../components/common.tsx";
 import { LossChart } from "../components/LossChart.tsx";
@@ -15,6 +16,8 @@ interface Live {
   status: RunStatus | "DELETED";
   error: string | null;
   stats: RunStats;
+  /** When `stats` were written (ms since the epoch): a RUNNING run's `etaSeconds` counts from then. */
+  statsAt: number;
   logs: string[];
 }
 
@@ -34,7 +37,13 @@ function useRunEvents(
     if (!initial) return;
     const controller = new AbortController();
     let status: RunStatus | "DELETED" = initial.status;
-    setLive({ status, error: initial.error, stats: initial.stats, logs: initial.logs.slice(-logTail) });
+    setLive({
+      status,
+      error: initial.error,
+      stats: initial.stats,
+      statsAt: Date.parse(`${initial.updatedAt.replace(" ", "T")}Z`),
+      logs: initial.logs.slice(-logTail),
+    });
     let shown = initial.logs.length;
     const paused = (error: unknown) => setStreamError(`Live updates paused: ${messageOf(error)} Retrying…`);
     const follow = async () => {
@@ -55,7 +64,7 @@ function useRunEvents(
               }
             } else if (event.event === "stats") {
               const stats = event.data;
-              setLive((l) => l && { ...l, stats: mergeStats(l.stats, stats) });
+              setLive((l) => l && { ...l, stats: mergeStats(l.stats, stats), statsAt: Date.now() });
             } else {
               status = event.data.status;
               const { error } = event.data;
@@ -114,6 +123,15 @@ export function RunPage({ id }: { id: string }) {
   const progress = stats.step !== undefined && stats.totalSteps ? stats.step / stats.totalSteps : undefined;
   const of = (value: number | undefined, total: number | undefined) =>
     value === undefined ? "—" : `${value}${total ? ` / ${total}` : ""}`;
+  // The plan made at creation, then the trainer's pace as stats arrive, then the actual time.
+  const estimate =
+    live.status === "DELETED"
+      ? null
+      : currentEstimate(run.estimate?.planned ?? null, {
+          status: live.status,
+          stats,
+          updatedAt: live.statsAt,
+        });
 
   return (
     <div class="page">
@@ -160,6 +178,7 @@ export function RunPage({ id }: { id: string }) {
         </p>
       ) : null}
       <h2>Progress</h2>
+      {estimate ? <p class="muted">Estimate: {describeEstimate(estimate)}</p> : null}
       {progress !== undefined ? (
         <progress max={1} value={progress} aria-label="Training progress" class="wide-progress" />
       ) : null}
@@ -170,7 +189,10 @@ export function RunPage({ id }: { id: string }) {
         <Stat label="Eval loss" value={formatNumber(stats.evalLoss)} />
         <Stat label="Tokens / s" value={formatNumber(stats.tokensPerSecond, 3)} />
         <Stat label="Elapsed" value={formatDuration(stats.elapsedSeconds)} />
-        <Stat label="ETA" value={live.status === "RUNNING" ? formatDuration(stats.etaSeconds) : "—"} />
+        <Stat
+          label="ETA"
+          value={estimate && estimate.basis !== "final" ? formatDuration(estimate.remainingSeconds) : "—"}
+        />
         <Stat
           label="Best epoch"
           value={typeof stats.bestEpoch === "number" ? String(stats.bestEpoch) : "—"}
