@@ -78,6 +78,7 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
     limits: { maxPairs: config.maxRunPairs, maxBytes: config.maxRunBytes },
     trainers: { setting: config.trainer, torch: () => torch.check() },
     trainThreads: config.trainThreads,
+    trainerBlas: () => blasStatus(config.trainerBlas).available,
   });
   // With an MLflow server set, every run is mirrored to it, following the run events.
   const tracker = config.mlflowTrackingUri

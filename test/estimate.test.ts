@@ -91,6 +91,11 @@ describe("planning a run", () => {
       planRun(input({ model: { ...smollm2, fileType: "F32" } })).tokensPerSecond > small.tokensPerSecond,
       "llama.cpp trains LoRA on an F32 base faster than through Q8_0",
     );
+    const blas = planRun(input({ blas: true })).tokensPerSecond;
+    assert.ok(
+      blas > 5 * small.tokensPerSecond,
+      "with its BLAS backend llama.cpp trains ~6x faster than through Q8_0",
+    );
   });
 
   test("measured: the earlier runs' loop rate and overhead, and the tokens they really trained per planned one", () => {

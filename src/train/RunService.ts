@@ -220,6 +220,8 @@ export class RunService {
       trainers?: { setting: TrainerSetting; torch: () => Promise<TorchStatus> };
       /** Compute threads of each trainer (`CONDUIT_TRAIN_THREADS`), for the estimate. Defaults to `"auto"`. */
       trainThreads?: number | "auto";
+      /** Whether the llama.cpp trainer has its BLAS backend (`CONDUIT_TRAINER_BLAS`), for the estimate. Defaults to none. */
+      trainerBlas?: () => boolean;
     },
   ) {}
 
@@ -467,6 +469,7 @@ export class RunService {
       contextSize: config.contextSize,
       templateTokens: templateTokens(rendered, cost.vocabSize),
       threads: trainerThreads(trainer, this.options.trainThreads ?? "auto"),
+      blas: trainer === "llama.cpp" && (this.options.trainerBlas?.() ?? false),
       history: await this.runs.finishedRuns(
         { trainer, baseModelName: config.baseModelName, method: config.method },
         MEASURED_RUNS,

@@ -102,6 +102,8 @@ export interface PlanInput {
   templateTokens: number;
   /** Compute threads of the trainer. */
   threads: number;
+  /** The llama.cpp trainer will load its BLAS backend (`npm run setup:trainer`): LoRA on an F32 copy of the base. */
+  blas?: boolean;
   /** The latest READY runs of the same trainer, base model and method, newest first. */
   history: readonly FinishedRun[];
 }
@@ -150,6 +152,12 @@ const PRIOR = {
     loraF32: 48.5,
     full: 36.7,
     exponent: 0.82,
+    /**
+     * With the BLAS backend (bench/README.md, #26: 144.8 on SmolLM2, 25.7 on the ~1B model, the same exponent),
+     * LoRA on the F32 copy of any base, and full fine-tuning (91–102 measured with a BLAS build).
+     */
+    loraBlas: 144.8,
+    fullBlas: 95,
     /** The test model (64 wide, 2 blocks, 172k parameters) trained LoRA at 7,000–14,000 tokens per second here. */
     most: 8_000,
   },
@@ -165,6 +173,7 @@ export function priorTokensPerSecond(
   method: TrainMethod,
   model: Pick<ModelCost, "parameters" | "fileType">,
   threads: number,
+  blas = false,
 ): number {
   const scale = model.parameters > 0 ? model.parameters / PRIOR.referenceParameters : 1;
   let anchored: number;
@@ -176,8 +185,15 @@ export function priorTokensPerSecond(
   } else {
     const llama = PRIOR["llama.cpp"];
     ({ exponent, most } = llama);
-    anchored =
-      method === "full" ? llama.full : model.fileType === "F32" ? llama.loraF32 : llama.loraQuantized;
+    anchored = blas
+      ? method === "full"
+        ? llama.fullBlas
+        : llama.loraBlas
+      : method === "full"
+        ? llama.full
+        : model.fileType === "F32"
+          ? llama.loraF32
+          : llama.loraQuantized;
   }
   const perThread = Math.min(most, anchored * scale ** -exponent);
   return perThread * Math.max(1, threads) ** PRIOR.threadExponent;
@@ -321,7 +337,7 @@ export function planRun(input: PlanInput): RunPlan {
       measuredRuns: earlier.runs,
     };
   }
-  const rate = priorTokensPerSecond(input.trainer, input.method, input.model, input.threads);
+  const rate = priorTokensPerSecond(input.trainer, input.method, input.model, input.threads, input.blas);
   // The loop steps and evaluates; per-example losses come after it, with the loading and saving.
   const forward = FORWARD_SHARE[input.trainer];
   const loopSeconds = (planned.tokens + forward * planned.evalTokens) / rate;
