@@ -280,6 +280,28 @@ for (const backend of backends()) {
     assert.equal(core.runRepository.changes.followers, 0, "followers left behind by closed connections");
   });
 
+  test(`events (${backend}): a cancelled run's followers get the cancel's log line before the status that ends their stream`, async (t) => {
+    const { app, core } = await buildTestApp(t, await testEnv(t, backend));
+    const url = await app.listen({ port: 0, host: "127.0.0.1" });
+    const id = await queuedRun(app);
+    assert.ok(await core.runRepository.claimNext("w", 60_000));
+    const followers = await Promise.all(Array.from({ length: 5 }, () => Stream.open(url, id)));
+    const initial = (await core.runRepository.logsSince(id, -1)).length + 2;
+    await Promise.all(followers.map((f) => f.take(initial)));
+    await core.runs.cancel("alice", id);
+    for (const follower of followers) {
+      const rest = await follower.rest();
+      assert.deepEqual(
+        rest.map((e) => e.event),
+        ["log", "status"],
+      );
+      assert.match(
+        String((rest[0]?.data as { line: string }).line),
+        /run cancelled by the user \(was RUNNING\)$/,
+      );
+    }
+  });
+
   test(`events (${backend}): a reader that does not read holds the stream up; the log is read as it takes it`, async (t) => {
     const { app, core } = await buildTestApp(t, await testEnv(t, backend));
     const url = await app.listen({ port: 0, host: "127.0.0.1" });

@@ -370,7 +370,9 @@ export class RunRepository {
    * Moves a QUEUED or RUNNING run to CANCELLED. Returns the status it had when it was cancelled,
    * or, when it had already ended, the status it ended with (the caller answers 409); undefined
    * if the user has no such run. The update is conditional on the status just read, so a run
-   * that ends (or starts) in between is read again rather than misreported.
+   * that ends (or starts) in between is read again rather than misreported. The log line saying so
+   * is written in the same commit, after the lines already on their way: a follower ends its stream
+   * at the final status, so a line written after it could be missed.
    */
   async cancel(userId: string, id: string): Promise<RunStatus | undefined> {
     for (;;) {
@@ -383,15 +385,22 @@ export class RunRepository {
       if (!run) return undefined;
       const status = run.status as RunStatus;
       if (!activeStatuses.includes(status)) return status;
-      const result = await this.db
-        .updateTable("runs")
-        .set({ status: "CANCELLED", lease_owner: null, lease_expires_at: null, updated_at: timestamp() })
-        .where("id", "=", id)
-        .where("status", "=", status)
-        .executeTakeFirst();
-      if (Number(result.numUpdatedRows) > 0) {
-        await this.changed(id);
-        await this.appendLog(id, `run cancelled by the user (was ${status})`);
+      await this.appending.get(id);
+      const now = timestamp();
+      const cancelled = await this.db.transaction().execute(async (tx) => {
+        const result = await tx
+          .updateTable("runs")
+          .set({ status: "CANCELLED", lease_owner: null, lease_expires_at: null, updated_at: now })
+          .where("id", "=", id)
+          .where("status", "=", status)
+          .executeTakeFirst();
+        if (Number(result.numUpdatedRows) === 0) return false;
+        await insertLine(tx, id, logLine(now, `run cancelled by the user (was ${status})`), now);
+        await this.changed(id, tx);
+        return true;
+      });
+      if (cancelled) {
+        this.changes.changed(id);
         return status;
       }
     }
