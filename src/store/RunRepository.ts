@@ -117,7 +117,7 @@ export class RunRepository {
 
   /** A user's run with its log: every read of a run (and its events stream) makes it, so it is compiled once. */
   private readonly ownRun;
-  /** A user's run's status, error and stats: what an events stream reads on each change. */
+  /** A user's run's status, error, stats and last log line's seq: what its followers read on each change. */
   private readonly ownRunState;
 
   constructor(
@@ -138,7 +138,7 @@ export class RunRepository {
     );
     this.ownRunState = precompile<
       Database,
-      Pick<RunTable, "id" | "status" | "error" | "stats">,
+      Pick<RunTable, "id" | "status" | "error" | "stats"> & { last_log_seq: number },
       [string, string]
     >(
       db,
@@ -146,6 +146,11 @@ export class RunRepository {
         db
           .selectFrom("runs")
           .select(["id", "status", "error", "stats"])
+          .select(
+            sql<number>`(select coalesce(max(run_logs.seq), -1) from run_logs where run_logs.run_id = runs.id)`.as(
+              "last_log_seq",
+            ),
+          )
           .where("id", "=", arg(0))
           .where("user_id", "=", arg(1)),
       readCommitted,
@@ -295,27 +300,33 @@ export class RunRepository {
     >`(select coalesce(${lines}, '[]') from run_logs where run_logs.run_id = runs.id)`.as("log_lines");
   }
 
-  /** Log lines after `afterSeq` (for live streams), with their sequence numbers, at most `limit`. */
+  /**
+   * Log lines after `afterSeq` (for live streams), with their sequence numbers, at most `limit`, none after
+   * `untilSeq` when it is given.
+   */
   async logsSince(
     runId: string,
     afterSeq: number,
     limit = Number.MAX_SAFE_INTEGER,
+    untilSeq?: number,
   ): Promise<{ seq: number; line: string }[]> {
-    return this.db
+    let query = this.db
       .selectFrom("run_logs")
       .select(["seq", "line"])
       .where("run_id", "=", runId)
-      .where("seq", ">", afterSeq)
-      .orderBy("seq")
-      .limit(limit)
-      .execute();
+      .where("seq", ">", afterSeq);
+    if (untilSeq !== undefined) query = query.where("seq", "<=", untilSeq);
+    return query.orderBy("seq").limit(limit).execute();
   }
 
-  /** What a follower of a user's run looks at besides the log: status, error and stats. */
+  /**
+   * What the followers of a user's run look at: its status, error and stats, and the seq of its last log
+   * line (`-1`: none), so that they read the log only when it grew.
+   */
   async followed(
     userId: string,
     id: string,
-  ): Promise<Pick<Run, "id" | "status" | "error" | "stats"> | undefined> {
+  ): Promise<(Pick<Run, "id" | "status" | "error" | "stats"> & { lastLogSeq: number }) | undefined> {
     const [row] = await this.ownRunState(id, userId);
     return (
       row && {
@@ -323,6 +334,7 @@ export class RunRepository {
         status: row.status as RunStatus,
         error: row.error,
         stats: JSON.parse(row.stats) as RunStats,
+        lastLogSeq: row.last_log_seq,
       }
     );
   }

@@ -22,7 +22,7 @@ import {
   REASON,
 } from "../../contract/schemas.ts";
 import { RUN_EVENT_ID_PATTERN } from "../../contract/runs.ts";
-import { disconnectSignal, openSse } from "../sse.ts";
+import { disconnectSignal, encodeSseEvent, openSse } from "../sse.ts";
 import { runSummaryWire, runWire, SUCCESS } from "../wire.ts";
 import { chatEvents, chatMessages, responseFormat, conduitChatShape, conduitSampling } from "./generation.ts";
 
@@ -286,8 +286,7 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
       });
       const sse = openSse(request, reply, controller, { heartbeat: true });
       try {
-        for await (const event of events)
-          if (!sse.send(eventData(event), event.type, event.id)) await sse.drained();
+        for await (const event of events) if (!sse.sendEncoded(encoded(event))) await sse.drained();
         sse.close();
       } catch (error) {
         sse.fail(error);
@@ -295,6 +294,17 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
       return reply;
     },
   );
+}
+
+/**
+ * Each event as written on the wire, made once: the followers of a run are sent the same event objects (one
+ * feed per run), so a change is serialized once however many follow it.
+ */
+const wire = new WeakMap<RunFollowEvent, Buffer>();
+function encoded(event: RunFollowEvent): Buffer {
+  let bytes = wire.get(event);
+  if (!bytes) wire.set(event, (bytes = encodeSseEvent(eventData(event), event.type, event.id)));
+  return bytes;
 }
 
 /** An event's `data`, as the stream has always sent it. */
