@@ -6,7 +6,7 @@ import type { FastifyInstance } from "fastify";
 import { createParser, type EventSourceMessage } from "eventsource-parser";
 import { loadConfig } from "../src/config.ts";
 import { createCore } from "../src/core.ts";
-import { asAlice, backends, buildTestApp, datasetOf, startRun, testEnv } from "./helper.ts";
+import { as, asAlice, asBob, backends, buildTestApp, datasetOf, KEY_A, startRun, testEnv } from "./helper.ts";
 
 interface Event {
   event: string;
@@ -246,7 +246,10 @@ for (const backend of backends()) {
   });
 
   test(`events (${backend}): 300 followers of a run cost one read per change, the same as one, and all get the same events; idle ones cost no query`, async (t) => {
-    const { app, core } = await buildTestApp(t, await testEnv(t, backend));
+    const { app, core } = await buildTestApp(
+      t,
+      await testEnv(t, backend, { CONDUIT_MAX_STREAMS_PER_USER: "300" }),
+    );
     app.sseHeartbeatMs = 200;
     const url = await app.listen({ port: 0, host: "127.0.0.1" });
     const id = await queuedRun(app);
@@ -363,6 +366,45 @@ for (const backend of backends()) {
     assert.deepEqual(mine.points, theirs.points);
     assert.deepEqual(mine.statuses, theirs.statuses);
     assert.equal(events.at(-1)?.id, reader.lastId);
+  });
+
+  test(`events (${backend}): a user holds at most CONDUIT_MAX_STREAMS_PER_USER streams; past it 429 with Retry-After until one closes`, async (t) => {
+    const { app } = await buildTestApp(t, await testEnv(t, backend, { CONDUIT_MAX_STREAMS_PER_USER: "3" }));
+    const url = await app.listen({ port: 0, host: "127.0.0.1" });
+    const id = await queuedRun(app);
+    const open = await Promise.all(Array.from({ length: 3 }, () => Stream.open(url, id)));
+    await Promise.all(open.map((s) => s.take(2)));
+    const refused = await fetch(`${url}/conduit/finetuning/${id}/events`, { headers: asAlice });
+    assert.equal(refused.status, 429);
+    assert.ok(Number(refused.headers.get("retry-after")) > 0, "Retry-After");
+    const error = (await refused.json()).error;
+    assert.equal(error.code, "rate_limited");
+    assert.match(error.message, /CONDUIT_MAX_STREAMS_PER_USER/);
+    // Another user's streams are theirs: Bob is refused nothing (his 404 is the run's, not the cap's).
+    const bob = await fetch(`${url}/conduit/finetuning/${id}/events`, { headers: asBob });
+    assert.equal(bob.status, 404);
+
+    // A client that goes away frees its place; so does a stream that ends with its run (and a 404).
+    open[0]!.kill();
+    let again: Response | undefined;
+    for (let i = 0; i < 100 && again?.status !== 200; i++) {
+      await again?.body?.cancel();
+      await sleep(20);
+      again = await fetch(`${url}/conduit/finetuning/${id}/events`, { headers: asAlice });
+    }
+    assert.equal(again?.status, 200);
+    const missing = await fetch(`${url}/conduit/finetuning/ft_missing/events`, { headers: asAlice });
+    assert.equal(missing.status, 429, "a fourth stream, whatever its run");
+    await again?.body?.cancel();
+    await as(app, KEY_A).post(`/conduit/finetuning/${id}/cancel`);
+    await Promise.all(open.slice(1).map((s) => s.rest()));
+    for (let i = 0; i < 3; i++) {
+      const gone = await fetch(`${url}/conduit/finetuning/ft_missing/events`, { headers: asAlice });
+      assert.equal(gone.status, 404);
+    }
+    const ended = await fetch(`${url}/conduit/finetuning/${id}/events`, { headers: asAlice });
+    assert.equal(ended.status, 200);
+    await ended.text();
   });
 
   test(`events (${backend}): a cancelled run's followers get the cancel's log line before the status that ends their stream`, async (t) => {
