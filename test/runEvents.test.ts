@@ -268,9 +268,16 @@ for (const backend of backends()) {
       core.runRepository.finish(other, "w", { status: "READY", modelPath: "/x", message: "done" }),
     );
 
-    const followers = await Promise.all(Array.from({ length: 300 }, () => Stream.open(url, id)));
     const initial = (await core.runRepository.logsSince(id, -1)).length + 2;
+    let logReads = 0;
+    const logsSince = core.runRepository.logsSince.bind(core.runRepository);
+    core.runRepository.logsSince = (...args) => {
+      logReads++;
+      return logsSince(...args);
+    };
+    const followers = await Promise.all(Array.from({ length: 300 }, () => Stream.open(url, id)));
     await Promise.all(followers.map((f) => f.take(initial)));
+    assert.equal(logReads, 1, "the log read for 300 followers arriving at once");
     assert.equal(core.runRepository.changes.followers, 1, "one subscription for the run, whoever follows it");
 
     let before = core.db.queries();

@@ -33,6 +33,9 @@ interface Snapshot {
   index: number;
 }
 
+/** The id of a follower that has nothing yet. */
+const START = FollowCursor.parse(undefined).id;
+
 function ends(event: RunFollowEvent): boolean {
   return event.type === "status" && !(activeStatuses as readonly string[]).includes(event.status);
 }
@@ -58,6 +61,11 @@ export class RunFeed {
   private kept: RunFollowEvent[] = [];
   private first = 0;
   private snapshot: Snapshot | undefined;
+  /**
+   * The catch-up from the start of the run to the last read, when its lines fit in one page: a crowd that
+   * arrives at once (a run's page shared with a team) reads and serializes it once, not once per follower.
+   */
+  private replay: { snapshot: Snapshot; events: Promise<RunFollowEvent[]> } | undefined;
   /** The run was written since the feed last started reading it. */
   private dirty = true;
   private reading = false;
@@ -127,6 +135,14 @@ export class RunFeed {
         // Behind the feed, or not on its way: it catches up to the feed's last read.
         const behind = FollowCursor.parse(id);
         const snapshot = this.snapshot as Snapshot;
+        if (id === START && snapshot.status !== "DELETED" && snapshot.seq < this.logPage) {
+          const events = await this.replayFromStart(snapshot);
+          for (const event of events) yield event;
+          if (!activeStatuses.includes(snapshot.status)) return;
+          id = events.at(-1)?.id ?? id;
+          index = snapshot.index;
+          continue;
+        }
         // The lines it lacks, in pages as it takes them: a long log is not held in memory at once. A deleted
         // run's follower gets none (they are gone), only the status.
         while (snapshot.status !== "DELETED" && behind.seq < snapshot.seq) {
@@ -156,6 +172,28 @@ export class RunFeed {
       if (status === "DELETED" || !activeStatuses.includes(status)) return;
       await this.changed(signal);
     }
+  }
+
+  /** The events from the start of the run to `snapshot` (whose lines fit in one page), made once per snapshot. */
+  private replayFromStart(snapshot: Snapshot): Promise<RunFollowEvent[]> {
+    if (this.replay?.snapshot !== snapshot) {
+      const events = this.source.logsSince(-1, this.logPage, snapshot.seq).then((lines) => {
+        const cursor = FollowCursor.parse(START);
+        const replayed = lines.map(({ seq, line }) => cursor.log(seq, line));
+        const stats = cursor.stats(snapshot.stats);
+        if (stats) replayed.push(stats);
+        const status = cursor.status(snapshot.status, snapshot.error);
+        if (status) replayed.push(status);
+        return replayed;
+      });
+      const replay = { snapshot, events };
+      // A failed read is not remembered: the next follower tries again.
+      events.catch(() => {
+        if (this.replay === replay) this.replay = undefined;
+      });
+      this.replay = replay;
+    }
+    return this.replay.events;
   }
 
   /** Where a follower whose cursor is `id` goes on in the feed's events, when the feed has that place. */
