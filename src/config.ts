@@ -270,6 +270,13 @@ export const settings = {
     defaultText: "20",
     parse: integer("CONDUIT_MAX_KEY_FAILURES", 20, 0),
   },
+  maxStreamsPerUser: {
+    env: "CONDUIT_MAX_STREAMS_PER_USER",
+    description:
+      "Run event streams (`GET /conduit/finetuning/{id}/events`) one user may hold open at once; past it `429` with `Retry-After`, and a stream's place is free again once its connection closes (`0`: no limit). Streamed generations do not count: the generation queue bounds them.",
+    defaultText: "32",
+    parse: integer("CONDUIT_MAX_STREAMS_PER_USER", 32, 0),
+  },
   maxQueue: {
     env: "CONDUIT_MAX_QUEUE",
     description: "Generations that may wait for a free sequence; past it requests get 429 with Retry-After.",

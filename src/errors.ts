@@ -65,7 +65,7 @@ export const errorCatalog = {
   rate_limited: {
     status: 429,
     type: "rate_limit_error",
-    doc: "Too many requests: the generation queue is full, or this client sent too many wrong API keys in a minute; retry after the `Retry-After` seconds.",
+    doc: "Too many requests: the generation queue is full, this client sent too many wrong API keys in a minute, or this user has too many run event streams open; retry after the `Retry-After` seconds.",
   },
   headers_too_large: {
     status: 431,

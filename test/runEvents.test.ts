@@ -6,7 +6,7 @@ import type { FastifyInstance } from "fastify";
 import { createParser, type EventSourceMessage } from "eventsource-parser";
 import { loadConfig } from "../src/config.ts";
 import { createCore } from "../src/core.ts";
-import { asAlice, backends, buildTestApp, datasetOf, startRun, testEnv } from "./helper.ts";
+import { as, asAlice, asBob, backends, buildTestApp, datasetOf, KEY_A, startRun, testEnv } from "./helper.ts";
 
 interface Event {
   event: string;
@@ -245,39 +245,195 @@ for (const backend of backends()) {
     assert.match(refused.message, /is not an event id of this stream/);
   });
 
-  test(`events (${backend}): 300 idle followers cost no database query; a change costs a read of its lines per follower; heartbeats keep them alive`, async (t) => {
-    const { app, core } = await buildTestApp(t, await testEnv(t, backend));
+  test(`events (${backend}): 300 followers of a run cost one read per change, the same as one, and all get the same events; idle ones cost no query`, async (t) => {
+    const { app, core } = await buildTestApp(
+      t,
+      await testEnv(t, backend, { CONDUIT_MAX_STREAMS_PER_USER: "300" }),
+    );
     app.sseHeartbeatMs = 200;
     const url = await app.listen({ port: 0, host: "127.0.0.1" });
     const id = await queuedRun(app);
     const other = await queuedRun(app);
-    // What one log line costs with nobody following.
-    let before = core.db.queries();
-    await core.runRepository.appendLog(other, "nobody follows");
-    const append = core.db.queries() - before;
+    assert.ok(await core.runRepository.claimNext("w", 60_000));
+    assert.ok(await core.runRepository.claimNext("w", 60_000));
+    // What each write costs with nobody following.
+    const cost = async (write: () => Promise<unknown>) => {
+      const before = core.db.queries();
+      await write();
+      return core.db.queries() - before;
+    };
+    const append = await cost(() => core.runRepository.appendLog(other, "nobody follows"));
+    const update = await cost(() => core.runRepository.updateStats(other, "w", { step: 1 }));
+    const finish = await cost(() =>
+      core.runRepository.finish(other, "w", { status: "READY", modelPath: "/x", message: "done" }),
+    );
 
-    const followers = await Promise.all(Array.from({ length: 300 }, () => Stream.open(url, id)));
     const initial = (await core.runRepository.logsSince(id, -1)).length + 2;
+    let logReads = 0;
+    const logsSince = core.runRepository.logsSince.bind(core.runRepository);
+    core.runRepository.logsSince = (...args) => {
+      logReads++;
+      return logsSince(...args);
+    };
+    const followers = await Promise.all(Array.from({ length: 300 }, () => Stream.open(url, id)));
     await Promise.all(followers.map((f) => f.take(initial)));
-    assert.equal(core.runRepository.changes.followers, 300);
+    assert.equal(logReads, 1, "the log read for 300 followers arriving at once");
+    assert.equal(core.runRepository.changes.followers, 1, "one subscription for the run, whoever follows it");
 
-    before = core.db.queries();
+    let before = core.db.queries();
     // Quiet for a while: every follower gets heartbeats meanwhile.
     await Promise.all(followers.map((f) => f.comment()));
     await Promise.all(followers.map((f) => f.comment()));
-    await sleep(2000);
+    await sleep(1000);
     assert.equal(core.db.queries() - before, 0, "queries while nothing changed");
 
+    // A line: the run's state and its new lines are read once for all 300.
+    before = core.db.queries();
     await core.runRepository.appendLog(id, "news");
     const got = await Promise.all(followers.map((f) => f.take(1)));
     for (const [event] of got) assert.match(String((event?.data as { line: string }).line), / news$/);
-    // Each follower reads the new lines. The run's state is read once on SQLite, where the same committed read
-    // is remembered until the next commit, and by each follower on PostgreSQL.
-    assert.equal(core.db.queries() - before, append + 300 + (backend === "sqlite" ? 1 : 300));
+    assert.equal(core.db.queries() - before, append + 2, "queries for a line");
+    // Stats: the state only (the log did not grow).
+    before = core.db.queries();
+    await core.runRepository.updateStats(id, "w", { step: 3, lossSeries: series([1, 2, 3]) });
+    await Promise.all(followers.map((f) => f.take(1)));
+    assert.equal(core.db.queries() - before, update + 1, "queries for stats");
+    before = core.db.queries();
+    await core.runRepository.finish(id, "w", { status: "READY", modelPath: "/x", message: "done" });
+    await Promise.all(followers.map((f) => f.rest()));
+    assert.equal(core.db.queries() - before, finish + 2, "queries for the end and its line");
 
+    // The same events, ids included, for each of them.
+    const { lines, points, statuses } = summary(followers[0]!.events);
+    assert.deepEqual(lines, (await core.runs.get("alice", id)).logs);
+    assert.deepEqual(points, [1, 2, 3]);
+    assert.deepEqual(statuses, ["RUNNING", "READY"]);
+    for (const follower of followers.slice(1)) assert.deepEqual(follower.events, followers[0]!.events);
+    assert.equal(
+      core.runRepository.changes.followers,
+      0,
+      "the run's subscription is gone with its followers",
+    );
+  });
+
+  test(`events (${backend}): closed connections leave nothing behind`, async (t) => {
+    const { app, core } = await buildTestApp(t, await testEnv(t, backend));
+    const url = await app.listen({ port: 0, host: "127.0.0.1" });
+    const id = await queuedRun(app);
+    const followers = await Promise.all(Array.from({ length: 10 }, () => Stream.open(url, id)));
+    await Promise.all(followers.map((f) => f.take(2)));
+    assert.equal(core.runs.followedRuns, 1);
     for (const follower of followers) follower.kill();
     for (let i = 0; core.runRepository.changes.followers > 0 && i < 100; i++) await sleep(50);
     assert.equal(core.runRepository.changes.followers, 0, "followers left behind by closed connections");
+    assert.equal(core.runs.followedRuns, 0);
+  });
+
+  test(`events (${backend}): a follower that stops reading holds up nobody else, then gets every event the others got`, async (t) => {
+    const { app, core } = await buildTestApp(t, await testEnv(t, backend));
+    const url = await app.listen({ port: 0, host: "127.0.0.1" });
+    const id = await queuedRun(app);
+    assert.ok(await core.runRepository.claimNext("w", 60_000));
+    const reader = await Stream.open(url, id);
+    const initial = (await core.runRepository.logsSince(id, -1)).length + 2;
+    await reader.take(initial);
+    const { port } = new URL(url);
+    const stalled = await new Promise<http.IncomingMessage>((resolve, reject) =>
+      http
+        .get({ port, path: `/conduit/finetuning/${id}/events`, headers: asAlice }, resolve)
+        .on("error", reject),
+    );
+    stalled.pause();
+    // 2,000 lines of 1 KB, one write each: more than the sockets between them hold, and more events than a
+    // run's feed keeps, while the stalled follower takes none.
+    const filler = "x".repeat(1000);
+    for (let i = 0; i < 2000; i++) {
+      await core.runRepository.appendLog(id, `${i} ${filler}`);
+      if (i % 100 === 99)
+        await core.runRepository.updateStats(id, "w", { step: i + 1, lossSeries: series(upTo(i + 1, 100)) });
+    }
+    await core.runRepository.finish(id, "w", { status: "READY", modelPath: "/x" });
+    await reader.rest();
+    assert.equal(summary(reader.events).lines.length, initial - 2 + 2000);
+
+    let text = "";
+    stalled.setEncoding("utf8");
+    stalled.on("data", (chunk: string) => (text += chunk));
+    stalled.resume();
+    await new Promise((resolve) => stalled.on("end", resolve));
+    const events: Event[] = [];
+    const parser = createParser({
+      onEvent: (m) => events.push({ event: m.event ?? "", id: m.id ?? "", data: JSON.parse(m.data) }),
+    });
+    parser.feed(text);
+    // Every line, every loss point, the end; the ids where the two saw the same thing are the same.
+    const mine = summary(events);
+    const theirs = summary(reader.events);
+    assert.deepEqual(mine.lines, theirs.lines);
+    assert.deepEqual(mine.points, theirs.points);
+    assert.deepEqual(mine.statuses, theirs.statuses);
+    assert.equal(events.at(-1)?.id, reader.lastId);
+  });
+
+  test(`events (${backend}): a user holds at most CONDUIT_MAX_STREAMS_PER_USER streams; past it 429 with Retry-After until one closes`, async (t) => {
+    const { app } = await buildTestApp(t, await testEnv(t, backend, { CONDUIT_MAX_STREAMS_PER_USER: "3" }));
+    const url = await app.listen({ port: 0, host: "127.0.0.1" });
+    const id = await queuedRun(app);
+    const open = await Promise.all(Array.from({ length: 3 }, () => Stream.open(url, id)));
+    await Promise.all(open.map((s) => s.take(2)));
+    const refused = await fetch(`${url}/conduit/finetuning/${id}/events`, { headers: asAlice });
+    assert.equal(refused.status, 429);
+    assert.ok(Number(refused.headers.get("retry-after")) > 0, "Retry-After");
+    const error = (await refused.json()).error;
+    assert.equal(error.code, "rate_limited");
+    assert.match(error.message, /CONDUIT_MAX_STREAMS_PER_USER/);
+    // Another user's streams are theirs: Bob is refused nothing (his 404 is the run's, not the cap's).
+    const bob = await fetch(`${url}/conduit/finetuning/${id}/events`, { headers: asBob });
+    assert.equal(bob.status, 404);
+
+    // A client that goes away frees its place; so does a stream that ends with its run (and a 404).
+    open[0]!.kill();
+    let again: Response | undefined;
+    for (let i = 0; i < 100 && again?.status !== 200; i++) {
+      await again?.body?.cancel();
+      await sleep(20);
+      again = await fetch(`${url}/conduit/finetuning/${id}/events`, { headers: asAlice });
+    }
+    assert.equal(again?.status, 200);
+    const missing = await fetch(`${url}/conduit/finetuning/ft_missing/events`, { headers: asAlice });
+    assert.equal(missing.status, 429, "a fourth stream, whatever its run");
+    await again?.body?.cancel();
+    await as(app, KEY_A).post(`/conduit/finetuning/${id}/cancel`);
+    await Promise.all(open.slice(1).map((s) => s.rest()));
+    for (let i = 0; i < 3; i++) {
+      const gone = await fetch(`${url}/conduit/finetuning/ft_missing/events`, { headers: asAlice });
+      assert.equal(gone.status, 404);
+    }
+    const ended = await fetch(`${url}/conduit/finetuning/${id}/events`, { headers: asAlice });
+    assert.equal(ended.status, 200);
+    await ended.text();
+  });
+
+  test(`events (${backend}): a cancelled run's followers get the cancel's log line before the status that ends their stream`, async (t) => {
+    const { app, core } = await buildTestApp(t, await testEnv(t, backend));
+    const url = await app.listen({ port: 0, host: "127.0.0.1" });
+    const id = await queuedRun(app);
+    assert.ok(await core.runRepository.claimNext("w", 60_000));
+    const followers = await Promise.all(Array.from({ length: 5 }, () => Stream.open(url, id)));
+    const initial = (await core.runRepository.logsSince(id, -1)).length + 2;
+    await Promise.all(followers.map((f) => f.take(initial)));
+    await core.runs.cancel("alice", id);
+    for (const follower of followers) {
+      const rest = await follower.rest();
+      assert.deepEqual(
+        rest.map((e) => e.event),
+        ["log", "status"],
+      );
+      assert.match(
+        String((rest[0]?.data as { line: string }).line),
+        /run cancelled by the user \(was RUNNING\)$/,
+      );
+    }
   });
 
   test(`events (${backend}): a reader that does not read holds the stream up; the log is read as it takes it`, async (t) => {

@@ -12,6 +12,7 @@ import { registerErrorHandler } from "./errorHandler.ts";
 import { sharedSchemas } from "../contract/schemas.ts";
 import { registerSerializer } from "./serializer.ts";
 import { registerSse } from "./sse.ts";
+import { registerStreamLimit } from "./streamLimit.ts";
 import datasetRoutes from "./routes/datasets.ts";
 import healthRoutes from "./routes/health.ts";
 import runRoutes from "./routes/runs.ts";
@@ -168,6 +169,7 @@ export async function buildApp(core: Core): Promise<FastifyInstance> {
   connections.register(app);
   registerAuth(app, core.keys, core.config.maxKeyFailures);
   registerSse(app);
+  registerStreamLimit(app, core.config.maxStreamsPerUser);
 
   await app.register(swagger, {
     // 3.1: its schemas are JSON Schema 2020-12, as TypeBox writes them (numeric `exclusiveMinimum`, `examples`).

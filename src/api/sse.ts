@@ -37,6 +37,8 @@ export interface SseStream {
    * for `drained()` before sending more.
    */
   send(data: unknown, event?: string, id?: string): boolean;
+  /** Writes an event made by `encodeSseEvent` (one made once for many streams); returns as `send`. */
+  sendEncoded(encoded: Buffer): boolean;
   /** Resolves once the client has taken what was written, or has gone (at once if nothing waits). */
   drained(): Promise<void>;
   /** Writes `data: [DONE]` (OpenAI's end marker) and closes. */
@@ -44,6 +46,13 @@ export interface SseStream {
   /** Writes a final `data: {"error":{...}}` event and closes; internal errors stay in the log. */
   fail(error: unknown): void;
   close(): void;
+}
+
+/** One Server-Sent Events event as written on the wire: `data:` (JSON), optionally named and with an `id:`. */
+export function encodeSseEvent(data: unknown, event?: string, id?: string): Buffer {
+  return Buffer.from(
+    `${event ? `event: ${event}\n` : ""}${id ? `id: ${id}\n` : ""}data: ${JSON.stringify(data)}\n\n`,
+  );
 }
 
 /**
@@ -85,7 +94,7 @@ export function openSse(
   raw.flushHeaders();
   let ended = false;
   let heartbeat: NodeJS.Timeout | undefined;
-  const write = (text: string): boolean => {
+  const write = (text: string | Buffer): boolean => {
     if (ended || raw.destroyed) return true;
     heartbeat?.refresh();
     return raw.write(text);
@@ -116,9 +125,10 @@ export function openSse(
   return {
     signal: controller.signal,
     send(data, event, id) {
-      return write(
-        `${event ? `event: ${event}\n` : ""}${id ? `id: ${id}\n` : ""}data: ${JSON.stringify(data)}\n\n`,
-      );
+      return write(encodeSseEvent(data, event, id));
+    },
+    sendEncoded(encoded) {
+      return write(encoded);
     },
     drained() {
       if (ended || raw.destroyed || !raw.writableNeedDrain) return Promise.resolve();

@@ -146,7 +146,7 @@ export class RunRepository {
 
   /** A user's run with its log: every read of a run (and its events stream) makes it, so it is compiled once. */
   private readonly ownRun;
-  /** A user's run's status, error and stats: what an events stream reads on each change. */
+  /** A user's run's status, error, stats and last log line's seq: what its followers read on each change. */
   private readonly ownRunState;
 
   constructor(
@@ -167,7 +167,7 @@ export class RunRepository {
     );
     this.ownRunState = precompile<
       Database,
-      Pick<RunTable, "id" | "status" | "error" | "stats">,
+      Pick<RunTable, "id" | "status" | "error" | "stats"> & { last_log_seq: number },
       [string, string]
     >(
       db,
@@ -175,6 +175,11 @@ export class RunRepository {
         db
           .selectFrom("runs")
           .select(["id", "status", "error", "stats"])
+          .select(
+            sql<number>`(select coalesce(max(run_logs.seq), -1) from run_logs where run_logs.run_id = runs.id)`.as(
+              "last_log_seq",
+            ),
+          )
           .where("id", "=", arg(0))
           .where("user_id", "=", arg(1)),
       readCommitted,
@@ -365,27 +370,33 @@ export class RunRepository {
     >`(select coalesce(${lines}, '[]') from run_logs where run_logs.run_id = runs.id)`.as("log_lines");
   }
 
-  /** Log lines after `afterSeq` (for live streams), with their sequence numbers, at most `limit`. */
+  /**
+   * Log lines after `afterSeq` (for live streams), with their sequence numbers, at most `limit`, none after
+   * `untilSeq` when it is given.
+   */
   async logsSince(
     runId: string,
     afterSeq: number,
     limit = Number.MAX_SAFE_INTEGER,
+    untilSeq?: number,
   ): Promise<{ seq: number; line: string }[]> {
-    return this.db
+    let query = this.db
       .selectFrom("run_logs")
       .select(["seq", "line"])
       .where("run_id", "=", runId)
-      .where("seq", ">", afterSeq)
-      .orderBy("seq")
-      .limit(limit)
-      .execute();
+      .where("seq", ">", afterSeq);
+    if (untilSeq !== undefined) query = query.where("seq", "<=", untilSeq);
+    return query.orderBy("seq").limit(limit).execute();
   }
 
-  /** What a follower of a user's run looks at besides the log: status, error and stats. */
+  /**
+   * What the followers of a user's run look at: its status, error and stats, and the seq of its last log
+   * line (`-1`: none), so that they read the log only when it grew.
+   */
   async followed(
     userId: string,
     id: string,
-  ): Promise<Pick<Run, "id" | "status" | "error" | "stats"> | undefined> {
+  ): Promise<(Pick<Run, "id" | "status" | "error" | "stats"> & { lastLogSeq: number }) | undefined> {
     const [row] = await this.ownRunState(id, userId);
     return (
       row && {
@@ -393,6 +404,7 @@ export class RunRepository {
         status: row.status as RunStatus,
         error: row.error,
         stats: JSON.parse(row.stats) as RunStats,
+        lastLogSeq: row.last_log_seq,
       }
     );
   }
@@ -440,7 +452,9 @@ export class RunRepository {
    * Moves a QUEUED or RUNNING run to CANCELLED. Returns the status it had when it was cancelled,
    * or, when it had already ended, the status it ended with (the caller answers 409); undefined
    * if the user has no such run. The update is conditional on the status just read, so a run
-   * that ends (or starts) in between is read again rather than misreported.
+   * that ends (or starts) in between is read again rather than misreported. The log line saying so
+   * is written in the same commit, after the lines already on their way: a follower ends its stream
+   * at the final status, so a line written after it could be missed.
    */
   async cancel(userId: string, id: string): Promise<RunStatus | undefined> {
     for (;;) {
@@ -453,15 +467,22 @@ export class RunRepository {
       if (!run) return undefined;
       const status = run.status as RunStatus;
       if (!activeStatuses.includes(status)) return status;
-      const result = await this.db
-        .updateTable("runs")
-        .set({ status: "CANCELLED", lease_owner: null, lease_expires_at: null, updated_at: timestamp() })
-        .where("id", "=", id)
-        .where("status", "=", status)
-        .executeTakeFirst();
-      if (Number(result.numUpdatedRows) > 0) {
-        await this.changed(id);
-        await this.appendLog(id, `run cancelled by the user (was ${status})`);
+      await this.appending.get(id);
+      const now = timestamp();
+      const cancelled = await this.db.transaction().execute(async (tx) => {
+        const result = await tx
+          .updateTable("runs")
+          .set({ status: "CANCELLED", lease_owner: null, lease_expires_at: null, updated_at: now })
+          .where("id", "=", id)
+          .where("status", "=", status)
+          .executeTakeFirst();
+        if (Number(result.numUpdatedRows) === 0) return false;
+        await insertLine(tx, id, logLine(now, `run cancelled by the user (was ${status})`), now);
+        await this.changed(id, tx);
+        return true;
+      });
+      if (cancelled) {
+        this.changes.changed(id);
         return status;
       }
     }

@@ -11,6 +11,7 @@ import { newId } from "../store/ids.ts";
 import type { DatasetFile, Page } from "../store/DatasetRepository.ts";
 import type { Run, RunRepository } from "../store/RunRepository.ts";
 import { FollowCursor, type RunFollowEvent } from "./FollowCursor.ts";
+import { RunFeed } from "./RunFeed.ts";
 import {
   chooseAutoSettings,
   readModelArchitecture,
@@ -18,7 +19,6 @@ import {
   type ModelShape,
 } from "./autoSettings.ts";
 import {
-  activeStatuses,
   AUTO_SETTINGS,
   defaultLoraTargets,
   LORA_TARGETS,
@@ -165,8 +165,6 @@ function textBytesOf(file: Pick<DatasetFile, "size" | "ioPairsCount" | "format">
   return Math.max(0, file.size - formatOverhead(file.format) * file.ioPairsCount);
 }
 
-/** Log lines a follower reads at once. */
-const FOLLOW_LOG_PAGE = 500;
 /** The latest READY runs of a trainer, model and method whose rate an estimate is measured on. */
 const MEASURED_RUNS = 5;
 
@@ -202,6 +200,8 @@ export interface CreateRunExtras {
 export class RunService {
   /** Emits `changed` so an in-process scheduler reacts at once instead of on its next poll. */
   readonly events = new EventEmitter<RunEvents>();
+  /** The feed of each followed run, by owner and run id. */
+  private readonly feeds = new Map<string, RunFeed>();
 
   constructor(
     private readonly runs: RunRepository,
@@ -597,8 +597,9 @@ export class RunService {
    * exactly after it. A run that does not exist is a 404 (thrown here, before any event); a malformed
    * `after` a 400.
    *
-   * It reads the database only when the run was written: the repository wakes it (this server's
-   * writes, and other servers' through PostgreSQL `NOTIFY`), so a quiet run costs nothing.
+   * The followers of a run share one {@link RunFeed}: it reads the database only when the run was written
+   * (the repository wakes it: this server's writes, and other servers' through PostgreSQL `NOTIFY`), once
+   * for all of them, so a quiet run costs nothing and a busy one the same for one follower as for many.
    */
   async follow(
     userId: string,
@@ -611,62 +612,39 @@ export class RunService {
     } = {},
   ): Promise<AsyncGenerator<RunFollowEvent>> {
     const cursor = FollowCursor.parse(options.after);
-    // Subscribed before the first read, so that no write between the reads goes unnoticed.
-    let dirty = true;
-    let wake: (() => void) | undefined;
-    const unsubscribe = this.runs.changes.subscribe(id, () => {
-      dirty = true;
-      wake?.();
-    });
-    try {
-      if (!(await this.runs.followed(userId, id)))
-        throw new ConduitError("not_found", `run ${id} not found`, { param: "finetune_id" });
-    } catch (error) {
-      unsubscribe();
-      throw error;
+    const key = `${userId}\u0000${id}`;
+    let feed = this.feeds.get(key);
+    if (!feed) {
+      const runs = this.runs;
+      const created: RunFeed = new RunFeed(
+        {
+          state: () => runs.followed(userId, id),
+          logsSince: (afterSeq, limit, untilSeq) => runs.logsSince(id, afterSeq, limit, untilSeq),
+          subscribe: (wake) => runs.changes.subscribe(id, wake),
+        },
+        () => {
+          if (this.feeds.get(key) === created) this.feeds.delete(key);
+        },
+      );
+      this.feeds.set(key, created);
+      feed = created;
     }
-    const runs = this.runs;
     const signal = options.signal;
-    const changed = () =>
-      new Promise<void>((resolve) => {
-        const done = () => {
-          wake = undefined;
-          signal?.removeEventListener("abort", done);
-          resolve();
-        };
-        wake = done;
-        signal?.addEventListener("abort", done, { once: true });
-      });
+    if (!(await feed.join(signal)))
+      throw new ConduitError("not_found", `run ${id} not found`, { param: "finetune_id" });
+    const joined = feed;
     return (async function* () {
       try {
-        while (!signal?.aborted) {
-          if (!dirty) {
-            await changed();
-            continue;
-          }
-          dirty = false;
-          const run = await runs.followed(userId, id);
-          if (!run) {
-            const deleted = cursor.status("DELETED", null);
-            if (deleted) yield deleted;
-            return;
-          }
-          // In pages, so that a long log does not sit in memory at once (the consumer pulls).
-          for (;;) {
-            const lines = await runs.logsSince(id, cursor.seq, FOLLOW_LOG_PAGE);
-            for (const { seq, line } of lines) yield cursor.log(seq, line);
-            if (lines.length < FOLLOW_LOG_PAGE) break;
-          }
-          const stats = cursor.stats(run.stats);
-          if (stats) yield stats;
-          const status = cursor.status(run.status, run.error);
-          if (status) yield status;
-          if (!activeStatuses.includes(run.status)) return;
-        }
+        yield* joined.events(cursor, signal);
       } finally {
-        unsubscribe();
+        joined.leave();
       }
     })();
+  }
+
+  /** Runs followed now, each by one or more followers (tests, metrics). */
+  get followedRuns(): number {
+    return this.feeds.size;
   }
 
   /** Deletes a run; a running one is cancelled first so its trainer stops. */

@@ -22,7 +22,7 @@ import {
   REASON,
 } from "../../contract/schemas.ts";
 import { RUN_EVENT_ID_PATTERN } from "../../contract/runs.ts";
-import { disconnectSignal, openSse } from "../sse.ts";
+import { disconnectSignal, encodeSseEvent, openSse } from "../sse.ts";
 import { runSummaryWire, runWire, SUCCESS } from "../wire.ts";
 import { chatEvents, chatMessages, responseFormat, conduitChatShape, conduitSampling } from "./generation.ts";
 
@@ -240,7 +240,9 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
           "Every event has an `id:`. To resume after a lost connection, send the last id received as the " +
           "`Last-Event-ID` header (EventSource does this by itself) or the `lastEventId` query parameter: the " +
           "stream then sends exactly what came after that event (no line twice, no loss point twice). Ids are " +
-          "opaque: send them back as received. A `: keep-alive` comment comes after 15 s without events.",
+          "opaque: send them back as received. A `: keep-alive` comment comes after 15 s without events.\n\n" +
+          "A user may hold `CONDUIT_MAX_STREAMS_PER_USER` (32) of these streams open at once; one more is a 429 " +
+          "with `Retry-After`, until one of them closes.",
         params: RunParams,
         querystring: Type.Object({
           lastEventId: Type.Optional(
@@ -264,7 +266,7 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
           ),
         }),
         response: {
-          ...responses({}),
+          ...responses({}, [400, 401, 404, 429]),
           200: {
             description: "Server-Sent Events (`event: log|stats|status`, `id: <opaque>`, `data: {json}`).",
             content: {
@@ -277,6 +279,7 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
       },
     },
     async (request, reply) => {
+      app.eventStreams.hold(request.userId, reply);
       const controller = disconnectSignal(reply);
       // EventSource sends the header when it reconnects by itself, so it is newer than the query's.
       const after = request.headers["last-event-id"] ?? request.query.lastEventId;
@@ -286,8 +289,7 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
       });
       const sse = openSse(request, reply, controller, { heartbeat: true });
       try {
-        for await (const event of events)
-          if (!sse.send(eventData(event), event.type, event.id)) await sse.drained();
+        for await (const event of events) if (!sse.sendEncoded(encoded(event))) await sse.drained();
         sse.close();
       } catch (error) {
         sse.fail(error);
@@ -295,6 +297,17 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
       return reply;
     },
   );
+}
+
+/**
+ * Each event as written on the wire, made once: the followers of a run are sent the same event objects (one
+ * feed per run), so a change is serialized once however many follow it.
+ */
+const wire = new WeakMap<RunFollowEvent, Buffer>();
+function encoded(event: RunFollowEvent): Buffer {
+  let bytes = wire.get(event);
+  if (!bytes) wire.set(event, (bytes = encodeSseEvent(eventData(event), event.type, event.id)));
+  return bytes;
 }
 
 /** An event's `data`, as the stream has always sent it. */

@@ -1,0 +1,332 @@
+/**
+ * Hostile load (issue #28): how `/healthz` and another client's chat fare while the server is under each of
+ *   - `keys`: 1,000 requests with wrong API keys, 50 at a time, from 127.0.0.2;
+ *   - `slow`: 200 uploads trickled a few bytes a second (slow bodies);
+ *   - `followers`: 300 followers of a running run (its events stream), plus 20 past the per-user cap;
+ *   - `enum`: chat requests whose `response_format` is a 100,000-value enum, one at a time (last: a server
+ *     that takes minutes over one would spoil what comes after it);
+ * against a baseline with no load and one with the run training and nobody following it (the trainer's share
+ * of the CPU, which the followers scenario also pays).
+ *
+ * A `conduit serve` of its own on a temp data dir, on loopback: the tiny generated model serves the chat, the
+ * real stories260K (`../shared/models`, else the tiny model) trains the run, which is cancelled at the end.
+ * The hostile clients run in a child process (bench/lib/hostileLoad.ts); this process probes `/healthz`
+ * every 50 ms and sends a small chat (8 tokens) every 200 ms with a key of another user, and reads the
+ * server's CPU time and RSS from /proc. Each scenario is bounded (`--seconds`, at most 60), and waits for
+ * `/healthz` to settle before it starts.
+ *
+ *   node --import tsx bench/hostile.ts [--seconds 30] [--only baseline,keys,slow,training,followers,enum]
+ *        [--followers 300]
+ *
+ * With DATABASE_URL set, the server runs on that PostgreSQL database, in a schema of its own dropped at the end.
+ * The server's stream cap (`CONDUIT_MAX_STREAMS_PER_USER`) is set to `--followers`, so that all of them open
+ * (a run is followed by its owner only) and the 20 beyond it show the cap's 429. Wrong keys come from
+ * 127.0.0.2 because the key throttle counts per address: from 127.0.0.1 the chat client would be refused too.
+ */
+import { fork } from "node:child_process";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { parseArgs } from "node:util";
+import pg from "pg";
+import { createTinyModel } from "../src/model/tinyModel.ts";
+import { BENCH_KEY, call, startConduit } from "./lib/conduitServer.ts";
+import type { LoadResult, Scenario } from "./lib/hostileLoad.ts";
+import { repoRoot } from "./lib/reference.ts";
+
+const SCENARIOS = ["baseline", "keys", "slow", "training", "followers", "enum"] as const;
+type Name = (typeof SCENARIOS)[number];
+
+const { values } = parseArgs({
+  options: {
+    seconds: { type: "string", default: "30" },
+    only: { type: "string", default: SCENARIOS.join(",") },
+    followers: { type: "string", default: "300" },
+  },
+});
+const seconds = Math.min(60, Number(values.seconds));
+const only = new Set(values.only.split(",") as Name[]);
+const followerCount = Number(values.followers);
+const CHAT_KEY = "bench-chat-key-000000000000";
+const PROBE_MS = 50;
+const CHAT_PAUSE_MS = 200;
+
+const dir = fs.mkdtempSync(path.join(os.tmpdir(), "conduit-hostile-"));
+const tiny = path.join(dir, "tiny.gguf");
+await createTinyModel(tiny);
+const stories = path.join(repoRoot, "..", "shared", "models", "stories260Ktok512.gguf");
+const trainModel = fs.existsSync(stories) ? stories : tiny;
+// On PostgreSQL (DATABASE_URL), a schema of its own, dropped at the end.
+let databaseUrl: string | undefined;
+let dropSchema = async () => undefined as unknown;
+if (process.env.DATABASE_URL) {
+  const schema = `bench_hostile_${process.pid}`;
+  const admin = async (sql: string) => {
+    const client = new pg.Client({ connectionString: process.env.DATABASE_URL });
+    await client.connect();
+    await client.query(sql);
+    await client.end();
+  };
+  await admin(`CREATE SCHEMA ${schema}`);
+  dropSchema = () => admin(`DROP SCHEMA ${schema} CASCADE`);
+  const url = new URL(process.env.DATABASE_URL);
+  url.searchParams.set("options", `-c search_path=${schema}`);
+  databaseUrl = url.toString();
+}
+const server = await startConduit(
+  { tiny, trainee: trainModel },
+  {
+    ...(databaseUrl ? { DATABASE_URL: databaseUrl } : {}),
+    CONDUIT_API_KEYS: `${BENCH_KEY}:bench,${CHAT_KEY}:chat`,
+    CONDUIT_DEFAULT_MODEL: "tiny",
+    CONDUIT_MAX_STREAMS_PER_USER: String(followerCount),
+  },
+);
+const pid = server.child.pid!;
+process.on("exit", () => {
+  server.stop();
+  fs.rmSync(dir, { recursive: true, force: true });
+});
+
+/** The server's CPU seconds so far (user + system, without its trainer child) and its RSS in MB. */
+function serverUsage(): { cpu: number; rss: number } {
+  const stat = fs.readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]!.split(" ");
+  const status = fs.readFileSync(`/proc/${pid}/status`, "utf8");
+  return {
+    // utime and stime, in clock ticks of 1/100 s (Linux's USER_HZ).
+    cpu: (Number(stat[11]) + Number(stat[12])) / 100,
+    rss: Number(/VmRSS:\s+(\d+)/.exec(status)?.[1]) / 1024,
+  };
+}
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+async function timed(work: () => Promise<Response>): Promise<{ ms: number; status: number | string }> {
+  const start = performance.now();
+  try {
+    const response = await work();
+    await response.arrayBuffer();
+    return { ms: performance.now() - start, status: response.status };
+  } catch (error) {
+    return { ms: performance.now() - start, status: (error as Error).name };
+  }
+}
+
+const healthz = () => timed(() => fetch(`${server.url}/healthz`, { signal: AbortSignal.timeout(60_000) }));
+const chat = () =>
+  timed(() =>
+    fetch(`${server.url}/v1/chat/completions`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${CHAT_KEY}`, "content-type": "application/json" },
+      body: JSON.stringify({ messages: [{ role: "user", content: "Hello" }], max_tokens: 8 }),
+      signal: AbortSignal.timeout(60_000),
+    }),
+  );
+
+/** Waits until 10 probes in a row answer within 50 ms (at most 30 s); returns the seconds it took. */
+async function settle(): Promise<number> {
+  const start = Date.now();
+  for (let good = 0; good < 10 && Date.now() - start < 30_000;) {
+    good = (await healthz()).ms < 50 ? good + 1 : 0;
+    await sleep(PROBE_MS);
+  }
+  return (Date.now() - start) / 1000;
+}
+
+const percentile = (sorted: number[], p: number) =>
+  sorted.length === 0 ? NaN : sorted[Math.min(sorted.length - 1, Math.floor(sorted.length * p))]!;
+
+interface Row {
+  name: string;
+  probes: number;
+  p50: number;
+  p99: number;
+  max: number;
+  chats: number;
+  chatP50: number;
+  chatP99: number;
+  chatFailed: number;
+  cpu: number;
+  rssStart: number;
+  rssPeak: number;
+  load: string;
+}
+const rows: Row[] = [];
+
+/** Probes and chats while `load` runs (or for `seconds` when there is none). */
+async function measure(name: string, load?: Scenario): Promise<void> {
+  const settled = await settle();
+  const before = serverUsage();
+  let rssPeak = before.rss;
+  const started = performance.now();
+  let done = false;
+  let result: LoadResult | undefined;
+  const finished = load
+    ? new Promise<void>((resolve, reject) => {
+        const child = fork(new URL("./lib/hostileLoad.ts", import.meta.url), {
+          execArgv: ["--import", "tsx"],
+          stdio: "inherit",
+        });
+        child.once("message", (message) => (result = message as LoadResult));
+        child.once("exit", (code) =>
+          result ? resolve() : reject(new Error(`the load process exited with ${code}`)),
+        );
+        child.send(load);
+      })
+    : sleep(seconds * 1000);
+  void finished.finally(() => (done = true));
+  const probes: number[] = [];
+  /** The slowest probe, and when it began (seconds into the scenario). */
+  let worst = { ms: 0, at: 0 };
+  const chats: number[] = [];
+  let chatFailed = 0;
+  await Promise.all([
+    (async () => {
+      while (!done) {
+        const next = performance.now() + PROBE_MS;
+        const { ms } = await healthz();
+        if (ms > worst.ms) worst = { ms, at: (next - PROBE_MS - started) / 1000 };
+        probes.push(ms);
+        rssPeak = Math.max(rssPeak, serverUsage().rss);
+        await sleep(Math.max(0, next - performance.now()));
+      }
+    })(),
+    (async () => {
+      while (!done) {
+        const { ms, status } = await chat();
+        if (status === 200) chats.push(ms);
+        else chatFailed++;
+        await sleep(CHAT_PAUSE_MS);
+      }
+    })(),
+    finished,
+  ]);
+  const after = serverUsage();
+  const elapsed = (performance.now() - started) / 1000;
+  probes.sort((a, b) => a - b);
+  chats.sort((a, b) => a - b);
+  const row: Row = {
+    name,
+    probes: probes.length,
+    p50: percentile(probes, 0.5),
+    p99: percentile(probes, 0.99),
+    max: probes.at(-1) ?? NaN,
+    chats: chats.length,
+    chatP50: percentile(chats, 0.5),
+    chatP99: percentile(chats, 0.99),
+    chatFailed,
+    cpu: (after.cpu - before.cpu) / elapsed,
+    rssStart: before.rss,
+    rssPeak,
+    load: result
+      ? [
+          ...Object.entries(result.statuses).map(([status, n]) => `${n}×${status}`),
+          ...Object.entries(result.notes).map(([note, value]) => `${note} ${value}`),
+        ].join(", ")
+      : "",
+  };
+  rows.push(row);
+  console.log(
+    `${name}: settled in ${settled.toFixed(1)} s; healthz p50 ${row.p50.toFixed(1)} ms, p99 ${row.p99.toFixed(1)}, ` +
+      `max ${row.max.toFixed(1)} at ${worst.at.toFixed(1)} s (${row.probes} probes); chat p50 ${row.chatP50.toFixed(0)} ms, ` +
+      `p99 ${row.chatP99.toFixed(0)} (${row.chats} ok, ${chatFailed} failed); server ${row.cpu.toFixed(2)} cores, ` +
+      `RSS ${row.rssStart.toFixed(0)} → ${row.rssPeak.toFixed(0)} MB${row.load ? `; ${row.load}` : ""}`,
+  );
+}
+
+const base = { url: server.url, seconds };
+// Loads the chat model before anything is measured.
+await chat();
+if (only.has("baseline")) await measure("baseline");
+if (only.has("keys"))
+  await measure("1,000 wrong keys", {
+    ...base,
+    kind: "keys",
+    total: 1000,
+    concurrency: 50,
+    from: "127.0.0.2",
+  });
+if (only.has("slow")) {
+  const dataset = await call<{ id: string }>(server, "POST", "/conduit/dataset", { name: "slow" });
+  await measure("200 slow bodies", {
+    ...base,
+    // Long enough for the server's cut (30 s at under 1 KiB/s) to show.
+    seconds: Math.max(seconds, 40),
+    kind: "slow",
+    key: BENCH_KEY,
+    count: 200,
+    datasetId: dataset.id,
+  });
+}
+if (only.has("training") || only.has("followers")) {
+  const dataset = await call<{ id: string }>(server, "POST", "/conduit/dataset", { name: "train" });
+  const pairs = Array.from({ length: 200 }, (_, i) => ({
+    input: `Once upon a time there was a cat number ${i}.`,
+    output: `The cat number ${i} liked to play in the sun.`,
+  }));
+  await call(server, "POST", `/conduit/dataset/${dataset.id}/upload`, { name: "p.jsonl", ioPairs: pairs });
+  // Steps enough to stay RUNNING through both scenarios; cancelled afterwards.
+  const run = await call<{ id: string }>(server, "POST", "/conduit/finetuning", {
+    datasetID: dataset.id,
+    baseModelName: "trainee",
+    epochs: 1000,
+    steps: 1_000_000,
+    lr: 0.0005,
+    loraRank: 4,
+  });
+  for (;;) {
+    const state = await call<{ status: string; stats: { step?: number } }>(
+      server,
+      "GET",
+      `/conduit/finetuning/${run.id}`,
+    );
+    if (state.status === "RUNNING" && (state.stats.step ?? 0) > 0) break;
+    if (state.status !== "QUEUED" && state.status !== "RUNNING")
+      throw new Error(`the run is ${state.status}`);
+    await sleep(500);
+  }
+  if (only.has("training")) await measure("training, no followers");
+  if (only.has("followers"))
+    await measure(`${followerCount} followers of the run`, {
+      ...base,
+      kind: "followers",
+      key: BENCH_KEY,
+      runId: run.id,
+      count: followerCount,
+      beyond: 20,
+    });
+  const state = await call<{ status: string; stats: { step?: number } }>(
+    server,
+    "GET",
+    `/conduit/finetuning/${run.id}`,
+  );
+  console.log(`the run was ${state.status} at step ${state.stats.step}; cancelling it`);
+  await call(server, "POST", `/conduit/finetuning/${run.id}/cancel`);
+}
+
+if (only.has("enum"))
+  await measure("100,000-value enum", {
+    ...base,
+    kind: "enum",
+    key: BENCH_KEY,
+    concurrency: 1,
+    values: 100_000,
+  });
+const ms = (value: number) => (Number.isNaN(value) ? "–" : value.toFixed(value < 10 ? 1 : 0));
+console.log(
+  `\n| scenario | /healthz p50 / p99 / max (ms) | chat p50 / p99 (ms), failed | server CPU (cores) | server RSS (MB) | the load's answers |`,
+);
+console.log("|---|---|---|---|---|---|");
+for (const row of rows)
+  console.log(
+    `| ${row.name} | ${ms(row.p50)} / ${ms(row.p99)} / ${ms(row.max)} | ${ms(row.chatP50)} / ${ms(row.chatP99)}, ` +
+      `${row.chatFailed} | ${row.cpu.toFixed(2)} | ${row.rssStart.toFixed(0)} → ${row.rssPeak.toFixed(0)} | ${row.load} |`,
+  );
+// A server still busy with a request may take long to stop: 10 s, then SIGKILL.
+server.stop();
+const killer = setTimeout(() => server.child.kill("SIGKILL"), 10_000);
+if (server.child.exitCode === null && server.child.signalCode === null)
+  await new Promise((resolve) => server.child.once("exit", resolve));
+clearTimeout(killer);
+await dropSchema();
+process.exit(0);
