@@ -9,6 +9,7 @@ import { spawnSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
+import { fileURLToPath } from "node:url";
 import { before, describe, test } from "node:test";
 import { blasStatus } from "../src/train/native/blasBackend.ts";
 import { createTinyModel } from "../src/model/tinyModel.ts";
@@ -137,6 +138,17 @@ describe("the torch trainer backend's job", { skip }, () => {
       Math.abs(torchRun.stats.finalTrainLoss - llamaRun.stats.finalTrainLoss) < 0.5,
       `${torchRun.stats.finalTrainLoss} vs ${llamaRun.stats.finalTrainLoss}`,
     );
+  });
+
+  test("a GGUF whose special-token ids are llama.cpp's 'none' (0xFFFFFFFF) trains: stories260K", async (t) => {
+    const stories = fileURLToPath(new URL("../../shared/models/stories260Ktok512.gguf", import.meta.url));
+    if (!fs.existsSync(stories)) return t.skip(`${stories} is not here`);
+    const logs: string[] = [];
+    const outcome = await startTrainer(
+      job("stories", { baseModelPath: stories, epochs: 1, maxSteps: 2, contextSize: 128 }),
+      { onLog: (line) => logs.push(line) },
+    ).done;
+    assert.equal(outcome.status, "completed", `${JSON.stringify(outcome)}\n${logs.join("\n")}`);
   });
 
   test("a base loaded once is kept dequantized in the cache: the next run loads that copy", async () => {

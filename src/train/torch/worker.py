@@ -44,6 +44,20 @@ TARGET_MODULES = {
 }
 
 
+def gguf_config(directory: str, file: str) -> Any:
+    """The model's configuration as transformers reads it from the GGUF, without special-token ids outside the
+    vocabulary: llama.cpp writes 0xFFFFFFFF for "none" (stories260K's `tokenizer.ggml.padding_token_id`), which
+    transformers would take as the embedding's padding index and refuse."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(directory, gguf_file=file)
+    vocab = int(getattr(config, "vocab_size", 0) or 0)
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and not 0 <= value < vocab:
+            setattr(config, key, None)
+    return config
+
 class Channel:
     """Writes protocol messages to stdout, one JSON object per line, whole lines only."""
 
@@ -264,8 +278,9 @@ class Trainer:
             model = AutoModelForCausalLM.from_pretrained(cached, dtype=self.dtype)
             how = f"from its {self.dtype_name} copy in the cache"
         else:
+            directory, file = os.path.dirname(os.path.abspath(path)), os.path.basename(path)
             model = AutoModelForCausalLM.from_pretrained(
-                os.path.dirname(os.path.abspath(path)), gguf_file=os.path.basename(path), dtype=self.dtype
+                directory, gguf_file=file, dtype=self.dtype, config=gguf_config(directory, file)
             )
             how = "through transformers' GGUF dequantizer"
             if cached is not None:
