@@ -275,14 +275,14 @@ if (only.has("training") || only.has("followers")) {
     loraRank: 4,
   });
   for (;;) {
-    const state = await call<{ status: string; stats: { step?: number } }>(
+    const state = await call<{ status: string; stats: { step?: number }; logs: string[] }>(
       server,
       "GET",
       `/conduit/finetuning/${run.id}`,
     );
     if (state.status === "RUNNING" && (state.stats.step ?? 0) > 0) break;
     if (state.status !== "QUEUED" && state.status !== "RUNNING")
-      throw new Error(`the run is ${state.status}`);
+      throw new Error(`the run is ${state.status}:\n${state.logs.join("\n")}`);
     await sleep(500);
   }
   if (only.has("training")) await measure("training, no followers");
