@@ -184,7 +184,8 @@ describe("LoRA runs on the tiny model", () => {
 
   for (const baseType of ["F32", "Q8_0"] as const) {
     test(`memorises 20 IO pairs on a frozen ${baseType} base: >= 18 exact through the API, a small adapter`, async (t) => {
-      const env = await testEnv(t);
+      // Without the BLAS backend (npm run setup:trainer), which trains every base in F32: this is QLoRA's path.
+      const env = await testEnv(t, "sqlite", { CONDUIT_TRAINER_BLAS: "off" });
       const f32 = await tiny128(env);
       const f32Bytes = fs.statSync(f32).size;
       if (baseType !== "F32") {
