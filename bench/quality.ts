@@ -17,7 +17,7 @@
  *
  *   node --import tsx bench/quality.ts [smollm2-135m|file.gguf] [--task dates|classify]
  *     [--epochs auto|N] [--lr auto|X] [--rank auto|N] [--method lora|full] [--train-on-inputs]
- *     [--hold-out random|unseen] [--threads 1] [--pairs N] [--complexity 1]
+ *     [--hold-out random|unseen] [--threads 1|auto] [--pairs N] [--complexity 1]
  */
 import os from "node:os";
 import path from "node:path";
@@ -104,7 +104,12 @@ interface Run {
 
 const server = await startConduit(
   { base: model },
-  { CONDUIT_TRAIN_THREADS: values.threads, CONDUIT_THREADS: values.threads, CONDUIT_CONTEXT_SIZE: "512" },
+  {
+    CONDUIT_TRAIN_THREADS: values.threads,
+    // `--threads auto`: the trainers' default (CONDUIT_TRAIN_THREADS); generation keeps one thread.
+    CONDUIT_THREADS: values.threads === "auto" ? "1" : values.threads,
+    CONDUIT_CONTEXT_SIZE: "512",
+  },
 );
 try {
   /** Correct answers to the held-out pairs, answered by `ask`. */

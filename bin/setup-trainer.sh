@@ -50,6 +50,13 @@ git clone --quiet --bare "$bundle" "$work/src.git"
 git --git-dir="$work/src.git" archive "$head" ggml/include ggml/src/ggml-blas ggml/src/ggml-impl.h \
   ggml/src/ggml-backend-impl.h ggml/src/ggml-common.h | tar -x -C "$work"
 
+# ggml-blas sets OpenBLAS's threads to the trainer's on every call; the trainer gives OpenBLAS its own count
+# instead (OPENBLAS_NUM_THREADS: every core by default, while ggml's CPU ops keep one thread), so that call goes.
+grep -q 'openblas_set_num_threads(ctx->n_threads);' "$work/ggml/src/ggml-blas/ggml-blas.cpp" ||
+  { say "ggml-blas.cpp no longer sets OpenBLAS's threads as expected; update bin/setup-trainer.sh" >&2; exit 1; }
+sed -i 's|openblas_set_num_threads(ctx->n_threads);|/* threads: OPENBLAS_NUM_THREADS, set by the trainer */|' \
+  "$work/ggml/src/ggml-blas/ggml-blas.cpp"
+
 mkdir -p "$OUT"
 say "compiling ggml-blas against OpenBLAS ($blas_include) for $bins"
 # As ggml's CMake builds a dynamically loaded backend (GGML_BACKEND_DL, shared): it exports ggml_backend_init

@@ -281,7 +281,13 @@ export class Scheduler {
         lrSchedule: { kind: config.lrSchedule, minFraction: config.lrMinFraction },
         threads: trainerThreads(backend, this.options.threads),
         gpu,
-        ...(backend === "llama.cpp" ? { blasLibrary: this.options.blasLibrary?.() ?? null } : {}),
+        ...(backend === "llama.cpp"
+          ? {
+              blasLibrary: this.options.blasLibrary?.() ?? null,
+              // auto: ggml's ops on one thread, OpenBLAS's products on every core (bench/README.md, #26).
+              ...(this.options.threads === "auto" ? { blasThreads: os.availableParallelism() } : {}),
+            }
+          : {}),
         outputType: config.outputType,
         seed: config.seed,
       };

@@ -160,6 +160,11 @@ export interface TrainerJob {
    * blasBackend.ts): LoRA then trains on an F32 copy of the base. Defaults to `null` (none).
    */
   blasLibrary?: string | null;
+  /**
+   * OpenBLAS's threads in the BLAS backend (`OPENBLAS_NUM_THREADS`, unless the environment sets it); ggml's own
+   * CPU ops keep `threads`. Defaults to `threads`.
+   */
+  blasThreads?: number;
   /** Type of the written model. Defaults to `"Q8_0"`. */
   outputType?: TrainerOutputType;
   /** Seeds the order in which samples are packed into windows each epoch. Defaults to `0`. */

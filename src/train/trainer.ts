@@ -115,6 +115,7 @@ export function resolveTrainerJob(job: TrainerJob): ResolvedTrainerJob {
     threads: job.threads ?? 1,
     gpu: job.gpu ?? { backend: "cpu", layers: 0 },
     blasLibrary: job.blasLibrary ?? null,
+    blasThreads: job.blasThreads ?? job.threads ?? 1,
     outputType: job.outputType ?? "Q8_0",
     seed: job.seed ?? 0,
     lrSchedule: {
