@@ -44,6 +44,30 @@ function conduit(env: Record<string, string>, ...args: string[]): Promise<CliRes
   return conduitWithInput(env, undefined, ...args);
 }
 
+/** A listening server on a fresh data dir, and the environment that points the CLI at it as alice. */
+async function cliServer(t: TestContext) {
+  const environment = await testEnv(t);
+  const { app, core } = await buildTestApp(t, environment);
+  const url = await app.listen({ port: 0, host: "127.0.0.1" });
+  const env = {
+    CONDUIT_DATA_DIR: environment.dataDir,
+    CONDUIT_LOG_LEVEL: "silent",
+    CONDUIT_URL: url,
+    CONDUIT_API_KEY: KEY_A,
+  };
+  return { environment, core, env };
+}
+
+/** A dataset of alice's holding one pair. */
+async function onePairDataset(core: Awaited<ReturnType<typeof cliServer>>["core"]) {
+  const dataset = await core.datasets.create("alice", "d");
+  await core.datasets.upload("alice", dataset.id, {
+    name: "train.jsonl",
+    source: Readable.from([`${JSON.stringify({ input: "q", output: "a" })}\n`]),
+  });
+  return dataset;
+}
+
 /** Runs `conduit` whose stdout is closed before it writes (like `| head -1` after the first line). */
 async function conduitWithClosedStdout(env: Record<string, string>, ...args: string[]): Promise<CliResult> {
   const child = spawn(process.execPath, [bin, ...args], {
@@ -302,15 +326,7 @@ test("the conduit CLI drives the whole loop against a real server", async (t) =>
 
 test("runs create takes auto or numbers and the validation options; runs examples prints a READY run's examples", async (t) => {
   // No trainer: runs stay QUEUED until the test makes one READY.
-  const environment = await testEnv(t);
-  const { app, core } = await buildTestApp(t, environment);
-  const url = await app.listen({ port: 0, host: "127.0.0.1" });
-  const env = {
-    CONDUIT_DATA_DIR: environment.dataDir,
-    CONDUIT_LOG_LEVEL: "silent",
-    CONDUIT_URL: url,
-    CONDUIT_API_KEY: KEY_A,
-  };
+  const { core, env } = await cliServer(t);
 
   const help = await conduit(env, "runs", "create", "--help");
   for (const option of [
@@ -578,15 +594,7 @@ test("conduit serve: a first-start key printed once, graceful SIGTERM, no key on
 });
 
 test("models list shows each model's kind, base, context length, size and quantization", async (t) => {
-  const environment = await testEnv(t);
-  const { app } = await buildTestApp(t, environment);
-  const url = await app.listen({ port: 0, host: "127.0.0.1" });
-  const env = {
-    CONDUIT_DATA_DIR: environment.dataDir,
-    CONDUIT_LOG_LEVEL: "silent",
-    CONDUIT_URL: url,
-    CONDUIT_API_KEY: KEY_A,
-  };
+  const { environment, env } = await cliServer(t);
   const listed = await conduit(env, "models", "list");
   assert.equal(listed.code, 0, listed.stderr);
   const [header, tiny] = listed.stdout.trim().split("\n");
@@ -598,7 +606,7 @@ test("models list shows each model's kind, base, context length, size and quanti
   assert.equal(json[0].quantization, "F32");
 
   // Without CONDUIT_URL the CLI finds the server where CONDUIT_HOST and CONDUIT_PORT put it.
-  const { CONDUIT_URL: _url, ...local } = env;
+  const { CONDUIT_URL: url, ...local } = env;
   const port = new URL(url).port;
   const byPort = await conduit({ ...local, CONDUIT_PORT: port, CONDUIT_HOST: "0.0.0.0" }, "models", "list");
   assert.equal(byPort.code, 0, byPort.stderr);
@@ -744,20 +752,8 @@ test("interactive chat drops its oldest turns to fit the model's context, keepin
 });
 
 test("runs watch: on a terminal a bar below the log with an ETA from the step rate; elsewhere the log alone", async (t) => {
-  const environment = await testEnv(t);
-  const { app, core } = await buildTestApp(t, environment);
-  const url = await app.listen({ port: 0, host: "127.0.0.1" });
-  const env = {
-    CONDUIT_DATA_DIR: environment.dataDir,
-    CONDUIT_LOG_LEVEL: "silent",
-    CONDUIT_URL: url,
-    CONDUIT_API_KEY: KEY_A,
-  };
-  const dataset = await core.datasets.create("alice", "d");
-  await core.datasets.upload("alice", dataset.id, {
-    name: "train.jsonl",
-    source: Readable.from([`${JSON.stringify({ input: "q", output: "a" })}\n`]),
-  });
+  const { core, env } = await cliServer(t);
+  const dataset = await onePairDataset(core);
   const run = await core.runs.create("alice", { datasetID: dataset.id, baseModelName: "tiny" });
   assert.equal((await core.runRepository.claimNext("w", 60_000))?.id, run.id);
   await core.runRepository.appendLog(run.id, "epoch 1 of 3");
@@ -809,20 +805,8 @@ test("runs watch: on a terminal a bar below the log with an ETA from the step ra
 
 test("runs create, show and watch print the run's estimate: a prior, then measured on the runs before it", async (t) => {
   // No trainer: the test ends runs READY as a worker would.
-  const environment = await testEnv(t);
-  const { app, core } = await buildTestApp(t, environment);
-  const url = await app.listen({ port: 0, host: "127.0.0.1" });
-  const env = {
-    CONDUIT_DATA_DIR: environment.dataDir,
-    CONDUIT_LOG_LEVEL: "silent",
-    CONDUIT_URL: url,
-    CONDUIT_API_KEY: KEY_A,
-  };
-  const dataset = await core.datasets.create("alice", "d");
-  await core.datasets.upload("alice", dataset.id, {
-    name: "train.jsonl",
-    source: Readable.from([`${JSON.stringify({ input: "q", output: "a" })}\n`]),
-  });
+  const { core, env } = await cliServer(t);
+  const dataset = await onePairDataset(core);
   const create = () =>
     conduit(env, "runs", "create", "--dataset", dataset.id, "--model", "tiny", "--epochs", "2");
 
