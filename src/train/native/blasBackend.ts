@@ -83,14 +83,17 @@ function nodeLlamaCppVersion(): string | undefined {
 
 /**
  * Registers the BLAS backend in this process's ggml (after `ggml_backend_load_all_from_path`, before any
- * context): llama.cpp then schedules the products it supports on it. Returns the device's description, or
- * `undefined` with the reason logged when it did not load.
+ * context): llama.cpp then schedules the products it supports on it, OpenBLAS on `threads` threads unless the
+ * environment sets `OPENBLAS_NUM_THREADS` (OpenBLAS reads it when it loads). Returns the device's description,
+ * or `undefined` with the reason logged when it did not load.
  */
 export function loadBlasBackend(
   lib: LlamaLib,
   library: string,
+  threads: number,
   log: (line: string) => void,
 ): string | undefined {
+  process.env.OPENBLAS_NUM_THREADS ??= String(threads);
   const before = lib.ggml_backend_dev_count();
   if (lib.ggml_backend_load(library) === null) {
     log(`trainer: the BLAS backend ${library} did not load (llama.cpp's log says why); training without it`);
@@ -109,7 +112,7 @@ export function probeBlasBackend(library: string): string {
   const lib = loadLlamaLib();
   lib.ggml_backend_load_all_from_path(lib.binDir);
   const lines: string[] = [];
-  const description = loadBlasBackend(lib, library, (line) => lines.push(line));
+  const description = loadBlasBackend(lib, library, 1, (line) => lines.push(line));
   if (description === undefined) throw new Error(lines.join("\n"));
   return `the trainer's llama.cpp (${lib.binDir}) loads ${library}: ${description}`;
 }

@@ -97,12 +97,9 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
   hooks.log(`trainer: llama.cpp ${lib.llama_version()} from ${lib.binDir}`);
   lib.ggml_backend_load_all_from_path(lib.binDir);
   // On the CPU, a BLAS backend takes the products of F32 weights; the base is then trained in F32 (loraBase.ts).
-  // OpenBLAS reads its thread count when it loads; the environment's own setting wins.
-  if (job.blasLibrary !== null && process.env.OPENBLAS_NUM_THREADS === undefined)
-    process.env.OPENBLAS_NUM_THREADS = String(job.blasThreads);
   const blas =
     job.blasLibrary !== null && job.gpu.backend === "cpu"
-      ? loadBlasBackend(lib, job.blasLibrary, hooks.log)
+      ? loadBlasBackend(lib, job.blasLibrary, job.blasThreads, hooks.log)
       : undefined;
   hooks.log(
     blas !== undefined
