@@ -354,7 +354,7 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
     /** Saves the trained weights (the adapter, or the F32 model) to `file`. */
     const saveWeights = async (file: string): Promise<void> => {
       if (lora === undefined) lib.llama_model_save_to_file(model, file);
-      else await writeTrainedAdapter(baseInfo, file, lora.weights, lora, adapterValues());
+      else await writeTrainedAdapter(baseInfo, file, lora.weights, lora, adapterValues(), "F32");
     };
 
     let step = resume?.step ?? 0;
@@ -598,7 +598,7 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
     } else {
       const values = adapterValues();
       scope.dispose();
-      outputBytes = await writeTrainedAdapter(baseInfo, job.outputPath, lora.weights, lora, values);
+      outputBytes = await writeTrainedAdapter(baseInfo, job.outputPath, lora.weights, lora, values, "F16");
       hooks.log(
         `trainer: wrote the LoRA adapter (${(outputBytes / 2 ** 20).toFixed(2)} MiB) to ${job.outputPath}`,
       );
