@@ -110,6 +110,10 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
       logger: (level, message) => log[level]({ source: "llama.cpp" }, message),
     });
   const inference = new InferenceService(engine, registry, runRepository, config.defaultModel);
+  // A deleted run's model (its adapter, for a LoRA run) leaves memory with its files.
+  runs.events.on("deleted", (run) => {
+    if (run.modelPath) engine.unload(run.modelPath);
+  });
   const scheduler = new Scheduler(runRepository, runs, datasets, registry, blobs, log, {
     concurrency: config.trainConcurrency,
     threads: config.trainThreads,

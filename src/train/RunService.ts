@@ -184,6 +184,8 @@ export interface RunEvents {
   progress: [runId: string, progress: TrainerProgress];
   /** A run ended: READY or FAILED by this process's scheduler, CANCELLED by a user of this process. */
   ended: [runId: string, status: RunEnd];
+  /** A run was deleted by a user of this process; what served its model file must let it go. */
+  deleted: [run: Run];
 }
 
 /** Settings of a run that the Conduit API's body has no field for (the OpenAI face's). */
@@ -658,6 +660,7 @@ export class RunService {
     if (!(await this.runs.delete(userId, id)))
       throw new ConduitError("not_found", `run ${id} not found`, { param: "finetune_id" });
     // A live run's files are removed by its worker once the trainer has stopped.
+    this.events.emit("deleted", run);
     if (run.status !== "QUEUED" && run.status !== "RUNNING") await this.blobs.remove(`runs/${id}`);
     return run;
   }
