@@ -58,3 +58,20 @@ test("every relative link in the README and docs/ names a file and heading that 
     }
   }
 });
+
+test("the docs state what is true now: no dates, commit hashes or session notes", () => {
+  const docs = fs.readdirSync(new URL("../docs/", import.meta.url)).map((name) => `docs/${name}`);
+  const notebook = [
+    /\bthis session\b/i,
+    /\bStop \d+\b/,
+    /\b20\d\d-\d\d-\d\d\b/,
+    /`(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}`/,
+  ];
+  for (const file of ["README.md", "bench/README.md", ...docs]) {
+    const text = read(file);
+    for (const pattern of notebook) {
+      const found = pattern.exec(text);
+      assert.equal(found, null, `${file} holds ${found?.[0]}: history belongs in git log`);
+    }
+  }
+});
