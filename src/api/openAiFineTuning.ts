@@ -7,10 +7,10 @@
  */
 import type { Core } from "../core.ts";
 import { ConduitError } from "../errors.ts";
-import type { DatasetFile } from "../store/DatasetRepository.ts";
+import type { DatasetFile } from "../domain/datasets.ts";
 import type { OpenAiJobRecord, RunStatus } from "../contract/runs.ts";
-import type { Run } from "../store/RunRepository.ts";
-import { servedModelName } from "../train/modelNames.ts";
+import type { Run } from "../domain/runs.ts";
+import { servedModelName } from "../domain/modelNames.ts";
 import type { CreateRun } from "../train/commands.ts";
 import { runEstimate } from "./wire.ts";
 import type {

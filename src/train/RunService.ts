@@ -7,8 +7,9 @@ import type { BlobStore } from "../store/BlobStore.ts";
 import type { ModelRef } from "../model/types.ts";
 import { ConduitError } from "../errors.ts";
 import { newId } from "../store/ids.ts";
-import type { DatasetFile, Page } from "../store/DatasetRepository.ts";
-import type { Run, RunRepository } from "../store/RunRepository.ts";
+import type { DatasetFile, Page } from "../domain/datasets.ts";
+import type { RunRepository } from "../store/RunRepository.ts";
+import { methodOf, type Run } from "../domain/runs.ts";
 import { FollowCursor, type RunFollowEvent } from "./FollowCursor.ts";
 import { RunFeed } from "./RunFeed.ts";
 import {
@@ -25,7 +26,6 @@ import {
   type AutoSetting,
   type LoraTarget,
   type RunConfig,
-  type TrainMethod,
   type TrainMethodConfig,
   type TrainerName,
   type TrainerSetting,
@@ -42,14 +42,6 @@ import type { CreateRun, ExamplesQuery, RunExample } from "./commands.ts";
 /** Finds base models by id (the engine's model registry). */
 export interface ModelCatalog {
   resolve(id: string): ModelRef | undefined;
-}
-
-/**
- * A run's method from its stored config. Runs created before LoRA existed have no `method`: they
- * trained every weight.
- */
-export function methodOf(config: { method?: string }): TrainMethod {
-  return config.method === "lora" ? "lora" : "full";
 }
 
 /**
@@ -97,14 +89,24 @@ function methodRequest(command: CreateRun): MethodRequest {
   checkLoraTargets(command.loraTargets);
   const targets = command.loraTargets;
   if (targets === undefined)
-    return { method, loraRank: command.loraRank ?? "auto", loraAlpha: command.loraAlpha, loraTargets: undefined };
+    return {
+      method,
+      loraRank: command.loraRank ?? "auto",
+      loraAlpha: command.loraAlpha,
+      loraTargets: undefined,
+    };
   if (targets.length === 0)
     throw new ConduitError("invalid_request", '"loraTargets" needs at least one target', {
       param: "loraTargets",
     });
   if (new Set(targets).size !== targets.length)
     throw new ConduitError("invalid_request", '"loraTargets" lists a target twice', { param: "loraTargets" });
-  return { method, loraRank: command.loraRank ?? "auto", loraAlpha: command.loraAlpha, loraTargets: [...targets] };
+  return {
+    method,
+    loraRank: command.loraRank ?? "auto",
+    loraAlpha: command.loraAlpha,
+    loraTargets: [...targets],
+  };
 }
 
 /**
