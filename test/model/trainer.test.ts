@@ -7,7 +7,7 @@ import { getLlama, LlamaLogLevel, readGgufFileInfo } from "node-llama-cpp";
 import type { Llama, LlamaModel, Token } from "node-llama-cpp";
 import { createTinyModel } from "../../src/model/tinyModel.ts";
 import { chooseAutoSettings } from "../../src/train/autoSettings.ts";
-import { LLAMA_CPP_LORA_TARGETS } from "../../src/contract/runs.ts";
+import { LLAMA_CPP_LORA_TARGETS, runDefaults } from "../../src/contract/runs.ts";
 import { learningRateAt } from "../../src/train/native/learningRate.ts";
 import { loraWeights, type LoraSpec } from "../../src/train/native/loraAdapter.ts";
 import { blasStatus } from "../../src/train/native/blasBackend.ts";
@@ -49,6 +49,9 @@ after(() => fs.rmSync(dir, { recursive: true, force: true }));
 /** A job on the tiny model that runs long enough to be interrupted. */
 function longJob(name: string, overrides: Partial<TrainerJob> = {}): TrainerJob {
   return {
+    method: "full",
+    seed: 0,
+    lrSchedule: { kind: "constant" },
     baseModelPath: baseModel,
     outputPath: path.join(dir, `${name}.gguf`),
     workDir: path.join(dir, `${name}-work`),
@@ -241,11 +244,36 @@ describe("trainer building blocks", () => {
     assert.throws(() => resolveTrainerJob(longJob("bad", { complexity: 0 })), /complexity/);
     assert.throws(() => resolveTrainerJob(longJob("bad", { samples: [] })), /samples/);
     assert.throws(() => resolveTrainerJob(longJob("bad", { outputType: "Q9" as never })), /outputType/);
-    assert.deepEqual(resolveTrainerJob(longJob("ok")).lrSchedule, {
-      kind: "constant",
-      warmupSteps: 0,
-      minFraction: 0,
+    // What a job leaves out defaults from the one table the API documents for runs.
+    const defaults = resolveTrainerJob({
+      ...longJob("ok"),
+      method: undefined,
+      lora: { rank: 4, alpha: 8, targets: [...LLAMA_CPP_LORA_TARGETS] },
+      seed: undefined,
+      lrSchedule: undefined,
+      complexity: undefined,
+      contextSize: undefined,
     });
+    assert.deepEqual(
+      {
+        method: defaults.method,
+        seed: defaults.seed,
+        complexity: defaults.complexity,
+        contextSize: defaults.contextSize,
+        outputType: defaults.outputType,
+        lrSchedule: defaults.lrSchedule,
+      },
+      {
+        method: runDefaults.method,
+        seed: runDefaults.seed,
+        complexity: runDefaults.complexity,
+        contextSize: runDefaults.contextSize,
+        outputType: runDefaults.outputType,
+        lrSchedule: { kind: runDefaults.lrSchedule, warmupSteps: 0, minFraction: runDefaults.lrMinFraction },
+      },
+    );
+    assert.equal(runDefaults.method, "lora");
+    assert.equal(runDefaults.seed, 42);
   });
 });
 
@@ -292,6 +320,7 @@ describe("trainer process", () => {
     const started = performance.now();
     const handle = startTrainer(
       {
+        method: "full",
         baseModelPath: baseModel,
         outputPath: path.join(dir, "memorised.gguf"),
         workDir: path.join(dir, "memorised-work"),
@@ -532,6 +561,7 @@ describe("trainer process", () => {
     const answer = "stone 7<|im_end|>\n";
     const train = async (name: string, promptTrained: boolean, answerTrained: boolean) => {
       const outcome = await startTrainer({
+        lrSchedule: { kind: "constant" },
         method: "lora",
         lora: { rank: 4, alpha: 4, targets: [...LLAMA_CPP_LORA_TARGETS] },
         optimizer: "sgd",
@@ -581,6 +611,8 @@ describe("trainer process", () => {
 
   test("a window with every position masked does not train", async () => {
     const outcome = await startTrainer({
+      seed: 0,
+      lrSchedule: { kind: "constant" },
       method: "lora",
       lora: { rank: 4, alpha: 4, targets: [...LLAMA_CPP_LORA_TARGETS] },
       baseModelPath: baseModel,
@@ -604,6 +636,8 @@ describe("trainer process", () => {
     const small = path.join(dir, "tiny-512.gguf");
     await createTinyModel(small, { seed: 1, contextLength: 512 });
     const outcome = await startTrainer({
+      seed: 0,
+      lrSchedule: { kind: "constant" },
       method: "lora",
       lora: { rank: 4, alpha: 8, targets: [...LLAMA_CPP_LORA_TARGETS] },
       baseModelPath: small,
@@ -630,6 +664,7 @@ describe("trainer process", () => {
     const samples = Array.from({ length: 40 }, (_, i) => sample(i));
     const evalSamples = Array.from({ length: 5 }, (_, i) => sample(100 + i));
     const job = (name: string): TrainerJob => ({
+      lrSchedule: { kind: "constant" },
       method: "lora",
       lora: { rank: 2, alpha: 4, targets: [...LLAMA_CPP_LORA_TARGETS] },
       baseModelPath: baseModel,
@@ -710,6 +745,8 @@ describe("trainer process", () => {
     const base = { id: "tiny", path: baseModel };
     const tokensOf = async (sample: TrainingSample) => {
       const outcome = await startTrainer({
+        seed: 0,
+        lrSchedule: { kind: "constant" },
         method: "lora",
         lora: { rank: 2, alpha: 2, targets: ["output"] },
         baseModelPath: baseModel,
@@ -767,6 +804,8 @@ describe("trainer process", () => {
     // The trainer counts exactly the answers' tokens in the loss (every position whose label is one of them),
     // plus the end-of-sequence label after the last.
     const outcome = await startTrainer({
+      seed: 0,
+      lrSchedule: { kind: "constant" },
       method: "lora",
       lora: { rank: 2, alpha: 2, targets: ["output"] },
       baseModelPath: baseModel,
@@ -786,6 +825,8 @@ describe("trainer process", () => {
       // With trainOnInputs every position counts.
       const all = await formatChatExample(base, "", turns, true);
       const everything = await startTrainer({
+        seed: 0,
+        lrSchedule: { kind: "constant" },
         method: "lora",
         lora: { rank: 2, alpha: 2, targets: ["output"] },
         baseModelPath: baseModel,
