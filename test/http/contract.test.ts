@@ -1,15 +1,8 @@
 import assert from "node:assert/strict";
-import fsp from "node:fs/promises";
-import path from "node:path";
 import { test } from "node:test";
 import SwaggerParser from "@apidevtools/swagger-parser";
 import { Ajv2020 } from "ajv/dist/2020.js";
 import type { OpenAPI } from "openapi-types";
-import { Type } from "@sinclair/typebox";
-import Fastify from "fastify";
-import { registerSerializer } from "../../src/api/serializer.ts";
-import { runStatuses } from "../../src/contract/runs.ts";
-import { Run, RunSummary, sharedSchemas, type RunWire } from "../../src/contract/schemas.ts";
 import { unsupportedJsonSchema } from "../../src/engine/grammars.ts";
 import { aliceWorld, asAlice, build, createDataset, as, KEY_A } from "../lib/helper.ts";
 
@@ -152,34 +145,6 @@ test("a Content-Type other than JSON on a JSON endpoint is 415", async (t) => {
     payload: '{"input":"a","output":"b"}\n',
   });
   assert.equal(upload.statusCode, 200, upload.body);
-});
-
-test("response bodies: a run's open config and stats come back whole; fields a schema does not name never leave", async () => {
-  const app = Fastify();
-  for (const schema of sharedSchemas) app.addSchema(schema);
-  registerSerializer(app, sharedSchemas);
-  const run = {
-    ...Object.fromEntries(Object.keys(Run.properties).map((key) => [key, "x"])),
-    ioPairsCount: 1,
-    status: "READY",
-    logs: ["a"],
-    error: null,
-    config: { lr: 0.001, loraTargets: ["attn_q"], steps: null, nested: { deep: [1, { two: 2 }] } },
-    stats: { lossSeries: [[1, 2.5]], trainLoss: 0.1 },
-    estimate: null,
-    modelPath: "/secret/path.gguf",
-  };
-  app.get("/run", { schema: { response: { 200: Run } } }, async () => run);
-  app.get("/runs", { schema: { response: { 200: Type.Array(Type.Ref(RunSummary)) } } }, async () => [run]);
-  const one = (await app.inject({ method: "GET", url: "/run" })).json();
-  assert.deepEqual(one.config, run.config);
-  assert.deepEqual(one.stats, run.stats);
-  assert.equal(one.modelPath, undefined);
-  const [listed] = (await app.inject({ method: "GET", url: "/runs" })).json();
-  assert.deepEqual(listed.config, run.config);
-  assert.equal(listed.logs, undefined, "a summary has no logs");
-  assert.equal(listed.modelPath, undefined);
-  await app.close();
 });
 
 test("every answer carries its request id: success, a refused key, an unknown route, a bad body, a framework error", async (t) => {
@@ -494,32 +459,6 @@ test("datasetID and datasetId naming different datasets is a 400; the same one t
   });
   assert.equal(same.statusCode, 200, same.body);
   assert.equal(same.json().datasetId, world.ds);
-});
-
-test("one wire contract: only the server's entry points import src/api, and tsc knows the run statuses", async () => {
-  // `npm run typecheck` fails here if a run's status widens to `string`: the directive would be unused.
-  // @ts-expect-error: "NOT_A_STATUS" is not a run status
-  const invalid: RunWire["status"] = "NOT_A_STATUS";
-  assert.ok(!(runStatuses as readonly string[]).includes(invalid));
-
-  const root = path.resolve(import.meta.dirname, "../..");
-  // The composition roots start the HTTP server; everything else (domain, CLI, dashboard) shares src/contract.
-  const entryPoints = new Set(["src/server.ts", "bench/apiServer.ts"].map((file) => path.join(root, file)));
-  const offenders: string[] = [];
-  for (const dir of ["src", "ui/src", "bench", "bin"]) {
-    for (const entry of await fsp.readdir(path.join(root, dir), { recursive: true, withFileTypes: true })) {
-      if (!entry.isFile() || !/\.(ts|tsx|js)$/.test(entry.name)) continue;
-      const file = path.join(entry.parentPath, entry.name);
-      if (entryPoints.has(file) || file.startsWith(path.join(root, "src", "api") + path.sep)) continue;
-      const text = await fsp.readFile(file, "utf8");
-      for (const [, spec] of text.matchAll(/from\s+["']([^"']+)["']/g)) {
-        const target = path.resolve(path.dirname(file), spec as string);
-        if (spec?.startsWith(".") && target.startsWith(path.join(root, "src", "api") + path.sep))
-          offenders.push(`${path.relative(root, file)} imports ${spec}`);
-      }
-    }
-  }
-  assert.deepEqual(offenders, []);
 });
 
 test("a JSON body in another charset is a 415, and a lone surrogate a 400 naming its field; nothing is stored", async (t) => {

@@ -6,7 +6,17 @@ import type { FastifyInstance } from "fastify";
 import { createParser, type EventSourceMessage } from "eventsource-parser";
 import { loadConfig } from "../../src/config.ts";
 import { createCore } from "../../src/core.ts";
-import { as, asAlice, asBob, backends, buildTestApp, datasetOf, KEY_A, startRun, testEnv } from "../lib/helper.ts";
+import {
+  as,
+  asAlice,
+  asBob,
+  backends,
+  buildTestApp,
+  datasetOf,
+  KEY_A,
+  startRun,
+  testEnv,
+} from "../lib/helper.ts";
 
 interface Event {
   event: string;

@@ -5,7 +5,16 @@ import { test } from "node:test";
 import { loadConfig } from "../../src/config.ts";
 import { bootstrapKeys, createCore } from "../../src/core.ts";
 import { startServer } from "../../src/server.ts";
-import { aliceWorld, as, asAlice, backends, buildTestApp, endlessEngine, KEY_A, testEnv } from "../lib/helper.ts";
+import {
+  aliceWorld,
+  as,
+  asAlice,
+  backends,
+  buildTestApp,
+  endlessEngine,
+  KEY_A,
+  testEnv,
+} from "../lib/helper.ts";
 
 for (const backend of backends()) {
   test(`first start: one key for user "default", returned once; later starts create none (${backend})`, async (t) => {
