@@ -18,6 +18,7 @@ function job(overrides: Partial<TrainerJob> = {}): TrainerJob {
     outputPath: "/nonexistent/out.gguf",
     workDir: "/nonexistent/work",
     samples: ["a sample"],
+    method: "full",
     learningRate: 1e-3,
     epochs: 1,
     contextSize: 256,
