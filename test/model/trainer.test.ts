@@ -406,7 +406,10 @@ describe("trainer process", () => {
       }).done;
       assert.equal(outcome.status, "completed", JSON.stringify(outcome));
       assert.ok(outcome.status === "completed");
-      return { tensors: (await readAdapterTensors(outcome.outputPath)).tensors, stats: outcome.stats };
+      const { tensors, types } = await readAdapterTensors(outcome.outputPath);
+      // What a run serves is F16; training itself ran in F32.
+      assert.deepEqual(types, new Set([GgmlType.F16]));
+      return { tensors, stats: outcome.stats };
     };
     const whole = await train("mask-whole", true, true);
     const first = await train("mask-prompt", true, false);
