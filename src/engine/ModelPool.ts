@@ -83,7 +83,7 @@ interface LoadedBase {
 /**
  * One servable model: a loaded base, with a LoRA adapter when the ref has one. Every model of a base is
  * served by the base's context and batcher; an adapter costs its own tensors only (no context, no KV cache):
- * bench/README.md §LoRA serving measures this against a context per adapter.
+ * bench/README.md §Serving many adapters measures this against a context per adapter.
  */
 export interface LoadedModel {
   key: string;

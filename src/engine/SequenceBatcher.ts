@@ -115,8 +115,8 @@ interface LogprobState {
  * Generations of the bare model and of its LoRA adapters share the context and its sequences. llama.cpp
  * applies adapters per context, to every token of a decode, so a step decodes one group per adapter in use
  * (the bare model is a group too), switching the context's adapter before each: one decode per step when
- * every generation uses the same adapter, as many as there are adapters otherwise (bench/README.md §LoRA
- * serving measures this against a context per adapter).
+ * every generation uses the same adapter, as many as there are adapters otherwise (bench/README.md §Serving
+ * many adapters measures this against a context per adapter).
  */
 export class SequenceBatcher {
   readonly model: LlamaModel;

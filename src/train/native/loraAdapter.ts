@@ -70,7 +70,7 @@ function adapterMetadata(model: ModelFileInfo, alpha: number) {
 /**
  * How an adapter's tensors are stored: the trainer trains F32 tensors (only those train) and keeps its
  * checkpoints in F32; the adapter it hands to serving is F16, half the size on disk and in memory, which
- * llama.cpp loads as it is (bench/README.md §LoRA serving).
+ * llama.cpp loads as it is (bench/README.md §Serving many adapters).
  */
 export type AdapterTensorType = "F32" | "F16";
 
