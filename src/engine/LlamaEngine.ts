@@ -170,9 +170,11 @@ class LlamaEngine implements Engine {
     this.ensureOpen();
 
     let loaded = this.pool.get(request.model);
-    if (!loaded) {
-      loaded = await this.admission.whileLoading(() => this.pool.load(request.model), signal);
+    while (!loaded) {
+      const candidate = await this.admission.whileLoading(() => this.pool.load(request.model), signal);
       this.ensureOpen();
+      // Unloaded while this request waited for it (its run deleted, its file changed): load it again.
+      if (this.pool.isCurrent(candidate)) loaded = candidate;
     }
     const { batcher } = loaded;
     loaded.lastUsed = Date.now();

@@ -172,6 +172,11 @@ export class ModelPool {
     return m.users > 0 || this.running(m) > 0;
   }
 
+  /** Whether `m` is still in service (not unloaded or retired since it was handed out). */
+  isCurrent(m: LoadedModel): boolean {
+    return this.models.get(m.key) === m;
+  }
+
   /**
    * Unloads every model served from `file` (a model file or a LoRA adapter), for a run whose files are being
    * deleted: each is taken out of service at once and freed when its running generations end.
@@ -499,12 +504,18 @@ export class ModelPool {
 
   private async unload(m: LoadedModel): Promise<void> {
     if (this.models.get(m.key) === m) this.models.delete(m.key);
+    // Out of service now (the engine starts nothing on a model that is not current), but generations running
+    // on it and requests already waiting for one of its sequences finish first. A timer, not a promise: a
+    // waiting request takes its sequence and starts its generation within one run of microtasks.
+    while (this.busy(m)) {
+      await m.batcher.idleOn(m.adapter?.key ?? "");
+      await new Promise((resolve) => setTimeout(resolve, 10));
+    }
     if (m.adapter) {
-      await m.batcher.idleOn(m.adapter.key);
       // Off the context before its tensors are freed; its KV caches go too (a new version may reuse the key).
       await m.batcher.forgetAdapter(m.adapter.key);
       await m.adapter.native.dispose().catch(() => {});
-    } else await m.batcher.idleOn("");
+    }
     await this.releaseBase(m.base);
   }
 }

@@ -186,6 +186,33 @@ describe("LoRA adapters on a shared context", () => {
     }
   });
 
+  test("a request already waiting for a sequence of an adapter that is unloaded still runs on it", async () => {
+    const [a, b] = await Promise.all([1, 2].map((i) => writeAdapter(`queued-${i}`, 30 + i)));
+    const [expected] = await alone([a!]);
+    const engine = createLlamaEngine({ llama, logger: () => {}, contextSize: 256, parallelSequences: 1 });
+    try {
+      await engine.load(a!);
+      await engine.load(b!);
+      const long = engine.generate({ model: b!, prompt: PROMPT, sampling: greedy(30) });
+      // The only sequence is taken: this one waits for it.
+      const waiting = engine.generate({ model: a!, prompt: PROMPT, sampling: greedy(12) });
+      // Failed by the engine's dispose when an assertion below fails first.
+      long.catch(() => {});
+      waiting.catch(() => {});
+      assert.equal(engine.loaded().find((m) => m.id === "queued-1")?.queuedRequests, 1);
+      engine.unload(a!.lora!.path);
+      assert.deepEqual(
+        engine.loaded().map((m) => m.id),
+        ["queued-2"],
+      );
+      const [, text] = await Promise.all([long, waiting]);
+      assert.equal(text.text, expected);
+      assert.equal(engine.stats().loadedModels, 1);
+    } finally {
+      await engine.dispose();
+    }
+  });
+
   test("F16 adapters: tensors are F16 on disk and answer as the same adapter in F32 at temperature 0", async () => {
     const f32 = await writeAdapter("same-f32", 7, "F32");
     const f16 = await writeAdapter("same-f16", 7, "F16");
