@@ -3,7 +3,7 @@ import { after, before, describe, test } from "node:test";
 import type { FastifyInstance } from "fastify";
 import OpenAI from "openai";
 import { build, buildTestApp, KEY_A, testEnv, as, KEY_B } from "./helper.ts";
-import { chatMessages } from "../src/api/routes/generation.ts";
+import { chatMessages } from "../src/api/generation/conduit.ts";
 
 test("history alternates user and assistant; an odd one ends with an unanswered user turn", () => {
   assert.deepEqual(chatMessages({ prompt: "p", system_prompt: "s", history: ["u1", "a1"] }), [
