@@ -162,6 +162,24 @@ describe("chat template", () => {
     });
     assert.equal(answered, `${gemma.render(messages, { addGenerationPrompt: true })}Hello!<end_of_turn>\n`);
 
+    // The model's load says which template its chats get.
+    const logs: string[] = [];
+    const engine = createLlamaEngine({ contextSize: 256, llama, logger: (_, message) => logs.push(message) });
+    try {
+      const answer = await engine.generate({
+        model: { id: "gemma-family", path: path.join(dir, "gemma-family.gguf") },
+        messages,
+        sampling: greedy(2),
+      });
+      assert.ok(answer.promptTokens > 0);
+    } finally {
+      await engine.dispose();
+    }
+    assert.ok(
+      logs.some((line) => line.includes("model 'gemma-family' loaded: chat template gemma (architecture")),
+      logs.join("\n"),
+    );
+
     // The family's name without its turn tokens: its format would be plain text, so ChatML as the last resort.
     const named = await make("gemma-named", { name: "Gemma 3 Tiny", turnTokens: null });
     assert.deepEqual([named.origin, named.name], ["fallback", "chatml"]);
