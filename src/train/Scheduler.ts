@@ -7,9 +7,10 @@ import { readGgufFileInfo } from "node-llama-cpp";
 import { writeGgufUint32 } from "../model/gguf/GgufPatch.ts";
 import { isOutOfSpace } from "../errors.ts";
 import type { BlobStore } from "../store/BlobStore.ts";
-import type { Run, RunRepository } from "../store/RunRepository.ts";
+import type { RunRepository } from "../store/RunRepository.ts";
+import { methodOf, type Run } from "../domain/runs.ts";
 import type { TrainerJob, TrainerProgress } from "./protocol.ts";
-import { methodOf, type ModelCatalog, type RunService } from "./RunService.ts";
+import type { ModelCatalog, RunService } from "./RunService.ts";
 import {
   DEFAULT_MIN_PAIRS_FOR_EVAL,
   prepareSamples,
