@@ -1,6 +1,7 @@
 import type { Llama, LlamaGrammar } from "node-llama-cpp";
 import { ConduitError } from "../errors.ts";
 import { GbnfWriter, GbnfWriterStopped } from "./GbnfWriter.ts";
+import { boundDigits, MAX_BOUND_DIGITS } from "./numberRanges.ts";
 import { emptyRange, OWN_FORMATS, RANGE_KEYWORDS, spliceOwnRules, withOwnRules } from "./ownRules.ts";
 import { MAX_GRAMMAR_COUNT, schemaOverBounds } from "./schemaBounds.ts";
 import type { ResponseFormat } from "./types.ts";
@@ -240,9 +241,12 @@ export function unsupportedJsonSchema(
       (s.minLength !== undefined || s.maxLength !== undefined)
     )
       return `${at}.format "${s.format}" cannot be combined with minLength or maxLength`;
-    for (const key of RANGE_KEYWORDS)
+    for (const key of RANGE_KEYWORDS) {
       if (s[key] !== undefined && (typeof s[key] !== "number" || !Number.isFinite(s[key])))
         return `${at}.${key} must be a number`;
+      if (typeof s[key] === "number" && boundDigits(s[key]) > MAX_BOUND_DIGITS)
+        return `${at}.${key} has more than ${MAX_BOUND_DIGITS} decimal digits`;
+    }
     if (types.includes("number") || types.includes("integer")) {
       const empty = emptyRange(s, !types.includes("number"));
       if (empty) return `${at} ${empty}`;

@@ -141,6 +141,18 @@ function digitClass(from: string, to: string): string {
   return from === to ? `"${from}"` : `[${from}-${to}]`;
 }
 
+/**
+ * Most digits a bound may have, before and after its decimal point together: the grammar grows with the
+ * square of a bound's digits (1e300 would be some 90,000 characters of GBNF).
+ */
+export const MAX_BOUND_DIGITS = 40;
+
+/** How many digits the grammar writes for a bound (`1e-7` is 0.0000001: 8). */
+export function boundDigits(value: number): number {
+  const { int, frac } = decimalOf(value);
+  return int.length + frac.length;
+}
+
 /** The digits of a non-negative finite number as JavaScript writes it shortest (`1e21` and `1e-7` expanded). */
 function decimalOf(value: number): Decimal {
   const [mantissa, exponentText] = Math.abs(value).toString().split("e");

@@ -111,6 +111,8 @@ describe("structured output on the tiny model", () => {
       [{ type: "integer", minimum: 1.2, maximum: 1.8 }, /no integer between/],
       [{ type: "number", exclusiveMinimum: 1, maximum: 1 }, /no number between/],
       [{ type: "number", exclusiveMinimum: true }, /schema\.exclusiveMinimum must be a number/],
+      [{ type: "number", maximum: 1e300 }, /schema\.maximum has more than 40 decimal digits/],
+      [{ type: "number", minimum: 1e-50 }, /schema\.minimum has more than 40 decimal digits/],
       [{ type: "string", format: "email", maxLength: 5 }, /"email" cannot be combined with minLength/],
     ];
     for (const [schema, reason] of refused) {
