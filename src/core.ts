@@ -15,6 +15,7 @@ import { KeyRepository } from "./store/KeyRepository.ts";
 import { RunRepository } from "./store/RunRepository.ts";
 import { Sweeper } from "./store/Sweeper.ts";
 import { RunService } from "./train/RunService.ts";
+import { createRunEventBus, type RunEventBus } from "./train/runEvents.ts";
 import { Scheduler, type SchedulerOptions } from "./train/Scheduler.ts";
 import { MlflowClient } from "./train/tracking/MlflowClient.ts";
 import { MlflowTracker, type MlflowTrackerOptions } from "./train/tracking/MlflowTracker.ts";
@@ -32,6 +33,8 @@ export interface Core {
   datasets: DatasetService;
   runRepository: RunRepository;
   runs: RunService;
+  /** What happens to runs in this process: the run service and the scheduler emit, the scheduler and trackers listen. */
+  runEvents: RunEventBus;
   registry: ModelRegistry;
   engine: Engine;
   inference: InferenceService;
@@ -95,7 +98,8 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
   const registry = new ModelRegistry({ modelsDir: config.modelsDir });
   const base = publicUrl(config);
   const torch = new TorchTrainerStatus(config.python);
-  const runs = new RunService(runRepository, datasets, registry, blobs, {
+  const runEvents = createRunEventBus();
+  const runs = new RunService(runRepository, datasets, registry, blobs, runEvents, {
     defaultModel: config.defaultModel,
     trackerUrl: (id) => `${base}/ui/runs/${id}`,
     limits: { maxPairs: config.maxRunPairs, maxBytes: config.maxRunBytes },
@@ -117,7 +121,7 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
         { defaultExperiment: config.mlflowExperiment, ...overrides.tracking },
       )
     : undefined;
-  tracker?.follow(runs.events);
+  tracker?.follow(runEvents);
   const engine =
     overrides.engine ??
     createLlamaEngine({
@@ -133,7 +137,7 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
       logger: (level, message) => log[level]({ source: "llama.cpp" }, message),
     });
   const inference = new InferenceService(engine, registry, runRepository, config.defaultModel);
-  const scheduler = new Scheduler(runRepository, runs, datasets, registry, blobs, log, {
+  const scheduler = new Scheduler(runRepository, runEvents, datasets, registry, blobs, log, {
     concurrency: config.trainConcurrency,
     threads: config.trainThreads,
     // Trainers compute where generation does: the GPU the engine found, with CONDUIT_GPU_LAYERS layers.
@@ -166,6 +170,7 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
     datasets,
     runRepository,
     runs,
+    runEvents,
     registry,
     engine,
     inference,

@@ -13,6 +13,7 @@ import { buildTestApp, KEY_A, testEnv } from "../lib/helper.ts";
 import { EtaEstimate } from "../../src/cli/runsCommand.ts";
 import { ConduitError } from "../../src/errors.ts";
 import { ModelRegistry, type PullProgress } from "../../src/model/ModelRegistry.ts";
+import { freePort } from "../lib/wait.ts";
 
 const bin = fileURLToPath(new URL("../../bin/conduit.js", import.meta.url));
 
@@ -503,16 +504,6 @@ test("runs create takes auto or numbers and the validation options; runs example
     "the CLI's own errors too",
   );
 });
-
-/** A TCP port nothing listens on right now. */
-async function freePort(): Promise<number> {
-  const server = net.createServer().listen(0, "127.0.0.1");
-  await once(server, "listening");
-  const { port } = server.address() as net.AddressInfo;
-  server.close();
-  await once(server, "close");
-  return port;
-}
 
 /** `conduit serve` as its own process (killed after the test if still running), once /healthz answers. */
 async function serve(t: TestContext, env: Record<string, string>, url: string) {

@@ -4,7 +4,18 @@ import path from "node:path";
 import { describe, test } from "node:test";
 import type { FastifyInstance } from "fastify";
 import { createTinyModel } from "../../src/model/tinyModel.ts";
-import { asAlice, buildTestApp, datasetOf, startRun, testEnv, type TestEnv, as, KEY_A } from "../lib/helper.ts";
+import {
+  as,
+  asAlice,
+  buildTestApp,
+  datasetOf,
+  KEY_A,
+  runEnded,
+  startRun,
+  testEnv,
+  waitForRun,
+  type TestEnv,
+} from "../lib/helper.ts";
 
 /** Twenty made-up pairs: nothing a random model could produce by chance. */
 const words = [
@@ -35,29 +46,6 @@ const pairs = words.map((word, i) => ({
 }));
 
 /** A run as the tests read it (loosely typed: stats and config are free-form objects). */
-interface RunView {
-  status: string;
-  logs: string[];
-  error: string | null;
-  // eslint-disable-next-line @typescript-eslint/no-explicit-any -- stats is a free-form object
-  stats: Record<string, any>;
-}
-
-async function waitFor(
-  app: FastifyInstance,
-  id: string,
-  done: (run: RunView) => boolean,
-  timeoutMs = 120_000,
-): Promise<RunView> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const run = (await as(app, KEY_A).get(`/conduit/finetuning/${id}`)).json() as RunView;
-    if (done(run)) return run;
-    if (Date.now() > deadline) throw new Error(`timed out; run is ${run.status}: ${run.logs?.join("\n")}`);
-    await new Promise((r) => setTimeout(r, 200));
-  }
-}
-
 /** The tiny model, 128 wide (the default 64 memorises too slowly for a test), as model `tiny128`. */
 async function tiny128(env: TestEnv): Promise<string> {
   const file = path.join(env.dataDir, "models", "tiny128.gguf");
@@ -89,7 +77,7 @@ describe("fine-tuning runs on the tiny model", () => {
       epochs: 200,
     });
     // A generous limit: a shared 2-core machine under load trains several times slower.
-    const run = await waitFor(app, id, (r) => ["READY", "FAILED", "CANCELLED"].includes(r.status), 360_000);
+    const run = await waitForRun(app, id, runEnded, { timeoutMs: 360_000 });
     assert.equal(run.status, "READY", run.logs.join("\n"));
     assert.ok(run.stats.step > 0 && run.stats.step === run.stats.totalSteps);
     assert.ok(Array.isArray(run.stats.lossSeries) && run.stats.lossSeries.length > 1);
@@ -197,7 +185,7 @@ describe("LoRA runs on the tiny model", () => {
       const { app } = await trainingApp(t, env);
       const datasetID = await datasetOf(app, pairs);
       const id = await startRun(app, { datasetID, baseModelName, ...memorise });
-      const run = await waitFor(app, id, (r) => ["READY", "FAILED", "CANCELLED"].includes(r.status), 360_000);
+      const run = await waitForRun(app, id, runEnded, { timeoutMs: 360_000 });
       assert.equal(run.status, "READY", run.logs.join("\n"));
       assert.ok(
         run.logs.some((line) => line.includes("LoRA rank 32")),
@@ -290,7 +278,7 @@ describe("LoRA runs on the tiny model", () => {
         ...memorise,
         epochs: 600,
       });
-      const run = await waitFor(app, id, (r) => ["READY", "FAILED", "CANCELLED"].includes(r.status), 360_000);
+      const run = await waitForRun(app, id, runEnded, { timeoutMs: 360_000 });
       assert.equal(run.status, "READY", run.logs.join("\n"));
       ids.push(id);
     }
@@ -352,7 +340,7 @@ describe("runs that learn by default", () => {
     assert.deepEqual([...config.autoSettings].sort(), ["epochs", "loraRank", "lr"]);
     assert.equal(config.trainOnInputs, false);
     assert.ok(config.epochs > 3 && config.lr > 0 && config.loraRank >= 8, JSON.stringify(config));
-    const run = await waitFor(app, id, (r) => ["READY", "FAILED", "CANCELLED"].includes(r.status), 360_000);
+    const run = await waitForRun(app, id, runEnded, { timeoutMs: 360_000 });
     assert.equal(run.status, "READY", run.logs.join("\n"));
     assert.ok(
       run.logs.some((line) => line.includes("auto settings: 200 epochs")),
@@ -431,7 +419,7 @@ describe("runs that learn by default", () => {
       earlyStoppingPatience: 5,
       epochs: 300,
     });
-    const run = await waitFor(app, id, (r) => ["READY", "FAILED", "CANCELLED"].includes(r.status), 360_000);
+    const run = await waitForRun(app, id, runEnded, { timeoutMs: 360_000 });
     assert.equal(run.status, "READY", run.logs.join("\n"));
     const { final } = run.stats;
     assert.equal(final.stoppedEarly, true, run.logs.join("\n"));
@@ -486,7 +474,7 @@ describe("runs that learn by default", () => {
       baseModelName: "tiny128",
       epochs: 100,
     });
-    const run = await waitFor(app, id, (r) => ["READY", "FAILED", "CANCELLED"].includes(r.status), 360_000);
+    const run = await waitForRun(app, id, runEnded, { timeoutMs: 360_000 });
     assert.equal(run.status, "READY", run.logs.join("\n"));
     const ranked = await examplesOf(app, id);
     t.diagnostic(ranked.map((e) => `${e.index} ${e.output} ${e.loss?.toFixed(3)}`).join("; "));
@@ -523,12 +511,7 @@ describe("runs that learn by default", () => {
     assert.ok(saved.step > 0);
 
     const { app: second } = await trainingApp(t, env);
-    const run = await waitFor(
-      second,
-      id,
-      (r) => ["READY", "FAILED", "CANCELLED"].includes(r.status),
-      240_000,
-    );
+    const run = await waitForRun(second, id, runEnded, { timeoutMs: 240_000 });
     assert.equal(run.status, "READY", run.logs.join("\n"));
     assert.ok(
       run.logs.some((line) => line.includes(`resuming from the checkpoint at step ${saved.step}`)),

@@ -10,6 +10,7 @@ import { startServer } from "../../src/server.ts";
 import { DatasetRepository } from "../../src/store/DatasetRepository.ts";
 import { Sweeper } from "../../src/store/Sweeper.ts";
 import { testEnv } from "../lib/helper.ts";
+import { until } from "../lib/wait.ts";
 
 const explicit = { baseModelName: "tiny", epochs: 1, lr: 0.001, loraRank: 4 } as const;
 
@@ -52,11 +53,6 @@ function filesOf(core: Core, runId: string): string[] | null {
   return (fs.readdirSync(dir, { recursive: true }) as string[])
     .filter((name) => fs.statSync(path.join(dir, name)).isFile())
     .sort();
-}
-
-async function until(check: () => boolean, ms: number): Promise<void> {
-  const deadline = Date.now() + ms;
-  while (!check() && Date.now() < deadline) await new Promise((resolve) => setTimeout(resolve, 20));
 }
 
 test("the server sweeps what crashes and ended runs left, at start and then periodically", async (t) => {
@@ -104,7 +100,9 @@ test("the server sweeps what crashes and ended runs left, at start and then peri
   // A queued run's work directory may be a trainer's that is starting: only a start removes it.
   writeFiles(core, queued, ["work/base-f32.gguf"]);
 
-  await until(() => !fs.existsSync(stale) && filesOf(core, failedLater) === null, 3000);
+  await until("the sweep", () => !fs.existsSync(stale) && filesOf(core, failedLater) === null, undefined, {
+    timeoutMs: 3000,
+  });
   assert.equal(fs.existsSync(stale), false, "the stale temp file is swept while the server runs");
   assert.equal(filesOf(core, failedLater), null, "the failed run's (empty) directory is swept");
   assert.equal(fs.existsSync(fresh), true, "a temp file in use stays");
