@@ -60,7 +60,7 @@ export function gpuUnavailable(setting: GpuSetting, cause: unknown): ConduitErro
   const reason = cause instanceof Error ? cause.message : String(cause);
   const needs =
     setting === "cuda"
-      ? "an NVIDIA driver and the CUDA runtime the prebuilt binaries link against (see the README, 'GPU')"
+      ? "an NVIDIA driver and the CUDA runtime the prebuilt binaries link against (see docs/operations.md, 'GPU')"
       : "a Vulkan driver (libvulkan) for the GPU";
   return new ConduitError(
     "unavailable",

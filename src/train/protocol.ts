@@ -124,7 +124,7 @@ export interface TrainerJob {
   /**
    * Packs several examples into each training window (they attend to the ones before them in it);
    * `false` gives every example a window of its own, several times slower on short examples.
-   * Defaults to `true` (README, "What training optimises", has the measurement).
+   * Defaults to `true` (docs/fine-tuning.md, "What training optimises", has the measurement).
    */
   packing?: boolean;
   /** `sgd` exists for tests of the gradient (its update is linear in it). Defaults to `"adamw"`. */
