@@ -45,6 +45,14 @@ function conduit(env: Record<string, string>, ...args: string[]): Promise<CliRes
   return conduitWithInput(env, undefined, ...args);
 }
 
+/** `--json` output: one JSON document a line. */
+function jsonLines<T>(stdout: string): T[] {
+  return stdout
+    .trim()
+    .split("\n")
+    .map((line) => JSON.parse(line) as T);
+}
+
 /** `conduit [--json] runs create --dataset <id> --model tiny [options]`. */
 function runsCreate(
   env: Record<string, string>,
@@ -640,10 +648,7 @@ test("interactive chat drops its oldest turns to fit the model's context, keepin
     "0",
   );
   assert.equal(chat.code, 0, chat.stderr);
-  const answers = chat.stdout
-    .trim()
-    .split("\n")
-    .map((line) => JSON.parse(line) as { usage: { prompt_tokens: number } });
+  const answers = jsonLines<{ usage: { prompt_tokens: number } }>(chat.stdout);
   assert.equal(answers.length, 5, chat.stdout);
   assert.match(chat.stderr, /dropped the oldest turn/);
   const context = core.engine.loaded()[0]!.contextSize;
