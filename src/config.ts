@@ -1,6 +1,6 @@
 import path from "node:path";
 import { TRAINER_SETTINGS, type TrainerSetting } from "./contract/runs.ts";
-import { GPU_SETTINGS, type GpuLayers, type GpuSetting } from "./engine/accelerator.ts";
+import { GPU_SETTINGS, type GpuLayers, type GpuSetting } from "./contract/accelerator.ts";
 
 /**
  * The one typed config module. Every setting has an environment variable, a default and a

@@ -367,6 +367,21 @@ export const ModelEntry = Type.Object({
     "The weights' file type as llama.cpp names it (`F32`, `F16`, `Q8_0`, `Q4_K_M`, …; a LoRA fine-tune: its base's); `null` when unknown.",
   ),
   base_model: Nullish(Type.String(), "The model a fine-tune was trained from; `null` for a base model."),
+  chat_template: Nullish(
+    Type.Object({
+      source: Type.Union([Type.Literal("embedded"), Type.Literal("architecture"), Type.Literal("fallback")], {
+        description:
+          "`embedded`: the model's own `tokenizer.chat_template`; `architecture`: none is embedded, so its family's " +
+          "format (from `general.architecture`, `general.name`/`basename` and the turn tokens in its vocabulary); " +
+          "`fallback`: no family is known, so ChatML written as plain text, an assistant turn ending with the EOS token.",
+      }),
+      name: Type.String({
+        description:
+          "The format: `gemma`, `llama3`, `phi3`, `chatml`, `mistral`, or `custom` for an embedded one.",
+      }),
+    }),
+    "The chat template chats with this model are rendered with, and its fine-tunes trained with (a LoRA fine-tune: its base's); `null` when the file cannot be read.",
+  ),
 });
 
 export const ModelList = Type.Object({ object: Type.Literal("list"), data: Type.Array(ModelEntry) });

@@ -303,6 +303,10 @@ export class ModelPool {
       };
       if (this.closed) throw new ConduitError("unavailable", "The inference engine is shutting down.");
       this.models.set(entry.key, entry);
+      options.logger(
+        "info",
+        `model '${ref.id}' loaded: chat template ${template.name} (${template.origin}${template.origin === "embedded" ? "" : ", the model has none of its own"})`,
+      );
       return entry;
     } catch (error) {
       await context?.dispose().catch(() => {});

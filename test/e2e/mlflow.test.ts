@@ -363,7 +363,7 @@ describe("runs mirrored to MLflow", () => {
     // 300 progress reports at once, as a trainer far ahead of MLflow would send them: 1,500
     // points queued, more than the 1,000 one call may carry.
     for (let step = 1; step <= 300; step++)
-      core.runs.events.emit("progress", id, {
+      core.runEvents.emit("progress", id, {
         step,
         totalSteps: 300,
         epoch: 1,

@@ -58,6 +58,8 @@ function job(name: string, extra: Partial<TrainerJob> = {}): TrainerJob {
     samples,
     learningRate: 1e-2,
     epochs: 4,
+    seed: 0,
+    lrSchedule: { kind: "constant" },
     ...extra,
   };
 }

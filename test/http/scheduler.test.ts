@@ -359,7 +359,7 @@ describe("scheduler with a fake trainer", () => {
       const trainer = await s.trainer.started();
       trainer.progress();
       writeCheckpoint(trainer.job.checkpointDir);
-      const ended = new Promise((resolve) => s.core.runs.events.once("ended", (...args) => resolve(args)));
+      const ended = new Promise((resolve) => s.core.runEvents.once("ended", (...args) => resolve(args)));
       if (how === "fails") trainer.fail("could not load the base model: bad magic");
       else trainer.crash("SIGSEGV");
       const reason =
@@ -415,7 +415,7 @@ describe("scheduler with a fake trainer", () => {
     assert.equal((await repo.claimNext("crashed-1", -1))?.id, id);
     await repo.recoverExpired(2);
     assert.equal((await repo.claimNext("crashed-2", -1))?.id, id);
-    const ended = new Promise((resolve) => s.core.runs.events.once("ended", (...args) => resolve(args)));
+    const ended = new Promise((resolve) => s.core.runEvents.once("ended", (...args) => resolve(args)));
     await s.core.scheduler.tick();
     assert.deepEqual(await ended, [id, "FAILED"]);
     const run = await s.run(id);

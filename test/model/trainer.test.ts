@@ -47,6 +47,9 @@ async function startedTrainer(job: TrainerJob) {
 /** A job on the tiny model that runs long enough to be interrupted. */
 function longJob(name: string, overrides: Partial<TrainerJob> = {}): TrainerJob {
   return {
+    method: "full",
+    seed: 0,
+    lrSchedule: { kind: "constant" },
     baseModelPath: baseModel,
     outputPath: path.join(dir, `${name}.gguf`),
     workDir: path.join(dir, `${name}-work`),
@@ -143,6 +146,7 @@ describe("trainer process", () => {
     const started = performance.now();
     const handle = startTrainer(
       {
+        method: "full",
         baseModelPath: baseModel,
         outputPath: path.join(dir, "memorised.gguf"),
         workDir: path.join(dir, "memorised-work"),
@@ -374,6 +378,7 @@ describe("trainer process", () => {
     const answer = "stone 7<|im_end|>\n";
     const train = async (name: string, promptTrained: boolean, answerTrained: boolean) => {
       const outcome = await startTrainer({
+        lrSchedule: { kind: "constant" },
         method: "lora",
         lora: { rank: 4, alpha: 4, targets: [...LLAMA_CPP_LORA_TARGETS] },
         optimizer: "sgd",
@@ -423,6 +428,8 @@ describe("trainer process", () => {
 
   test("a window with every position masked does not train", async () => {
     const outcome = await startTrainer({
+      seed: 0,
+      lrSchedule: { kind: "constant" },
       method: "lora",
       lora: { rank: 4, alpha: 4, targets: [...LLAMA_CPP_LORA_TARGETS] },
       baseModelPath: baseModel,
@@ -446,6 +453,8 @@ describe("trainer process", () => {
     const small = path.join(dir, "tiny-512.gguf");
     await createTinyModel(small, { seed: 1, contextLength: 512 });
     const outcome = await startTrainer({
+      seed: 0,
+      lrSchedule: { kind: "constant" },
       method: "lora",
       lora: { rank: 4, alpha: 8, targets: [...LLAMA_CPP_LORA_TARGETS] },
       baseModelPath: small,
@@ -472,6 +481,7 @@ describe("trainer process", () => {
     const samples = Array.from({ length: 40 }, (_, i) => sample(i));
     const evalSamples = Array.from({ length: 5 }, (_, i) => sample(100 + i));
     const job = (name: string): TrainerJob => ({
+      lrSchedule: { kind: "constant" },
       method: "lora",
       lora: { rank: 2, alpha: 4, targets: [...LLAMA_CPP_LORA_TARGETS] },
       baseModelPath: baseModel,
@@ -552,6 +562,8 @@ describe("trainer process", () => {
     const base = { id: "tiny", path: baseModel };
     const tokensOf = async (sample: TrainingSample) => {
       const outcome = await startTrainer({
+        seed: 0,
+        lrSchedule: { kind: "constant" },
         method: "lora",
         lora: { rank: 2, alpha: 2, targets: ["output"] },
         baseModelPath: baseModel,
@@ -609,6 +621,8 @@ describe("trainer process", () => {
     // The trainer counts exactly the answers' tokens in the loss (every position whose label is one of them),
     // plus the end-of-sequence label after the last.
     const outcome = await startTrainer({
+      seed: 0,
+      lrSchedule: { kind: "constant" },
       method: "lora",
       lora: { rank: 2, alpha: 2, targets: ["output"] },
       baseModelPath: baseModel,
@@ -628,6 +642,8 @@ describe("trainer process", () => {
       // With trainOnInputs every position counts.
       const all = await formatChatExample(base, "", turns, true);
       const everything = await startTrainer({
+        seed: 0,
+        lrSchedule: { kind: "constant" },
         method: "lora",
         lora: { rank: 2, alpha: 2, targets: ["output"] },
         baseModelPath: baseModel,

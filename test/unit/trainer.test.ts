@@ -4,6 +4,7 @@ import os from "node:os";
 import path from "node:path";
 import { describe, test } from "node:test";
 import { chooseAutoSettings } from "../../src/train/autoSettings.ts";
+import { LLAMA_CPP_LORA_TARGETS, runDefaults } from "../../src/contract/runs.ts";
 import { learningRateAt } from "../../src/train/native/learningRate.ts";
 import { checkAbi, EXPECTED_STRUCT_SIZES, localBuildDir } from "../../src/train/native/llamaLib.ts";
 import { countWindows, lossPositions, packWindows } from "../../src/train/native/packWindows.ts";
@@ -17,6 +18,7 @@ function job(overrides: Partial<TrainerJob> = {}): TrainerJob {
     outputPath: "/nonexistent/out.gguf",
     workDir: "/nonexistent/work",
     samples: ["a sample"],
+    method: "full",
     learningRate: 1e-3,
     epochs: 1,
     contextSize: 256,
@@ -165,10 +167,35 @@ describe("trainer building blocks", () => {
     assert.throws(() => resolveTrainerJob(job({ complexity: 0 })), /complexity/);
     assert.throws(() => resolveTrainerJob(job({ samples: [] })), /samples/);
     assert.throws(() => resolveTrainerJob(job({ outputType: "Q9" as never })), /outputType/);
-    assert.deepEqual(resolveTrainerJob(job()).lrSchedule, {
-      kind: "constant",
-      warmupSteps: 0,
-      minFraction: 0,
+    // What a job leaves out defaults from the one table the API documents for runs.
+    const defaults = resolveTrainerJob({
+      ...job(),
+      method: undefined,
+      lora: { rank: 4, alpha: 8, targets: [...LLAMA_CPP_LORA_TARGETS] },
+      seed: undefined,
+      lrSchedule: undefined,
+      complexity: undefined,
+      contextSize: undefined,
     });
+    assert.deepEqual(
+      {
+        method: defaults.method,
+        seed: defaults.seed,
+        complexity: defaults.complexity,
+        contextSize: defaults.contextSize,
+        outputType: defaults.outputType,
+        lrSchedule: defaults.lrSchedule,
+      },
+      {
+        method: runDefaults.method,
+        seed: runDefaults.seed,
+        complexity: runDefaults.complexity,
+        contextSize: runDefaults.contextSize,
+        outputType: runDefaults.outputType,
+        lrSchedule: { kind: runDefaults.lrSchedule, warmupSteps: 0, minFraction: runDefaults.lrMinFraction },
+      },
+    );
+    assert.equal(runDefaults.method, "lora");
+    assert.equal(runDefaults.seed, 42);
   });
 });

@@ -1,4 +1,4 @@
-import type { Run } from "../store/RunRepository.ts";
+import type { Run } from "./runs.ts";
 
 /**
  * The name a READY run is served under. A run created through OpenAI's fine-tuning API
