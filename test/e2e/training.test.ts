@@ -551,7 +551,7 @@ describe("clean ends on the fallback template", () => {
       lr: 0.003,
       epochs: 200,
     });
-    const run = await waitFor(app, id, (r) => ["READY", "FAILED", "CANCELLED"].includes(r.status), 360_000);
+    const run = await waitForRun(app, id, runEnded, { timeoutMs: 360_000 });
     assert.equal(run.status, "READY", run.logs.join("\n"));
     const model = (await as(app, KEY_A).get(`/conduit/v1/models/${id}`)).json();
     assert.deepEqual(model.chat_template, { source: "fallback", name: "chatml" });
