@@ -13,6 +13,8 @@ import { openDatabase, type Db } from "./store/database.ts";
 import { DatasetRepository } from "./store/DatasetRepository.ts";
 import { KeyRepository } from "./store/KeyRepository.ts";
 import { RunRepository } from "./store/RunRepository.ts";
+import { EvalRepository } from "./store/EvalRepository.ts";
+import { EvalService } from "./evals/EvalService.ts";
 import { RunService } from "./train/RunService.ts";
 import { Scheduler, type SchedulerOptions } from "./train/Scheduler.ts";
 import { MlflowClient } from "./train/tracking/MlflowClient.ts";
@@ -35,6 +37,8 @@ export interface Core {
   engine: Engine;
   inference: InferenceService;
   scheduler: Scheduler;
+  /** Evaluations: evals, eval runs (answered in this process), the automatic before/after of READY runs. */
+  evals: EvalService;
   /** Whether the torch trainer can run here (checked in the background by the server, on demand otherwise). */
   torch: TorchTrainerStatus;
   close(): Promise<void>;
@@ -134,6 +138,11 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
     ...overrides.scheduler,
   });
 
+  const evals = new EvalService(new EvalRepository(db.kysely), runRepository, datasets, inference, blobs, log, {
+    parallel: config.evalParallel,
+    afterRun: config.evalAfterRun,
+  });
+
   return {
     config,
     log,
@@ -147,9 +156,11 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
     engine,
     inference,
     scheduler,
+    evals,
     torch,
     async close() {
       await scheduler.close();
+      await evals.close();
       await tracker?.close();
       await engine.dispose();
       await stopListening();
