@@ -110,7 +110,7 @@ export function settleGraders(graders: readonly GraderWire[], param = "graders")
       if (all.findIndex((g) => g.name === grader.name) !== i)
         throw new ConduitError(
           "invalid_request",
-          `two graders are named "${grader.name}"; give each its own "name"`,
+          `"${param}[${i}].name": two graders are named "${grader.name}"; give each its own name`,
           {
             param: `${param}[${i}].name`,
           },
