@@ -3,7 +3,6 @@ import path from "node:path";
 import type { Command } from "commander";
 import { SingleBar } from "cli-progress";
 import type { EvalRunWire, EvalSourceWire, GraderWire } from "../contract/evals.ts";
-import { detectFormat, IoPairError, readIoPairs } from "../datasets/ioPairs.ts";
 import { CliError, exitCodes, table, type CliContext } from "./context.ts";
 
 /** `--grader` names: the API's types, and `exact` for `exact_match`. */
@@ -25,30 +24,20 @@ function graders(list: string): GraderWire[] {
   });
 }
 
-/** A local file of pairs or chat examples, read here and sent as items; else a file id of yours on the server. */
-async function sourceOf(file: string): Promise<EvalSourceWire> {
+/**
+ * A local file of pairs or chat examples, uploaded to a dataset of its own (the server reads and checks it, as any
+ * upload); else a file id of yours on the server.
+ */
+async function sourceOf(ctx: CliContext, file: string): Promise<EvalSourceWire> {
   if (!fs.existsSync(file)) {
     if (/^file_/.test(file)) return { type: "file", fileId: file };
     throw new CliError(`--file ${file}: no such file (or a file id of yours, file_…)`, exitCodes.usage);
   }
-  const items = [];
-  try {
-    for await (const pair of readIoPairs(file, await detectFormat(file, path.basename(file)))) {
-      if (pair.messages) {
-        let last = pair.messages.length - 1;
-        while (last > 0 && pair.messages[last]?.role !== "assistant") last--;
-        const messages = pair.messages
-          .slice(0, last)
-          .filter((m) => m.role !== "tool")
-          .map(({ role, content }) => ({ role: role as "system" | "user" | "assistant", content }));
-        items.push({ messages, expected: pair.messages[last]?.content ?? pair.output });
-      } else items.push({ input: pair.input, expected: pair.output });
-    }
-  } catch (error) {
-    if (error instanceof IoPairError) throw new CliError(`${file}: ${error.message}`, exitCodes.usage);
-    throw error;
-  }
-  return { type: "items", items };
+  const client = ctx.client();
+  const name = path.basename(file);
+  const dataset = await client.createDataset(`eval ${name}`.slice(0, 256));
+  const uploaded = await client.uploadFile(dataset.id, await fs.openAsBlob(file), { name });
+  return { type: "file", fileId: uploaded.id };
 }
 
 /** One row per model: each grader's passed/total and mean score, tokens and mean latency. */
@@ -108,7 +97,7 @@ export function evalsCommand(program: Command, ctx: CliContext): void {
           throw new CliError("give one of --file and --run", exitCodes.usage);
         const source: EvalSourceWire = opts.run
           ? { type: "run", runId: opts.run }
-          : await sourceOf(opts.file as string);
+          : await sourceOf(ctx, opts.file as string);
         const maxTokens = Number(opts.maxTokens);
         if (!Number.isInteger(maxTokens) || maxTokens < 1)
           throw new CliError(`--max-tokens ${opts.maxTokens}: a positive integer`, exitCodes.usage);

@@ -1,6 +1,6 @@
 import { useState } from "preact/hooks";
 import { api, type EvalResult, type EvalRun } from "../api.ts";
-import { ErrorNote, Loading } from "../components/common.tsx";
+import { ErrorNote, Field, Loading } from "../components/common.tsx";
 import { Table } from "../components/Table.tsx";
 import { formatTime } from "../format.ts";
 import { useInterval, useResource } from "../hooks.ts";
@@ -141,14 +141,13 @@ export function EvalPage({ id, runId }: { id: string; runId: string | null }) {
             </section>
           ))}
           <h2>Items</h2>
-          <label class="check">
+          <Field label="Only items the models disagree on (first grader)" check>
             <input
               type="checkbox"
               checked={onlyDifferent}
               onChange={(event) => setOnlyDifferent(event.currentTarget.checked)}
             />
-            {" Only items the models disagree on (first grader)"}
-          </label>
+          </Field>
           <Table
             label="Items"
             class="pairs"

@@ -241,27 +241,27 @@ export function Playground({ model: initialModel }: { model: string | null }) {
                 <p class="muted">Send a message: both models answer it.</p>
               )}
             </div>
-          ) : null}
-          <div
-            hidden={compareWith !== null}
-            class="transcript"
-            ref={transcript}
-            role="log"
-            aria-live="polite"
-            tabIndex={0}
-            aria-label="Conversation"
-          >
-            {turns.length === 0 ? (
-              <p class="muted">Send a message to start.</p>
-            ) : (
-              turns.map((t, i) => (
-                <div key={i} class={`turn turn-${t.role}`}>
-                  <span class="role">{t.role === "user" ? "You" : "Model"}</span>
-                  <p>{t.content || (controller && i === turns.length - 1 ? "…" : "")}</p>
-                </div>
-              ))
-            )}
-          </div>
+          ) : (
+            <div
+              class="transcript"
+              ref={transcript}
+              role="log"
+              aria-live="polite"
+              tabIndex={0}
+              aria-label="Conversation"
+            >
+              {turns.length === 0 ? (
+                <p class="muted">Send a message to start.</p>
+              ) : (
+                turns.map((t, i) => (
+                  <div key={i} class={`turn turn-${t.role}`}>
+                    <span class="role">{t.role === "user" ? "You" : "Model"}</span>
+                    <p>{t.content || (controller && i === turns.length - 1 ? "…" : "")}</p>
+                  </div>
+                ))
+              )}
+            </div>
+          )}
           <ErrorNote message={error} />
           <form
             class="composer"
@@ -294,8 +294,11 @@ export function Playground({ model: initialModel }: { model: string | null }) {
               ) : null}
               <button
                 type="button"
-                onClick={() => setTurns([])}
-                disabled={!!controller || turns.length === 0}
+                onClick={() => {
+                  setTurns([]);
+                  setComparison(undefined);
+                }}
+                disabled={!!controller || (turns.length === 0 && !comparison)}
               >
                 Clear conversation
               </button>
