@@ -93,6 +93,8 @@ async function train(job: Partial<TrainerJob> & Pick<TrainerJob, "baseModelPath"
       contextSize: ctx,
       threads,
       gpu: gpuJob,
+      seed: 0,
+      lrSchedule: { kind: "constant" },
       ...job,
     },
     {

@@ -61,6 +61,7 @@ try {
       learningRate: 1e-3,
       epochs: Number(values.epochs),
       lrSchedule: { kind: "cosine", minFraction: 0.1 },
+      seed: 0,
       threads: Number(values.threads),
     },
     { onLog: (line) => logs.push(line) },

@@ -116,10 +116,13 @@ async function conduitTrainer(model: string, samples: string[]): Promise<Measure
       outputPath: path.join(work, "conduit.gguf"),
       workDir: path.join(work, "conduit-work"),
       samples,
+      method: "full",
       learningRate: 1e-5,
       epochs: 1,
       contextSize: ctx,
       threads,
+      seed: 0,
+      lrSchedule: { kind: "constant" },
     },
     {
       // Which libllama it trains with: node-llama-cpp's local build for this CPU, or its prebuilt one.

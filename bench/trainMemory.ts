@@ -85,6 +85,8 @@ async function measureOne(pairs: number, model: string): Promise<Measured> {
       epochs: 1,
       maxSteps: Number(values.steps),
       contextSize: 1024,
+      seed: 0,
+      lrSchedule: { kind: "constant" },
       ...(feed === "files"
         ? { samplesFile: trainFile, evalSamplesFile: heldFile, lossesFile: path.join(dir, "losses.jsonl") }
         : { samples: train, evalSamples: held }),

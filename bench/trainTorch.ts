@@ -146,6 +146,7 @@ function job(
     gpu: device === "cuda" ? { backend: "cuda", layers: "all" } : { backend: "cpu", layers: 0 },
     blasLibrary,
     lrSchedule: { kind: "cosine", minFraction: 0.1 },
+    seed: 0,
     packing: true,
   };
 }

@@ -1,11 +1,11 @@
 import path from "node:path";
 import { TRAINER_SETTINGS, type TrainerSetting } from "./contract/runs.ts";
-import { GPU_SETTINGS, type GpuLayers, type GpuSetting } from "./engine/accelerator.ts";
+import { GPU_SETTINGS, type GpuLayers, type GpuSetting } from "./contract/accelerator.ts";
 
 /**
  * The one typed config module. Every setting has an environment variable, a default and a
  * description; `loadConfig` reads them once at start and nothing else reads `process.env`.
- * The README's settings table lists every one (test/docs.test.ts checks it).
+ * docs/settings.md lists every one (test/unit/docs.test.ts checks it).
  */
 
 interface Setting<T> {

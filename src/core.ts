@@ -15,7 +15,9 @@ import { KeyRepository } from "./store/KeyRepository.ts";
 import { RunRepository } from "./store/RunRepository.ts";
 import { EvalRepository } from "./store/EvalRepository.ts";
 import { EvalService } from "./evals/EvalService.ts";
+import { Sweeper } from "./store/Sweeper.ts";
 import { RunService } from "./train/RunService.ts";
+import { createRunEventBus, type RunEventBus } from "./train/runEvents.ts";
 import { Scheduler, type SchedulerOptions } from "./train/Scheduler.ts";
 import { MlflowClient } from "./train/tracking/MlflowClient.ts";
 import { MlflowTracker, type MlflowTrackerOptions } from "./train/tracking/MlflowTracker.ts";
@@ -33,12 +35,16 @@ export interface Core {
   datasets: DatasetService;
   runRepository: RunRepository;
   runs: RunService;
+  /** What happens to runs in this process: the run service and the scheduler emit, the scheduler and trackers listen. */
+  runEvents: RunEventBus;
   registry: ModelRegistry;
   engine: Engine;
   inference: InferenceService;
   scheduler: Scheduler;
   /** Evaluations: evals, eval runs (answered in this process), the automatic before/after of READY runs. */
   evals: EvalService;
+  /** Removes leftover blobs; built here, started by the server only (the CLI opens the same data dir). */
+  sweeper: Sweeper;
   /** Whether the torch trainer can run here (checked in the background by the server, on demand otherwise). */
   torch: TorchTrainerStatus;
   close(): Promise<void>;
@@ -56,27 +62,48 @@ export interface CoreOverrides {
   log?: Logger;
 }
 
-export async function createCore(config: Config, overrides: CoreOverrides = {}): Promise<Core> {
-  const log = overrides.log ?? pino({ level: config.logLevel });
-  const db = await openDatabase({
+/** What editing keys needs (`conduit keys`): the database and its keys, no engine, scheduler or tracker. */
+export interface KeysCore {
+  config: Config;
+  keys: KeyRepository;
+  close(): Promise<void>;
+}
+
+function openConfiguredDatabase(config: Config): Promise<Db> {
+  return openDatabase({
     databaseUrl: config.databaseUrl,
     sqlitePath: path.join(config.dataDir, "conduit.db"),
   });
+}
+
+function keyRepository(db: Db): KeyRepository {
+  return new KeyRepository(db.kysely, db.dataVersion, db.readCommitted);
+}
+
+/** The light core of `conduit keys`: the configured database's keys. `close()` closes the database. */
+export async function createKeysCore(config: Config): Promise<KeysCore> {
+  const db = await openConfiguredDatabase(config);
+  return { config, keys: keyRepository(db), close: () => db.close() };
+}
+
+export async function createCore(config: Config, overrides: CoreOverrides = {}): Promise<Core> {
+  const log = overrides.log ?? pino({ level: config.logLevel });
+  const db = await openConfiguredDatabase(config);
   const blobs = overrides.blobs ?? new BlobStore(path.join(config.dataDir, "blobs"));
-  const keys = new KeyRepository(db.kysely, db.dataVersion, db.readCommitted);
-  const datasets = new DatasetService(
-    new DatasetRepository(db.kysely),
-    blobs,
-    config.maxUploadBytes,
-    config.maxPairBytes,
-  );
+  const keys = keyRepository(db);
+  const datasetRepository = new DatasetRepository(db.kysely);
+  const datasets = new DatasetService(datasetRepository, blobs, config.maxUploadBytes, config.maxPairBytes);
   const runRepository = new RunRepository(db.kysely, db.dialect, db.readCommitted);
   // Writes of other servers sharing a PostgreSQL database wake this one's run followers.
   const stopListening = await runRepository.listen(db);
+  const sweeper = new Sweeper(blobs, runRepository, datasetRepository, log, {
+    intervalMs: config.sweepInterval,
+  });
   const registry = new ModelRegistry({ modelsDir: config.modelsDir });
   const base = publicUrl(config);
   const torch = new TorchTrainerStatus(config.python);
-  const runs = new RunService(runRepository, datasets, registry, blobs, {
+  const runEvents = createRunEventBus();
+  const runs = new RunService(runRepository, datasets, registry, blobs, runEvents, {
     defaultModel: config.defaultModel,
     trackerUrl: (id) => `${base}/ui/runs/${id}`,
     limits: { maxPairs: config.maxRunPairs, maxBytes: config.maxRunBytes },
@@ -98,7 +125,7 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
         { defaultExperiment: config.mlflowExperiment, ...overrides.tracking },
       )
     : undefined;
-  tracker?.follow(runs.events);
+  tracker?.follow(runEvents);
   const engine =
     overrides.engine ??
     createLlamaEngine({
@@ -114,7 +141,7 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
       logger: (level, message) => log[level]({ source: "llama.cpp" }, message),
     });
   const inference = new InferenceService(engine, registry, runRepository, config.defaultModel);
-  const scheduler = new Scheduler(runRepository, runs, datasets, registry, blobs, log, {
+  const scheduler = new Scheduler(runRepository, runEvents, datasets, registry, blobs, log, {
     concurrency: config.trainConcurrency,
     threads: config.trainThreads,
     // Trainers compute where generation does: the GPU the engine found, with CONDUIT_GPU_LAYERS layers.
@@ -152,13 +179,16 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
     datasets,
     runRepository,
     runs,
+    runEvents,
     registry,
     engine,
     inference,
     scheduler,
     evals,
+    sweeper,
     torch,
     async close() {
+      await sweeper.stop();
       await scheduler.close();
       await evals.close();
       await tracker?.close();
@@ -173,7 +203,7 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
  * Creates the keys named in `CONDUIT_API_KEYS`; on a first start with no key at all, creates
  * one for user `default` and returns it so the caller can print it once.
  */
-export async function bootstrapKeys(core: Core): Promise<string | undefined> {
+export async function bootstrapKeys(core: Pick<Core, "config" | "keys">): Promise<string | undefined> {
   for (const seed of core.config.apiKeys) await core.keys.ensure(seed.key, seed.userId);
   if ((await core.keys.count()) > 0) return undefined;
   const { key } = await core.keys.create("default", "first start");

@@ -5,8 +5,6 @@ import { ConfigError, describeConfig, localUrl, type Config } from "./config.ts"
 import { bootstrapKeys, createCore } from "./core.ts";
 import { describeBackend } from "./engine/accelerator.ts";
 import { ConduitError } from "./errors.ts";
-import { DatasetRepository } from "./store/DatasetRepository.ts";
-import { Sweeper } from "./store/Sweeper.ts";
 
 /** Starts the service: migrations, keys, routes, then listen; closes gracefully on SIGINT/SIGTERM. */
 export async function startServer(config: Config): Promise<{ close(): Promise<void>; url: string }> {
@@ -37,10 +35,7 @@ export async function startServer(config: Config): Promise<{ close(): Promise<vo
             : app.log.info(`torch trainer: not available (${status.reason}); runs train on llama.cpp`),
       );
   // Only the server sweeps (the CLI opens the same data dir), and only leftovers.
-  const files = new DatasetRepository(core.db.kysely);
-  const sweeper = new Sweeper(core.blobs, core.runRepository, files, core.log, {
-    intervalMs: config.sweepInterval,
-  });
+  const sweeper = core.sweeper;
   await sweeper.sweep({ atStart: true });
   let url: string;
   try {
@@ -71,7 +66,7 @@ export async function startServer(config: Config): Promise<{ close(): Promise<vo
   );
   core.scheduler.start();
   // Eval runs are answered by this process's engine; the automatic before/after follows its scheduler's runs.
-  core.evals.start(core.runs);
+  core.evals.start(core.runEvents);
   sweeper.start();
 
   let closing: Promise<void> | undefined;

@@ -7,10 +7,11 @@
  */
 import type { Core } from "../core.ts";
 import { ConduitError } from "../errors.ts";
-import type { DatasetFile } from "../store/DatasetRepository.ts";
+import type { DatasetFile } from "../domain/datasets.ts";
 import type { OpenAiJobRecord, RunStatus } from "../contract/runs.ts";
-import type { Run } from "../store/RunRepository.ts";
-import { servedModelName } from "../train/modelNames.ts";
+import type { Run } from "../domain/runs.ts";
+import { servedModelName } from "../domain/modelNames.ts";
+import type { CreateRun } from "../train/commands.ts";
 import { runEstimate } from "./wire.ts";
 import type {
   OpenAiHyperparametersWire,
@@ -184,14 +185,16 @@ export async function listJobs(
   return found.slice(0, page.limit);
 }
 
-/** Run-service params → the OpenAI field they came from. */
-const jobParams: Record<string, string> = {
+/** The run command's fields (the `param` of the run service's errors) → the OpenAI field they came from. */
+const jobParams: Partial<Record<keyof CreateRun, string>> = {
   datasetID: "training_file",
   datasetName: "training_file",
   validationFileID: "validation_file",
   baseModelName: "model",
   epochs: "hyperparameters.n_epochs",
   lrMultiplier: "hyperparameters.learning_rate_multiplier",
+  seed: "seed",
+  name: "suffix",
 };
 
 /** The hyperparameters, from `method.supervised` or the older top-level field (not both). */
@@ -253,24 +256,23 @@ export async function createOpenAiJob(
     metadata: body.metadata ?? null,
     learning_rate_multiplier: multiplier,
   };
+  const command: CreateRun = {
+    datasetID: file.datasetId,
+    baseModelName: body.model,
+    epochs: hyperparameters.n_epochs ?? "auto",
+    validationFileID: body.validation_file,
+    name: body.suffix,
+    seed: body.seed,
+    lrMultiplier: multiplier ?? undefined,
+    openai: record,
+  };
   try {
-    return await core.runs.create(
-      userId,
-      {
-        datasetID: file.datasetId,
-        baseModelName: body.model,
-        epochs: hyperparameters.n_epochs ?? "auto",
-        ...(body.validation_file !== undefined ? { validationFileID: body.validation_file } : {}),
-        ...(body.suffix !== undefined ? { name: body.suffix } : {}),
-      },
-      {
-        ...(body.seed !== undefined ? { seed: body.seed } : {}),
-        ...(multiplier !== null ? { lrMultiplier: multiplier } : {}),
-        openai: { ...record },
-      },
-    );
+    return await core.runs.create(userId, command);
   } catch (error) {
-    const param = error instanceof ConduitError && error.param !== null ? jobParams[error.param] : undefined;
+    const param =
+      error instanceof ConduitError && error.param !== null
+        ? jobParams[error.param as keyof CreateRun]
+        : undefined;
     if (error instanceof ConduitError && param !== undefined)
       throw new ConduitError(error.code, error.message, { param, cause: error });
     throw error;

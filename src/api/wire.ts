@@ -1,5 +1,5 @@
-import type { Dataset, DatasetFile } from "../store/DatasetRepository.ts";
-import type { Run } from "../store/RunRepository.ts";
+import type { Dataset, DatasetFile } from "../domain/datasets.ts";
+import type { Run } from "../domain/runs.ts";
 import type { DatasetFileWire, DatasetWire, RunSummaryWire, RunWire } from "../contract/schemas.ts";
 import { currentEstimate, type RunEstimate } from "../contract/estimate.ts";
 

@@ -1,5 +1,5 @@
 import type { Command } from "commander";
-import { createCore, type Core } from "../core.ts";
+import { createKeysCore, type KeysCore } from "../core.ts";
 import { CliError, exitCodes, table, type CliContext } from "./context.ts";
 
 /** Keys live in the local database, so these commands open it directly (no server needed). */
@@ -8,8 +8,8 @@ export function keysCommand(program: Command, ctx: CliContext): void {
     .command("keys")
     .description("manage API keys in the local database (CONDUIT_DATA_DIR / DATABASE_URL)");
 
-  async function withCore<T>(fn: (core: Core) => Promise<T>): Promise<T> {
-    const core = await createCore({ ...ctx.config, logLevel: "warn" });
+  async function withCore<T>(fn: (core: KeysCore) => Promise<T>): Promise<T> {
+    const core = await createKeysCore(ctx.config);
     try {
       return await fn(core);
     } finally {

@@ -44,7 +44,7 @@ try {
 
 program
   .command("serve")
-  .description("run the HTTP service (settings: CONDUIT_* environment variables, see README)")
+  .description("run the HTTP service (settings: CONDUIT_* environment variables, see docs/settings.md)")
   .action(async () => {
     await startServer(ctx.config);
   });

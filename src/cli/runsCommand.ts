@@ -190,7 +190,7 @@ export function runsCommand(program: Command, ctx: CliContext): void {
 
   runs
     .command("create")
-    .description("start a fine-tuning run (defaults as documented in the README)")
+    .description("start a fine-tuning run (defaults as documented in docs/fine-tuning.md)")
     .option("-d, --dataset <id>", "dataset id")
     .option("--dataset-name <name>", "dataset name (instead of --dataset)")
     .option("-m, --model <id>", "base model id (default: the server's CONDUIT_DEFAULT_MODEL)")

@@ -165,7 +165,10 @@ export interface OpenAiJobRecord {
   learning_rate_multiplier: number | null;
 }
 
-/** Defaults of the settings that are not `"auto"` (epochs, lr and loraRank are chosen per run). */
+/**
+ * Defaults of the settings that are not `"auto"` (epochs, lr and loraRank are chosen per run): the API documents
+ * them, and a trainer job (`TrainerJob`) that leaves a setting out gets the same value.
+ */
 export const runDefaults = {
   method: "lora" as TrainMethod,
   /** The default alpha is this times the rank (a scale of 2). */

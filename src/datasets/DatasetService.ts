@@ -1,7 +1,8 @@
 import { pipeline, Transform, type Readable } from "node:stream";
 import { ConduitError } from "../errors.ts";
 import type { BlobStore } from "../store/BlobStore.ts";
-import type { Dataset, DatasetFile, DatasetRepository, Page } from "../store/DatasetRepository.ts";
+import type { DatasetRepository } from "../store/DatasetRepository.ts";
+import type { Dataset, DatasetFile, Page } from "../domain/datasets.ts";
 import { newId } from "../store/ids.ts";
 import {
   countIoPairs,

@@ -1,7 +1,8 @@
 import type { Llama, LlamaGrammar } from "node-llama-cpp";
 import { ConduitError } from "../errors.ts";
 import { Admission, abortable } from "./Admission.ts";
-import type { AcceleratorInfo, GpuLayers, GpuSetting } from "./accelerator.ts";
+import type { AcceleratorInfo } from "./accelerator.ts";
+import type { GpuLayers, GpuSetting } from "../contract/accelerator.ts";
 import type { Engine, EngineStats, LoadedModelInfo } from "./Engine.ts";
 import { GrammarCache } from "./grammars.ts";
 import { ModelPool, type LoadedModel } from "./ModelPool.ts";

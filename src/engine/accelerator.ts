@@ -1,16 +1,7 @@
 import type { Llama } from "node-llama-cpp";
 import { ConduitError } from "../errors.ts";
-
-/**
- * `CONDUIT_GPU`: which compute backend generation and training use. `auto` takes a GPU when node-llama-cpp's
- * prebuilt binaries find a working one (CUDA first, then Vulkan) and is the CPU otherwise, with nothing to
- * install or download; `cuda` and `vulkan` insist (the server does not start without one); `off` is the CPU.
- */
-export const GPU_SETTINGS = ["auto", "cuda", "vulkan", "off"] as const;
-export type GpuSetting = (typeof GPU_SETTINGS)[number];
-
-/** `CONDUIT_GPU_LAYERS`: layers offloaded to the GPU, `all` (the default) or a count; ignored on the CPU. */
-export type GpuLayers = "all" | number;
+import type { GpuLayers, GpuSetting } from "../contract/accelerator.ts";
+export type { GpuLayers, GpuSetting };
 
 /** The compute backend in use: `cpu` when no GPU is used. */
 export type Backend = "cpu" | "cuda" | "vulkan" | "metal";
@@ -69,7 +60,7 @@ export function gpuUnavailable(setting: GpuSetting, cause: unknown): ConduitErro
   const reason = cause instanceof Error ? cause.message : String(cause);
   const needs =
     setting === "cuda"
-      ? "an NVIDIA driver and the CUDA runtime the prebuilt binaries link against (see the README, 'GPU')"
+      ? "an NVIDIA driver and the CUDA runtime the prebuilt binaries link against (see docs/operations.md, 'GPU')"
       : "a Vulkan driver (libvulkan) for the GPU";
   return new ConduitError(
     "unavailable",

@@ -17,7 +17,7 @@ import type { Llama, LlamaContext, LlamaGrammar, LlamaModel } from "node-llama-c
  * no truncation), asking for the top logits, the sampled token's logit and the softmax's normalizer.
  *
  * `bindNative` checks every member it uses and fails loudly, so a node-llama-cpp upgrade that changes them
- * breaks at model load with a clear message (and in test/engine.test.ts), not mid-generation.
+ * breaks at model load with a clear message (and in test/model/engine.test.ts), not mid-generation.
  */
 
 export interface NativeContext {

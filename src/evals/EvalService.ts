@@ -19,7 +19,7 @@ import type {
 import { newId } from "../store/ids.ts";
 import type { Run, RunRepository } from "../store/RunRepository.ts";
 import { fileLines } from "../train/exampleFiles.ts";
-import type { RunService } from "../train/RunService.ts";
+import type { RunEventBus } from "../train/runEvents.ts";
 import {
   evalDefaults,
   evalLimits,
@@ -93,10 +93,10 @@ export class EvalService {
   }
 
   /** Starts answering queued eval runs, and (unless turned off) evaluating runs that become READY. */
-  start(runs: RunService): void {
+  start(runEvents: RunEventBus): void {
     if ((this.options.concurrency ?? 1) <= 0) return;
     if (this.options.afterRun ?? true)
-      runs.events.on("ended", (runId, status) => {
+      runEvents.on("ended", (runId, status) => {
         if (status === "READY") this.track(this.evaluateRun(runId));
       });
     this.wake();

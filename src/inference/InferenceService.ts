@@ -14,9 +14,9 @@ import type {
   ToolCall,
   ToolDefinition,
 } from "../engine/types.ts";
-import type { Run, RunRepository } from "../store/RunRepository.ts";
-import { methodOf } from "../train/RunService.ts";
-import { runIdOfModelName, servedModelName } from "../train/modelNames.ts";
+import type { RunRepository } from "../store/RunRepository.ts";
+import { methodOf, type Run } from "../domain/runs.ts";
+import { runIdOfModelName, servedModelName } from "../domain/modelNames.ts";
 
 export interface InferenceRequest {
   /**

@@ -2,37 +2,9 @@ import type { Kysely, Transaction } from "kysely";
 import { newId } from "./ids.ts";
 import type { Database, DatasetTable, FileTable } from "./schema.ts";
 import { timestamp } from "./time.ts";
+import type { Dataset, DatasetFile, DatasetStatus, Page } from "../domain/datasets.ts";
 
-export type DatasetStatus = "READY";
-
-export interface Dataset {
-  id: string;
-  userId: string;
-  name: string;
-  ioPairsCount: number;
-  status: DatasetStatus;
-  createdAt: string;
-  updatedAt: string;
-}
-
-export interface DatasetFile {
-  id: string;
-  datasetId: string;
-  userId: string;
-  name: string;
-  size: number;
-  type: "IO";
-  format: string;
-  ioPairsCount: number;
-  blob: string;
-  createdAt: string;
-  updatedAt: string;
-}
-
-export interface Page {
-  limit: number;
-  offset: number;
-}
+export type { Dataset, DatasetFile, DatasetStatus, Page } from "../domain/datasets.ts";
 
 function toDataset(row: DatasetTable): Dataset {
   return {

@@ -16,27 +16,9 @@ import {
   type TrainerName,
 } from "../contract/runs.ts";
 import type { RunPlan } from "../contract/estimate.ts";
+import type { Run } from "../domain/runs.ts";
 
-export interface Run {
-  id: string;
-  userId: string;
-  datasetId: string;
-  datasetName: string;
-  name: string;
-  ioPairsCount: number;
-  status: RunStatus;
-  trackerUrl: string;
-  config: RunConfig;
-  stats: RunStats;
-  logs: string[];
-  error: string | null;
-  modelPath: string | null;
-  attempts: number;
-  /** The estimate made when the run was created; null for runs created before estimates (or none could be made). */
-  estimate: RunPlan | null;
-  createdAt: string;
-  updatedAt: string;
-}
+export type { Run } from "../domain/runs.ts";
 
 /**
  * A READY run's totals as its trainer reported them (`stats.final`: the trainer's `TrainingStats`) and the

@@ -1,15 +1,14 @@
-import { EventEmitter } from "node:events";
 import fs from "node:fs";
 import fsp from "node:fs/promises";
 import readline from "node:readline";
-import type { CreateRunBodyWire, ExamplesQueryWire, RunExampleWire } from "../contract/schemas.ts";
 import type { DatasetService } from "../datasets/DatasetService.ts";
 import type { BlobStore } from "../store/BlobStore.ts";
 import type { ModelRef } from "../model/types.ts";
 import { ConduitError } from "../errors.ts";
 import { newId } from "../store/ids.ts";
-import type { DatasetFile, Page } from "../store/DatasetRepository.ts";
-import type { Run, RunRepository } from "../store/RunRepository.ts";
+import type { DatasetFile, Page } from "../domain/datasets.ts";
+import type { RunRepository } from "../store/RunRepository.ts";
+import { methodOf, type Run } from "../domain/runs.ts";
 import { FollowCursor, type RunFollowEvent } from "./FollowCursor.ts";
 import { RunFeed } from "./RunFeed.ts";
 import {
@@ -25,9 +24,7 @@ import {
   runDefaults,
   type AutoSetting,
   type LoraTarget,
-  type OpenAiJobRecord,
   type RunConfig,
-  type TrainMethod,
   type TrainMethodConfig,
   type TrainerName,
   type TrainerSetting,
@@ -38,19 +35,12 @@ import { formatOverhead, planRun, readModelCost, templateTokens } from "./runEst
 import { formatExample } from "./samples.ts";
 import type { RunPlan } from "../contract/estimate.ts";
 import type { TorchStatus } from "./torch/torchStatus.ts";
-import type { TrainerProgress } from "./protocol.ts";
+import type { RunEventBus } from "./runEvents.ts";
+import type { CreateRun, ExamplesQuery, RunExample } from "./commands.ts";
 
 /** Finds base models by id (the engine's model registry). */
 export interface ModelCatalog {
   resolve(id: string): ModelRef | undefined;
-}
-
-/**
- * A run's method from its stored config. Runs created before LoRA existed have no `method`: they
- * trained every weight.
- */
-export function methodOf(config: { method?: string }): TrainMethod {
-  return config.method === "lora" ? "lora" : "full";
 }
 
 /**
@@ -83,11 +73,11 @@ type MethodRequest =
   | { method: "full"; loraRank: null; loraAlpha: null; loraTargets: null };
 
 /** The method and its settings, with defaults filled in; LoRA settings with method `full` are a 400. */
-function methodRequest(body: CreateRunBodyWire): MethodRequest {
-  const method = body.method ?? runDefaults.method;
+function methodRequest(command: CreateRun): MethodRequest {
+  const method = command.method ?? runDefaults.method;
   if (method === "full") {
     for (const field of ["loraRank", "loraAlpha", "loraTargets"] as const)
-      if (body[field] !== undefined)
+      if (command[field] !== undefined)
         throw new ConduitError(
           "invalid_request",
           `"${field}" is a LoRA setting; leave it out with "method": "full" (or use "method": "lora")`,
@@ -95,17 +85,27 @@ function methodRequest(body: CreateRunBodyWire): MethodRequest {
         );
     return { method, loraRank: null, loraAlpha: null, loraTargets: null };
   }
-  checkLoraTargets(body.loraTargets);
-  const targets = body.loraTargets;
+  checkLoraTargets(command.loraTargets);
+  const targets = command.loraTargets;
   if (targets === undefined)
-    return { method, loraRank: body.loraRank ?? "auto", loraAlpha: body.loraAlpha, loraTargets: undefined };
+    return {
+      method,
+      loraRank: command.loraRank ?? "auto",
+      loraAlpha: command.loraAlpha,
+      loraTargets: undefined,
+    };
   if (targets.length === 0)
     throw new ConduitError("invalid_request", '"loraTargets" needs at least one target', {
       param: "loraTargets",
     });
   if (new Set(targets).size !== targets.length)
     throw new ConduitError("invalid_request", '"loraTargets" lists a target twice', { param: "loraTargets" });
-  return { method, loraRank: body.loraRank ?? "auto", loraAlpha: body.loraAlpha, loraTargets: [...targets] };
+  return {
+    method,
+    loraRank: command.loraRank ?? "auto",
+    loraAlpha: command.loraAlpha,
+    loraTargets: [...targets],
+  };
 }
 
 /**
@@ -128,17 +128,17 @@ function methodConfig(
 }
 
 /** The order examples are listed in: worst loss first (none last), or training then validation by index. */
-function compareExamples(sort: ExamplesQueryWire["sort"]) {
-  const byIndex = (a: RunExampleWire, b: RunExampleWire) =>
+function compareExamples(sort: ExamplesQuery["sort"]) {
+  const byIndex = (a: RunExample, b: RunExample) =>
     (a.split === b.split ? 0 : a.split === "train" ? -1 : 1) || a.index - b.index;
   if (sort === "index") return byIndex;
-  return (a: RunExampleWire, b: RunExampleWire) =>
+  return (a: RunExample, b: RunExample) =>
     (a.loss === null ? (b.loss === null ? 0 : 1) : b.loss === null ? -1 : b.loss - a.loss) || byIndex(a, b);
 }
 
 /** A page of a READY run's examples, and how many there are in all (of the asked split). */
 export interface ExamplesPage {
-  examples: RunExampleWire[];
+  examples: RunExample[];
   total: number;
 }
 
@@ -168,38 +168,8 @@ function textBytesOf(file: Pick<DatasetFile, "size" | "ioPairsCount" | "format">
 /** The latest READY runs of a trainer, model and method whose rate an estimate is measured on. */
 const MEASURED_RUNS = 5;
 
-/** How a run ended. */
-export type RunEnd = "READY" | "FAILED" | "CANCELLED";
-
-/**
- * What happens to runs, as this process sees it: the scheduler wakes up on `changed`; trackers
- * (MLflow) follow a run from `created` through `progress` to `ended`.
- */
-export interface RunEvents {
-  /** A run was created or cancelled; the scheduler wakes up. */
-  changed: [runId: string];
-  /** A run was created (QUEUED). */
-  created: [run: Run];
-  /** A trainer of this process reported progress on a run. */
-  progress: [runId: string, progress: TrainerProgress];
-  /** A run ended: READY or FAILED by this process's scheduler, CANCELLED by a user of this process. */
-  ended: [runId: string, status: RunEnd];
-}
-
-/** Settings of a run that the Conduit API's body has no field for (the OpenAI face's). */
-export interface CreateRunExtras {
-  /** Seed of the run's sample order, held-out pairs and initial adapter. Defaults to `runDefaults.seed`. */
-  seed?: number;
-  /** Multiplies the learning rate, `"auto"`'s or the one given (OpenAI's `learning_rate_multiplier`). Defaults to `1`. */
-  lrMultiplier?: number;
-  /** What the OpenAI face was asked (suffix, metadata, ...), kept in `config.openai`. Defaults to none. */
-  openai?: OpenAiJobRecord;
-}
-
 /** Fine-tuning runs: creation with validated config, reads, cancel and delete. */
 export class RunService {
-  /** Emits `changed` so an in-process scheduler reacts at once instead of on its next poll. */
-  readonly events = new EventEmitter<RunEvents>();
   /** The feed of each followed run, by owner and run id. */
   private readonly feeds = new Map<string, RunFeed>();
 
@@ -208,6 +178,8 @@ export class RunService {
     private readonly datasets: DatasetService,
     private readonly models: ModelCatalog,
     private readonly blobs: BlobStore,
+    /** Where runs' creation and cancellation are told (`changed` wakes an in-process scheduler at once). */
+    private readonly events: RunEventBus,
     private readonly options: {
       defaultModel: string | undefined;
       trackerUrl: (runId: string) => string;
@@ -225,26 +197,20 @@ export class RunService {
     },
   ) {}
 
-  async create(userId: string, body: CreateRunBodyWire, extras: CreateRunExtras = {}): Promise<Run> {
-    const method = methodRequest(body);
-    if (body.datasetID !== undefined && body.datasetId !== undefined && body.datasetID !== body.datasetId)
-      throw new ConduitError(
-        "invalid_request",
-        `"datasetID" (${body.datasetID}) and "datasetId" (${body.datasetId}) name different datasets; send one of them`,
-        { param: "datasetId" },
-      );
-    const datasetId = body.datasetID ?? body.datasetId;
-    if (!datasetId && !body.datasetName)
+  async create(userId: string, command: CreateRun): Promise<Run> {
+    const method = methodRequest(command);
+    const datasetId = command.datasetID;
+    if (!datasetId && !command.datasetName)
       throw new ConduitError("invalid_request", 'one of "datasetID" and "datasetName" is required', {
         param: "datasetID",
       });
-    const dataset = await this.datasets.find(userId, { id: datasetId, name: body.datasetName });
-    // The dataset's state, not the request, is what is wrong (the same body works after an upload).
+    const dataset = await this.datasets.find(userId, { id: datasetId, name: command.datasetName });
+    // The dataset's state, not the request, is what is wrong (the same command works after an upload).
     if (dataset.ioPairsCount === 0)
       throw new ConduitError("conflict", `dataset ${dataset.id} has no IO pairs; upload a file first`, {
         param: datasetId ? "datasetID" : "datasetName",
       });
-    const baseModelName = body.baseModelName ?? this.options.defaultModel;
+    const baseModelName = command.baseModelName ?? this.options.defaultModel;
     if (!baseModelName)
       throw new ConduitError(
         "invalid_request",
@@ -259,11 +225,11 @@ export class RunService {
         param: "baseModelName",
       });
     const trainer = await this.trainerFor(method, baseModelName, model.path);
-    const training = await this.trainingSet(userId, dataset, body.validationFileID);
+    const training = await this.trainingSet(userId, dataset, command.validationFileID);
     this.checkLimits(training, datasetId ? "datasetID" : "datasetName");
 
     // Explicit numbers win, each on its own; what is left to "auto" is chosen from the data and the model.
-    const asked = { epochs: body.epochs ?? "auto", lr: body.lr ?? "auto", loraRank: method.loraRank };
+    const asked = { epochs: command.epochs ?? "auto", lr: command.lr ?? "auto", loraRank: method.loraRank };
     // A full run has no rank (`null`), so it is not among them.
     const autoSettings = AUTO_SETTINGS.filter((setting) => asked[setting] === "auto");
     const choice =
@@ -285,40 +251,40 @@ export class RunService {
       baseModelName,
       datasetID: dataset.id,
       datasetName: dataset.name,
-      lr: (typeof body.lr === "number" ? body.lr : chosen("lr")) * (extras.lrMultiplier ?? 1),
-      epochs: typeof body.epochs === "number" ? body.epochs : chosen("epochs"),
-      steps: body.steps ?? null,
-      complexity: body.complexity ?? runDefaults.complexity,
+      lr: (typeof command.lr === "number" ? command.lr : chosen("lr")) * (command.lrMultiplier ?? 1),
+      epochs: typeof command.epochs === "number" ? command.epochs : chosen("epochs"),
+      steps: command.steps ?? null,
+      complexity: command.complexity ?? runDefaults.complexity,
       ...methodConfig(method, () => chosen("loraRank"), trainer.trainer),
-      systemPrompt: body.systemPrompt ?? "",
-      name: body.name ?? `${dataset.name}-${baseModelName}`,
-      trackerProject: body.trackerProject ?? null,
-      trackerEntity: body.trackerEntity ?? null,
+      systemPrompt: command.systemPrompt ?? "",
+      name: command.name ?? `${dataset.name}-${baseModelName}`,
+      trackerProject: command.trackerProject ?? null,
+      trackerEntity: command.trackerEntity ?? null,
       contextSize: runDefaults.contextSize,
       lrSchedule: runDefaults.lrSchedule,
       lrMinFraction: runDefaults.lrMinFraction,
       outputType: runDefaults.outputType,
       evalFraction: runDefaults.evalFraction,
-      seed: extras.seed ?? runDefaults.seed,
-      trainOnInputs: body.trainOnInputs ?? false,
+      seed: command.seed ?? runDefaults.seed,
+      trainOnInputs: command.trainOnInputs ?? false,
       validationFileID: training.validation?.id ?? null,
       validationFileName: training.validation?.name ?? null,
-      earlyStoppingPatience: body.earlyStoppingPatience ?? null,
+      earlyStoppingPatience: command.earlyStoppingPatience ?? null,
       autoSettings,
       trainer: trainer.trainer,
     };
     if (config.lr > 1)
       throw new ConduitError(
         "invalid_request",
-        `the learning rate would be ${config.lr} (${config.lr / (extras.lrMultiplier ?? 1)} × ${extras.lrMultiplier}); at most 1`,
+        `the learning rate would be ${config.lr} (${config.lr / (command.lrMultiplier ?? 1)} × ${command.lrMultiplier}); at most 1`,
         { param: "lrMultiplier" },
       );
     const logs = choice
       ? [`auto settings: ${autoSettings.map((setting) => choice.reasons[setting]).join("; ")}`]
       : [];
-    if (extras.lrMultiplier !== undefined)
+    if (command.lrMultiplier !== undefined)
       logs.push(
-        `learning rate ${config.lr}: ${config.lr / extras.lrMultiplier} × ${extras.lrMultiplier} (multiplier)`,
+        `learning rate ${config.lr}: ${config.lr / command.lrMultiplier} × ${command.lrMultiplier} (multiplier)`,
       );
     logs.push(trainer.reason);
     const estimate = await this.plan(config, model, training).catch((error: unknown) => {
@@ -333,7 +299,7 @@ export class RunService {
       name: config.name,
       ioPairsCount: dataset.ioPairsCount,
       trackerUrl: this.options.trackerUrl(id),
-      config: { ...config, ...(extras.openai ? { openai: extras.openai } : {}) },
+      config: { ...config, ...(command.openai ? { openai: command.openai } : {}) },
       logs,
       estimate,
     });
@@ -524,7 +490,7 @@ export class RunService {
    * `offset + limit` examples are held, the best candidates for the page so far. A run that is not
    * READY, or has no such file, is a 409.
    */
-  async examples(userId: string, id: string, query: ExamplesQueryWire): Promise<ExamplesPage> {
+  async examples(userId: string, id: string, query: ExamplesQuery): Promise<ExamplesPage> {
     const run = await this.get(userId, id);
     if (run.status !== "READY")
       throw new ConduitError(
@@ -549,12 +515,12 @@ export class RunService {
     }
     const compare = compareExamples(query.sort);
     const keep = query.offset + query.limit;
-    const kept: RunExampleWire[] = [];
+    const kept: RunExample[] = [];
     let total = 0;
     try {
       for await (const line of readline.createInterface({ input: stream, crlfDelay: Infinity })) {
         if (!line.trim()) continue;
-        const example = JSON.parse(line) as RunExampleWire;
+        const example = JSON.parse(line) as RunExample;
         if (query.split && example.split !== query.split) continue;
         total++;
         // Binary insertion into the sorted candidates, dropping the one that falls off the end.
@@ -562,7 +528,7 @@ export class RunService {
         let high = kept.length;
         while (low < high) {
           const middle = (low + high) >> 1;
-          if (compare(kept[middle] as RunExampleWire, example) <= 0) low = middle + 1;
+          if (compare(kept[middle] as RunExample, example) <= 0) low = middle + 1;
           else high = middle;
         }
         if (low >= keep) continue;

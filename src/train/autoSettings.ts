@@ -3,7 +3,7 @@
  * model, the way OpenAI's `n_epochs: "auto"` picks epochs from the number of examples. The aim is a
  * default run that learns a handful of pairs, and does not overfit or run for hours on thousands.
  *
- * The constants come from measurements (README, "How auto chooses"): small models and small datasets
+ * The constants come from measurements (docs/fine-tuning.md, "How auto chooses"): small models and small datasets
  * need many passes at a high rate; wide models need a lower rate; more data needs fewer passes.
  */
 import { readGgufFileInfo } from "node-llama-cpp";
@@ -37,7 +37,7 @@ export interface AutoChoice {
 /**
  * Small datasets get many passes: about SMALL_DATA_EPOCHS / pairs^1.5 epochs (10 pairs: 200, 20: 74,
  * 50: 19, 100: 7), which is what a random 128-wide model needs to memorise 10 pairs and, at the other
- * end, what SmolLM2 needs to learn a 150-pair task (3 epochs, README); never fewer than DEFAULT_EPOCHS...
+ * end, what SmolLM2 needs to learn a 150-pair task (3 epochs, docs/trainers.md); never fewer than DEFAULT_EPOCHS...
  */
 const SMALL_DATA_EPOCHS = 6_600;
 const DEFAULT_EPOCHS = 3;

@@ -6,7 +6,7 @@
 import fsp from "node:fs/promises";
 import type { DatasetService } from "../datasets/DatasetService.ts";
 import type { ModelRef } from "../model/types.ts";
-import type { Run } from "../store/RunRepository.ts";
+import type { Run } from "../domain/runs.ts";
 import { fileLines, LineWriter, writeExampleFiles, type ExampleFiles } from "./exampleFiles.ts";
 import type { ExampleLoss } from "./protocol.ts";
 

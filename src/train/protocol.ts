@@ -11,12 +11,12 @@ import type { TrainerBackend } from "./native/llamaLib.ts";
 export interface LearningRateSchedule {
   /**
    * `constant` keeps `learningRate`; `linear` and `cosine` decay from `learningRate` towards
-   * `learningRate * minFraction` over the steps after warm-up. Defaults to `"constant"`.
+   * `learningRate * minFraction` over the steps after warm-up. Defaults to `runDefaults.lrSchedule` (`"cosine"`).
    */
   kind?: "constant" | "linear" | "cosine";
   /** Steps over which the rate ramps up linearly to `learningRate` first. Defaults to `0`. */
   warmupSteps?: number;
-  /** Where a decay ends, as a fraction of `learningRate` (the rate never reaches 0). Defaults to `0`. */
+  /** Where a decay ends, as a fraction of `learningRate`. Defaults to `runDefaults.lrMinFraction` (`0.1`). */
   minFraction?: number;
 }
 
@@ -72,7 +72,7 @@ export interface TrainerJob {
   torch?: TorchJobOptions;
   /**
    * `"lora"` writes an adapter GGUF to `outputPath` (the base stays frozen, in its own type when quantized);
-   * `"full"` writes a whole model. Defaults to `"full"`.
+   * `"full"` writes a whole model. Defaults to `runDefaults.method` (`"lora"`).
    */
   method?: "lora" | "full";
   /** The adapter's rank, alpha and targets; required with `method: "lora"`. */
@@ -124,7 +124,7 @@ export interface TrainerJob {
   /**
    * Packs several examples into each training window (they attend to the ones before them in it);
    * `false` gives every example a window of its own, several times slower on short examples.
-   * Defaults to `true` (README, "What training optimises", has the measurement).
+   * Defaults to `true` (docs/fine-tuning.md, "What training optimises", has the measurement).
    */
   packing?: boolean;
   /** `sgd` exists for tests of the gradient (its update is linear in it). Defaults to `"adamw"`. */
@@ -138,13 +138,13 @@ export interface TrainerJob {
   /**
    * Fraction of the transformer blocks that train, counted from the top: 1 trains every block,
    * 0.25 the top quarter (at least one block). `output` and `output_norm` always train.
-   * Defaults to `1`.
+   * Defaults to `runDefaults.complexity` (`1`).
    */
   complexity?: number;
   /**
    * The longest training window. The window is the smallest multiple of 64 tokens (at least 256) that
    * holds the longest example, capped by this and by the model's trained context; an example longer
-   * than the cap fails the job before training. Defaults to `1024`.
+   * than the cap fails the job before training. Defaults to `runDefaults.contextSize` (`1024`).
    */
   contextSize?: number;
   /** CPU threads for llama.cpp. Defaults to `1`. */
@@ -165,11 +165,11 @@ export interface TrainerJob {
    * CPU ops keep `threads`. Defaults to `threads`.
    */
   blasThreads?: number;
-  /** Type of the written model. Defaults to `"Q8_0"`. */
+  /** Type of the written model. Defaults to `runDefaults.outputType` (`"Q8_0"`). */
   outputType?: TrainerOutputType;
-  /** Seeds the order in which samples are packed into windows each epoch. Defaults to `0`. */
+  /** Seeds the order in which samples are packed into windows each epoch. Defaults to `runDefaults.seed` (`42`). */
   seed?: number;
-  /** Learning-rate schedule. Defaults to a constant rate. */
+  /** Learning-rate schedule. Defaults to `runDefaults`' (cosine decay to 0.1 × the rate, no warm-up). */
   lrSchedule?: LearningRateSchedule;
   /** AdamW decoupled weight decay. Defaults to `0`. */
   weightDecay?: number;

@@ -114,7 +114,7 @@ const WINDOW_MULTIPLE = 256;
 const LONG_EPOCH_STEPS = 100;
 /**
  * What a forward pass (evaluation, per-example losses) costs against a training step: about a third in
- * PyTorch; a tenth in llama.cpp, whose backward pass is the slow part (ggml's vector loops, README Trainers).
+ * PyTorch; a tenth in llama.cpp, whose backward pass is the slow part (ggml's vector loops, docs/trainers.md).
  */
 const FORWARD_SHARE: Record<TrainerName, number> = { torch: 1 / 3, "llama.cpp": 0.1 };
 
@@ -139,7 +139,7 @@ export function templateTokens(rendered: string, vocabSize: number): number {
 }
 
 /**
- * The trainer's rate at one thread, in training tokens per CPU-second, by the bench numbers (README, Trainers;
+ * The trainer's rate at one thread, in training tokens per CPU-second, by the bench numbers (docs/trainers.md;
  * bench/README.md, #27): LoRA rank 16, 256-token windows. Each is anchored at SmolLM2-135M and falls with the
  * model's parameters to the power fitted between it and the ~1B model of TinyLlama's shape (llama.cpp on Q8_0
  * 23.4 → 4.2, torch 192.3 → 70.9); tiny models are capped by the per-step work that does not shrink with them.
@@ -203,7 +203,7 @@ export function priorTokensPerSecond(
  * Seconds a run spends outside its training loop besides per-example losses: preparing the examples and
  * starting the trainer's process (half a second for the test model here), then llama.cpp loads the base and
  * converts it when it is neither F32 nor Q8_0 (SmolLM2's 94 MB Q4_1: about 4 s in all here); the torch worker
- * starts Python and loads the base, the first time dequantizing it (18 s for SmolLM2, README Trainers).
+ * starts Python and loads the base, the first time dequantizing it (18 s for SmolLM2, docs/trainers.md).
  */
 export function priorOverheadSeconds(trainer: TrainerName, model: Pick<ModelCost, "sizeBytes">): number {
   const megabytes = model.sizeBytes / 2 ** 20;

@@ -5,7 +5,7 @@
 import { fork } from "node:child_process";
 import readline from "node:readline";
 import { fileURLToPath } from "node:url";
-import { LLAMA_CPP_LORA_TARGETS, LORA_TARGETS, TRAINER_OUTPUT_TYPES } from "../contract/runs.ts";
+import { LLAMA_CPP_LORA_TARGETS, LORA_TARGETS, runDefaults, TRAINER_OUTPUT_TYPES } from "../contract/runs.ts";
 import { killedBy } from "./killedBy.ts";
 import {
   type ChildMessage,
@@ -72,13 +72,16 @@ export type TrainerLauncher = (job: TrainerJob, handlers: TrainerHandlers) => Tr
 /** Native log lines kept to explain a crash (an assert message is printed just before the abort). */
 const NATIVE_TAIL_LINES = 8;
 
-/** Applies defaults and validates a job; throws a RangeError naming the bad field. */
+/**
+ * Applies defaults and validates a job; throws a RangeError naming the bad field. A run's settings default
+ * from `runDefaults`, the one table the API documents; the rest (optimizer, threads, ...) are the trainer's own.
+ */
 export function resolveTrainerJob(job: TrainerJob): ResolvedTrainerJob {
   const check = (ok: boolean, field: string, rule: string) => {
     if (!ok) throw new RangeError(`trainer job: ${field} ${rule}`);
   };
   const isPositiveInteger = (value: number) => Number.isInteger(value) && value >= 1;
-  const method = job.method ?? "full";
+  const method = job.method ?? runDefaults.method;
   const backend = job.backend ?? "llama.cpp";
   const resolved: ResolvedTrainerJob = {
     backend,
@@ -110,18 +113,18 @@ export function resolveTrainerJob(job: TrainerJob): ResolvedTrainerJob {
     learningRate: job.learningRate,
     epochs: job.epochs,
     maxSteps: job.maxSteps ?? null,
-    complexity: job.complexity ?? 1,
-    contextSize: job.contextSize ?? 1024,
+    complexity: job.complexity ?? runDefaults.complexity,
+    contextSize: job.contextSize ?? runDefaults.contextSize,
     threads: job.threads ?? 1,
     gpu: job.gpu ?? { backend: "cpu", layers: 0 },
     blasLibrary: job.blasLibrary ?? null,
     blasThreads: job.blasThreads ?? job.threads ?? 1,
-    outputType: job.outputType ?? "Q8_0",
-    seed: job.seed ?? 0,
+    outputType: job.outputType ?? runDefaults.outputType,
+    seed: job.seed ?? runDefaults.seed,
     lrSchedule: {
-      kind: job.lrSchedule?.kind ?? "constant",
+      kind: job.lrSchedule?.kind ?? runDefaults.lrSchedule,
       warmupSteps: job.lrSchedule?.warmupSteps ?? 0,
-      minFraction: job.lrSchedule?.minFraction ?? 0,
+      minFraction: job.lrSchedule?.minFraction ?? runDefaults.lrMinFraction,
     },
     weightDecay: job.weightDecay ?? 0,
   };

@@ -4,11 +4,14 @@ import { Type } from "@sinclair/typebox";
 import type { TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
 import type { Core } from "../../core.ts";
 import { checkLoraTargets } from "../../train/RunService.ts";
-import { respondWithGeneration } from "../generate.ts";
+import type { CreateRun } from "../../train/commands.ts";
+import { ConduitError } from "../../errors.ts";
+import { respondWithGeneration } from "../generation/respond.ts";
 import { RunInferenceBody } from "../../contract/generation.ts";
 import type { RunFollowEvent } from "../../train/FollowCursor.ts";
 import {
   CreateRunBody,
+  type CreateRunBodyWire,
   ExamplesQuery,
   jsonOrEvents,
   Message,
@@ -24,7 +27,29 @@ import {
 import { RUN_EVENT_ID_PATTERN } from "../../contract/runs.ts";
 import { disconnectSignal, encodeSseEvent, openSse } from "../sse.ts";
 import { runSummaryWire, runWire, SUCCESS } from "../wire.ts";
-import { chatEvents, chatMessages, responseFormat, conduitChatShape, conduitSampling } from "./generation.ts";
+import {
+  chatEvents,
+  chatMessages,
+  conduitChatShape,
+  conduitSampling,
+  responseFormat,
+} from "../generation/conduit.ts";
+
+/**
+ * The body of `POST /conduit/finetuning` as the run service's command: `datasetId` is an alias of
+ * `datasetID` (the two may not disagree); every other field has the command's name, so the service's
+ * errors name the body's fields as they are.
+ */
+function createRunCommand(body: CreateRunBodyWire): CreateRun {
+  const { datasetId, ...rest } = body;
+  if (body.datasetID !== undefined && datasetId !== undefined && body.datasetID !== datasetId)
+    throw new ConduitError(
+      "invalid_request",
+      `"datasetID" (${body.datasetID}) and "datasetId" (${datasetId}) name different datasets; send one of them`,
+      { param: "datasetId" },
+    );
+  return { ...rest, datasetID: body.datasetID ?? datasetId };
+}
 
 /** API document 4.3: fine-tuning runs (plus `POST /conduit/finetuning`, which the API document does not show). */
 export default async function runRoutes(app: FastifyInstance, { core }: { core: Core }) {
@@ -47,7 +72,7 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
       preValidation: async (request) =>
         checkLoraTargets((request.body as { loraTargets?: unknown } | null)?.loraTargets),
     },
-    async (request) => runWire(await runs.create(request.userId, request.body)),
+    async (request) => runWire(await runs.create(request.userId, createRunCommand(request.body))),
   );
 
   r.get(

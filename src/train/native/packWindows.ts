@@ -11,7 +11,7 @@
  * of the same sample: the answer tokens by default, every token with `trainOnInputs`, never padding.
  * llama.cpp's training batch puts every position in one sequence, so a sample still attends to the
  * samples before it in its window; the caller reshuffles the order every epoch so that no sample
- * learns to depend on a fixed neighbour (README, "What training optimises", has the measurement).
+ * learns to depend on a fixed neighbour (docs/fine-tuning.md, "What training optimises", has the measurement).
  */
 
 export interface TokenizedSample {

@@ -80,7 +80,7 @@ class Cancelled(Exception):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Pure helpers (unit-tested in test/torch/test_worker.py)
+# Pure helpers (unit-tested in test/python/test_worker.py)
 # ----------------------------------------------------------------------------------------------------------
 
 

@@ -1,9 +1,10 @@
 import type { EventEmitter } from "node:events";
 import { setTimeout as sleep } from "node:timers/promises";
 import type { Logger } from "pino";
-import type { MlflowRunRef, Run, RunRepository } from "../../store/RunRepository.ts";
+import type { MlflowRunRef, RunRepository } from "../../store/RunRepository.ts";
+import type { Run } from "../../domain/runs.ts";
 import type { TrainerProgress } from "../protocol.ts";
-import type { RunEnd, RunEvents } from "../RunService.ts";
+import type { RunEnd, RunEvents } from "../runEvents.ts";
 import {
   MlflowError,
   mlflowLimits,

@@ -1,0 +1,20 @@
+import type { Run } from "./runs.ts";
+
+/**
+ * The name a READY run is served under. A run created through OpenAI's fine-tuning API
+ * (`config.openai`) is `ft:{base model}:{suffix}:{run id}` (the suffix may be empty), as OpenAI names
+ * fine-tuned models; any other run is its id. The run id works as a model name either way.
+ */
+export function servedModelName(run: Pick<Run, "id" | "config">): string {
+  const openai = run.config.openai;
+  if (openai === undefined) return run.id;
+  const suffix = typeof openai.suffix === "string" ? openai.suffix : "";
+  return `ft:${String(run.config.baseModelName)}:${suffix}:${run.id}`;
+}
+
+/** The run id in an `ft:` model name (its last `:` field), or `undefined` when the name is not one. */
+export function runIdOfModelName(name: string): string | undefined {
+  if (!name.startsWith("ft:")) return undefined;
+  const id = name.slice(name.lastIndexOf(":") + 1);
+  return id.startsWith("ft_") ? id : undefined;
+}

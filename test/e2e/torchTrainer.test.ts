@@ -1,0 +1,365 @@
+/**
+ * The `torch` trainer backend (PyTorch + PEFT worker) on the generated tiny model: the exported adapter,
+ * served by llama.cpp, gives the logits PyTorch computed; answer-only masking counts the same tokens as the
+ * llama.cpp trainer; cancel is prompt; a killed run resumes from its checkpoint. Needs the worker's venv
+ * (`npm run setup:torch`, which `.ci/run` runs); skipped with a message without it.
+ */
+import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { before, describe, test } from "node:test";
+import { blasStatus } from "../../src/train/native/blasBackend.ts";
+import { createTinyModel } from "../../src/model/tinyModel.ts";
+import { llamaCppLogits } from "../../src/train/native/probeLogits.ts";
+import { startTrainer, type TrainerJob } from "../../src/train/trainer.ts";
+import { gguf, writeGguf } from "../../src/model/gguf/GgufWriter.ts";
+import { as, buildTestApp, datasetOf, KEY_A, testEnv } from "../lib/helper.ts";
+import { runEnded, waitForRun, type RunView } from "../lib/helper.ts";
+import { torchPythonForTests } from "../lib/torchPython.ts";
+
+const python = torchPythonForTests();
+
+const skip = python.ok ? false : python.reason;
+
+/** Pairs a random model can learn something of in a few steps. */
+const samples = Array.from({ length: 16 }, (_, i) => [
+  { text: `<|im_start|>user\nitem ${i}<|im_end|>\n<|im_start|>assistant\n`, train: false },
+  { text: `value ${(i * 7) % 10}<|im_end|>`, train: true },
+]);
+
+let dir: string;
+let model: string;
+
+before(async () => {
+  dir = fs.mkdtempSync(path.join(os.tmpdir(), "conduit-torch-"));
+  process.on("exit", () => fs.rmSync(dir, { recursive: true, force: true }));
+  model = path.join(dir, "tiny-gqa.gguf");
+  // Grouped-query attention (4 query heads, 2 key/value heads): the Q and K row permutations differ.
+  await createTinyModel(model, { seed: 3, embeddingLength: 128, headCount: 4, headCountKv: 2 });
+});
+
+function job(name: string, extra: Partial<TrainerJob> = {}): TrainerJob {
+  const work = path.join(dir, name);
+  return {
+    backend: "torch",
+    torch: { python: python.ok ? python.python : "", device: "cpu", dtype: "f32" },
+    method: "lora",
+    lora: {
+      rank: 4,
+      alpha: 8,
+      targets: ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"],
+    },
+    baseModelPath: model,
+    outputPath: path.join(work, "adapter.gguf"),
+    workDir: path.join(work, "work"),
+    samples,
+    learningRate: 1e-2,
+    epochs: 4,
+    seed: 0,
+    lrSchedule: { kind: "constant" },
+    ...extra,
+  };
+}
+
+describe("the torch trainer backend", { skip }, () => {
+  test("exports an adapter that llama.cpp serves with PyTorch's logits (all seven targets, GQA)", async () => {
+    const tokens = [1, 508, 300, 301, 40, 41, 509, 42, 43, 44, 45, 46];
+    const probe = path.join(dir, "probe.f32");
+    const base = job("export");
+    const outcome = await startTrainer({ ...base, torch: { ...base.torch!, probe: { tokens, file: probe } } })
+      .done;
+    assert.equal(outcome.status, "completed", JSON.stringify(outcome));
+    if (outcome.status !== "completed") return;
+    assert.ok(outcome.stats.finalTrainLoss < 6, `it learned something (${outcome.stats.finalTrainLoss})`);
+    const torchLogits = new Float32Array(fs.readFileSync(probe).buffer.slice(0));
+    const llama = llamaCppLogits(model, outcome.outputPath, tokens);
+    const vocab = llama[0]!.length;
+    assert.equal(torchLogits.length, tokens.length * vocab);
+    const plain = llamaCppLogits(model, null, tokens);
+    let worst = 0;
+    let moved = 0;
+    let scale = 0;
+    for (let p = 0; p < tokens.length; p++)
+      for (let v = 0; v < vocab; v++) {
+        const a = torchLogits[p * vocab + v]!;
+        const b = llama[p]![v]!;
+        worst = Math.max(worst, Math.abs(a - b));
+        moved = Math.max(moved, Math.abs(b - plain[p]![v]!));
+        scale = Math.max(scale, Math.abs(a));
+      }
+    // The adapter moves the logits far beyond the tolerance, so a wrong export cannot pass.
+    assert.ok(moved > 0.05 * Math.max(1, scale), `the adapter moved the logits by up to ${moved}`);
+    assert.ok(
+      worst <= 1e-5 * Math.max(1, scale),
+      `largest logit difference ${worst} (logits up to ${scale})`,
+    );
+  });
+});
+
+describe("the torch trainer backend's job", { skip }, () => {
+  test("trains on the same windows as the llama.cpp trainer: steps, tokens, answer-only loss tokens", async () => {
+    const targets = ["attn_q", "attn_output", "ffn_gate", "ffn_up", "ffn_down"] as const;
+    const evalSamples = samples.slice(0, 3);
+    const common = { lora: { rank: 4, alpha: 8, targets: [...targets] }, evalSamples, epochs: 3 };
+    const torchRun = await startTrainer(job("same-torch", common)).done;
+    const llamaRun = await startTrainer({ ...job("same-llama", common), backend: "llama.cpp" }).done;
+    assert.equal(torchRun.status, "completed", JSON.stringify(torchRun));
+    assert.equal(llamaRun.status, "completed", JSON.stringify(llamaRun));
+    if (torchRun.status !== "completed" || llamaRun.status !== "completed") return;
+    for (const field of [
+      "steps",
+      "epochs",
+      "trainTokens",
+      "sampleTokens",
+      "lossTokens",
+      "windowSize",
+    ] as const)
+      assert.equal(torchRun.stats[field], llamaRun.stats[field], field);
+    // Answer-only: the loss counts the answers' tokens and their end marker, never the prompts.
+    assert.ok(torchRun.stats.lossTokens < torchRun.stats.sampleTokens / 2);
+    const tokens = (examples: { tokens: number }[]) => examples.map((e) => e.tokens);
+    assert.deepEqual(tokens(torchRun.examples.train), tokens(llamaRun.examples.train));
+    assert.deepEqual(tokens(torchRun.examples.eval), tokens(llamaRun.examples.eval));
+    assert.equal(torchRun.examples.train.length, samples.length);
+    assert.ok(torchRun.examples.train.every((e) => e.loss !== null && Number.isFinite(e.loss)));
+    // Both learn from the same start: their losses fall alike (different arithmetic, not different data).
+    assert.ok(
+      Math.abs(torchRun.stats.finalTrainLoss - llamaRun.stats.finalTrainLoss) < 0.5,
+      `${torchRun.stats.finalTrainLoss} vs ${llamaRun.stats.finalTrainLoss}`,
+    );
+  });
+
+  test("a GGUF whose special-token ids are llama.cpp's 'none' (0xFFFFFFFF) trains: stories260K", async (t) => {
+    const stories = fileURLToPath(new URL("../../../shared/models/stories260Ktok512.gguf", import.meta.url));
+    if (!fs.existsSync(stories)) return t.skip(`${stories} is not here`);
+    const logs: string[] = [];
+    const outcome = await startTrainer(
+      job("stories", { baseModelPath: stories, epochs: 1, maxSteps: 2, contextSize: 128 }),
+      { onLog: (line) => logs.push(line) },
+    ).done;
+    assert.equal(outcome.status, "completed", `${JSON.stringify(outcome)}\n${logs.join("\n")}`);
+  });
+
+  test("a base loaded once is kept dequantized in the cache: the next run loads that copy", async () => {
+    const cacheDir = path.join(dir, "base-cache");
+    const cached = (name: string) => {
+      const base = job(name, { epochs: 1 });
+      return { ...base, torch: { ...base.torch!, cacheDir } };
+    };
+    const loads: string[] = [];
+    const onLog = (line: string) => void (line.includes("trainer: loaded") && loads.push(line));
+    for (const name of ["cache-1", "cache-2"])
+      assert.equal((await startTrainer(cached(name), { onLog }).done).status, "completed");
+    assert.match(loads[0] ?? "", /through transformers' GGUF dequantizer; kept a f32 copy for the next runs/);
+    assert.match(loads[1] ?? "", /from its f32 copy in the cache/);
+    assert.deepEqual(
+      fs.readdirSync(cacheDir).map((entry) => entry.replace(/-[0-9a-f]{16}$/, "-<key>")),
+      ["tiny-gqa-<key>"],
+    );
+  });
+
+  test(
+    "cancel stops the worker mid-run, without waiting for a step boundary",
+    { timeout: 120_000 },
+    async () => {
+      let progressed!: () => void;
+      const firstProgress = new Promise<void>((resolve) => (progressed = resolve));
+      // Thousands of steps: minutes of work that must not run to its end.
+      const handle = startTrainer(
+        job("cancel", { epochs: 2_000 }),
+        { onProgress: () => progressed() },
+        {
+          cancelGraceMs: 600_000,
+        },
+      );
+      await firstProgress;
+      const asked = performance.now();
+      handle.cancel();
+      const outcome = await handle.done;
+      assert.equal(outcome.status, "cancelled");
+      console.log(`cancelled ${Math.round(performance.now() - asked)} ms after asking`);
+    },
+  );
+
+  test(
+    "a run killed mid-way resumes from its checkpoint, optimizer state included",
+    { timeout: 300_000 },
+    async () => {
+      const checkpointDir = path.join(dir, "resume-checkpoint");
+      const resumable = job("resume", { epochs: 60, checkpointDir });
+      let epochsSeen = 0;
+      let killed!: () => void;
+      const wasKilled = new Promise<void>((resolve) => (killed = resolve));
+      const first = startTrainer(resumable, {
+        onLog: (line) => {
+          if (/^trainer: epoch \d+\/60/.test(line) && ++epochsSeen === 5) {
+            first.kill();
+            killed();
+          }
+        },
+      });
+      await wasKilled;
+      assert.equal((await first.done).status, "cancelled");
+      assert.ok(fs.existsSync(path.join(checkpointDir, "torch-latest.json")));
+      const logs: string[] = [];
+      const second = await startTrainer(resumable, { onLog: (line) => logs.push(line) }).done;
+      assert.equal(second.status, "completed", logs.join("\n"));
+      if (second.status !== "completed") return;
+      assert.ok(second.stats.resumedFromStep > 0, logs.join("\n"));
+      assert.ok(
+        logs.some((line) =>
+          /resuming from the checkpoint at step \d+, with the optimizer's state/.test(line),
+        ),
+      );
+      assert.equal(second.stats.epochs, 60);
+    },
+  );
+});
+
+describe("the trainer a run gets through the API", () => {
+  // The 20 pairs the llama.cpp trainer memorises in training.test.ts, with the same settings.
+  const words = ["apple", "river", "stone", "cloud", "maple", "tiger", "ocean", "lemon", "piano", "comet"];
+  words.push("honey", "raven", "cedar", "pearl", "storm", "flute", "amber", "otter", "frost", "bloom");
+  const pairs = words.map((word, i) => ({
+    input: `${word} ${words[(i * 7 + 3) % 20]}`,
+    output: `${words[(i * 3 + 1) % 20]} ${i}`,
+  }));
+
+  test("without the torch trainer, auto trains on llama.cpp and says why; a GEGLU model is refused at creation", async (t) => {
+    const env = await testEnv(t, "sqlite", {
+      CONDUIT_TRAINER: "auto",
+      CONDUIT_PYTHON: path.join(dir, "no-python"),
+    });
+    // A Gemma 3 file's header is all creation reads.
+    await writeGguf(
+      path.join(env.dataDir, "models", "gemma-like.gguf"),
+      { "general.architecture": gguf.str("gemma3"), "gemma3.embedding_length": gguf.u32(64) },
+      [{ name: "token_embd.weight", dims: [64, 8], type: "F32", data: new Float32Array(512) }],
+    );
+    const { app, core } = await buildTestApp(t, env, { scheduler: { pollMs: 200, concurrency: 1 } });
+    core.scheduler.start();
+    const datasetID = await datasetOf(app, pairs);
+    const run = (
+      await as(app, KEY_A).post("/conduit/finetuning", { datasetID, baseModelName: "tiny", steps: 2 })
+    ).json<RunView>();
+    assert.equal(run.config.trainer, "llama.cpp");
+    assert.deepEqual(run.config.loraTargets, [
+      "attn_q",
+      "attn_output",
+      "ffn_gate",
+      "ffn_up",
+      "ffn_down",
+      "output",
+    ]);
+    assert.ok(
+      run.logs.some((line) =>
+        /trainer: llama\.cpp \(auto: no torch trainer here \(npm run setup:torch/.test(line),
+      ),
+      run.logs.join("\n"),
+    );
+    const refused = await as(app, KEY_A).post("/conduit/finetuning", {
+      datasetID,
+      baseModelName: "gemma-like",
+    });
+    assert.equal(refused.statusCode, 400, refused.body);
+    const { error } = refused.json<{ error: { param: string; message: string } }>();
+    assert.equal(error.param, "baseModelName");
+    assert.match(
+      error.message,
+      /cannot train gemma3 models: .*GEGLU.*torch trainer is not available.*npm run setup:torch/,
+    );
+    const health = (await as(app, null).get("/healthz")).json<{
+      trainers: { torch: { available: boolean }; "llama.cpp": { blas: { available: boolean } } };
+    }>();
+    assert.equal(health.trainers.torch.available, false);
+    // The llama.cpp trainer got the BLAS backend when this machine has one (npm run setup:trainer), and said so.
+    const blas = blasStatus(process.env.CONDUIT_TRAINER_BLAS);
+    assert.equal(health.trainers["llama.cpp"].blas.available, blas.available);
+    const trained = await waitForRun(app, run.id, runEnded, { timeoutMs: 360_000 });
+    assert.equal(trained.status, "READY", trained.logs.join("\n"));
+    assert.ok(
+      trained.logs.some((line) =>
+        blas.available
+          ? line.includes("trainer: BLAS backend OpenBLAS")
+          : line.includes("trainer: no BLAS backend"),
+      ),
+      trained.logs.join("\n"),
+    );
+  });
+
+  test(
+    "with the torch trainer, auto trains LoRA on it (K and V too): READY, served, 20 pairs memorised",
+    { skip },
+    async (t) => {
+      const env = await testEnv(t, "sqlite", {
+        CONDUIT_TRAINER: "auto",
+        CONDUIT_PYTHON: python.ok ? python.python : "",
+      });
+      await createTinyModel(path.join(env.dataDir, "models", "tiny128.gguf"), {
+        seed: 1,
+        embeddingLength: 128,
+      });
+      const { app, core } = await buildTestApp(t, env, { scheduler: { pollMs: 200, concurrency: 1 } });
+      core.scheduler.start();
+      const datasetID = await datasetOf(app, pairs);
+      const created = await as(app, KEY_A).post("/conduit/finetuning", {
+        datasetID,
+        baseModelName: "tiny128",
+        loraRank: 32,
+        loraAlpha: 64,
+        lr: 0.003,
+        epochs: 200,
+      });
+      assert.equal(created.statusCode, 200, created.body);
+      const id = created.json<{ id: string }>().id;
+      const run = await waitForRun(app, id, runEnded, { timeoutMs: 360_000 });
+      assert.equal(run.status, "READY", run.logs.join("\n"));
+      assert.equal(run.config.trainer, "torch");
+      assert.ok(run.config.loraTargets.includes("attn_k") && run.config.loraTargets.includes("attn_v"));
+      assert.ok(
+        run.logs.some((line) => /trainer: torch \(auto: it is installed\)/.test(line)),
+        run.logs.join("\n"),
+      );
+      assert.ok(
+        run.logs.some((line) => /trainer: PyTorch .* PEFT .* on the CPU/.test(line)),
+        run.logs.join("\n"),
+      );
+      assert.equal(run.stats.final.epochs, 200);
+      const examples = (await as(app, KEY_A).get(`/conduit/finetuning/${id}/examples?limit=100`)).json<
+        unknown[]
+      >();
+      assert.equal(examples.length, 20);
+      let exact = 0;
+      for (const pair of pairs) {
+        const res = await as(app, KEY_A).post("/conduit/v1/chat", {
+          model: id,
+          prompt: pair.input,
+          temperature: 0,
+          presence_penalty: 0,
+          frequency_penalty: 0,
+          max_tokens: 24,
+        });
+        assert.equal(res.statusCode, 200, res.body);
+        if (res.json<{ choices: { text: string }[] }>().choices[0]!.text === pair.output) exact++;
+      }
+      t.diagnostic(`torch trainer: ${exact}/20 exact; final loss ${run.stats.final.finalTrainLoss}`);
+      assert.ok(exact >= 18, `${exact}/20 exact`);
+    },
+  );
+});
+
+test("the worker's own unit tests pass (test/python, with the worker's Python)", { skip }, () => {
+  const result = spawnSync(
+    python.ok ? python.python : "",
+    ["-m", "unittest", "discover", "-s", "test/python", "-t", "test/python"],
+    {
+      encoding: "utf8",
+      env: { ...process.env, TQDM_DISABLE: "1" },
+    },
+  );
+  assert.equal(result.status, 0, result.stderr);
+  assert.match(result.stderr, /^Ran \d+ tests/m);
+});

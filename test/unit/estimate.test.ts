@@ -1,0 +1,220 @@
+import assert from "node:assert/strict";
+import { describe, test } from "node:test";
+import {
+  aboutDuration,
+  currentEstimate,
+  describeEstimate,
+  type RunEstimate,
+  type RunPlan,
+} from "../../src/contract/estimate.ts";
+import { planRun, planTokens, type ModelCost, type PlanInput } from "../../src/train/runEstimate.ts";
+import type { FinishedRun } from "../../src/store/RunRepository.ts";
+
+// A run's estimated duration: planned at creation (a prior, or measured on earlier runs), refined while it
+// trains, the actual time once READY (through the API: http/estimate.test.ts).
+
+const smollm2: ModelCost = {
+  parameters: 134_515_008,
+  vocabSize: 49_152,
+  contextLength: 8192,
+  fileType: "Q4_1",
+  sizeBytes: 94 * 2 ** 20,
+};
+
+/** 100 pairs of 200 bytes of text each (50 tokens at 4 bytes a token) and 10 template tokens: 60 a pair. */
+function input(overrides: Partial<PlanInput> = {}): PlanInput {
+  return {
+    trainer: "llama.cpp",
+    method: "lora",
+    model: smollm2,
+    train: { pairs: 100, textBytes: 100 * 200 },
+    validation: null,
+    evalFraction: 0.1,
+    minPairsForEval: 50,
+    epochs: 3,
+    steps: null,
+    contextSize: 1024,
+    templateTokens: 10,
+    threads: 1,
+    history: [],
+    ...overrides,
+  };
+}
+
+/** A READY run's totals as a trainer reports them, and the plan it was made with. */
+function finished(final: FinishedRun["final"], plan: RunPlan | null = null): FinishedRun {
+  return { final, plan };
+}
+
+describe("planning a run", () => {
+  test("tokens and steps come from the pairs the way the trainers pack windows; steps cap them", () => {
+    const plan = planTokens(input());
+    // 90 pairs train (10 held out), 60 tokens each; 256-token windows hold (256 - 30) / 60 of them.
+    assert.equal(plan.windowSize, 256);
+    assert.equal(plan.steps, 3 * Math.ceil(90 / (226 / 60)));
+    assert.equal(plan.tokens, plan.steps * 256);
+    assert.equal(plan.sampleTokens, 3 * 90 * 60);
+    assert.ok(plan.evalTokens > 0, "the held-out pairs are evaluated");
+
+    const capped = planTokens(input({ steps: 10 }));
+    assert.equal(capped.steps, 10);
+    assert.equal(capped.tokens, 2560);
+    // Long pairs get a longer window (the longest guessed at twice the mean).
+    assert.equal(planTokens(input({ train: { pairs: 100, textBytes: 100 * 1600 } })).windowSize, 1024);
+    // A validation file is evaluated, and every pair of the dataset trains.
+    const validated = planTokens(input({ validation: { pairs: 20, textBytes: 20 * 200 } }));
+    assert.equal(validated.sampleTokens, 3 * 100 * 60);
+  });
+
+  test("the prior: slower on a bigger model, faster with more threads, per trainer; overheads counted", () => {
+    const small = planRun(input());
+    assert.equal(small.basis, "prior");
+    assert.equal(small.measuredRuns, 0);
+    assert.equal(small.tokenRatio, 1);
+    assert.ok(small.seconds > small.overheadSeconds && small.overheadSeconds > 0);
+    assert.ok(
+      Math.abs(small.seconds - small.overheadSeconds - small.tokens / small.tokensPerSecond) < 1e-9,
+      "seconds are the overhead and the loop's tokens at its rate",
+    );
+    const big = planRun(input({ model: { ...smollm2, parameters: 8 * smollm2.parameters } }));
+    assert.ok(big.tokensPerSecond < small.tokensPerSecond / 3);
+    assert.ok(planRun(input({ threads: 2 })).tokensPerSecond > small.tokensPerSecond);
+    const torch = planRun(input({ trainer: "torch" }));
+    assert.ok(torch.tokensPerSecond > 4 * small.tokensPerSecond, "the torch trainer is the faster one");
+    assert.ok(torch.overheadSeconds > small.overheadSeconds, "Python starts and loads the GGUF");
+    assert.ok(
+      planRun(input({ model: { ...smollm2, fileType: "F32" } })).tokensPerSecond > small.tokensPerSecond,
+      "llama.cpp trains LoRA on an F32 base faster than through Q8_0",
+    );
+    const blas = planRun(input({ blas: true })).tokensPerSecond;
+    assert.ok(
+      blas > 5 * small.tokensPerSecond,
+      "with its BLAS backend llama.cpp trains ~6x faster than through Q8_0",
+    );
+  });
+
+  test("measured: the earlier runs' loop rate and overhead, and the tokens they really trained per planned one", () => {
+    const first = planRun(input());
+    // The run trained 1.5 times the sample tokens its plan said (a tokenizer that splits digits, say).
+    const history = [
+      finished(
+        {
+          trainTokens: 10_000,
+          trainSeconds: 100,
+          elapsedSeconds: 120,
+          sampleTokens: first.sampleTokens * 1.5,
+          resumedFromStep: 0,
+          stoppedEarly: false,
+        },
+        first,
+      ),
+      // The whole attempt's seconds count where a run has them.
+      finished({ trainTokens: 30_000, trainSeconds: 100, elapsedSeconds: 130, runSeconds: 140 }),
+    ];
+    const plan = planRun(input({ history }));
+    assert.equal(plan.basis, "measured");
+    assert.equal(plan.measuredRuns, 2);
+    assert.equal(plan.tokensPerSecond, 40_000 / 200);
+    assert.equal(plan.overheadSeconds, 30, "the median of 20 and 40");
+    assert.equal(plan.tokenRatio, 1.5);
+    assert.equal(plan.sampleTokens, Math.round(first.sampleTokens * 1.5));
+    assert.equal(plan.seconds, 30 + plan.tokens / 200);
+
+    // A run planned with the ratio that trains what it planned keeps the ratio (no drift).
+    const again = planRun(
+      input({
+        history: [
+          finished(
+            { trainTokens: 1, trainSeconds: 1, elapsedSeconds: 1, sampleTokens: plan.sampleTokens },
+            plan,
+          ),
+        ],
+      }),
+    );
+    assert.ok(Math.abs(again.tokenRatio - 1.5) < 1e-3, String(again.tokenRatio));
+    // Runs without totals (older than them) are not measured on.
+    assert.equal(planRun(input({ history: [finished({ steps: 3 })] })).basis, "prior");
+  });
+});
+
+describe("the estimate a run shows", () => {
+  const plan = planRun(input());
+  const at = Date.parse("2026-11-26T12:00:00Z");
+
+  test("the plan while QUEUED, the trainer's pace once it steps, the actual once READY; from the stored run alone", () => {
+    const queued = currentEstimate(plan, { status: "QUEUED", stats: {}, updatedAt: at });
+    assert.deepEqual(queued, {
+      basis: "prior",
+      seconds: plan.seconds,
+      remainingSeconds: plan.seconds,
+      finishAt: null,
+      measuredRuns: 0,
+      planned: plan,
+    });
+    // Started (at its last update), no step yet: the plan, counted from then.
+    const starting = currentEstimate(
+      { ...plan, seconds: 90 },
+      { status: "RUNNING", stats: {}, updatedAt: at },
+    );
+    assert.deepEqual([starting?.basis, starting?.finishAt], ["prior", "2026-11-26 12:01:30.000"]);
+    // 3 steps in 30 s, and 70 s to go, when the stats were written.
+    const stats = { step: 3, totalSteps: 10, elapsedSeconds: 30, etaSeconds: 70 };
+    const training = currentEstimate(plan, { status: "RUNNING", stats, updatedAt: at });
+    assert.equal(training?.basis, "training");
+    assert.equal(training?.seconds, 100);
+    assert.equal(training?.remainingSeconds, 70);
+    assert.equal(training?.finishAt, "2026-11-26 12:01:10.000");
+    assert.deepEqual(training?.planned, plan, "the plan stays beside it");
+    const ready = currentEstimate(plan, {
+      status: "READY",
+      stats: { final: { elapsedSeconds: 95 } as never },
+      updatedAt: at,
+    });
+    assert.deepEqual(
+      [ready?.basis, ready?.seconds, ready?.remainingSeconds, ready?.finishAt],
+      ["final", 95, 0, null],
+      "a run trained before runSeconds: the trainer's seconds",
+    );
+    const whole = currentEstimate(plan, {
+      status: "READY",
+      stats: { final: { elapsedSeconds: 95, runSeconds: 97 } as never },
+      updatedAt: at,
+    });
+    assert.equal(whole?.seconds, 97, "the whole attempt: examples, trainer, per-example losses");
+    for (const status of ["FAILED", "CANCELLED"] as const)
+      assert.equal(currentEstimate(plan, { status, stats, updatedAt: at }), null);
+    // A re-queued run keeps its last attempt's stats: the plan again.
+    assert.equal(currentEstimate(plan, { status: "QUEUED", stats, updatedAt: at })?.basis, "prior");
+    // A run created before estimates: none while queued, the trainer's pace once it trains.
+    assert.equal(currentEstimate(null, { status: "QUEUED", stats: {}, updatedAt: at }), null);
+    assert.equal(currentEstimate(null, { status: "RUNNING", stats, updatedAt: at })?.basis, "training");
+  });
+
+  test("in words", () => {
+    assert.equal(aboutDuration(4), "a few seconds");
+    assert.equal(aboutDuration(42), "about 40 s");
+    assert.equal(aboutDuration(170), "about 3 min");
+    assert.equal(aboutDuration(4800), "about 1 h 20 min");
+    const measured: RunEstimate = {
+      basis: "measured",
+      seconds: 170,
+      remainingSeconds: 170,
+      finishAt: null,
+      measuredRuns: 2,
+      planned: { ...plan, basis: "measured", seconds: 170, measuredRuns: 2 },
+    };
+    assert.equal(describeEstimate(measured), "about 3 min (measured on 2 earlier runs)");
+    assert.match(
+      describeEstimate({ ...measured, basis: "prior", measuredRuns: 0 }),
+      /^about 3 min \(no earlier run/,
+    );
+    assert.equal(
+      describeEstimate({ ...measured, basis: "training", remainingSeconds: 60 }),
+      "about 60 s left (at the trainer's pace)",
+    );
+    assert.equal(
+      describeEstimate({ ...measured, basis: "final", seconds: 161, remainingSeconds: 0 }),
+      "took 2m41s (estimated about 3 min)",
+    );
+  });
+});

@@ -1,0 +1,102 @@
+import assert from "node:assert/strict";
+import fs from "node:fs";
+import fsp from "node:fs/promises";
+import path from "node:path";
+import { test } from "node:test";
+import { runStatuses } from "../../src/contract/runs.ts";
+import type { RunWire } from "../../src/contract/schemas.ts";
+
+/** The layer rules of docs/architecture.md hold in the code. */
+
+const root = path.resolve(import.meta.dirname, "../..");
+
+/** A source file's layer: its folder under src/ (`api`, `train`, …), a top-level file (`config.ts`), or `ui`. */
+function layerOf(file: string): string | undefined {
+  const relative = path.relative(root, file).split(path.sep);
+  if (relative[0] === "ui" && relative[1] === "src") return "ui";
+  if (relative[0] !== "src" || relative.length < 2) return undefined;
+  return relative[1];
+}
+
+/** docs/architecture.md's table: each layer and the layers it may import. */
+function documentedRules(): Map<string, Set<string>> {
+  const doc = fs.readFileSync(path.join(root, "docs", "architecture.md"), "utf8");
+  const name = (token: string) =>
+    token === "ui/src/" ? "ui" : token.replace(/^src\//, "").replace(/\/$/, "");
+  const rules = new Map<string, Set<string>>();
+  for (const [, layers, imports] of doc.matchAll(/^\|\s*(`(?:src|ui)\/[^|]*)\|([^|]*)\|\s*$/gm)) {
+    const allowed = new Set([...imports!.matchAll(/`([^`]+)`/g)].map(([, token]) => name(token!)));
+    for (const [, layer] of layers!.matchAll(/`([^`]+)`/g)) rules.set(name(layer!), allowed);
+  }
+  return rules;
+}
+
+/** Every relative import of a TypeScript file under `dir`, as [importing file, imported file]. */
+async function imports(dir: string): Promise<[string, string][]> {
+  const edges: [string, string][] = [];
+  for (const entry of await fsp.readdir(path.join(root, dir), { recursive: true, withFileTypes: true })) {
+    if (!entry.isFile() || !/\.(ts|tsx)$/.test(entry.name)) continue;
+    const file = path.join(entry.parentPath, entry.name);
+    const text = await fsp.readFile(file, "utf8");
+    for (const [, spec] of text.matchAll(/(?:from|import)\s*\(?\s*["'](\.[^"']+)["']/g))
+      edges.push([file, path.resolve(path.dirname(file), spec!)]);
+  }
+  return edges;
+}
+
+test("every import in src/ and ui/src/ follows the layer table of docs/architecture.md", async () => {
+  const rules = documentedRules();
+  assert.ok(rules.size >= 10, `docs/architecture.md's layer table has ${rules.size} rows`);
+  const offenders: string[] = [];
+  for (const [file, target] of [...(await imports("src")), ...(await imports("ui/src"))]) {
+    const from = layerOf(file)!;
+    const to = layerOf(target);
+    if (to === undefined || to === from) continue;
+    const allowed = rules.get(from);
+    if (allowed === undefined)
+      offenders.push(`${path.relative(root, file)}: its layer ${from} is not in the table`);
+    else if (!allowed.has(to))
+      offenders.push(`${path.relative(root, file)} imports ${path.relative(root, target)} (${from} → ${to})`);
+  }
+  assert.deepEqual(offenders, [], "update the import, or docs/architecture.md's table if the rule changed");
+});
+
+test("the layer table has no cycle", () => {
+  const rules = documentedRules();
+  const visiting = new Set<string>();
+  const done = new Set<string>();
+  const visit = (layer: string, trail: string[]) => {
+    if (done.has(layer)) return;
+    assert.ok(!visiting.has(layer), `a cycle: ${[...trail, layer].join(" → ")}`);
+    visiting.add(layer);
+    for (const next of rules.get(layer) ?? []) visit(next, [...trail, layer]);
+    visiting.delete(layer);
+    done.add(layer);
+  };
+  for (const layer of rules.keys()) visit(layer, []);
+});
+test("one wire contract: only the server's entry points import src/api, and tsc knows the run statuses", async () => {
+  // `npm run typecheck` fails here if a run's status widens to `string`: the directive would be unused.
+  // @ts-expect-error: "NOT_A_STATUS" is not a run status
+  const invalid: RunWire["status"] = "NOT_A_STATUS";
+  assert.ok(!(runStatuses as readonly string[]).includes(invalid));
+
+  const root = path.resolve(import.meta.dirname, "../..");
+  // The composition roots start the HTTP server; everything else (domain, CLI, dashboard) shares src/contract.
+  const entryPoints = new Set(["src/server.ts", "bench/apiServer.ts"].map((file) => path.join(root, file)));
+  const offenders: string[] = [];
+  for (const dir of ["src", "ui/src", "bench", "bin"]) {
+    for (const entry of await fsp.readdir(path.join(root, dir), { recursive: true, withFileTypes: true })) {
+      if (!entry.isFile() || !/\.(ts|tsx|js)$/.test(entry.name)) continue;
+      const file = path.join(entry.parentPath, entry.name);
+      if (entryPoints.has(file) || file.startsWith(path.join(root, "src", "api") + path.sep)) continue;
+      const text = await fsp.readFile(file, "utf8");
+      for (const [, spec] of text.matchAll(/from\s+["']([^"']+)["']/g)) {
+        const target = path.resolve(path.dirname(file), spec as string);
+        if (spec?.startsWith(".") && target.startsWith(path.join(root, "src", "api") + path.sep))
+          offenders.push(`${path.relative(root, file)} imports ${spec}`);
+      }
+    }
+  }
+  assert.deepEqual(offenders, []);
+});

@@ -1,0 +1,201 @@
+import assert from "node:assert/strict";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { describe, test } from "node:test";
+import { chooseAutoSettings } from "../../src/train/autoSettings.ts";
+import { LLAMA_CPP_LORA_TARGETS, runDefaults } from "../../src/contract/runs.ts";
+import { learningRateAt } from "../../src/train/native/learningRate.ts";
+import { checkAbi, EXPECTED_STRUCT_SIZES, localBuildDir } from "../../src/train/native/llamaLib.ts";
+import { countWindows, lossPositions, packWindows } from "../../src/train/native/packWindows.ts";
+import { isTrainableTensor, trainableBlocks } from "../../src/train/native/trainableTensor.ts";
+import { resolveTrainerJob, type TrainerJob } from "../../src/train/trainer.ts";
+
+/** A job on a model file that is never read: what the checks before a trainer starts look at. */
+function job(overrides: Partial<TrainerJob> = {}): TrainerJob {
+  return {
+    baseModelPath: "/nonexistent/tiny.gguf",
+    outputPath: "/nonexistent/out.gguf",
+    workDir: "/nonexistent/work",
+    samples: ["a sample"],
+    method: "full",
+    learningRate: 1e-3,
+    epochs: 1,
+    contextSize: 256,
+    ...overrides,
+  };
+}
+
+describe("trainer building blocks", () => {
+  test("a finished local node-llama-cpp build is found, a half-written one is not", (t) => {
+    const root = fs.mkdtempSync(path.join(os.tmpdir(), "conduit-nlc-"));
+    t.after(() => fs.rmSync(root, { recursive: true, force: true }));
+    const folder = path.join(root, "llama", "localBuilds", `${process.platform}-${process.arch}`);
+    const release = path.join(folder, "Release");
+    fs.mkdirSync(release, { recursive: true });
+    fs.writeFileSync(path.join(release, "_nlcBuildMetadata.json"), "{}");
+    assert.equal(localBuildDir(root, "cpu"), undefined, "no buildDone.status: still building");
+    fs.writeFileSync(path.join(folder, "buildDone.status"), "");
+    assert.equal(localBuildDir(root, "cpu"), release);
+    assert.equal(localBuildDir(root, "cuda"), undefined, "a CPU build is not a CUDA build");
+  });
+
+  test("struct layouts match the pinned llama.cpp headers, and a mismatch fails loudly", () => {
+    assert.deepEqual(
+      { ...EXPECTED_STRUCT_SIZES },
+      {
+        llama_model_params: 80,
+        llama_context_params: 160,
+        llama_opt_params: 48,
+        ggml_opt_optimizer_params: 28,
+        llama_model_quantize_params: 64,
+        llama_batch: 56,
+      },
+    );
+    assert.doesNotThrow(() => checkAbi());
+    assert.throws(
+      () => checkAbi(undefined, { ...EXPECTED_STRUCT_SIZES, llama_opt_params: 40 }),
+      /struct layout mismatch .*llama_opt_params is 48 bytes, expected 40/,
+    );
+  });
+
+  test("packs whole samples into windows with next-token labels, an end label and a loss mask", () => {
+    const eos = 2;
+    const all = (tokens: Int32Array) => ({ tokens, trained: new Uint8Array(tokens.length).fill(1) });
+    const samples = [
+      all(Int32Array.of(1, 10, 11)),
+      all(Int32Array.of(1, 20)),
+      all(Int32Array.of(1, 30, 31, 32)),
+    ];
+    const windows = packWindows(samples, [0, 1, 2], 6, eos);
+    assert.equal(windows.length, 2);
+    assert.equal(countWindows([3, 2, 4], 6), 2);
+    assert.deepEqual([...windows[0]!.input], [1, 10, 11, 1, 20, eos]);
+    assert.deepEqual([...windows[0]!.labels], [10, 11, eos, 20, eos, eos]);
+    assert.deepEqual([...windows[1]!.input], [1, 30, 31, 32, eos, eos]);
+    assert.deepEqual([...windows[1]!.labels], [30, 31, 32, eos, eos, eos]);
+    // Padding never counts in the loss.
+    assert.deepEqual([...windows[0]!.lossMask], [1, 1, 1, 1, 1, 0]);
+    assert.deepEqual([...windows[1]!.lossMask], [1, 1, 1, 1, 0, 0]);
+    assert.deepEqual(
+      windows.map((w) => [w.sampleTokens, w.lossTokens]),
+      [
+        [5, 5],
+        [4, 4],
+      ],
+    );
+    assert.deepEqual(windows[1]!.spans, [{ sample: 2, start: 0, length: 4 }]);
+
+    // Answer-only: a position counts when its label is an answer token, and the end label after the answer.
+    const qa = { tokens: Int32Array.of(1, 40, 41, 50, 51), trained: Uint8Array.of(0, 0, 0, 1, 1) };
+    assert.deepEqual([...lossPositions(qa)], [0, 0, 1, 1, 1]);
+    const [window] = packWindows([qa], [0], 6, eos);
+    assert.deepEqual([...window!.lossMask], [0, 0, 1, 1, 1, 0]);
+    assert.equal(window!.lossTokens, 3);
+
+    // A model trained on a shorter context than the window: only the first `capacity` positions hold samples.
+    const short = packWindows(samples, [0, 1, 2], 8, eos, true, 5);
+    assert.deepEqual(
+      short.map((w) => [...w.input]),
+      [
+        [1, 10, 11, 1, 20, eos, eos, eos],
+        [1, 30, 31, 32, eos, eos, eos, eos],
+      ],
+    );
+    assert.deepEqual([...short[0]!.lossMask], [1, 1, 1, 1, 1, 0, 0, 0]);
+    // Without packing every sample has a window of its own.
+    assert.equal(packWindows(samples, [0, 1, 2], 6, eos, false).length, 3);
+    assert.equal(countWindows([3, 2, 4], 6, false), 3);
+
+    // A sample longer than a window is refused (the trainer sizes the window to fit, or fails the run first).
+    assert.throws(
+      () => packWindows([all(Int32Array.of(1, 2, 3, 4, 5))], [0], 3, 0),
+      /5 tokens, more than the window of 3/,
+    );
+  });
+
+  test("auto settings: many epochs for a handful of pairs, one for thousands; the rate falls with the width", () => {
+    const choose = (pairs: number, width = 576, method: "lora" | "full" = "lora") =>
+      chooseAutoSettings({
+        method,
+        pairs,
+        characters: pairs * 40,
+        model: { embeddingLength: width, contextLength: 2048 },
+      });
+    assert.deepEqual(
+      [10, 20, 50, 100, 150, 300, 3000, 5000, 10_000, 100_000].map((pairs) => choose(pairs).epochs),
+      [200, 74, 19, 7, 4, 3, 3, 2, 1, 1],
+    );
+    assert.equal(choose(10).lr, 0.001);
+    assert.equal(choose(10, 128).lr, 0.0021);
+    assert.ok(choose(10, 2048).lr < choose(10, 576).lr);
+    assert.ok(choose(10, 576, "full").lr < choose(10, 576).lr);
+    assert.equal(choose(10).loraRank, 32);
+    assert.equal(choose(10, 64).loraRank, 16);
+    assert.equal(choose(1_000_000).loraRank, 64);
+    assert.match(choose(10).reasons.epochs, /200 epochs: a small dataset \(10 pairs\)/);
+  });
+
+  test("complexity selects the top blocks; the head always trains, token_embd never", () => {
+    assert.equal(trainableBlocks(8, 1), 8);
+    assert.equal(trainableBlocks(8, 0.25), 2);
+    assert.equal(trainableBlocks(8, 0.01), 1);
+    assert.ok(isTrainableTensor("blk.7.attn_q.weight", 8, 0.25));
+    assert.ok(isTrainableTensor("blk.6.ffn_up.weight", 8, 0.25));
+    assert.ok(!isTrainableTensor("blk.5.ffn_up.weight", 8, 0.25));
+    assert.ok(isTrainableTensor("output.weight", 8, 0.25));
+    assert.ok(isTrainableTensor("output_norm.weight", 8, 0.25));
+    assert.ok(!isTrainableTensor("token_embd.weight", 8, 1));
+    // No gradient reaches K and V in this llama.cpp: training them would only let weight decay shrink them.
+    assert.ok(!isTrainableTensor("blk.7.attn_k.weight", 8, 1));
+    assert.ok(!isTrainableTensor("blk.7.attn_v.weight", 8, 1));
+    assert.ok(isTrainableTensor("blk.7.attn_output.weight", 8, 1));
+  });
+
+  test("learning-rate schedules warm up, decay, and stay positive", () => {
+    const schedule = { kind: "linear", warmupSteps: 2, minFraction: 0 } as const;
+    assert.equal(learningRateAt(1, { ...schedule, kind: "constant" }, 5, 10), 1);
+    assert.ok(Math.abs(learningRateAt(1, schedule, 0, 10) - 1 / 3) < 1e-12);
+    assert.equal(learningRateAt(1, schedule, 2, 10), 1);
+    assert.ok(learningRateAt(1, schedule, 9, 10) > 0);
+    assert.ok(learningRateAt(1, schedule, 9, 10) < learningRateAt(1, schedule, 5, 10));
+    const cosine = learningRateAt(1, { kind: "cosine", warmupSteps: 0, minFraction: 0.1 }, 5, 10);
+    assert.ok(Math.abs(cosine - (0.1 + 0.9 * 0.5)) < 1e-12);
+  });
+
+  test("invalid jobs are rejected before a process starts", () => {
+    assert.throws(() => resolveTrainerJob(job({ complexity: 0 })), /complexity/);
+    assert.throws(() => resolveTrainerJob(job({ samples: [] })), /samples/);
+    assert.throws(() => resolveTrainerJob(job({ outputType: "Q9" as never })), /outputType/);
+    // What a job leaves out defaults from the one table the API documents for runs.
+    const defaults = resolveTrainerJob({
+      ...job(),
+      method: undefined,
+      lora: { rank: 4, alpha: 8, targets: [...LLAMA_CPP_LORA_TARGETS] },
+      seed: undefined,
+      lrSchedule: undefined,
+      complexity: undefined,
+      contextSize: undefined,
+    });
+    assert.deepEqual(
+      {
+        method: defaults.method,
+        seed: defaults.seed,
+        complexity: defaults.complexity,
+        contextSize: defaults.contextSize,
+        outputType: defaults.outputType,
+        lrSchedule: defaults.lrSchedule,
+      },
+      {
+        method: runDefaults.method,
+        seed: runDefaults.seed,
+        complexity: runDefaults.complexity,
+        contextSize: runDefaults.contextSize,
+        outputType: runDefaults.outputType,
+        lrSchedule: { kind: runDefaults.lrSchedule, warmupSteps: 0, minFraction: runDefaults.lrMinFraction },
+      },
+    );
+    assert.equal(runDefaults.method, "lora");
+    assert.equal(runDefaults.seed, 42);
+  });
+});
