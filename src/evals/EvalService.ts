@@ -47,6 +47,11 @@ export type EvalRunEvent =
   | { type: "progress"; progress: EvalRunProgress; results: ModelTotals[] }
   | { type: "status"; status: EvalRunStatus; error: string | null };
 
+/** A RUNNING eval run not written for this long is taken for one whose server stopped (each writes every 2 s). */
+const STALE_MS = 60_000;
+/** How often a server answering a run writes its progress, even when no answer has come. */
+const HEARTBEAT_MS = 2000;
+
 const TERMINAL: readonly EvalRunStatus[] = ["COMPLETED", "FAILED", "CANCELLED"];
 
 /** Greedy: the most likely token each time, no penalties, so that a model's answers are reproducible. */
@@ -64,6 +69,8 @@ export interface EvalServiceOptions {
   afterRun?: boolean;
   /** Eval runs this process answers (0: none; another server does). Defaults to `1`. */
   concurrency?: number;
+  /** How often the queue is checked for runs other servers queued. Defaults to `5000`. */
+  pollMs?: number;
 }
 
 /**
@@ -99,8 +106,17 @@ export class EvalService {
       runEvents.on("ended", (runId, status) => {
         if (status === "READY") this.track(this.evaluateRun(runId));
       });
+    // Other servers sharing the database queue runs too, and one that stopped may have left one RUNNING.
+    this.timer = setInterval(() => {
+      this.evals.failStale(new Date(Date.now() - STALE_MS)).then(
+        () => this.wake(),
+        (error: unknown) => this.log.error({ err: error }, "eval queue check failed"),
+      );
+    }, this.options.pollMs ?? 5000);
+    this.timer.unref();
     this.wake();
   }
+  private timer: NodeJS.Timeout | undefined;
 
   private track(work: Promise<unknown>): void {
     const tracked = work.catch((error: unknown) => this.log.error({ err: error }, "eval work failed"));
@@ -129,6 +145,7 @@ export class EvalService {
 
   async close(): Promise<void> {
     this.closed = true;
+    clearInterval(this.timer);
     for (const controller of this.active.values())
       controller.abort(new ConduitError("unavailable", "the server is shutting down"));
     await this.draining;
@@ -428,6 +445,10 @@ export class EvalService {
         controller.abort(new ConduitError("conflict", "cancelled"));
       this.events.emit("changed", run.id);
     };
+    // The run's progress is written as answers come, and at least every HEARTBEAT_MS (others see the server alive).
+    const heartbeat = setInterval(() => {
+      if (Date.now() - lastFlush >= HEARTBEAT_MS) void flush().catch(() => undefined);
+    }, HEARTBEAT_MS);
     try {
       for (const [modelIndex, model] of run.models.entries()) {
         progress.model = model;
@@ -473,6 +494,7 @@ export class EvalService {
       await this.evals.addResults(buffer).catch(() => undefined);
       await this.evals.finish(run.id, { status: "FAILED", error: message, progress, results: totals });
     } finally {
+      clearInterval(heartbeat);
       this.active.delete(run.id);
       this.events.emit("changed", run.id);
     }

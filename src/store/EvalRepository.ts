@@ -384,21 +384,21 @@ export class EvalRepository {
     });
   }
 
-  /** Runs left RUNNING by a process that stopped: FAILED, since their answers in flight were lost. */
-  async failInterrupted(ids?: string[]): Promise<number> {
-    let query = this.db
+  /**
+   * Runs left RUNNING by a server that stopped without saying so: FAILED once nothing was written to them since
+   * `before` (a server answering a run writes its progress at least every few seconds).
+   */
+  async failStale(before: Date): Promise<number> {
+    const updated = await this.db
       .updateTable("eval_runs")
       .set({
         status: "FAILED",
-        error: "the server stopped while the run was in progress",
+        error: "the server answering it stopped while the run was in progress",
         updated_at: timestamp(),
       })
-      .where("status", "=", "RUNNING");
-    if (ids) {
-      if (ids.length === 0) return 0;
-      query = query.where("id", "in", ids);
-    }
-    const updated = await query.executeTakeFirst();
+      .where("status", "=", "RUNNING")
+      .where("updated_at", "<", timestamp(before))
+      .executeTakeFirst();
     return Number(updated.numUpdatedRows);
   }
 
