@@ -13,6 +13,8 @@ import { openDatabase, type Db } from "./store/database.ts";
 import { DatasetRepository } from "./store/DatasetRepository.ts";
 import { KeyRepository } from "./store/KeyRepository.ts";
 import { RunRepository } from "./store/RunRepository.ts";
+import { EvalRepository } from "./store/EvalRepository.ts";
+import { EvalService } from "./evals/EvalService.ts";
 import { Sweeper } from "./store/Sweeper.ts";
 import { RunService } from "./train/RunService.ts";
 import { createRunEventBus, type RunEventBus } from "./train/runEvents.ts";
@@ -39,6 +41,8 @@ export interface Core {
   engine: Engine;
   inference: InferenceService;
   scheduler: Scheduler;
+  /** Evaluations: evals, eval runs (answered in this process), the automatic before/after of READY runs. */
+  evals: EvalService;
   /** Removes leftover blobs; built here, started by the server only (the CLI opens the same data dir). */
   sweeper: Sweeper;
   /** Whether the torch trainer can run here (checked in the background by the server, on demand otherwise). */
@@ -161,6 +165,11 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
     ...overrides.scheduler,
   });
 
+  const evals = new EvalService(new EvalRepository(db.kysely), runRepository, datasets, inference, blobs, log, {
+    parallel: config.evalParallel,
+    afterRun: config.evalAfterRun,
+  });
+
   return {
     config,
     log,
@@ -175,11 +184,13 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
     engine,
     inference,
     scheduler,
+    evals,
     sweeper,
     torch,
     async close() {
       await sweeper.stop();
       await scheduler.close();
+      await evals.close();
       await tracker?.close();
       await engine.dispose();
       await stopListening();
