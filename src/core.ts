@@ -13,8 +13,11 @@ import { openDatabase, type Db } from "./store/database.ts";
 import { DatasetRepository } from "./store/DatasetRepository.ts";
 import { KeyRepository } from "./store/KeyRepository.ts";
 import { RunRepository } from "./store/RunRepository.ts";
+import { EvalRepository } from "./store/EvalRepository.ts";
+import { EvalService } from "./evals/EvalService.ts";
 import { Sweeper } from "./store/Sweeper.ts";
 import { RunService } from "./train/RunService.ts";
+import { createRunEventBus, type RunEventBus } from "./train/runEvents.ts";
 import { Scheduler, type SchedulerOptions } from "./train/Scheduler.ts";
 import { MlflowClient } from "./train/tracking/MlflowClient.ts";
 import { MlflowTracker, type MlflowTrackerOptions } from "./train/tracking/MlflowTracker.ts";
@@ -32,10 +35,14 @@ export interface Core {
   datasets: DatasetService;
   runRepository: RunRepository;
   runs: RunService;
+  /** What happens to runs in this process: the run service and the scheduler emit, the scheduler and trackers listen. */
+  runEvents: RunEventBus;
   registry: ModelRegistry;
   engine: Engine;
   inference: InferenceService;
   scheduler: Scheduler;
+  /** Evaluations: evals, eval runs (answered in this process), the automatic before/after of READY runs. */
+  evals: EvalService;
   /** Removes leftover blobs; built here, started by the server only (the CLI opens the same data dir). */
   sweeper: Sweeper;
   /** Whether the torch trainer can run here (checked in the background by the server, on demand otherwise). */
@@ -95,7 +102,8 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
   const registry = new ModelRegistry({ modelsDir: config.modelsDir });
   const base = publicUrl(config);
   const torch = new TorchTrainerStatus(config.python);
-  const runs = new RunService(runRepository, datasets, registry, blobs, {
+  const runEvents = createRunEventBus();
+  const runs = new RunService(runRepository, datasets, registry, blobs, runEvents, {
     defaultModel: config.defaultModel,
     trackerUrl: (id) => `${base}/ui/runs/${id}`,
     limits: { maxPairs: config.maxRunPairs, maxBytes: config.maxRunBytes },
@@ -117,7 +125,7 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
         { defaultExperiment: config.mlflowExperiment, ...overrides.tracking },
       )
     : undefined;
-  tracker?.follow(runs.events);
+  tracker?.follow(runEvents);
   const engine =
     overrides.engine ??
     createLlamaEngine({
@@ -133,11 +141,7 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
       logger: (level, message) => log[level]({ source: "llama.cpp" }, message),
     });
   const inference = new InferenceService(engine, registry, runRepository, config.defaultModel);
-  // A deleted run's model (its adapter, for a LoRA run) leaves memory with its files.
-  runs.events.on("deleted", (run) => {
-    if (run.modelPath) engine.unload(run.modelPath);
-  });
-  const scheduler = new Scheduler(runRepository, runs, datasets, registry, blobs, log, {
+  const scheduler = new Scheduler(runRepository, runEvents, datasets, registry, blobs, log, {
     concurrency: config.trainConcurrency,
     threads: config.trainThreads,
     // Trainers compute where generation does: the GPU the engine found, with CONDUIT_GPU_LAYERS layers.
@@ -161,6 +165,11 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
     ...overrides.scheduler,
   });
 
+  const evals = new EvalService(new EvalRepository(db.kysely), runRepository, datasets, inference, blobs, log, {
+    parallel: config.evalParallel,
+    afterRun: config.evalAfterRun,
+  });
+
   return {
     config,
     log,
@@ -170,15 +179,18 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
     datasets,
     runRepository,
     runs,
+    runEvents,
     registry,
     engine,
     inference,
     scheduler,
+    evals,
     sweeper,
     torch,
     async close() {
       await sweeper.stop();
       await scheduler.close();
+      await evals.close();
       await tracker?.close();
       await engine.dispose();
       await stopListening();

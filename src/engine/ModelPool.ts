@@ -78,6 +78,8 @@ interface LoadedBase {
   users: number;
   context: LlamaContext;
   batcher: SequenceBatcher;
+  /** The chat template of the base (its adapters' too). */
+  template: ChatTemplate;
 }
 
 /**
@@ -326,6 +328,10 @@ export class ModelPool {
       };
       if (this.closed) throw new ConduitError("unavailable", "The inference engine is shutting down.");
       this.models.set(entry.key, entry);
+      options.logger(
+        "info",
+        `model '${ref.id}' loaded: chat template ${base.template.name} (${base.template.origin}${base.template.origin === "embedded" ? "" : ", the model has none of its own"})`,
+      );
       return entry;
     } catch (error) {
       await adapter?.native.dispose().catch(() => {});
@@ -358,7 +364,7 @@ export class ModelPool {
             useMmap: false,
           });
           try {
-            const { context, batcher } = await this.createServing(llama, model, ref);
+            const { context, batcher, template } = await this.createServing(llama, model, ref);
             const loaded: LoadedBase = {
               path,
               identity,
@@ -368,6 +374,7 @@ export class ModelPool {
               users: 0,
               context,
               batcher,
+              template,
             };
             this.bases.set(path, loaded);
             return loaded;
@@ -389,7 +396,7 @@ export class ModelPool {
     llama: Llama,
     model: LlamaModel,
     ref: ModelRef,
-  ): Promise<{ context: LlamaContext; batcher: SequenceBatcher }> {
+  ): Promise<{ context: LlamaContext; batcher: SequenceBatcher; template: ChatTemplate }> {
     const { options } = this;
     const contextSize = Math.max(
       16,
@@ -416,7 +423,7 @@ export class ModelPool {
           if (m) m.lastUsed = Date.now();
         },
       });
-      return { context, batcher };
+      return { context, batcher, template };
     } catch (error) {
       await context.dispose().catch(() => {});
       throw error;

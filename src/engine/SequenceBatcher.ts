@@ -95,12 +95,21 @@ interface Generation {
 }
 
 /** A generation's log probabilities: a greedy sampler without penalties reads the raw distribution. */
+interface LogprobEntry {
+  entry: TokenLogprob;
+  start: number;
+  end: number | undefined;
+}
+
 interface LogprobState {
   top: number;
   /** Made with the generation's sampler (see `Generation.sampler`). */
   sampler: NativeSampler | undefined;
-  /** One entry per generated token, with where its text starts in the output (`TextOutput.decodedLength`). */
-  entries: { entry: TokenLogprob; start: number }[];
+  /**
+   * One entry per generated token, with where its text starts and ends in the output
+   * (`TextOutput.decodedLength` before and after it; no end while its bytes end inside a character).
+   */
+  entries: LogprobEntry[];
   /** Entries already streamed. */
   sent: number;
   /** The entry of the token just sampled, until `accept` takes it. */
@@ -753,8 +762,13 @@ export class SequenceBatcher {
     if (this.isEog(token)) return this.finish(gen, "stop");
     gen.completionTokens++;
     if (gen.logprobs?.next)
-      gen.logprobs.entries.push({ entry: gen.logprobs.next, start: gen.output.decodedLength });
+      gen.logprobs.entries.push({
+        entry: gen.logprobs.next,
+        start: gen.output.decodedLength,
+        end: undefined,
+      });
     const piece = gen.output.push(token);
+    if (gen.logprobs) endEntries(gen.logprobs.entries, gen.output.decodedLength);
     if (piece !== "" || gen.logprobs) this.stream(gen, piece);
     if (gen.settled) return;
     if (gen.output.stopped) return this.finish(gen, "stop");
@@ -771,10 +785,14 @@ export class SequenceBatcher {
     return eog;
   }
 
-  /** Streams `piece` with the log probabilities of the tokens whose text now starts in the streamed text. */
-  private stream(gen: Generation, piece: string): void {
+  /**
+   * Streams `piece` with the log probabilities of the tokens whose text is now all in the streamed text (`last`:
+   * the output is complete, and a token whose text runs past it is sent with the part in it; see
+   * `answerLogprobs`).
+   */
+  private stream(gen: Generation, piece: string, last = false): void {
     if (!gen.onText) return;
-    const logprobs = gen.logprobs ? takeLogprobs(gen.logprobs, gen.output.text.length) : undefined;
+    const logprobs = gen.logprobs ? takeLogprobs(gen.logprobs, gen.output.text, last) : undefined;
     if (piece === "" && (logprobs === undefined || logprobs.length === 0)) return;
     try {
       gen.onText(piece, logprobs);
@@ -786,19 +804,15 @@ export class SequenceBatcher {
 
   private finish(gen: Generation, finishReason: FinishReason): void {
     const rest = gen.output.finish();
-    if (rest !== "") this.stream(gen, rest);
+    if (rest !== "" || gen.logprobs) this.stream(gen, rest, true);
     if (gen.settled) return;
-    const end = gen.output.text.length;
     const result: GenerationResult = {
       text: gen.output.text,
       finishReason,
       promptTokens: gen.promptTokens,
       cachedTokens: gen.cachedTokens,
       completionTokens: gen.completionTokens,
-      // Tokens whose text is in the answer (not those of a stop sequence or trimmed whitespace).
-      ...(gen.logprobs
-        ? { logprobs: gen.logprobs.entries.filter((e) => e.start < end).map((e) => e.entry) }
-        : {}),
+      ...(gen.logprobs ? { logprobs: answerLogprobs(gen.logprobs.entries, gen.output.text) } : {}),
     };
     this.onFinish(result, performance.now() - gen.startedAt, gen.adapter?.key);
     settle(gen, () => gen.resolve(result));
@@ -822,11 +836,62 @@ function commonPrefix(a: readonly number[], b: readonly number[]): number {
   return i;
 }
 
-/** The entries not streamed yet whose text starts before `end`. */
-function takeLogprobs(state: LogprobState, end: number): TokenLogprob[] {
+/** Ends the entries still open (their bytes ended inside a character) once the decoded text has passed them. */
+function endEntries(entries: LogprobEntry[], decoded: number): void {
+  for (let i = entries.length - 1; i >= 0 && entries[i]!.end === undefined; i--)
+    if (decoded > entries[i]!.start) entries[i]!.end = decoded;
+}
+
+/**
+ * The log probabilities of the tokens in the answer `text`, so that their texts join to it: a token whose
+ * text is all past its end (a stop sequence, trimmed whitespace) is left out, and a token whose text runs past
+ * its end (the start of a stop sequence) keeps its log probability but shows only the part in the answer (of
+ * tokens decoded together as one character, the first shows that part, and the others are left out).
+ */
+function answerLogprobs(entries: readonly LogprobEntry[], text: string): TokenLogprob[] {
   const taken: TokenLogprob[] = [];
-  while (state.sent < state.entries.length && state.entries[state.sent]!.start < end)
-    taken.push(state.entries[state.sent++]!.entry);
+  for (let i = 0; i < entries.length && entries[i]!.start < text.length; i++) {
+    const entry = answerPart(entries, i, text);
+    if (entry) taken.push(entry);
+  }
+  return taken;
+}
+
+/**
+ * Entry `i` as `answerLogprobs` shows it: whole, cut to its part in `text`, or `undefined` (no part in it).
+ * Tokens decoded together (one character split across them) share a start: their part of `text` goes to them in
+ * order, each taking its own text while that is what comes next, and the first that does not fit taking the rest.
+ */
+function answerPart(entries: readonly LogprobEntry[], i: number, text: string): TokenLogprob | undefined {
+  const e = entries[i]!;
+  if (e.end !== undefined && e.end <= text.length) return e.entry;
+  let first = i;
+  while (first > 0 && entries[first - 1]!.start === e.start) first--;
+  let rest = text.slice(e.start, e.end ?? text.length);
+  for (let j = first; j <= i; j++) {
+    const own = entries[j]!.entry.token;
+    if (rest === "") return undefined;
+    if (own !== "" && rest.startsWith(own) && j < i) rest = rest.slice(own.length);
+    else if (j < i) rest = "";
+    else return rest.startsWith(own) ? e.entry : { ...e.entry, token: rest };
+  }
+  return undefined;
+}
+
+/**
+ * The entries not streamed yet whose text is all in the streamed `text`; `last`: the text is the whole
+ * answer, and the rest of those in it are taken too (see `answerLogprobs`).
+ */
+function takeLogprobs(state: LogprobState, text: string, last: boolean): TokenLogprob[] {
+  const taken: TokenLogprob[] = [];
+  for (; state.sent < state.entries.length; state.sent++) {
+    const e = state.entries[state.sent]!;
+    if (e.end !== undefined && e.end <= text.length) taken.push(e.entry);
+    else if (last && e.start < text.length) {
+      const entry = answerPart(state.entries, state.sent, text);
+      if (entry) taken.push(entry);
+    } else break;
+  }
   return taken;
 }
 

@@ -1,4 +1,3 @@
-import { EventEmitter } from "node:events";
 import fs from "node:fs";
 import fsp from "node:fs/promises";
 import readline from "node:readline";
@@ -36,7 +35,7 @@ import { formatOverhead, planRun, readModelCost, templateTokens } from "./runEst
 import { formatExample } from "./samples.ts";
 import type { RunPlan } from "../contract/estimate.ts";
 import type { TorchStatus } from "./torch/torchStatus.ts";
-import type { TrainerProgress } from "./protocol.ts";
+import type { RunEventBus } from "./runEvents.ts";
 import type { CreateRun, ExamplesQuery, RunExample } from "./commands.ts";
 
 /** Finds base models by id (the engine's model registry). */
@@ -169,30 +168,8 @@ function textBytesOf(file: Pick<DatasetFile, "size" | "ioPairsCount" | "format">
 /** The latest READY runs of a trainer, model and method whose rate an estimate is measured on. */
 const MEASURED_RUNS = 5;
 
-/** How a run ended. */
-export type RunEnd = "READY" | "FAILED" | "CANCELLED";
-
-/**
- * What happens to runs, as this process sees it: the scheduler wakes up on `changed`; trackers
- * (MLflow) follow a run from `created` through `progress` to `ended`.
- */
-export interface RunEvents {
-  /** A run was created or cancelled; the scheduler wakes up. */
-  changed: [runId: string];
-  /** A run was created (QUEUED). */
-  created: [run: Run];
-  /** A trainer of this process reported progress on a run. */
-  progress: [runId: string, progress: TrainerProgress];
-  /** A run ended: READY or FAILED by this process's scheduler, CANCELLED by a user of this process. */
-  ended: [runId: string, status: RunEnd];
-  /** A run was deleted by a user of this process; what served its model file must let it go. */
-  deleted: [run: Run];
-}
-
 /** Fine-tuning runs: creation with validated config, reads, cancel and delete. */
 export class RunService {
-  /** Emits `changed` so an in-process scheduler reacts at once instead of on its next poll. */
-  readonly events = new EventEmitter<RunEvents>();
   /** The feed of each followed run, by owner and run id. */
   private readonly feeds = new Map<string, RunFeed>();
 
@@ -201,6 +178,8 @@ export class RunService {
     private readonly datasets: DatasetService,
     private readonly models: ModelCatalog,
     private readonly blobs: BlobStore,
+    /** Where runs' creation and cancellation are told (`changed` wakes an in-process scheduler at once). */
+    private readonly events: RunEventBus,
     private readonly options: {
       defaultModel: string | undefined;
       trackerUrl: (runId: string) => string;
@@ -645,7 +624,6 @@ export class RunService {
     if (!(await this.runs.delete(userId, id)))
       throw new ConduitError("not_found", `run ${id} not found`, { param: "finetune_id" });
     // A live run's files are removed by its worker once the trainer has stopped.
-    this.events.emit("deleted", run);
     if (run.status !== "QUEUED" && run.status !== "RUNNING") await this.blobs.remove(`runs/${id}`);
     return run;
   }

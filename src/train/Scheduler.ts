@@ -9,14 +9,17 @@ import { isOutOfSpace } from "../errors.ts";
 import type { BlobStore } from "../store/BlobStore.ts";
 import type { RunRepository } from "../store/RunRepository.ts";
 import { methodOf, type Run } from "../domain/runs.ts";
-import type { TrainerJob, TrainerProgress } from "./protocol.ts";
-import type { ModelCatalog, RunService } from "./RunService.ts";
+import type { TrainerJob, TrainerProgress, TrainingStats } from "./protocol.ts";
+import type { RunConfig } from "../contract/runs.ts";
+import type { ModelCatalog } from "./RunService.ts";
+import type { RunEventBus } from "./runEvents.ts";
 import {
   DEFAULT_MIN_PAIRS_FOR_EVAL,
   prepareSamples,
   writeExampleLosses,
   type SamplePreparer,
 } from "./prepareSamples.ts";
+import type { ExampleFiles } from "./exampleFiles.ts";
 import { trainerThreads } from "./trainerChoice.ts";
 import {
   startTrainer,
@@ -62,6 +65,9 @@ export interface SchedulerOptions {
   prepareSamples?: SamplePreparer;
 }
 
+/** A LoRA run's config. */
+type LoraConfig = Extract<RunConfig, { method: "lora" }>;
+
 interface ActiveRun {
   run: Run;
   handle?: TrainerHandle;
@@ -99,7 +105,7 @@ export class Scheduler {
 
   constructor(
     private readonly runs: RunRepository,
-    private readonly runService: RunService,
+    private readonly events: RunEventBus,
     private readonly datasets: DatasetService,
     private readonly models: ModelCatalog,
     private readonly blobs: BlobStore,
@@ -118,7 +124,7 @@ export class Scheduler {
 
   start(): void {
     if (this.options.concurrency <= 0) return;
-    this.runService.events.on("changed", this.onChanged);
+    this.events.on("changed", this.onChanged);
     this.timer = setInterval(() => void this.tick(), this.pollMs);
     void this.tick();
   }
@@ -140,7 +146,7 @@ export class Scheduler {
           ? "it starts again from the base model (it had written no checkpoint)"
           : `it resumes from its checkpoint at step ${step}`;
       });
-      for (const runId of failed) this.runService.events.emit("ended", runId, "FAILED");
+      for (const runId of failed) this.events.emit("ended", runId, "FAILED");
       for (const active of this.active.values()) await this.renew(active);
       while (!this.closed && this.active.size < this.options.concurrency) {
         const run = await this.runs.claimNext(this.workerId, this.leaseMs);
@@ -189,6 +195,10 @@ export class Scheduler {
       .catch((error: unknown) => this.log.warn({ err: error, runId }, "run log failed"));
   }
 
+  /**
+   * Trains a claimed run, in phases: prepare its examples, build its trainer job, run the trainer while
+   * recording its progress, then settle the run by how the trainer ended.
+   */
   private async train(active: ActiveRun): Promise<void> {
     const startedAt = performance.now();
     const { run } = active;
@@ -196,156 +206,49 @@ export class Scheduler {
     const lora = methodOf(run.config) === "lora" && config.method === "lora" ? config : undefined;
     const runDir = `runs/${run.id}`;
     const workDir = this.blobs.pathOf(`${runDir}/work`);
-    // Kept across attempts (a restart resumes from it); removed once the run has ended.
-    const checkpointDir = `${runDir}/checkpoint`;
-    // A LoRA run keeps only its adapter; it is served on the shared base model.
-    const outputPath = this.blobs.pathOf(`${runDir}/${lora ? "adapter" : "model"}.gguf`);
+    const files: RunFiles = {
+      runDir,
+      workDir,
+      lossesPath: `${workDir}/losses.jsonl`,
+      // Kept across attempts (a restart resumes from it); removed once the run has ended.
+      checkpointDir: `${runDir}/checkpoint`,
+      // A LoRA run keeps only its adapter; it is served on the shared base model.
+      outputPath: this.blobs.pathOf(`${runDir}/${lora ? "adapter" : "model"}.gguf`),
+    };
     /** Set once the run turns out to be another attempt's: then nothing of its files is touched. */
     let lost = false;
     const leaveToTheNewAttempt = async () => {
       lost = true;
-      this.log.warn({ runId: run.id }, "lost the run's lease; trainer stopped");
-      await this.appendLog(
-        run.id,
-        `${this.workerId} lost this run's lease (its heartbeat failed and the run was taken back); ` +
-          `it stopped its trainer and leaves the run's files to the new attempt`,
-      );
+      await this.leaveToTheNewAttempt(run);
     };
     try {
       await this.appendLog(run.id, `training started on ${this.workerId} (attempt ${run.attempts})`);
       const base = this.models.resolve(config.baseModelName);
       if (!base) throw new Error(`base model "${config.baseModelName}" is no longer available`);
-      const examples = await this.prepareSamples(run, base, workDir);
-      await this.appendLog(
-        run.id,
-        `${examples.trainCount} training conversations` +
-          (examples.validationCount === 0
-            ? ""
-            : examples.validationSource === "file"
-              ? `, ${examples.validationCount} from validation file ${config.validationFileID} for eval loss`
-              : `, ${examples.validationCount} held out for eval loss`) +
-          `; ${config.trainOnInputs ? "trained on whole conversations (trainOnInputs)" : "trained on the answers only"}` +
-          `; base model ${base.id}`,
-      );
-      if (examples.unsplit > 0)
-        await this.appendLog(
-          run.id,
-          `${examples.unsplit} examples are trained on in full: the chat template's text did not show where their answer starts`,
-        );
-      let lastStatsWrite = 0;
-      const lossSeries: { step: number; trainLoss: number }[] = [];
-      const evalSeries: { step: number; epoch: number; evalLoss: number }[] = [];
-      let latest: TrainerProgress | undefined;
-      const writeStats = async (extra: Record<string, unknown> = {}) => {
-        if (!latest) return;
-        lastStatsWrite = Date.now();
-        await this.runs.updateStats(run.id, this.workerId, {
-          ...latest,
-          lossSeries: thin(lossSeries, 500),
-          evalLossSeries: evalSeries,
-          ...extra,
-        });
-      };
-
-      const gpu = (await this.options.gpu?.()) ?? { backend: "cpu", layers: 0 };
-      const backend = config.trainer ?? "llama.cpp";
-      let torch: TrainerJob["torch"];
-      if (backend === "torch") {
-        const found = (await this.options.torch?.()) ?? { unavailable: "this server has no torch trainer" };
-        if ("unavailable" in found)
-          throw new Error(
-            `this run was created for the torch trainer, which ${this.workerId} cannot run: ${found.unavailable}`,
-          );
-        // The worker's dequantized copies of base models live in the blob store, like everything the server keeps.
-        torch = { ...found, cacheDir: this.blobs.pathOf("cache/torch") };
-      }
-      const lossesPath = `${workDir}/losses.jsonl`;
-      const job: TrainerJob = {
-        backend,
-        ...(torch ? { torch } : {}),
-        method: lora ? "lora" : "full",
-        ...(lora ? { lora: { rank: lora.loraRank, alpha: lora.loraAlpha, targets: lora.loraTargets } } : {}),
-        baseModelPath: base.path,
-        outputPath,
-        workDir,
-        samplesFile: examples.train,
-        evalSamplesFile: examples.validation,
-        lossesFile: lossesPath,
-        maxTrainTokens: this.options.maxRunTokens ?? null,
-        earlyStoppingPatience: config.earlyStoppingPatience ?? null,
-        checkpointDir: this.blobs.pathOf(checkpointDir),
-        learningRate: config.lr,
-        epochs: config.epochs,
-        ...(config.steps ? { maxSteps: config.steps } : {}),
-        complexity: config.complexity,
-        contextSize: config.contextSize,
-        lrSchedule: { kind: config.lrSchedule, minFraction: config.lrMinFraction },
-        threads: trainerThreads(backend, this.options.threads),
-        gpu,
-        ...(backend === "llama.cpp"
-          ? {
-              blasLibrary: this.options.blasLibrary?.() ?? null,
-              // auto: ggml's ops on one thread, OpenBLAS's products on every core (bench/README.md, #26).
-              ...(this.options.threads === "auto" ? { blasThreads: os.availableParallelism() } : {}),
-            }
-          : {}),
-        outputType: config.outputType,
-        seed: config.seed,
-      };
-      const handlers: TrainerHandlers = {
-        onLog: (line) => void this.appendLog(run.id, line),
-        onProgress: (progress) => {
-          latest = progress;
-          this.runService.events.emit("progress", run.id, progress);
-          lossSeries.push({ step: progress.step, trainLoss: progress.trainLoss });
-          if (progress.evalLoss !== undefined)
-            evalSeries.push({ step: progress.step, epoch: progress.epoch, evalLoss: progress.evalLoss });
-          if (Date.now() - lastStatsWrite > 1000 || progress.evalLoss !== undefined) void writeStats();
-        },
-      };
+      const examples = await this.prepareSamples(run, base, files.workDir);
+      await this.logExamples(run, examples, base.id);
+      const job = await this.trainerJob(run, lora, base.path, examples, files);
+      const progress = new ProgressRecorder(run.id, this.workerId, this.runs, this.events);
       // Stopped while being prepared: no trainer to stop, and the run ends as a stopped trainer's would.
       const outcome = active.stopping
         ? ({ status: "cancelled" } as const)
-        : await this.runTrainer(active, job, handlers);
-
+        : await this.runTrainer(active, job, {
+            onLog: (line) => void this.appendLog(run.id, line),
+            onProgress: (p) => progress.record(p),
+          });
       if (outcome.status === "completed") {
-        if (!lora) await restoreContextLength(base.path, outputPath);
-        await writeExampleLosses(this.blobs.pathOf(`${runDir}/examples.jsonl`), examples, lossesPath);
-        const { bestEpoch, bestStep, bestEvalLoss, warnings, stoppedEarly } = outcome.stats;
+        if (!lora) await restoreContextLength(base.path, files.outputPath);
+        await writeExampleLosses(this.blobs.pathOf(`${runDir}/examples.jsonl`), examples, files.lossesPath);
         // The whole attempt, not just the trainer's part: what a run's estimate plans.
-        const runSeconds = (performance.now() - startedAt) / 1000;
-        await writeStats({
-          final: { ...outcome.stats, runSeconds },
-          bestEpoch,
-          bestStep,
-          bestEvalLoss,
-          warnings,
-          stoppedEarly,
-        });
-        await this.blobs.remove(checkpointDir);
-        const finished = await this.runs.finish(run.id, this.workerId, {
-          status: "READY",
-          modelPath: outputPath,
-          message: lora
-            ? `run READY: served as "${run.id}" (LoRA adapter of ${(outcome.stats.outputBytes / 2 ** 20).toFixed(2)} MiB on ${base.id})`
-            : `run READY: the fine-tuned model is served as "${run.id}"`,
-        });
-        if (finished) this.runService.events.emit("ended", run.id, "READY");
-        else if ((await this.whyGone(run.id)) === "cancel") await this.blobs.remove(runDir);
-        else await leaveToTheNewAttempt();
+        await progress.writeFinal(outcome.stats, (performance.now() - startedAt) / 1000);
+        if (!(await this.finishReady(run, outcome.stats.outputBytes, lora !== undefined, base.id, files)))
+          await leaveToTheNewAttempt();
       } else if (active.stopping === "lost") {
         await leaveToTheNewAttempt();
       } else if (active.stopping === "shutdown") {
         // The run is released back to the queue by close(); its checkpoint stays for the next attempt.
       } else if (outcome.status === "cancelled" || active.stopping === "cancel") {
-        await this.blobs.remove(runDir);
-        await this.appendLog(
-          run.id,
-          `${active.handle ? "trainer stopped" : "stopped before its trainer started"}; partial artifacts removed`,
-        );
-        // Cancelled by a user of this or another process (not a lost lease: the run goes on elsewhere).
-        if ((await this.runs.getById(run.id))?.status === "CANCELLED")
-          this.runService.events.emit("ended", run.id, "CANCELLED");
+        await this.endCancelled(active, runDir);
       } else {
         if (!(await this.fail(run, outcome.reason))) await leaveToTheNewAttempt();
       }
@@ -354,8 +257,132 @@ export class Scheduler {
       if (!(await this.fail(run, isOutOfSpace(error) ? `the disk is full (${reason})` : reason)))
         await leaveToTheNewAttempt();
     } finally {
-      if (!lost) await fsp.rm(workDir, { recursive: true, force: true }).catch(() => undefined);
+      if (!lost) await fsp.rm(files.workDir, { recursive: true, force: true }).catch(() => undefined);
     }
+  }
+
+  /** Logs that this worker lost the run's lease and leaves its files to the attempt that has it now. */
+  private async leaveToTheNewAttempt(run: Run): Promise<void> {
+    this.log.warn({ runId: run.id }, "lost the run's lease; trainer stopped");
+    await this.appendLog(
+      run.id,
+      `${this.workerId} lost this run's lease (its heartbeat failed and the run was taken back); ` +
+        `it stopped its trainer and leaves the run's files to the new attempt`,
+    );
+  }
+
+  /** The run's log line about what it trains on (and one about examples trained in full, if any). */
+  private async logExamples(run: Run, examples: ExampleFiles, baseId: string): Promise<void> {
+    const config = run.config;
+    await this.appendLog(
+      run.id,
+      `${examples.trainCount} training conversations` +
+        (examples.validationCount === 0
+          ? ""
+          : examples.validationSource === "file"
+            ? `, ${examples.validationCount} from validation file ${config.validationFileID} for eval loss`
+            : `, ${examples.validationCount} held out for eval loss`) +
+        `; ${config.trainOnInputs ? "trained on whole conversations (trainOnInputs)" : "trained on the answers only"}` +
+        `; base model ${baseId}`,
+    );
+    if (examples.unsplit > 0)
+      await this.appendLog(
+        run.id,
+        `${examples.unsplit} examples are trained on in full: the chat template's text did not show where their answer starts`,
+      );
+  }
+
+  /** The trainer job of a run: its config, its prepared files, and where and with what this worker trains. */
+  private async trainerJob(
+    run: Run,
+    lora: LoraConfig | undefined,
+    basePath: string,
+    examples: ExampleFiles,
+    files: RunFiles,
+  ): Promise<TrainerJob> {
+    const config = run.config;
+    const gpu = (await this.options.gpu?.()) ?? { backend: "cpu", layers: 0 };
+    const backend = config.trainer ?? "llama.cpp";
+    let torch: TrainerJob["torch"];
+    if (backend === "torch") {
+      const found = (await this.options.torch?.()) ?? { unavailable: "this server has no torch trainer" };
+      if ("unavailable" in found)
+        throw new Error(
+          `this run was created for the torch trainer, which ${this.workerId} cannot run: ${found.unavailable}`,
+        );
+      // The worker's dequantized copies of base models live in the blob store, like everything the server keeps.
+      torch = { ...found, cacheDir: this.blobs.pathOf("cache/torch") };
+    }
+    return {
+      backend,
+      ...(torch ? { torch } : {}),
+      method: lora ? "lora" : "full",
+      ...(lora ? { lora: { rank: lora.loraRank, alpha: lora.loraAlpha, targets: lora.loraTargets } } : {}),
+      baseModelPath: basePath,
+      outputPath: files.outputPath,
+      workDir: files.workDir,
+      samplesFile: examples.train,
+      evalSamplesFile: examples.validation,
+      lossesFile: files.lossesPath,
+      maxTrainTokens: this.options.maxRunTokens ?? null,
+      earlyStoppingPatience: config.earlyStoppingPatience ?? null,
+      checkpointDir: this.blobs.pathOf(files.checkpointDir),
+      learningRate: config.lr,
+      epochs: config.epochs,
+      ...(config.steps ? { maxSteps: config.steps } : {}),
+      complexity: config.complexity,
+      contextSize: config.contextSize,
+      lrSchedule: { kind: config.lrSchedule, minFraction: config.lrMinFraction },
+      threads: trainerThreads(backend, this.options.threads),
+      gpu,
+      ...(backend === "llama.cpp"
+        ? {
+            blasLibrary: this.options.blasLibrary?.() ?? null,
+            // auto: ggml's ops on one thread, OpenBLAS's products on every core (bench/README.md, #26).
+            ...(this.options.threads === "auto" ? { blasThreads: os.availableParallelism() } : {}),
+          }
+        : {}),
+      outputType: config.outputType,
+      seed: config.seed,
+    };
+  }
+
+  /**
+   * Ends a trained run READY (its checkpoint removed); false when the run is another attempt's now. A run
+   * cancelled (or deleted) while its files were being written loses them.
+   */
+  private async finishReady(
+    run: Run,
+    outputBytes: number,
+    isLora: boolean,
+    baseId: string,
+    files: RunFiles,
+  ): Promise<boolean> {
+    await this.blobs.remove(files.checkpointDir);
+    const finished = await this.runs.finish(run.id, this.workerId, {
+      status: "READY",
+      modelPath: files.outputPath,
+      message: isLora
+        ? `run READY: served as "${run.id}" (LoRA adapter of ${(outputBytes / 2 ** 20).toFixed(2)} MiB on ${baseId})`
+        : `run READY: the fine-tuned model is served as "${run.id}"`,
+    });
+    if (finished) this.events.emit("ended", run.id, "READY");
+    else if ((await this.whyGone(run.id)) === "cancel") await this.blobs.remove(files.runDir);
+    else return false;
+    return true;
+  }
+
+  /** A run stopped by a cancel (or before its trainer started): its files go, and its end is told. */
+  private async endCancelled(active: ActiveRun, runDir: string): Promise<void> {
+    const run = active.run;
+    await this.blobs.remove(runDir);
+    await this.appendLog(
+      run.id,
+      `${active.handle ? "trainer stopped" : "stopped before its trainer started"}; partial artifacts removed`,
+    );
+    // Cancelled by a user of this or another process (not a lost lease: the run goes on elsewhere).
+    if ((await this.runs.getById(run.id))?.status === "CANCELLED")
+      this.events.emit("ended", run.id, "CANCELLED");
   }
 
   /** Starts the run's trainer and waits for it; a stop that came while it was starting reaches it. */
@@ -379,7 +406,7 @@ export class Scheduler {
     // The reason goes in the log before the status changes, so whoever sees FAILED finds it.
     await this.appendLog(run.id, `run failed: ${reason}`);
     if (await this.runs.finish(run.id, this.workerId, { status: "FAILED", error: reason }))
-      this.runService.events.emit("ended", run.id, "FAILED");
+      this.events.emit("ended", run.id, "FAILED");
     // Nothing of a failed or cancelled run is kept (no empty directory either).
     await this.blobs.remove(`runs/${run.id}`).catch(() => undefined);
     return true;
@@ -389,7 +416,7 @@ export class Scheduler {
   async close(): Promise<void> {
     this.closed = true;
     if (this.timer) clearInterval(this.timer);
-    this.runService.events.off("changed", this.onChanged);
+    this.events.off("changed", this.onChanged);
     await this.ticking;
     const running = [...this.active.values()];
     for (const active of running) this.stop(active, "shutdown");
@@ -435,4 +462,67 @@ function thin<T>(points: T[], max: number): T[] {
   for (let i = 0; i < max - 1; i++) out.push(points[Math.floor(i * stride)] as T);
   out.push(points[points.length - 1] as T);
   return out;
+}
+
+/** Where a run's files go: its blob directory, the trainer's work directory, its checkpoint, its output. */
+interface RunFiles {
+  /** The run's blob directory (`runs/<id>`). */
+  runDir: string;
+  workDir: string;
+  /** Where the trainer writes each example's loss. */
+  lossesPath: string;
+  /** Blob path of the checkpoint directory, kept across attempts. */
+  checkpointDir: string;
+  outputPath: string;
+}
+
+/**
+ * A run's progress as its trainer reports it: told on the event bus, kept as loss series, and written into
+ * the run's stats at most about once a second (and at every evaluation).
+ */
+class ProgressRecorder {
+  private lastStatsWrite = 0;
+  private readonly lossSeries: { step: number; trainLoss: number }[] = [];
+  private readonly evalSeries: { step: number; epoch: number; evalLoss: number }[] = [];
+  private latest: TrainerProgress | undefined;
+
+  constructor(
+    private readonly runId: string,
+    private readonly workerId: string,
+    private readonly runs: RunRepository,
+    private readonly events: RunEventBus,
+  ) {}
+
+  record(progress: TrainerProgress): void {
+    this.latest = progress;
+    this.events.emit("progress", this.runId, progress);
+    this.lossSeries.push({ step: progress.step, trainLoss: progress.trainLoss });
+    if (progress.evalLoss !== undefined)
+      this.evalSeries.push({ step: progress.step, epoch: progress.epoch, evalLoss: progress.evalLoss });
+    if (Date.now() - this.lastStatsWrite > 1000 || progress.evalLoss !== undefined) void this.write();
+  }
+
+  /** The trainer's totals, with the whole attempt's seconds, and the best evaluation's in the stats. */
+  writeFinal(stats: TrainingStats, runSeconds: number): Promise<void> {
+    const { bestEpoch, bestStep, bestEvalLoss, warnings, stoppedEarly } = stats;
+    return this.write({
+      final: { ...stats, runSeconds },
+      bestEpoch,
+      bestStep,
+      bestEvalLoss,
+      warnings,
+      stoppedEarly,
+    });
+  }
+
+  private async write(extra: Record<string, unknown> = {}): Promise<void> {
+    if (!this.latest) return;
+    this.lastStatsWrite = Date.now();
+    await this.runs.updateStats(this.runId, this.workerId, {
+      ...this.latest,
+      lossSeries: thin(this.lossSeries, 500),
+      evalLossSeries: this.evalSeries,
+      ...extra,
+    });
+  }
 }

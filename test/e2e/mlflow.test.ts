@@ -1,13 +1,14 @@
 import assert from "node:assert/strict";
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import fs from "node:fs";
-import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { after, before, describe, test } from "node:test";
 import type { FastifyInstance } from "fastify";
 import { describeConfig, loadConfig } from "../../src/config.ts";
 import { asAlice, backends, buildTestApp, datasetOf, startRun, testEnv } from "../lib/helper.ts";
+import { getRun, runEnded, waitForRun } from "../lib/helper.ts";
+import { freePort, until } from "../lib/wait.ts";
 
 /**
  * Runs mirrored to a real MLflow tracking server (`pip install mlflow`; `.ci/run` puts it in
@@ -42,17 +43,6 @@ function findMlflow(): MlflowCommand | string {
     );
   }
   return `no mlflow found (set CONDUIT_TEST_MLFLOW, or pip install mlflow); tried ${tried.join("; ")}`;
-}
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = net.createServer();
-    server.once("error", reject);
-    server.listen(0, "127.0.0.1", () => {
-      const { port } = server.address() as net.AddressInfo;
-      server.close(() => resolve(port));
-    });
-  });
 }
 
 interface MlflowServer {
@@ -187,17 +177,6 @@ async function history(uri: string, runId: string, key: string): Promise<{ value
   return answer.metrics ?? [];
 }
 
-async function until<T>(what: string, read: () => Promise<T>, done: (value: T) => boolean, ms = 120_000) {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    const value = await read();
-    if (done(value)) return value;
-    if (Date.now() > deadline)
-      throw new Error(`timed out waiting for ${what}: ${JSON.stringify(value).slice(0, 2000)}`);
-    await new Promise((resolve) => setTimeout(resolve, 200));
-  }
-}
-
 const pairs = ["apple", "river", "stone", "cloud"].map((word, i) => ({
   input: `${word} ${i}`,
   output: `${i} ${word}`,
@@ -208,20 +187,8 @@ async function startSmallRun(app: FastifyInstance, body: Record<string, unknown>
   return startRun(app, { datasetID: await datasetOf(app, pairs, "mlflow"), lr: 0.001, loraRank: 4, ...body });
 }
 
-interface RunView {
-  status: string;
-  trackerURL: string;
-  logs: string[];
-  config: Record<string, unknown>;
-  // eslint-disable-next-line @typescript-eslint/no-explicit-any -- stats is a free-form object
-  stats: Record<string, any>;
-}
-
-async function getRun(app: FastifyInstance, id: string): Promise<RunView> {
-  return (await app.inject({ url: `/conduit/finetuning/${id}`, headers: asAlice })).json() as RunView;
-}
-
-const ended = (run: RunView) => ["READY", "FAILED", "CANCELLED"].includes(run.status);
+/** How the tests wait for MLflow and for runs: MLflow answers slowly, and a run trains for minutes. */
+const slow = { timeoutMs: 120_000, intervalMs: 200 };
 const tracking = { flushIntervalMs: 200 };
 const scheduler = { pollMs: 200, concurrency: 1 };
 
@@ -291,13 +258,14 @@ describe("runs mirrored to MLflow", () => {
         "the MLflow run",
         () => getRun(first, id),
         (run) => run.trackerURL.startsWith(uri),
+        slow,
       );
       const ref = refOf(uri, created.trackerURL);
       await first.close();
 
       const { app: second, core } = await buildTestApp(t, env, { tracking, scheduler });
       core.scheduler.start();
-      const run = await until(`run ${id}`, () => getRun(second, id), ended, 240_000);
+      const run = await waitForRun(second, id, runEnded, { timeoutMs: 240_000 });
       assert.equal(run.status, "READY", run.logs.join("\n"));
       assert.equal(run.trackerURL, created.trackerURL);
 
@@ -305,6 +273,7 @@ describe("runs mirrored to MLflow", () => {
         "the final status in MLflow",
         () => mlflowRun(uri, ref.runId),
         (r) => r.info.status !== "RUNNING",
+        slow,
       );
       assert.equal(finished.info.status, "FINISHED");
       assert.ok(finished.info.end_time && finished.info.end_time > 0);
@@ -388,12 +357,13 @@ describe("runs mirrored to MLflow", () => {
       "the MLflow run",
       () => getRun(app, id),
       (run) => run.trackerURL.startsWith(uri),
+      slow,
     );
     const ref = refOf(uri, created.trackerURL);
     // 300 progress reports at once, as a trainer far ahead of MLflow would send them: 1,500
     // points queued, more than the 1,000 one call may carry.
     for (let step = 1; step <= 300; step++)
-      core.runs.events.emit("progress", id, {
+      core.runEvents.emit("progress", id, {
         step,
         totalSteps: 300,
         epoch: 1,
@@ -410,6 +380,7 @@ describe("runs mirrored to MLflow", () => {
         `300 ${key} points`,
         () => history(uri, ref.runId, key),
         (points) => points.length === 300,
+        slow,
       );
     const logs = (await getRun(app, id)).logs;
     assert.ok(!logs.some((line) => line.includes("not delivered")), logs.join("\n"));
@@ -433,6 +404,7 @@ describe("runs mirrored to MLflow", () => {
       "the run to train",
       () => getRun(app, id),
       (run) => run.status === "RUNNING" && run.stats.step > 0 && run.trackerURL.startsWith(uri),
+      slow,
     );
     const ref = refOf(uri, running.trackerURL);
     const cancel = await app.inject({
@@ -445,6 +417,7 @@ describe("runs mirrored to MLflow", () => {
       "the final status in MLflow",
       () => mlflowRun(uri, ref.runId),
       (r) => r.info.status !== "RUNNING",
+      slow,
     );
     assert.equal(killed.info.status, "KILLED");
     const experiment = await mlflow<{ experiment: { name: string } }>(
@@ -466,7 +439,7 @@ describe("runs mirrored to MLflow", () => {
     const { app, core } = await buildTestApp(t, env, { tracking, scheduler });
     core.scheduler.start();
     const id = await startSmallRun(app, { epochs: 2, trackerProject: project });
-    const run = await until(`run ${id}`, () => getRun(app, id), ended, 240_000);
+    const run = await waitForRun(app, id, runEnded, { timeoutMs: 240_000 });
     assert.equal(run.status, "READY", run.logs.join("\n"));
     assert.match(run.trackerURL, new RegExp(`/ui/runs/${id}$`), "trackerURL stays the dashboard page");
     const report = run.logs.filter((line) => line.includes("MLflow tracking: not delivered"));
@@ -491,12 +464,14 @@ describe("runs mirrored to MLflow", () => {
       "the run to train",
       () => getRun(app, id),
       (run) => run.status === "RUNNING" && run.trackerURL.startsWith(uri),
+      slow,
     );
     const ref = refOf(uri, running.trackerURL);
     await until(
       "metrics in MLflow",
       () => history(uri, ref.runId, "train_loss"),
       (points) => points.length > 0,
+      slow,
     );
     await server.stop();
     const stopped = await getRun(app, id);
@@ -509,8 +484,8 @@ describe("runs mirrored to MLflow", () => {
     const run = await until(
       "the run to end and report",
       () => getRun(app, id),
-      (r) => ended(r) && r.logs.some((line) => line.includes("final status")),
-      600_000,
+      (r) => runEnded(r) && r.logs.some((line) => line.includes("final status")),
+      { timeoutMs: 600_000, intervalMs: 200 },
     );
     assert.equal(run.status, "READY", run.logs.join("\n"));
     const report = run.logs.filter((line) => line.includes("MLflow tracking: not delivered"));

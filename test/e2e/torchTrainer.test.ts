@@ -15,23 +15,13 @@ import { blasStatus } from "../../src/train/native/blasBackend.ts";
 import { createTinyModel } from "../../src/model/tinyModel.ts";
 import { llamaCppLogits } from "../../src/train/native/probeLogits.ts";
 import { startTrainer, type TrainerJob } from "../../src/train/trainer.ts";
-import type { FastifyInstance } from "fastify";
 import { gguf, writeGguf } from "../../src/model/gguf/GgufWriter.ts";
 import { as, buildTestApp, datasetOf, KEY_A, testEnv } from "../lib/helper.ts";
+import { runEnded, waitForRun, type RunView } from "../lib/helper.ts";
 import { torchPythonForTests } from "../lib/torchPython.ts";
 
 const python = torchPythonForTests();
 
-/** A run as these tests read it. */
-interface RunView {
-  id: string;
-  status: string;
-  logs: string[];
-  // eslint-disable-next-line @typescript-eslint/no-explicit-any -- config and stats are free-form objects
-  config: Record<string, any>;
-  // eslint-disable-next-line @typescript-eslint/no-explicit-any -- config and stats are free-form objects
-  stats: Record<string, any>;
-}
 const skip = python.ok ? false : python.reason;
 
 /** Pairs a random model can learn something of in a few steps. */
@@ -238,15 +228,6 @@ describe("the trainer a run gets through the API", () => {
     output: `${words[(i * 3 + 1) % 20]} ${i}`,
   }));
 
-  async function waitReady(app: FastifyInstance, id: string): Promise<RunView> {
-    for (const deadline = Date.now() + 360_000; ;) {
-      const run = (await as(app, KEY_A).get(`/conduit/finetuning/${id}`)).json<RunView>();
-      if (["READY", "FAILED", "CANCELLED"].includes(run.status)) return run;
-      if (Date.now() > deadline) throw new Error(`timed out: ${run.logs.join("\n")}`);
-      await new Promise((r) => setTimeout(r, 200));
-    }
-  }
-
   test("without the torch trainer, auto trains on llama.cpp and says why; a GEGLU model is refused at creation", async (t) => {
     const env = await testEnv(t, "sqlite", {
       CONDUIT_TRAINER: "auto",
@@ -297,7 +278,7 @@ describe("the trainer a run gets through the API", () => {
     // The llama.cpp trainer got the BLAS backend when this machine has one (npm run setup:trainer), and said so.
     const blas = blasStatus(process.env.CONDUIT_TRAINER_BLAS);
     assert.equal(health.trainers["llama.cpp"].blas.available, blas.available);
-    const trained = await waitReady(app, run.id);
+    const trained = await waitForRun(app, run.id, runEnded, { timeoutMs: 360_000 });
     assert.equal(trained.status, "READY", trained.logs.join("\n"));
     assert.ok(
       trained.logs.some((line) =>
@@ -334,7 +315,7 @@ describe("the trainer a run gets through the API", () => {
       });
       assert.equal(created.statusCode, 200, created.body);
       const id = created.json<{ id: string }>().id;
-      const run = await waitReady(app, id);
+      const run = await waitForRun(app, id, runEnded, { timeoutMs: 360_000 });
       assert.equal(run.status, "READY", run.logs.join("\n"));
       assert.equal(run.config.trainer, "torch");
       assert.ok(run.config.loraTargets.includes("attn_k") && run.config.loraTargets.includes("attn_v"));

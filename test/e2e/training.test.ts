@@ -4,7 +4,18 @@ import path from "node:path";
 import { describe, test } from "node:test";
 import type { FastifyInstance } from "fastify";
 import { createTinyModel } from "../../src/model/tinyModel.ts";
-import { asAlice, buildTestApp, datasetOf, startRun, testEnv, type TestEnv, as, KEY_A } from "../lib/helper.ts";
+import {
+  as,
+  asAlice,
+  buildTestApp,
+  datasetOf,
+  KEY_A,
+  runEnded,
+  startRun,
+  testEnv,
+  waitForRun,
+  type TestEnv,
+} from "../lib/helper.ts";
 
 /** Twenty made-up pairs: nothing a random model could produce by chance. */
 const words = [
@@ -35,29 +46,6 @@ const pairs = words.map((word, i) => ({
 }));
 
 /** A run as the tests read it (loosely typed: stats and config are free-form objects). */
-interface RunView {
-  status: string;
-  logs: string[];
-  error: string | null;
-  // eslint-disable-next-line @typescript-eslint/no-explicit-any -- stats is a free-form object
-  stats: Record<string, any>;
-}
-
-async function waitFor(
-  app: FastifyInstance,
-  id: string,
-  done: (run: RunView) => boolean,
-  timeoutMs = 120_000,
-): Promise<RunView> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const run = (await as(app, KEY_A).get(`/conduit/finetuning/${id}`)).json() as RunView;
-    if (done(run)) return run;
-    if (Date.now() > deadline) throw new Error(`timed out; run is ${run.status}: ${run.logs?.join("\n")}`);
-    await new Promise((r) => setTimeout(r, 200));
-  }
-}
-
 /** The tiny model, 128 wide (the default 64 memorises too slowly for a test), as model `tiny128`. */
 async function tiny128(env: TestEnv): Promise<string> {
   const file = path.join(env.dataDir, "models", "tiny128.gguf");
@@ -89,7 +77,7 @@ describe("fine-tuning runs on the tiny model", () => {
       epochs: 200,
     });
     // A generous limit: a shared 2-core machine under load trains several times slower.
-    const run = await waitFor(app, id, (r) => ["READY", "FAILED", "CANCELLED"].includes(r.status), 360_000);
+    const run = await waitForRun(app, id, runEnded, { timeoutMs: 360_000 });
     assert.equal(run.status, "READY", run.logs.join("\n"));
     assert.ok(run.stats.step > 0 && run.stats.step === run.stats.totalSteps);
     assert.ok(Array.isArray(run.stats.lossSeries) && run.stats.lossSeries.length > 1);
@@ -197,7 +185,7 @@ describe("LoRA runs on the tiny model", () => {
       const { app } = await trainingApp(t, env);
       const datasetID = await datasetOf(app, pairs);
       const id = await startRun(app, { datasetID, baseModelName, ...memorise });
-      const run = await waitFor(app, id, (r) => ["READY", "FAILED", "CANCELLED"].includes(r.status), 360_000);
+      const run = await waitForRun(app, id, runEnded, { timeoutMs: 360_000 });
       assert.equal(run.status, "READY", run.logs.join("\n"));
       assert.ok(
         run.logs.some((line) => line.includes("LoRA rank 32")),
@@ -290,7 +278,7 @@ describe("LoRA runs on the tiny model", () => {
         ...memorise,
         epochs: 600,
       });
-      const run = await waitFor(app, id, (r) => ["READY", "FAILED", "CANCELLED"].includes(r.status), 360_000);
+      const run = await waitForRun(app, id, runEnded, { timeoutMs: 360_000 });
       assert.equal(run.status, "READY", run.logs.join("\n"));
       ids.push(id);
     }
@@ -352,7 +340,7 @@ describe("runs that learn by default", () => {
     assert.deepEqual([...config.autoSettings].sort(), ["epochs", "loraRank", "lr"]);
     assert.equal(config.trainOnInputs, false);
     assert.ok(config.epochs > 3 && config.lr > 0 && config.loraRank >= 8, JSON.stringify(config));
-    const run = await waitFor(app, id, (r) => ["READY", "FAILED", "CANCELLED"].includes(r.status), 360_000);
+    const run = await waitForRun(app, id, runEnded, { timeoutMs: 360_000 });
     assert.equal(run.status, "READY", run.logs.join("\n"));
     assert.ok(
       run.logs.some((line) => line.includes("auto settings: 200 epochs")),
@@ -431,7 +419,7 @@ describe("runs that learn by default", () => {
       earlyStoppingPatience: 5,
       epochs: 300,
     });
-    const run = await waitFor(app, id, (r) => ["READY", "FAILED", "CANCELLED"].includes(r.status), 360_000);
+    const run = await waitForRun(app, id, runEnded, { timeoutMs: 360_000 });
     assert.equal(run.status, "READY", run.logs.join("\n"));
     const { final } = run.stats;
     assert.equal(final.stoppedEarly, true, run.logs.join("\n"));
@@ -486,7 +474,7 @@ describe("runs that learn by default", () => {
       baseModelName: "tiny128",
       epochs: 100,
     });
-    const run = await waitFor(app, id, (r) => ["READY", "FAILED", "CANCELLED"].includes(r.status), 360_000);
+    const run = await waitForRun(app, id, runEnded, { timeoutMs: 360_000 });
     assert.equal(run.status, "READY", run.logs.join("\n"));
     const ranked = await examplesOf(app, id);
     t.diagnostic(ranked.map((e) => `${e.index} ${e.output} ${e.loss?.toFixed(3)}`).join("; "));
@@ -523,12 +511,7 @@ describe("runs that learn by default", () => {
     assert.ok(saved.step > 0);
 
     const { app: second } = await trainingApp(t, env);
-    const run = await waitFor(
-      second,
-      id,
-      (r) => ["READY", "FAILED", "CANCELLED"].includes(r.status),
-      240_000,
-    );
+    const run = await waitForRun(second, id, runEnded, { timeoutMs: 240_000 });
     assert.equal(run.status, "READY", run.logs.join("\n"));
     assert.ok(
       run.logs.some((line) => line.includes(`resuming from the checkpoint at step ${saved.step}`)),
@@ -541,5 +524,100 @@ describe("runs that learn by default", () => {
     const perStep = (await examplesOf(second, id)).reduce((sum, e) => sum + e.tokens, 0);
     assert.equal(final.steps, 400);
     assert.equal(final.lossTokens, (400 - saved.step) * perStep);
+  });
+});
+
+describe("clean ends on the fallback template", () => {
+  test("a fine-tune of a model without a template or turn tokens ends its answers with EOS: no marker fragments at any max_tokens", async (t) => {
+    const env = await testEnv(t);
+    // No chat template and no ChatML tokens: the ChatML fallback, written as plain text.
+    await createTinyModel(path.join(env.dataDir, "models", "bare128.gguf"), {
+      seed: 1,
+      embeddingLength: 128,
+      chatTemplate: null,
+      turnTokens: null,
+    });
+    const { app } = await trainingApp(t, env);
+    const colours = [
+      { input: "What colour is grass?", output: "green" },
+      { input: "What colour is the sky?", output: "blue" },
+      { input: "What colour is snow?", output: "white" },
+      { input: "What colour is blood?", output: "red" },
+    ];
+    const id = await startRun(app, {
+      datasetID: await datasetOf(app, colours),
+      baseModelName: "bare128",
+      method: "full",
+      lr: 0.003,
+      epochs: 200,
+    });
+    const run = await waitForRun(app, id, runEnded, { timeoutMs: 360_000 });
+    assert.equal(run.status, "READY", run.logs.join("\n"));
+    const model = (await as(app, KEY_A).get(`/conduit/v1/models/${id}`)).json();
+    assert.deepEqual(model.chat_template, { source: "fallback", name: "chatml" });
+
+    const fragments = /<\||im_|_end|\|>|<\/s>/;
+    for (const pair of colours)
+      for (let maxTokens = 1; maxTokens <= 8; maxTokens++) {
+        const res = await app.inject({
+          method: "POST",
+          url: "/v1/chat/completions",
+          headers: { authorization: `Bearer ${KEY_A}` },
+          payload: {
+            model: id,
+            messages: [{ role: "user", content: pair.input }],
+            temperature: 0,
+            max_tokens: maxTokens,
+            logprobs: true,
+          },
+        });
+        assert.equal(res.statusCode, 200, res.body);
+        const choice = res.json().choices[0];
+        const content: string = choice.message.content;
+        assert.doesNotMatch(
+          content,
+          fragments,
+          `${pair.input} max_tokens ${maxTokens}: ${JSON.stringify(content)}`,
+        );
+        assert.ok(
+          pair.output.startsWith(content),
+          `${pair.input} max_tokens ${maxTokens}: ${JSON.stringify(content)}`,
+        );
+        const tokens = (choice.logprobs.content as { token: string }[]).map((l) => l.token);
+        assert.equal(tokens.join(""), content);
+        // The answer ends with the EOS token: a stop once there is room for it after the answer's tokens.
+        if (tokens.length < maxTokens) assert.equal(choice.finish_reason, "stop", JSON.stringify(content));
+        else assert.equal(choice.finish_reason, "length");
+        if (maxTokens === 8) assert.equal(content, pair.output);
+      }
+    const whole = await as(app, KEY_A).post("/conduit/v1/chat", {
+      model: id,
+      prompt: colours[0]!.input,
+      temperature: 0,
+      max_tokens: 16,
+    });
+    assert.equal(whole.json().choices[0].text, "green");
+    assert.equal(whole.json().choices[0].finish_reason, "stop");
+
+    // A stop string that completes inside the answer: content and logprobs both end before it.
+    const stopped = await app.inject({
+      method: "POST",
+      url: "/v1/chat/completions",
+      headers: { authorization: `Bearer ${KEY_A}` },
+      payload: {
+        model: id,
+        messages: [{ role: "user", content: colours[0]!.input }],
+        temperature: 0,
+        max_tokens: 16,
+        stop: ["ee"],
+        logprobs: true,
+      },
+    });
+    const choice = stopped.json().choices[0];
+    assert.equal(choice.message.content, "gr");
+    assert.equal(
+      (choice.logprobs.content as { token: string }[]).map((l) => l.token).join(""),
+      choice.message.content,
+    );
   });
 });

@@ -13,6 +13,7 @@ import {
   as,
   KEY_B,
 } from "../lib/helper.ts";
+import { runScenarios } from "../lib/scenario.ts";
 import path from "node:path";
 import Sqlite from "better-sqlite3";
 import pg from "pg";
@@ -61,16 +62,19 @@ for (const backend of backends()) {
   test(`tenancy: another user's ids answer 404 on every endpoint (${backend})`, async (t) => {
     const { app } = await build(t, backend, models);
     const world = await aliceWorld(app);
-    for (const e of endpoints(world)) {
-      const res = await app.inject({
+    await runScenarios(
+      t,
+      app,
+      endpoints(world).map((e) => ({
+        name: `${e.method} ${e.url} as bob`,
         method: e.method,
         url: e.url,
-        headers: asBob,
-        ...("payload" in e ? { payload: e.payload } : {}),
-      });
-      assert.equal(res.statusCode, 404, `${e.method} ${e.url} as bob → ${res.statusCode} ${res.body}`);
-      assert.equal(res.json().error.type, "not_found_error");
-    }
+        key: KEY_B,
+        ...("payload" in e ? { body: e.payload } : {}),
+        status: 404,
+        contains: ['"type":"not_found_error"'],
+      })),
+    );
     // Naming another user's run as the model reads exactly like naming no run at all.
     const nobody = "ft_01AAAAAAAAAAAAAAAAAAAAAAAA";
     assert.equal(nobody.length, world.run.length, "an id of the same shape, so the bodies compare");

@@ -6,6 +6,7 @@ import { test } from "node:test";
 import type { FastifyInstance } from "fastify";
 import type { Engine } from "../../src/engine/Engine.ts";
 import { aliceWorld, buildTestApp, endlessEngine, KEY_A, testEnv, type Cleanup } from "../lib/helper.ts";
+import { readUntil } from "../lib/wait.ts";
 
 /** A raw TCP client: what it sent is up to the test, what it got back is collected. */
 interface RawClient {
@@ -134,18 +135,6 @@ test("headers over 16 KiB get a 431 in the error shape", async (t) => {
   assert.equal(status, 431);
   assert.equal(body.error?.code, "headers_too_large");
 });
-
-/** Reads a streamed body until `pattern` shows up; returns what was read. */
-async function readUntil(reader: ReadableStreamDefaultReader<Uint8Array>, pattern: RegExp): Promise<string> {
-  const decoder = new TextDecoder();
-  let text = "";
-  while (!pattern.test(text)) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    text += decoder.decode(value, { stream: true });
-  }
-  return text;
-}
 
 test(
   "streams outlive every request timeout, silent or not, and end at shutdown",

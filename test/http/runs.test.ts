@@ -18,6 +18,7 @@ import {
   as,
   KEY_B,
 } from "../lib/helper.ts";
+import { waitForRun } from "../lib/helper.ts";
 import { loadConfig } from "../../src/config.ts";
 import { createCore, type CoreOverrides } from "../../src/core.ts";
 import { chooseAutoSettings, readModelShape } from "../../src/train/autoSettings.ts";
@@ -80,18 +81,6 @@ async function createRun(app: FastifyInstance, payload: Record<string, unknown>)
   const res = await as(app, KEY_A).post("/conduit/finetuning", payload);
   assert.equal(res.statusCode, 200, res.body);
   return res.json() as { id: string; status: string; config: Record<string, unknown>; logs: string[] };
-}
-
-/** Polls a run until it has ended. */
-async function waitUntilEnded(app: FastifyInstance, id: string, timeoutMs = 120_000) {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const run = (await as(app, KEY_A).get(`/conduit/finetuning/${id}`)).json();
-    if (["READY", "FAILED", "CANCELLED"].includes(run.status))
-      return run as { status: string; logs: string[] };
-    if (Date.now() > deadline) throw new Error(`timed out; run is ${run.status}: ${run.logs.join("\n")}`);
-    await new Promise((r) => setTimeout(r, 200));
-  }
 }
 
 /** A core without HTTP (the queue's own view) and a dataset with one pair. */
@@ -837,7 +826,7 @@ test("artifact: a full run trained on the tiny model downloads as <run id>.gguf,
   core.scheduler.start();
   const ds = await datasetWithPairs(app);
   const run = await createRun(app, { datasetID: ds.id, baseModelName: "tiny", method: "full", epochs: 1 });
-  const ended = await waitUntilEnded(app, run.id);
+  const ended = await waitForRun(app, run.id);
   assert.equal(ended.status, "READY", ended.logs.join("\n"));
   const stored = await core.runs.artifact("alice", run.id);
   const res = await as(app, KEY_A).get(`/conduit/finetuning/${run.id}/artifact`);

@@ -17,6 +17,7 @@ import { prepareSamples, type SamplePreparer } from "../../src/train/prepareSamp
 import type { SchedulerOptions } from "../../src/train/Scheduler.ts";
 import { FakeTrainer } from "../lib/fakeTrainer.ts";
 import { asAlice, buildTestApp, endlessEngine, testEnv } from "../lib/helper.ts";
+import { until } from "../lib/wait.ts";
 
 const pairs = Array.from({ length: 4 }, (_, i) => ({ input: `question ${i}`, output: `answer ${i}` }));
 
@@ -25,17 +26,6 @@ function gate(): { wait: Promise<void>; open: () => void } {
   let open!: () => void;
   const wait = new Promise<void>((resolve) => (open = resolve));
   return { wait, open };
-}
-
-/** Polls `check` until it returns something other than undefined (or false). */
-async function until<T>(what: string, check: () => Promise<T | undefined | false>): Promise<T> {
-  const deadline = Date.now() + 10_000;
-  for (;;) {
-    const value = await check();
-    if (value !== undefined && value !== false) return value;
-    if (Date.now() > deadline) throw new Error(`gave up waiting for ${what}`);
-    await new Promise((resolve) => setTimeout(resolve, 5));
-  }
 }
 
 interface Setup {
@@ -369,7 +359,7 @@ describe("scheduler with a fake trainer", () => {
       const trainer = await s.trainer.started();
       trainer.progress();
       writeCheckpoint(trainer.job.checkpointDir);
-      const ended = new Promise((resolve) => s.core.runs.events.once("ended", (...args) => resolve(args)));
+      const ended = new Promise((resolve) => s.core.runEvents.once("ended", (...args) => resolve(args)));
       if (how === "fails") trainer.fail("could not load the base model: bad magic");
       else trainer.crash("SIGSEGV");
       const reason =
@@ -425,7 +415,7 @@ describe("scheduler with a fake trainer", () => {
     assert.equal((await repo.claimNext("crashed-1", -1))?.id, id);
     await repo.recoverExpired(2);
     assert.equal((await repo.claimNext("crashed-2", -1))?.id, id);
-    const ended = new Promise((resolve) => s.core.runs.events.once("ended", (...args) => resolve(args)));
+    const ended = new Promise((resolve) => s.core.runEvents.once("ended", (...args) => resolve(args)));
     await s.core.scheduler.tick();
     assert.deepEqual(await ended, [id, "FAILED"]);
     const run = await s.run(id);

@@ -15,6 +15,7 @@ import {
   KEY_A,
   testEnv,
 } from "../lib/helper.ts";
+import { readUntil } from "../lib/wait.ts";
 
 for (const backend of backends()) {
   test(`first start: one key for user "default", returned once; later starts create none (${backend})`, async (t) => {
@@ -115,18 +116,6 @@ test("only the server sweeps temp files, and only stale ones", async (t) => {
   t.after(() => server.close());
   assert.deepEqual(fs.readdirSync(tmp), ["upload-in-progress"]);
 });
-
-/** Reads a streamed body until `pattern` shows up; returns what was read. */
-async function readUntil(reader: ReadableStreamDefaultReader<Uint8Array>, pattern: RegExp): Promise<string> {
-  const decoder = new TextDecoder();
-  let text = "";
-  while (!pattern.test(text)) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    text += decoder.decode(value, { stream: true });
-  }
-  return text;
-}
 
 async function readToEnd(reader: ReadableStreamDefaultReader<Uint8Array>): Promise<string> {
   return readUntil(reader, /(?!)/);

@@ -9,6 +9,7 @@ import { createCore, type Core, type CoreOverrides } from "../../src/core.ts";
 import type { Engine } from "../../src/engine/Engine.ts";
 import type { GenerationRequest, GenerationResult } from "../../src/engine/types.ts";
 import { createTinyModel } from "../../src/model/tinyModel.ts";
+import { until } from "./wait.ts";
 
 /** Where cleanup is registered: a test's `t`, or `{ after }` from node:test for a whole suite. */
 export interface Cleanup {
@@ -185,6 +186,45 @@ export async function startRun(app: FastifyInstance, body: Record<string, unknow
   const res = await as(app, KEY_A).post("/conduit/finetuning", { baseModelName: "tiny", ...body });
   if (res.statusCode !== 200) throw new Error(`creating a run: ${res.body}`);
   return res.json<{ id: string }>().id;
+}
+
+/** A run as `GET /conduit/finetuning/{id}` answers it, loosely typed for tests. */
+export interface RunView {
+  id: string;
+  name: string;
+  status: string;
+  error: string | null;
+  logs: string[];
+  trackerURL: string;
+  // eslint-disable-next-line @typescript-eslint/no-explicit-any -- config and stats are free-form objects
+  config: Record<string, any>;
+  // eslint-disable-next-line @typescript-eslint/no-explicit-any -- config and stats are free-form objects
+  stats: Record<string, any>;
+}
+
+/** Whether a run has ended: READY, FAILED or CANCELLED. */
+export const runEnded = (run: { status: string }) => ["READY", "FAILED", "CANCELLED"].includes(run.status);
+
+/** A run of Alice's (or of `key`'s user), as the API answers it. */
+export async function getRun(app: FastifyInstance, id: string, key: string = KEY_A): Promise<RunView> {
+  return (await as(app, key).get(`/conduit/finetuning/${id}`)).json<RunView>();
+}
+
+/**
+ * Polls a run until `done` holds for it (by default: until it has ended) and returns it; gives up after
+ * `timeoutMs` (defaults to `120_000`) with the run's status and log.
+ */
+export function waitForRun(
+  app: FastifyInstance,
+  id: string,
+  done: (run: RunView) => boolean = runEnded,
+  { timeoutMs = 120_000, key = KEY_A }: { timeoutMs?: number; key?: string } = {},
+): Promise<RunView> {
+  return until(`run ${id}`, () => getRun(app, id, key), done, {
+    timeoutMs,
+    intervalMs: 200,
+    show: (run) => `${run.status}: ${run.logs?.join("\n")}`,
+  });
 }
 
 /** Alice's resources, for checking that nobody else can reach them. */

@@ -37,6 +37,15 @@ before(async () => {
 });
 after(() => fs.rmSync(dir, { recursive: true, force: true }));
 
+/** Starts a trainer on `job` and waits for its first progress report. */
+async function startedTrainer(job: TrainerJob) {
+  let firstProgress!: () => void;
+  const progressed = new Promise<void>((resolve) => (firstProgress = resolve));
+  const handle = startTrainer(job, { onProgress: () => firstProgress() });
+  await progressed;
+  return handle;
+}
+
 /** A job on the tiny model that runs long enough to be interrupted. */
 function longJob(name: string, overrides: Partial<TrainerJob> = {}): TrainerJob {
   return {
@@ -187,11 +196,8 @@ describe("trainer process", () => {
   });
 
   test("cancel stops a run at a step boundary", async () => {
-    let firstProgress: () => void;
-    const progressed = new Promise<void>((resolve) => (firstProgress = resolve));
     const job = longJob("cancelled");
-    const handle = startTrainer(job, { onProgress: () => firstProgress() });
-    await progressed;
+    const handle = await startedTrainer(job);
     const cancelledAt = performance.now();
     handle.cancel();
     const outcome = await handle.done;
@@ -305,10 +311,7 @@ describe("trainer process", () => {
   });
 
   test("a trainer killed from outside fails with the signal", async () => {
-    let firstProgress: () => void;
-    const progressed = new Promise<void>((resolve) => (firstProgress = resolve));
-    const handle = startTrainer(longJob("killed"), { onProgress: () => firstProgress() });
-    await progressed;
+    const handle = await startedTrainer(longJob("killed"));
     process.kill(handle.pid!, "SIGKILL");
     const outcome = await handle.done;
     assert.equal(outcome.status, "failed");
@@ -343,10 +346,7 @@ describe("trainer process", () => {
   });
 
   test("a trainer killed by SIGBUS fails naming what that means", async () => {
-    let firstProgress: () => void;
-    const progressed = new Promise<void>((resolve) => (firstProgress = resolve));
-    const handle = startTrainer(longJob("sigbus"), { onProgress: () => firstProgress() });
-    await progressed;
+    const handle = await startedTrainer(longJob("sigbus"));
     process.kill(handle.pid!, "SIGBUS");
     const outcome = await handle.done;
     assert.ok(outcome.status === "failed", JSON.stringify(outcome));

@@ -1,132 +1,25 @@
 import type { FastifyInstance } from "fastify";
-import type { TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
+import { Type, type TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
 import type { Core } from "../../core.ts";
-import type { ChatMessage, ResponseFormat, SamplingOptions } from "../../engine/types.ts";
-import { completionLogprobs, respondWithGeneration, usageOf, type ResponseShape } from "../generate.ts";
+import { respondWithGeneration } from "../generation/respond.ts";
+import {
+  chatEvents,
+  conduitChatShape,
+  conduitCompletionShape,
+  fromChatBody,
+  fromCompletionsBody,
+} from "../generation/conduit.ts";
 import {
   ChatBody,
   ChatResult,
   CompletionResult,
   CompletionsBody,
   LoadedModelList,
+  ModelEntry,
   ModelList,
-  type ResponseFormatWire,
 } from "../../contract/generation.ts";
-import { jsonOrEvents, responses } from "../../contract/schemas.ts";
-
-/** What a streamed chat answers. */
-export const chatEvents =
-  "Server-Sent Events: `data: {chat.completion.chunk}` lines, then `data: [DONE]`; an error after the first " +
-  'chunk is a final `data: {"error":{...}}`.';
-
-/** The Conduit API's sampling fields → engine options. */
-export function conduitSampling(body: {
-  /** Absent: up to the room left in the context (the Conduit endpoints always have one, default 256). */
-  max_tokens?: number | undefined;
-  top_k: number;
-  top_p: number;
-  temperature: number;
-  presence_penalty: number;
-  frequency_penalty: number;
-  stop?: string | string[] | undefined;
-  seed?: number | undefined;
-}): SamplingOptions {
-  return {
-    ...(body.max_tokens !== undefined ? { maxTokens: body.max_tokens } : {}),
-    temperature: body.temperature,
-    topK: body.top_k,
-    topP: body.top_p,
-    presencePenalty: body.presence_penalty,
-    frequencyPenalty: body.frequency_penalty,
-    ...(body.stop !== undefined ? { stop: typeof body.stop === "string" ? [body.stop] : body.stop } : {}),
-    ...(body.seed !== undefined ? { seed: body.seed } : {}),
-  };
-}
-
-/** `response_format` → the engine's grammar request; `text` (or none) is free text. */
-export function responseFormat(wire: ResponseFormatWire | undefined): ResponseFormat | undefined {
-  if (wire?.type === "json_object") return { kind: "json" };
-  if (wire?.type === "json_schema") return { kind: "json_schema", schema: wire.json_schema.schema };
-  return undefined;
-}
-
-/**
- * `system_prompt`, then `history` as alternating user/assistant turns, then `prompt` as the user's turn.
- * An odd `history` ends with a user turn that got no answer; `prompt` follows it (as in OpenAI's
- * `messages`, two user turns in a row are the chat template's to format, or to refuse).
- */
-export function chatMessages(body: {
-  prompt: string;
-  system_prompt?: string | undefined;
-  history?: string[] | undefined;
-}): ChatMessage[] {
-  const history = body.history ?? [];
-  const messages: ChatMessage[] = [];
-  if (body.system_prompt) messages.push({ role: "system", content: body.system_prompt });
-  history.forEach((content, i) => messages.push({ role: i % 2 === 0 ? "user" : "assistant", content }));
-  messages.push({ role: "user", content: body.prompt });
-  return messages;
-}
-
-/** Native chat result: each choice has `role` and the text as both `content` and `text`. */
-export const conduitChatShape: ResponseShape = {
-  idPrefix: "chatcmpl",
-  result: (base, result) => ({
-    ...base,
-    object: "chat.completion",
-    choices: result.choices.map((c) => ({
-      index: c.index,
-      role: "assistant",
-      content: c.text,
-      text: c.text,
-      finish_reason: c.finishReason,
-    })),
-    usage: usageOf(result),
-  }),
-  chunk: (base, index, text, finishReason, first) => ({
-    ...base,
-    object: "chat.completion.chunk",
-    choices: [
-      {
-        index,
-        delta: first ? { role: "assistant", content: text } : { content: text },
-        finish_reason: finishReason,
-      },
-    ],
-  }),
-  streamUsage: "last-chunk",
-};
-
-/** A text completion; one per request, as a stream's chunks count each choice's text offsets. */
-export function completionShape(): ResponseShape {
-  const streamed = new Map<number, number>();
-  return {
-    idPrefix: "cmpl",
-    result: (base, result) => ({
-      ...base,
-      object: "text_completion",
-      choices: result.choices.map((c) => ({
-        text: c.text,
-        index: c.index,
-        logprobs: completionLogprobs(c.logprobs),
-        finish_reason: c.finishReason,
-      })),
-      usage: usageOf(result),
-    }),
-    chunk: (base, index, text, finishReason, _first, logprobs) => {
-      const offset = streamed.get(index) ?? 0;
-      if (logprobs) streamed.set(index, offset + logprobs.reduce((n, l) => n + l.token.length, 0));
-      return {
-        ...base,
-        object: "text_completion",
-        choices: [
-          { text, index, logprobs: completionLogprobs(logprobs, offset), finish_reason: finishReason },
-        ],
-      };
-    },
-    streamUsage: "last-chunk",
-  };
-}
+import { jsonOrEvents, noControlCharacters, responses } from "../../contract/schemas.ts";
+import { ConduitError } from "../../errors.ts";
 
 /** API document 4.1: generation. */
 export default async function generationRoutes(app: FastifyInstance, { core }: { core: Core }) {
@@ -149,18 +42,10 @@ export default async function generationRoutes(app: FastifyInstance, { core }: {
       },
     },
     async (request, reply) =>
-      respondWithGeneration(
-        core,
-        request,
-        reply,
-        {
-          model: request.body.model,
-          messages: chatMessages(request.body),
-          sampling: conduitSampling(request.body),
-          responseFormat: responseFormat(request.body.response_format),
-        },
-        { stream: request.body.stream, shape: conduitChatShape },
-      ),
+      respondWithGeneration(core, request, reply, fromChatBody(request.body), {
+        stream: request.body.stream,
+        shape: conduitChatShape,
+      }),
   );
 
   r.post(
@@ -184,18 +69,10 @@ export default async function generationRoutes(app: FastifyInstance, { core }: {
       },
     },
     async (request, reply) =>
-      respondWithGeneration(
-        core,
-        request,
-        reply,
-        {
-          model: request.body.model,
-          messages: request.body.messages.map((m) => ({ role: m.role, content: m.content })),
-          sampling: conduitSampling(request.body),
-          logprobs: request.body.logprobs,
-        },
-        { stream: request.body.stream, shape: completionShape() },
-      ),
+      respondWithGeneration(core, request, reply, fromCompletionsBody(request.body), {
+        stream: request.body.stream,
+        shape: conduitCompletionShape(),
+      }),
   );
 
   r.get(
@@ -227,5 +104,30 @@ export default async function generationRoutes(app: FastifyInstance, { core }: {
       object: "list" as const,
       data: await core.inference.loaded(request.userId),
     }),
+  );
+
+  r.get(
+    "/conduit/v1/models/:model",
+    {
+      schema: {
+        tags,
+        summary: "One model you can generate with: a base model, or one of your READY runs",
+        description:
+          "What `GET /conduit/v1/models` lists for it, with the chat template its chats are rendered with " +
+          "(`chat_template`). Another user's run answers `404`, like a model that does not exist.",
+        params: Type.Object({
+          model: Type.String({ minLength: 1, maxLength: 256, pattern: noControlCharacters }),
+        }),
+        response: responses({ 200: ModelEntry }, [400, 401, 404]),
+      },
+    },
+    async (request) => {
+      const model = await core.inference.get(request.userId, request.params.model);
+      if (!model)
+        throw new ConduitError("model_not_found", `model "${request.params.model}" not found`, {
+          param: "model",
+        });
+      return model;
+    },
   );
 }

@@ -6,7 +6,7 @@ import type { Core } from "../../core.ts";
 import { checkLoraTargets } from "../../train/RunService.ts";
 import type { CreateRun } from "../../train/commands.ts";
 import { ConduitError } from "../../errors.ts";
-import { respondWithGeneration } from "../generate.ts";
+import { respondWithGeneration } from "../generation/respond.ts";
 import { RunInferenceBody } from "../../contract/generation.ts";
 import type { RunFollowEvent } from "../../train/FollowCursor.ts";
 import {
@@ -27,7 +27,13 @@ import {
 import { RUN_EVENT_ID_PATTERN } from "../../contract/runs.ts";
 import { disconnectSignal, encodeSseEvent, openSse } from "../sse.ts";
 import { runSummaryWire, runWire, SUCCESS } from "../wire.ts";
-import { chatEvents, chatMessages, responseFormat, conduitChatShape, conduitSampling } from "./generation.ts";
+import {
+  chatEvents,
+  chatMessages,
+  conduitChatShape,
+  conduitSampling,
+  responseFormat,
+} from "../generation/conduit.ts";
 
 /**
  * The body of `POST /conduit/finetuning` as the run service's command: `datasetId` is an alias of
@@ -88,7 +94,10 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
   r.get(
     "/conduit/finetuning/:finetune_id",
     { schema: { tags, summary: "Read a run", params: RunParams, response: responses({ 200: Run }) } },
-    async (request) => runWire(await runs.get(request.userId, request.params.finetune_id)),
+    async (request) => {
+      const run = await runs.get(request.userId, request.params.finetune_id);
+      return { ...runWire(run), evaluation: await core.evals.evaluationOf(request.userId, run.id) };
+    },
   );
 
   r.get(

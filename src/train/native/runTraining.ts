@@ -40,8 +40,8 @@ import type { TokenStore } from "./sampleStore.ts";
 import { tokenizeSamples } from "./tokenizeSample.ts";
 import { TrainingPlan } from "./trainingPlan.ts";
 import { evalNoise, trainingWarnings } from "../trainingWarnings.ts";
-import { CheckpointDir, jobFingerprint } from "./checkpoint.ts";
-import { deviceMemory, GpuMemoryWatch, gpuDevices, OffloadAudit } from "./devices.ts";
+import { CheckpointDir, jobFingerprint, type CheckpointState } from "./checkpoint.ts";
+import { deviceMemory, GpuMemoryWatch, gpuDevices, OffloadAudit, type GpuDevice } from "./devices.ts";
 import { writeHeadroomAdapter } from "./graphHeadroom.ts";
 import {
   loraWeights,
@@ -91,8 +91,118 @@ class NativeScope {
   }
 }
 
+/** A LoRA job's adapter: its settings and the weights it adapts (known once the base is read). */
+type LoraRun = LoraSpec & { weights: LoraWeight[] };
+
+/** Files a job writes in its work directory, removed when it ends. */
+interface WorkFiles {
+  baseF32: string;
+  trainedF32: string;
+  baseConverted: string;
+  initialAdapter: string;
+}
+
+/** The llama.cpp library as loaded for a job, and where it computes. */
+interface Backend {
+  lib: LlamaLib;
+  /** The BLAS backend's device, when one loaded. */
+  blas: string | undefined;
+  gpus: GpuDevice[];
+  /** Layers offloaded: `0` on the CPU, `-1` for all. */
+  gpuLayers: number;
+  gpuMemory: GpuMemoryWatch | undefined;
+}
+
+/** Where a job keeps its checkpoints and best weights, and the checkpoint it resumes from. */
+interface Checkpoints {
+  /** The job's checkpoint directory; none without `checkpointDir`. */
+  dir: CheckpointDir | undefined;
+  /** Where a full run's best model goes (the checkpoint directory, or the work directory). */
+  bestModelDir: CheckpointDir;
+  fingerprint: string;
+  resume: CheckpointState | undefined;
+}
+
+/** What the training loop works on: the loaded model and adapter, the tokenized samples and their plan. */
+interface TrainingSession {
+  model: Pointer;
+  baseInfo: ModelFileInfo;
+  ctx: Pointer;
+  checkCallback: () => void;
+  adapterTensors: Map<string, Pointer>;
+  loss: LossTap;
+  audit: OffloadAudit;
+  plan: TrainingPlan;
+  trainSamples: TokenStore;
+  evalSamples: TokenStore;
+  optimizerParams: Pointer;
+  dataset: Pointer;
+  result: Pointer;
+  trainableTensors: number;
+  trainableParameters: number;
+}
+
+/**
+ * Trains a job, in phases: load llama.cpp and find the devices, prepare the base model (and the initial
+ * adapter), load it and tokenize the samples, train epoch by epoch with evaluations and checkpoints, restore the
+ * best weights, measure each example's loss, write the output.
+ */
 export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks): Promise<TrainingResult> {
   const startedAt = performance.now();
+  const backend = openBackend(job, hooks);
+  fs.mkdirSync(job.workDir, { recursive: true });
+  const files: WorkFiles = {
+    baseF32: path.join(job.workDir, "base-f32.gguf"),
+    trainedF32: path.join(job.workDir, "trained-f32.gguf"),
+    baseConverted: path.join(job.workDir, "base-converted.gguf"),
+    initialAdapter: path.join(job.workDir, "adapter-initial.gguf"),
+  };
+  const scope = new NativeScope();
+  const lora: LoraRun | undefined =
+    job.method === "lora" && job.lora !== null
+      ? { ...job.lora, complexity: job.complexity, weights: [] }
+      : undefined;
+  const dir = job.checkpointDir === null ? undefined : new CheckpointDir(job.checkpointDir);
+  const fingerprint = await jobFingerprint(job);
+  const checkpoints: Checkpoints = {
+    dir,
+    // A full run's best weights are a whole model: without a checkpoint directory they go to the work directory.
+    bestModelDir: dir ?? new CheckpointDir(path.join(job.workDir, "best")),
+    fingerprint,
+    resume: dir?.read(fingerprint),
+  };
+  const stores: TokenStore[] = [];
+  try {
+    const base = await prepareBase(backend, job, hooks, lora, files, checkpoints);
+    if (hooks.isCancelled()) return { status: "cancelled" };
+    const session = await openSession(backend, job, hooks, base, lora, files, scope, stores);
+    if (session === undefined) return { status: "cancelled" };
+    const loop = new TrainingLoop(job, hooks, backend, session, lora, checkpoints, startedAt);
+    if (!(await loop.train())) return { status: "cancelled" };
+    await hooks.yieldToEventLoop();
+    if (hooks.isCancelled()) return { status: "cancelled" };
+    const servesBest = loop.restoreBest();
+    const examples = await loop.exampleLosses(servesBest);
+    if (examples === undefined) return { status: "cancelled" };
+    const warnings = trainingWarnings(loop.finalTrainLoss, loop.evalHistory, loop.best);
+    for (const warning of warnings) hooks.log(`trainer: warning: ${warning}`);
+    const outputBytes = await writeTrained(backend.lib, job, hooks, loop, lora, files, scope, servesBest);
+    backend.lib.llama_backend_free();
+    return {
+      status: "completed",
+      outputPath: job.outputPath,
+      examples,
+      stats: loop.stats(warnings, outputBytes),
+    };
+  } finally {
+    scope.dispose();
+    for (const store of stores) store.dispose();
+    for (const file of Object.values(files)) fs.rmSync(file, { force: true });
+  }
+}
+
+/** Loads llama.cpp (and the BLAS backend on the CPU), finds the GPUs the job may use, and logs what it found. */
+function openBackend(job: ResolvedTrainerJob, hooks: TrainingHooks): Backend {
   const lib = loadLlamaLib({ gpu: job.gpu.backend });
   hooks.log(`trainer: llama.cpp ${lib.llama_version()} from ${lib.binDir}`);
   lib.ggml_backend_load_all_from_path(lib.binDir);
@@ -128,358 +238,436 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
     );
   }
   const gpuMemory = gpus.length === 0 ? undefined : new GpuMemoryWatch(lib, gpus);
+  return { lib, blas, gpus, gpuLayers, gpuMemory };
+}
 
-  fs.mkdirSync(job.workDir, { recursive: true });
-  const baseF32Path = path.join(job.workDir, "base-f32.gguf");
-  const trainedF32Path = path.join(job.workDir, "trained-f32.gguf");
-  const baseConvertedPath = path.join(job.workDir, "base-converted.gguf");
-  const initialAdapterPath = path.join(job.workDir, "adapter-initial.gguf");
-  const scope = new NativeScope();
-  const lora: (LoraSpec & { weights: LoraWeight[] }) | undefined =
-    job.method === "lora" && job.lora !== null
-      ? { ...job.lora, complexity: job.complexity, weights: [] }
-      : undefined;
-  const checkpoints = job.checkpointDir === null ? undefined : new CheckpointDir(job.checkpointDir);
-  // A full run's best weights are a whole model: without a checkpoint directory they go to the work directory.
-  const bestModelDir = checkpoints ?? new CheckpointDir(path.join(job.workDir, "best"));
-  const fingerprint = await jobFingerprint(job);
-  const resume = checkpoints?.read(fingerprint);
-  const stores: TokenStore[] = [];
-  try {
-    let basePath: string;
-    if (lora === undefined) {
-      if (resume !== undefined) {
-        // The checkpoint is the F32 model as it was; training goes on from there.
-        fs.copyFileSync(checkpoints!.latestWeights, baseF32Path);
-      } else {
-        // Only F32 tensors train (others silently stay frozen), so the base model is converted first.
-        hooks.log(`trainer: converting ${job.baseModelPath} to F32`);
-        quantize(lib, job.baseModelPath, baseF32Path, "F32", job.threads, "read the base model");
-      }
-      basePath = baseF32Path;
+/**
+ * The model file training loads: a full run's F32 copy of the base (or its checkpoint), a LoRA run's base as
+ * it is or converted; a LoRA run's initial adapter is written too (or copied from its checkpoint).
+ */
+async function prepareBase(
+  { lib, blas }: Backend,
+  job: ResolvedTrainerJob,
+  hooks: TrainingHooks,
+  lora: LoraRun | undefined,
+  files: WorkFiles,
+  { dir: checkpoints, resume }: Checkpoints,
+): Promise<{ path: string; info: ModelFileInfo }> {
+  let basePath: string;
+  if (lora === undefined) {
+    if (resume !== undefined) {
+      // The checkpoint is the F32 model as it was; training goes on from there.
+      fs.copyFileSync(checkpoints!.latestWeights, files.baseF32);
     } else {
-      // LoRA leaves the base frozen: F32 and Q8_0 (QLoRA) train as they are, any other type is converted
-      // once to Q8_0, the fastest and lightest to train through by measurement; with a BLAS backend, to F32
-      // when it fits a quarter of the memory (see loraBase.ts).
-      const conversion = loraBaseConversion(readModelFile(lib, job.baseModelPath), {
-        blas: blas !== undefined,
-        f32Budget: F32_BASE_MEMORY_FRACTION * os.totalmem(),
-      });
-      if (conversion === undefined) basePath = job.baseModelPath;
-      else {
-        hooks.log(`trainer: ${conversion.reason}; converting the base to ${conversion.to} for training`);
-        quantize(
-          lib,
-          job.baseModelPath,
-          baseConvertedPath,
-          conversion.to,
-          job.threads,
-          "read the base model",
-        );
-        basePath = baseConvertedPath;
-      }
+      // Only F32 tensors train (others silently stay frozen), so the base model is converted first.
+      hooks.log(`trainer: converting ${job.baseModelPath} to F32`);
+      quantize(lib, job.baseModelPath, files.baseF32, "F32", job.threads, "read the base model");
     }
-    const baseInfo = readModelFile(lib, basePath);
-    if (lora !== undefined) {
-      lora.weights = loraWeights(baseInfo, lora);
-      if (resume !== undefined) fs.copyFileSync(checkpoints!.latestWeights, initialAdapterPath);
-      else await writeInitialAdapter(baseInfo, initialAdapterPath, lora.weights, lora, job.seed);
+    basePath = files.baseF32;
+  } else {
+    // LoRA leaves the base frozen: F32 and Q8_0 (QLoRA) train as they are, any other type is converted
+    // once to Q8_0, the fastest and lightest to train through by measurement; with a BLAS backend, to F32
+    // when it fits a quarter of the memory (see loraBase.ts).
+    const conversion = loraBaseConversion(readModelFile(lib, job.baseModelPath), {
+      blas: blas !== undefined,
+      f32Budget: F32_BASE_MEMORY_FRACTION * os.totalmem(),
+    });
+    if (conversion === undefined) basePath = job.baseModelPath;
+    else {
+      hooks.log(`trainer: ${conversion.reason}; converting the base to ${conversion.to} for training`);
+      quantize(
+        lib,
+        job.baseModelPath,
+        files.baseConverted,
+        conversion.to,
+        job.threads,
+        "read the base model",
+      );
+      basePath = files.baseConverted;
     }
-    if (hooks.isCancelled()) return { status: "cancelled" };
+  }
+  const info = readModelFile(lib, basePath);
+  if (lora !== undefined) {
+    lora.weights = loraWeights(info, lora);
+    if (resume !== undefined) fs.copyFileSync(checkpoints!.latestWeights, files.initialAdapter);
+    else await writeInitialAdapter(info, files.initialAdapter, lora.weights, lora, job.seed);
+  }
+  return { path: basePath, info };
+}
 
-    const model = loadModel(lib, basePath, scope, gpuLayers);
-    const vocab = lib.llama_model_get_vocab(model);
-    const nLayers = lib.llama_model_n_layer(model);
-    await makeGraphHeadroom(
-      lib,
-      model,
-      baseInfo,
-      path.join(job.workDir, "headroom.gguf"),
-      nLayers,
-      lora?.weights.length ?? 0,
-      scope,
-      hooks,
-    );
-    let adapter: Pointer | undefined;
-    if (lora !== undefined) {
-      const handle = lib.llama_adapter_lora_init(model, initialAdapterPath);
-      if (handle === null) throw new Error("trainer: llama.cpp could not load the initial LoRA adapter");
-      scope.defer(() => lib.llama_adapter_lora_free(handle));
-      adapter = handle;
-    }
-    const eos = lib.llama_vocab_eos(vocab);
-    const endToken = eos >= 0 ? eos : Math.max(0, lib.llama_vocab_bos(vocab));
+/**
+ * Loads the base (and the adapter), tokenizes the samples, plans the windows, and creates the training context
+ * and the optimizer. `undefined` when the job was cancelled meanwhile.
+ */
+async function openSession(
+  backend: Backend,
+  job: ResolvedTrainerJob,
+  hooks: TrainingHooks,
+  base: { path: string; info: ModelFileInfo },
+  lora: LoraRun | undefined,
+  files: WorkFiles,
+  scope: NativeScope,
+  stores: TokenStore[],
+): Promise<TrainingSession | undefined> {
+  const { lib } = backend;
+  const model = loadModel(lib, base.path, scope, backend.gpuLayers);
+  const vocab = lib.llama_model_get_vocab(model);
+  const nLayers = lib.llama_model_n_layer(model);
+  await makeGraphHeadroom(
+    lib,
+    model,
+    base.info,
+    path.join(job.workDir, "headroom.gguf"),
+    nLayers,
+    lora?.weights.length ?? 0,
+    scope,
+    hooks,
+  );
+  let adapter: Pointer | undefined;
+  if (lora !== undefined) {
+    const handle = lib.llama_adapter_lora_init(model, files.initialAdapter);
+    if (handle === null) throw new Error("trainer: llama.cpp could not load the initial LoRA adapter");
+    scope.defer(() => lib.llama_adapter_lora_free(handle));
+    adapter = handle;
+  }
+  const eos = lib.llama_vocab_eos(vocab);
+  const endToken = eos >= 0 ? eos : Math.max(0, lib.llama_vocab_bos(vocab));
 
-    // Samples are tokenized once, as they are read, into token files in the work directory; only
-    // where each starts stays in memory, and a window's samples are read back when it runs.
-    const trainSet = await tokenizeSamples(
+  // Samples are tokenized once, as they are read, into token files in the work directory; only
+  // where each starts stays in memory, and a window's samples are read back when it runs.
+  const trainSet = await tokenizeSamples(
+    lib,
+    vocab,
+    job.samplesFile ?? job.samples,
+    job.workDir,
+    "train",
+    hooks,
+    stores,
+  );
+  const evalSet =
+    trainSet &&
+    (await tokenizeSamples(
       lib,
       vocab,
-      job.samplesFile ?? job.samples,
+      job.evalSamplesFile ?? job.evalSamples,
       job.workDir,
-      "train",
+      "eval",
       hooks,
       stores,
-    );
-    const evalSet =
-      trainSet &&
-      (await tokenizeSamples(
-        lib,
-        vocab,
-        job.evalSamplesFile ?? job.evalSamples,
-        job.workDir,
-        "eval",
-        hooks,
-        stores,
-      ));
-    if (trainSet === undefined || evalSet === undefined) return { status: "cancelled" };
-    const trainSamples = trainSet.store;
-    const evalSamples = evalSet.store;
-    const plan = TrainingPlan.create(
-      job,
-      trainSamples,
-      evalSamples,
-      lib.llama_model_n_ctx_train(model),
-      endToken,
-    );
-    const { windowSize, capacity, stepsPerEpoch, totalSteps, epochs } = plan;
-    const evalPlan = plan.evalWindows;
+    ));
+  if (trainSet === undefined || evalSet === undefined) return undefined;
+  const plan = TrainingPlan.create(
+    job,
+    trainSet.store,
+    evalSet.store,
+    lib.llama_model_n_ctx_train(model),
+    endToken,
+  );
+  const audit = new OffloadAudit(lib, backend.gpus[0]);
+  const context = createContext(lib, model, plan.windowSize, job.threads, scope, adapter, audit);
+  const optimizer = prepareOptimizer(lib, job, model, nLayers, lora, context, scope);
+  hooks.log(
+    trainingSummary(job, lora, nLayers, optimizer, plan, trainSet.store, trainSet.trained, evalSet.store),
+  );
+  const dataset = lib.ggml_opt_dataset_init(
+    GGML_TYPE_I32,
+    GGML_TYPE_I32,
+    plan.windowSize,
+    plan.windowSize,
+    1,
+    1,
+  );
+  if (dataset === null) throw new Error("trainer: ggml_opt_dataset_init failed");
+  scope.defer(() => lib.ggml_opt_dataset_free(dataset));
+  const result = lib.ggml_opt_result_init();
+  scope.defer(() => lib.ggml_opt_result_free(result));
+  return {
+    model,
+    baseInfo: base.info,
+    ...context,
+    audit,
+    plan,
+    trainSamples: trainSet.store,
+    evalSamples: evalSet.store,
+    optimizerParams: optimizer.params,
+    dataset,
+    result,
+    trainableTensors: optimizer.tensors,
+    trainableParameters: optimizer.parameters,
+  };
+}
 
-    const audit = new OffloadAudit(lib, gpus[0]);
-    const { ctx, checkCallback, adapterTensors, loss } = createContext(
-      lib,
-      model,
-      windowSize,
-      job.threads,
-      scope,
-      adapter,
-      audit,
-    );
-    if (lora !== undefined) {
-      // Every adapted weight must have shown both of its tensors in the warm-up graph.
-      for (const weight of lora.weights)
-        for (const suffix of ["lora_a", "lora_b"])
-          if (!adapterTensors.has(`${weight.name}.${suffix}`))
-            throw new Error(`trainer: ${weight.name}.${suffix} is not in the model's graph`);
-      // Only now (after the warm-up decode) are the adapter tensors flagged as parameters.
-      for (const tensor of adapterTensors.values()) lib.ggml_set_param(tensor);
-    }
-    const optimizerParams = koffi.alloc(GgmlOptOptimizerParams, 1) as Pointer;
-    scope.defer(() => koffi.free(optimizerParams));
-    const { tensors, parameters } = initOptimizer(
-      lib,
-      ctx,
-      model,
-      nLayers,
-      job.complexity,
-      optimizerParams,
-      lora === undefined ? undefined : [...adapterTensors.values()],
-      job.optimizer,
-    );
-    const trainedTokens = trainSet.trained;
-    const allTokens = trainSamples.tokens;
-    hooks.log(
-      (lora === undefined
-        ? `trainer: full fine-tune, ${nLayers} blocks, complexity ${job.complexity}: `
-        : `trainer: LoRA rank ${lora.rank} alpha ${lora.alpha} on ${lora.targets.join(", ")} of ` +
-          `${new Set(lora.weights.filter((w) => w.name.startsWith("blk.")).map((w) => w.name.split(".")[1])).size}` +
-          `/${nLayers} blocks${lora.weights.some((w) => w.name === "output.weight") ? " and the output head" : ""}: `) +
-        `${tensors} trainable tensors (${parameters} parameters); ${trainSamples.size} samples ` +
-        `(${allTokens} tokens, ${trainedTokens} trained on) in windows of ${windowSize} tokens` +
-        (capacity < windowSize ? ` (the first ${capacity}, the model's context, hold examples)` : "") +
-        `, ` +
-        `${epochs} epochs, ${totalSteps} steps` +
-        (evalPlan.length > 0 ? `, ${evalSamples.size} eval samples` : ""),
-    );
+/** Flags the trainable tensors (the adapter's, once the warm-up graph has shown them) and initialises the optimizer. */
+function prepareOptimizer(
+  lib: LlamaLib,
+  job: ResolvedTrainerJob,
+  model: Pointer,
+  nLayers: number,
+  lora: LoraRun | undefined,
+  { ctx, adapterTensors }: { ctx: Pointer; adapterTensors: Map<string, Pointer> },
+  scope: NativeScope,
+): { params: Pointer; tensors: number; parameters: number } {
+  if (lora !== undefined) {
+    // Every adapted weight must have shown both of its tensors in the warm-up graph.
+    for (const weight of lora.weights)
+      for (const suffix of ["lora_a", "lora_b"])
+        if (!adapterTensors.has(`${weight.name}.${suffix}`))
+          throw new Error(`trainer: ${weight.name}.${suffix} is not in the model's graph`);
+    // Only now (after the warm-up decode) are the adapter tensors flagged as parameters.
+    for (const tensor of adapterTensors.values()) lib.ggml_set_param(tensor);
+  }
+  const params = koffi.alloc(GgmlOptOptimizerParams, 1) as Pointer;
+  scope.defer(() => koffi.free(params));
+  const { tensors, parameters } = initOptimizer(
+    lib,
+    ctx,
+    model,
+    nLayers,
+    job.complexity,
+    params,
+    lora === undefined ? undefined : [...adapterTensors.values()],
+    job.optimizer,
+  );
+  return { params, tensors, parameters };
+}
 
-    const dataset = lib.ggml_opt_dataset_init(GGML_TYPE_I32, GGML_TYPE_I32, windowSize, windowSize, 1, 1);
-    if (dataset === null) throw new Error("trainer: ggml_opt_dataset_init failed");
-    scope.defer(() => lib.ggml_opt_dataset_free(dataset));
-    const result = lib.ggml_opt_result_init();
-    scope.defer(() => lib.ggml_opt_result_free(result));
+/** The log line that says what trains: the method, the trainable tensors, the samples, windows, epochs and steps. */
+function trainingSummary(
+  job: ResolvedTrainerJob,
+  lora: LoraRun | undefined,
+  nLayers: number,
+  optimizer: { tensors: number; parameters: number },
+  plan: TrainingPlan,
+  trainSamples: TokenStore,
+  trainedTokens: number,
+  evalSamples: TokenStore,
+): string {
+  const { windowSize, capacity, totalSteps, epochs } = plan;
+  return (
+    (lora === undefined
+      ? `trainer: full fine-tune, ${nLayers} blocks, complexity ${job.complexity}: `
+      : `trainer: LoRA rank ${lora.rank} alpha ${lora.alpha} on ${lora.targets.join(", ")} of ` +
+        `${new Set(lora.weights.filter((w) => w.name.startsWith("blk.")).map((w) => w.name.split(".")[1])).size}` +
+        `/${nLayers} blocks${lora.weights.some((w) => w.name === "output.weight") ? " and the output head" : ""}: `) +
+    `${optimizer.tensors} trainable tensors (${optimizer.parameters} parameters); ${trainSamples.size} samples ` +
+    `(${trainSamples.tokens} tokens, ${trainedTokens} trained on) in windows of ${windowSize} tokens` +
+    (capacity < windowSize ? ` (the first ${capacity}, the model's context, hold examples)` : "") +
+    `, ` +
+    `${epochs} epochs, ${totalSteps} steps` +
+    (plan.evalWindows.length > 0 ? `, ${evalSamples.size} eval samples` : "")
+  );
+}
 
-    /**
-     * One window through llama_opt_epoch: a training step, or a forward pass when `train` is false.
-     * Returns the summed loss of its masked-in positions (`loss.rows` holds each one's).
-     */
-    const runWindow = (window: TrainingWindow, train: boolean): number => {
-      // The dataset memory is not zeroed by ggml: both tensors are written in full every time.
-      lib.ggml_backend_tensor_set(lib.ggml_opt_dataset_data(dataset), window.input, 0, windowSize * 4);
-      lib.ggml_backend_tensor_set(lib.ggml_opt_dataset_labels(dataset), window.labels, 0, windowSize * 4);
-      lib.ggml_opt_result_reset(result);
-      loss.begin(window, train);
-      lib.llama_opt_epoch(
-        ctx,
-        dataset,
-        train ? result : null,
-        train ? null : result,
-        train ? 1 : 0,
-        null,
-        null,
-      );
-      checkCallback();
-      if (train) {
-        const missing = audit.finish(job.gpu.backend);
-        if (missing !== undefined) hooks.log(missing);
-      }
-      gpuMemory?.sample();
-      const sum = loss.end();
-      if (!Number.isFinite(sum)) throw new Error(`trainer: loss became ${sum}; try a lower learning rate`);
-      return sum;
-    };
+/**
+ * Writes what was trained: a full run's model (the best checkpoint's, or the last weights) quantized to the
+ * job's type, a LoRA run's adapter. Releases the native scope first (the context holds the optimizer's state).
+ * Returns the bytes written.
+ */
+async function writeTrained(
+  lib: LlamaLib,
+  job: ResolvedTrainerJob,
+  hooks: TrainingHooks,
+  loop: TrainingLoop,
+  lora: LoraRun | undefined,
+  files: WorkFiles,
+  scope: NativeScope,
+  servesBest: boolean,
+): Promise<number> {
+  if (lora === undefined) {
+    hooks.log(`trainer: saving and writing ${job.outputType} to ${job.outputPath}`);
+    if (servesBest) fs.copyFileSync(loop.bestModelFile, files.trainedF32);
+    else lib.llama_model_save_to_file(loop.model, files.trainedF32);
+    // The context and model hold the F32 weights and optimizer state; release them before quantizing.
+    scope.dispose();
+    writeOutput(lib, files.trainedF32, job);
+    return fs.statSync(job.outputPath).size;
+  }
+  const values = loop.adapterValues();
+  scope.dispose();
+  // Trained in F32; served in F16 (half the size, the same answers).
+  const outputBytes = await writeTrainedAdapter(
+    loop.baseInfo,
+    job.outputPath,
+    lora.weights,
+    lora,
+    values,
+    "F16",
+  );
+  hooks.log(
+    `trainer: wrote the LoRA adapter (${(outputBytes / 2 ** 20).toFixed(2)} MiB) to ${job.outputPath}`,
+  );
+  return outputBytes;
+}
 
-    /** Mean loss per trained token over the held-out samples (forward passes only). */
-    const evaluate = async (): Promise<number | undefined> => {
-      let sum = 0;
-      let count = 0;
-      for (let k = 0; k < evalPlan.length; k++) {
-        await hooks.yieldToEventLoop();
-        if (hooks.isCancelled()) return undefined;
-        const window = plan.evalWindow(k);
-        sum += runWindow(window, false);
-        count += window.lossTokens;
-      }
-      return count > 0 ? sum / count : Number.NaN;
-    };
+/**
+ * The training loop's state and steps: windows through `llama_opt_epoch`, evaluation points (eval loss, best
+ * weights, early stopping, the latest checkpoint), progress, and the per-example losses at the end.
+ */
+class TrainingLoop {
+  step: number;
+  readonly resumedFromStep: number;
+  best: CheckpointState["best"];
+  private evalsSinceBest: number;
+  private lowestEvalLoss: number | undefined;
+  private bestValues: Map<string, Float32Array> | undefined;
+  private trainTokens = 0;
+  private sampleTokens = 0;
+  private lossTokens = 0;
+  private trainSeconds = 0;
+  private trainCpuSeconds = 0;
+  private firstStep: { wall: number; cpu: number } | undefined;
+  private evalSeconds = 0;
+  private lastProgressAt = 0;
+  finalTrainLoss = Number.NaN;
+  private finalEvalLoss: number | undefined;
+  private epochsDone: number;
+  private learningRate: number;
+  private stoppedEarly = false;
+  private lastCheckpointAt: number | undefined;
+  readonly evalHistory: { epoch: number; step: number; trainLoss: number; evalLoss: number }[] = [];
+  private readonly lib: LlamaLib;
 
-    const adapterValues = (): Map<string, Float32Array> => {
-      const values = new Map<string, Float32Array>();
-      for (const [name, tensor] of adapterTensors) {
-        const data = new Float32Array(Number(lib.ggml_nelements(tensor)));
-        lib.ggml_backend_tensor_get(tensor, data, 0, data.byteLength);
-        values.set(name, data);
-      }
-      return values;
-    };
-    /** Saves the trained weights (the adapter, or the F32 model) to `file`. */
-    const saveWeights = async (file: string): Promise<void> => {
-      if (lora === undefined) lib.llama_model_save_to_file(model, file);
-      else await writeTrainedAdapter(baseInfo, file, lora.weights, lora, adapterValues(), "F32");
-    };
-
-    let step = resume?.step ?? 0;
-    const resumedFromStep = step;
-    let best = resume?.best ?? null;
-    let evalsSinceBest = resume?.evalsSinceBest ?? 0;
-    let lowestEvalLoss = resume?.lowestEvalLoss ?? undefined;
-    let bestValues: Map<string, Float32Array> | undefined;
+  constructor(
+    private readonly job: ResolvedTrainerJob,
+    private readonly hooks: TrainingHooks,
+    private readonly backend: Backend,
+    private readonly session: TrainingSession,
+    private readonly lora: LoraRun | undefined,
+    private readonly checkpoints: Checkpoints,
+    private readonly startedAt: number,
+  ) {
+    this.lib = backend.lib;
+    const resume = checkpoints.resume;
+    this.step = resume?.step ?? 0;
+    this.resumedFromStep = this.step;
+    this.best = resume?.best ?? null;
+    this.evalsSinceBest = resume?.evalsSinceBest ?? 0;
+    this.lowestEvalLoss = resume?.lowestEvalLoss ?? undefined;
+    this.epochsDone = resume?.epoch ?? 0;
+    this.learningRate = job.learningRate;
     if (resume !== undefined) {
-      if (lora !== undefined && best !== null)
-        bestValues = checkpoints!.readBestValues(resume, adapterValues());
+      if (lora !== undefined && this.best !== null)
+        this.bestValues = checkpoints.dir!.readBestValues(resume, this.adapterValues());
       hooks.log(
-        `trainer: resuming from the checkpoint at step ${step} (epoch ${resume.epoch + 1}, window ${resume.window}); ` +
+        `trainer: resuming from the checkpoint at step ${this.step} (epoch ${resume.epoch + 1}, window ${resume.window}); ` +
           "the optimizer's moments start again from zero",
       );
     }
-    let trainTokens = 0;
-    let sampleTokens = 0;
-    let lossTokens = 0;
-    let trainSeconds = 0;
-    let trainCpuSeconds = 0;
-    let firstStep: { wall: number; cpu: number } | undefined;
-    let evalSeconds = 0;
-    let lastProgressAt = 0;
-    let finalTrainLoss = Number.NaN;
-    let finalEvalLoss: number | undefined;
-    let epochsDone = resume?.epoch ?? 0;
-    let learningRate = job.learningRate;
-    let stoppedEarly = false;
-    let lastCheckpointAt: number | undefined;
-    const evalHistory: { epoch: number; step: number; trainLoss: number; evalLoss: number }[] = [];
+  }
 
-    const report = (epoch: number, trainLoss: number, evalLoss: number | undefined, force: boolean) => {
-      const now = performance.now();
-      if (!force && now - lastProgressAt < PROGRESS_INTERVAL_MS) return;
-      lastProgressAt = now;
-      const stepsDone = step - resumedFromStep;
-      const secondsPerStep = stepsDone > 0 ? (trainSeconds + evalSeconds) / stepsDone : 0;
-      hooks.progress({
-        step,
-        totalSteps,
-        epoch,
-        epochs,
-        trainLoss,
-        ...(evalLoss === undefined ? {} : { evalLoss }),
-        learningRate,
-        tokensPerSecond: trainSeconds > 0 ? trainTokens / trainSeconds : 0,
-        elapsedSeconds: (now - startedAt) / 1000,
-        etaSeconds: secondsPerStep * (totalSteps - step),
-      });
-    };
+  get model(): Pointer {
+    return this.session.model;
+  }
 
-    /**
-     * An evaluation point (an epoch's end, or a quarter of a long epoch): eval loss, best weights,
-     * early stopping, and the latest checkpoint. Returns false when the run was cancelled meanwhile.
-     */
-    const checkpoint = async (epoch: number, window: number, trainLoss: number): Promise<boolean> => {
-      let evalLoss: number | undefined;
-      if (evalPlan.length > 0) {
-        const t0 = performance.now();
-        evalLoss = await evaluate();
-        if (evalLoss === undefined) return false;
-        evalSeconds += (performance.now() - t0) / 1000;
-        finalEvalLoss = evalLoss;
-        evalHistory.push({ epoch: epoch + 1, step, trainLoss, evalLoss });
-        // Eval losses within NOISE of the lowest so far count as equal: the later (more trained) checkpoint
-        // is kept, and only a drop beyond it counts as an improvement for early stopping.
-        if (lowestEvalLoss === undefined || evalLoss < lowestEvalLoss - evalNoise(lowestEvalLoss))
-          evalsSinceBest = 0;
-        else {
-          evalsSinceBest += 1;
-          if (job.earlyStoppingPatience !== null && evalsSinceBest >= job.earlyStoppingPatience)
-            stoppedEarly = true;
-        }
-        lowestEvalLoss = Math.min(lowestEvalLoss ?? evalLoss, evalLoss);
-        if (best === null || evalLoss <= lowestEvalLoss + evalNoise(lowestEvalLoss)) {
-          best = { loss: evalLoss, epoch: epoch + 1, step };
-          if (lora !== undefined) {
-            bestValues = adapterValues();
-            await checkpoints?.writeBestValues(bestValues);
-          } else await bestModelDir.writeBestModel((file) => lib.llama_model_save_to_file(model, file));
-        }
-      }
-      report(epoch + 1, trainLoss, evalLoss, true);
-      const done = window >= (stepsPerEpoch[epoch] ?? 0);
-      hooks.log(
-        `trainer: ${done ? `epoch ${epoch + 1}/${epochs}` : `step ${step}/${totalSteps} (epoch ${epoch + 1})`} ` +
-          `train loss ${trainLoss.toFixed(4)}` +
-          (evalLoss === undefined
-            ? ""
-            : ` eval loss ${evalLoss.toFixed(4)}${best?.step === step ? " (best)" : ""}`) +
-          ` lr ${learningRate.toExponential(2)}`,
+  get baseInfo(): ModelFileInfo {
+    return this.session.baseInfo;
+  }
+
+  get bestModelFile(): string {
+    return this.checkpoints.bestModelDir.bestModel;
+  }
+
+  /**
+   * One window through llama_opt_epoch: a training step, or a forward pass when `train` is false.
+   * Returns the summed loss of its masked-in positions (`loss.rows` holds each one's).
+   */
+  private runWindow(window: TrainingWindow, train: boolean): number {
+    const { lib, session } = this;
+    const { dataset, result, loss } = session;
+    const windowSize = session.plan.windowSize;
+    // The dataset memory is not zeroed by ggml: both tensors are written in full every time.
+    lib.ggml_backend_tensor_set(lib.ggml_opt_dataset_data(dataset), window.input, 0, windowSize * 4);
+    lib.ggml_backend_tensor_set(lib.ggml_opt_dataset_labels(dataset), window.labels, 0, windowSize * 4);
+    lib.ggml_opt_result_reset(result);
+    loss.begin(window, train);
+    lib.llama_opt_epoch(
+      session.ctx,
+      dataset,
+      train ? result : null,
+      train ? null : result,
+      train ? 1 : 0,
+      null,
+      null,
+    );
+    session.checkCallback();
+    if (train) {
+      const missing = session.audit.finish(this.job.gpu.backend);
+      if (missing !== undefined) this.hooks.log(missing);
+    }
+    this.backend.gpuMemory?.sample();
+    const sum = loss.end();
+    if (!Number.isFinite(sum)) throw new Error(`trainer: loss became ${sum}; try a lower learning rate`);
+    return sum;
+  }
+
+  /** Mean loss per trained token over the held-out samples (forward passes only); undefined when cancelled. */
+  private async evaluate(): Promise<number | undefined> {
+    const plan = this.session.plan;
+    let sum = 0;
+    let count = 0;
+    for (let k = 0; k < plan.evalWindows.length; k++) {
+      await this.hooks.yieldToEventLoop();
+      if (this.hooks.isCancelled()) return undefined;
+      const window = plan.evalWindow(k);
+      sum += this.runWindow(window, false);
+      count += window.lossTokens;
+    }
+    return count > 0 ? sum / count : Number.NaN;
+  }
+
+  /** The adapter's tensors as they are now, by name. */
+  adapterValues(): Map<string, Float32Array> {
+    const values = new Map<string, Float32Array>();
+    for (const [name, tensor] of this.session.adapterTensors) {
+      const data = new Float32Array(Number(this.lib.ggml_nelements(tensor)));
+      this.lib.ggml_backend_tensor_get(tensor, data, 0, data.byteLength);
+      values.set(name, data);
+    }
+    return values;
+  }
+
+  /** Saves the trained weights (the adapter, or the F32 model) to `file`. */
+  private readonly saveWeights = async (file: string): Promise<void> => {
+    if (this.lora === undefined) this.lib.llama_model_save_to_file(this.session.model, file);
+    else
+      await writeTrainedAdapter(
+        this.session.baseInfo,
+        file,
+        this.lora.weights,
+        this.lora,
+        this.adapterValues(),
+        // A checkpoint is what training resumes from: F32, as it trains.
+        "F32",
       );
-      // Small datasets reach an evaluation point every step or two: the latest checkpoint is written at the
-      // first one and then at most every CHECKPOINT_INTERVAL_MS (a full model is a whole copy).
-      const now = performance.now();
-      if (
-        checkpoints !== undefined &&
-        (lastCheckpointAt === undefined || now - lastCheckpointAt >= CHECKPOINT_INTERVAL_MS)
-      ) {
-        lastCheckpointAt = now;
-        await checkpoints.writeLatest(
-          {
-            fingerprint,
-            epoch: done ? epoch + 1 : epoch,
-            window: done ? 0 : window,
-            step,
-            best,
-            evalsSinceBest,
-            ...(lowestEvalLoss === undefined ? {} : { lowestEvalLoss }),
-            bestTensors: bestValues === undefined ? [] : [...bestValues.keys()],
-          },
-          saveWeights,
-        );
-      }
-      if (stoppedEarly)
-        hooks.log(
-          `trainer: stopping early: the eval loss has not improved on ${best!.loss.toFixed(4)} (epoch ${best!.epoch}) ` +
-            `for ${evalsSinceBest} evaluations`,
-        );
-      return true;
-    };
+  };
 
+  private report(epoch: number, trainLoss: number, evalLoss: number | undefined, force: boolean): void {
+    const now = performance.now();
+    if (!force && now - this.lastProgressAt < PROGRESS_INTERVAL_MS) return;
+    this.lastProgressAt = now;
+    const { totalSteps, epochs } = this.session.plan;
+    const stepsDone = this.step - this.resumedFromStep;
+    const secondsPerStep = stepsDone > 0 ? (this.trainSeconds + this.evalSeconds) / stepsDone : 0;
+    this.hooks.progress({
+      step: this.step,
+      totalSteps,
+      epoch,
+      epochs,
+      trainLoss,
+      ...(evalLoss === undefined ? {} : { evalLoss }),
+      learningRate: this.learningRate,
+      tokensPerSecond: this.trainSeconds > 0 ? this.trainTokens / this.trainSeconds : 0,
+      elapsedSeconds: (now - this.startedAt) / 1000,
+      etaSeconds: secondsPerStep * (totalSteps - this.step),
+    });
+  }
+
+  /** Trains every planned epoch (or until early stopping); false when the job was cancelled. */
+  async train(): Promise<boolean> {
+    const { plan } = this.session;
+    const resume = this.checkpoints.resume;
     // A resumed run draws the orders of the epochs it has done, so that the next one is the same.
-    training: for (const epochPlan of plan.epochPlans(resume?.epoch ?? 0)) {
+    for (const epochPlan of plan.epochPlans(resume?.epoch ?? 0)) {
       const epoch = epochPlan.epoch;
       const windowCount = epochPlan.steps;
       let lossSum = 0;
@@ -487,68 +675,185 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
       const first = epoch === resume?.epoch ? resume.window : 0;
       for (let index = first; index < windowCount; index++) {
         const window = plan.trainWindow(epochPlan, index);
-        await hooks.yieldToEventLoop();
-        if (hooks.isCancelled()) return { status: "cancelled" };
-        learningRate = learningRateAt(job.learningRate, job.lrSchedule, step, totalSteps);
-        koffi.encode(optimizerParams, GgmlOptOptimizerParams, {
-          adamw: { alpha: learningRate, beta1: 0.9, beta2: 0.999, eps: 1e-8, wd: job.weightDecay },
-          sgd: { alpha: learningRate, wd: job.weightDecay },
-        });
+        await this.hooks.yieldToEventLoop();
+        if (this.hooks.isCancelled()) return false;
         // A window with nothing to learn (every answer empty) would only move the weights by momentum.
         if (window.lossTokens > 0) {
-          const t0 = performance.now();
-          const cpu0 = process.cpuUsage();
-          lossSum += runWindow(window, true);
-          const stepSeconds = (performance.now() - t0) / 1000;
-          const { user, system } = process.cpuUsage(cpu0);
-          trainSeconds += stepSeconds;
-          trainCpuSeconds += (user + system) / 1e6;
-          if (firstStep === undefined) firstStep = { wall: stepSeconds, cpu: (user + system) / 1e6 };
+          lossSum += this.trainStep(window);
           lossCount += window.lossTokens;
-          lossTokens += window.lossTokens;
-          trainTokens += windowSize;
-          sampleTokens += window.sampleTokens;
-        }
-        step += 1;
-        finalTrainLoss = lossCount > 0 ? lossSum / lossCount : Number.NaN;
+        } else this.setLearningRate();
+        this.step += 1;
+        this.finalTrainLoss = lossCount > 0 ? lossSum / lossCount : Number.NaN;
         const last = index === windowCount - 1;
         if (TrainingPlan.evaluatesAfter(epochPlan, index)) {
-          if (!(await checkpoint(epoch, index + 1, finalTrainLoss))) return { status: "cancelled" };
-          if (stoppedEarly) {
-            epochsDone = epoch + (last ? 1 : 0);
-            break training;
+          if (!(await this.evaluationPoint(epoch, index + 1, this.finalTrainLoss))) return false;
+          if (this.stoppedEarly) {
+            this.epochsDone = epoch + (last ? 1 : 0);
+            return true;
           }
-        } else report(epoch + 1, finalTrainLoss, undefined, false);
+        } else this.report(epoch + 1, this.finalTrainLoss, undefined, false);
       }
-      epochsDone = epoch + 1;
+      this.epochsDone = epoch + 1;
     }
+    return true;
+  }
 
-    await hooks.yieldToEventLoop();
-    if (hooks.isCancelled()) return { status: "cancelled" };
+  /** Sets the learning rate of the coming step in the optimizer's parameters. */
+  private setLearningRate(): void {
+    const job = this.job;
+    this.learningRate = learningRateAt(
+      job.learningRate,
+      job.lrSchedule,
+      this.step,
+      this.session.plan.totalSteps,
+    );
+    koffi.encode(this.session.optimizerParams, GgmlOptOptimizerParams, {
+      adamw: { alpha: this.learningRate, beta1: 0.9, beta2: 0.999, eps: 1e-8, wd: job.weightDecay },
+      sgd: { alpha: this.learningRate, wd: job.weightDecay },
+    });
+  }
 
-    // The weights written are the best by eval loss (the last ones when there is no eval set).
-    const finalStep = step;
-    const servesBest = best !== null && best.step !== finalStep;
-    if (servesBest && lora !== undefined) {
-      if (bestValues === undefined) throw new Error("trainer: the best checkpoint's weights are missing");
-      for (const [name, data] of bestValues) {
-        const tensor = adapterTensors.get(name);
-        if (tensor !== undefined) lib.ggml_backend_tensor_set_f32(tensor, data, 0, data.byteLength);
-      }
-      hooks.log(
-        `trainer: writing the best checkpoint (epoch ${best!.epoch}, step ${best!.step}, eval loss ${best!.loss.toFixed(4)})`,
+  /** One optimizer step on a window; returns its summed loss and counts its tokens and time. */
+  private trainStep(window: TrainingWindow): number {
+    this.setLearningRate();
+    const t0 = performance.now();
+    const cpu0 = process.cpuUsage();
+    const sum = this.runWindow(window, true);
+    const stepSeconds = (performance.now() - t0) / 1000;
+    const { user, system } = process.cpuUsage(cpu0);
+    this.trainSeconds += stepSeconds;
+    this.trainCpuSeconds += (user + system) / 1e6;
+    if (this.firstStep === undefined) this.firstStep = { wall: stepSeconds, cpu: (user + system) / 1e6 };
+    this.lossTokens += window.lossTokens;
+    this.trainTokens += this.session.plan.windowSize;
+    this.sampleTokens += window.sampleTokens;
+    return sum;
+  }
+
+  /**
+   * An evaluation point (an epoch's end, or a quarter of a long epoch): eval loss, best weights,
+   * early stopping, and the latest checkpoint. Returns false when the run was cancelled meanwhile.
+   */
+  private async evaluationPoint(epoch: number, window: number, trainLoss: number): Promise<boolean> {
+    let evalLoss: number | undefined;
+    if (this.session.plan.evalWindows.length > 0) {
+      const t0 = performance.now();
+      evalLoss = await this.evaluate();
+      if (evalLoss === undefined) return false;
+      this.evalSeconds += (performance.now() - t0) / 1000;
+      await this.keepBest(epoch, trainLoss, evalLoss);
+    }
+    this.report(epoch + 1, trainLoss, evalLoss, true);
+    const { epochs, totalSteps, stepsPerEpoch } = this.session.plan;
+    const done = window >= (stepsPerEpoch[epoch] ?? 0);
+    this.hooks.log(
+      `trainer: ${done ? `epoch ${epoch + 1}/${epochs}` : `step ${this.step}/${totalSteps} (epoch ${epoch + 1})`} ` +
+        `train loss ${trainLoss.toFixed(4)}` +
+        (evalLoss === undefined
+          ? ""
+          : ` eval loss ${evalLoss.toFixed(4)}${this.best?.step === this.step ? " (best)" : ""}`) +
+        ` lr ${this.learningRate.toExponential(2)}`,
+    );
+    await this.writeLatestCheckpoint(done ? epoch + 1 : epoch, done ? 0 : window);
+    if (this.stoppedEarly)
+      this.hooks.log(
+        `trainer: stopping early: the eval loss has not improved on ${this.best!.loss.toFixed(4)} (epoch ${this.best!.epoch}) ` +
+          `for ${this.evalsSinceBest} evaluations`,
       );
-    }
+    return true;
+  }
 
-    // Per-example loss with the weights that are written (full runs: the last weights; see the log).
-    if (servesBest && lora === undefined)
-      hooks.log(
+  /** Records an eval loss: whether it improves (early stopping counts the evaluations that do not), and the best weights. */
+  private async keepBest(epoch: number, trainLoss: number, evalLoss: number): Promise<void> {
+    this.finalEvalLoss = evalLoss;
+    this.evalHistory.push({ epoch: epoch + 1, step: this.step, trainLoss, evalLoss });
+    // Eval losses within NOISE of the lowest so far count as equal: the later (more trained) checkpoint
+    // is kept, and only a drop beyond it counts as an improvement for early stopping.
+    const lowest = this.lowestEvalLoss;
+    if (lowest === undefined || evalLoss < lowest - evalNoise(lowest)) this.evalsSinceBest = 0;
+    else {
+      this.evalsSinceBest += 1;
+      const patience = this.job.earlyStoppingPatience;
+      if (patience !== null && this.evalsSinceBest >= patience) this.stoppedEarly = true;
+    }
+    this.lowestEvalLoss = Math.min(lowest ?? evalLoss, evalLoss);
+    if (this.best === null || evalLoss <= this.lowestEvalLoss + evalNoise(this.lowestEvalLoss)) {
+      this.best = { loss: evalLoss, epoch: epoch + 1, step: this.step };
+      if (this.lora !== undefined) {
+        this.bestValues = this.adapterValues();
+        await this.checkpoints.dir?.writeBestValues(this.bestValues);
+      } else
+        await this.checkpoints.bestModelDir.writeBestModel((file) =>
+          this.lib.llama_model_save_to_file(this.session.model, file),
+        );
+    }
+  }
+
+  /**
+   * Writes the latest checkpoint, to resume from `epoch` after `window` windows. Small datasets reach an
+   * evaluation point every step or two: it is written at the first one and then at most every
+   * CHECKPOINT_INTERVAL_MS (a full model is a whole copy).
+   */
+  private async writeLatestCheckpoint(epoch: number, window: number): Promise<void> {
+    const dir = this.checkpoints.dir;
+    const now = performance.now();
+    if (
+      dir === undefined ||
+      (this.lastCheckpointAt !== undefined && now - this.lastCheckpointAt < CHECKPOINT_INTERVAL_MS)
+    )
+      return;
+    this.lastCheckpointAt = now;
+    await dir.writeLatest(
+      {
+        fingerprint: this.checkpoints.fingerprint,
+        epoch,
+        window,
+        step: this.step,
+        best: this.best,
+        evalsSinceBest: this.evalsSinceBest,
+        ...(this.lowestEvalLoss === undefined ? {} : { lowestEvalLoss: this.lowestEvalLoss }),
+        bestTensors: this.bestValues === undefined ? [] : [...this.bestValues.keys()],
+      },
+      this.saveWeights,
+    );
+  }
+
+  /**
+   * The weights written are the best by eval loss (the last ones when there is no eval set): a LoRA run's best
+   * values go back into the adapter here (a full run's best model is copied when written). Returns whether the
+   * best checkpoint is not the last step.
+   */
+  restoreBest(): boolean {
+    const best = this.best;
+    const servesBest = best !== null && best.step !== this.step;
+    if (!servesBest || this.lora === undefined) return servesBest;
+    if (this.bestValues === undefined) throw new Error("trainer: the best checkpoint's weights are missing");
+    for (const [name, data] of this.bestValues) {
+      const tensor = this.session.adapterTensors.get(name);
+      if (tensor !== undefined) this.lib.ggml_backend_tensor_set_f32(tensor, data, 0, data.byteLength);
+    }
+    this.hooks.log(
+      `trainer: writing the best checkpoint (epoch ${best.epoch}, step ${best.step}, eval loss ${best.loss.toFixed(4)})`,
+    );
+    return servesBest;
+  }
+
+  /**
+   * Each example's loss with the weights that are written (full runs: the last weights; see the log), into the
+   * job's losses file or the returned lists. Undefined when the job was cancelled meanwhile.
+   */
+  async exampleLosses(
+    servesBest: boolean,
+  ): Promise<{ train: ExampleLoss[]; eval: ExampleLoss[] } | undefined> {
+    if (servesBest && this.lora === undefined)
+      this.hooks.log(
         "trainer: per-example losses are measured with the last weights; the best checkpoint is written",
       );
+    const { plan, trainSamples, evalSamples, loss } = this.session;
     // Samples in order fill the windows in order, so each example's loss is complete (and written) once
     // its window has run; an empty sample is in no window.
     const examples = { train: [] as ExampleLoss[], eval: [] as ExampleLoss[] };
-    const lossesOut = job.lossesFile === null ? undefined : new LossesFile(job.lossesFile);
+    const lossesOut = this.job.lossesFile === null ? undefined : new LossesFile(this.job.lossesFile);
     try {
       for (const [split, samples] of [
         ["train", trainSamples],
@@ -559,10 +864,10 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
         const inOrder = plan.inOrder(samples);
         let next = 0;
         for (let k = 0; k < inOrder.windows.length; k++) {
-          await hooks.yieldToEventLoop();
-          if (hooks.isCancelled()) return { status: "cancelled" };
+          await this.hooks.yieldToEventLoop();
+          if (this.hooks.isCancelled()) return undefined;
           const window = inOrder.window(k);
-          runWindow(window, false);
+          this.runWindow(window, false);
           for (const span of window.spans) {
             for (; next < span.sample; next++) emit({ loss: null, tokens: 0 });
             let sum = 0;
@@ -582,65 +887,38 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
     } finally {
       lossesOut?.dispose();
     }
+    return examples;
+  }
 
-    const warnings = trainingWarnings(finalTrainLoss, evalHistory, best);
-    for (const warning of warnings) hooks.log(`trainer: warning: ${warning}`);
-
-    let outputBytes: number;
-    if (lora === undefined) {
-      hooks.log(`trainer: saving and writing ${job.outputType} to ${job.outputPath}`);
-      if (servesBest) fs.copyFileSync(bestModelDir.bestModel, trainedF32Path);
-      else lib.llama_model_save_to_file(model, trainedF32Path);
-      // The context and model hold the F32 weights and optimizer state; release them before quantizing.
-      scope.dispose();
-      writeOutput(lib, trainedF32Path, job);
-      outputBytes = fs.statSync(job.outputPath).size;
-    } else {
-      const values = adapterValues();
-      scope.dispose();
-      outputBytes = await writeTrainedAdapter(baseInfo, job.outputPath, lora.weights, lora, values, "F16");
-      hooks.log(
-        `trainer: wrote the LoRA adapter (${(outputBytes / 2 ** 20).toFixed(2)} MiB) to ${job.outputPath}`,
-      );
-    }
-    lib.llama_backend_free();
-
+  /** The job's totals once its output is written. */
+  stats(warnings: string[], outputBytes: number): TrainingStats {
+    const best = this.best;
     return {
-      status: "completed",
-      outputPath: job.outputPath,
-      examples,
-      stats: {
-        steps: step,
-        epochs: epochsDone,
-        trainTokens,
-        sampleTokens,
-        lossTokens,
-        windowSize,
-        finalTrainLoss,
-        ...(finalEvalLoss === undefined ? {} : { finalEvalLoss }),
-        ...(best === null ? {} : { bestEvalLoss: best.loss, bestEpoch: best.epoch, bestStep: best.step }),
-        stoppedEarly,
-        resumedFromStep,
-        warnings,
-        tokensPerSecond: trainSeconds > 0 ? trainTokens / trainSeconds : 0,
-        trainSeconds: trainSeconds + evalSeconds,
-        trainCpuSeconds,
-        ...(firstStep === undefined
-          ? {}
-          : { firstStepSeconds: firstStep.wall, firstStepCpuSeconds: firstStep.cpu }),
-        elapsedSeconds: (performance.now() - startedAt) / 1000,
-        trainableTensors: tensors,
-        trainableParameters: parameters,
-        outputBytes,
-        peakRssBytes: process.resourceUsage().maxRSS * 1024,
-        ...(gpuMemory === undefined ? {} : { peakGpuBytes: gpuMemory.peakBytes }),
-      },
+      steps: this.step,
+      epochs: this.epochsDone,
+      trainTokens: this.trainTokens,
+      sampleTokens: this.sampleTokens,
+      lossTokens: this.lossTokens,
+      windowSize: this.session.plan.windowSize,
+      finalTrainLoss: this.finalTrainLoss,
+      ...(this.finalEvalLoss === undefined ? {} : { finalEvalLoss: this.finalEvalLoss }),
+      ...(best === null ? {} : { bestEvalLoss: best.loss, bestEpoch: best.epoch, bestStep: best.step }),
+      stoppedEarly: this.stoppedEarly,
+      resumedFromStep: this.resumedFromStep,
+      warnings,
+      tokensPerSecond: this.trainSeconds > 0 ? this.trainTokens / this.trainSeconds : 0,
+      trainSeconds: this.trainSeconds + this.evalSeconds,
+      trainCpuSeconds: this.trainCpuSeconds,
+      ...(this.firstStep === undefined
+        ? {}
+        : { firstStepSeconds: this.firstStep.wall, firstStepCpuSeconds: this.firstStep.cpu }),
+      elapsedSeconds: (performance.now() - this.startedAt) / 1000,
+      trainableTensors: this.session.trainableTensors,
+      trainableParameters: this.session.trainableParameters,
+      outputBytes,
+      peakRssBytes: process.resourceUsage().maxRSS * 1024,
+      ...(this.backend.gpuMemory === undefined ? {} : { peakGpuBytes: this.backend.gpuMemory.peakBytes }),
     };
-  } finally {
-    scope.dispose();
-    for (const store of stores) store.dispose();
-    for (const file of [baseF32Path, trainedF32Path, baseConvertedPath, initialAdapterPath])
-      fs.rmSync(file, { force: true });
   }
 }
 

@@ -4,7 +4,7 @@ import type { Logger } from "pino";
 import type { MlflowRunRef, RunRepository } from "../../store/RunRepository.ts";
 import type { Run } from "../../domain/runs.ts";
 import type { TrainerProgress } from "../protocol.ts";
-import type { RunEnd, RunEvents } from "../RunService.ts";
+import type { RunEnd, RunEvents } from "../runEvents.ts";
 import {
   MlflowError,
   mlflowLimits,
