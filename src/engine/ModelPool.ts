@@ -78,7 +78,7 @@ interface LoadedBase {
   users: number;
   context: LlamaContext;
   batcher: SequenceBatcher;
-  /** The chat template of the base (its adapters' too). */
+  /** The chat template the base is served with (its own, its family's, or the fallback). */
   template: ChatTemplate;
 }
 

@@ -484,7 +484,6 @@ async function writeTrained(
   }
   const values = loop.adapterValues();
   scope.dispose();
-  // Trained in F32; served in F16 (half the size, the same answers).
   const outputBytes = await writeTrainedAdapter(
     loop.baseInfo,
     job.outputPath,
@@ -636,7 +635,6 @@ class TrainingLoop {
         this.lora.weights,
         this.lora,
         this.adapterValues(),
-        // A checkpoint is what training resumes from: F32, as it trains.
         "F32",
       );
   };
