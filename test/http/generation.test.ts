@@ -38,15 +38,14 @@ describe("generation on the tiny model", () => {
   });
 
   test("chat: the Conduit API's result shape, greedy output is deterministic", async () => {
-    const res = await app.inject(
-      chat({
-        prompt: "Hello there",
-        system_prompt: "Be brief.",
-        history: ["Hi", "Hey."],
-        max_tokens: 12,
-        temperature: 0,
-      }),
-    );
+    const request = chat({
+      prompt: "Hello there",
+      system_prompt: "Be brief.",
+      history: ["Hi", "Hey."],
+      max_tokens: 12,
+      temperature: 0,
+    });
+    const res = await app.inject(request);
     assert.equal(res.statusCode, 200, res.body);
     const body = res.json();
     assert.match(body.id, /^chatcmpl-/);
@@ -61,15 +60,7 @@ describe("generation on the tiny model", () => {
     assert.ok(body.usage.prompt_tokens > 0);
     assert.ok(body.usage.completion_tokens > 0 && body.usage.completion_tokens <= 12);
     assert.equal(body.usage.total_tokens, body.usage.prompt_tokens + body.usage.completion_tokens);
-    const again = await app.inject(
-      chat({
-        prompt: "Hello there",
-        system_prompt: "Be brief.",
-        history: ["Hi", "Hey."],
-        max_tokens: 12,
-        temperature: 0,
-      }),
-    );
+    const again = await app.inject(request);
     assert.equal(again.json().choices[0].text, choice.text);
     // The same prompt again: all of it but the last token comes from the KV cache (prefix reuse).
     const usage = again.json().usage;
