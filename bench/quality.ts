@@ -10,8 +10,9 @@
  *   held-out messages are built from two templates per label that no training message uses.
  *
  * A real `conduit serve` process uploads the training pairs and fine-tunes the base model on them; the
- * held-out pairs are answered greedily before (the base model through `/conduit/v1/chat`) and after (the
- * run through `/conduit/finetuning/{id}/inference`), with the same system prompt. `--epochs`, `--lr` and
+ * held-out pairs are then scored by the product's evals (`/conduit/evals`): one eval run in which the base model
+ * (before) and the run (after) answer every held-out pair greedily, with the same system prompt, graded by the
+ * task's exact-match grader (`grader` in bench/lib/qualityTasks.ts, the same rule as its `correct`). `--epochs`, `--lr` and
  * `--rank` default to `auto`: nothing is sent and the service chooses (the chosen numbers are read back
  * from the run's `config`). Prints held-out accuracy before and after, and one summary row for a table.
  *
@@ -25,6 +26,7 @@ import { parseArgs } from "node:util";
 import { call, startConduit } from "./lib/conduitServer.ts";
 import { TASKS, type HoldOut, type Pair } from "./lib/qualityTasks.ts";
 import { modelPath, requireFile, type BenchModel } from "./lib/reference.ts";
+import type { EvalResultWire, EvalRunWire } from "../src/contract/evals.ts";
 
 const { values, positionals } = parseArgs({
   allowPositionals: true,
@@ -72,7 +74,6 @@ const holdOut: HoldOut = values["hold-out"];
 const { train, heldOut } = task.split(Number(values.pairs ?? task.defaultPairs), holdOut);
 /** The task as the summary names it: `classify (unseen)` for held-out templates. */
 const taskLabel = holdOut === "random" ? task.name : `${task.name} (${holdOut})`;
-const greedy = { temperature: 0, presence_penalty: 0, frequency_penalty: 0, max_tokens: task.maxTokens };
 const loadAtStart = os.loadavg();
 
 interface Run {
@@ -109,35 +110,26 @@ const server = await startConduit(
     // `--threads auto`: the trainers' default (CONDUIT_TRAIN_THREADS); generation keeps one thread.
     CONDUIT_THREADS: values.threads === "auto" ? "1" : values.threads,
     CONDUIT_CONTEXT_SIZE: "512",
+    // The bench scores its own held-out pairs; the run's automatic before/after would answer its split too.
+    CONDUIT_EVAL_AFTER_RUN: "off",
   },
 );
 try {
-  /** Correct answers to the held-out pairs, answered by `ask`. */
-  const score = async (ask: (input: string) => Promise<string>) => {
+  const describe = (pair: Pair, answer: string) =>
+    `${JSON.stringify(pair.input)} → ${JSON.stringify(answer.trim())} (want ${pair.output})`;
+  /** Correct answers of one model in the eval run's results, with a few samples and misses. */
+  const score = (results: EvalResultWire[], model: string) => {
     let correct = 0;
     const samples: string[] = [];
     const misses: string[] = [];
-    for (const pair of heldOut) {
-      const answer = await ask(pair.input);
-      const right = task.correct(answer, pair);
-      if (right) correct++;
-      else if (misses.length < 5) misses.push(describe(pair, answer));
-      if (samples.length < 3) samples.push(describe(pair, answer));
+    for (const result of results.filter((r) => r.model === model)) {
+      const pair = heldOut[result.item] as Pair;
+      if (result.scores[0]?.passed) correct++;
+      else if (misses.length < 5) misses.push(describe(pair, result.answer));
+      if (samples.length < 3) samples.push(describe(pair, result.answer));
     }
     return { correct, samples, misses };
   };
-  const describe = (pair: Pair, answer: string) =>
-    `${JSON.stringify(pair.input)} → ${JSON.stringify(answer.trim())} (want ${pair.output})`;
-
-  const before = await score(async (input) => {
-    const result = await call<{ choices: { content: string }[] }>(server, "POST", "/conduit/v1/chat", {
-      model: "base",
-      prompt: input,
-      system_prompt: task.system,
-      ...greedy,
-    });
-    return result.choices[0]?.content ?? "";
-  });
 
   const dataset = await call<{ id: string }>(server, "POST", "/conduit/dataset", { name: task.name });
   await call(server, "POST", `/conduit/dataset/${dataset.id}/upload`, {
@@ -182,18 +174,29 @@ try {
   if (run.status !== "READY") throw new Error(`run ended ${run.status}: ${run.error}`);
   const trainSeconds = (performance.now() - started) / 1000;
 
-  const after = await score(async (input) => {
-    const result = await call<{ response: string }>(
-      server,
-      "POST",
-      `/conduit/finetuning/${run.id}/inference`,
-      {
-        prompt: input,
-        ...greedy,
-      },
-    );
-    return result.response;
+  // Before and after in one eval run of the product: the base model and the run answer every held-out pair.
+  const evaluation = await call<{ id: string }>(server, "POST", "/conduit/evals", {
+    name: `${taskLabel} held out`,
+    source: { type: "items", items: heldOut.map((pair) => ({ input: pair.input, expected: pair.output })) },
+    graders: [task.grader],
+    systemPrompt: task.system,
   });
+  let evalRun = await call<EvalRunWire>(server, "POST", `/conduit/evals/${evaluation.id}/runs`, {
+    models: ["base", run.id],
+    maxTokens: task.maxTokens,
+  });
+  while (evalRun.status === "QUEUED" || evalRun.status === "RUNNING") {
+    await new Promise((resolve) => setTimeout(resolve, 1000));
+    evalRun = await call(server, "GET", `/conduit/evals/${evaluation.id}/runs/${evalRun.id}`);
+  }
+  if (evalRun.status !== "COMPLETED") throw new Error(`eval run ended ${evalRun.status}: ${evalRun.error}`);
+  const results = await call<EvalResultWire[]>(
+    server,
+    "GET",
+    `/conduit/evals/${evaluation.id}/runs/${evalRun.id}/results?limit=10000`,
+  );
+  const before = score(results, "base");
+  const after = score(results, run.id);
   const worst = await call<{ split: string; input: string; output: string; loss: number | null }[]>(
     server,
     "GET",

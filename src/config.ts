@@ -259,7 +259,8 @@ export const settings = {
   },
   parallelSequences: {
     env: "CONDUIT_PARALLEL",
-    description: "Generations that run at once per loaded model (batched sequences).",
+    description:
+      "Generations that run at once per loaded base model (batched sequences), shared by the base and its LoRA adapters.",
     defaultText: "4",
     parse: integer("CONDUIT_PARALLEL", 4, 1, 64),
   },
@@ -324,6 +325,25 @@ export const settings = {
     description: "Fine-tuning runs trained at once by this process (0 = this process trains nothing).",
     defaultText: "1",
     parse: integer("CONDUIT_TRAIN_CONCURRENCY", 1, 0, 64),
+  },
+  evalAfterRun: {
+    env: "CONDUIT_EVAL_AFTER_RUN",
+    description:
+      "When a fine-tuning run with an eval split (its validation file, or the pairs it held out) becomes READY, score its base model and the fine-tune on that split, greedy, with exact match and similarity, and show it on the run (`evaluation`, and a log line such as `base 0/20 → fine-tune 20/20`): `on` or `off`.",
+    defaultText: "on",
+    parse: (raw): boolean => {
+      const value = text("on")(raw).toLowerCase();
+      if (["on", "true", "1", "yes"].includes(value)) return true;
+      if (["off", "false", "0", "no"].includes(value)) return false;
+      throw new ConfigError(`CONDUIT_EVAL_AFTER_RUN must be on or off, got "${raw}"`);
+    },
+  },
+  evalParallel: {
+    env: "CONDUIT_EVAL_PARALLEL",
+    description:
+      "Answers an eval run keeps in flight at once when it does not say (`parallel`): the engine batches them like concurrent chat requests, up to `CONDUIT_PARALLEL` per model, the rest waiting in its queue.",
+    defaultText: "8",
+    parse: integer("CONDUIT_EVAL_PARALLEL", 8, 1, 64),
   },
   trainThreads: {
     env: "CONDUIT_TRAIN_THREADS",

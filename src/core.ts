@@ -13,6 +13,8 @@ import { openDatabase, type Db } from "./store/database.ts";
 import { DatasetRepository } from "./store/DatasetRepository.ts";
 import { KeyRepository } from "./store/KeyRepository.ts";
 import { RunRepository } from "./store/RunRepository.ts";
+import { EvalRepository } from "./store/EvalRepository.ts";
+import { EvalService } from "./evals/EvalService.ts";
 import { Sweeper } from "./store/Sweeper.ts";
 import { RunService } from "./train/RunService.ts";
 import { createRunEventBus, type RunEventBus } from "./train/runEvents.ts";
@@ -39,6 +41,8 @@ export interface Core {
   engine: Engine;
   inference: InferenceService;
   scheduler: Scheduler;
+  /** Evaluations: evals, eval runs (answered in this process), the automatic before/after of READY runs. */
+  evals: EvalService;
   /** Removes leftover blobs; built here, started by the server only (the CLI opens the same data dir). */
   sweeper: Sweeper;
   /** Whether the torch trainer can run here (checked in the background by the server, on demand otherwise). */
@@ -137,6 +141,10 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
       logger: (level, message) => log[level]({ source: "llama.cpp" }, message),
     });
   const inference = new InferenceService(engine, registry, runRepository, config.defaultModel);
+  // A deleted run's model (its adapter, for a LoRA run) leaves memory with its files.
+  runEvents.on("deleted", (run) => {
+    if (run.modelPath) engine.unload(run.modelPath);
+  });
   const scheduler = new Scheduler(runRepository, runEvents, datasets, registry, blobs, log, {
     concurrency: config.trainConcurrency,
     threads: config.trainThreads,
@@ -161,6 +169,19 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
     ...overrides.scheduler,
   });
 
+  const evals = new EvalService(
+    new EvalRepository(db.kysely),
+    runRepository,
+    datasets,
+    inference,
+    blobs,
+    log,
+    {
+      parallel: config.evalParallel,
+      afterRun: config.evalAfterRun,
+    },
+  );
+
   return {
     config,
     log,
@@ -175,11 +196,13 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
     engine,
     inference,
     scheduler,
+    evals,
     sweeper,
     torch,
     async close() {
       await sweeper.stop();
       await scheduler.close();
+      await evals.close();
       await tracker?.close();
       await engine.dispose();
       await stopListening();

@@ -65,6 +65,8 @@ export async function startServer(config: Config): Promise<{ close(): Promise<vo
       "\n",
   );
   core.scheduler.start();
+  // Eval runs are answered by this process's engine; the automatic before/after follows its scheduler's runs.
+  core.evals.start(core.runEvents);
   sweeper.start();
 
   let closing: Promise<void> | undefined;

@@ -1,4 +1,5 @@
 // The tasks of bench/quality.ts: deterministic IO pairs, a system prompt, and how an answer is scored.
+import type { GraderWire } from "../../src/contract/evals.ts";
 
 export interface Pair {
   input: string;
@@ -24,6 +25,8 @@ export interface QualityTask {
   pairs(count: number): Pair[];
   /** Whether `answer` (the model's, untrimmed) is right for `pair`. */
   correct(answer: string, pair: Pair): boolean;
+  /** The same rule as the product's grader: what `bench/quality.ts` scores held-out answers with. */
+  grader: GraderWire;
   defaultPairs: number;
 }
 
@@ -82,6 +85,7 @@ export const datesTask: QualityTask = {
   },
   pairs: (count) => datePairs(count),
   correct: (answer, pair) => answer.trim() === pair.output,
+  grader: { type: "exact_match", normalize: ["whitespace"] },
 };
 
 function datePairs(count: number): Pair[] {
@@ -234,6 +238,7 @@ export const classifyTask: QualityTask = {
     return { train: messagePairs(count - held, 11, seen), heldOut: messagePairs(held, 12, unseen) };
   },
   pairs: (count) => messagePairs(count, 11, (label) => TEMPLATES[label]),
+  grader: { type: "exact_match", normalize: ["case", "whitespace", "punctuation"] },
   /** The label, ignoring case, surrounding spaces and punctuation ("Billing." is billing). */
   correct: (answer, pair) =>
     answer

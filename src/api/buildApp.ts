@@ -16,6 +16,8 @@ import { registerStreamLimit } from "./streamLimit.ts";
 import datasetRoutes from "./routes/datasets.ts";
 import healthRoutes from "./routes/health.ts";
 import runRoutes from "./routes/runs.ts";
+import evalRoutes from "./routes/evals.ts";
+import openAiEvalRoutes from "./routes/openaiEvals.ts";
 import generationRoutes from "./routes/generation.ts";
 import openAiRoutes from "./routes/openai.ts";
 import openAiFileRoutes from "./routes/openaiFiles.ts";
@@ -228,6 +230,8 @@ export async function buildApp(core: Core): Promise<FastifyInstance> {
   await app.register(openAiRoutes, { core });
   await app.register(openAiFileRoutes, { core });
   await app.register(openAiFineTuningRoutes, { core });
+  await app.register(evalRoutes, { core });
+  await app.register(openAiEvalRoutes, { core });
   await app.register(uiRoutes, { core });
 
   app.addHook("onClose", async () => core.close());

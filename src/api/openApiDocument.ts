@@ -100,7 +100,7 @@ function grammarSchema(): Json {
       "`minItems`/`maxItems`, `minLength`/`maxLength`, `minProperties`/`maxProperties` (each at most " +
       `${MAX_GRAMMAR_COUNT}), \`minimum\`/\`maximum\`/\`exclusiveMinimum\`/\`exclusiveMaximum\` for numbers and integers, ` +
       `and \`format\` ${OWN_FORMATS.reduce((text, f) => `${text}, \`${f}\``, "`date-time`, `date`, `time`")} (without ` +
-      "`minLength`/`maxLength` for the last six); `$ref` into the root's `$defs` as well. " +
+      "`minLength`/`maxLength` for the last six); `$ref` into the root's `$defs` or to the root (`#`) as well. " +
       "Any other keyword is a `400`. Compiling a schema is bounded (a `400` names the bound and the count): at most " +
       `${SCHEMA_BOUNDS.enumValues} \`enum\` values and ${SCHEMA_BOUNDS.alternatives} \`oneOf\`/\`anyOf\` ` +
       `alternatives in all, ${SCHEMA_BOUNDS.subschemas} subschemas, ${SCHEMA_BOUNDS.depth} levels of nested objects ` +

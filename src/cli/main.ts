@@ -6,6 +6,7 @@ import { chatCommand } from "./chatCommand.ts";
 import { ApiError } from "../client/ApiError.ts";
 import { CliContext, CliError, exitCodes } from "./context.ts";
 import { datasetsCommand } from "./datasetsCommand.ts";
+import { evalsCommand } from "./evalsCommand.ts";
 import { keysCommand } from "./keysCommand.ts";
 import { modelsCommand } from "./modelsCommand.ts";
 import { runsCommand } from "./runsCommand.ts";
@@ -51,6 +52,7 @@ keysCommand(program, ctx);
 modelsCommand(program, ctx);
 datasetsCommand(program, ctx);
 runsCommand(program, ctx);
+evalsCommand(program, ctx);
 chatCommand(program, ctx);
 
 function exitCodeOf(status: number): number {

@@ -16,6 +16,13 @@ import type {
   RunSummaryWire,
   RunWire,
 } from "../contract/schemas.ts";
+import type {
+  CreateEvalBodyWire,
+  CreateEvalRunBodyWire,
+  EvalResultWire,
+  EvalRunWire,
+  EvalWire,
+} from "../contract/evals.ts";
 import { ApiError, errorOfAnswer, unreachable } from "./ApiError.ts";
 import { chatChunkText } from "./chatChunk.ts";
 import { followRunEvents, type RunEvent, type RunEventsOptions } from "./runEvents.ts";
@@ -228,6 +235,75 @@ export class ConduitClient {
       });
       return this.bodyOf(response);
     }, options);
+  }
+
+  // Evaluations.
+
+  createEval(body: CreateEvalBodyWire): Promise<EvalWire> {
+    return this.json("POST", "/conduit/evals", body);
+  }
+
+  listEvals(page: PageQueryWire = {}): Promise<EvalWire[]> {
+    return this.json("GET", `/conduit/evals${query(page)}`);
+  }
+
+  getEval(id: string): Promise<EvalWire> {
+    return this.json("GET", `/conduit/evals/${enc(id)}`);
+  }
+
+  deleteEval(id: string): Promise<MessageWire> {
+    return this.json("DELETE", `/conduit/evals/${enc(id)}`);
+  }
+
+  createEvalRun(evalId: string, body: CreateEvalRunBodyWire): Promise<EvalRunWire> {
+    return this.json("POST", `/conduit/evals/${enc(evalId)}/runs`, body);
+  }
+
+  listEvalRuns(evalId: string): Promise<EvalRunWire[]> {
+    return this.json("GET", `/conduit/evals/${enc(evalId)}/runs`);
+  }
+
+  getEvalRun(evalId: string, runId: string): Promise<EvalRunWire> {
+    return this.json("GET", `/conduit/evals/${enc(evalId)}/runs/${enc(runId)}`);
+  }
+
+  cancelEvalRun(evalId: string, runId: string): Promise<EvalRunWire> {
+    return this.json("POST", `/conduit/evals/${enc(evalId)}/runs/${enc(runId)}/cancel`);
+  }
+
+  /** An eval run's answers with their scores, by model then item. */
+  evalResults(
+    evalId: string,
+    runId: string,
+    options: { model?: string; limit?: number; offset?: number } = {},
+  ): Promise<EvalResultWire[]> {
+    return this.json("GET", `/conduit/evals/${enc(evalId)}/runs/${enc(runId)}/results${query(options)}`);
+  }
+
+  /** Follows an eval run: `progress` events as answers are scored, `status` events, until it ends. */
+  async *evalRunEvents(
+    evalId: string,
+    runId: string,
+    signal?: AbortSignal,
+  ): AsyncGenerator<
+    | { event: "progress"; data: Pick<EvalRunWire, "progress" | "results"> }
+    | { event: "status"; data: Pick<EvalRunWire, "status" | "error"> }
+  > {
+    const response = await this.send("GET", `/conduit/evals/${enc(evalId)}/runs/${enc(runId)}/events`, {
+      headers: { accept: "text/event-stream" },
+      signal,
+    });
+    for await (const event of readSse(this.bodyOf(response), undefined)) {
+      if (event.event === "progress")
+        yield {
+          event: "progress",
+          data: JSON.parse(event.data) as Pick<EvalRunWire, "progress" | "results">,
+        };
+      else if (event.event === "status")
+        yield { event: "status", data: JSON.parse(event.data) as Pick<EvalRunWire, "status" | "error"> };
+      else if (event.event === "message" && event.data.includes('"error"'))
+        throw errorOfAnswer(500, "stream failed", event.data);
+    }
   }
 
   // Models and generation.

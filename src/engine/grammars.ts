@@ -87,7 +87,7 @@ export class GrammarCache {
 
   /** The GBNF of a JSON schema: node-llama-cpp's, with this project's own rules (`ownRules.ts`) spliced in. */
   async gbnf(schema: unknown): Promise<string> {
-    const own = withOwnRules(anyOfAsOneOf(schema));
+    const own = withOwnRules(anyOfAsOneOf(rootAsDefinition(schema)));
     return spliceOwnRules(await this.writer.write(own.schema), own.rules);
   }
 
@@ -117,6 +117,47 @@ export class GrammarCache {
     lines[root] = `root ::= ${parts.join("")}`;
     return llama.createGrammar({ grammar: lines.join("\n") });
   }
+}
+
+/**
+ * A schema whose `$ref: "#"` (recursion into the root, as OpenAI's structured outputs allow) point at a
+ * definition of the root instead, which node-llama-cpp's grammar knows: `{$defs: {…, root}, $ref: root}`.
+ */
+export function rootAsDefinition(schema: unknown): unknown {
+  if (typeof schema !== "object" || schema === null || Array.isArray(schema) || !refersToRoot(schema))
+    return schema;
+  const { $defs, ...root } = schema as Record<string, unknown>;
+  const defs = typeof $defs === "object" && $defs !== null ? ($defs as Record<string, unknown>) : {};
+  let name = "root";
+  while (Object.hasOwn(defs, name)) name = `_${name}`;
+  const ref = `#/$defs/${name}`;
+  const rewrite = (value: unknown, key?: string): unknown => {
+    if (key === "const" || key === "enum") return value;
+    if (Array.isArray(value)) return value.map((item) => rewrite(item));
+    if (typeof value !== "object" || value === null) return value;
+    return Object.fromEntries(
+      Object.entries(value).map(([k, v]) => [
+        k,
+        k === "$ref" && v === "#"
+          ? ref
+          : key === "properties" || key === "$defs"
+            ? rewrite(v)
+            : rewrite(v, k),
+      ]),
+    );
+  };
+  return { $defs: { ...(rewrite(defs, "$defs") as object), [name]: rewrite(root) }, $ref: ref };
+}
+
+/** Whether a `$ref: "#"` is anywhere in `schema` (not inside `const` or `enum` values). */
+function refersToRoot(schema: unknown, key?: string): boolean {
+  if (key === "const" || key === "enum") return false;
+  if (Array.isArray(schema)) return schema.some((item) => refersToRoot(item));
+  if (typeof schema !== "object" || schema === null) return false;
+  return Object.entries(schema).some(
+    ([k, v]) =>
+      (k === "$ref" && v === "#") || refersToRoot(v, key === "properties" || key === "$defs" ? undefined : k),
+  );
 }
 
 /** A GBNF string literal. */
@@ -208,8 +249,8 @@ export function unsupportedJsonSchema(
     const ref = s.$ref;
     const name =
       typeof ref === "string" && ref.startsWith("#/$defs/") ? ref.slice("#/$defs/".length) : undefined;
-    if (name === undefined || !defs.has(name))
-      return `${at}.$ref must point into the root's $defs ("#/$defs/name")`;
+    if (ref !== "#" && (name === undefined || !defs.has(name)))
+      return `${at}.$ref must be "#" (the root) or point into the root's $defs ("#/$defs/name")`;
     allowed.add("$ref");
   } else if ("const" in s) {
     if (!isLiteral(s.const)) return `${at}.const must be a string, number, boolean or null`;

@@ -107,6 +107,64 @@ const migrations: Record<string, Migration> = {
       await db.schema.alterTable("runs").addColumn("estimate", "text").execute();
     },
   },
+  // Evaluations: evals, their runs, and each model's answer to each item with its scores.
+  "0005_evals": {
+    async up(db: Kysely<unknown>) {
+      await db.schema
+        .createTable("evals")
+        .addColumn("id", "text", (c) => c.primaryKey())
+        .addColumn("user_id", "text", (c) => c.notNull())
+        .addColumn("name", "text", (c) => c.notNull())
+        .addColumn("config", "text", (c) => c.notNull())
+        .addColumn("run_id", "text")
+        .addColumn("created_at", "text", (c) => c.notNull())
+        .addColumn("updated_at", "text", (c) => c.notNull())
+        .execute();
+      await db.schema.createIndex("evals_user").on("evals").columns(["user_id", "created_at"]).execute();
+      await db.schema.createIndex("evals_run").on("evals").columns(["run_id"]).execute();
+      await db.schema
+        .createTable("eval_runs")
+        .addColumn("id", "text", (c) => c.primaryKey())
+        .addColumn("eval_id", "text", (c) => c.notNull().references("evals.id").onDelete("cascade"))
+        .addColumn("user_id", "text", (c) => c.notNull())
+        .addColumn("name", "text", (c) => c.notNull())
+        .addColumn("status", "text", (c) => c.notNull())
+        .addColumn("models", "text", (c) => c.notNull())
+        .addColumn("items", "text", (c) => c.notNull())
+        .addColumn("config", "text", (c) => c.notNull())
+        .addColumn("progress", "text", (c) => c.notNull())
+        .addColumn("results", "text", (c) => c.notNull())
+        .addColumn("error", "text")
+        .addColumn("created_at", "text", (c) => c.notNull())
+        .addColumn("updated_at", "text", (c) => c.notNull())
+        .execute();
+      await db.schema
+        .createIndex("eval_runs_eval")
+        .on("eval_runs")
+        .columns(["eval_id", "created_at"])
+        .execute();
+      await db.schema
+        .createIndex("eval_runs_status")
+        .on("eval_runs")
+        .columns(["status", "created_at"])
+        .execute();
+      await db.schema
+        .createTable("eval_results")
+        .addColumn("run_id", "text", (c) => c.notNull().references("eval_runs.id").onDelete("cascade"))
+        .addColumn("model_index", "integer", (c) => c.notNull())
+        .addColumn("item_index", "integer", (c) => c.notNull())
+        .addColumn("model", "text", (c) => c.notNull())
+        .addColumn("answer", "text", (c) => c.notNull())
+        .addColumn("scores", "text", (c) => c.notNull())
+        .addColumn("latency_ms", "integer", (c) => c.notNull())
+        .addColumn("prompt_tokens", "integer", (c) => c.notNull())
+        .addColumn("completion_tokens", "integer", (c) => c.notNull())
+        .addColumn("error", "text")
+        .addColumn("created_at", "text", (c) => c.notNull())
+        .addPrimaryKeyConstraint("eval_results_pk", ["run_id", "model_index", "item_index"])
+        .execute();
+    },
+  },
 };
 
 export const migrationProvider: MigrationProvider = {

@@ -74,10 +74,64 @@ export interface RunLogTable {
   created_at: string;
 }
 
+/** An evaluation: its graders and where its items come from (`src/evals/`). */
+export interface EvalTable {
+  id: string;
+  user_id: string;
+  name: string;
+  /** JSON `EvalConfig`: graders, item source, system prompt, what the OpenAI face was asked. */
+  config: string;
+  /** The fine-tuning run this eval was made for (the automatic before/after); null otherwise. */
+  run_id: string | null;
+  created_at: string;
+  updated_at: string;
+}
+
+/** One scoring of models on an eval's items. */
+export interface EvalRunTable {
+  id: string;
+  eval_id: string;
+  user_id: string;
+  name: string;
+  status: string;
+  /** JSON array of the model names asked for. */
+  models: string;
+  /** JSON array of the items, as resolved when the run was created. */
+  items: string;
+  /** JSON `EvalRunConfig`: graders, system prompts, max tokens, parallel answers. */
+  config: string;
+  /** JSON `EvalRunProgress`. */
+  progress: string;
+  /** JSON `ModelTotals[]`, written as answers are scored. */
+  results: string;
+  error: string | null;
+  created_at: string;
+  updated_at: string;
+}
+
+/** One model's answer to one item of an eval run, with its scores. */
+export interface EvalResultTable {
+  run_id: string;
+  model_index: number;
+  item_index: number;
+  model: string;
+  answer: string;
+  /** JSON `GraderScore[]`. */
+  scores: string;
+  latency_ms: number;
+  prompt_tokens: number;
+  completion_tokens: number;
+  error: string | null;
+  created_at: string;
+}
+
 export interface Database {
   api_keys: ApiKeyTable;
   datasets: DatasetTable;
   files: FileTable;
   runs: RunTable;
   run_logs: RunLogTable;
+  evals: EvalTable;
+  eval_runs: EvalRunTable;
+  eval_results: EvalResultTable;
 }

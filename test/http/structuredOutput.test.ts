@@ -100,6 +100,36 @@ describe("structured output on the tiny model", () => {
     }
   });
 
+  test('a schema recursing into its root ("$ref": "#") is honoured', async () => {
+    const tree = {
+      type: "object",
+      properties: {
+        id: { type: "integer", minimum: 1, maximum: 9 },
+        children: { type: "array", items: { $ref: "#" }, maxItems: 2 },
+      },
+      required: ["id", "children"],
+      additionalProperties: false,
+    };
+    const check = (node: { id: number; children: unknown[] }, depth: number): number => {
+      assert.deepEqual(Object.keys(node), ["id", "children"]);
+      assert.ok(Number.isInteger(node.id) && node.id >= 1 && node.id <= 9, JSON.stringify(node));
+      assert.ok(node.children.length <= 2);
+      return Math.max(depth, ...node.children.map((c) => check(c as typeof node, depth + 1)));
+    };
+    let stopped = 0;
+    for (const seed of [1, 2, 3, 4]) {
+      const res = await app.inject(
+        chat({ max_tokens: 300, temperature: 1, seed, response_format: schemaFormat(tree) }),
+      );
+      assert.equal(res.statusCode, 200, res.body);
+      const choice = res.json().choices[0];
+      if (choice.finish_reason !== "stop") continue;
+      stopped++;
+      check(JSON.parse(choice.text), 0);
+    }
+    assert.ok(stopped > 0, "no answer finished within max_tokens");
+  });
+
   test("keywords the grammar cannot honour are a 400 naming them", async () => {
     const refused: [unknown, RegExp][] = [
       [{ type: "integer", multipleOf: 5 }, /schema\.multipleOf is not supported/],

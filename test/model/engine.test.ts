@@ -154,7 +154,7 @@ describe("chat template", () => {
     assert.deepEqual(segments.at(-1), { text: "</s>", trusted: true });
   });
 
-  const gemmaFile = path.resolve(import.meta.dirname, "../.cache/models/gemma-3-270m-q4_k_m.gguf");
+  const gemmaFile = path.resolve(import.meta.dirname, "../../.cache/models/gemma-3-270m-q4_k_m.gguf");
   test(
     "Gemma 3 270M (no embedded template) gets Gemma's turn format, in fewer prompt tokens than ChatML as text",
     { skip: !fs.existsSync(gemmaFile) && ".cache/models/gemma-3-270m-q4_k_m.gguf is not here" },

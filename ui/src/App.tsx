@@ -3,6 +3,8 @@ import { apiKey, onAuthChange, signOut } from "./auth.ts";
 import { Link, useRoute, type Route } from "./router.tsx";
 import { DatasetPage } from "./views/DatasetPage.tsx";
 import { Datasets } from "./views/Datasets.tsx";
+import { EvalPage } from "./views/EvalPage.tsx";
+import { Evals } from "./views/Evals.tsx";
 import { Playground } from "./views/Playground.tsx";
 import { RunPage } from "./views/RunPage.tsx";
 import { Runs } from "./views/Runs.tsx";
@@ -14,6 +16,8 @@ const titles: Record<Route["page"], string> = {
   runs: "Runs",
   run: "Run",
   playground: "Playground",
+  evals: "Evals",
+  eval: "Eval",
   "not-found": "Not found",
 };
 
@@ -35,7 +39,14 @@ export function App() {
   }, [key, route.page]);
 
   if (!key) return <SignIn />;
-  const section = route.page === "dataset" ? "datasets" : route.page === "run" ? "runs" : route.page;
+  const section =
+    route.page === "dataset"
+      ? "datasets"
+      : route.page === "run"
+        ? "runs"
+        : route.page === "eval"
+          ? "evals"
+          : route.page;
   const nav = (href: string, page: string, label: string) => (
     <li>
       <Link href={href} current={section === page}>
@@ -56,6 +67,7 @@ export function App() {
           <ul>
             {nav("/ui/datasets", "datasets", "Datasets")}
             {nav("/ui/runs", "runs", "Runs")}
+            {nav("/ui/evals", "evals", "Evals")}
             {nav("/ui/playground", "playground", "Playground")}
           </ul>
         </nav>
@@ -82,6 +94,10 @@ function Page({ route }: { route: Route }) {
       return <RunPage key={route.id} id={route.id} />;
     case "playground":
       return <Playground model={route.model} />;
+    case "evals":
+      return <Evals />;
+    case "eval":
+      return <EvalPage key={route.id} id={route.id} runId={route.runId} />;
     case "not-found":
       return (
         <div class="page">

@@ -10,6 +10,7 @@ import type {
   RunSummaryWire,
   RunWire,
 } from "../../src/contract/schemas.ts";
+import type { EvalResultWire, EvalRunWire, EvalWire, RunEvaluation } from "../../src/contract/evals.ts";
 import { apiKey, signOut } from "./auth.ts";
 
 /**
@@ -34,6 +35,10 @@ export type CreateRunBody = CreateRunBodyWire;
 /** A training or validation pair of a READY run, with its loss under the served weights. */
 export type RunExample = RunExampleWire;
 export type Model = ModelEntryWire;
+export type Eval = EvalWire;
+export type EvalRun = EvalRunWire;
+export type EvalResult = EvalResultWire;
+export type { RunEvaluation };
 export type { RunStats, RunStatus } from "../../src/contract/runs.ts";
 
 export function isLive(status: RunStatus | "DELETED"): boolean {

@@ -10,6 +10,8 @@ export type Route =
   | { page: "runs"; datasetId: string | null }
   | { page: "run"; id: string }
   | { page: "playground"; model: string | null }
+  | { page: "evals" }
+  | { page: "eval"; id: string; runId: string | null }
   | { page: "not-found" };
 
 export function parseRoute(location: Location): Route {
@@ -22,6 +24,8 @@ export function parseRoute(location: Location): Route {
   if (first === "datasets" && second !== undefined) return { page: "dataset", id: second };
   if (first === "runs" && second === undefined) return { page: "runs", datasetId: query.get("dataset") };
   if (first === "runs" && second !== undefined) return { page: "run", id: second };
+  if (first === "evals" && second === undefined) return { page: "evals" };
+  if (first === "evals" && second !== undefined) return { page: "eval", id: second, runId: query.get("run") };
   if (first === "playground" && second === undefined)
     return { page: "playground", model: query.get("model") };
   return { page: "not-found" };

@@ -94,7 +94,10 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
   r.get(
     "/conduit/finetuning/:finetune_id",
     { schema: { tags, summary: "Read a run", params: RunParams, response: responses({ 200: Run }) } },
-    async (request) => runWire(await runs.get(request.userId, request.params.finetune_id)),
+    async (request) => {
+      const run = await runs.get(request.userId, request.params.finetune_id);
+      return { ...runWire(run), evaluation: await core.evals.evaluationOf(request.userId, run.id) };
+    },
   );
 
   r.get(

@@ -55,6 +55,13 @@ export function Playground({ model: initialModel }: { model: string | null }) {
   const [prompt, setPrompt] = useState("");
   const [error, setError] = useState<string>();
   const [controller, setController] = useState<AbortController>();
+  /** Compare mode: the second model (one prompt, both models side by side); `null` when off. */
+  const [compareWith, setCompareWith] = useState<string | null>(null);
+  const [comparison, setComparison] = useState<{
+    prompt: string;
+    models: [string, string];
+    answers: [string, string];
+  }>();
   const transcript = useRef<HTMLDivElement>(null);
 
   const firstModel = options.data?.[0]?.id;
@@ -66,9 +73,45 @@ export function Playground({ model: initialModel }: { model: string | null }) {
     if (element) element.scrollTop = element.scrollHeight;
   }, [turns]);
 
+  /** One prompt to both models at once, each answer streamed into its own column. */
+  const sendBoth = async (text: string, second: string) => {
+    const abort = new AbortController();
+    setController(abort);
+    setError(undefined);
+    setPrompt("");
+    const models: [string, string] = [model, second];
+    setComparison({ prompt: text, models, answers: ["", ""] });
+    const body = {
+      prompt: text,
+      ...(systemPrompt ? { system_prompt: systemPrompt } : {}),
+      ...samplingValues(sampling),
+    };
+    try {
+      await Promise.all(
+        models.map(async (name, side) => {
+          for await (const delta of api.chatStream({ ...body, model: name }, abort.signal))
+            setComparison((c) => {
+              if (!c) return c;
+              const answers: [string, string] = [...c.answers];
+              answers[side] += delta;
+              return { ...c, answers };
+            });
+        }),
+      );
+    } catch (e) {
+      if (!abort.signal.aborted) setError(messageOf(e));
+    } finally {
+      setController(undefined);
+    }
+  };
+
   const send = async () => {
     const text = prompt.trim();
     if (!text || controller || !model) return;
+    if (compareWith !== null) {
+      if (compareWith) await sendBoth(text, compareWith);
+      return;
+    }
     // Turns always come in user/assistant pairs (an answer cut short keeps its place), as `history` needs.
     const history = turns.map((t) => t.content);
     const abort = new AbortController();
@@ -105,6 +148,18 @@ export function Playground({ model: initialModel }: { model: string | null }) {
     { kind: "base", label: "Base models" },
     { kind: "fine-tuned", label: "Fine-tuned runs" },
   ] as const;
+  const modelGroups = kinds.map(({ kind, label }) => {
+    const models = (options.data ?? []).filter((m) => m.kind === kind);
+    return models.length === 0 ? null : (
+      <optgroup key={kind} label={label}>
+        {models.map((m) => (
+          <option key={m.id} value={m.id}>
+            {m.label}
+          </option>
+        ))}
+      </optgroup>
+    );
+  });
   return (
     <div class="page playground">
       <h1>Playground</h1>
@@ -117,20 +172,27 @@ export function Playground({ model: initialModel }: { model: string | null }) {
               {options.data === undefined ? (
                 <option value={model}>{model || "Loading models…"}</option>
               ) : null}
-              {kinds.map(({ kind, label }) => {
-                const models = (options.data ?? []).filter((m) => m.kind === kind);
-                return models.length === 0 ? null : (
-                  <optgroup key={kind} label={label}>
-                    {models.map((m) => (
-                      <option key={m.id} value={m.id}>
-                        {m.label}
-                      </option>
-                    ))}
-                  </optgroup>
-                );
-              })}
+              {modelGroups}
             </select>
           </Field>
+          <Field label="Compare with a second model" hint="One prompt, both answers side by side." check>
+            <input
+              type="checkbox"
+              checked={compareWith !== null}
+              onChange={(e) => {
+                const on = e.currentTarget.checked;
+                setCompareWith(on ? (options.data?.find((m) => m.id !== model)?.id ?? "") : null);
+                if (!on) setComparison(undefined);
+              }}
+            />
+          </Field>
+          {compareWith !== null ? (
+            <Field label="Second model">
+              <select value={compareWith} onChange={(e) => setCompareWith(e.currentTarget.value)}>
+                {modelGroups}
+              </select>
+            </Field>
+          ) : null}
           <Field label="System prompt" hint="Optional.">
             <textarea rows={3} value={systemPrompt} onInput={(e) => setSystemPrompt(e.currentTarget.value)} />
           </Field>
@@ -158,26 +220,48 @@ export function Playground({ model: initialModel }: { model: string | null }) {
           </button>
         </section>
         <section class="card chat" aria-labelledby="chat-heading">
-          <h2 id="chat-heading">Conversation</h2>
-          <div
-            class="transcript"
-            ref={transcript}
-            role="log"
-            aria-live="polite"
-            tabIndex={0}
-            aria-label="Conversation"
-          >
-            {turns.length === 0 ? (
-              <p class="muted">Send a message to start.</p>
-            ) : (
-              turns.map((t, i) => (
-                <div key={i} class={`turn turn-${t.role}`}>
-                  <span class="role">{t.role === "user" ? "You" : "Model"}</span>
-                  <p>{t.content || (controller && i === turns.length - 1 ? "…" : "")}</p>
-                </div>
-              ))
-            )}
-          </div>
+          <h2 id="chat-heading">{compareWith !== null ? "Comparison" : "Conversation"}</h2>
+          {compareWith !== null ? (
+            <div class="comparison" role="region" aria-label="Comparison" aria-live="polite">
+              {comparison ? (
+                <>
+                  <p class="turn turn-user">
+                    <span class="role">You</span> {comparison.prompt}
+                  </p>
+                  <div class="compare-columns">
+                    {comparison.models.map((name, side) => (
+                      <section key={side} class="compare-column" aria-label={`Answer of ${name}`}>
+                        <h3>{name}</h3>
+                        <p>{comparison.answers[side] || (controller ? "…" : "")}</p>
+                      </section>
+                    ))}
+                  </div>
+                </>
+              ) : (
+                <p class="muted">Send a message: both models answer it.</p>
+              )}
+            </div>
+          ) : (
+            <div
+              class="transcript"
+              ref={transcript}
+              role="log"
+              aria-live="polite"
+              tabIndex={0}
+              aria-label="Conversation"
+            >
+              {turns.length === 0 ? (
+                <p class="muted">Send a message to start.</p>
+              ) : (
+                turns.map((t, i) => (
+                  <div key={i} class={`turn turn-${t.role}`}>
+                    <span class="role">{t.role === "user" ? "You" : "Model"}</span>
+                    <p>{t.content || (controller && i === turns.length - 1 ? "…" : "")}</p>
+                  </div>
+                ))
+              )}
+            </div>
+          )}
           <ErrorNote message={error} />
           <form
             class="composer"
@@ -210,8 +294,11 @@ export function Playground({ model: initialModel }: { model: string | null }) {
               ) : null}
               <button
                 type="button"
-                onClick={() => setTurns([])}
-                disabled={!!controller || turns.length === 0}
+                onClick={() => {
+                  setTurns([]);
+                  setComparison(undefined);
+                }}
+                disabled={!!controller || (turns.length === 0 && !comparison)}
               >
                 Clear conversation
               </button>

@@ -1,7 +1,16 @@
 import { useEffect, useRef, useState } from "preact/hooks";
 import { mergeStats } from "../../../src/client/runEvents.ts";
 import { currentEstimate, describeEstimate } from "../../../src/contract/estimate.ts";
-import { api, ApiError, isLive, type Run, type RunExample, type RunStats, type RunStatus } from "../api.ts";
+import {
+  api,
+  ApiError,
+  isLive,
+  type Run,
+  type RunEvaluation,
+  type RunExample,
+  type RunStats,
+  type RunStatus,
+} from "../api.ts";
 import { ErrorNote, Loading, StatusBadge } from "../components/common.tsx";
 import { LossChart } from "../components/LossChart.tsx";
 import { Table, type Column } from "../components/Table.tsx";
@@ -85,6 +94,42 @@ function useRunEvents(
     // Follows once the run is known; `initial` only seeds the page.
   }, [id, started]);
   return { live, streamError };
+}
+
+/**
+ * The run's automatic before/after ("base 0/20 → fine-tune 20/20 exact match …"), read again every 2 s until its
+ * eval run has ended (it starts when the run becomes READY, so a page opened during training waits for it).
+ */
+function EvaluationLine({ id, initial }: { id: string; initial: RunEvaluation | null }) {
+  const [evaluation, setEvaluation] = useState(initial);
+  const [polls, setPolls] = useState(0);
+  const done = evaluation !== null && !["QUEUED", "RUNNING"].includes(evaluation.status);
+  useEffect(() => {
+    // A run without an eval split never gets one: stop asking after a minute.
+    if (done || polls > 30) return;
+    const timer = setTimeout(() => {
+      api.getRun(id).then(
+        (r) => setEvaluation(r.evaluation ?? null),
+        () => undefined,
+      );
+      setPolls((p) => p + 1);
+    }, 2000);
+    return () => clearTimeout(timer);
+  }, [id, done, polls]);
+  if (!evaluation) return null;
+  const verdict =
+    evaluation.improved === true ? "improved" : evaluation.improved === false ? "worse" : "pending";
+  return (
+    <p class={`note evaluation evaluation-${verdict}`} role="status">
+      <strong>Before/after: </strong>
+      {evaluation.summary}{" "}
+      <Link
+        href={`/ui/evals/${encodeURIComponent(evaluation.evalId)}?run=${encodeURIComponent(evaluation.evalRunId)}`}
+      >
+        See every answer
+      </Link>
+    </p>
+  );
 }
 
 export function RunPage({ id }: { id: string }) {
@@ -177,6 +222,7 @@ export function RunPage({ id }: { id: string }) {
           This run was deleted.
         </p>
       ) : null}
+      {live.status === "READY" ? <EvaluationLine id={run.id} initial={run.evaluation ?? null} /> : null}
       <h2>Progress</h2>
       {estimate ? <p class="muted">Estimate: {describeEstimate(estimate)}</p> : null}
       {progress !== undefined ? (

@@ -1,0 +1,59 @@
+import type { EvalResultWire, EvalRunWire, EvalWire } from "../contract/evals.ts";
+import type { Eval, EvalResult, EvalRun } from "../store/EvalRepository.ts";
+
+/** Evals, eval runs and results → the Conduit API's wire shapes. */
+
+export function evalWire(e: Eval): EvalWire {
+  const source = e.config.source;
+  return {
+    id: e.id,
+    name: e.name,
+    // Inline items are counted, not sent back: the eval's runs and results show them.
+    source: source === null ? null : source.type === "items" ? { type: "items" } : { ...source },
+    itemCount: source?.type === "items" ? source.items.length : null,
+    graders: e.config.graders.map((g) => ({ ...g })),
+    systemPrompt: e.config.systemPrompt,
+    runId: e.runId,
+    createdAt: e.createdAt,
+  };
+}
+
+export function evalRunWire(r: EvalRun): EvalRunWire {
+  return {
+    id: r.id,
+    evalId: r.evalId,
+    name: r.name,
+    models: r.models,
+    status: r.status,
+    progress: r.progress,
+    results: r.results,
+    maxTokens: r.config.maxTokens,
+    error: r.error,
+    createdAt: r.createdAt,
+    updatedAt: r.updatedAt,
+  };
+}
+
+/** The last user turn of an item: what a table of results shows as its question. */
+export function questionOf(item: EvalRun["items"][number] | undefined): string {
+  if (!item) return "";
+  for (let i = item.messages.length - 1; i >= 0; i--)
+    if (item.messages[i]?.role === "user") return item.messages[i]?.content ?? "";
+  return item.messages.at(-1)?.content ?? "";
+}
+
+export function evalResultWire(run: EvalRun, r: EvalResult): EvalResultWire {
+  const item = run.items[r.itemIndex];
+  return {
+    model: r.model,
+    item: r.itemIndex,
+    input: questionOf(item),
+    expected: item?.expected ?? "",
+    answer: r.answer,
+    scores: r.scores,
+    latencySeconds: r.latencyMs / 1000,
+    promptTokens: r.promptTokens,
+    completionTokens: r.completionTokens,
+    error: r.error,
+  };
+}

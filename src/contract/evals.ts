@@ -1,0 +1,421 @@
+/**
+ * The vocabulary and wire shapes of evaluations that the HTTP API (both faces), the CLI, the dashboard and the
+ * domain share: graders, item sources, eval and eval-run records, per-item results, and the before/after
+ * summary a fine-tuning run carries. Each is defined here once.
+ */
+import { Type, type Static } from "@sinclair/typebox";
+import { noControlCharacters, noNul, REASON } from "./schemas.ts";
+
+/** Eval run states: QUEUED → RUNNING → COMPLETED | FAILED | CANCELLED; QUEUED → CANCELLED. */
+export const evalRunStatuses = ["QUEUED", "RUNNING", "COMPLETED", "FAILED", "CANCELLED"] as const;
+export type EvalRunStatus = (typeof evalRunStatuses)[number];
+
+/** Normalisations an exact-match or contains grader applies to both the answer and the reference. */
+export const NORMALIZATIONS = ["case", "whitespace", "punctuation"] as const;
+export type Normalization = (typeof NORMALIZATIONS)[number];
+
+/** Text-similarity metrics: normalised token F1 (SQuAD's), or a character-level Levenshtein ratio. */
+export const SIMILARITY_METRICS = ["token_f1", "fuzzy_match"] as const;
+export type SimilarityMetric = (typeof SIMILARITY_METRICS)[number];
+
+/** Limits the API enforces on evals. */
+export const evalLimits = {
+  /** Items of one eval run. */
+  maxItems: 5000,
+  /** Models one eval run scores. */
+  maxModels: 8,
+  /** Graders of one eval. */
+  maxGraders: 16,
+  /** Answers in flight at once (the engine batches them). */
+  maxParallel: 64,
+  maxTokens: 4096,
+} as const;
+
+/** Defaults of an eval run. */
+export const evalDefaults = {
+  /** Most tokens of each answer. */
+  maxTokens: 128,
+  /** An exact-match grader's normalisation. */
+  normalize: ["whitespace"] as Normalization[],
+  similarityMetric: "token_f1" as SimilarityMetric,
+  /** A similarity score at or above this passes. */
+  passThreshold: 0.5,
+};
+
+const GraderName = Type.Optional(
+  Type.String({
+    minLength: 1,
+    maxLength: 64,
+    pattern: noControlCharacters,
+    description: "The grader's name in results. Defaults to its type (a second of a type gets `_2`, ...).",
+  }),
+);
+const Normalize = Type.Optional(
+  Type.Array(Type.Union(NORMALIZATIONS.map((n) => Type.Literal(n))), {
+    maxItems: 3,
+    description:
+      "Applied to the answer and the reference before comparing: `case` (lower case), `whitespace` (trimmed, runs " +
+      "of whitespace as one space), `punctuation` (punctuation and symbols at either end removed). Defaults to " +
+      '`["whitespace"]`.',
+  }),
+);
+
+export const ExactMatchGrader = Type.Object(
+  { type: Type.Literal("exact_match"), name: GraderName, normalize: Normalize },
+  {
+    additionalProperties: false,
+    description: "1 when the answer equals the item's expected answer, else 0.",
+  },
+);
+export const ContainsGrader = Type.Object(
+  {
+    type: Type.Literal("contains"),
+    name: GraderName,
+    value: Type.Optional(
+      Type.String({
+        minLength: 1,
+        maxLength: 10_000,
+        pattern: noNul,
+        description: "The text to look for. Defaults to the item's expected answer.",
+      }),
+    ),
+    normalize: Normalize,
+  },
+  { additionalProperties: false, description: "1 when the answer contains the text, else 0." },
+);
+export const RegexGrader = Type.Object(
+  {
+    type: Type.Literal("regex"),
+    name: GraderName,
+    pattern: Type.String({ minLength: 1, maxLength: 2000, description: "A JavaScript regular expression." }),
+    flags: Type.Optional(
+      Type.String({
+        pattern: "^[imsu]{0,4}$",
+        [REASON]: "may hold only the flags i, m, s and u",
+        description: "Its flags (`i`, `m`, `s`, `u`). Defaults to none.",
+      }),
+    ),
+  },
+  { additionalProperties: false, description: "1 when the pattern matches the answer, else 0." },
+);
+export const JsonSchemaGrader = Type.Object(
+  {
+    type: Type.Literal("json_schema"),
+    name: GraderName,
+    schema: Type.Record(Type.String(), Type.Unknown(), {
+      description: "A JSON Schema (draft 2020-12 subset Ajv knows).",
+    }),
+  },
+  { additionalProperties: false, description: "1 when the answer is JSON valid against the schema, else 0." },
+);
+export const SimilarityGrader = Type.Object(
+  {
+    type: Type.Literal("similarity"),
+    name: GraderName,
+    metric: Type.Optional(
+      Type.Union(
+        SIMILARITY_METRICS.map((m) => Type.Literal(m)),
+        {
+          description:
+            "`token_f1`: F1 of the answer's and the expected answer's words (lower case, punctuation removed, as in " +
+            "SQuAD); `fuzzy_match`: 1 − Levenshtein distance / the longer length, on characters. Defaults to `token_f1`.",
+        },
+      ),
+    ),
+    passThreshold: Type.Optional(
+      Type.Number({
+        minimum: 0,
+        maximum: 1,
+        description: "A score at or above it passes. Defaults to `0.5`.",
+      }),
+    ),
+  },
+  {
+    additionalProperties: false,
+    description: "A score from 0 to 1 of how close the answer is to the expected one.",
+  },
+);
+
+export const Grader = Type.Union(
+  [ExactMatchGrader, ContainsGrader, RegexGrader, JsonSchemaGrader, SimilarityGrader],
+  {
+    description: "How each answer is scored.",
+  },
+);
+export type GraderWire = Static<typeof Grader>;
+
+/** A grader with its defaults filled in and its name settled, as stored. */
+export type EvalGrader =
+  | { type: "exact_match"; name: string; normalize: Normalization[] }
+  | { type: "contains"; name: string; value: string | null; normalize: Normalization[] }
+  | { type: "regex"; name: string; pattern: string; flags: string }
+  | { type: "json_schema"; name: string; schema: Record<string, unknown> }
+  | { type: "similarity"; name: string; metric: SimilarityMetric; passThreshold: number };
+
+/** One chat turn of an item's prompt. */
+export const EvalMessage = Type.Object(
+  {
+    role: Type.Union([Type.Literal("system"), Type.Literal("user"), Type.Literal("assistant")]),
+    content: Type.String({ maxLength: 100_000, pattern: noNul }),
+  },
+  { additionalProperties: false },
+);
+
+/** An item: a prompt (text, or chat turns) and the answer expected. */
+export const EvalItem = Type.Object(
+  {
+    input: Type.Optional(
+      Type.String({ maxLength: 100_000, pattern: noNul, description: "The user's message." }),
+    ),
+    messages: Type.Optional(
+      Type.Array(EvalMessage, {
+        minItems: 1,
+        maxItems: 256,
+        description: "The conversation so far, instead of `input`.",
+      }),
+    ),
+    expected: Type.String({ maxLength: 100_000, pattern: noNul, description: "The answer expected." }),
+  },
+  { additionalProperties: false },
+);
+export type EvalItemWire = Static<typeof EvalItem>;
+
+/** What an eval's items are. */
+export const EvalSource = Type.Union(
+  [
+    Type.Object(
+      {
+        type: Type.Literal("file"),
+        fileId: Type.String({
+          minLength: 1,
+          maxLength: 128,
+          description: "One of your dataset files (IO pairs or chat examples).",
+        }),
+      },
+      { additionalProperties: false },
+    ),
+    Type.Object(
+      {
+        type: Type.Literal("run"),
+        runId: Type.String({
+          minLength: 1,
+          maxLength: 128,
+          description: "One of your READY fine-tuning runs: its validation file, or the pairs it held out.",
+        }),
+      },
+      { additionalProperties: false },
+    ),
+    Type.Object(
+      {
+        type: Type.Literal("items"),
+        items: Type.Array(EvalItem, { minItems: 1, maxItems: evalLimits.maxItems }),
+      },
+      { additionalProperties: false },
+    ),
+  ],
+  { description: "The items: a dataset file, a run's held-out split, or items given here." },
+);
+export type EvalSourceWire = Static<typeof EvalSource>;
+
+export const CreateEvalBody = Type.Object(
+  {
+    name: Type.Optional(
+      Type.String({
+        minLength: 1,
+        maxLength: 256,
+        pattern: noControlCharacters,
+        description: "Defaults to `eval`.",
+      }),
+    ),
+    source: Type.Optional(EvalSource),
+    graders: Type.Array(
+      Type.Unsafe<GraderWire>(
+        Type.Object(
+          {
+            type: Type.String({
+              description: "`exact_match`, `contains`, `regex`, `json_schema` or `similarity`.",
+            }),
+          },
+          { additionalProperties: true },
+        ),
+      ),
+      {
+        minItems: 1,
+        maxItems: evalLimits.maxGraders,
+        description:
+          "How each answer is scored, each from 0 to 1: `exact_match` (`normalize`), `contains` (`value`, `normalize`), " +
+          "`regex` (`pattern`, `flags`), `json_schema` (`schema`), `similarity` (`metric`, `passThreshold`). A bad " +
+          "grader is a 400 naming its field (`graders[1].pattern`).",
+      },
+    ),
+    systemPrompt: Type.Optional(
+      Type.String({
+        maxLength: 100_000,
+        pattern: noNul,
+        description: "Opens every prompt (a fine-tune's own system prompt wins for it). Defaults to none.",
+      }),
+    ),
+  },
+  { additionalProperties: false },
+);
+export type CreateEvalBodyWire = Static<typeof CreateEvalBody>;
+
+export const CreateEvalRunBody = Type.Object(
+  {
+    models: Type.Array(Type.String({ minLength: 1, maxLength: 256 }), {
+      minItems: 1,
+      maxItems: evalLimits.maxModels,
+      description: "Base model names, run ids or `ft:` names; each answers every item.",
+    }),
+    name: Type.Optional(Type.String({ minLength: 1, maxLength: 256, pattern: noControlCharacters })),
+    source: Type.Optional(EvalSource),
+    maxTokens: Type.Optional(
+      Type.Integer({
+        minimum: 1,
+        maximum: evalLimits.maxTokens,
+        description: "Most tokens of each answer. Defaults to `128`.",
+      }),
+    ),
+    parallel: Type.Optional(
+      Type.Integer({
+        minimum: 1,
+        maximum: evalLimits.maxParallel,
+        description:
+          "Answers in flight at once, batched by the engine. Defaults to `CONDUIT_EVAL_PARALLEL` (8).",
+      }),
+    ),
+  },
+  { additionalProperties: false },
+);
+export type CreateEvalRunBodyWire = Static<typeof CreateEvalRunBody>;
+
+/** A grader's totals over one model's answers. */
+export interface GraderTotals {
+  name: string;
+  type: EvalGrader["type"];
+  passed: number;
+  failed: number;
+  /** Mean score over the items answered. */
+  meanScore: number;
+}
+
+/** One model's totals in an eval run. */
+export interface ModelTotals {
+  model: string;
+  answered: number;
+  errored: number;
+  /** Answers that passed every grader. */
+  passed: number;
+  graders: GraderTotals[];
+  promptTokens: number;
+  completionTokens: number;
+  /** Mean seconds per answer (each answer's own time, batched with others). */
+  meanLatencySeconds: number;
+}
+
+/** Progress and totals of an eval run. */
+export interface EvalRunProgress {
+  /** Answers scored so far, over every model. */
+  completed: number;
+  /** Items × models. */
+  total: number;
+  /** The model being answered now. */
+  model: string | null;
+}
+
+const Timestamp = Type.String({ description: "UTC time, `YYYY-MM-DD HH:MM:SS.mmm`" });
+const Any = Type.Record(Type.String(), Type.Unknown());
+
+export const Eval = Type.Object(
+  {
+    id: Type.String(),
+    name: Type.String(),
+    source: Type.Union([Any, Type.Null()], {
+      description:
+        "Where the items come from (inline items are counted, not repeated); null: each run names them.",
+    }),
+    itemCount: Type.Union([Type.Integer(), Type.Null()], {
+      description: "Items given inline; null for a file or run.",
+    }),
+    graders: Type.Array(Any),
+    systemPrompt: Type.String(),
+    runId: Type.Union([Type.String(), Type.Null()], {
+      description: "The fine-tuning run this eval was made for (the automatic before/after); null otherwise.",
+    }),
+    createdAt: Timestamp,
+  },
+  { description: "An eval: its graders and where its items come from." },
+);
+export type EvalWire = Static<typeof Eval>;
+
+export const EvalRun = Type.Object(
+  {
+    id: Type.String(),
+    evalId: Type.String(),
+    name: Type.String(),
+    models: Type.Array(Type.String()),
+    status: Type.Union(evalRunStatuses.map((s) => Type.Literal(s))),
+    progress: Type.Unsafe<EvalRunProgress>(Any),
+    results: Type.Unsafe<ModelTotals[]>(
+      Type.Array(Any, {
+        description: "Per model: each grader's passed, failed and mean score; tokens; latency.",
+      }),
+    ),
+    maxTokens: Type.Integer(),
+    error: Type.Union([Type.String(), Type.Null()]),
+    createdAt: Timestamp,
+    updatedAt: Timestamp,
+  },
+  { description: "One scoring of one or more models on every item of an eval." },
+);
+export type EvalRunWire = Static<typeof EvalRun>;
+
+/** One grader's score of one answer. */
+export interface GraderScore {
+  name: string;
+  score: number;
+  passed: boolean;
+}
+
+export const EvalResult = Type.Object(
+  {
+    model: Type.String(),
+    item: Type.Integer({ description: "The item's index (0-based)." }),
+    input: Type.String({ description: "The item's last user message." }),
+    expected: Type.String(),
+    answer: Type.String(),
+    scores: Type.Unsafe<GraderScore[]>(Type.Array(Any)),
+    latencySeconds: Type.Number(),
+    promptTokens: Type.Integer(),
+    completionTokens: Type.Integer(),
+    error: Type.Union([Type.String(), Type.Null()]),
+  },
+  { description: "One model's answer to one item, with each grader's score." },
+);
+export type EvalResultWire = Static<typeof EvalResult>;
+
+/** One model's side of a run's before/after. */
+export interface EvaluationSide {
+  model: string;
+  items: number;
+  /** Answers that matched exactly (whitespace normalised). */
+  exact: number;
+  /** Mean token-F1 similarity, 0 to 1. */
+  similarity: number;
+}
+
+/**
+ * A fine-tuning run's automatic before/after (`run.evaluation`): its base model and the fine-tune on the run's
+ * held-out pairs or validation file, greedy, exact match and similarity.
+ */
+export interface RunEvaluation {
+  evalId: string;
+  evalRunId: string;
+  status: EvalRunStatus;
+  base: EvaluationSide | null;
+  fineTuned: EvaluationSide | null;
+  /** Whether the fine-tune did better than its base: more exact matches, or as many and a higher similarity. Null until completed. */
+  improved: boolean | null;
+  /** `base 0/20 → fine-tune 20/20 exact (similarity 0.05 → 0.98)`, or what is happening. */
+  summary: string;
+}

@@ -1,0 +1,699 @@
+import { EventEmitter } from "node:events";
+import type { Logger } from "pino";
+import type { DatasetService } from "../datasets/DatasetService.ts";
+import type { IoPair } from "../datasets/ioPairs.ts";
+import type { ModelRef, SamplingOptions } from "../engine/types.ts";
+import { ConduitError } from "../errors.ts";
+import type { InferenceService } from "../inference/InferenceService.ts";
+import type { BlobStore } from "../store/BlobStore.ts";
+import type { Page } from "../store/DatasetRepository.ts";
+import type {
+  Eval,
+  EvalConfig,
+  EvalRepository,
+  EvalResult,
+  EvalRun,
+  EvalRunConfig,
+  ResolvedItem,
+} from "../store/EvalRepository.ts";
+import { newId } from "../store/ids.ts";
+import type { Run, RunRepository } from "../store/RunRepository.ts";
+import { fileLines } from "../train/exampleFiles.ts";
+import type { RunEventBus } from "../train/runEvents.ts";
+import {
+  evalDefaults,
+  evalLimits,
+  type CreateEvalBodyWire,
+  type CreateEvalRunBodyWire,
+  type EvalGrader,
+  type EvalItemWire,
+  type EvalRunProgress,
+  type EvalRunStatus,
+  type EvalSourceWire,
+  type GraderWire,
+  type ModelTotals,
+  type RunEvaluation,
+} from "../contract/evals.ts";
+import { grade, settleGraders } from "./graders.ts";
+import { describeEvaluation } from "./runEvaluation.ts";
+
+/** What happens to eval runs in this process: followers wake on `changed`. */
+export interface EvalEvents {
+  changed: [runId: string];
+}
+
+/** An event of an eval run's stream. */
+export type EvalRunEvent =
+  | { type: "progress"; progress: EvalRunProgress; results: ModelTotals[] }
+  | { type: "status"; status: EvalRunStatus; error: string | null };
+
+/** A RUNNING eval run not written for this long is taken for one whose server stopped (each writes every 2 s). */
+const STALE_MS = 60_000;
+/** How often a server answering a run writes its progress, even when no answer has come. */
+const HEARTBEAT_MS = 2000;
+
+const TERMINAL: readonly EvalRunStatus[] = ["COMPLETED", "FAILED", "CANCELLED"];
+
+/** Greedy: the most likely token each time, no penalties, so that a model's answers are reproducible. */
+function greedy(maxTokens: number): SamplingOptions {
+  return { maxTokens, temperature: 0, topK: 1, topP: 1, presencePenalty: 0, frequencyPenalty: 0 };
+}
+
+/** Graders of the automatic before/after of a fine-tuning run. */
+const AFTER_RUN_GRADERS: GraderWire[] = [{ type: "exact_match" }, { type: "similarity" }];
+
+export interface EvalServiceOptions {
+  /** Answers in flight at once when a run does not say (`CONDUIT_EVAL_PARALLEL`). Defaults to `8`. */
+  parallel?: number;
+  /** Scores base and fine-tune when a run with held-out pairs becomes READY (`CONDUIT_EVAL_AFTER_RUN`). Defaults to `true`. */
+  afterRun?: boolean;
+  /** Eval runs this process answers (0: none; another server does). Defaults to `1`. */
+  concurrency?: number;
+  /** How often the queue is checked for runs other servers queued. Defaults to `5000`. */
+  pollMs?: number;
+}
+
+/**
+ * Evaluations: evals (graders and where items come from), eval runs that score models on every item through the
+ * one generation path (the engine batches `parallel` answers in flight), per-item results, cancel, and the
+ * automatic before/after of a fine-tuning run.
+ */
+export class EvalService {
+  readonly events = new EventEmitter<EvalEvents>();
+  private readonly active = new Map<string, AbortController>();
+  private draining: Promise<void> | undefined;
+  private closed = false;
+  private readonly pending = new Set<Promise<unknown>>();
+  private readonly parallel: number;
+
+  constructor(
+    private readonly evals: EvalRepository,
+    private readonly runRepository: RunRepository,
+    private readonly datasets: DatasetService,
+    private readonly inference: InferenceService,
+    private readonly blobs: BlobStore,
+    private readonly log: Logger,
+    private readonly options: EvalServiceOptions = {},
+  ) {
+    this.events.setMaxListeners(0);
+    this.parallel = options.parallel ?? 8;
+  }
+
+  /** Starts answering queued eval runs, and (unless turned off) evaluating runs that become READY. */
+  start(runEvents: RunEventBus): void {
+    if ((this.options.concurrency ?? 1) <= 0) return;
+    if (this.options.afterRun ?? true)
+      runEvents.on("ended", (runId, status) => {
+        if (status === "READY") this.track(this.evaluateRun(runId));
+      });
+    // Other servers sharing the database queue runs too, and one that stopped may have left one RUNNING.
+    this.timer = setInterval(() => {
+      this.evals.failStale(new Date(Date.now() - STALE_MS)).then(
+        () => this.wake(),
+        (error: unknown) => this.log.error({ err: error }, "eval queue check failed"),
+      );
+    }, this.options.pollMs ?? 5000);
+    this.timer.unref();
+    this.wake();
+  }
+  private timer: NodeJS.Timeout | undefined;
+
+  private track(work: Promise<unknown>): void {
+    const tracked = work.catch((error: unknown) => this.log.error({ err: error }, "eval work failed"));
+    this.pending.add(tracked);
+    void tracked.finally(() => this.pending.delete(tracked));
+  }
+
+  /** Answers queued eval runs one after another until none is left. */
+  private wake(): void {
+    if (this.closed || (this.options.concurrency ?? 1) <= 0) return;
+    if (this.draining) {
+      this.wakeAgain = true;
+      return;
+    }
+    this.draining = (async () => {
+      do {
+        this.wakeAgain = false;
+        for (let run = await this.evals.claimNext(); run && !this.closed; run = await this.evals.claimNext())
+          await this.execute(run);
+      } while (this.wakeAgain && !this.closed);
+    })()
+      .catch((error: unknown) => this.log.error({ err: error }, "eval runner failed"))
+      .finally(() => (this.draining = undefined));
+  }
+  private wakeAgain = false;
+
+  async close(): Promise<void> {
+    this.closed = true;
+    clearInterval(this.timer);
+    for (const controller of this.active.values())
+      controller.abort(new ConduitError("unavailable", "the server is shutting down"));
+    await this.draining;
+    await Promise.all(this.pending);
+  }
+
+  // --- evals ---
+
+  async create(
+    userId: string,
+    body: CreateEvalBodyWire,
+    extras: { runId?: string; openai?: EvalConfig["openai"]; graders?: EvalGrader[] } = {},
+  ): Promise<Eval> {
+    const graders = extras.graders ?? settleGraders(body.graders);
+    // The source is checked now (a file or run of someone else is a 404 here, not when a run starts).
+    if (body.source && body.source.type !== "items") await this.resolveItems(userId, body.source, "source");
+    return this.evals.create({
+      id: newId("eval"),
+      userId,
+      name: body.name ?? "eval",
+      config: {
+        graders,
+        source: body.source ?? null,
+        systemPrompt: body.systemPrompt ?? "",
+        ...(extras.openai ? { openai: extras.openai } : {}),
+      },
+      runId: extras.runId ?? null,
+    });
+  }
+
+  async get(userId: string, id: string): Promise<Eval> {
+    const found = await this.evals.get(userId, id);
+    if (!found) throw new ConduitError("not_found", `eval ${id} not found`, { param: "eval_id" });
+    return found;
+  }
+
+  list(
+    userId: string,
+    page: Page | { limit: number; after?: string | undefined; order?: "asc" | "desc" },
+  ): Promise<Eval[]> {
+    return this.evals.list(userId, page);
+  }
+
+  async rename(
+    userId: string,
+    id: string,
+    name: string,
+    metadata?: Record<string, string> | null,
+  ): Promise<Eval> {
+    const found = await this.evals.rename(userId, id, name, metadata);
+    if (!found) throw new ConduitError("not_found", `eval ${id} not found`, { param: "eval_id" });
+    return found;
+  }
+
+  /** Deletes an eval with its runs; a run in progress is cancelled first. */
+  async delete(userId: string, id: string): Promise<void> {
+    for (const run of await this.evals.listRuns(userId, id, { limit: 1000 }))
+      if (run.status === "QUEUED" || run.status === "RUNNING") await this.cancel(userId, id, run.id);
+    if (!(await this.evals.delete(userId, id)))
+      throw new ConduitError("not_found", `eval ${id} not found`, { param: "eval_id" });
+  }
+
+  // --- items ---
+
+  /** The items of a source, read now (a file or run of another user is a 404 naming `param`). */
+  async resolveItems(userId: string, source: EvalSourceWire, param: string): Promise<ResolvedItem[]> {
+    let items: ResolvedItem[];
+    if (source.type === "items") items = source.items.map((item, i) => itemOf(item, `${param}.items[${i}]`));
+    else if (source.type === "file")
+      items = await collect(this.datasets.filePairs(userId, source.fileId), pairItem, param);
+    else {
+      const run = await this.runRepository.get(userId, source.runId);
+      if (!run)
+        throw new ConduitError("not_found", `run ${source.runId} not found`, { param: `${param}.runId` });
+      items = await this.heldOut(run, `${param}.runId`);
+    }
+    if (items.length === 0)
+      throw new ConduitError("invalid_request", `the items of "${param}" are none`, { param });
+    if (items.length > evalLimits.maxItems)
+      throw new ConduitError(
+        "invalid_request",
+        `"${param}" has ${items.length} items; an eval run takes at most ${evalLimits.maxItems}`,
+        { param },
+      );
+    return items;
+  }
+
+  /**
+   * A READY run's eval split: its validation file's pairs (whole conversations), else the pairs it held out (their
+   * last user turn and answer, from its examples). A run without either is a 409.
+   */
+  private async heldOut(run: Run, param: string): Promise<ResolvedItem[]> {
+    if (run.status !== "READY")
+      throw new ConduitError(
+        "conflict",
+        `run ${run.id} is ${run.status}; its held-out pairs are known once it is READY`,
+        {
+          param,
+        },
+      );
+    if (run.config.validationFileID)
+      return collect(this.datasets.filePairs(run.userId, run.config.validationFileID), pairItem, param);
+    const items: ResolvedItem[] = [];
+    try {
+      for await (const line of fileLines(this.blobs.pathOf(`runs/${run.id}/examples.jsonl`))) {
+        const example = JSON.parse(line) as { split: string; input: string; output: string };
+        if (example.split === "validation")
+          items.push({ messages: [{ role: "user", content: example.input }], expected: example.output });
+      }
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code !== "ENOENT") throw error;
+    }
+    if (items.length === 0)
+      throw new ConduitError(
+        "conflict",
+        `run ${run.id} has no eval split: it had no validation file and too few pairs to hold some out`,
+        { param },
+      );
+    return items;
+  }
+
+  // --- eval runs ---
+
+  async createRun(
+    userId: string,
+    evalId: string,
+    body: CreateEvalRunBodyWire,
+    extras: { openai?: EvalRunConfig["openai"]; items?: ResolvedItem[] } = {},
+  ): Promise<EvalRun> {
+    const found = await this.get(userId, evalId);
+    // Each model must be one this user can name: another user's fine-tune is a 404, as on the chat route.
+    for (const [i, model] of body.models.entries())
+      await this.inference.resolve(userId, model, `models[${i}]`);
+    const source = body.source ?? found.config.source;
+    let items = extras.items;
+    if (!items) {
+      if (!source)
+        throw new ConduitError("invalid_request", `eval ${evalId} has no items of its own; send "source"`, {
+          param: "source",
+        });
+      items = await this.resolveItems(userId, source, "source");
+    }
+    const run = await this.evals.createRun({
+      id: newId("evalrun"),
+      evalId,
+      userId,
+      name: body.name ?? `${found.name} on ${body.models.join(", ")}`,
+      models: [...body.models],
+      items,
+      config: {
+        graders: found.config.graders,
+        systemPrompt: found.config.systemPrompt,
+        maxTokens: body.maxTokens ?? evalDefaults.maxTokens,
+        parallel: body.parallel ?? this.parallel,
+        ...(extras.openai ? { openai: extras.openai } : {}),
+      },
+      progress: { completed: 0, total: items.length * body.models.length, model: null },
+    });
+    this.wake();
+    return run;
+  }
+
+  async getRun(userId: string, evalId: string, id: string): Promise<EvalRun> {
+    const run = await this.evals.getRun(userId, evalId, id);
+    if (!run) throw new ConduitError("not_found", `eval run ${id} not found`, { param: "run_id" });
+    return run;
+  }
+
+  async listRuns(
+    userId: string,
+    evalId: string,
+    page: { limit: number; after?: string | undefined; order?: "asc" | "desc" },
+  ): Promise<EvalRun[]> {
+    await this.get(userId, evalId);
+    return this.evals.listRuns(userId, evalId, page);
+  }
+
+  /** Cancels a QUEUED or RUNNING eval run; one that ended is a 409. Returns the run as it is now. */
+  async cancel(userId: string, evalId: string, id: string): Promise<EvalRun> {
+    const previous = await this.evals.cancelRun(userId, evalId, id);
+    if (previous === undefined)
+      throw new ConduitError("not_found", `eval run ${id} not found`, { param: "run_id" });
+    if (TERMINAL.includes(previous))
+      throw new ConduitError("conflict", `eval run ${id} is ${previous} and cannot be cancelled`);
+    this.active.get(id)?.abort(new ConduitError("conflict", "cancelled"));
+    this.events.emit("changed", id);
+    return this.getRun(userId, evalId, id);
+  }
+
+  async deleteRun(userId: string, evalId: string, id: string): Promise<void> {
+    const run = await this.getRun(userId, evalId, id);
+    if (run.status === "QUEUED" || run.status === "RUNNING") await this.cancel(userId, evalId, id);
+    await this.evals.deleteRun(userId, evalId, id);
+  }
+
+  /** A run's per-item results, by model then item (`model` keeps one model's). */
+  async results(
+    userId: string,
+    evalId: string,
+    id: string,
+    page: { limit: number; offset: number; model?: string | undefined },
+  ): Promise<{ run: EvalRun; results: EvalResult[] }> {
+    const run = await this.getRun(userId, evalId, id);
+    let modelIndex: number | undefined;
+    if (page.model !== undefined) {
+      modelIndex = run.models.indexOf(page.model);
+      if (modelIndex < 0)
+        throw new ConduitError(
+          "invalid_request",
+          `model "${page.model}" is not one of this run's (${run.models.join(", ")})`,
+          {
+            param: "model",
+          },
+        );
+    }
+    return {
+      run,
+      results: await this.evals.results(id, { limit: page.limit, offset: page.offset, modelIndex }),
+    };
+  }
+
+  async result(userId: string, evalId: string, id: string, modelIndex: number, itemIndex: number) {
+    const run = await this.getRun(userId, evalId, id);
+    const result = await this.evals.result(id, modelIndex, itemIndex);
+    if (!result) throw new ConduitError("not_found", `output item not found`, { param: "output_item_id" });
+    return { run, result };
+  }
+
+  /**
+   * Follows an eval run: a `progress` event when its progress changes, a `status` event when its status does, until
+   * it has ended. Another user's run is a 404 before any event.
+   */
+  async follow(
+    userId: string,
+    evalId: string,
+    id: string,
+    signal?: AbortSignal,
+  ): Promise<AsyncGenerator<EvalRunEvent>> {
+    await this.getRun(userId, evalId, id);
+    const events = this.events;
+    const evals = this.evals;
+    return (async function* () {
+      let lastCompleted = -1;
+      let lastStatus: EvalRunStatus | undefined;
+      while (!signal?.aborted) {
+        const wake = new Promise<void>((resolve) => {
+          const timer = setTimeout(done, 1000);
+          function done() {
+            clearTimeout(timer);
+            events.off("changed", onChanged);
+            signal?.removeEventListener("abort", done);
+            resolve();
+          }
+          const onChanged = (changed: string) => {
+            if (changed === id) done();
+          };
+          events.on("changed", onChanged);
+          signal?.addEventListener("abort", done);
+        });
+        const run = await evals.getRun(userId, evalId, id);
+        if (!run) {
+          yield { type: "status", status: "CANCELLED", error: "the eval run was deleted" };
+          return;
+        }
+        if (run.progress.completed !== lastCompleted) {
+          lastCompleted = run.progress.completed;
+          yield { type: "progress", progress: run.progress, results: run.results };
+        }
+        if (run.status !== lastStatus) {
+          lastStatus = run.status;
+          yield { type: "status", status: run.status, error: run.error };
+        }
+        if (TERMINAL.includes(run.status)) return;
+        await wake;
+      }
+    })();
+  }
+
+  /** Answers every item with every model of a claimed (RUNNING) run, scoring and storing as it goes. */
+  private async execute(run: EvalRun): Promise<void> {
+    const controller = new AbortController();
+    this.active.set(run.id, controller);
+    const progress: EvalRunProgress = {
+      completed: 0,
+      total: run.items.length * run.models.length,
+      model: null,
+    };
+    const totals: ModelTotals[] = [];
+    let buffer: EvalResult[] = [];
+    let lastFlush = Date.now();
+    const flush = async () => {
+      const batch = buffer;
+      buffer = [];
+      lastFlush = Date.now();
+      await this.evals.addResults(batch);
+      if (!(await this.evals.updateProgress(run.id, progress, totals)))
+        controller.abort(new ConduitError("conflict", "cancelled"));
+      this.events.emit("changed", run.id);
+    };
+    // The run's progress is written as answers come, and at least every HEARTBEAT_MS (others see the server alive).
+    const heartbeat = setInterval(() => {
+      if (Date.now() - lastFlush >= HEARTBEAT_MS) void flush().catch(() => undefined);
+    }, HEARTBEAT_MS);
+    try {
+      for (const [modelIndex, model] of run.models.entries()) {
+        progress.model = model;
+        const ref = await this.inference.resolve(run.userId, model, "model");
+        const systemPrompt = await this.systemPromptFor(run, ref);
+        const total = emptyTotals(model, run.config.graders);
+        totals.push(total);
+        let next = 0;
+        const answerOne = async (itemIndex: number) => {
+          const item = run.items[itemIndex] as ResolvedItem;
+          const result = await this.answer(run, ref, systemPrompt, item, controller.signal);
+          addTo(total, result, run.config.graders);
+          buffer.push({ runId: run.id, modelIndex, itemIndex, model, ...result });
+          progress.completed++;
+          if (Date.now() - lastFlush > 250) await flush();
+        };
+        const worker = async () => {
+          while (next < run.items.length && !controller.signal.aborted) await answerOne(next++);
+        };
+        await Promise.all(Array.from({ length: Math.min(run.config.parallel, run.items.length) }, worker));
+        if (controller.signal.aborted) break;
+      }
+      if (controller.signal.aborted) {
+        await this.evals.addResults(buffer);
+        if (!this.closed) return;
+        await this.evals.finish(run.id, {
+          status: "FAILED",
+          error: "the server shut down",
+          progress,
+          results: totals,
+        });
+        return;
+      }
+      await this.evals.addResults(buffer);
+      buffer = [];
+      progress.model = null;
+      await this.evals.finish(run.id, { status: "COMPLETED", progress, results: totals });
+    } catch (error) {
+      const message =
+        error instanceof ConduitError ? error.message : "an unexpected error (see the server log)";
+      if (!(error instanceof ConduitError))
+        this.log.error({ err: error, evalRun: run.id }, "eval run failed");
+      await this.evals.addResults(buffer).catch(() => undefined);
+      await this.evals.finish(run.id, { status: "FAILED", error: message, progress, results: totals });
+    } finally {
+      clearInterval(heartbeat);
+      this.active.delete(run.id);
+      this.events.emit("changed", run.id);
+    }
+  }
+
+  /** A fine-tune answers with its own system prompt when it was trained with one; anything else with the eval's. */
+  private async systemPromptFor(run: EvalRun, ref: ModelRef): Promise<string> {
+    if (ref.id.startsWith("ft_")) {
+      const trained = await this.runRepository.get(run.userId, ref.id);
+      if (trained?.config.systemPrompt) return trained.config.systemPrompt;
+    }
+    return run.config.systemPrompt;
+  }
+
+  /** One model's answer to one item, timed and scored; a failed generation is an errored result, not a failed run. */
+  private async answer(
+    run: EvalRun,
+    ref: ModelRef,
+    systemPrompt: string,
+    item: ResolvedItem,
+    signal: AbortSignal,
+  ): Promise<Omit<EvalResult, "runId" | "modelIndex" | "itemIndex" | "model">> {
+    const messages =
+      systemPrompt && item.messages[0]?.role !== "system"
+        ? [{ role: "system" as const, content: systemPrompt }, ...item.messages]
+        : item.messages;
+    const started = performance.now();
+    for (let attempt = 0; ; attempt++) {
+      try {
+        const result = await this.inference.generate(
+          run.userId,
+          { messages, sampling: greedy(run.config.maxTokens), signal },
+          ref,
+        );
+        const answer = result.choices[0]?.text ?? "";
+        return {
+          answer,
+          scores: run.config.graders.map((grader) => grade(grader, answer, item.expected)),
+          latencyMs: performance.now() - started,
+          promptTokens: result.promptTokens,
+          completionTokens: result.completionTokens,
+          error: null,
+        };
+      } catch (error) {
+        if (signal.aborted) throw signal.reason;
+        // A queue full of other users' requests: wait as told and try again.
+        if (error instanceof ConduitError && error.code === "rate_limited" && attempt < 30) {
+          await new Promise((resolve) => setTimeout(resolve, 1000 * (error.retryAfter ?? 1)));
+          continue;
+        }
+        return {
+          answer: "",
+          scores: run.config.graders.map((grader) => ({ name: grader.name, score: 0, passed: false })),
+          latencyMs: performance.now() - started,
+          promptTokens: 0,
+          completionTokens: 0,
+          error: error instanceof ConduitError ? error.message : "generation failed (see the server log)",
+        };
+      }
+    }
+  }
+
+  // --- the automatic before/after of a fine-tuning run ---
+
+  /**
+   * Scores a READY run's base model and the fine-tune on its eval split, greedy, exact match and similarity, and
+   * writes the outcome to the run's log. A run without an eval split is left alone.
+   */
+  async evaluateRun(runId: string): Promise<EvalRun | undefined> {
+    const run = await this.runRepository.getById(runId);
+    if (!run || run.status !== "READY") return undefined;
+    let items: ResolvedItem[];
+    try {
+      items = await this.heldOut(run, "runId");
+    } catch (error) {
+      if (error instanceof ConduitError && error.code === "conflict") return undefined;
+      throw error;
+    }
+    const created = await this.create(
+      run.userId,
+      {
+        name: `${run.name}: base vs fine-tune`,
+        source: { type: "run", runId: run.id },
+        graders: AFTER_RUN_GRADERS,
+        systemPrompt: run.config.systemPrompt,
+      },
+      { runId: run.id },
+    );
+    // Room for the longest expected answer (a token is rarely shorter than a character), and a little more.
+    const longest = Math.max(...items.map((item) => item.expected.length));
+    const evalRun = await this.createRun(
+      run.userId,
+      created.id,
+      {
+        models: [run.config.baseModelName, run.id],
+        name: "before/after",
+        maxTokens: Math.min(evalLimits.maxTokens, Math.max(16, longest + 16)),
+      },
+      { items },
+    );
+    await this.runRepository.appendLog(
+      run.id,
+      `evaluation queued: base ${run.config.baseModelName} and the fine-tune on ${items.length} held-out pairs (eval ${created.id})`,
+    );
+    const ended = await this.waitFor(run.userId, created.id, evalRun.id);
+    const evaluation = describeEvaluation(created, ended);
+    await this.runRepository.appendLog(run.id, `evaluation: ${evaluation.summary}`);
+    return ended;
+  }
+
+  private async waitFor(userId: string, evalId: string, id: string): Promise<EvalRun> {
+    for await (const _event of await this.follow(userId, evalId, id)) {
+      // Followed to the end.
+    }
+    return this.getRun(userId, evalId, id);
+  }
+
+  /** A run's before/after, from the latest eval made for it; null when none was. */
+  async evaluationOf(userId: string, runId: string): Promise<RunEvaluation | null> {
+    const made = await this.evals.ofRun(userId, runId);
+    if (!made) return null;
+    const [latest] = await this.evals.listRuns(userId, made.id, { limit: 1 });
+    return latest ? describeEvaluation(made, latest) : null;
+  }
+}
+
+function emptyTotals(model: string, graders: EvalGrader[]): ModelTotals {
+  return {
+    model,
+    answered: 0,
+    errored: 0,
+    passed: 0,
+    graders: graders.map((g) => ({ name: g.name, type: g.type, passed: 0, failed: 0, meanScore: 0 })),
+    promptTokens: 0,
+    completionTokens: 0,
+    meanLatencySeconds: 0,
+  };
+}
+
+function addTo(
+  total: ModelTotals,
+  result: Omit<EvalResult, "runId" | "modelIndex" | "itemIndex" | "model">,
+  graders: EvalGrader[],
+): void {
+  const n = total.answered + total.errored;
+  total.meanLatencySeconds = (total.meanLatencySeconds * n + result.latencyMs / 1000) / (n + 1);
+  total.promptTokens += result.promptTokens;
+  total.completionTokens += result.completionTokens;
+  if (result.error !== null) total.errored++;
+  else total.answered++;
+  if (result.error === null && result.scores.every((s) => s.passed)) total.passed++;
+  for (const [g, grader] of graders.entries()) {
+    const score = result.scores[g];
+    const sum = total.graders[g];
+    if (!score || !sum || grader.name !== score.name) continue;
+    sum.meanScore = (sum.meanScore * n + score.score) / (n + 1);
+    if (score.passed) sum.passed++;
+    else sum.failed++;
+  }
+}
+
+/** An item given in a request: its prompt turns (or input) and expected answer. */
+function itemOf(item: EvalItemWire, param: string): ResolvedItem {
+  if (item.messages && item.input !== undefined)
+    throw new ConduitError("invalid_request", `"${param}" has both "input" and "messages"; send one`, {
+      param,
+    });
+  if (item.messages) return { messages: item.messages, expected: item.expected };
+  if (item.input === undefined)
+    throw new ConduitError("invalid_request", `"${param}" needs "input" or "messages"`, {
+      param: `${param}.input`,
+    });
+  return { messages: [{ role: "user", content: item.input }], expected: item.expected };
+}
+
+/** A dataset pair as an item: the conversation up to its last assistant turn, and that turn as the answer expected. */
+function pairItem(pair: IoPair): ResolvedItem {
+  if (!pair.messages) return { messages: [{ role: "user", content: pair.input }], expected: pair.output };
+  const turns = pair.messages.map(({ role, content }) => ({ role, content }));
+  let last = turns.length - 1;
+  while (last >= 0 && turns[last]?.role !== "assistant") last--;
+  return {
+    messages: turns.slice(0, Math.max(0, last)).filter((t) => t.role !== "tool") as ResolvedItem["messages"],
+    expected: turns[last]?.content ?? pair.output,
+  };
+}
+
+async function collect(
+  pairs: AsyncIterable<IoPair>,
+  map: (pair: IoPair) => ResolvedItem,
+  param: string,
+): Promise<ResolvedItem[]> {
+  const items: ResolvedItem[] = [];
+  for await (const pair of pairs) {
+    items.push(map(pair));
+    if (items.length > evalLimits.maxItems)
+      throw new ConduitError("invalid_request", `"${param}" has more than ${evalLimits.maxItems} items`, {
+        param,
+      });
+  }
+  return items;
+}

@@ -1,0 +1,47 @@
+import type { EvaluationSide, ModelTotals, RunEvaluation } from "../contract/evals.ts";
+import type { Eval, EvalRun } from "../store/EvalRepository.ts";
+
+function side(totals: ModelTotals | undefined, items: number): EvaluationSide | null {
+  if (!totals) return null;
+  const exact = totals.graders.find((g) => g.type === "exact_match");
+  const similarity = totals.graders.find((g) => g.type === "similarity");
+  return {
+    model: totals.model,
+    items,
+    exact: exact?.passed ?? 0,
+    similarity: Math.round((similarity?.meanScore ?? 0) * 1000) / 1000,
+  };
+}
+
+/**
+ * A fine-tuning run's before/after from the eval run made for it (models: the base, then the fine-tune): the
+ * numbers, whether the fine-tune did better, and the line the run shows, e.g.
+ * `base 0/20 → fine-tune 20/20 exact match (similarity 0.05 → 0.98): improved`.
+ */
+export function describeEvaluation(made: Eval, run: EvalRun): RunEvaluation {
+  const items = run.items.length;
+  const base = side(run.results[0], items);
+  const fineTuned = side(run.results[1], items);
+  const completed = run.status === "COMPLETED" && base !== null && fineTuned !== null;
+  const improved = completed
+    ? fineTuned.exact > base.exact ||
+      (fineTuned.exact === base.exact && fineTuned.similarity > base.similarity)
+    : null;
+  const worse =
+    completed &&
+    (fineTuned.exact < base.exact ||
+      (fineTuned.exact === base.exact && fineTuned.similarity < base.similarity));
+  const numbers =
+    base && fineTuned
+      ? `base ${base.exact}/${items} → fine-tune ${fineTuned.exact}/${items} exact match ` +
+        `(similarity ${base.similarity.toFixed(2)} → ${fineTuned.similarity.toFixed(2)})`
+      : `${items} held-out pairs`;
+  const summary = completed
+    ? `${numbers}: ${improved ? "improved" : worse ? "worse than the base model" : "no better than the base model"}`
+    : run.status === "FAILED"
+      ? `${numbers}: failed (${run.error ?? "unknown error"})`
+      : run.status === "CANCELLED"
+        ? `${numbers}: cancelled`
+        : `${numbers}: ${run.status === "QUEUED" ? "queued" : `${run.progress.completed}/${run.progress.total} answers`}`;
+  return { evalId: made.id, evalRunId: run.id, status: run.status, base, fineTuned, improved, summary };
+}

@@ -1,0 +1,454 @@
+import type { Kysely } from "kysely";
+import type {
+  EvalGrader,
+  EvalRunProgress,
+  EvalRunStatus,
+  EvalSourceWire,
+  GraderScore,
+  ModelTotals,
+} from "../contract/evals.ts";
+import type { Database, EvalResultTable, EvalRunTable, EvalTable } from "./schema.ts";
+import { timestamp } from "./time.ts";
+
+/** What an eval holds besides its name. */
+export interface EvalConfig {
+  graders: EvalGrader[];
+  /** Where its items come from; null: each run names them (OpenAI's evals). */
+  source: EvalSourceWire | null;
+  systemPrompt: string;
+  /** What the OpenAI face was asked (`/v1/evals`), returned as it was sent. Absent otherwise. */
+  openai?: {
+    data_source_config: unknown;
+    testing_criteria: unknown;
+    metadata: Record<string, string> | null;
+    /** The item field the criteria's references name (`{{item.expected}}`): each item's expected answer. */
+    expectedField: string | null;
+  };
+}
+
+export interface Eval {
+  id: string;
+  userId: string;
+  name: string;
+  config: EvalConfig;
+  runId: string | null;
+  createdAt: string;
+  updatedAt: string;
+}
+
+/** An item as an eval run answers it: the prompt turns and the expected answer. */
+export interface ResolvedItem {
+  messages: { role: "system" | "user" | "assistant"; content: string }[];
+  expected: string;
+  /** The item as given (OpenAI's `datasource_item`), when it came through the OpenAI face. */
+  raw?: Record<string, unknown>;
+}
+
+/** What an eval run was asked, besides its models and items. */
+export interface EvalRunConfig {
+  graders: EvalGrader[];
+  systemPrompt: string;
+  maxTokens: number;
+  parallel: number;
+  /** What the OpenAI face was asked (`/v1/evals/{id}/runs`): its `data_source` and `metadata`. Absent otherwise. */
+  openai?: { data_source: unknown; metadata: Record<string, string> | null };
+}
+
+export interface EvalRun {
+  id: string;
+  evalId: string;
+  userId: string;
+  name: string;
+  status: EvalRunStatus;
+  models: string[];
+  items: ResolvedItem[];
+  config: EvalRunConfig;
+  progress: EvalRunProgress;
+  results: ModelTotals[];
+  error: string | null;
+  createdAt: string;
+  updatedAt: string;
+}
+
+export interface EvalResult {
+  runId: string;
+  modelIndex: number;
+  itemIndex: number;
+  model: string;
+  answer: string;
+  scores: GraderScore[];
+  latencyMs: number;
+  promptTokens: number;
+  completionTokens: number;
+  error: string | null;
+}
+
+function toEval(row: EvalTable): Eval {
+  return {
+    id: row.id,
+    userId: row.user_id,
+    name: row.name,
+    config: JSON.parse(row.config) as EvalConfig,
+    runId: row.run_id,
+    createdAt: row.created_at,
+    updatedAt: row.updated_at,
+  };
+}
+
+function toEvalRun(row: EvalRunTable): EvalRun {
+  return {
+    id: row.id,
+    evalId: row.eval_id,
+    userId: row.user_id,
+    name: row.name,
+    status: row.status as EvalRunStatus,
+    models: JSON.parse(row.models) as string[],
+    items: JSON.parse(row.items) as ResolvedItem[],
+    config: JSON.parse(row.config) as EvalRunConfig,
+    progress: JSON.parse(row.progress) as EvalRunProgress,
+    results: JSON.parse(row.results) as ModelTotals[],
+    error: row.error,
+    createdAt: row.created_at,
+    updatedAt: row.updated_at,
+  };
+}
+
+function toResult(row: EvalResultTable): EvalResult {
+  return {
+    runId: row.run_id,
+    modelIndex: row.model_index,
+    itemIndex: row.item_index,
+    model: row.model,
+    answer: row.answer,
+    scores: JSON.parse(row.scores) as GraderScore[],
+    latencyMs: row.latency_ms,
+    promptTokens: row.prompt_tokens,
+    completionTokens: row.completion_tokens,
+    error: row.error,
+  };
+}
+
+/** Evals, their runs and their per-item results; every read by a user is of that user's rows only. */
+export class EvalRepository {
+  constructor(private readonly db: Kysely<Database>) {}
+
+  async create(input: {
+    id: string;
+    userId: string;
+    name: string;
+    config: EvalConfig;
+    runId?: string | null;
+  }): Promise<Eval> {
+    const now = timestamp();
+    const row: EvalTable = {
+      id: input.id,
+      user_id: input.userId,
+      name: input.name,
+      config: JSON.stringify(input.config),
+      run_id: input.runId ?? null,
+      created_at: now,
+      updated_at: now,
+    };
+    await this.db.insertInto("evals").values(row).execute();
+    return toEval(row);
+  }
+
+  async get(userId: string, id: string): Promise<Eval | undefined> {
+    const row = await this.db
+      .selectFrom("evals")
+      .selectAll()
+      .where("id", "=", id)
+      .where("user_id", "=", userId)
+      .executeTakeFirst();
+    return row && toEval(row);
+  }
+
+  /** The user's evals, newest first, from before the cursor `after` (an eval id) when given. */
+  async list(
+    userId: string,
+    page: { limit: number; offset?: number; after?: string | undefined; order?: "asc" | "desc" },
+  ): Promise<Eval[]> {
+    const asc = page.order === "asc";
+    let query = this.db.selectFrom("evals").selectAll().where("user_id", "=", userId);
+    if (page.after !== undefined) query = query.where("id", asc ? ">" : "<", page.after);
+    const rows = await query
+      .orderBy("id", asc ? "asc" : "desc")
+      .limit(page.limit)
+      .offset(page.offset ?? 0)
+      .execute();
+    return rows.map(toEval);
+  }
+
+  async rename(
+    userId: string,
+    id: string,
+    name: string,
+    metadata?: Record<string, string> | null,
+  ): Promise<Eval | undefined> {
+    const found = await this.get(userId, id);
+    if (!found) return undefined;
+    const config =
+      metadata !== undefined && found.config.openai
+        ? { ...found.config, openai: { ...found.config.openai, metadata } }
+        : found.config;
+    await this.db
+      .updateTable("evals")
+      .set({ name, config: JSON.stringify(config), updated_at: timestamp() })
+      .where("id", "=", id)
+      .where("user_id", "=", userId)
+      .execute();
+    return this.get(userId, id);
+  }
+
+  /** Deletes an eval with its runs and results; false when the user has no such eval. */
+  async delete(userId: string, id: string): Promise<boolean> {
+    return this.db.transaction().execute(async (tx) => {
+      const runs = tx
+        .selectFrom("eval_runs")
+        .select("id")
+        .where("eval_id", "=", id)
+        .where("user_id", "=", userId);
+      await tx.deleteFrom("eval_results").where("run_id", "in", runs).execute();
+      await tx.deleteFrom("eval_runs").where("eval_id", "=", id).where("user_id", "=", userId).execute();
+      const deleted = await tx
+        .deleteFrom("evals")
+        .where("id", "=", id)
+        .where("user_id", "=", userId)
+        .executeTakeFirst();
+      return deleted.numDeletedRows > 0n;
+    });
+  }
+
+  /** The eval made for a fine-tuning run's before/after, newest first. */
+  async ofRun(userId: string, runId: string): Promise<Eval | undefined> {
+    const row = await this.db
+      .selectFrom("evals")
+      .selectAll()
+      .where("user_id", "=", userId)
+      .where("run_id", "=", runId)
+      .orderBy("id", "desc")
+      .executeTakeFirst();
+    return row && toEval(row);
+  }
+
+  async createRun(
+    input: Omit<EvalRun, "status" | "results" | "error" | "createdAt" | "updatedAt">,
+  ): Promise<EvalRun> {
+    const now = timestamp();
+    const row: EvalRunTable = {
+      id: input.id,
+      eval_id: input.evalId,
+      user_id: input.userId,
+      name: input.name,
+      status: "QUEUED",
+      models: JSON.stringify(input.models),
+      items: JSON.stringify(input.items),
+      config: JSON.stringify(input.config),
+      progress: JSON.stringify(input.progress),
+      results: "[]",
+      error: null,
+      created_at: now,
+      updated_at: now,
+    };
+    await this.db.insertInto("eval_runs").values(row).execute();
+    return toEvalRun(row);
+  }
+
+  async getRun(userId: string, evalId: string, id: string): Promise<EvalRun | undefined> {
+    const row = await this.db
+      .selectFrom("eval_runs")
+      .selectAll()
+      .where("id", "=", id)
+      .where("eval_id", "=", evalId)
+      .where("user_id", "=", userId)
+      .executeTakeFirst();
+    return row && toEvalRun(row);
+  }
+
+  async getRunById(id: string): Promise<EvalRun | undefined> {
+    const row = await this.db.selectFrom("eval_runs").selectAll().where("id", "=", id).executeTakeFirst();
+    return row && toEvalRun(row);
+  }
+
+  /** An eval's runs, newest first, from before the cursor `after` (a run id) when given. */
+  async listRuns(
+    userId: string,
+    evalId: string,
+    page: { limit: number; after?: string | undefined; order?: "asc" | "desc" },
+  ): Promise<EvalRun[]> {
+    const asc = page.order === "asc";
+    let query = this.db
+      .selectFrom("eval_runs")
+      .selectAll()
+      .where("eval_id", "=", evalId)
+      .where("user_id", "=", userId);
+    if (page.after !== undefined) query = query.where("id", asc ? ">" : "<", page.after);
+    const rows = await query
+      .orderBy("id", asc ? "asc" : "desc")
+      .limit(page.limit)
+      .execute();
+    return rows.map(toEvalRun);
+  }
+
+  /** Takes the oldest QUEUED run for this process: RUNNING, or undefined when none is queued. */
+  async claimNext(): Promise<EvalRun | undefined> {
+    for (;;) {
+      const next = await this.db
+        .selectFrom("eval_runs")
+        .select("id")
+        .where("status", "=", "QUEUED")
+        .orderBy("created_at")
+        .orderBy("id")
+        .executeTakeFirst();
+      if (!next) return undefined;
+      const claimed = await this.db
+        .updateTable("eval_runs")
+        .set({ status: "RUNNING", updated_at: timestamp() })
+        .where("id", "=", next.id)
+        .where("status", "=", "QUEUED")
+        .executeTakeFirst();
+      if (claimed.numUpdatedRows > 0n) return this.getRunById(next.id);
+    }
+  }
+
+  /** Writes a RUNNING run's progress and totals; false when it is no longer RUNNING (cancelled). */
+  async updateProgress(id: string, progress: EvalRunProgress, results: ModelTotals[]): Promise<boolean> {
+    const updated = await this.db
+      .updateTable("eval_runs")
+      .set({ progress: JSON.stringify(progress), results: JSON.stringify(results), updated_at: timestamp() })
+      .where("id", "=", id)
+      .where("status", "=", "RUNNING")
+      .executeTakeFirst();
+    return updated.numUpdatedRows > 0n;
+  }
+
+  /** Ends a RUNNING run; false when it was not RUNNING any more. */
+  async finish(
+    id: string,
+    end: {
+      status: "COMPLETED" | "FAILED";
+      error?: string | null;
+      progress: EvalRunProgress;
+      results: ModelTotals[];
+    },
+  ): Promise<boolean> {
+    const updated = await this.db
+      .updateTable("eval_runs")
+      .set({
+        status: end.status,
+        error: end.error ?? null,
+        progress: JSON.stringify(end.progress),
+        results: JSON.stringify(end.results),
+        updated_at: timestamp(),
+      })
+      .where("id", "=", id)
+      .where("status", "=", "RUNNING")
+      .executeTakeFirst();
+    return updated.numUpdatedRows > 0n;
+  }
+
+  /** Cancels a user's QUEUED or RUNNING run; returns its status before, or undefined when there is no such run. */
+  async cancelRun(userId: string, evalId: string, id: string): Promise<EvalRunStatus | undefined> {
+    return this.db.transaction().execute(async (tx) => {
+      const row = await tx
+        .selectFrom("eval_runs")
+        .select("status")
+        .where("id", "=", id)
+        .where("eval_id", "=", evalId)
+        .where("user_id", "=", userId)
+        .executeTakeFirst();
+      if (!row) return undefined;
+      if (row.status === "QUEUED" || row.status === "RUNNING")
+        await tx
+          .updateTable("eval_runs")
+          .set({ status: "CANCELLED", updated_at: timestamp() })
+          .where("id", "=", id)
+          .execute();
+      return row.status as EvalRunStatus;
+    });
+  }
+
+  async deleteRun(userId: string, evalId: string, id: string): Promise<boolean> {
+    return this.db.transaction().execute(async (tx) => {
+      const owned = await tx
+        .selectFrom("eval_runs")
+        .select("id")
+        .where("id", "=", id)
+        .where("eval_id", "=", evalId)
+        .where("user_id", "=", userId)
+        .executeTakeFirst();
+      if (!owned) return false;
+      await tx.deleteFrom("eval_results").where("run_id", "=", id).execute();
+      await tx.deleteFrom("eval_runs").where("id", "=", id).execute();
+      return true;
+    });
+  }
+
+  /**
+   * Runs left RUNNING by a server that stopped without saying so: FAILED once nothing was written to them since
+   * `before` (a server answering a run writes its progress at least every few seconds).
+   */
+  async failStale(before: Date): Promise<number> {
+    const updated = await this.db
+      .updateTable("eval_runs")
+      .set({
+        status: "FAILED",
+        error: "the server answering it stopped while the run was in progress",
+        updated_at: timestamp(),
+      })
+      .where("status", "=", "RUNNING")
+      .where("updated_at", "<", timestamp(before))
+      .executeTakeFirst();
+    return Number(updated.numUpdatedRows);
+  }
+
+  async addResults(results: EvalResult[]): Promise<void> {
+    if (results.length === 0) return;
+    const now = timestamp();
+    await this.db
+      .insertInto("eval_results")
+      .values(
+        results.map((r) => ({
+          run_id: r.runId,
+          model_index: r.modelIndex,
+          item_index: r.itemIndex,
+          model: r.model,
+          answer: r.answer,
+          scores: JSON.stringify(r.scores),
+          latency_ms: Math.round(r.latencyMs),
+          prompt_tokens: r.promptTokens,
+          completion_tokens: r.completionTokens,
+          error: r.error,
+          created_at: now,
+        })),
+      )
+      .execute();
+  }
+
+  /** A run's results by model, then item; `model` keeps one model's (its index). */
+  async results(
+    runId: string,
+    page: { limit: number; offset: number; modelIndex?: number | undefined },
+  ): Promise<EvalResult[]> {
+    let query = this.db.selectFrom("eval_results").selectAll().where("run_id", "=", runId);
+    if (page.modelIndex !== undefined) query = query.where("model_index", "=", page.modelIndex);
+    const rows = await query
+      .orderBy("model_index")
+      .orderBy("item_index")
+      .limit(page.limit)
+      .offset(page.offset)
+      .execute();
+    return rows.map(toResult);
+  }
+
+  async result(runId: string, modelIndex: number, itemIndex: number): Promise<EvalResult | undefined> {
+    const row = await this.db
+      .selectFrom("eval_results")
+      .selectAll()
+      .where("run_id", "=", runId)
+      .where("model_index", "=", modelIndex)
+      .where("item_index", "=", itemIndex)
+      .executeTakeFirst();
+    return row && toResult(row);
+  }
+}

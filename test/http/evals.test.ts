@@ -1,0 +1,112 @@
+import assert from "node:assert/strict";
+import { describe, test } from "node:test";
+import type { EvalResultWire, EvalRunWire } from "../../src/contract/evals.ts";
+import { as, backends, build, KEY_A, KEY_B } from "../lib/helper.ts";
+
+/** Evals on each storage backend, with the tiny model answering (no training): the store and both API faces. */
+for (const backend of backends())
+  describe(`evals on ${backend}`, () => {
+    test("an eval of inline items scores a model item by item; the OpenAI face lists it; Bob sees nothing", async (t) => {
+      const { app, core } = await build(t, backend);
+      core.evals.start(core.runEvents);
+      const alice = as(app, KEY_A);
+      const items = Array.from({ length: 12 }, (_, i) => ({
+        input: `question ${i}`,
+        expected: `answer ${i}`,
+      }));
+      const created = await alice.post("/conduit/evals", {
+        name: "inline",
+        source: { type: "items", items },
+        graders: [
+          { type: "exact_match" },
+          { type: "regex", pattern: "." },
+          { type: "json_schema", schema: { type: "object" } },
+          { type: "contains", value: "zzz-never" },
+        ],
+      });
+      assert.equal(created.statusCode, 200, created.body);
+      const evalId = created.json<{ id: string; itemCount: number }>().id;
+      assert.equal(created.json<{ itemCount: number }>().itemCount, 12);
+      const started = await alice.post(`/conduit/evals/${evalId}/runs`, {
+        models: ["tiny"],
+        maxTokens: 4,
+        parallel: 4,
+      });
+      assert.equal(started.statusCode, 200, started.body);
+      const runId = started.json<EvalRunWire>().id;
+      let run: EvalRunWire;
+      for (;;) {
+        run = (await alice.get(`/conduit/evals/${evalId}/runs/${runId}`)).json<EvalRunWire>();
+        if (!["QUEUED", "RUNNING"].includes(run.status)) break;
+        await new Promise((resolve) => setTimeout(resolve, 100));
+      }
+      assert.equal(run.status, "COMPLETED", run.error ?? "");
+      const totals = run.results[0];
+      assert.ok(totals);
+      assert.equal(totals.answered, 12);
+      const byName = Object.fromEntries(totals.graders.map((g) => [g.name, g]));
+      // The tiny model's answers are noise: never the expected text, never a JSON object, never "zzz-never".
+      assert.equal(byName.exact_match?.passed, 0);
+      assert.equal(byName.json_schema?.passed, 0);
+      assert.equal(byName.contains?.passed, 0);
+      const results = (await alice.get(`/conduit/evals/${evalId}/runs/${runId}/results`)).json<
+        EvalResultWire[]
+      >();
+      assert.equal(results.length, 12);
+      assert.deepEqual(
+        results.map((r) => r.item),
+        [...Array(12).keys()],
+      );
+      // The regex grader's count is what the answers say.
+      assert.equal(byName.regex?.passed, results.filter((r) => /./.test(r.answer)).length);
+      assert.equal((await alice.post(`/conduit/evals/${evalId}/runs/${runId}/cancel`)).statusCode, 409);
+
+      const listed = await alice.get("/v1/evals");
+      assert.equal(listed.statusCode, 200, listed.body);
+      assert.deepEqual(
+        listed.json<{ data: { id: string }[] }>().data.map((e) => e.id),
+        [evalId],
+      );
+      const outputItems = await alice.get(`/v1/evals/${evalId}/runs/${runId}/output_items?limit=5`);
+      assert.equal(outputItems.statusCode, 200, outputItems.body);
+      const page = outputItems.json<{ data: { id: string; status: string }[]; has_more: boolean }>();
+      assert.equal(page.data.length, 5);
+      assert.equal(page.has_more, true);
+      assert.ok(page.data.every((item) => item.status === "fail"));
+
+      const bob = as(app, KEY_B);
+      assert.equal((await bob.get(`/conduit/evals/${evalId}/runs/${runId}/results`)).statusCode, 404);
+      assert.equal((await bob.get(`/v1/evals/${evalId}/runs/${runId}/output_items`)).statusCode, 404);
+      assert.equal((await bob.delete(`/conduit/evals/${evalId}/runs/${runId}`)).statusCode, 404);
+      assert.equal((await bob.get("/v1/evals")).json<{ data: unknown[] }>().data.length, 0);
+
+      assert.equal((await alice.delete(`/conduit/evals/${evalId}`)).statusCode, 200);
+      assert.equal((await alice.get(`/conduit/evals/${evalId}/runs/${runId}`)).statusCode, 404);
+    });
+
+    test("a model that is not there, a source without items and a run that is not READY are refused by name", async (t) => {
+      const { app } = await build(t, backend);
+      const alice = as(app, KEY_A);
+      const created = await alice.post("/conduit/evals", { graders: [{ type: "similarity" }] });
+      assert.equal(created.statusCode, 200, created.body);
+      const evalId = created.json<{ id: string }>().id;
+      const noSource = await alice.post(`/conduit/evals/${evalId}/runs`, { models: ["tiny"] });
+      assert.equal(noSource.statusCode, 400);
+      assert.equal(noSource.json<{ error: { param: string } }>().error.param, "source");
+      const noModel = await alice.post(`/conduit/evals/${evalId}/runs`, {
+        models: ["tiny", "nope"],
+        source: { type: "items", items: [{ input: "a", expected: "b" }] },
+      });
+      assert.equal(noModel.statusCode, 404);
+      assert.equal(noModel.json<{ error: { param: string } }>().error.param, "models[1]");
+      const both = await alice.post(`/conduit/evals/${evalId}/runs`, {
+        models: ["tiny"],
+        source: {
+          type: "items",
+          items: [{ input: "a", messages: [{ role: "user", content: "a" }], expected: "b" }],
+        },
+      });
+      assert.equal(both.statusCode, 400);
+      assert.equal(both.json<{ error: { param: string } }>().error.param, "source.items[0]");
+    });
+  });
