@@ -193,6 +193,11 @@ export class SequenceBatcher {
     return this.active.size;
   }
 
+  /** Adapters (the bare model counts as one) with generations running now: the decodes of one step. */
+  get adaptersInUse(): number {
+    return this.running.size;
+  }
+
   /** Requests waiting for a sequence. */
   get queuedCount(): number {
     return this.waiters.length;
