@@ -14,6 +14,9 @@
  *    and the bare base.
  *
  *   node --import tsx bench/loraServe.ts [smollm2-135m|stories260K|file.gguf] [--rank 32] [--tokens 64] [--rounds 3]
+ *     [--pool 2] [--speed-only]
+ *
+ * `--pool P`: the pool setups split the base's 4 sequences over P contexts; `--speed-only` skips part 1.
  *
  * Adapter contents do not change their cost, so the adapters are freshly initialised ones in F16 (what a run
  * writes; B = 0 still runs both adapter products) and the "full fine-tunes" are copies of the base file. Every
@@ -51,6 +54,7 @@ const { values, positionals } = parseArgs({
     active: { type: "string" },
     dir: { type: "string" },
     pool: { type: "string", default: "2" },
+    "speed-only": { type: "boolean", default: false },
   },
 });
 const tokens = Number(values.tokens);
@@ -76,7 +80,10 @@ const adapterRef = (dir: string, i: number): ModelRef => ({
   path: path.join(dir, "base.gguf"),
   lora: { path: path.join(dir, `adapter-${i}.gguf`) },
 });
-const fullRef = (dir: string, i: number): ModelRef => ({ id: `m${i}`, path: path.join(dir, `full-${i}.gguf`) });
+const fullRef = (dir: string, i: number): ModelRef => ({
+  id: `m${i}`,
+  path: path.join(dir, `full-${i}.gguf`),
+});
 
 /** Something that generates: the engine, or the per-adapter contexts of {@link PerContextServer}. */
 interface Server {
@@ -96,7 +103,12 @@ class PerContextServer implements Server {
 
   async generate(request: GenerationRequest): Promise<{ completionTokens: number }> {
     const ref = request.model;
-    this.llama ??= await getLlama({ gpu: false, build: "never", maxThreads: 0, logLevel: LlamaLogLevel.error });
+    this.llama ??= await getLlama({
+      gpu: false,
+      build: "never",
+      maxThreads: 0,
+      logLevel: LlamaLogLevel.error,
+    });
     this.model ??= await this.llama.loadModel({ modelPath: ref.path, useMmap: false });
     const key = ref.lora?.path ?? ref.path;
     let entry = this.contexts.get(key);
@@ -168,7 +180,12 @@ class PoolServer implements Server {
 
   async generate(request: GenerationRequest): Promise<{ completionTokens: number }> {
     const ref = request.model;
-    this.llama ??= await getLlama({ gpu: false, build: "never", maxThreads: 0, logLevel: LlamaLogLevel.error });
+    this.llama ??= await getLlama({
+      gpu: false,
+      build: "never",
+      maxThreads: 0,
+      logLevel: LlamaLogLevel.error,
+    });
     this.model ??= await this.llama.loadModel({ modelPath: ref.path, useMmap: false });
     const llama = this.llama;
     const model = this.model;
@@ -221,8 +238,7 @@ class PoolServer implements Server {
       if (sequence !== undefined) return batcher.start(sequence, prompt, request, undefined, adapter);
     }
     const target = [...batchers].sort(
-      (a, b) =>
-        Number(b.runningOn(key) > 0) - Number(a.runningOn(key) > 0) || a.queuedCount - b.queuedCount,
+      (a, b) => Number(b.runningOn(key) > 0) - Number(a.runningOn(key) > 0) || a.queuedCount - b.queuedCount,
     )[0]!;
     const sequence = await target.waitForSequence(undefined);
     return target.start(sequence, prompt, request, undefined, adapter);
@@ -277,7 +293,9 @@ if (values.side !== undefined) {
         ? new PoolServer(poolSize)
         : createLlamaEngine({ threads: 1, logger: () => {} });
   // Registered: READY runs whose adapters the engine may be asked for; it loads one only when it is.
-  const registered = Array.from({ length: Number(values.registered ?? active) }, (_, i) => adapterRef(dir, i));
+  const registered = Array.from({ length: Number(values.registered ?? active) }, (_, i) =>
+    adapterRef(dir, i),
+  );
   const models =
     side === "base"
       ? [baseRef(dir)]
@@ -348,11 +366,13 @@ const side = (which: string, registered: number, active: number) => {
     ],
     { encoding: "utf8" },
   );
-  return JSON.parse(out.trim().split("\n").at(-1)!) as { rssMb: number; loadedModels: number; loadedBases: number };
+  return JSON.parse(out.trim().split("\n").at(-1)!) as {
+    rssMb: number;
+    loadedModels: number;
+    loadedBases: number;
+  };
 };
-const bare = side("base", 0, 1);
-const rows: [string, ReturnType<typeof side>][] = [
-  ["bare base", bare],
+const memoryRows = (): [string, ReturnType<typeof side>][] => [
   ["10 adapters registered, 10 active", side("lora", 10, 10)],
   ["100 adapters registered, 10 active", side("lora", 100, 10)],
   ["100 adapters registered, 100 active", side("lora", 100, 100)],
@@ -360,12 +380,18 @@ const rows: [string, ReturnType<typeof side>][] = [
   ["10 adapters, a context each", side("per-context", 10, 10)],
   ["10 full fine-tunes", side("full", 10, 10)],
 ];
-console.log(`\nresident memory after each active model answered once and ${streams} concurrent streams (load ${load()}):`);
-console.log("| | process RSS | vs the bare base | servable models | loaded bases |\n|---|---|---|---|---|");
-for (const [label, m] of rows)
+if (!values["speed-only"]) {
+  const bare = side("base", 0, 1);
+  const rows: [string, ReturnType<typeof side>][] = [["bare base", bare], ...memoryRows()];
   console.log(
-    `| ${label} | ${Math.round(m.rssMb).toLocaleString("en")} MB | ${(m.rssMb / bare.rssMb).toFixed(2)} | ${m.loadedModels} | ${m.loadedBases} |`,
+    `\nresident memory after each active model answered once and ${streams} concurrent streams (load ${load()}):`,
   );
+  console.log("| | process RSS | vs the bare base | servable models | loaded bases |\n|---|---|---|---|---|");
+  for (const [label, m] of rows)
+    console.log(
+      `| ${label} | ${Math.round(m.rssMb).toLocaleString("en")} MB | ${(m.rssMb / bare.rssMb).toFixed(2)} | ${m.loadedModels} | ${m.loadedBases} |`,
+    );
+}
 // "Registered" adapters are READY runs' files: nothing is loaded for one until it is asked for.
 
 // 2. Tokens/s of concurrent streams, interleaved.
@@ -393,7 +419,8 @@ for (const [, server, models] of setups)
 const rounds = Number(values.rounds);
 const loadBefore = load();
 for (let round = 0; round < rounds; round++)
-  for (const [i, [, server, models]] of setups.entries()) rates[i]!.push(await concurrentRate(server, models));
+  for (const [i, [, server, models]] of setups.entries())
+    rates[i]!.push(await concurrentRate(server, models));
 const best = (xs: { rate: number; cores: number }[]) => xs.reduce((a, b) => (b.rate > a.rate ? b : a));
 console.log(
   `\ngeneration, ${streams} concurrent streams of ${tokens} tokens, aggregate tokens/s (best of ${rounds} interleaved rounds; load ${loadBefore} → ${load()}):`,
