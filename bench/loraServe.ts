@@ -32,8 +32,7 @@ import { getLlama, LlamaLogLevel } from "node-llama-cpp";
 import type { Llama, LlamaContext, LlamaModel } from "node-llama-cpp";
 import type { Engine } from "../src/engine/Engine.ts";
 import { createLlamaEngine } from "../src/engine/LlamaEngine.ts";
-import { loadAdapter } from "../src/engine/nativeBatch.ts";
-import { SequenceBatcher, type BatchAdapter } from "../src/engine/SequenceBatcher.ts";
+import { SequenceBatcher } from "../src/engine/SequenceBatcher.ts";
 import type { GenerationRequest, ModelRef } from "../src/engine/types.ts";
 import { loadChatTemplate } from "../src/model/chatTemplate.ts";
 import { LLAMA_CPP_LORA_TARGETS } from "../src/contract/runs.ts";
@@ -157,104 +156,6 @@ class PerContextServer implements Server {
   }
 }
 
-/**
- * A small pool of contexts per base: `size` contexts of `4 / size` sequences each (the same KV cache in all as
- * the engine's one context of 4), each with a batcher of its own, on one loaded base with the adapters loaded
- * once on the model. A request goes to a context already running its adapter when one has a free sequence,
- * else to the context with a free sequence and the fewest adapters in use; with none free it waits on the
- * context running its adapter with the shortest queue (else the shortest queue). Different adapter groups then
- * decode side by side on libuv's pool (one thread per context, as the engine's defaults).
- */
-class PoolServer implements Server {
-  private llama: Llama | undefined;
-  private model: LlamaModel | undefined;
-  private slots: { context: LlamaContext; batcher: SequenceBatcher }[] | undefined;
-  private readonly adapters = new Map<string, Promise<BatchAdapter>>();
-  private readonly size: number;
-  private readonly threads: number;
-
-  constructor(size: number, threads = 1) {
-    this.size = size;
-    this.threads = threads;
-  }
-
-  async generate(request: GenerationRequest): Promise<{ completionTokens: number }> {
-    const ref = request.model;
-    this.llama ??= await getLlama({
-      gpu: false,
-      build: "never",
-      maxThreads: 0,
-      logLevel: LlamaLogLevel.error,
-    });
-    this.model ??= await this.llama.loadModel({ modelPath: ref.path, useMmap: false });
-    const llama = this.llama;
-    const model = this.model;
-    if (!this.slots) {
-      const template = await loadChatTemplate(ref);
-      this.slots = [];
-      for (let i = 0; i < this.size; i++) {
-        const context = await model.createContext({
-          contextSize: Math.min(2048, model.trainContextSize),
-          sequences: Math.max(1, Math.floor(4 / this.size)),
-          threads: this.threads,
-          batchSize: 512,
-          failedCreationRemedy: false,
-        });
-        const batcher = new SequenceBatcher({
-          llama,
-          model,
-          context,
-          template,
-          threads: this.threads,
-          promptThreads: this.threads,
-          batchSize: 512,
-          logger: () => {},
-          onFinish: () => {},
-        });
-        this.slots.push({ context, batcher });
-      }
-    }
-    let adapter: BatchAdapter | undefined;
-    if (ref.lora) {
-      const file = ref.lora.path;
-      let loading = this.adapters.get(file);
-      if (!loading) {
-        loading = loadAdapter(llama, model, file).then((native) => ({ key: file, native, scale: 1 }));
-        this.adapters.set(file, loading);
-      }
-      adapter = await loading;
-    }
-    const key = adapter?.key ?? "";
-    const batchers = this.slots.map((s) => s.batcher);
-    const prompt = batchers[0]!.tokenize(request);
-    const order = [...batchers].sort(
-      (a, b) =>
-        Number(b.runningOn(key) > 0) - Number(a.runningOn(key) > 0) ||
-        a.adaptersInUse - b.adaptersInUse ||
-        a.activeCount - b.activeCount,
-    );
-    for (const batcher of order) {
-      const sequence = batcher.takeSequence(prompt, adapter);
-      if (sequence !== undefined) return batcher.start(sequence, prompt, request, undefined, adapter);
-    }
-    const target = [...batchers].sort(
-      (a, b) => Number(b.runningOn(key) > 0) - Number(a.runningOn(key) > 0) || a.queuedCount - b.queuedCount,
-    )[0]!;
-    const sequence = await target.waitForSequence(undefined);
-    return target.start(sequence, prompt, request, undefined, adapter);
-  }
-
-  async dispose(): Promise<void> {
-    for (const { context, batcher } of this.slots ?? []) {
-      await batcher.idle();
-      await context.dispose();
-    }
-    for (const adapter of this.adapters.values()) await (await adapter).native.dispose();
-    await this.model?.dispose();
-    await this.llama?.dispose();
-  }
-}
-
 /** Aggregate tokens/s of `models.length` concurrent streams, one per model, and the cores the process used. */
 async function concurrentRate(server: Server, models: ModelRef[]): Promise<{ rate: number; cores: number }> {
   const t0 = performance.now();
@@ -289,9 +190,7 @@ if (values.side !== undefined) {
   const server: Server & { stats?: Engine["stats"] } =
     side === "per-context"
       ? new PerContextServer()
-      : side === "pool"
-        ? new PoolServer(poolSize)
-        : createLlamaEngine({ threads: 1, logger: () => {} });
+      : createLlamaEngine({ threads: 1, contextsPerModel: side === "pool" ? poolSize : 1, logger: () => {} });
   // Registered: READY runs whose adapters the engine may be asked for; it loads one only when it is.
   const registered = Array.from({ length: Number(values.registered ?? active) }, (_, i) =>
     adapterRef(dir, i),
@@ -395,10 +294,10 @@ if (!values["speed-only"]) {
 // "Registered" adapters are READY runs' files: nothing is loaded for one until it is asked for.
 
 // 2. Tokens/s of concurrent streams, interleaved.
-const engine = createLlamaEngine({ threads: 1, logger: () => {} });
+const engine = createLlamaEngine({ threads: 1, contextsPerModel: 1, logger: () => {} });
 const perContext = new PerContextServer();
-const pool = new PoolServer(poolSize);
-const twoThreads = new PoolServer(1, 2);
+const pool = createLlamaEngine({ threads: 1, contextsPerModel: poolSize, logger: () => {} });
+const twoThreads = createLlamaEngine({ threads: 2, contextsPerModel: 1, logger: () => {} });
 const base = baseRef(dir);
 const adapters = Array.from({ length: streams }, (_, i) => adapterRef(dir, i));
 const setups: [string, Server, ModelRef[]][] = [
@@ -409,6 +308,12 @@ const setups: [string, Server, ModelRef[]][] = [
   [`${streams} streams over ${streams} adapters (pool of ${poolSize})`, pool, adapters],
   [`${streams} streams on one adapter (pool of ${poolSize})`, pool, Array(streams).fill(adapters[0])],
   [`${streams} streams on the bare base (one context, 2 threads)`, twoThreads, Array(streams).fill(base)],
+  [`${streams} streams over ${streams} adapters (one context, 2 threads)`, twoThreads, adapters],
+  [
+    `${streams} streams on one adapter (one context, 2 threads)`,
+    twoThreads,
+    Array(streams).fill(adapters[0]),
+  ],
   [`${streams} streams over ${streams} adapters (a context each)`, perContext, adapters],
 ];
 const rates = setups.map(() => [] as { rate: number; cores: number }[]);

@@ -133,6 +133,7 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
       promptThreads: config.promptThreads,
       contextSize: config.contextSize,
       parallelSequences: config.parallelSequences,
+      contextsPerModel: config.contextsPerModel,
       maxQueue: config.maxQueue,
       memoryBudgetBytes: config.modelMemoryBudget,
       gpu: config.gpu,

@@ -6,6 +6,7 @@ import type { GpuLayers, GpuSetting } from "../contract/accelerator.ts";
 import type { Engine, EngineStats, LoadedModelInfo } from "./Engine.ts";
 import { GrammarCache } from "./grammars.ts";
 import { ModelPool, type LoadedModel } from "./ModelPool.ts";
+import type { SequenceTicket } from "./BatcherGroup.ts";
 import { SequenceBatcher } from "./SequenceBatcher.ts";
 import type { GenerationRequest, GenerationResult, ModelRef, SamplingOptions } from "./types.ts";
 
@@ -33,11 +34,18 @@ export interface LlamaEngineOptions {
   contextSize?: number;
   /**
    * Generations that run at once per loaded base model, batched into one decode per token step (one per LoRA
-   * adapter in use: a base and its adapters share one context and these sequences). Each sequence has its own
-   * KV cache of `contextSize` tokens. On 2 cores, 8 concurrent streams got about the same aggregate tokens/s
-   * with 4 sequences as with 8 (bench/engine.ts). Defaults to `4`.
+   * adapter in use on a context: a base and its adapters share these sequences, split among `contextsPerModel`
+   * contexts). Each sequence has its own KV cache of `contextSize` tokens. On 2 cores, 8 concurrent streams
+   * got about the same aggregate tokens/s with 4 sequences as with 8 (bench/engine.ts). Defaults to `4`.
    */
   parallelSequences?: number;
+  /**
+   * Contexts a loaded base's `parallelSequences` are split among (the same KV cache in all). Generations are
+   * grouped by LoRA adapter onto contexts, so different adapters decode side by side on libuv's thread pool
+   * instead of one after another on one context, and one base's generations use as many threads as contexts
+   * (bench/README.md §Serving many adapters). Capped at `parallelSequences`. Defaults to `2`.
+   */
+  contextsPerModel?: number;
   /**
    * Requests that may wait (for a free sequence or for their model to load) across all models; one more is
    * refused with `rate_limited` and a `retryAfter` estimate. Defaults to `32`.
@@ -85,6 +93,7 @@ const DEFAULTS = {
   threads: 1,
   contextSize: 2048,
   parallelSequences: 4,
+  contextsPerModel: 2,
   maxQueue: 32,
   memoryBudgetBytes: 8 * 1024 ** 3,
   batchSize: 512,
@@ -128,6 +137,7 @@ class LlamaEngine implements Engine {
     this.pool = new ModelPool({
       contextSize: positiveInteger(options.contextSize ?? DEFAULTS.contextSize, "contextSize"),
       parallel,
+      contexts: positiveInteger(options.contextsPerModel ?? DEFAULTS.contextsPerModel, "contextsPerModel"),
       threads,
       batchSize,
       memoryBudget: options.memoryBudgetBytes ?? DEFAULTS.memoryBudgetBytes,
@@ -192,16 +202,16 @@ class LlamaEngine implements Engine {
         { param: "max_tokens" },
       );
     signal?.throwIfAborted();
-    let sequenceId = batcher.takeSequence(prompt, loaded.adapter);
-    if (sequenceId === undefined) sequenceId = await this.waitForSequence(loaded, signal);
-    return batcher.start(sequenceId, prompt, request, grammar, loaded.adapter);
+    const ticket =
+      batcher.takeSequence(prompt, loaded.adapter) ?? (await this.waitForSequence(loaded, signal));
+    return batcher.start(ticket, prompt, request, grammar, loaded.adapter);
   }
 
   /** Waits in the bounded queue for one of the model's sequences; the model is not evicted meanwhile. */
-  private async waitForSequence(m: LoadedModel, signal: AbortSignal | undefined): Promise<number> {
+  private async waitForSequence(m: LoadedModel, signal: AbortSignal | undefined): Promise<SequenceTicket> {
     m.users++;
     try {
-      return await this.admission.whileQueued(() => m.batcher.waitForSequence(signal));
+      return await this.admission.whileQueued(() => m.batcher.waitForSequence(m.adapter, signal));
     } finally {
       m.users--;
     }

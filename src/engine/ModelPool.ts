@@ -16,6 +16,7 @@ import {
   type GpuSetting,
 } from "./accelerator.ts";
 import { loadAdapter } from "./nativeBatch.ts";
+import { BatcherGroup } from "./BatcherGroup.ts";
 import type { BatchAdapter, SequenceBatcher } from "./SequenceBatcher.ts";
 import type { ModelRef } from "./types.ts";
 
@@ -24,6 +25,8 @@ export interface ModelPoolOptions {
   contextSize: number;
   /** Sequences per loaded base (shared by its adapters). */
   parallel: number;
+  /** Contexts the base's sequences are split among (at most `parallel`), so that adapters decode side by side. */
+  contexts: number;
   threads: number;
   batchSize: number;
   /** Bytes of host memory that loaded models may take. */
@@ -62,8 +65,9 @@ interface Memory {
 }
 
 /**
- * Base weights in memory with the one context that serves them: the bare model and each of its LoRA adapters
- * share its sequences (the batcher switches the context's adapter between decodes).
+ * Base weights in memory with the contexts that serve them (`contexts` of them, the base's sequences split
+ * among them): the bare model and each of its LoRA adapters share those sequences (each batcher switches its
+ * context's adapter between decodes; the group puts generations of one adapter together).
  */
 interface LoadedBase {
   path: string;
@@ -74,17 +78,17 @@ interface LoadedBase {
   sizeBytes: number;
   /** GPU memory the offloaded layers take (`0` on the CPU). */
   gpuBytes: number;
-  /** Servable models (LoadedModel entries) on these weights; the weights and context go with the last one. */
+  /** Servable models (LoadedModel entries) on these weights; the weights and contexts go with the last one. */
   users: number;
-  context: LlamaContext;
-  batcher: SequenceBatcher;
+  contexts: LlamaContext[];
+  batcher: BatcherGroup;
   /** The chat template the base is served with (its own, its family's, or the fallback). */
   template: ChatTemplate;
 }
 
 /**
  * One servable model: a loaded base, with a LoRA adapter when the ref has one. Every model of a base is
- * served by the base's context and batcher; an adapter costs its own tensors only (no context, no KV cache):
+ * served by the base's contexts and batchers; an adapter costs its own tensors only (no context, no KV cache):
  * bench/README.md §Serving many adapters measures this against a context per adapter.
  */
 export interface LoadedModel {
@@ -99,8 +103,8 @@ export interface LoadedModel {
   adapterIdentity: string | undefined;
   /** The loaded adapter (LoRA models only), owned by this entry: freed when it is unloaded. */
   adapter: BatchAdapter | undefined;
-  /** The base's batcher (shared by the base and its adapters). */
-  batcher: SequenceBatcher;
+  /** The base's batchers (shared by the base and its adapters). */
+  batcher: BatcherGroup;
   lastUsed: number;
   /** Requests waiting for one of this model's sequences; such a model is never evicted. */
   users: number;
@@ -108,7 +112,7 @@ export interface LoadedModel {
 
 /**
  * The models in memory (Ollama's `server/sched.go` to the batcher's `llm/server.go`): loads each once, shares
- * base weights and one context between a model and its LoRA adapters, keeps host and GPU memory within their
+ * base weights and contexts between a model and its LoRA adapters, keeps host and GPU memory within their
  * budgets by unloading the least recently used idle models (adapters included: each counts its tensors), and
  * owns the node-llama-cpp instance.
  *
@@ -364,7 +368,7 @@ export class ModelPool {
             useMmap: false,
           });
           try {
-            const { context, batcher, template } = await this.createServing(llama, model, ref);
+            const { contexts, batcher, template } = await this.createServing(llama, model, ref);
             const loaded: LoadedBase = {
               path,
               identity,
@@ -372,7 +376,7 @@ export class ModelPool {
               sizeBytes: need.host,
               gpuBytes: need.gpu,
               users: 0,
-              context,
+              contexts,
               batcher,
               template,
             };
@@ -391,53 +395,59 @@ export class ModelPool {
     return base;
   }
 
-  /** The context (with `parallel` sequences) and batcher that serve a base and its adapters. */
+  /**
+   * The contexts (`parallel` sequences split among `contexts` of them) and their batchers that serve a base
+   * and its adapters.
+   */
   private async createServing(
     llama: Llama,
     model: LlamaModel,
     ref: ModelRef,
-  ): Promise<{ context: LlamaContext; batcher: SequenceBatcher; template: ChatTemplate }> {
+  ): Promise<{ contexts: LlamaContext[]; batcher: BatcherGroup; template: ChatTemplate }> {
     const { options } = this;
     const contextSize = Math.max(
       16,
       Math.min(options.contextSize, model.trainContextSize || options.contextSize),
     );
-    const context = await model.createContext({
-      contextSize,
-      sequences: options.parallel,
-      threads: options.threads,
-      batchSize: Math.min(options.batchSize, contextSize),
-      // One loaded context serves many requests; do not fail over to a smaller size silently.
-      failedCreationRemedy: false,
-    });
+    const count = Math.max(1, Math.min(options.contexts, options.parallel));
+    const contexts: LlamaContext[] = [];
     try {
+      for (let i = 0; i < count; i++)
+        contexts.push(
+          await model.createContext({
+            contextSize,
+            // 5 over 2 contexts: 3 and 2.
+            sequences: Math.floor(options.parallel / count) + (i < options.parallel % count ? 1 : 0),
+            threads: options.threads,
+            batchSize: Math.min(options.batchSize, contextSize),
+            // One loaded context serves many requests; do not fail over to a smaller size silently.
+            failedCreationRemedy: false,
+          }),
+        );
       const template = await loadChatTemplate({ id: ref.id, path: ref.path });
       const path = ref.path;
-      const batcher = options.createBatcher({
-        llama,
-        model,
-        context,
-        template,
-        touch: (adapterKey) => {
-          const m = this.models.get(adapterKey ?? path);
-          if (m) m.lastUsed = Date.now();
-        },
-      });
-      return { context, batcher, template };
+      const touch = (adapterKey: string | undefined) => {
+        const m = this.models.get(adapterKey ?? path);
+        if (m) m.lastUsed = Date.now();
+      };
+      const batcher = new BatcherGroup(
+        contexts.map((context) => options.createBatcher({ llama, model, context, template, touch })),
+      );
+      return { contexts, batcher, template };
     } catch (error) {
-      await context.dispose().catch(() => {});
+      for (const context of contexts) await context.dispose().catch(() => {});
       throw error;
     }
   }
 
-  /** One user fewer; the context and weights are freed with the last. */
+  /** One user fewer; the contexts and weights are freed with the last. */
   private async releaseBase(base: LoadedBase): Promise<void> {
     base.users--;
     if (base.users > 0) return;
     // A base whose file changed may already have been replaced by its new version.
     if (this.bases.get(base.path) === base) this.bases.delete(base.path);
     await base.batcher.idle();
-    await base.context.dispose().catch(() => {});
+    for (const context of base.contexts) await context.dispose().catch(() => {});
     await base.model.dispose().catch(() => {});
   }
 

@@ -117,15 +117,15 @@ interface LogprobState {
 }
 
 /**
- * The sequences of one loaded base model and the loop that batches them: hands out sequences (reusing a
- * KV-cache prefix when a prompt shares one), queues requests when all are busy, and runs every active
- * generation in each token step, then samples and streams each.
+ * The sequences of one context of a loaded base model (BatcherGroup.ts holds a base's contexts) and the loop
+ * that batches them: hands out sequences (reusing a KV-cache prefix when a prompt shares one), queues requests
+ * when all are busy, and runs every active generation in each token step, then samples and streams each.
  *
  * Generations of the bare model and of its LoRA adapters share the context and its sequences. llama.cpp
  * applies adapters per context, to every token of a decode, so a step decodes one group per adapter in use
  * (the bare model is a group too), switching the context's adapter before each: one decode per step when
  * every generation uses the same adapter, as many as there are adapters otherwise (bench/README.md §Serving
- * many adapters measures this against a context per adapter).
+ * many adapters measures this against a context per adapter and a pool of contexts).
  */
 export class SequenceBatcher {
   readonly model: LlamaModel;
@@ -142,6 +142,8 @@ export class SequenceBatcher {
   private readonly onFinish: SequenceBatcherOptions["onFinish"];
 
   private readonly freeSequences: number[];
+  /** When each sequence was last freed (`performance.now()`; absent: never used). */
+  private readonly freedAt = new Map<number, number>();
   /** The tokens still in the KV cache of each free sequence (absent: empty), for prefix reuse. */
   private readonly cached = new Map<number, number[]>();
   /** The adapter key each cached sequence was evaluated under (absent: the bare model). */
@@ -280,6 +282,19 @@ export class SequenceBatcher {
   takeSequence(prompt: number[], adapter?: BatchAdapter): number | undefined {
     if (this.waiters.length > 0 || this.freeSequences.length === 0) return undefined;
     return this.freeSequences.splice(this.pickFree(prompt, adapter?.key), 1)[0];
+  }
+
+  /**
+   * What {@link takeSequence} would hand out for `prompt` now: the KV-cache prefix that sequence reuses and when
+   * it was freed (`0`: never used); `undefined` when it would hand out none. BatcherGroup.ts compares a base's
+   * contexts by it.
+   */
+  offer(prompt: number[], adapter?: BatchAdapter): { prefix: number; freedAt: number } | undefined {
+    if (this.waiters.length > 0 || this.freeSequences.length === 0) return undefined;
+    const id = this.freeSequences[this.pickFree(prompt, adapter?.key)]!;
+    const shared =
+      this.cachedAdapter.get(id) === adapter?.key ? commonPrefix(this.cached.get(id) ?? [], prompt) : 0;
+    return { prefix: shared >= MIN_REUSED_PREFIX ? shared : 0, freedAt: this.freedAt.get(id) ?? 0 };
   }
 
   /** The index in `freeSequences` of the sequence {@link takeSequence} hands out (see its rules). */
@@ -508,7 +523,10 @@ export class SequenceBatcher {
   private returnSequence(sequenceId: number): void {
     const next = this.waiters.shift();
     if (next && !this.closed) next.resolve(sequenceId);
-    else this.freeSequences.push(sequenceId);
+    else {
+      this.freeSequences.push(sequenceId);
+      this.freedAt.set(sequenceId, performance.now());
+    }
   }
 
   // ---- generation ----
