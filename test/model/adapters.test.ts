@@ -6,9 +6,13 @@ import { after, before, describe, test } from "node:test";
 import { getLlama, LlamaLogLevel, readGgufFileInfo } from "node-llama-cpp";
 import type { Llama } from "node-llama-cpp";
 import { LLAMA_CPP_LORA_TARGETS } from "../../src/contract/runs.ts";
+import { BatcherGroup } from "../../src/engine/BatcherGroup.ts";
 import type { Engine } from "../../src/engine/Engine.ts";
 import { createLlamaEngine } from "../../src/engine/LlamaEngine.ts";
+import { loadAdapter } from "../../src/engine/nativeBatch.ts";
+import { SequenceBatcher, type BatchAdapter } from "../../src/engine/SequenceBatcher.ts";
 import type { ModelRef, SamplingOptions } from "../../src/engine/types.ts";
+import { loadChatTemplate } from "../../src/model/chatTemplate.ts";
 import { GgmlType } from "../../src/model/gguf/GgufWriter.ts";
 import { createTinyModel } from "../../src/model/tinyModel.ts";
 import { seededRandom } from "../../src/random.ts";
@@ -24,8 +28,8 @@ import { readModelFile, type ModelFileInfo } from "../../src/train/native/modelF
 import { as, build, datasetWithPairs, KEY_A } from "../lib/helper.ts";
 
 /**
- * LoRA adapters served by the engine on real llama.cpp: adapters of one base share its context (one decode
- * per adapter in use per step), are loaded on first use, evicted least recently used under the memory budget,
+ * LoRA adapters served by the engine on real llama.cpp: adapters of one base share its contexts (one decode
+ * per adapter in use on a context per step, generations grouped by adapter onto contexts), are loaded on first use, evicted least recently used under the memory budget,
  * and unloaded when their run is deleted. Adapters here are random (B not zero), so each answers differently.
  */
 
@@ -83,7 +87,8 @@ const greedy = (maxTokens: number): SamplingOptions => ({
 });
 
 // Longer than the batcher's shortest reused prefix (16 tokens), so a KV cache of another adapter would be reused.
-const PROMPT = "Once upon a time there was a little robot who lived in a garden full of apples and rivers, and";
+const PROMPT =
+  "Once upon a time there was a little robot who lived in a garden full of apples and rivers, and";
 
 async function answer(engine: Engine, model: ModelRef, prompt = PROMPT, tokens = 12): Promise<string> {
   return (await engine.generate({ model, prompt, sampling: greedy(tokens) })).text;
@@ -103,7 +108,7 @@ async function alone(models: ModelRef[], prompt = PROMPT): Promise<string[]> {
   return texts;
 }
 
-describe("LoRA adapters on a shared context", () => {
+describe("LoRA adapters on a base's shared contexts", () => {
   test("mixed adapters in one batch give each adapter's own greedy answer; KV caches are not shared across adapters", async () => {
     const adapters = await Promise.all([1, 2, 3, 4, 5].map((i) => writeAdapter(`mix-${i}`, i)));
     const models = [base, ...adapters];
@@ -132,6 +137,72 @@ describe("LoRA adapters on a shared context", () => {
     }
   });
 
+  test("a base's contexts group generations by adapter: different adapters side by side, one adapter together", async () => {
+    const [x, y] = await Promise.all([writeAdapter("group-x", 11), writeAdapter("group-y", 12)]);
+    const expected = await alone([x, y, x]);
+    const model = await llama.loadModel({ modelPath: base.path, gpuLayers: 0 });
+    const contexts = [
+      await model.createContext({ contextSize: 256, sequences: 2, threads: 1 }),
+      await model.createContext({ contextSize: 256, sequences: 2, threads: 1 }),
+    ];
+    const template = await loadChatTemplate(base);
+    const group = new BatcherGroup(
+      contexts.map(
+        (context) =>
+          new SequenceBatcher({
+            llama,
+            model,
+            context,
+            template,
+            threads: 1,
+            promptThreads: 1,
+            batchSize: 256,
+            logger: () => {},
+            onFinish: () => {},
+          }),
+      ),
+    );
+    const adapterOf = async (ref: ModelRef): Promise<BatchAdapter> => ({
+      key: ref.lora!.path,
+      native: await loadAdapter(llama, model, ref.lora!.path),
+      scale: 1,
+    });
+    const ax = await adapterOf(x);
+    const ay = await adapterOf(y);
+    try {
+      const prompt = group.tokenize({ model: base, prompt: PROMPT, sampling: greedy(12) });
+      const run = (ref: ModelRef, adapter: BatchAdapter) => {
+        const ticket = group.takeSequence(prompt, adapter);
+        assert.ok(ticket, "a free sequence");
+        return {
+          ticket,
+          answer: group.start(
+            ticket,
+            prompt,
+            { model: ref, prompt: PROMPT, sampling: greedy(12) },
+            undefined,
+            adapter,
+          ),
+        };
+      };
+      const first = run(x, ax);
+      const second = run(y, ay);
+      assert.notEqual(second.ticket.batcher, first.ticket.batcher, "another adapter takes the other context");
+      const third = run(x, ax);
+      assert.equal(third.ticket.batcher, first.ticket.batcher, "the same adapter joins its context");
+      assert.equal(group.runningOn(ax.key), 2);
+      assert.equal(group.activeCount, 3);
+      const texts = (await Promise.all([first, second, third].map((r) => r.answer))).map((r) => r.text);
+      assert.deepEqual(texts, expected);
+    } finally {
+      await group.idle();
+      for (const context of contexts) await context.dispose();
+      await ax.native.dispose();
+      await ay.native.dispose();
+      await model.dispose();
+    }
+  });
+
   test("adapters are loaded on first use and evicted least recently used under the memory budget", async () => {
     const [a, b, c] = await Promise.all([1, 2, 3].map((i) => writeAdapter(`lru-${i}`, 10 + i)));
     const adapterBytes = fs.statSync(a!.lora!.path).size;
@@ -143,7 +214,11 @@ describe("LoRA adapters on a shared context", () => {
       contextSize: 256,
       memoryBudgetBytes: baseBytes + 2 * adapterBytes + adapterBytes / 2,
     });
-    const ids = () => engine.loaded().map((m) => m.id).sort();
+    const ids = () =>
+      engine
+        .loaded()
+        .map((m) => m.id)
+        .sort();
     try {
       assert.deepEqual(ids(), []);
       const first = await answer(engine, a!);
@@ -180,7 +255,13 @@ describe("LoRA adapters on a shared context", () => {
       assert.equal(text.text, expected);
       // The next request loads it again.
       await answer(engine, a!);
-      assert.deepEqual(engine.loaded().map((m) => m.id).sort(), ["gone-1", "gone-2"]);
+      assert.deepEqual(
+        engine
+          .loaded()
+          .map((m) => m.id)
+          .sort(),
+        ["gone-1", "gone-2"],
+      );
     } finally {
       await engine.dispose();
     }
@@ -268,4 +349,3 @@ describe("LoRA adapters and runs", () => {
     assert.equal(fs.existsSync(file), false);
   });
 });
-
