@@ -1,13 +1,23 @@
 /**
- * Serving many fine-tunes of one base: ten LoRA adapters on one loaded base against ten full fine-tuned
- * models (ten files of the base's size), through Conduit's engine with its defaults. Each side runs in a
- * child process of its own, so resident memory is that side's alone. Then, in one process, the tokens/s of
- * a request on an adapter against the same request on the bare base (interleaved, greedy, same prompt).
+ * Serving many fine-tunes of one base (#29), through Conduit's engine with its defaults (1 thread, context
+ * 2048 × 4 sequences per loaded base):
  *
- *   node --import tsx bench/loraServe.ts [smollm2-135m|stories260K|file.gguf] [--count 10] [--rank 16] [--tokens 64]
+ * 1. Resident memory, each setup in a child process of its own (so the RSS is that setup's alone), after
+ *    every active model answered once and then 8 concurrent streams (over 8 of them) ran: the bare base;
+ *    10 and 100 adapters registered with 10 active; 100 active; the same 10 adapters served the way the
+ *    engine used to (a context with its own KV cache per adapter, node-llama-cpp's `lora` option, a batcher
+ *    each); 10 full fine-tunes (copies of the base file).
+ * 2. Tokens/s of 8 concurrent streams, interleaved rounds in one process: on the bare base; over 8 different
+ *    adapters (shared context: one decode per adapter in use per step); on one adapter; over 8 adapters with
+ *    a context per adapter (the alternative the shared context was measured against).
+ * 3. Time to the first token of a request on a cold adapter (never used: its load included) against a warm one
+ *    and the bare base.
  *
- * Adapter and model contents do not change their cost, so the adapters are freshly initialised ones (B = 0
- * still runs both adapter products) and the "full fine-tunes" are copies of the base file.
+ *   node --import tsx bench/loraServe.ts [smollm2-135m|stories260K|file.gguf] [--rank 32] [--tokens 64] [--rounds 3]
+ *
+ * Adapter contents do not change their cost, so the adapters are freshly initialised ones in F16 (what a run
+ * writes; B = 0 still runs both adapter products) and the "full fine-tunes" are copies of the base file. Every
+ * stream has a prompt of its own, so no request reuses another's KV cache.
  */
 import { execFileSync } from "node:child_process";
 import fs from "node:fs";
@@ -15,8 +25,13 @@ import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
+import { getLlama, LlamaLogLevel } from "node-llama-cpp";
+import type { Llama, LlamaContext, LlamaModel } from "node-llama-cpp";
+import type { Engine } from "../src/engine/Engine.ts";
 import { createLlamaEngine } from "../src/engine/LlamaEngine.ts";
-import type { ModelRef } from "../src/model/types.ts";
+import { SequenceBatcher } from "../src/engine/SequenceBatcher.ts";
+import type { GenerationRequest, ModelRef } from "../src/engine/types.ts";
+import { loadChatTemplate } from "../src/model/chatTemplate.ts";
 import { LLAMA_CPP_LORA_TARGETS } from "../src/contract/runs.ts";
 import { loraWeights, writeInitialAdapter } from "../src/train/native/loraAdapter.ts";
 import { loadLlamaLib } from "../src/train/native/llamaLib.ts";
@@ -26,16 +41,20 @@ import { modelPath, requireFile, type BenchModel } from "./lib/reference.ts";
 const { values, positionals } = parseArgs({
   allowPositionals: true,
   options: {
-    count: { type: "string", default: "10" },
-    rank: { type: "string", default: "16" },
+    rank: { type: "string", default: "32" },
     tokens: { type: "string", default: "64" },
+    rounds: { type: "string", default: "3" },
+    streams: { type: "string", default: "8" },
     side: { type: "string" },
+    registered: { type: "string" },
+    active: { type: "string" },
     dir: { type: "string" },
   },
 });
-const count = Number(values.count);
 const tokens = Number(values.tokens);
-const prompt = "Once upon a time, there was a little girl who";
+const streams = Number(values.streams);
+const ADAPTERS = 100;
+const FULL = 10;
 const sampling = {
   maxTokens: tokens,
   temperature: 0,
@@ -44,37 +63,138 @@ const sampling = {
   presencePenalty: 0,
   frequencyPenalty: 0,
 };
+/** A prompt of its own per request (no KV cache reuse between requests). */
+let prompts = 0;
+const nextPrompt = () => `Story number ${prompts++}. Once upon a time, there was a little girl who`;
 
-/** The refs one side serves: `lora` (one base, `count` adapters) or `full` (`count` model files). */
-function refs(dir: string, side: string): ModelRef[] {
-  return Array.from({ length: count }, (_, i) =>
-    side === "lora"
-      ? {
-          id: `a${i}`,
-          path: path.join(dir, "base.gguf"),
-          lora: { path: path.join(dir, `adapter-${i}.gguf`) },
-        }
-      : { id: `m${i}`, path: path.join(dir, `full-${i}.gguf`) },
+const baseRef = (dir: string): ModelRef => ({ id: "base", path: path.join(dir, "base.gguf") });
+const adapterRef = (dir: string, i: number): ModelRef => ({
+  id: `a${i}`,
+  path: path.join(dir, "base.gguf"),
+  lora: { path: path.join(dir, `adapter-${i}.gguf`) },
+});
+const fullRef = (dir: string, i: number): ModelRef => ({ id: `m${i}`, path: path.join(dir, `full-${i}.gguf`) });
+
+/** Something that generates: the engine, or the per-adapter contexts of {@link PerContextServer}. */
+interface Server {
+  generate(request: GenerationRequest): Promise<{ completionTokens: number }>;
+  dispose(): Promise<void>;
+}
+
+/**
+ * The other way to serve adapters: a context (with its own KV cache) per adapter, the adapter applied by
+ * node-llama-cpp's `lora` context option, each with a batcher of its own, on one loaded base. What the engine
+ * did before the shared context; kept here to measure the two against each other.
+ */
+class PerContextServer implements Server {
+  private llama: Llama | undefined;
+  private model: LlamaModel | undefined;
+  private readonly contexts = new Map<string, Promise<{ context: LlamaContext; batcher: SequenceBatcher }>>();
+
+  async generate(request: GenerationRequest): Promise<{ completionTokens: number }> {
+    const ref = request.model;
+    this.llama ??= await getLlama({ gpu: false, build: "never", maxThreads: 0, logLevel: LlamaLogLevel.error });
+    this.model ??= await this.llama.loadModel({ modelPath: ref.path, useMmap: false });
+    const key = ref.lora?.path ?? ref.path;
+    let entry = this.contexts.get(key);
+    if (!entry) {
+      const llama = this.llama;
+      const model = this.model;
+      entry = (async () => {
+        const context = await model.createContext({
+          contextSize: Math.min(2048, model.trainContextSize),
+          sequences: 4,
+          threads: 1,
+          batchSize: 512,
+          failedCreationRemedy: false,
+          ...(ref.lora ? { lora: { adapters: [{ filePath: ref.lora.path }] } } : {}),
+        });
+        const template = await loadChatTemplate(ref);
+        const batcher = new SequenceBatcher({
+          llama,
+          model,
+          context,
+          template,
+          threads: 1,
+          promptThreads: 1,
+          batchSize: 512,
+          logger: () => {},
+          onFinish: () => {},
+        });
+        return { context, batcher };
+      })();
+      this.contexts.set(key, entry);
+    }
+    const { batcher } = await entry;
+    const prompt = batcher.tokenize(request);
+    const sequence = batcher.takeSequence(prompt) ?? (await batcher.waitForSequence(undefined));
+    return batcher.start(sequence, prompt, request, undefined);
+  }
+
+  async dispose(): Promise<void> {
+    for (const entry of this.contexts.values()) {
+      const { context, batcher } = await entry;
+      await batcher.idle();
+      await context.dispose();
+    }
+    await this.model?.dispose();
+    await this.llama?.dispose();
+  }
+}
+
+/** Aggregate tokens/s of `models.length` concurrent streams, one per model. */
+async function concurrentRate(server: Server, models: ModelRef[]): Promise<number> {
+  const t0 = performance.now();
+  const results = await Promise.all(
+    models.map((model) => server.generate({ model, prompt: nextPrompt(), sampling })),
   );
+  const generated = results.reduce((n, r) => n + r.completionTokens, 0);
+  return generated / ((performance.now() - t0) / 1000);
+}
+
+/** Milliseconds to the first streamed piece of a request. */
+async function firstToken(engine: Engine, model: ModelRef): Promise<number> {
+  const t0 = performance.now();
+  let first: number | undefined;
+  await engine.generate({
+    model,
+    prompt: nextPrompt(),
+    sampling: { ...sampling, maxTokens: 4 },
+    onText: () => (first ??= performance.now() - t0),
+  });
+  return first ?? Number.NaN;
 }
 
 if (values.side !== undefined) {
-  // Child: load every model of one side with the engine's defaults, answer one request each, report RSS.
-  const engine = createLlamaEngine({ threads: 1, logger: () => {} });
-  const before = process.memoryUsage().rss;
-  for (const model of refs(values.dir!, values.side))
-    await engine.generate({ model, prompt, sampling: { ...sampling, maxTokens: 8 } });
-  const stats = engine.stats();
+  // Child: one setup; every active model answers once, then `streams` concurrent streams; report RSS.
+  const dir = values.dir!;
+  const side = values.side;
+  const active = Number(values.active ?? 10);
+  const server: Server & { stats?: Engine["stats"] } =
+    side === "per-context" ? new PerContextServer() : createLlamaEngine({ threads: 1, logger: () => {} });
+  // Registered: READY runs whose adapters the engine may be asked for; it loads one only when it is.
+  const registered = Array.from({ length: Number(values.registered ?? active) }, (_, i) => adapterRef(dir, i));
+  const models =
+    side === "base"
+      ? [baseRef(dir)]
+      : side === "full"
+        ? Array.from({ length: active }, (_, i) => fullRef(dir, i))
+        : registered.slice(0, active);
+  for (const model of models)
+    await server.generate({ model, prompt: nextPrompt(), sampling: { ...sampling, maxTokens: 8 } });
+  await concurrentRate(
+    server,
+    Array.from({ length: streams }, (_, i) => models[i % models.length]!),
+  );
+  const stats = server.stats?.();
   console.log(
     JSON.stringify({
       rssMb: process.memoryUsage().rss / 2 ** 20,
-      grewMb: (process.memoryUsage().rss - before) / 2 ** 20,
-      loadedModels: stats.loadedModels,
-      loadedBases: stats.loadedBases,
-      contextSize: engine.loaded()[0]?.contextSize,
+      loadedModels: stats?.loadedModels ?? models.length,
+      loadedBases: stats?.loadedBases ?? (side === "full" ? models.length : 1),
     }),
   );
-  await engine.dispose();
+  await server.dispose();
   process.exit(0);
 }
 
@@ -87,63 +207,103 @@ const info = readModelFile(loadLlamaLib(), source);
 const rank = Number(values.rank);
 const spec = { rank, alpha: 2 * rank, targets: [...LLAMA_CPP_LORA_TARGETS], complexity: 1 };
 const weights = loraWeights(info, spec);
-for (let i = 0; i < count; i++) {
-  await writeInitialAdapter(info, path.join(dir, `adapter-${i}.gguf`), weights, spec, i);
-  fs.copyFileSync(source, path.join(dir, `full-${i}.gguf`));
-}
+for (let i = 0; i < ADAPTERS; i++)
+  await writeInitialAdapter(info, path.join(dir, `adapter-${i}.gguf`), weights, spec, i, "F16");
+for (let i = 0; i < FULL; i++) fs.copyFileSync(source, path.join(dir, `full-${i}.gguf`));
 const adapterMb = fs.statSync(path.join(dir, "adapter-0.gguf")).size / 2 ** 20;
 const baseMb = fs.statSync(source).size / 2 ** 20;
+const load = () => os.loadavg()[0]!.toFixed(1);
 console.log(
-  `base ${path.basename(source)} (${baseMb.toFixed(1)} MB), ${count} adapters of rank ${rank} (${adapterMb.toFixed(2)} MB each); ` +
-    `engine defaults, 1 thread; ${os.cpus().length} cores, load ${os.loadavg()[0]?.toFixed(1)}`,
-);
-const self = fileURLToPath(import.meta.url);
-const side = (which: string) =>
-  JSON.parse(
-    execFileSync(
-      process.execPath,
-      ["--import", "tsx", self, "--side", which, "--dir", dir, "--count", String(count)],
-      {
-        encoding: "utf8",
-      },
-    )
-      .trim()
-      .split("\n")
-      .at(-1)!,
-  ) as { rssMb: number; grewMb: number; loadedModels: number; loadedBases: number; contextSize: number };
-const lora = side("lora");
-const full = side("full");
-for (const [label, m] of [
-  [`${count} LoRA runs`, lora],
-  [`${count} full runs`, full],
-] as const)
-  console.log(
-    `  ${label.padEnd(14)} process RSS ${m.rssMb.toFixed(0).padStart(6)} MB (models + contexts ${m.grewMb.toFixed(0).padStart(6)} MB), ` +
-      `${m.loadedModels} servable models on ${m.loadedBases} loaded base(s), context ${m.contextSize} × 4 sequences each`,
-  );
-console.log(
-  `  ratio LoRA / full: RSS ${(lora.rssMb / full.rssMb).toFixed(2)}x, models + contexts ${(lora.grewMb / full.grewMb).toFixed(2)}x`,
+  `base ${path.basename(source)} (${baseMb.toFixed(1)} MiB), adapters of rank ${rank} on every target, F16 ` +
+    `(${adapterMb.toFixed(2)} MiB each); engine defaults, 1 thread; ${os.cpus().length} cores, load ${load()}`,
 );
 
-// Tokens/s on an adapter against the bare base, interleaved in one engine.
+// 1. Resident memory.
+const self = fileURLToPath(import.meta.url);
+const side = (which: string, registered: number, active: number) => {
+  const out = execFileSync(
+    process.execPath,
+    [
+      "--import",
+      "tsx",
+      self,
+      "--side",
+      which,
+      "--dir",
+      dir,
+      "--registered",
+      String(registered),
+      "--active",
+      String(active),
+      "--tokens",
+      String(tokens),
+      "--streams",
+      String(streams),
+    ],
+    { encoding: "utf8" },
+  );
+  return JSON.parse(out.trim().split("\n").at(-1)!) as { rssMb: number; loadedModels: number; loadedBases: number };
+};
+const bare = side("base", 0, 1);
+const rows: [string, ReturnType<typeof side>][] = [
+  ["bare base", bare],
+  ["10 adapters registered, 10 active", side("lora", 10, 10)],
+  ["100 adapters registered, 10 active", side("lora", 100, 10)],
+  ["100 adapters registered, 100 active", side("lora", 100, 100)],
+  ["10 adapters, a context each", side("per-context", 10, 10)],
+  ["10 full fine-tunes", side("full", 10, 10)],
+];
+console.log(`\nresident memory after each active model answered once and ${streams} concurrent streams (load ${load()}):`);
+console.log("| | process RSS | vs the bare base | servable models | loaded bases |\n|---|---|---|---|---|");
+for (const [label, m] of rows)
+  console.log(
+    `| ${label} | ${Math.round(m.rssMb).toLocaleString("en")} MB | ${(m.rssMb / bare.rssMb).toFixed(2)} | ${m.loadedModels} | ${m.loadedBases} |`,
+  );
+// "Registered" adapters are READY runs' files: nothing is loaded for one until it is asked for.
+
+// 2. Tokens/s of concurrent streams, interleaved.
 const engine = createLlamaEngine({ threads: 1, logger: () => {} });
-const base: ModelRef = { id: "base", path: path.join(dir, "base.gguf") };
-const adapter: ModelRef = refs(dir, "lora")[0]!;
-const rate = { base: [] as number[], adapter: [] as number[] };
-for (const model of [base, adapter])
-  await engine.generate({ model, prompt, sampling: { ...sampling, maxTokens: 4 } });
-for (let round = 0; round < 3; round++)
-  for (const [key, model] of [
-    ["base", base],
-    ["adapter", adapter],
-  ] as const) {
-    const t0 = performance.now();
-    const result = await engine.generate({ model, prompt, sampling });
-    rate[key].push(result.completionTokens / ((performance.now() - t0) / 1000));
-  }
-await engine.dispose();
+const perContext = new PerContextServer();
+const base = baseRef(dir);
+const adapters = Array.from({ length: streams }, (_, i) => adapterRef(dir, i));
+const setups: [string, Server, ModelRef[]][] = [
+  [`${streams} streams on the bare base`, engine, Array(streams).fill(base)],
+  [`${streams} streams over ${streams} adapters (shared context)`, engine, adapters],
+  [`${streams} streams on one adapter (shared context)`, engine, Array(streams).fill(adapters[0])],
+  [`${streams} streams over ${streams} adapters (a context each)`, perContext, adapters],
+];
+const rates = setups.map(() => [] as number[]);
+// Warm-up: every model loaded, every context made.
+for (const [, server, models] of setups)
+  for (const model of new Set(models))
+    await server.generate({ model, prompt: nextPrompt(), sampling: { ...sampling, maxTokens: 4 } });
+const rounds = Number(values.rounds);
+const loadBefore = load();
+for (let round = 0; round < rounds; round++)
+  for (const [i, [, server, models]] of setups.entries()) rates[i]!.push(await concurrentRate(server, models));
 const best = (xs: number[]) => Math.max(...xs);
 console.log(
-  `  generation, ${tokens} tokens: base ${best(rate.base).toFixed(1)} tok/s, adapter ${best(rate.adapter).toFixed(1)} tok/s ` +
-    `(best of 3) → adapter / base ${(best(rate.adapter) / best(rate.base)).toFixed(2)}x`,
+  `\ngeneration, ${streams} concurrent streams of ${tokens} tokens, aggregate tokens/s (best of ${rounds} interleaved rounds; load ${loadBefore} → ${load()}):`,
 );
+console.log("| | tok/s | vs the bare base |\n|---|---|---|");
+for (const [i, [label]] of setups.entries())
+  console.log(`| ${label} | ${best(rates[i]!).toFixed(1)} | ${(best(rates[i]!) / best(rates[0]!)).toFixed(2)} |`);
+await perContext.dispose();
+
+// 3. First token: a cold adapter (first use: loaded then) against a warm one and the bare base.
+const ttft = { base: [] as number[], warm: [] as number[], cold: [] as number[] };
+for (let round = 0; round < rounds; round++) {
+  ttft.base.push(await firstToken(engine, base));
+  ttft.warm.push(await firstToken(engine, adapters[0]!));
+  ttft.cold.push(await firstToken(engine, adapterRef(dir, 50 + round)));
+}
+await engine.dispose();
+const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
+console.log(`\ntime to first token, median of ${rounds} (load ${load()}):`);
+console.log("| | ms |\n|---|---|");
+for (const [label, xs] of [
+  ["bare base", ttft.base],
+  ["warm adapter", ttft.warm],
+  ["cold adapter (loaded by the request)", ttft.cold],
+] as const)
+  console.log(`| ${label} | ${median(xs).toFixed(0)} |`);

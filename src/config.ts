@@ -259,7 +259,8 @@ export const settings = {
   },
   parallelSequences: {
     env: "CONDUIT_PARALLEL",
-    description: "Generations that run at once per loaded model (batched sequences).",
+    description:
+      "Generations that run at once per loaded base model (batched sequences), shared by the base and its LoRA adapters.",
     defaultText: "4",
     parse: integer("CONDUIT_PARALLEL", 4, 1, 64),
   },

@@ -141,6 +141,10 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
       logger: (level, message) => log[level]({ source: "llama.cpp" }, message),
     });
   const inference = new InferenceService(engine, registry, runRepository, config.defaultModel);
+  // A deleted run's model (its adapter, for a LoRA run) leaves memory with its files.
+  runEvents.on("deleted", (run) => {
+    if (run.modelPath) engine.unload(run.modelPath);
+  });
   const scheduler = new Scheduler(runRepository, runEvents, datasets, registry, blobs, log, {
     concurrency: config.trainConcurrency,
     threads: config.trainThreads,
@@ -165,10 +169,18 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
     ...overrides.scheduler,
   });
 
-  const evals = new EvalService(new EvalRepository(db.kysely), runRepository, datasets, inference, blobs, log, {
-    parallel: config.evalParallel,
-    afterRun: config.evalAfterRun,
-  });
+  const evals = new EvalService(
+    new EvalRepository(db.kysely),
+    runRepository,
+    datasets,
+    inference,
+    blobs,
+    log,
+    {
+      parallel: config.evalParallel,
+      afterRun: config.evalAfterRun,
+    },
+  );
 
   return {
     config,

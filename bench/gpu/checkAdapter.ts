@@ -42,6 +42,7 @@ const bytes = await writeTrainedAdapter(
   job.lora.weights,
   { rank: job.lora.rank, alpha: job.lora.alpha, targets: job.lora.targets as never, complexity: 1 },
   values,
+  "F16",
 );
 const tokens = job.probe.tokens;
 const llama = llamaCppLogits(modelFile, adapter, tokens);

@@ -1,4 +1,5 @@
 import { MAX_GRAMMAR_COUNT, SCHEMA_BOUNDS } from "../engine/schemaBounds.ts";
+import { OWN_FORMATS } from "../engine/ownRules.ts";
 
 /**
  * Corrections to the generated OpenAPI document, so that it says what the server does.
@@ -97,7 +98,9 @@ function grammarSchema(): Json {
       "A JSON Schema the sampler's grammar can honour: `type`, `const`, `enum`, `oneOf`/`anyOf`, `properties` " +
       "(all written, as in OpenAI's strict mode), `required`, `additionalProperties`, `items`, `prefixItems`, " +
       "`minItems`/`maxItems`, `minLength`/`maxLength`, `minProperties`/`maxProperties` (each at most " +
-      `${MAX_GRAMMAR_COUNT}) and \`format\` \`date-time\`, \`date\` or \`time\`; \`$ref\` into the root's \`$defs\` as well. ` +
+      `${MAX_GRAMMAR_COUNT}), \`minimum\`/\`maximum\`/\`exclusiveMinimum\`/\`exclusiveMaximum\` for numbers and integers, ` +
+      `and \`format\` ${OWN_FORMATS.reduce((text, f) => `${text}, \`${f}\``, "`date-time`, `date`, `time`")} (without ` +
+      "`minLength`/`maxLength` for the last six); `$ref` into the root's `$defs` or to the root (`#`) as well. " +
       "Any other keyword is a `400`. Compiling a schema is bounded (a `400` names the bound and the count): at most " +
       `${SCHEMA_BOUNDS.enumValues} \`enum\` values and ${SCHEMA_BOUNDS.alternatives} \`oneOf\`/\`anyOf\` ` +
       `alternatives in all, ${SCHEMA_BOUNDS.subschemas} subschemas, ${SCHEMA_BOUNDS.depth} levels of nested objects ` +
@@ -109,12 +112,19 @@ function grammarSchema(): Json {
       kind({ enum: { type: "array", minItems: 1, items: literal } }),
       kind({ anyOf: { type: "array", minItems: 1, items: ref } }),
       kind({ oneOf: { type: "array", minItems: 1, items: ref } }),
-      kind({ type: { enum: ["number", "integer", "boolean", "null"] } }),
+      kind({ type: { enum: ["boolean", "null"] } }),
+      kind({
+        type: { enum: ["number", "integer"] },
+        minimum: { type: "number" },
+        maximum: { type: "number" },
+        exclusiveMinimum: { type: "number" },
+        exclusiveMaximum: { type: "number" },
+      }),
       kind({
         type: { const: "string" },
         minLength: count,
         maxLength: count,
-        format: { enum: ["date-time", "date", "time"] },
+        format: { enum: ["date-time", "date", "time", ...OWN_FORMATS] },
       }),
       kind({
         type: { const: "object" },

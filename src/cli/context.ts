@@ -64,6 +64,45 @@ export function table(rows: string[][]): string {
     .join("\n");
 }
 
+/** A scalar as `fields` prints it: text on one line (line breaks as `⏎`), anything else as JSON. */
+function scalar(value: unknown): string {
+  return typeof value === "string" ? value.replace(/\r?\n/g, "⏎") : JSON.stringify(value);
+}
+
+/** Whether a list prints on one line: short scalars only. */
+function inline(list: unknown[]): boolean {
+  return (
+    list.every((item) => item === null || typeof item !== "object") && scalar(list.join(", ")).length <= 80
+  );
+}
+
+/**
+ * An object as aligned `key: value` lines: nested objects indented under their key, lists of short scalars on
+ * one line (comma-separated), other lists one item a line.
+ */
+export function fields(object: object, indent = ""): string[] {
+  const entries: [string, unknown][] = Object.entries(object);
+  const keys = entries.map(([key]) => key);
+  const width = Math.max(0, ...keys.map((key) => key.length)) + 1;
+  const lines: string[] = [];
+  for (const [key, value] of entries) {
+    const label = `${indent}${`${key}:`.padEnd(width)}`;
+    if (Array.isArray(value) && value.length > 0 && !inline(value)) {
+      lines.push(`${indent}${key}:`);
+      for (const item of value)
+        if (item !== null && typeof item === "object" && !Array.isArray(item)) {
+          const [first = "", ...rest] = fields(item, `${indent}    `);
+          lines.push(`${indent}  - ${first.trimStart()}`, ...rest);
+        } else lines.push(`${indent}  - ${scalar(item)}`);
+    } else if (Array.isArray(value))
+      lines.push(`${label} ${value.length === 0 ? "[]" : value.map(scalar).join(", ")}`);
+    else if (value !== null && typeof value === "object" && Object.keys(value).length > 0)
+      lines.push(`${indent}${key}:`, ...fields(value, `${indent}  `));
+    else lines.push(`${label} ${value !== null && typeof value === "object" ? "{}" : scalar(value)}`);
+  }
+  return lines;
+}
+
 /** `--limit` and `--offset` as the API's page query (the server checks their range). */
 export function page(opts: { limit: string; offset: string }): { limit: number; offset: number } {
   const limit = Number(opts.limit);

@@ -7,7 +7,7 @@ import type { Command } from "commander";
 import { describeEstimate } from "../contract/estimate.ts";
 import type { RunStats } from "../contract/runs.ts";
 import type { CreateRunBodyWire, ExamplesQueryWire, RunWire } from "../contract/schemas.ts";
-import { CliError, exitCodes, page, table, type CliContext } from "./context.ts";
+import { CliError, exitCodes, fields, page, table, type CliContext } from "./context.ts";
 
 function number(name: string) {
   return (value: string): number => {
@@ -317,9 +317,9 @@ export function runsCommand(program: Command, ctx: CliContext): void {
         );
         const estimate = estimateLine(run);
         if (estimate) console.log(estimate);
-        console.log(`config ${JSON.stringify(run.config)}`);
+        console.log(["config:", ...fields(run.config, "  ")].join("\n"));
         const { lossSeries: _l, evalLossSeries: _e, ...stats } = run.stats;
-        if (Object.keys(stats).length > 0) console.log(`stats ${JSON.stringify(stats)}`);
+        if (Object.keys(stats).length > 0) console.log(["stats:", ...fields(stats, "  ")].join("\n"));
         for (const line of run.logs) console.log(line);
       });
     });

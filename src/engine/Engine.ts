@@ -9,7 +9,7 @@ export interface LoadedModelInfo {
   /** The LoRA adapter applied on `path`, if any. */
   lora?: string;
   sizeBytes: number;
-  /** Generations running on this model now (at most `parallelSequences`). */
+  /** Generations running on this model now (a base and its adapters share `parallelSequences`). */
   activeSequences: number;
   /** Generations waiting for one of this model's sequences. */
   queuedRequests: number;
@@ -53,6 +53,11 @@ export interface Engine {
   generate(request: GenerationRequest): Promise<GenerationResult>;
   /** Loads a model (if it is not loaded) and keeps it warm; `generate` does this on first use. */
   load(model: ModelRef): Promise<void>;
+  /**
+   * Unloads every model served from `file` (a model file or a LoRA adapter): it is taken out of service at once
+   * and freed when its running generations end. Called when a run's files are deleted.
+   */
+  unload(file: string): void;
   /** The models held in memory. */
   loaded(): LoadedModelInfo[];
   stats(): EngineStats;

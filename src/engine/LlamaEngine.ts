@@ -32,7 +32,8 @@ export interface LlamaEngineOptions {
   /** Tokens per sequence (prompt + completion), capped at the model's training context. Defaults to `2048`. */
   contextSize?: number;
   /**
-   * Generations that run at once per model, batched into one decode per token step. Each sequence has its own
+   * Generations that run at once per loaded base model, batched into one decode per token step (one per LoRA
+   * adapter in use: a base and its adapters share one context and these sequences). Each sequence has its own
    * KV cache of `contextSize` tokens. On 2 cores, 8 concurrent streams got about the same aggregate tokens/s
    * with 4 sequences as with 8 (bench/engine.ts). Defaults to `4`.
    */
@@ -43,8 +44,9 @@ export interface LlamaEngineOptions {
    */
   maxQueue?: number;
   /**
-   * Bytes of model files kept loaded. Loading a model that would exceed it first unloads the least recently
-   * used models that have no running or queued generation; a model bigger than the budget still loads alone.
+   * Bytes of model files kept loaded (a base once, each LoRA adapter its own file). Loading a model that would
+   * exceed it first unloads the least recently used models (adapters included) that have no running or queued
+   * generation; a model bigger than the budget still loads alone.
    * Defaults to `8 GiB`.
    */
   memoryBudgetBytes?: number;
@@ -141,13 +143,13 @@ class LlamaEngine implements Engine {
           promptThreads,
           batchSize,
           logger,
-          onFinish: (result, elapsedMs) => {
+          onFinish: (result, elapsedMs, adapterKey) => {
             this.counters.completed++;
             this.counters.promptTokens += result.promptTokens;
             this.counters.cachedPromptTokens += result.cachedTokens;
             this.counters.completionTokens += result.completionTokens;
             this.admission.recordGeneration(elapsedMs);
-            touch();
+            touch(adapterKey);
           },
         }),
     });
@@ -168,9 +170,11 @@ class LlamaEngine implements Engine {
     this.ensureOpen();
 
     let loaded = this.pool.get(request.model);
-    if (!loaded) {
-      loaded = await this.admission.whileLoading(() => this.pool.load(request.model), signal);
+    while (!loaded) {
+      const candidate = await this.admission.whileLoading(() => this.pool.load(request.model), signal);
       this.ensureOpen();
+      // Unloaded while this request waited for it (its run deleted, its file changed): load it again.
+      if (this.pool.isCurrent(candidate)) loaded = candidate;
     }
     const { batcher } = loaded;
     loaded.lastUsed = Date.now();
@@ -188,9 +192,9 @@ class LlamaEngine implements Engine {
         { param: "max_tokens" },
       );
     signal?.throwIfAborted();
-    let sequenceId = batcher.takeSequence(prompt);
+    let sequenceId = batcher.takeSequence(prompt, loaded.adapter);
     if (sequenceId === undefined) sequenceId = await this.waitForSequence(loaded, signal);
-    return batcher.start(sequenceId, prompt, request, grammar);
+    return batcher.start(sequenceId, prompt, request, grammar, loaded.adapter);
   }
 
   /** Waits in the bounded queue for one of the model's sequences; the model is not evicted meanwhile. */
@@ -208,14 +212,18 @@ class LlamaEngine implements Engine {
     await this.pool.load(model);
   }
 
+  unload(file: string): void {
+    this.pool.forget(file);
+  }
+
   loaded(): LoadedModelInfo[] {
     return this.pool.loaded().map((m) => ({
       id: m.ref.id,
       path: m.ref.path,
       ...(m.ref.lora ? { lora: m.ref.lora.path } : {}),
       sizeBytes: m.sizeBytes,
-      activeSequences: m.batcher.activeCount,
-      queuedRequests: m.batcher.queuedCount,
+      activeSequences: this.pool.running(m),
+      queuedRequests: m.users,
       contextSize: m.batcher.contextSize,
       lastUsedAt: new Date(m.lastUsed),
     }));
@@ -225,7 +233,7 @@ class LlamaEngine implements Engine {
     const models = this.pool.loaded();
     return {
       queueDepth: this.admission.queueDepth,
-      activeGenerations: models.reduce((n, m) => n + m.batcher.activeCount, 0),
+      activeGenerations: [...new Set(models.map((m) => m.batcher))].reduce((n, b) => n + b.activeCount, 0),
       loadedModels: models.length,
       loadedBases: this.pool.loadedBases,
       loadingModels: this.pool.loadingModels,

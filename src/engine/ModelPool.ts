@@ -15,13 +15,14 @@ import {
   type GpuLayers,
   type GpuSetting,
 } from "./accelerator.ts";
-import type { SequenceBatcher } from "./SequenceBatcher.ts";
+import { loadAdapter } from "./nativeBatch.ts";
+import type { BatchAdapter, SequenceBatcher } from "./SequenceBatcher.ts";
 import type { ModelRef } from "./types.ts";
 
 export interface ModelPoolOptions {
   /** Tokens per sequence, capped at each model's training context. */
   contextSize: number;
-  /** Sequences per loaded model. */
+  /** Sequences per loaded base (shared by its adapters). */
   parallel: number;
   threads: number;
   batchSize: number;
@@ -34,18 +35,24 @@ export interface ModelPoolOptions {
   /** An existing node-llama-cpp instance (not disposed with the pool); absent: one is created on first use. */
   llama: Llama | undefined;
   logger: (level: "error" | "warn" | "info", message: string) => void;
-  /** Makes what serves a model just loaded (the pool keeps it until the model is unloaded). */
+  /**
+   * Makes what serves a base just loaded, and every LoRA adapter of it (the pool keeps it until the base is
+   * unloaded).
+   */
   createBatcher(parts: BatcherParts): SequenceBatcher;
 }
 
-/** What a loaded model gives its batcher. */
+/** What a loaded base gives its batcher. */
 export interface BatcherParts {
   llama: Llama;
   model: LlamaModel;
   context: LlamaContext;
   template: ChatTemplate;
-  /** Marks the model used now (least recently used models are evicted first). */
-  touch(): void;
+  /**
+   * Marks the model used now (least recently used models are evicted first): the adapter of that key
+   * (`BatchAdapter.key`), or the bare base when `undefined`.
+   */
+  touch(adapterKey: string | undefined): void;
 }
 
 /** Bytes of host memory and of GPU memory. */
@@ -54,7 +61,10 @@ interface Memory {
   gpu: number;
 }
 
-/** Base weights in memory, shared by every context (the bare model and each LoRA adapter) that uses them. */
+/**
+ * Base weights in memory with the one context that serves them: the bare model and each of its LoRA adapters
+ * share its sequences (the batcher switches the context's adapter between decodes).
+ */
 interface LoadedBase {
   path: string;
   /** The file's {@link fileIdentity} when it was read: another one now means the file was replaced or rewritten. */
@@ -64,14 +74,18 @@ interface LoadedBase {
   sizeBytes: number;
   /** GPU memory the offloaded layers take (`0` on the CPU). */
   gpuBytes: number;
-  /** Contexts (LoadedModel entries) on these weights; the weights are released with the last one. */
+  /** Servable models (LoadedModel entries) on these weights; the weights and context go with the last one. */
   users: number;
+  context: LlamaContext;
+  batcher: SequenceBatcher;
+  /** The chat template the base is served with (its own, its family's, or the fallback). */
+  template: ChatTemplate;
 }
 
 /**
- * One servable model: a context with its sequences on a loaded base, with a LoRA adapter applied when the
- * ref has one. llama.cpp applies adapters per context, so each adapter in use has its own context (and KV
- * cache) while the weights are loaded once: bench/README.md §LoRA serving measures this against switching.
+ * One servable model: a loaded base, with a LoRA adapter when the ref has one. Every model of a base is
+ * served by the base's context and batcher; an adapter costs its own tensors only (no context, no KV cache):
+ * bench/README.md §Serving many adapters measures this against a context per adapter.
  */
 export interface LoadedModel {
   key: string;
@@ -83,7 +97,9 @@ export interface LoadedModel {
   base: LoadedBase;
   /** The adapter file's {@link fileIdentity} when it was read (LoRA models only). */
   adapterIdentity: string | undefined;
-  context: LlamaContext;
+  /** The loaded adapter (LoRA models only), owned by this entry: freed when it is unloaded. */
+  adapter: BatchAdapter | undefined;
+  /** The base's batcher (shared by the base and its adapters). */
   batcher: SequenceBatcher;
   lastUsed: number;
   /** Requests waiting for one of this model's sequences; such a model is never evicted. */
@@ -92,8 +108,9 @@ export interface LoadedModel {
 
 /**
  * The models in memory (Ollama's `server/sched.go` to the batcher's `llm/server.go`): loads each once, shares
- * base weights between a model and its LoRA adapters, keeps host and GPU memory within their budgets by
- * unloading the least recently used idle models, and owns the node-llama-cpp instance.
+ * base weights and one context between a model and its LoRA adapters, keeps host and GPU memory within their
+ * budgets by unloading the least recently used idle models (adapters included: each counts its tensors), and
+ * owns the node-llama-cpp instance.
  *
  * Model files can change under it (an operator copies a new version over one): the weights are read into
  * memory, not mapped, so a file truncated or rewritten in place cannot fault the process, and before each use
@@ -145,6 +162,30 @@ export class ModelPool {
 
   get loadedBases(): number {
     return this.bases.size;
+  }
+
+  /** Generations running now on `m` (on its adapter, for a LoRA model). */
+  running(m: LoadedModel): number {
+    return m.batcher.runningOn(m.adapter?.key ?? "");
+  }
+
+  /** Something runs on `m` or waits for it: it must stay loaded. */
+  private busy(m: LoadedModel): boolean {
+    return m.users > 0 || this.running(m) > 0;
+  }
+
+  /** Whether `m` is still in service (not unloaded or retired since it was handed out). */
+  isCurrent(m: LoadedModel): boolean {
+    return this.models.get(m.key) === m;
+  }
+
+  /**
+   * Unloads every model served from `file` (a model file or a LoRA adapter), for a run whose files are being
+   * deleted: each is taken out of service at once and freed when its running generations end.
+   */
+  forget(file: string): void {
+    for (const m of [...this.models.values()])
+      if (m.ref.path === file || m.ref.lora?.path === file) this.retire(m, "its run was deleted");
   }
 
   get loadingModels(): number {
@@ -253,59 +294,47 @@ export class ModelPool {
     // A base already in memory costs nothing more; an adapter costs its own file.
     const sizeBytes = ref.lora ? adapterBytes : baseBytes;
     let base: LoadedBase | undefined;
-    let context: LlamaContext | undefined;
+    let adapter: BatchAdapter | undefined;
     let adapterOnGpu = false;
     try {
       const need = this.currentBase(ref.path)
         ? { host: 0, gpu: 0 }
         : await this.memoryNeed(ref.path, baseBytes);
-      adapterOnGpu = backendOf(await this.getLlama()) !== "cpu";
+      const llama = await this.getLlama();
+      adapterOnGpu = backendOf(llama) !== "cpu";
       await this.makeRoomFor({
         host: need.host + (adapterOnGpu ? 0 : adapterBytes),
         gpu: need.gpu + (adapterOnGpu ? adapterBytes : 0),
       });
-      base = await this.acquireBase(ref.path, need);
-      const model = base.model;
-      const contextSize = Math.max(
-        16,
-        Math.min(options.contextSize, model.trainContextSize || options.contextSize),
-      );
-      context = await model.createContext({
-        contextSize,
-        sequences: options.parallel,
-        threads: options.threads,
-        batchSize: Math.min(options.batchSize, contextSize),
-        // One loaded context serves many requests; do not fail over to a smaller size silently.
-        failedCreationRemedy: false,
-        ...(ref.lora
-          ? { lora: { adapters: [{ filePath: ref.lora.path, scale: ref.lora.scale ?? 1 }] } }
-          : {}),
-      });
-      const template = await loadChatTemplate(ref);
-      const llama = await this.getLlama();
+      base = await this.acquireBase(ref, need);
+      const key = modelKey(ref);
+      if (ref.lora)
+        adapter = {
+          key,
+          native: await loadAdapter(llama, base.model, ref.lora.path),
+          scale: ref.lora.scale ?? 1,
+        };
       const entry: LoadedModel = {
-        key: modelKey(ref),
+        key,
         ref,
         sizeBytes,
         adapterOnGpu,
         base,
         adapterIdentity,
-        context,
-        batcher: options.createBatcher({
-          llama,
-          model,
-          context,
-          template,
-          touch: () => (entry.lastUsed = Date.now()),
-        }),
+        adapter,
+        batcher: base.batcher,
         lastUsed: Date.now(),
         users: 0,
       };
       if (this.closed) throw new ConduitError("unavailable", "The inference engine is shutting down.");
       this.models.set(entry.key, entry);
+      options.logger(
+        "info",
+        `model '${ref.id}' loaded: chat template ${base.template.name} (${base.template.origin}${base.template.origin === "embedded" ? "" : ", the model has none of its own"})`,
+      );
       return entry;
     } catch (error) {
-      await context?.dispose().catch(() => {});
+      await adapter?.native.dispose().catch(() => {});
       if (base) await this.releaseBase(base);
       if (error instanceof ConduitError) throw error;
       options.logger(
@@ -316,8 +345,9 @@ export class ModelPool {
     }
   }
 
-  /** The base weights at `path`, loaded once and counted as one more user. */
-  private async acquireBase(path: string, need: Memory): Promise<LoadedBase> {
+  /** The base weights of `ref` (its `path`) with their context, loaded once and counted as one more user. */
+  private async acquireBase(ref: ModelRef, need: Memory): Promise<LoadedBase> {
+    const { path } = ref;
     let base = this.currentBase(path);
     if (!base) {
       let loading = this.loadingBases.get(path);
@@ -333,16 +363,25 @@ export class ModelPool {
             // pages instead of file pages) and about the same time (bench/README.md §Model files).
             useMmap: false,
           });
-          const loaded: LoadedBase = {
-            path,
-            identity,
-            model,
-            sizeBytes: need.host,
-            gpuBytes: need.gpu,
-            users: 0,
-          };
-          this.bases.set(path, loaded);
-          return loaded;
+          try {
+            const { context, batcher, template } = await this.createServing(llama, model, ref);
+            const loaded: LoadedBase = {
+              path,
+              identity,
+              model,
+              sizeBytes: need.host,
+              gpuBytes: need.gpu,
+              users: 0,
+              context,
+              batcher,
+              template,
+            };
+            this.bases.set(path, loaded);
+            return loaded;
+          } catch (error) {
+            await model.dispose().catch(() => {});
+            throw error;
+          }
         })().finally(() => this.loadingBases.delete(path));
         this.loadingBases.set(path, loading);
       }
@@ -352,12 +391,53 @@ export class ModelPool {
     return base;
   }
 
-  /** One user fewer; the weights are freed with the last. */
+  /** The context (with `parallel` sequences) and batcher that serve a base and its adapters. */
+  private async createServing(
+    llama: Llama,
+    model: LlamaModel,
+    ref: ModelRef,
+  ): Promise<{ context: LlamaContext; batcher: SequenceBatcher; template: ChatTemplate }> {
+    const { options } = this;
+    const contextSize = Math.max(
+      16,
+      Math.min(options.contextSize, model.trainContextSize || options.contextSize),
+    );
+    const context = await model.createContext({
+      contextSize,
+      sequences: options.parallel,
+      threads: options.threads,
+      batchSize: Math.min(options.batchSize, contextSize),
+      // One loaded context serves many requests; do not fail over to a smaller size silently.
+      failedCreationRemedy: false,
+    });
+    try {
+      const template = await loadChatTemplate({ id: ref.id, path: ref.path });
+      const path = ref.path;
+      const batcher = options.createBatcher({
+        llama,
+        model,
+        context,
+        template,
+        touch: (adapterKey) => {
+          const m = this.models.get(adapterKey ?? path);
+          if (m) m.lastUsed = Date.now();
+        },
+      });
+      return { context, batcher, template };
+    } catch (error) {
+      await context.dispose().catch(() => {});
+      throw error;
+    }
+  }
+
+  /** One user fewer; the context and weights are freed with the last. */
   private async releaseBase(base: LoadedBase): Promise<void> {
     base.users--;
     if (base.users > 0) return;
     // A base whose file changed may already have been replaced by its new version.
     if (this.bases.get(base.path) === base) this.bases.delete(base.path);
+    await base.batcher.idle();
+    await base.context.dispose().catch(() => {});
     await base.model.dispose().catch(() => {});
   }
 
@@ -413,12 +493,12 @@ export class ModelPool {
       used.host + incoming.host <= this.options.memoryBudget &&
       (incoming.gpu === 0 || used.gpu + incoming.gpu <= gpuBudget);
     const idle = [...this.models.values()]
-      .filter((m) => !m.batcher.busy && m.users === 0)
+      .filter((m) => !this.busy(m))
       .sort((a, b) => a.lastUsed - b.lastUsed);
     for (const victim of idle) {
       if (fits()) break;
       // Unloading awaits; a victim may have been picked up by a request meanwhile.
-      if (victim.batcher.busy || victim.users > 0) continue;
+      if (this.busy(victim) || this.models.get(victim.key) !== victim) continue;
       if (victim.ref.lora) used[victim.adapterOnGpu ? "gpu" : "host"] -= victim.sizeBytes;
       // The base's bytes come back only when its last context goes.
       if (victim.base.users === 1) {
@@ -431,8 +511,18 @@ export class ModelPool {
 
   private async unload(m: LoadedModel): Promise<void> {
     if (this.models.get(m.key) === m) this.models.delete(m.key);
-    await m.batcher.idle();
-    await m.context.dispose().catch(() => {});
+    // Out of service now (the engine starts nothing on a model that is not current), but generations running
+    // on it and requests already waiting for one of its sequences finish first. A timer, not a promise: a
+    // waiting request takes its sequence and starts its generation within one run of microtasks.
+    while (this.busy(m)) {
+      await m.batcher.idleOn(m.adapter?.key ?? "");
+      await new Promise((resolve) => setTimeout(resolve, 10));
+    }
+    if (m.adapter) {
+      // Off the context before its tensors are freed; its KV caches go too (a new version may reuse the key).
+      await m.batcher.forgetAdapter(m.adapter.key);
+      await m.adapter.native.dispose().catch(() => {});
+    }
     await this.releaseBase(m.base);
   }
 }

@@ -2,7 +2,13 @@ import crypto from "node:crypto";
 import type { Llama, LlamaContext, LlamaGrammar, LlamaModel, Token } from "node-llama-cpp";
 import type { ChatTemplate } from "../model/chatTemplate.ts";
 import { bindNative, greedySamplerConfig } from "./nativeBatch.ts";
-import type { NativeBinding, NativeGrammarState, NativeSampler, NativeSamplerConfig } from "./nativeBatch.ts";
+import type {
+  NativeAdapter,
+  NativeBinding,
+  NativeGrammarState,
+  NativeSampler,
+  NativeSamplerConfig,
+} from "./nativeBatch.ts";
 import { longestTokenBytes, promptTokens, type PromptModel } from "./promptTokens.ts";
 import { TextOutput } from "./TextOutput.ts";
 import type { FinishReason, GenerationRequest, GenerationResult, TokenLogprob } from "./types.ts";
@@ -24,8 +30,19 @@ export interface SequenceBatcherOptions {
   /** Most tokens evaluated in one decode step (also capped by the context's batch size). */
   batchSize: number;
   logger: (level: "error" | "warn", message: string) => void;
-  /** Called as each generation finishes with its answer (not when it fails or is aborted). */
-  onFinish: (result: GenerationResult, elapsedMs: number) => void;
+  /**
+   * Called as each generation finishes with its answer (not when it fails or is aborted), with the key of
+   * the adapter it ran on (`undefined`: the bare model).
+   */
+  onFinish: (result: GenerationResult, elapsedMs: number, adapterKey: string | undefined) => void;
+}
+
+/** A LoRA adapter that generations on this batcher's context may apply (loaded by the pool on the same model). */
+export interface BatchAdapter {
+  /** Tells adapters apart (file and scale); KV caches computed under one are reused only under the same. */
+  key: string;
+  native: NativeAdapter;
+  scale: number;
 }
 
 interface Waiter {
@@ -36,6 +53,8 @@ interface Waiter {
 /** One running generation on one sequence of a loaded model. */
 interface Generation {
   sequenceId: number;
+  /** The LoRA adapter its decodes apply; absent: the bare model. */
+  adapter: BatchAdapter | undefined;
   /**
    * Made by the step loop while the generation's first decode runs (`prepareSamplers`): a native sampler
    * allocates a candidate array of the whole vocabulary, ~0.37 ms on SmolLM2's 49,152 tokens, which would
@@ -76,12 +95,21 @@ interface Generation {
 }
 
 /** A generation's log probabilities: a greedy sampler without penalties reads the raw distribution. */
+interface LogprobEntry {
+  entry: TokenLogprob;
+  start: number;
+  end: number | undefined;
+}
+
 interface LogprobState {
   top: number;
   /** Made with the generation's sampler (see `Generation.sampler`). */
   sampler: NativeSampler | undefined;
-  /** One entry per generated token, with where its text starts in the output (`TextOutput.decodedLength`). */
-  entries: { entry: TokenLogprob; start: number }[];
+  /**
+   * One entry per generated token, with where its text starts and ends in the output
+   * (`TextOutput.decodedLength` before and after it; no end while its bytes end inside a character).
+   */
+  entries: LogprobEntry[];
   /** Entries already streamed. */
   sent: number;
   /** The entry of the token just sampled, until `accept` takes it. */
@@ -89,9 +117,15 @@ interface LogprobState {
 }
 
 /**
- * The sequences of one loaded model and the loop that batches them: hands out sequences (reusing a KV-cache
- * prefix when a prompt shares one), queues requests when all are busy, and runs every active generation in
- * one decode per token step, then samples and streams each.
+ * The sequences of one loaded base model and the loop that batches them: hands out sequences (reusing a
+ * KV-cache prefix when a prompt shares one), queues requests when all are busy, and runs every active
+ * generation in each token step, then samples and streams each.
+ *
+ * Generations of the bare model and of its LoRA adapters share the context and its sequences. llama.cpp
+ * applies adapters per context, to every token of a decode, so a step decodes one group per adapter in use
+ * (the bare model is a group too), switching the context's adapter before each: one decode per step when
+ * every generation uses the same adapter, as many as there are adapters otherwise (bench/README.md §Serving
+ * many adapters measures this against a context per adapter).
  */
 export class SequenceBatcher {
   readonly model: LlamaModel;
@@ -110,6 +144,16 @@ export class SequenceBatcher {
   private readonly freeSequences: number[];
   /** The tokens still in the KV cache of each free sequence (absent: empty), for prefix reuse. */
   private readonly cached = new Map<number, number[]>();
+  /** The adapter key each cached sequence was evaluated under (absent: the bare model). */
+  private readonly cachedAdapter = new Map<number, string>();
+  /** Running generations by adapter key ("" for the bare model). */
+  private readonly running = new Map<string, number>();
+  /** Callers waiting for an adapter's last generation to end, by adapter key. */
+  private readonly adapterIdle = new Map<string, (() => void)[]>();
+  /** The adapter the context applies now (set before each decode; undefined: none; null: unknown). */
+  private applied: BatchAdapter | undefined | null = undefined;
+  /** Adapters to take off the context between two decodes before they are freed, with who waits. */
+  private readonly forgetting: { key: string; done: () => void }[] = [];
   private readonly active = new Set<Generation>();
   /** Whether a token ends generation, by token (`isEogToken` is a native call; the vocabulary does not change). */
   private readonly eog = new Map<number, boolean>();
@@ -159,6 +203,49 @@ export class SequenceBatcher {
     return this.active.size > 0 || this.waiters.length > 0;
   }
 
+  /** Generations running now on `adapterKey` (`""`: on the bare model). */
+  runningOn(adapterKey: string): number {
+    return this.running.get(adapterKey) ?? 0;
+  }
+
+  /** Resolves once no generation runs on `adapterKey`. */
+  idleOn(adapterKey: string): Promise<void> {
+    if (this.runningOn(adapterKey) === 0) return Promise.resolve();
+    return new Promise((resolve) => {
+      const list = this.adapterIdle.get(adapterKey) ?? [];
+      list.push(resolve);
+      this.adapterIdle.set(adapterKey, list);
+    });
+  }
+
+  /**
+   * Takes the adapter `key` off the context (between two decodes) and drops the KV caches computed under it,
+   * so that it can be freed. Call once no generation runs on it ({@link idleOn}).
+   */
+  forgetAdapter(key: string): Promise<void> {
+    return new Promise((resolve) => {
+      this.forgetting.push({ key, done: resolve });
+      if (!this.stepping) this.applyForgets();
+    });
+  }
+
+  /** Runs the pending {@link forgetAdapter}s; only between decodes. */
+  private applyForgets(): void {
+    for (const { key, done } of this.forgetting.splice(0)) {
+      if (this.applied === null || this.applied?.key === key) {
+        this.native.context.setLoras([], []);
+        this.applied = undefined;
+      }
+      for (const [id, adapterKey] of this.cachedAdapter)
+        if (adapterKey === key) {
+          this.cachedAdapter.delete(id);
+          this.cached.delete(id);
+          this.native.context.disposeSequence(id);
+        }
+      done();
+    }
+  }
+
   /** Resolves when the step loop has stopped. */
   idle(): Promise<void> {
     return this.idlePromise;
@@ -185,13 +272,13 @@ export class SequenceBatcher {
    * cache lost costs one evaluation of its prompt once; a gap costs one more pass over the weights on every step
    * while it lasts. With nothing running every free sequence scores alike, and rule 3 alone decides.
    */
-  takeSequence(prompt: number[]): number | undefined {
+  takeSequence(prompt: number[], adapter?: BatchAdapter): number | undefined {
     if (this.waiters.length > 0 || this.freeSequences.length === 0) return undefined;
-    return this.freeSequences.splice(this.pickFree(prompt), 1)[0];
+    return this.freeSequences.splice(this.pickFree(prompt, adapter?.key), 1)[0];
   }
 
   /** The index in `freeSequences` of the sequence {@link takeSequence} hands out (see its rules). */
-  private pickFree(prompt: number[]): number {
+  private pickFree(prompt: number[], adapterKey: string | undefined): number {
     const free = this.freeSequences;
     const total = this.context.totalSequences;
     const isFree = new Uint8Array(total);
@@ -203,7 +290,9 @@ export class SequenceBatcher {
     let bestNeighbours = -1;
     // `free` runs from the one freed longest ago: on a tie the earlier one stays (rule 3).
     for (const [i, id] of free.entries()) {
-      const shared = commonPrefix(this.cached.get(id) ?? [], prompt);
+      // A KV cache computed under another adapter (or none) is of no use.
+      const shared =
+        this.cachedAdapter.get(id) === adapterKey ? commonPrefix(this.cached.get(id) ?? [], prompt) : 0;
       const prefix = shared >= MIN_REUSED_PREFIX ? shared : 0;
       const neighbours = (inUse(id - 1) ? 1 : 0) + (inUse(id + 1) ? 1 : 0);
       if (prefix > bestPrefix || (prefix === bestPrefix && neighbours > bestNeighbours))
@@ -248,6 +337,7 @@ export class SequenceBatcher {
     prompt: number[],
     request: GenerationRequest,
     grammar: LlamaGrammar | undefined,
+    adapter?: BatchAdapter,
   ): Promise<GenerationResult> {
     const { sampling, signal } = request;
     const model = this.model;
@@ -297,6 +387,7 @@ export class SequenceBatcher {
     return new Promise<GenerationResult>((resolve, reject) => {
       const gen: Generation = {
         sequenceId,
+        adapter,
         sampler: undefined,
         samplerConfig,
         prompt,
@@ -327,6 +418,8 @@ export class SequenceBatcher {
         gen.reject = (error) => (cleanup(), reject(error));
       }
       this.active.add(gen);
+      const key = adapter?.key ?? "";
+      this.running.set(key, this.runningOn(key) + 1);
       this.ensureStepping();
     });
   }
@@ -337,7 +430,15 @@ export class SequenceBatcher {
    * of a chat, the same system prompt) evaluates only what is new.
    */
   private releaseSequence(gen: Generation): void {
-    this.active.delete(gen);
+    if (!this.active.delete(gen)) return;
+    const key = gen.adapter?.key ?? "";
+    const left = this.runningOn(key) - 1;
+    if (left > 0) this.running.set(key, left);
+    else {
+      this.running.delete(key);
+      for (const resolve of this.adapterIdle.get(key) ?? []) resolve();
+      this.adapterIdle.delete(key);
+    }
     gen.sampler?.dispose();
     gen.logprobs?.sampler?.dispose();
     // Never placed (aborted before its first step): the sequence's cache is as the last request left it.
@@ -345,7 +446,12 @@ export class SequenceBatcher {
     if (gen.cacheInvalid || gen.fed.length === 0) {
       this.native.context.disposeSequence(gen.sequenceId);
       this.cached.delete(gen.sequenceId);
-    } else this.cached.set(gen.sequenceId, gen.fed);
+      this.cachedAdapter.delete(gen.sequenceId);
+    } else {
+      this.cached.set(gen.sequenceId, gen.fed);
+      if (gen.adapter) this.cachedAdapter.set(gen.sequenceId, gen.adapter.key);
+      else this.cachedAdapter.delete(gen.sequenceId);
+    }
     this.returnSequence(gen.sequenceId);
   }
 
@@ -358,7 +464,7 @@ export class SequenceBatcher {
     gen.placed = true;
     let reused: number;
     try {
-      reused = this.reusePrefix(gen.sequenceId, gen.prompt);
+      reused = this.reusePrefix(gen.sequenceId, gen.prompt, gen.adapter?.key);
     } catch (error) {
       gen.cacheInvalid = true;
       settle(gen, () => gen.reject(error));
@@ -374,9 +480,17 @@ export class SequenceBatcher {
    * Keeps the longest prefix of the sequence's KV cache that `prompt` starts with (at most all but the
    * prompt's last token, which is evaluated again for its logits) and drops the rest. Returns its length.
    */
-  private reusePrefix(sequenceId: number, prompt: number[]): number {
-    const cached = this.cached.get(sequenceId) ?? [];
+  private reusePrefix(sequenceId: number, prompt: number[], adapterKey: string | undefined): number {
+    const sameAdapter = this.cachedAdapter.get(sequenceId) === adapterKey;
+    const cached = sameAdapter ? (this.cached.get(sequenceId) ?? []) : [];
+    if (!sameAdapter && this.cached.has(sequenceId)) {
+      this.native.context.disposeSequence(sequenceId);
+      this.cached.delete(sequenceId);
+      this.cachedAdapter.delete(sequenceId);
+      return 0;
+    }
     this.cached.delete(sequenceId);
+    this.cachedAdapter.delete(sequenceId);
     const keep = Math.min(commonPrefix(cached, prompt), prompt.length - 1);
     if (keep === cached.length) return keep;
     // Models whose cache cannot drop a tail (recurrent ones) start again from an empty sequence.
@@ -413,6 +527,7 @@ export class SequenceBatcher {
       })
       .finally(() => {
         this.stepping = false;
+        this.applyForgets();
         this.markIdle();
         // A generation may have joined after the loop's last check.
         if (this.active.size > 0 && !this.closed) this.ensureStepping();
@@ -420,22 +535,20 @@ export class SequenceBatcher {
   }
 
   /**
-   * Continuous batching: each step evaluates, in one decode, the next token of every generating sequence plus
-   * chunks of new prompts (up to `batchSize` tokens), then samples every sequence that produced logits.
+   * Continuous batching: each step evaluates the next token of every generating sequence plus chunks of new
+   * prompts (up to `batchSize` tokens), in one decode per adapter in use, then samples every sequence that
+   * produced logits.
    */
   private async stepLoop(): Promise<void> {
-    const ctx = this.native.context;
     const maxBatch = Math.min(this.batchSize, this.context.batchSize);
     // Reused every step (the native calls copy what they read): no batch objects, token arrays or sort per step
     // while every sequence is generating.
     const batch: Generation[] = [];
     const takes: number[] = [];
-    const logitAt: number[] = [];
-    const byId: number[] = [];
-    const sampleAt: Generation[] = [];
-    const sampleIndex: number[] = [];
-    const pending: Promise<number>[] = [];
+    const groupBatch: Generation[] = [];
+    const groupTakes: number[] = [];
     while (this.active.size > 0) {
+      this.applyForgets();
       for (const gen of this.active) if (gen.settled) this.releaseSequence(gen);
       for (const gen of this.active) if (!gen.placed) this.place(gen);
       for (const gen of this.active) if (gen.settled) this.releaseSequence(gen);
@@ -466,76 +579,116 @@ export class SequenceBatcher {
           budget -= take;
         }
       }
-      const total = maxBatch - budget;
-      // Only changes a field of the llama.cpp context when the count differs; no threads are kept between steps.
-      if (this.promptThreads !== this.threads)
-        ctx.setThreads(total >= PROMPT_BATCH_TOKENS ? this.promptThreads : this.threads);
-
-      sampleAt.length = 0;
-      sampleIndex.length = 0;
-      try {
-        ctx.initBatch(total);
-        // Tokens go into the batch by sequence id: llama.cpp's per-sequence KV streams make a decode of the same
-        // tokens in another sequence order much slower (SmolLM2-135M, 8 sequences of one token: 57 ms in id
-        // order, 81 ms shuffled). Sampling and streaming keep the order of `batch`.
-        byId.length = 0;
-        for (let i = 0; i < batch.length; i++) byId.push(i);
-        byId.sort((a, b) => batch[a]!.sequenceId - batch[b]!.sequenceId);
-        logitAt.length = batch.length;
-        for (const i of byId) {
-          const gen = batch[i]!;
-          const take = takes[i]!;
-          const logits = take === gen.pending.length;
-          // addToBatch copies the tokens into llama.cpp's batch: views and shared arrays are safe.
-          const tokens = logits ? gen.pending : gen.pending.subarray(0, take);
-          const logitIndexes = !logits ? NONE : take === 1 ? FIRST : Uint32Array.of(take - 1);
-          const indexes = ctx.addToBatch(gen.sequenceId, gen.position, tokens, logitIndexes);
-          gen.position += take;
-          if (take === 1) gen.fed.push(gen.pending[0]!);
-          else for (let t = 0; t < take; t++) gen.fed.push(gen.pending[t]!);
-          gen.pending = take === gen.pending.length ? EMPTY : gen.pending.subarray(take);
-          logitAt[i] = logits ? (indexes[0] ?? -1) : -1;
+      // One decode per adapter in use: llama.cpp applies a context's adapters to every token of a decode.
+      const first = batch[0]?.adapter?.key;
+      if (batch.every((gen) => gen.adapter?.key === first)) await this.decode(batch, takes);
+      else {
+        const keys = [...new Set(batch.map((gen) => gen.adapter?.key ?? ""))];
+        for (const key of keys) {
+          groupBatch.length = 0;
+          groupTakes.length = 0;
+          for (let i = 0; i < batch.length; i++)
+            if ((batch[i]!.adapter?.key ?? "") === key) {
+              groupBatch.push(batch[i]!);
+              groupTakes.push(takes[i]!);
+            }
+          await this.decode(groupBatch, groupTakes);
         }
-        for (let i = 0; i < batch.length; i++) {
-          if (logitAt[i]! < 0) continue;
-          sampleAt.push(batch[i]!);
-          sampleIndex.push(logitAt[i]!);
-        }
-        const decoding = ctx.decodeBatch();
-        // The samplers of generations sampling for the first time are made while the decode runs.
-        this.prepareSamplers(sampleAt, sampleIndex);
-        await decoding;
-        if (sampleAt.length === 0) continue;
-        if (sampleAt.length === 1) {
-          // One sequence (a single stream): no Promise.all round.
-          const gen = sampleAt[0]!;
-          const index = sampleIndex[0]!;
-          this.accept(
-            gen,
-            await (gen.logprobs ? this.sampleWithLogprobs(gen, index) : ctx.sampleToken(index, gen.sampler!)),
-          );
-        } else {
-          // Sampling runs on libuv's pool, one job per sequence, concurrently.
-          pending.length = 0;
-          for (let i = 0; i < sampleAt.length; i++) {
-            const gen = sampleAt[i]!;
-            pending.push(
-              gen.logprobs
-                ? this.sampleWithLogprobs(gen, sampleIndex[i]!)
-                : ctx.sampleToken(sampleIndex[i]!, gen.sampler!),
-            );
-          }
-          const tokens = await Promise.all(pending);
-          for (let i = 0; i < sampleAt.length; i++) this.accept(sampleAt[i]!, tokens[i]!);
-        }
-      } catch (error) {
-        // A failed decode leaves these sequences in an unknown state: fail them (and free their slots).
-        for (const gen of batch) {
-          gen.cacheInvalid = true;
-          settle(gen, () => gen.reject(error));
-        }
-        this.logger("error", `decode failed: ${error instanceof Error ? error.message : error}`);
       }
+    }
+  }
+
+  // Reused by every decode (see stepLoop).
+  private readonly logitAt: number[] = [];
+  private readonly byId: number[] = [];
+  private readonly sampleAt: Generation[] = [];
+  private readonly sampleIndex: number[] = [];
+  private readonly pendingSamples: Promise<number>[] = [];
+
+  /**
+   * One decode of `takes[i]` pending tokens of each of `batch` (generations of one adapter), then samples every
+   * generation that produced logits. A failed decode fails its generations, never throws.
+   */
+  private async decode(batch: Generation[], takes: number[]): Promise<void> {
+    const ctx = this.native.context;
+    const { logitAt, byId, sampleAt, sampleIndex } = this;
+    const pending = this.pendingSamples;
+    let total = 0;
+    for (const take of takes) total += take;
+    // Only changes a field of the llama.cpp context when the count differs; no threads are kept between steps.
+    if (this.promptThreads !== this.threads)
+      ctx.setThreads(total >= PROMPT_BATCH_TOKENS ? this.promptThreads : this.threads);
+    sampleAt.length = 0;
+    sampleIndex.length = 0;
+    try {
+      const adapter = batch[0]?.adapter;
+      if (this.applied === null || adapter?.key !== this.applied?.key) {
+        // Unknown until it succeeds: a failure must not leave the old adapter taken as applied.
+        this.applied = null;
+        ctx.setLoras(adapter ? [adapter.native] : [], adapter ? [adapter.scale] : []);
+        this.applied = adapter;
+      }
+      ctx.initBatch(total);
+      // Tokens go into the batch by sequence id: llama.cpp's per-sequence KV streams make a decode of the same
+      // tokens in another sequence order much slower (SmolLM2-135M, 8 sequences of one token: 57 ms in id
+      // order, 81 ms shuffled). Sampling and streaming keep the order of `batch`.
+      byId.length = 0;
+      for (let i = 0; i < batch.length; i++) byId.push(i);
+      byId.sort((a, b) => batch[a]!.sequenceId - batch[b]!.sequenceId);
+      logitAt.length = batch.length;
+      for (const i of byId) {
+        const gen = batch[i]!;
+        const take = takes[i]!;
+        const logits = take === gen.pending.length;
+        // addToBatch copies the tokens into llama.cpp's batch: views and shared arrays are safe.
+        const tokens = logits ? gen.pending : gen.pending.subarray(0, take);
+        const logitIndexes = !logits ? NONE : take === 1 ? FIRST : Uint32Array.of(take - 1);
+        const indexes = ctx.addToBatch(gen.sequenceId, gen.position, tokens, logitIndexes);
+        gen.position += take;
+        if (take === 1) gen.fed.push(gen.pending[0]!);
+        else for (let t = 0; t < take; t++) gen.fed.push(gen.pending[t]!);
+        gen.pending = take === gen.pending.length ? EMPTY : gen.pending.subarray(take);
+        logitAt[i] = logits ? (indexes[0] ?? -1) : -1;
+      }
+      for (let i = 0; i < batch.length; i++) {
+        if (logitAt[i]! < 0) continue;
+        sampleAt.push(batch[i]!);
+        sampleIndex.push(logitAt[i]!);
+      }
+      const decoding = ctx.decodeBatch();
+      // The samplers of generations sampling for the first time are made while the decode runs.
+      this.prepareSamplers(sampleAt, sampleIndex);
+      await decoding;
+      if (sampleAt.length === 0) return;
+      if (sampleAt.length === 1) {
+        // One sequence (a single stream): no Promise.all round.
+        const gen = sampleAt[0]!;
+        const index = sampleIndex[0]!;
+        this.accept(
+          gen,
+          await (gen.logprobs ? this.sampleWithLogprobs(gen, index) : ctx.sampleToken(index, gen.sampler!)),
+        );
+      } else {
+        // Sampling runs on libuv's pool, one job per sequence, concurrently.
+        pending.length = 0;
+        for (let i = 0; i < sampleAt.length; i++) {
+          const gen = sampleAt[i]!;
+          pending.push(
+            gen.logprobs
+              ? this.sampleWithLogprobs(gen, sampleIndex[i]!)
+              : ctx.sampleToken(sampleIndex[i]!, gen.sampler!),
+          );
+        }
+        const tokens = await Promise.all(pending);
+        for (let i = 0; i < sampleAt.length; i++) this.accept(sampleAt[i]!, tokens[i]!);
+      }
+    } catch (error) {
+      // A failed decode leaves these sequences in an unknown state: fail them (and free their slots).
+      for (const gen of batch) {
+        gen.cacheInvalid = true;
+        settle(gen, () => gen.reject(error));
+      }
+      this.logger("error", `decode failed: ${error instanceof Error ? error.message : error}`);
     }
   }
 
@@ -609,8 +762,13 @@ export class SequenceBatcher {
     if (this.isEog(token)) return this.finish(gen, "stop");
     gen.completionTokens++;
     if (gen.logprobs?.next)
-      gen.logprobs.entries.push({ entry: gen.logprobs.next, start: gen.output.decodedLength });
+      gen.logprobs.entries.push({
+        entry: gen.logprobs.next,
+        start: gen.output.decodedLength,
+        end: undefined,
+      });
     const piece = gen.output.push(token);
+    if (gen.logprobs) endEntries(gen.logprobs.entries, gen.output.decodedLength);
     if (piece !== "" || gen.logprobs) this.stream(gen, piece);
     if (gen.settled) return;
     if (gen.output.stopped) return this.finish(gen, "stop");
@@ -627,10 +785,14 @@ export class SequenceBatcher {
     return eog;
   }
 
-  /** Streams `piece` with the log probabilities of the tokens whose text now starts in the streamed text. */
-  private stream(gen: Generation, piece: string): void {
+  /**
+   * Streams `piece` with the log probabilities of the tokens whose text is now all in the streamed text (`last`:
+   * the output is complete, and a token whose text runs past it is sent with the part in it; see
+   * `answerLogprobs`).
+   */
+  private stream(gen: Generation, piece: string, last = false): void {
     if (!gen.onText) return;
-    const logprobs = gen.logprobs ? takeLogprobs(gen.logprobs, gen.output.text.length) : undefined;
+    const logprobs = gen.logprobs ? takeLogprobs(gen.logprobs, gen.output.text, last) : undefined;
     if (piece === "" && (logprobs === undefined || logprobs.length === 0)) return;
     try {
       gen.onText(piece, logprobs);
@@ -642,21 +804,17 @@ export class SequenceBatcher {
 
   private finish(gen: Generation, finishReason: FinishReason): void {
     const rest = gen.output.finish();
-    if (rest !== "") this.stream(gen, rest);
+    if (rest !== "" || gen.logprobs) this.stream(gen, rest, true);
     if (gen.settled) return;
-    const end = gen.output.text.length;
     const result: GenerationResult = {
       text: gen.output.text,
       finishReason,
       promptTokens: gen.promptTokens,
       cachedTokens: gen.cachedTokens,
       completionTokens: gen.completionTokens,
-      // Tokens whose text is in the answer (not those of a stop sequence or trimmed whitespace).
-      ...(gen.logprobs
-        ? { logprobs: gen.logprobs.entries.filter((e) => e.start < end).map((e) => e.entry) }
-        : {}),
+      ...(gen.logprobs ? { logprobs: answerLogprobs(gen.logprobs.entries, gen.output.text) } : {}),
     };
-    this.onFinish(result, performance.now() - gen.startedAt);
+    this.onFinish(result, performance.now() - gen.startedAt, gen.adapter?.key);
     settle(gen, () => gen.resolve(result));
     this.releaseSequence(gen);
   }
@@ -678,11 +836,62 @@ function commonPrefix(a: readonly number[], b: readonly number[]): number {
   return i;
 }
 
-/** The entries not streamed yet whose text starts before `end`. */
-function takeLogprobs(state: LogprobState, end: number): TokenLogprob[] {
+/** Ends the entries still open (their bytes ended inside a character) once the decoded text has passed them. */
+function endEntries(entries: LogprobEntry[], decoded: number): void {
+  for (let i = entries.length - 1; i >= 0 && entries[i]!.end === undefined; i--)
+    if (decoded > entries[i]!.start) entries[i]!.end = decoded;
+}
+
+/**
+ * The log probabilities of the tokens in the answer `text`, so that their texts join to it: a token whose
+ * text is all past its end (a stop sequence, trimmed whitespace) is left out, and a token whose text runs past
+ * its end (the start of a stop sequence) keeps its log probability but shows only the part in the answer (of
+ * tokens decoded together as one character, the first shows that part, and the others are left out).
+ */
+function answerLogprobs(entries: readonly LogprobEntry[], text: string): TokenLogprob[] {
   const taken: TokenLogprob[] = [];
-  while (state.sent < state.entries.length && state.entries[state.sent]!.start < end)
-    taken.push(state.entries[state.sent++]!.entry);
+  for (let i = 0; i < entries.length && entries[i]!.start < text.length; i++) {
+    const entry = answerPart(entries, i, text);
+    if (entry) taken.push(entry);
+  }
+  return taken;
+}
+
+/**
+ * Entry `i` as `answerLogprobs` shows it: whole, cut to its part in `text`, or `undefined` (no part in it).
+ * Tokens decoded together (one character split across them) share a start: their part of `text` goes to them in
+ * order, each taking its own text while that is what comes next, and the first that does not fit taking the rest.
+ */
+function answerPart(entries: readonly LogprobEntry[], i: number, text: string): TokenLogprob | undefined {
+  const e = entries[i]!;
+  if (e.end !== undefined && e.end <= text.length) return e.entry;
+  let first = i;
+  while (first > 0 && entries[first - 1]!.start === e.start) first--;
+  let rest = text.slice(e.start, e.end ?? text.length);
+  for (let j = first; j <= i; j++) {
+    const own = entries[j]!.entry.token;
+    if (rest === "") return undefined;
+    if (own !== "" && rest.startsWith(own) && j < i) rest = rest.slice(own.length);
+    else if (j < i) rest = "";
+    else return rest.startsWith(own) ? e.entry : { ...e.entry, token: rest };
+  }
+  return undefined;
+}
+
+/**
+ * The entries not streamed yet whose text is all in the streamed `text`; `last`: the text is the whole
+ * answer, and the rest of those in it are taken too (see `answerLogprobs`).
+ */
+function takeLogprobs(state: LogprobState, text: string, last: boolean): TokenLogprob[] {
+  const taken: TokenLogprob[] = [];
+  for (; state.sent < state.entries.length; state.sent++) {
+    const e = state.entries[state.sent]!;
+    if (e.end !== undefined && e.end <= text.length) taken.push(e.entry);
+    else if (last && e.start < text.length) {
+      const entry = answerPart(state.entries, state.sent, text);
+      if (entry) taken.push(entry);
+    } else break;
+  }
   return taken;
 }
 

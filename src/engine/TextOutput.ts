@@ -36,12 +36,11 @@ export class TextOutput {
   }
 
   /**
-   * Characters decoded so far, streamed or held back: where the text of the next token pushed starts (a token
-   * ending inside a character is decoded with the next one, and starts where that one does).
+   * Characters decoded so far, streamed, held back or cut at a stop string: where the text of the next token
+   * pushed starts (a token ending inside a character is decoded with the next one, and starts where that one
+   * does). Before a stop string, `text` and the held-back text; the text up to a stop string is `text`.
    */
-  get decodedLength(): number {
-    return this.text.length + this.heldText.length;
-  }
+  decodedLength = 0;
 
   /** Adds a generated token; returns the text that can be streamed now (may be empty). */
   push(token: number): string {
@@ -51,6 +50,7 @@ export class TextOutput {
     if (decoded.endsWith(REPLACEMENT) && this.heldTokens.length < MAX_HELD_TOKENS) return "";
     this.previousTokens = [...this.previousTokens, ...this.heldTokens].slice(-PREVIOUS_TOKENS);
     this.heldTokens = [];
+    this.decodedLength += decoded.length;
     return this.pushText(decoded);
   }
 
@@ -58,7 +58,11 @@ export class TextOutput {
   finish(): string {
     if (this.stopped) return "";
     let rest = this.heldText;
-    if (this.heldTokens.length > 0) rest += this.detokenize(this.heldTokens, this.previousTokens);
+    if (this.heldTokens.length > 0) {
+      const decoded = this.detokenize(this.heldTokens, this.previousTokens);
+      this.decodedLength += decoded.length;
+      rest += decoded;
+    }
     if (this.trimEnd) rest = rest.trimEnd();
     this.heldTokens = [];
     this.heldText = "";

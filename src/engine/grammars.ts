@@ -1,6 +1,8 @@
 import type { Llama, LlamaGrammar } from "node-llama-cpp";
 import { ConduitError } from "../errors.ts";
 import { GbnfWriter, GbnfWriterStopped } from "./GbnfWriter.ts";
+import { boundDigits, MAX_BOUND_DIGITS } from "./numberRanges.ts";
+import { emptyRange, OWN_FORMATS, RANGE_KEYWORDS, spliceOwnRules, withOwnRules } from "./ownRules.ts";
 import { MAX_GRAMMAR_COUNT, schemaOverBounds } from "./schemaBounds.ts";
 import type { ResponseFormat } from "./types.ts";
 
@@ -59,9 +61,9 @@ export class GrammarCache {
         format.kind === "json"
           ? llama.getGrammarFor("json")
           : format.kind === "json_schema"
-            ? this.writer
-                .write(anyOfAsOneOf(format.schema))
-                .then((gbnf) => llama.createGrammar({ grammar: gbnf, ...JSON_SCHEMA_GRAMMAR }))
+            ? this.gbnf(format.schema).then((gbnf) =>
+                llama.createGrammar({ grammar: gbnf, ...JSON_SCHEMA_GRAMMAR }),
+              )
             : this.wrappedGrammar(llama, format.schema, format.prefix, format.suffix);
       grammar = grammar.catch((error: unknown) => {
         this.grammars.delete(key);
@@ -83,6 +85,12 @@ export class GrammarCache {
     return this.writer.dispose();
   }
 
+  /** The GBNF of a JSON schema: node-llama-cpp's, with this project's own rules (`ownRules.ts`) spliced in. */
+  async gbnf(schema: unknown): Promise<string> {
+    const own = withOwnRules(anyOfAsOneOf(rootAsDefinition(schema)));
+    return spliceOwnRules(await this.writer.write(own.schema), own.rules);
+  }
+
   /**
    * A grammar for `prefix`, a JSON value matching `schema`, then `suffix`, and nothing after it (the model can
    * only end its turn). node-llama-cpp's JSON-schema grammar ends its root rule with a run of newlines (its stop
@@ -94,7 +102,7 @@ export class GrammarCache {
     prefix: string,
     suffix: string,
   ): Promise<LlamaGrammar> {
-    const inner = await this.writer.write(anyOfAsOneOf(schema));
+    const inner = await this.gbnf(schema);
     const tail = ' "\\n\\n\\n\\n" [\\n]*';
     const lines = inner.split("\n");
     const root = lines.findIndex((line) => line.startsWith("root ::= "));
@@ -109,6 +117,47 @@ export class GrammarCache {
     lines[root] = `root ::= ${parts.join("")}`;
     return llama.createGrammar({ grammar: lines.join("\n") });
   }
+}
+
+/**
+ * A schema whose `$ref: "#"` (recursion into the root, as OpenAI's structured outputs allow) point at a
+ * definition of the root instead, which node-llama-cpp's grammar knows: `{$defs: {…, root}, $ref: root}`.
+ */
+export function rootAsDefinition(schema: unknown): unknown {
+  if (typeof schema !== "object" || schema === null || Array.isArray(schema) || !refersToRoot(schema))
+    return schema;
+  const { $defs, ...root } = schema as Record<string, unknown>;
+  const defs = typeof $defs === "object" && $defs !== null ? ($defs as Record<string, unknown>) : {};
+  let name = "root";
+  while (Object.hasOwn(defs, name)) name = `_${name}`;
+  const ref = `#/$defs/${name}`;
+  const rewrite = (value: unknown, key?: string): unknown => {
+    if (key === "const" || key === "enum") return value;
+    if (Array.isArray(value)) return value.map((item) => rewrite(item));
+    if (typeof value !== "object" || value === null) return value;
+    return Object.fromEntries(
+      Object.entries(value).map(([k, v]) => [
+        k,
+        k === "$ref" && v === "#"
+          ? ref
+          : key === "properties" || key === "$defs"
+            ? rewrite(v)
+            : rewrite(v, k),
+      ]),
+    );
+  };
+  return { $defs: { ...(rewrite(defs, "$defs") as object), [name]: rewrite(root) }, $ref: ref };
+}
+
+/** Whether a `$ref: "#"` is anywhere in `schema` (not inside `const` or `enum` values). */
+function refersToRoot(schema: unknown, key?: string): boolean {
+  if (key === "const" || key === "enum") return false;
+  if (Array.isArray(schema)) return schema.some((item) => refersToRoot(item));
+  if (typeof schema !== "object" || schema === null) return false;
+  return Object.entries(schema).some(
+    ([k, v]) =>
+      (k === "$ref" && v === "#") || refersToRoot(v, key === "properties" || key === "$defs" ? undefined : k),
+  );
 }
 
 /** A GBNF string literal. */
@@ -136,7 +185,7 @@ const isLiteral = (value: unknown) =>
   value === null || ["string", "number", "boolean"].includes(typeof value);
 
 const TYPES = new Set(["string", "number", "integer", "boolean", "null", "object", "array"]);
-const FORMATS = new Set(["date-time", "date", "time"]);
+const FORMATS = new Set(["date-time", "date", "time", ...OWN_FORMATS]);
 /** Keywords that only describe (the grammar ignores them), with the JSON type each must have. */
 const ANNOTATIONS: Record<string, "string" | "array"> = {
   title: "string",
@@ -150,16 +199,20 @@ const BY_TYPE: Record<string, string[]> = {
   string: ["minLength", "maxLength", "format"],
   object: ["properties", "required", "additionalProperties", "minProperties", "maxProperties"],
   array: ["items", "prefixItems", "minItems", "maxItems"],
+  number: [...RANGE_KEYWORDS],
+  integer: [...RANGE_KEYWORDS],
 };
 
 /**
- * Why node-llama-cpp's JSON-schema grammar (3.22) cannot honour `schema`, or `undefined` when it can. It
+ * Why the JSON-schema grammar (node-llama-cpp's 3.22, with this project's own rules) cannot honour `schema`, or `undefined` when it can. It
  * supports `type` (one or a list of `string`, `number`, `integer`, `boolean`, `null`, `object`, `array`),
  * `const` and `enum` (of strings, numbers, booleans, `null`), `oneOf`/`anyOf`, `$ref` to `$defs`, `properties`, `required`, `additionalProperties`,
  * `minProperties`/`maxProperties` (every property in `properties` is always written, as OpenAI's strict mode
  * requires), `items`, `prefixItems`, `minItems`/`maxItems`, `minLength`/`maxLength`
- * and `format` (`date-time`, `date`, `time`); anything else (`pattern`, `minimum`, `allOf`, `not`, …) would be
- * silently ignored by the grammar, so it is refused here.
+ * and `format` (`date-time`, `date`, `time`), and with this project's own rules (`ownRules.ts`) `minimum`,
+ * `maximum`, `exclusiveMinimum`, `exclusiveMaximum` and the formats `uuid`, `ipv4`, `ipv6`, `hostname`, `email`
+ * and `duration`; anything else (`pattern`, `multipleOf`, `allOf`, `not`, …) would be silently ignored by the
+ * grammar, so it is refused here, naming the keyword.
  */
 export function unsupportedJsonSchema(
   schema: unknown,
@@ -196,8 +249,8 @@ export function unsupportedJsonSchema(
     const ref = s.$ref;
     const name =
       typeof ref === "string" && ref.startsWith("#/$defs/") ? ref.slice("#/$defs/".length) : undefined;
-    if (name === undefined || !defs.has(name))
-      return `${at}.$ref must point into the root's $defs ("#/$defs/name")`;
+    if (ref !== "#" && (name === undefined || !defs.has(name)))
+      return `${at}.$ref must be "#" (the root) or point into the root's $defs ("#/$defs/name")`;
     allowed.add("$ref");
   } else if ("const" in s) {
     if (!isLiteral(s.const)) return `${at}.const must be a string, number, boolean or null`;
@@ -222,7 +275,23 @@ export function unsupportedJsonSchema(
     allowed.add("type");
     for (const t of types) for (const key of BY_TYPE[t as string] ?? []) allowed.add(key);
     if (s.format !== undefined && (typeof s.format !== "string" || !FORMATS.has(s.format)))
-      return `${at}.format must be "date-time", "date" or "time"`;
+      return `${at}.format must be one of ${[...FORMATS].map((f) => `"${f}"`).join(", ")}`;
+    if (
+      typeof s.format === "string" &&
+      (OWN_FORMATS as readonly string[]).includes(s.format) &&
+      (s.minLength !== undefined || s.maxLength !== undefined)
+    )
+      return `${at}.format "${s.format}" cannot be combined with minLength or maxLength`;
+    for (const key of RANGE_KEYWORDS) {
+      if (s[key] !== undefined && (typeof s[key] !== "number" || !Number.isFinite(s[key])))
+        return `${at}.${key} must be a number`;
+      if (typeof s[key] === "number" && boundDigits(s[key]) > MAX_BOUND_DIGITS)
+        return `${at}.${key} has more than ${MAX_BOUND_DIGITS} decimal digits`;
+    }
+    if (types.includes("number") || types.includes("integer")) {
+      const empty = emptyRange(s, !types.includes("number"));
+      if (empty) return `${at} ${empty}`;
+    }
     if (s.properties !== undefined) {
       if (typeof s.properties !== "object" || s.properties === null)
         return `${at}.properties must be an object`;

@@ -57,6 +57,18 @@ export interface NativeContext {
   /** Removes the sequence's KV cells at positions [start, end) (`end` -1: to the end); false if it cannot. */
   removeTokenCellsFromSequence(sequenceId: number, start: number, end: number): boolean;
   setThreads(threads: number): void;
+  /**
+   * The adapters the next decodes apply, with their scales (`llama_set_adapters_lora`; empty: none). llama.cpp
+   * applies adapters per context, to every token of a decode.
+   */
+  setLoras(adapters: NativeAdapter[], scales: number[]): void;
+}
+
+/** A LoRA adapter loaded on a model (`AddonModelLora`: `llama_adapter_lora_init`). */
+export interface NativeAdapter {
+  readonly filePath: string;
+  /** Frees the adapter's tensors (`llama_adapter_lora_free`); no context may apply it afterwards. */
+  dispose(): Promise<void>;
 }
 
 /** Options of the native sampler chain (token bias → penalties → top-k → top-p → temperature → dist, or greedy). */
@@ -141,6 +153,7 @@ export function bindNative(llama: Llama, model: LlamaModel, context: LlamaContex
     "disposeSequence",
     "removeTokenCellsFromSequence",
     "setThreads",
+    "setLoras",
   ];
   const missing = [
     ...contextMethods.filter((m) => typeof (ctx as Record<string, unknown> | undefined)?.[m] !== "function"),
@@ -163,6 +176,29 @@ export function bindNative(llama: Llama, model: LlamaModel, context: LlamaContex
       return new GrammarState(nativeModel, nativeGrammar);
     },
   };
+}
+
+type AdapterConstructor = new (model: unknown, filePath: string) => NativeAdapter;
+
+/**
+ * Loads the LoRA adapter at `filePath` on `model`, owned by the caller (node-llama-cpp's own `lora` context
+ * option keeps every adapter it loads until the model is disposed; this one is freed by its `dispose`).
+ */
+export async function loadAdapter(llama: Llama, model: LlamaModel, filePath: string): Promise<NativeAdapter> {
+  const Adapter = (llama as unknown as { _bindings?: { AddonModelLora?: AdapterConstructor } })._bindings
+    ?.AddonModelLora;
+  const nativeModel = (model as unknown as { _model?: { loadLora?: (lora: NativeAdapter) => Promise<void> } })
+    ._model;
+  if (typeof Adapter !== "function" || typeof nativeModel?.loadLora !== "function")
+    throw new Error(nativeApiChanged("AddonModelLora, model._model.loadLora"));
+  const adapter = new Adapter(nativeModel, filePath);
+  try {
+    await nativeModel.loadLora(adapter);
+  } catch (error) {
+    await adapter.dispose().catch(() => {});
+    throw error;
+  }
+  return adapter;
 }
 
 function nativeApiChanged(missing: string): string {

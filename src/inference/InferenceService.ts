@@ -1,5 +1,5 @@
 import { ConduitError } from "../errors.ts";
-import { loadChatTemplate } from "../model/chatTemplate.ts";
+import { loadChatTemplate, type ChatTemplateSource } from "../model/chatTemplate.ts";
 import { forcedToolCall, parseToolCalls, type ToolChoice } from "./toolCalls.ts";
 import type { Engine } from "../engine/Engine.ts";
 import type { ModelInfo, ModelRegistry } from "../model/ModelRegistry.ts";
@@ -79,6 +79,19 @@ export interface ServableModel {
   quantization: string | null;
   /** The model a fine-tune was trained from; `null` for a base model. */
   base_model: string | null;
+  /** The chat template chats are rendered with (see `ChatTemplate.origin`); `null` when the file cannot be read. */
+  chat_template: { source: ChatTemplateSource; name: string } | null;
+}
+
+/** Which chat template a model file's chats get; `null` when the file cannot be read. */
+async function chatTemplateOf(id: string, path: string | undefined): Promise<ServableModel["chat_template"]> {
+  if (path === undefined) return null;
+  try {
+    const template = await loadChatTemplate({ id, path });
+    return { source: template.origin, name: template.name };
+  } catch {
+    return null;
+  }
 }
 
 /** A model held in memory, as `GET /conduit/v1/models/loaded` shows it. */
@@ -288,6 +301,7 @@ export class InferenceService {
       size_bytes: file?.sizeBytes ?? m.sizeBytes,
       quantization: file?.quantization ?? null,
       base_model: null,
+      chat_template: await chatTemplateOf(m.id, m.path),
     };
   }
 
@@ -311,6 +325,11 @@ export class InferenceService {
       size_bytes: own?.sizeBytes ?? null,
       quantization: weights?.quantization ?? null,
       base_model: baseName,
+      // A LoRA fine-tune is rendered with its base's template.
+      chat_template: await chatTemplateOf(
+        servedModelName(run),
+        methodOf(run.config) !== "lora" ? (run.modelPath ?? undefined) : basePath,
+      ),
     };
   }
 

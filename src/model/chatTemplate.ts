@@ -7,15 +7,120 @@ import { identityOf } from "./fileIdentity.ts";
 import type { ChatMessage, ModelRef, ToolDefinition } from "./types.ts";
 
 /**
- * The template used when a model has no `tokenizer.chat_template` (base models such as stories260K).
- * ChatML because it is the most common instruct format and needs no special tokens to be readable:
- * a model without `<|im_start|>`/`<|im_end|>` tokens still sees plain, consistent text, and fine-tuning
- * a base model on it teaches the model this format. The inference prompt (generation prompt on) is a
- * prefix of the training conversation (assistant message included, generation prompt off).
+ * The template of last resort, for a model with no `tokenizer.chat_template` and no known family
+ * (`FAMILY_TEMPLATES`): base models such as stories260K. ChatML because it is the most common instruct format
+ * and needs no special tokens to be readable: a model without `<|im_start|>`/`<|im_end|>` tokens still sees
+ * plain, consistent text, and fine-tuning a base model on it teaches the model this format. The inference
+ * prompt (generation prompt on) is a prefix of the training conversation (assistant message included,
+ * generation prompt off).
+ *
+ * An assistant turn ends with the model's EOS token (`eos_token`, one control token) where the model has one,
+ * not with `<|im_end|>`: that marker is many tokens of plain text to such a model, and an answer cut by
+ * `max_tokens` could end in a piece of it (`green<|im_end`). A model fine-tuned on this format ends its
+ * answers with the EOS token, where generation stops. Without an EOS token, `<|im_end|>` ends every turn.
  */
 export const CHATML_TEMPLATE =
+  "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] }}" +
+  "{% if message['role'] == 'assistant' and eos_token %}{{ eos_token }}{% else %}{{ '<|im_end|>' + '\\n' }}{% endif %}{% endfor %}" +
+  "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+/** ChatML for a model whose vocabulary has `<|im_start|>` and `<|im_end|>` as control tokens (Qwen, SmolLM bases). */
+const CHATML_TOKENS_TEMPLATE =
   "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}" +
   "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+/**
+ * Gemma's turn format (Gemma 1 to 3, as Google's templates write it): `<start_of_turn>user\n…<end_of_turn>\n`,
+ * the assistant's role named `model`, a system message put before the first user message's text.
+ */
+const GEMMA_TEMPLATE =
+  "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{% set first_user_prefix = messages[0]['content'] + '\\n\\n' %}" +
+  "{% set loop_messages = messages[1:] %}{% else %}{% set first_user_prefix = '' %}{% set loop_messages = messages %}{% endif %}" +
+  "{% for message in loop_messages %}{% if message['role'] == 'assistant' %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}" +
+  "{{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else '') + message['content'] + '<end_of_turn>\\n' }}{% endfor %}" +
+  "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}";
+
+/** Llama 3's header format. */
+const LLAMA3_TEMPLATE =
+  "{{ bos_token }}{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] + '<|eot_id|>' }}{% endfor %}" +
+  "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}";
+
+/** Phi-3's format. */
+const PHI3_TEMPLATE =
+  "{% for message in messages %}{{ '<|' + message['role'] + '|>\\n' + message['content'] + '<|end|>\\n' }}{% endfor %}" +
+  "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}";
+
+/** What the model's GGUF header says of its lineage and vocabulary, to pick a family's template. */
+export interface ModelLineage {
+  /** `general.architecture` (`gemma3`, `llama`, …). */
+  architecture?: string | undefined;
+  /** `general.name` and `general.basename`. */
+  names: readonly string[];
+  /** Whether the vocabulary has this text as one control token. */
+  hasControlToken(text: string): boolean;
+}
+
+/**
+ * Chat formats of model families, for a model without an embedded template, in order: the first that fits
+ * is used. A family fits by architecture or name (as node-llama-cpp's `resolveChatWrapper` matches them) and
+ * only when the vocabulary has its turn markers as control tokens, so that a turn always ends with one token
+ * the engine stops at. ChatML by its tokens alone: a vocabulary with `<|im_start|>` and `<|im_end|>` was
+ * trained on it (Qwen and SmolLM bases).
+ */
+export const FAMILY_TEMPLATES: readonly {
+  name: string;
+  source: string;
+  markers: readonly string[];
+  fits(lineage: ModelLineage): boolean;
+}[] = [
+  {
+    name: "gemma",
+    source: GEMMA_TEMPLATE,
+    markers: ["<start_of_turn>", "<end_of_turn>"],
+    // Gemma 4 writes turns another way (`<|turn>`); its templates are embedded.
+    fits: ({ architecture, names }) =>
+      /^gemma[0-3]?n?$/.test(architecture ?? "") ||
+      names.some((n) => /gemma/i.test(n) && !/gemma[ -]?4/i.test(n)),
+  },
+  {
+    name: "llama3",
+    source: LLAMA3_TEMPLATE,
+    markers: ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+    fits: () => true,
+  },
+  {
+    name: "phi3",
+    source: PHI3_TEMPLATE,
+    markers: ["<|user|>", "<|assistant|>", "<|end|>"],
+    fits: () => true,
+  },
+  {
+    name: "chatml",
+    source: CHATML_TOKENS_TEMPLATE,
+    markers: ["<|im_start|>", "<|im_end|>"],
+    fits: () => true,
+  },
+];
+
+/** The template of a model without its own: its family's (`FAMILY_TEMPLATES`), or ChatML as text. */
+export function familyTemplate(lineage: ModelLineage): { name: string; source: string } | undefined {
+  return FAMILY_TEMPLATES.find(
+    (family) => family.markers.every((marker) => lineage.hasControlToken(marker)) && family.fits(lineage),
+  );
+}
+
+/** A short name for an embedded template, from the turn markers it writes (`custom` when none is known). */
+export function templateName(source: string): string {
+  if (source.includes("<start_of_turn>")) return "gemma";
+  if (source.includes("<|start_header_id|>")) return "llama3";
+  if (source.includes("<|im_start|>")) return "chatml";
+  if (source.includes("[INST]")) return "mistral";
+  if (source.includes("<|user|>") && source.includes("<|end|>")) return "phi3";
+  return "custom";
+}
+
+/** Where a model's chat template comes from. */
+export type ChatTemplateSource = "embedded" | "architecture" | "fallback";
 
 /**
  * Where the fallback template's assistant turn ends. A model without ChatML control tokens (stories260K, or a
@@ -40,8 +145,15 @@ export type ToolCallFormat = "hermes" | "mistral" | "json";
 
 /** A model's chat template, ready to render. */
 export interface ChatTemplate {
-  /** The Jinja source: the model's own `tokenizer.chat_template`, or `CHATML_TEMPLATE`. */
+  /** The Jinja source: the model's own `tokenizer.chat_template`, its family's, or `CHATML_TEMPLATE`. */
   source: string;
+  /**
+   * `embedded`: the model's own `tokenizer.chat_template`; `architecture`: its family's (`FAMILY_TEMPLATES`),
+   * chosen by its architecture, name and vocabulary; `fallback`: `CHATML_TEMPLATE`, as plain text.
+   */
+  origin: ChatTemplateSource;
+  /** The format's short name: `gemma`, `llama3`, `phi3`, `chatml`, `mistral`, or `custom` for an embedded one. */
+  name: string;
   /** True when the model has no template and `CHATML_TEMPLATE` is used. */
   isFallback: boolean;
   /**
@@ -84,8 +196,8 @@ const cache = new Map<string, Promise<ChatTemplate>>();
 const CACHE_LIMIT = 64;
 
 /**
- * Renders `messages` with the model's own chat template (`tokenizer.chat_template` in the GGUF), or with
- * ChatML when the model has none (see `CHATML_TEMPLATE`). The template sees `messages`,
+ * Renders `messages` with the model's own chat template (`tokenizer.chat_template` in the GGUF), its family's
+ * when it has none (`FAMILY_TEMPLATES`), or with ChatML as the last resort (see `CHATML_TEMPLATE`). The template sees `messages`,
  * `add_generation_prompt`, `bos_token` and `eos_token`.
  *
  * This is the one formatting function: the trainer formats IO pairs with it (assistant answer included,
@@ -139,20 +251,61 @@ async function readChatTemplate(model: ModelRef): Promise<ChatTemplate> {
   }
   const tokenizer = info.metadata.tokenizer;
   const tokens = tokenizer?.ggml?.tokens;
+  const types = tokenizer?.ggml?.token_type;
   const tokenText = (id: number | undefined) => (id === undefined ? "" : (tokens?.[id] ?? ""));
+  const general = info.metadata.general as
+    { architecture?: unknown; name?: unknown; basename?: unknown } | undefined;
   const own = tokenizer?.chat_template;
-  const source = typeof own === "string" && own.trim() !== "" ? own : CHATML_TEMPLATE;
-  return compileChatTemplate(source, {
-    isFallback: source === CHATML_TEMPLATE,
+  if (typeof own === "string" && own.trim() !== "")
+    return compileChatTemplate(own, {
+      origin: "embedded",
+      name: templateName(own),
+      bosToken: tokenText(tokenizer?.ggml?.bos_token_id),
+      eosToken: tokenText(tokenizer?.ggml?.eos_token_id),
+    });
+  let controls: Set<string> | undefined;
+  const isControl = (id: number | undefined) => id !== undefined && types?.[id] === CONTROL_TOKEN;
+  const lineage: ModelLineage = {
+    architecture: typeof general?.architecture === "string" ? general.architecture : undefined,
+    names: [general?.name, general?.basename].filter((n): n is string => typeof n === "string"),
+    hasControlToken(text) {
+      controls ??= new Set((tokens ?? []).filter((_, id) => isControl(id)));
+      return controls.has(text);
+    },
+  };
+  const family = familyTemplate(lineage);
+  if (family)
+    return compileChatTemplate(family.source, {
+      origin: "architecture",
+      name: family.name,
+      bosToken: tokenText(tokenizer?.ggml?.bos_token_id),
+      eosToken: tokenText(tokenizer?.ggml?.eos_token_id),
+    });
+  const eosId = tokenizer?.ggml?.eos_token_id;
+  return compileChatTemplate(CHATML_TEMPLATE, {
+    origin: "fallback",
+    name: "chatml",
     bosToken: tokenText(tokenizer?.ggml?.bos_token_id),
-    eosToken: tokenText(tokenizer?.ggml?.eos_token_id),
+    // The fallback ends an assistant turn with the EOS token only where it is one control token.
+    eosToken: isControl(eosId) ? tokenText(eosId) : "",
   });
 }
+
+/** llama.cpp's `LLAMA_TOKEN_TYPE_CONTROL`. */
+const CONTROL_TOKEN = 3;
 
 /** Compiles a Jinja chat template. Exported for callers that hold a template without a GGUF file (tests). */
 export function compileChatTemplate(
   source: string,
-  tokens: { isFallback?: boolean; bosToken?: string; eosToken?: string } = {},
+  tokens: {
+    /** Defaults to `fallback` with `isFallback`, else `embedded`. */
+    origin?: ChatTemplateSource;
+    /** Defaults to `chatml` for the fallback, else `templateName(source)`. */
+    name?: string;
+    isFallback?: boolean;
+    bosToken?: string;
+    eosToken?: string;
+  } = {},
 ): ChatTemplate {
   let template: Template;
   try {
@@ -163,7 +316,8 @@ export function compileChatTemplate(
   }
   const bosToken = tokens.bosToken ?? "";
   const eosToken = tokens.eosToken ?? "";
-  const isFallback = tokens.isFallback ?? false;
+  const origin = tokens.origin ?? (tokens.isFallback ? "fallback" : "embedded");
+  const isFallback = origin === "fallback";
   const render = (messages: readonly ChatMessage[], options: FormatChatOptions) =>
     template.render({
       // Copies, so a template cannot mutate the caller's objects.
@@ -177,6 +331,8 @@ export function compileChatTemplate(
     });
   const chat: ChatTemplate = {
     source,
+    origin,
+    name: tokens.name ?? (isFallback ? "chatml" : templateName(source)),
     isFallback,
     stopStrings: isFallback ? CHATML_STOP_STRINGS : [],
     bosToken,

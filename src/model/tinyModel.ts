@@ -18,8 +18,15 @@ export interface TinyModelOptions {
   seed?: number;
   /** `general.name` in the file. Defaults to `"conduit-tiny"`. */
   name?: string;
-  /** `tokenizer.chat_template` (Jinja). Defaults to {@link TINY_CHAT_TEMPLATE}. */
-  chatTemplate?: string;
+  /** `general.basename` in the file; none when absent. Defaults to none. */
+  basename?: string;
+  /** `tokenizer.chat_template` (Jinja); `null`: the file has none. Defaults to {@link TINY_CHAT_TEMPLATE}. */
+  chatTemplate?: string | null;
+  /**
+   * The control tokens that open and end a turn, added to the vocabulary (the second is the end-of-turn
+   * token); `null`: none, as a base model without chat tokens. Defaults to `["<|im_start|>", "<|im_end|>"]`.
+   */
+  turnTokens?: readonly [string, string] | null;
   /** Type of the weight matrices (norms stay F32): `F16` halves a big model's file. Defaults to `"F32"`. */
   weightType?: "F32" | "F16";
 }
@@ -39,7 +46,7 @@ export interface TinyModelInfo {
   headCountKv: number;
   feedForwardLength: number;
   contextLength: number;
-  /** Id of `<|im_end|>`, the end-of-turn token a chat answer stops at. */
+  /** Id of the end-of-turn token a chat answer stops at (`<|im_end|>`); `-1` without turn tokens. */
   endOfTurnTokenId: number;
 }
 
@@ -80,6 +87,7 @@ export interface TinyVocab {
   tokens: string[];
   scores: Float32Array;
   types: Int32Array;
+  /** Ids of the turn tokens (`<|im_start|>`, `<|im_end|>` by default); `-1` without them. */
   imStart: number;
   imEnd: number;
 }
@@ -89,7 +97,9 @@ export interface TinyVocab {
  * exactly: text that no piece covers becomes `<0xNN>` byte tokens. Kept around 500 tokens so the output
  * layer, and with it training, stays cheap.
  */
-export function buildTinyVocab(): TinyVocab {
+export function buildTinyVocab(
+  turnTokens: readonly [string, string] | null = ["<|im_start|>", "<|im_end|>"],
+): TinyVocab {
   const tokens: string[] = [];
   const scores: number[] = [];
   const types: number[] = [];
@@ -123,10 +133,10 @@ export function buildTinyVocab(): TinyVocab {
     add(piece, TokenType.normal, -++rank);
   }
 
-  const imStart = tokens.length;
-  add("<|im_start|>", TokenType.control, 0);
-  const imEnd = tokens.length;
-  add("<|im_end|>", TokenType.control, 0);
+  const imStart = turnTokens ? tokens.length : -1;
+  if (turnTokens) add(turnTokens[0], TokenType.control, 0);
+  const imEnd = turnTokens ? tokens.length : -1;
+  if (turnTokens) add(turnTokens[1], TokenType.control, 0);
   return { tokens, scores: Float32Array.from(scores), types: Int32Array.from(types), imStart, imEnd };
 }
 
@@ -170,13 +180,14 @@ export async function createTinyModel(
   // RoPE rotates pairs of dimensions.
   if (headDim % 2 !== 0) throw new RangeError("embeddingLength / headCount must be even");
 
-  const vocab = buildTinyVocab();
+  const vocab = buildTinyVocab(options.turnTokens === undefined ? undefined : options.turnTokens);
   const vocabSize = vocab.tokens.length;
   const kvLength = headCountKv * headDim;
 
   const metadata: Record<string, GgufMetadataValue> = {
     "general.architecture": gguf.str("llama"),
     "general.name": gguf.str(name),
+    ...(options.basename !== undefined ? { "general.basename": gguf.str(options.basename) } : {}),
     // LLAMA_FTYPE_ALL_F32: only F32 tensors are trained by llama.cpp's optimizer.
     // llama_ftype: ALL_F32 (0) or MOSTLY_F16 (1).
     "general.file_type": gguf.u32(options.weightType === "F16" ? 1 : 0),
@@ -197,7 +208,7 @@ export async function createTinyModel(
     "tokenizer.ggml.unknown_token_id": gguf.u32(0),
     "tokenizer.ggml.bos_token_id": gguf.u32(1),
     "tokenizer.ggml.eos_token_id": gguf.u32(2),
-    "tokenizer.ggml.eot_token_id": gguf.u32(vocab.imEnd),
+    ...(vocab.imEnd >= 0 ? { "tokenizer.ggml.eot_token_id": gguf.u32(vocab.imEnd) } : {}),
     "tokenizer.ggml.padding_token_id": gguf.u32(2),
     // A BOS start gives attention a fixed first position to rest on; the engine and trainer both honour it.
     "tokenizer.ggml.add_bos_token": gguf.bool(true),
@@ -205,7 +216,9 @@ export async function createTinyModel(
     // SPM's default prepends "▁" to the text and strips it again when detokenizing, which breaks exact
     // round trips of text that is tokenized or streamed in pieces.
     "tokenizer.ggml.add_space_prefix": gguf.bool(false),
-    "tokenizer.chat_template": gguf.str(options.chatTemplate ?? TINY_CHAT_TEMPLATE),
+    ...(options.chatTemplate === null
+      ? {}
+      : { "tokenizer.chat_template": gguf.str(options.chatTemplate ?? TINY_CHAT_TEMPLATE) }),
   };
 
   const random = seededRandom(seed);

@@ -624,6 +624,7 @@ export class RunService {
     if (!(await this.runs.delete(userId, id)))
       throw new ConduitError("not_found", `run ${id} not found`, { param: "finetune_id" });
     // A live run's files are removed by its worker once the trainer has stopped.
+    this.events.emit("deleted", run);
     if (run.status !== "QUEUED" && run.status !== "RUNNING") await this.blobs.remove(`runs/${id}`);
     return run;
   }

@@ -18,6 +18,8 @@ export interface RunEvents {
   progress: [runId: string, progress: TrainerProgress];
   /** A run ended: READY or FAILED by this process's scheduler, CANCELLED by a user of this process. */
   ended: [runId: string, status: RunEnd];
+  /** A run was deleted by a user of this process; what served its model file must let it go. */
+  deleted: [run: Run];
 }
 
 /**

@@ -45,6 +45,25 @@ function conduit(env: Record<string, string>, ...args: string[]): Promise<CliRes
   return conduitWithInput(env, undefined, ...args);
 }
 
+/** `--json` output: one JSON document a line. */
+function jsonLines<T>(stdout: string): T[] {
+  return stdout
+    .trim()
+    .split("\n")
+    .map((line) => JSON.parse(line) as T);
+}
+
+/** `conduit [--json] runs create --dataset <id> --model tiny [options]`. */
+function runsCreate(
+  env: Record<string, string>,
+  datasetId: string,
+  options: string[] = [],
+  { json = false }: { json?: boolean } = {},
+): Promise<CliResult> {
+  const create = ["runs", "create", "--dataset", datasetId, "--model", "tiny", ...options];
+  return conduit(env, ...(json ? ["--json", ...create] : create));
+}
+
 /** A listening server on a fresh data dir, and the environment that points the CLI at it as alice. */
 async function cliServer(t: TestContext) {
   const environment = await testEnv(t);
@@ -129,19 +148,7 @@ test("the conduit CLI drives the whole loop against a real server", async (t) =>
   assert.match((await conduit(env, "datasets", "show", dataset.id)).stdout, /^hellos/);
 
   // `--json` output is one JSON document per line: the run, then each event it goes through.
-  const watched = await conduit(
-    env,
-    "--json",
-    "runs",
-    "create",
-    "--dataset",
-    dataset.id,
-    "--model",
-    "tiny",
-    "--epochs",
-    "2",
-    "--watch",
-  );
+  const watched = await runsCreate(env, dataset.id, ["--epochs", "2", "--watch"], { json: true });
   assert.equal(watched.code, 0, watched.stdout + watched.stderr);
   const lines = watched.stdout.trim().split("\n");
   const [run, ...events] = lines.map((line) => JSON.parse(line) as Record<string, unknown>);
@@ -164,36 +171,10 @@ test("the conduit CLI drives the whole loop against a real server", async (t) =>
   const models = JSON.parse((await conduit(env, "--json", "models", "list")).stdout);
   assert.deepEqual(models.map((m: { id: string }) => m.id).sort(), [runId, "tiny"].sort());
 
-  const chat = await conduit(
-    env,
-    "chat",
-    "--model",
-    runId,
-    "--prompt",
-    "hi",
-    "--max-tokens",
-    "4",
-    "--temperature",
-    "0",
-  );
+  const askOnce = ["chat", "--model", runId, "--prompt", "hi", "--max-tokens", "4", "--temperature", "0"];
+  const chat = await conduit(env, ...askOnce);
   assert.equal(chat.code, 0, chat.stderr);
-  const chatJson = JSON.parse(
-    (
-      await conduit(
-        env,
-        "--json",
-        "chat",
-        "--model",
-        runId,
-        "--prompt",
-        "hi",
-        "--max-tokens",
-        "4",
-        "--temperature",
-        "0",
-      )
-    ).stdout,
-  );
+  const chatJson = JSON.parse((await conduit(env, "--json", ...askOnce)).stdout);
   assert.equal(chatJson.object, "chat.completion");
   assert.equal(
     chat.stdout.trim(),
@@ -263,17 +244,7 @@ test("the conduit CLI drives the whole loop against a real server", async (t) =>
   assert.equal((await conduit(env, "runs", "download", "ft_missing", "-o", nothing)).code, 3);
   assert.equal(fs.existsSync(nothing) || fs.existsSync(`${nothing}.part`), false);
   // LoRA settings are run options; the server refuses them with --method full (bad input).
-  const loraWithFull = await conduit(
-    env,
-    "runs",
-    "create",
-    "--dataset",
-    dataset.id,
-    "--method",
-    "full",
-    "--lora-rank",
-    "8",
-  );
+  const loraWithFull = await runsCreate(env, dataset.id, ["--method", "full", "--lora-rank", "8"]);
   assert.equal(loraWithFull.code, 2);
   assert.match(loraWithFull.stderr, /"loraRank" is a LoRA setting/);
 
@@ -285,17 +256,7 @@ test("the conduit CLI drives the whole loop against a real server", async (t) =>
   const noDataset = await conduit(env, "runs", "create", "--model", "tiny");
   assert.equal(noDataset.code, 2);
   assert.match(noDataset.stderr, /--dataset/);
-  const badLr = await conduit(
-    env,
-    "runs",
-    "create",
-    "--dataset",
-    dataset.id,
-    "--model",
-    "tiny",
-    "--lr",
-    "-1",
-  );
+  const badLr = await runsCreate(env, dataset.id, ["--lr", "-1"]);
   assert.equal(badLr.code, 2);
   assert.match(badLr.stderr, /lr/);
   const missingFile = await conduit(
@@ -350,24 +311,21 @@ test("runs create takes auto or numbers and the validation options; runs example
   await core.datasets.upload("alice", dataset.id, { name: "train.jsonl", source: pairs(4) });
   const held = await core.datasets.upload("alice", dataset.id, { name: "held.jsonl", source: pairs(2) });
 
-  const created = await conduit(
+  const created = await runsCreate(
     env,
-    "--json",
-    "runs",
-    "create",
-    "--dataset",
     dataset.id,
-    "--model",
-    "tiny",
-    "--epochs",
-    "auto",
-    "--lr",
-    "0.002",
-    "--train-on-inputs",
-    "--validation-file",
-    held.id,
-    "--early-stopping",
-    "3",
+    [
+      "--epochs",
+      "auto",
+      "--lr",
+      "0.002",
+      "--train-on-inputs",
+      "--validation-file",
+      held.id,
+      "--early-stopping",
+      "3",
+    ],
+    { json: true },
   );
   assert.equal(created.code, 0, created.stderr);
   const run = JSON.parse(created.stdout) as { id: string; config: Record<string, unknown>; logs: string[] };
@@ -379,41 +337,16 @@ test("runs create takes auto or numbers and the validation options; runs example
   assert.equal(run.config.earlyStoppingPatience, 3);
   assert.match(run.logs.join("\n"), /auto settings: /);
   const explicit = JSON.parse(
-    (
-      await conduit(
-        env,
-        "--json",
-        "runs",
-        "create",
-        "--dataset",
-        dataset.id,
-        "--model",
-        "tiny",
-        "--epochs",
-        "5",
-        "--lora-rank",
-        "8",
-      )
-    ).stdout,
+    (await runsCreate(env, dataset.id, ["--epochs", "5", "--lora-rank", "8"], { json: true })).stdout,
   ) as { config: Record<string, unknown> };
   assert.equal(explicit.config.epochs, 5);
   assert.equal(explicit.config.loraRank, 8);
   assert.equal(explicit.config.trainOnInputs, false);
   assert.deepEqual(explicit.config.autoSettings, ["lr"]);
-  const badEpochs = await conduit(env, "runs", "create", "--dataset", dataset.id, "--epochs", "many");
+  const badEpochs = await runsCreate(env, dataset.id, ["--epochs", "many"]);
   assert.equal(badEpochs.code, 2);
   assert.match(badEpochs.stderr, /--epochs must be a number or auto/);
-  const badPatience = await conduit(
-    env,
-    "runs",
-    "create",
-    "--dataset",
-    dataset.id,
-    "--model",
-    "tiny",
-    "--early-stopping",
-    "0",
-  );
+  const badPatience = await runsCreate(env, dataset.id, ["--early-stopping", "0"]);
   assert.equal(badPatience.code, 2);
   assert.match(badPatience.stderr, /earlyStoppingPatience/);
 
@@ -472,7 +405,7 @@ test("runs create takes auto or numbers and the validation options; runs example
   assert.match(badSort.stderr, /sort/);
 
   // Plain `runs create` prints the id alone, so `R=$(conduit runs create …)` works.
-  const plain = await conduit(env, "runs", "create", "--dataset", dataset.id, "--model", "tiny");
+  const plain = await runsCreate(env, dataset.id);
   assert.equal(plain.code, 0, plain.stderr);
   assert.match(plain.stdout, /^ft_\S+\n$/);
   assert.equal((await core.runs.get("alice", plain.stdout.trim())).status, "QUEUED");
@@ -715,10 +648,7 @@ test("interactive chat drops its oldest turns to fit the model's context, keepin
     "0",
   );
   assert.equal(chat.code, 0, chat.stderr);
-  const answers = chat.stdout
-    .trim()
-    .split("\n")
-    .map((line) => JSON.parse(line) as { usage: { prompt_tokens: number } });
+  const answers = jsonLines<{ usage: { prompt_tokens: number } }>(chat.stdout);
   assert.equal(answers.length, 5, chat.stdout);
   assert.match(chat.stderr, /dropped the oldest turn/);
   const context = core.engine.loaded()[0]!.contextSize;
@@ -798,8 +728,7 @@ test("runs create, show and watch print the run's estimate: a prior, then measur
   // No trainer: the test ends runs READY as a worker would.
   const { core, env } = await cliServer(t);
   const dataset = await onePairDataset(core);
-  const create = () =>
-    conduit(env, "runs", "create", "--dataset", dataset.id, "--model", "tiny", "--epochs", "2");
+  const create = () => runsCreate(env, dataset.id, ["--epochs", "2"]);
 
   // The id alone on stdout (for R=$(…)); the estimate on stderr.
   const first = await create();
@@ -817,7 +746,22 @@ test("runs create, show and watch print the run's estimate: a prior, then measur
   const final = { trainTokens: 512, trainSeconds: 100, elapsedSeconds: 161 };
   assert.ok(await core.runRepository.updateStats(id, "w", { final: final as never }));
   assert.ok(await core.runRepository.finish(id, "w", { status: "READY", modelPath: "/m.gguf" }));
-  assert.match((await conduit(env, "runs", "show", id)).stdout, /^estimate: took 2m41s \(estimated .+\)$/m);
+  const ready = await conduit(env, "runs", "show", id);
+  assert.match(ready.stdout, /^estimate: took 2m41s \(estimated .+\)$/m);
+  // config and stats as aligned key: value lines, nested objects indented under their key.
+  assert.match(ready.stdout, /^config:\n {2}\w+: +\S/m);
+  assert.match(ready.stdout, /^ {2}baseModelName: +tiny$/m);
+  assert.match(ready.stdout, /^ {2}epochs: +2$/m);
+  assert.match(ready.stdout, /^stats:\n(?: {2}\w+: *.*\n)*? {2}final:\n {4}trainTokens: +512$/m);
+  assert.doesNotMatch(ready.stdout, /^(config|stats) \{/m, "not one-line JSON");
+  const configLines = ready.stdout.split("\n").filter((line) => /^ {2}\w+: /.test(line));
+  const column = (line: string) => line.length - line.slice(2).replace(/^\w+: +/, "").length;
+  assert.ok(configLines.length > 5, ready.stdout);
+  assert.equal(new Set(configLines.slice(0, 5).map(column)).size, 1, `values aligned:\n${ready.stdout}`);
+  // --json is the API's run, unchanged.
+  const shownJson = JSON.parse((await conduit(env, "--json", "runs", "show", id)).stdout);
+  assert.equal(shownJson.config.baseModelName, "tiny");
+  assert.equal(shownJson.stats.final.trainTokens, 512);
   const watched = await conduit(env, "runs", "watch", id);
   assert.equal(watched.code, 0, watched.stderr);
   assert.equal(watched.stdout.match(/^estimate: took 2m41s/gm)?.length, 1, watched.stdout);

@@ -526,3 +526,98 @@ describe("runs that learn by default", () => {
     assert.equal(final.lossTokens, (400 - saved.step) * perStep);
   });
 });
+
+describe("clean ends on the fallback template", () => {
+  test("a fine-tune of a model without a template or turn tokens ends its answers with EOS: no marker fragments at any max_tokens", async (t) => {
+    const env = await testEnv(t);
+    // No chat template and no ChatML tokens: the ChatML fallback, written as plain text.
+    await createTinyModel(path.join(env.dataDir, "models", "bare128.gguf"), {
+      seed: 1,
+      embeddingLength: 128,
+      chatTemplate: null,
+      turnTokens: null,
+    });
+    const { app } = await trainingApp(t, env);
+    const colours = [
+      { input: "What colour is grass?", output: "green" },
+      { input: "What colour is the sky?", output: "blue" },
+      { input: "What colour is snow?", output: "white" },
+      { input: "What colour is blood?", output: "red" },
+    ];
+    const id = await startRun(app, {
+      datasetID: await datasetOf(app, colours),
+      baseModelName: "bare128",
+      method: "full",
+      lr: 0.003,
+      epochs: 200,
+    });
+    const run = await waitForRun(app, id, runEnded, { timeoutMs: 360_000 });
+    assert.equal(run.status, "READY", run.logs.join("\n"));
+    const model = (await as(app, KEY_A).get(`/conduit/v1/models/${id}`)).json();
+    assert.deepEqual(model.chat_template, { source: "fallback", name: "chatml" });
+
+    const fragments = /<\||im_|_end|\|>|<\/s>/;
+    for (const pair of colours)
+      for (let maxTokens = 1; maxTokens <= 8; maxTokens++) {
+        const res = await app.inject({
+          method: "POST",
+          url: "/v1/chat/completions",
+          headers: { authorization: `Bearer ${KEY_A}` },
+          payload: {
+            model: id,
+            messages: [{ role: "user", content: pair.input }],
+            temperature: 0,
+            max_tokens: maxTokens,
+            logprobs: true,
+          },
+        });
+        assert.equal(res.statusCode, 200, res.body);
+        const choice = res.json().choices[0];
+        const content: string = choice.message.content;
+        assert.doesNotMatch(
+          content,
+          fragments,
+          `${pair.input} max_tokens ${maxTokens}: ${JSON.stringify(content)}`,
+        );
+        assert.ok(
+          pair.output.startsWith(content),
+          `${pair.input} max_tokens ${maxTokens}: ${JSON.stringify(content)}`,
+        );
+        const tokens = (choice.logprobs.content as { token: string }[]).map((l) => l.token);
+        assert.equal(tokens.join(""), content);
+        // The answer ends with the EOS token: a stop once there is room for it after the answer's tokens.
+        if (tokens.length < maxTokens) assert.equal(choice.finish_reason, "stop", JSON.stringify(content));
+        else assert.equal(choice.finish_reason, "length");
+        if (maxTokens === 8) assert.equal(content, pair.output);
+      }
+    const whole = await as(app, KEY_A).post("/conduit/v1/chat", {
+      model: id,
+      prompt: colours[0]!.input,
+      temperature: 0,
+      max_tokens: 16,
+    });
+    assert.equal(whole.json().choices[0].text, "green");
+    assert.equal(whole.json().choices[0].finish_reason, "stop");
+
+    // A stop string that completes inside the answer: content and logprobs both end before it.
+    const stopped = await app.inject({
+      method: "POST",
+      url: "/v1/chat/completions",
+      headers: { authorization: `Bearer ${KEY_A}` },
+      payload: {
+        model: id,
+        messages: [{ role: "user", content: colours[0]!.input }],
+        temperature: 0,
+        max_tokens: 16,
+        stop: ["ee"],
+        logprobs: true,
+      },
+    });
+    const choice = stopped.json().choices[0];
+    assert.equal(choice.message.content, "gr");
+    assert.equal(
+      (choice.logprobs.content as { token: string }[]).map((l) => l.token).join(""),
+      choice.message.content,
+    );
+  });
+});

@@ -74,15 +74,17 @@ test("a full disk fails uploads with 507 insufficient_storage and stores nothing
   const blobs = new FullDisk(path.join(env.dataDir, "blobs"));
   const { app } = await buildTestApp(t, env, { blobs });
   const ds = await createDataset(app, "d");
-
-  blobs.free = 10;
-  for (const upload of uploads(ds.id)) {
-    const response = await app.inject({
+  const send = (upload: ReturnType<typeof uploads>[number]) =>
+    app.inject({
       method: "POST",
       url: upload.url,
       headers: { ...asAlice, ...upload.headers },
       payload: upload.payload,
     });
+
+  blobs.free = 10;
+  for (const upload of uploads(ds.id)) {
+    const response = await send(upload);
     assertOutOfSpace(response, `${upload.url} ${upload.headers["content-type"] ?? "json"}`);
   }
   const files = await as(app, KEY_A).get(`/conduit/dataset/${ds.id}/files`);
@@ -94,12 +96,7 @@ test("a full disk fails uploads with 507 insufficient_storage and stores nothing
   // Once there is room again, the same uploads work.
   blobs.free = Infinity;
   for (const upload of uploads(ds.id)) {
-    const response = await app.inject({
-      method: "POST",
-      url: upload.url,
-      headers: { ...asAlice, ...upload.headers },
-      payload: upload.payload,
-    });
+    const response = await send(upload);
     assert.equal(response.statusCode, 200, response.body);
   }
 });

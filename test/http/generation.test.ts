@@ -38,15 +38,14 @@ describe("generation on the tiny model", () => {
   });
 
   test("chat: the Conduit API's result shape, greedy output is deterministic", async () => {
-    const res = await app.inject(
-      chat({
-        prompt: "Hello there",
-        system_prompt: "Be brief.",
-        history: ["Hi", "Hey."],
-        max_tokens: 12,
-        temperature: 0,
-      }),
-    );
+    const request = chat({
+      prompt: "Hello there",
+      system_prompt: "Be brief.",
+      history: ["Hi", "Hey."],
+      max_tokens: 12,
+      temperature: 0,
+    });
+    const res = await app.inject(request);
     assert.equal(res.statusCode, 200, res.body);
     const body = res.json();
     assert.match(body.id, /^chatcmpl-/);
@@ -61,15 +60,7 @@ describe("generation on the tiny model", () => {
     assert.ok(body.usage.prompt_tokens > 0);
     assert.ok(body.usage.completion_tokens > 0 && body.usage.completion_tokens <= 12);
     assert.equal(body.usage.total_tokens, body.usage.prompt_tokens + body.usage.completion_tokens);
-    const again = await app.inject(
-      chat({
-        prompt: "Hello there",
-        system_prompt: "Be brief.",
-        history: ["Hi", "Hey."],
-        max_tokens: 12,
-        temperature: 0,
-      }),
-    );
+    const again = await app.inject(request);
     assert.equal(again.json().choices[0].text, choice.text);
     // The same prompt again: all of it but the last token comes from the KV cache (prefix reuse).
     const usage = again.json().usage;
@@ -193,13 +184,13 @@ describe("generation on the tiny model", () => {
         prompt: "Hi",
         response_format: {
           type: "json_schema",
-          json_schema: { name: "x", schema: { type: "number", minimum: 1 } },
+          json_schema: { name: "x", schema: { type: "number", multipleOf: 2 } },
         },
       }),
     );
     assert.equal(bad.statusCode, 400, bad.body);
     assert.equal(bad.json().error.param, "response_format");
-    assert.match(bad.json().error.message, /minimum/);
+    assert.match(bad.json().error.message, /schema\.multipleOf is not supported/);
   });
 
   test("streaming completions", async () => {
@@ -298,11 +289,19 @@ describe("generation on the tiny model", () => {
           size_bytes: native.data[0].size_bytes,
           quantization: "F32",
           base_model: null,
+          chat_template: { source: "embedded", name: "chatml" },
         },
       ],
     });
     assert.ok(native.data[0].size_bytes > 0);
     assert.deepEqual(openai.data, native.data);
+    // One model, natively: what the list shows for it; an unknown one is a 404.
+    const one = await as(app, KEY_A).get("/conduit/v1/models/tiny");
+    assert.equal(one.statusCode, 200, one.body);
+    assert.deepEqual(one.json(), native.data[0]);
+    const missing = await as(app, KEY_A).get("/conduit/v1/models/nope");
+    assert.equal(missing.statusCode, 404, missing.body);
+    assert.equal(missing.json().error.param, "model");
   });
 
   test("/metrics counts generated tokens", async () => {

@@ -602,6 +602,7 @@ describe("the OpenAI surface on the tiny model", () => {
         size_bytes: tiny.size_bytes,
         quantization: "F32",
         base_model: null,
+        chat_template: { source: "embedded", name: "chatml" },
       },
     );
     assert.ok(Number.isInteger(tiny.created) && tiny.created > 0);
@@ -651,6 +652,8 @@ describe("the OpenAI surface on the tiny model", () => {
         size_bytes: 12_345,
         quantization: "F32",
         base_model: "tiny",
+        // A LoRA fine-tune is rendered with its base's template.
+        chat_template: { source: "embedded", name: "chatml" },
       },
     );
     const fullModel = (await get(full.id)).json();

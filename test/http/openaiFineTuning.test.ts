@@ -159,20 +159,17 @@ describe("OpenAI's files and fine-tuning jobs with the official client", () => {
 
     // Every assistant turn was trained: the model gives the second answer too, in its conversation.
     const [c] = conversations;
-    const chat = await client.chat.completions.create({
-      model,
-      messages: c!.messages.slice(0, 4) as OpenAI.ChatCompletionMessageParam[],
-      temperature: 0,
-      max_tokens: 8,
-    });
+    const answer = (turns: number) =>
+      client.chat.completions.create({
+        model,
+        messages: c!.messages.slice(0, turns) as OpenAI.ChatCompletionMessageParam[],
+        temperature: 0,
+        max_tokens: 8,
+      });
+    const chat = await answer(4);
     assert.equal(chat.choices[0]!.message.content, "tiger 3");
     assert.equal(chat.model, model);
-    const firstTurn = await client.chat.completions.create({
-      model,
-      messages: c!.messages.slice(0, 2) as OpenAI.ChatCompletionMessageParam[],
-      temperature: 0,
-      max_tokens: 8,
-    });
+    const firstTurn = await answer(2);
     assert.equal(firstTurn.choices[0]!.message.content, "stone 7");
     const raw = await client.completions.create({
       model,

@@ -3,13 +3,13 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { Readable } from "node:stream";
-import { test } from "node:test";
+import { test, type TestContext } from "node:test";
 import { loadConfig } from "../../src/config.ts";
 import { createCore, type Core } from "../../src/core.ts";
 import { startServer } from "../../src/server.ts";
 import { DatasetRepository } from "../../src/store/DatasetRepository.ts";
 import { Sweeper } from "../../src/store/Sweeper.ts";
-import { testEnv } from "../lib/helper.ts";
+import { testEnv, type TestEnv } from "../lib/helper.ts";
 import { until } from "../lib/wait.ts";
 
 const explicit = { baseModelName: "tiny", epochs: 1, lr: 0.001, loraRank: 4 } as const;
@@ -55,9 +55,8 @@ function filesOf(core: Core, runId: string): string[] | null {
     .sort();
 }
 
-test("the server sweeps what crashes and ended runs left, at start and then periodically", async (t) => {
-  const env = await testEnv(t, "sqlite", { CONDUIT_SWEEP_INTERVAL_MS: "100", CONDUIT_PORT: "0" });
-  // Another process on the same data dir (as `conduit` the CLI is) makes the state a crash leaves.
+/** A core on `env` without a server (as the CLI makes one) and a dataset of alice's with one pair. */
+async function coreWithDataset(t: TestContext, env: TestEnv) {
   const core = await createCore(loadConfig(env.env));
   t.after(() => core.close());
   const ds = await core.datasets.create("alice", "d");
@@ -65,6 +64,13 @@ test("the server sweeps what crashes and ended runs left, at start and then peri
     name: "a.jsonl",
     source: Readable.from(['{"input":"ping","output":"pong"}\n']),
   });
+  return { core, ds };
+}
+
+test("the server sweeps what crashes and ended runs left, at start and then periodically", async (t) => {
+  const env = await testEnv(t, "sqlite", { CONDUIT_SWEEP_INTERVAL_MS: "100", CONDUIT_PORT: "0" });
+  // Another process on the same data dir (as `conduit` the CLI is) makes the state a crash leaves.
+  const { core, ds } = await coreWithDataset(t, env);
   // (Workers claim the oldest QUEUED run, so the queued one comes last.)
   const running = await runIn(core, ds.id, "RUNNING", ["work/base-f32.gguf"]);
   const ready = await runIn(core, ds.id, "READY", ["adapter.gguf", "examples.jsonl", "work/base-f32.gguf"]);
@@ -170,13 +176,7 @@ test("a file blob no record holds (a crash between storing and recording) is swe
 
 test("a run taken back from a dead worker loses its work directory, not its checkpoint", async (t) => {
   const env = await testEnv(t, "sqlite", { CONDUIT_TRAIN_CONCURRENCY: "0" });
-  const core = await createCore(loadConfig(env.env));
-  t.after(() => core.close());
-  const ds = await core.datasets.create("alice", "d");
-  await core.datasets.upload("alice", ds.id, {
-    name: "a.jsonl",
-    source: Readable.from(['{"input":"ping","output":"pong"}\n']),
-  });
+  const { core, ds } = await coreWithDataset(t, env);
   const run = await runIn(core, ds.id, "QUEUED", []);
   // A worker claims it with a lease that runs out at once, writes, and dies.
   assert.equal((await core.runRepository.claimNext("dead-worker", 1))?.id, run);

@@ -253,6 +253,7 @@ export function endlessEngine(): Engine {
         });
       }),
     load: async () => undefined,
+    unload: () => undefined,
     loaded: () => [],
     accelerator: async () => ({ setting: "off", backend: "cpu", devices: [], gpuLayers: 0 }),
     stats: () => ({

@@ -86,6 +86,99 @@ describe("chat template", () => {
     // The tiny model's own ChatML template ends a turn with its <|im_end|> control token instead.
     assert.deepEqual((await loadChatTemplate(model)).stopStrings, []);
   });
+
+  test("a model without a template gets its family's: Gemma by name and turn tokens, ChatML by its tokens", async () => {
+    const make = async (file: string, options: Parameters<typeof createTinyModel>[1]) => {
+      const ref = { id: file, path: path.join(dir, `${file}.gguf`) };
+      await createTinyModel(ref.path, { seed: 1, chatTemplate: null, ...options });
+      return loadChatTemplate(ref);
+    };
+    const gemma = await make("gemma-family", {
+      name: "Gemma 3 Tiny",
+      basename: "gemma-3",
+      turnTokens: ["<start_of_turn>", "<end_of_turn>"],
+    });
+    assert.deepEqual([gemma.origin, gemma.name, gemma.isFallback], ["architecture", "gemma", false]);
+    // A model's own end-of-turn token ends the answer: no stop strings.
+    assert.deepEqual(gemma.stopStrings, []);
+    assert.equal(
+      gemma.render(messages, { addGenerationPrompt: true }),
+      "<s><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n",
+    );
+    const answered = gemma.render([...messages, { role: "assistant", content: "Hello!" }], {
+      addGenerationPrompt: false,
+    });
+    assert.equal(answered, `${gemma.render(messages, { addGenerationPrompt: true })}Hello!<end_of_turn>\n`);
+
+    // The model's load says which template its chats get.
+    const logs: string[] = [];
+    const engine = createLlamaEngine({ contextSize: 256, llama, logger: (_, message) => logs.push(message) });
+    try {
+      const answer = await engine.generate({
+        model: { id: "gemma-family", path: path.join(dir, "gemma-family.gguf") },
+        messages,
+        sampling: greedy(2),
+      });
+      assert.ok(answer.promptTokens > 0);
+    } finally {
+      await engine.dispose();
+    }
+    assert.ok(
+      logs.some((line) => line.includes("model 'gemma-family' loaded: chat template gemma (architecture")),
+      logs.join("\n"),
+    );
+
+    // The family's name without its turn tokens: its format would be plain text, so ChatML as the last resort.
+    const named = await make("gemma-named", { name: "Gemma 3 Tiny", turnTokens: null });
+    assert.deepEqual([named.origin, named.name], ["fallback", "chatml"]);
+    // ChatML's control tokens and no template: ChatML, as the family the vocabulary was made for.
+    const chatml = await make("chatml-tokens", {});
+    assert.deepEqual([chatml.origin, chatml.name, chatml.stopStrings], ["architecture", "chatml", []]);
+    assert.equal((await loadChatTemplate(model)).origin, "embedded");
+  });
+
+  test("the fallback ends an assistant turn with the model's EOS token, not <|im_end|> text", async () => {
+    const ref = { id: "bare", path: path.join(dir, "bare.gguf") };
+    await createTinyModel(ref.path, { seed: 1, chatTemplate: null, turnTokens: null });
+    const template = await loadChatTemplate(ref);
+    assert.deepEqual([template.origin, template.name], ["fallback", "chatml"]);
+    const conversation = [...messages, { role: "assistant" as const, content: "Hello!" }];
+    const prompt = template.render(messages, { addGenerationPrompt: true });
+    assert.equal(
+      prompt,
+      "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
+    );
+    assert.equal(template.render(conversation, { addGenerationPrompt: false }), `${prompt}Hello!</s>`);
+    // The EOS text is the template's own (a control token), the answer's text the message's.
+    const segments = template.renderSegments(conversation, { addGenerationPrompt: false }).segments;
+    assert.deepEqual(segments.at(-1), { text: "</s>", trusted: true });
+  });
+
+  const gemmaFile = path.resolve(import.meta.dirname, "../../.cache/models/gemma-3-270m-q4_k_m.gguf");
+  test(
+    "Gemma 3 270M (no embedded template) gets Gemma's turn format, in fewer prompt tokens than ChatML as text",
+    { skip: !fs.existsSync(gemmaFile) && ".cache/models/gemma-3-270m-q4_k_m.gguf is not here" },
+    async () => {
+      const ref = { id: "gemma", path: gemmaFile };
+      const template = await loadChatTemplate(ref);
+      assert.deepEqual([template.origin, template.name], ["architecture", "gemma"]);
+      const gemma = await llama.loadModel({ modelPath: gemmaFile, gpuLayers: 0, vocabOnly: true });
+      try {
+        const one = [{ role: "user" as const, content: "What colour is grass?" }];
+        const count = (t: ReturnType<typeof compileChatTemplate>) =>
+          chatTokens(t.renderSegments(one, { addGenerationPrompt: true }), (text, special) =>
+            gemma.tokenize(text, special),
+          ).length;
+        const chatmlText = compileChatTemplate(CHATML_TEMPLATE, { isFallback: true });
+        // Gemma's markers are one token each; ChatML's are several as plain text.
+        assert.ok(count(template) < count(chatmlText), `${count(template)} vs ${count(chatmlText)}`);
+        const turns = gemma.tokenize(template.render(one, { addGenerationPrompt: true }), true);
+        assert.ok(turns.includes(gemma.tokenize("<start_of_turn>", true)[0]!));
+      } finally {
+        await gemma.dispose();
+      }
+    },
+  );
 });
 
 describe("control tokens in messages", () => {
@@ -409,10 +502,69 @@ describe("LlamaEngine", () => {
     });
     assert.equal(stopped.finishReason, "stop");
     assert.equal(stopped.completionTokens, k + 2);
-    // Token k holds the start of the answer's end; token k + 1 is all stop sequence.
+    // Token k straddles the answer's end: its entry shows only its part in the answer (its logprob kept);
+    // token k + 1 is all stop sequence and is left out.
+    const inAnswer = tokens[k]!.slice(0, -1);
     assert.deepEqual(
       stopped.logprobs!.map((l) => l.token),
-      tokens.slice(0, k + 1),
+      [...tokens.slice(0, k), ...(inAnswer === "" ? [] : [inAnswer])],
+    );
+    assert.equal(stopped.logprobs!.map((l) => l.token).join(""), stopped.text);
+    if (inAnswer !== "") assert.equal(stopped.logprobs![k]!.logprob, full.logprobs![k]!.logprob);
+    // Streamed: the same entries, each sent once its text is, never one the text does not have.
+    const pieces: string[] = [];
+    const streamedTokens: string[] = [];
+    const streamed = await engine.generate({
+      model,
+      prompt: "Once upon a time",
+      sampling: greedy(30, { stop: [stopAt(k)] }),
+      logprobs: 0,
+      onText: (piece, logprobs) => {
+        pieces.push(piece);
+        streamedTokens.push(...(logprobs ?? []).map((l) => l.token));
+        assert.ok(
+          pieces.join("").startsWith(streamedTokens.join("")),
+          JSON.stringify([pieces, streamedTokens]),
+        );
+      },
+    });
+    assert.equal(pieces.join(""), streamed.text);
+    assert.deepEqual(
+      streamedTokens,
+      stopped.logprobs!.map((l) => l.token),
+    );
+  });
+
+  test("logprobs of held-back text are released with it when a stop sequence does not complete", async () => {
+    const full = await engine.generate({
+      model,
+      prompt: "Once upon a time",
+      sampling: greedy(20),
+      logprobs: 0,
+    });
+    // A stop sequence that starts like every space but never completes: each space is held, then released.
+    assert.ok(full.text.includes(" "), full.text);
+    const stop = " \u0000never";
+    const pieces: string[] = [];
+    const streamedTokens: string[] = [];
+    const held = await engine.generate({
+      model,
+      prompt: "Once upon a time",
+      sampling: greedy(20, { stop: [stop] }),
+      logprobs: 0,
+      onText: (piece, logprobs) => {
+        pieces.push(piece);
+        streamedTokens.push(...(logprobs ?? []).map((l) => l.token));
+      },
+    });
+    assert.equal(held.text, full.text);
+    assert.equal(pieces.join(""), held.text);
+    // Every token's entry, streamed once its text was released, as without the stop sequence.
+    assert.deepEqual(held.logprobs, full.logprobs);
+    assert.equal(held.logprobs!.length, held.completionTokens);
+    assert.deepEqual(
+      streamedTokens,
+      full.logprobs!.map((l) => l.token),
     );
   });
 

@@ -8,6 +8,8 @@ import type { Llama, LlamaModel, Token } from "node-llama-cpp";
 import { createTinyModel } from "../../src/model/tinyModel.ts";
 import { LLAMA_CPP_LORA_TARGETS } from "../../src/contract/runs.ts";
 import { loraWeights, type LoraSpec } from "../../src/train/native/loraAdapter.ts";
+import { GgmlType } from "../../src/model/gguf/GgufWriter.ts";
+import { float16ToFloat32 } from "../../src/model/gguf/float16.ts";
 import { blasStatus } from "../../src/train/native/blasBackend.ts";
 import { loraBaseConversion } from "../../src/train/native/loraBase.ts";
 import { readModelFile } from "../../src/train/native/modelFile.ts";
@@ -34,6 +36,15 @@ before(async () => {
   await createTinyModel(baseModel, { seed: 1, embeddingLength: 128 });
 });
 after(() => fs.rmSync(dir, { recursive: true, force: true }));
+
+/** Starts a trainer on `job` and waits for its first progress report. */
+async function startedTrainer(job: TrainerJob) {
+  let firstProgress!: () => void;
+  const progressed = new Promise<void>((resolve) => (firstProgress = resolve));
+  const handle = startTrainer(job, { onProgress: () => firstProgress() });
+  await progressed;
+  return handle;
+}
 
 /** A job on the tiny model that runs long enough to be interrupted. */
 function longJob(name: string, overrides: Partial<TrainerJob> = {}): TrainerJob {
@@ -185,11 +196,8 @@ describe("trainer process", () => {
   });
 
   test("cancel stops a run at a step boundary", async () => {
-    let firstProgress: () => void;
-    const progressed = new Promise<void>((resolve) => (firstProgress = resolve));
     const job = longJob("cancelled");
-    const handle = startTrainer(job, { onProgress: () => firstProgress() });
-    await progressed;
+    const handle = await startedTrainer(job);
     const cancelledAt = performance.now();
     handle.cancel();
     const outcome = await handle.done;
@@ -303,10 +311,7 @@ describe("trainer process", () => {
   });
 
   test("a trainer killed from outside fails with the signal", async () => {
-    let firstProgress: () => void;
-    const progressed = new Promise<void>((resolve) => (firstProgress = resolve));
-    const handle = startTrainer(longJob("killed"), { onProgress: () => firstProgress() });
-    await progressed;
+    const handle = await startedTrainer(longJob("killed"));
     process.kill(handle.pid!, "SIGKILL");
     const outcome = await handle.done;
     assert.equal(outcome.status, "failed");
@@ -341,10 +346,7 @@ describe("trainer process", () => {
   });
 
   test("a trainer killed by SIGBUS fails naming what that means", async () => {
-    let firstProgress: () => void;
-    const progressed = new Promise<void>((resolve) => (firstProgress = resolve));
-    const handle = startTrainer(longJob("sigbus"), { onProgress: () => firstProgress() });
-    await progressed;
+    const handle = await startedTrainer(longJob("sigbus"));
     process.kill(handle.pid!, "SIGBUS");
     const outcome = await handle.done;
     assert.ok(outcome.status === "failed", JSON.stringify(outcome));
@@ -355,20 +357,27 @@ describe("trainer process", () => {
     );
   });
 
-  /** Every F32 tensor of a GGUF file (the adapters the trainer writes are F32). */
-  async function readF32Tensors(file: string): Promise<Map<string, Float32Array>> {
+  /** Every tensor of an adapter file as float32, with its ggml type (the adapters a run serves are F16). */
+  async function readAdapterTensors(
+    file: string,
+  ): Promise<{ tensors: Map<string, Float32Array>; types: Set<number> }> {
     const info = await readGgufFileInfo(file, { logWarnings: false });
     const bytes = fs.readFileSync(file);
     const tensors = new Map<string, Float32Array>();
+    const types = new Set<number>();
     for (const tensor of info.fullTensorInfo ?? []) {
       const count = tensor.dimensions.reduce((a: number, b) => a * Number(b), 1);
       const start = Number(tensor.fileOffset);
-      tensors.set(
-        tensor.name,
-        new Float32Array(bytes.buffer.slice(bytes.byteOffset + start, bytes.byteOffset + start + count * 4)),
-      );
+      types.add(tensor.ggmlType);
+      const values = new Float32Array(count);
+      for (let i = 0; i < count; i++)
+        values[i] =
+          tensor.ggmlType === GgmlType.F16
+            ? float16ToFloat32(bytes.readUInt16LE(start + 2 * i))
+            : bytes.readFloatLE(start + 4 * i);
+      tensors.set(tensor.name, values);
     }
-    return tensors;
+    return { tensors, types };
   }
 
   test("the loss mask is exact: with SGD the update of a window is the sum of its two halves' updates", async () => {
@@ -397,7 +406,10 @@ describe("trainer process", () => {
       }).done;
       assert.equal(outcome.status, "completed", JSON.stringify(outcome));
       assert.ok(outcome.status === "completed");
-      return { tensors: await readF32Tensors(outcome.outputPath), stats: outcome.stats };
+      const { tensors, types } = await readAdapterTensors(outcome.outputPath);
+      // What a run serves is F16; training itself ran in F32.
+      assert.deepEqual(types, new Set([GgmlType.F16]));
+      return { tensors, stats: outcome.stats };
     };
     const whole = await train("mask-whole", true, true);
     const first = await train("mask-prompt", true, false);
@@ -415,13 +427,15 @@ describe("trainer process", () => {
       const b = second.tensors.get(name)!;
       for (let i = 0; i < full.length; i++) {
         const sum = a[i]! + b[i]!;
-        worst = Math.max(worst, Math.abs(full[i]! - sum) / Math.max(1e-6, Math.abs(full[i]!)));
+        // Each of the three is rounded to F16 (a relative error of at most 2^-11, 3e-8 below F16's normal range).
+        const scale = Math.abs(full[i]!) + Math.abs(a[i]!) + Math.abs(b[i]!) + 1e-4;
+        worst = Math.max(worst, Math.abs(full[i]! - sum) / scale);
         if (Math.abs(b[i]!) > 1e-7) changed += 1;
         compared += 1;
       }
     }
     assert.ok(compared > 1000, `compared ${compared} values`);
-    // The answer-only half moved the weights, and the halves add up to the whole (float rounding only).
+    // The answer-only half moved the weights, and the halves add up to the whole (F16 rounding only).
     assert.ok(changed > compared / 10, `only ${changed}/${compared} values changed`);
     assert.ok(worst < 1e-3, `the halves differ from the whole by up to ${worst}`);
   });
@@ -441,7 +455,7 @@ describe("trainer process", () => {
     }).done;
     assert.ok(outcome.status === "completed", JSON.stringify(outcome));
     assert.equal(outcome.stats.lossTokens, 0);
-    for (const [name, values] of await readF32Tensors(outcome.outputPath))
+    for (const [name, values] of (await readAdapterTensors(outcome.outputPath)).tensors)
       if (name.endsWith(".lora_b"))
         assert.ok(
           values.every((v) => v === 0),

@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { GbnfWriter, GbnfWriterStopped } from "../../src/engine/GbnfWriter.ts";
-import { unsupportedJsonSchema } from "../../src/engine/grammars.ts";
+import { rootAsDefinition, unsupportedJsonSchema } from "../../src/engine/grammars.ts";
 import { SCHEMA_BOUNDS, schemaOverBounds } from "../../src/engine/schemaBounds.ts";
 
 /** Units of response_format's grammars: no model, no server. */
@@ -113,4 +113,39 @@ test("the GBNF writer's worker translates a schema, rejects with the translator'
   } finally {
     await writer.dispose();
   }
+});
+
+test('a $ref to "#" (the root) becomes a definition of the root, which the grammar writer takes', async () => {
+  const tree = {
+    type: "object",
+    properties: {
+      name: { type: "string", maxLength: 5 },
+      children: { type: "array", items: { $ref: "#" }, maxItems: 2 },
+      "#": { const: "#" },
+    },
+    $defs: { root: { enum: ["#"] } },
+  };
+  assert.equal(unsupportedJsonSchema(tree), undefined);
+  const rewritten = rootAsDefinition(tree) as { $defs: Record<string, unknown>; $ref: string };
+  assert.equal(rewritten.$ref, "#/$defs/_root");
+  // The schema's own definition named `root` and its `const`/`enum` values stay as they are.
+  assert.deepEqual(rewritten.$defs.root, { enum: ["#"] });
+  assert.deepEqual(rewritten.$defs._root, {
+    type: "object",
+    properties: {
+      name: { type: "string", maxLength: 5 },
+      children: { type: "array", items: { $ref: "#/$defs/_root" }, maxItems: 2 },
+      "#": { const: "#" },
+    },
+  });
+  // Without one, the schema itself.
+  const plain = { type: "string" };
+  assert.equal(rootAsDefinition(plain), plain);
+  const writer = new GbnfWriter();
+  try {
+    assert.match(await writer.write(rewritten), /^root ::= /m);
+  } finally {
+    await writer.dispose();
+  }
+  assert.match(unsupportedJsonSchema({ $ref: "#/nope" }) ?? "", /must be "#" \(the root\) or point into/);
 });

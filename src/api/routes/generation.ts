@@ -1,5 +1,5 @@
 import type { FastifyInstance } from "fastify";
-import type { TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
+import { Type, type TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
 import type { Core } from "../../core.ts";
 import { respondWithGeneration } from "../generation/respond.ts";
 import {
@@ -15,9 +15,11 @@ import {
   CompletionResult,
   CompletionsBody,
   LoadedModelList,
+  ModelEntry,
   ModelList,
 } from "../../contract/generation.ts";
-import { jsonOrEvents, responses } from "../../contract/schemas.ts";
+import { jsonOrEvents, noControlCharacters, responses } from "../../contract/schemas.ts";
+import { ConduitError } from "../../errors.ts";
 
 /** API document 4.1: generation. */
 export default async function generationRoutes(app: FastifyInstance, { core }: { core: Core }) {
@@ -102,5 +104,30 @@ export default async function generationRoutes(app: FastifyInstance, { core }: {
       object: "list" as const,
       data: await core.inference.loaded(request.userId),
     }),
+  );
+
+  r.get(
+    "/conduit/v1/models/:model",
+    {
+      schema: {
+        tags,
+        summary: "One model you can generate with: a base model, or one of your READY runs",
+        description:
+          "What `GET /conduit/v1/models` lists for it, with the chat template its chats are rendered with " +
+          "(`chat_template`). Another user's run answers `404`, like a model that does not exist.",
+        params: Type.Object({
+          model: Type.String({ minLength: 1, maxLength: 256, pattern: noControlCharacters }),
+        }),
+        response: responses({ 200: ModelEntry }, [400, 401, 404]),
+      },
+    },
+    async (request) => {
+      const model = await core.inference.get(request.userId, request.params.model);
+      if (!model)
+        throw new ConduitError("model_not_found", `model "${request.params.model}" not found`, {
+          param: "model",
+        });
+      return model;
+    },
   );
 }

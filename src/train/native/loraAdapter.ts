@@ -68,8 +68,15 @@ function adapterMetadata(model: ModelFileInfo, alpha: number) {
 }
 
 /**
+ * How an adapter's tensors are stored: the trainer trains F32 tensors (only those train) and keeps its
+ * checkpoints in F32; the adapter it hands to serving is F16, half the size on disk and in memory, which
+ * llama.cpp loads as it is (bench/README.md §Serving many adapters).
+ */
+export type AdapterTensorType = "F32" | "F16";
+
+/**
  * Writes the starting adapter: A uniform in ±1/√in (PEFT's Kaiming-uniform default), B zero. Seeded, so a
- * run's retry starts from the same point.
+ * run's retry starts from the same point. `type` defaults to `"F32"` (what the trainer trains).
  */
 export async function writeInitialAdapter(
   model: ModelFileInfo,
@@ -77,6 +84,7 @@ export async function writeInitialAdapter(
   weights: readonly LoraWeight[],
   spec: LoraSpec,
   seed: number,
+  type: AdapterTensorType = "F32",
 ): Promise<void> {
   const random = seededRandom(seed ^ 0x10ea);
   const tensors: GgufTensor[] = [];
@@ -85,11 +93,11 @@ export async function writeInitialAdapter(
     const bound = 1 / Math.sqrt(weight.inputs);
     for (let i = 0; i < a.length; i++) a[i] = (random() * 2 - 1) * bound;
     tensors.push(
-      { name: `${weight.name}.lora_a`, dims: [weight.inputs, spec.rank], type: "F32", data: a },
+      { name: `${weight.name}.lora_a`, dims: [weight.inputs, spec.rank], type, data: a },
       {
         name: `${weight.name}.lora_b`,
         dims: [spec.rank, weight.outputs],
-        type: "F32",
+        type,
         data: new Float32Array(spec.rank * weight.outputs),
       },
     );
@@ -97,13 +105,17 @@ export async function writeInitialAdapter(
   await writeGguf(adapterPath, adapterMetadata(model, spec.alpha), tensors);
 }
 
-/** Writes the trained adapter (atomically): the same layout with the trained values. */
+/**
+ * Writes the trained adapter (atomically): the same layout with the trained values, as `type` (`"F16"` for
+ * the adapter a run serves, `"F32"` for a checkpoint training resumes from).
+ */
 export async function writeTrainedAdapter(
   model: ModelFileInfo,
   adapterPath: string,
   weights: readonly LoraWeight[],
   spec: LoraSpec,
   values: ReadonlyMap<string, Float32Array>,
+  type: AdapterTensorType,
 ): Promise<number> {
   const tensors: GgufTensor[] = [];
   for (const weight of weights) {
@@ -111,8 +123,8 @@ export async function writeTrainedAdapter(
     const b = values.get(`${weight.name}.lora_b`);
     if (!a || !b) throw new Error(`trainer: the trained adapter has no tensors for ${weight.name}`);
     tensors.push(
-      { name: `${weight.name}.lora_a`, dims: [weight.inputs, spec.rank], type: "F32", data: a },
-      { name: `${weight.name}.lora_b`, dims: [spec.rank, weight.outputs], type: "F32", data: b },
+      { name: `${weight.name}.lora_a`, dims: [weight.inputs, spec.rank], type, data: a },
+      { name: `${weight.name}.lora_b`, dims: [spec.rank, weight.outputs], type, data: b },
     );
   }
   const result = await writeGguf(adapterPath, adapterMetadata(model, spec.alpha), tensors);

@@ -484,7 +484,14 @@ async function writeTrained(
   }
   const values = loop.adapterValues();
   scope.dispose();
-  const outputBytes = await writeTrainedAdapter(loop.baseInfo, job.outputPath, lora.weights, lora, values);
+  const outputBytes = await writeTrainedAdapter(
+    loop.baseInfo,
+    job.outputPath,
+    lora.weights,
+    lora,
+    values,
+    "F16",
+  );
   hooks.log(
     `trainer: wrote the LoRA adapter (${(outputBytes / 2 ** 20).toFixed(2)} MiB) to ${job.outputPath}`,
   );
@@ -628,6 +635,7 @@ class TrainingLoop {
         this.lora.weights,
         this.lora,
         this.adapterValues(),
+        "F32",
       );
   };
 

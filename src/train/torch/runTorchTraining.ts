@@ -104,7 +104,7 @@ export async function runTorchTraining(
     if (outcome.type === "cancelled") return { status: "cancelled" };
 
     const values = readAdapterValues(workerJob.adapterFile, weights, lora.rank);
-    const outputBytes = await writeTrainedAdapter(baseInfo, job.outputPath, weights, lora, values);
+    const outputBytes = await writeTrainedAdapter(baseInfo, job.outputPath, weights, lora, values, "F16");
     hooks.log(
       `trainer: wrote the LoRA adapter (${(outputBytes / 2 ** 20).toFixed(2)} MiB) to ${job.outputPath}`,
     );

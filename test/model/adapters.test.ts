@@ -1,0 +1,271 @@
+import assert from "node:assert/strict";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { after, before, describe, test } from "node:test";
+import { getLlama, LlamaLogLevel, readGgufFileInfo } from "node-llama-cpp";
+import type { Llama } from "node-llama-cpp";
+import { LLAMA_CPP_LORA_TARGETS } from "../../src/contract/runs.ts";
+import type { Engine } from "../../src/engine/Engine.ts";
+import { createLlamaEngine } from "../../src/engine/LlamaEngine.ts";
+import type { ModelRef, SamplingOptions } from "../../src/engine/types.ts";
+import { GgmlType } from "../../src/model/gguf/GgufWriter.ts";
+import { createTinyModel } from "../../src/model/tinyModel.ts";
+import { seededRandom } from "../../src/random.ts";
+import {
+  loraWeights,
+  writeTrainedAdapter,
+  type AdapterTensorType,
+  type LoraSpec,
+  type LoraWeight,
+} from "../../src/train/native/loraAdapter.ts";
+import { loadLlamaLib } from "../../src/train/native/llamaLib.ts";
+import { readModelFile, type ModelFileInfo } from "../../src/train/native/modelFile.ts";
+import { as, build, datasetWithPairs, KEY_A } from "../lib/helper.ts";
+
+/**
+ * LoRA adapters served by the engine on real llama.cpp: adapters of one base share its context (one decode
+ * per adapter in use per step), are loaded on first use, evicted least recently used under the memory budget,
+ * and unloaded when their run is deleted. Adapters here are random (B not zero), so each answers differently.
+ */
+
+const dir = fs.mkdtempSync(path.join(os.tmpdir(), "conduit-adapters-"));
+let base: ModelRef;
+let info: ModelFileInfo;
+let weights: LoraWeight[];
+let llama: Llama;
+const spec: LoraSpec = { rank: 4, alpha: 8, targets: [...LLAMA_CPP_LORA_TARGETS], complexity: 1 };
+
+before(async () => {
+  const file = path.join(dir, "tiny.gguf");
+  await createTinyModel(file, { seed: 1 });
+  base = { id: "tiny", path: file };
+  info = readModelFile(loadLlamaLib(), file);
+  weights = loraWeights(info, spec);
+  llama = await getLlama({ gpu: false, build: "never", logLevel: LlamaLogLevel.error, logger: () => {} });
+});
+after(async () => {
+  await llama.dispose();
+  fs.rmSync(dir, { recursive: true, force: true });
+});
+
+/** The values of a random adapter: A and B uniform in ±`size`/√in (big enough to change greedy answers). */
+function randomValues(seed: number, size = 3): Map<string, Float32Array> {
+  const random = seededRandom(seed);
+  const values = new Map<string, Float32Array>();
+  for (const w of weights) {
+    const a = new Float32Array(w.inputs * spec.rank);
+    const b = new Float32Array(spec.rank * w.outputs);
+    for (const [t, fan] of [
+      [a, w.inputs],
+      [b, spec.rank],
+    ] as const)
+      for (let i = 0; i < t.length; i++) t[i] = ((random() * 2 - 1) * size) / Math.sqrt(fan);
+    values.set(`${w.name}.lora_a`, a);
+    values.set(`${w.name}.lora_b`, b);
+  }
+  return values;
+}
+
+async function writeAdapter(name: string, seed: number, type: AdapterTensorType = "F16"): Promise<ModelRef> {
+  const file = path.join(dir, `${name}.gguf`);
+  await writeTrainedAdapter(info, file, weights, spec, randomValues(seed), type);
+  return { id: name, path: base.path, lora: { path: file } };
+}
+
+const greedy = (maxTokens: number): SamplingOptions => ({
+  maxTokens,
+  temperature: 0,
+  topK: 40,
+  topP: 1,
+  presencePenalty: 0,
+  frequencyPenalty: 0,
+});
+
+// Longer than the batcher's shortest reused prefix (16 tokens), so a KV cache of another adapter would be reused.
+const PROMPT = "Once upon a time there was a little robot who lived in a garden full of apples and rivers, and";
+
+async function answer(engine: Engine, model: ModelRef, prompt = PROMPT, tokens = 12): Promise<string> {
+  return (await engine.generate({ model, prompt, sampling: greedy(tokens) })).text;
+}
+
+/** Each model's answer from an engine of its own. */
+async function alone(models: ModelRef[], prompt = PROMPT): Promise<string[]> {
+  const texts: string[] = [];
+  for (const model of models) {
+    const engine = createLlamaEngine({ llama, logger: () => {}, contextSize: 256 });
+    try {
+      texts.push(await answer(engine, model, prompt));
+    } finally {
+      await engine.dispose();
+    }
+  }
+  return texts;
+}
+
+describe("LoRA adapters on a shared context", () => {
+  test("mixed adapters in one batch give each adapter's own greedy answer; KV caches are not shared across adapters", async () => {
+    const adapters = await Promise.all([1, 2, 3, 4, 5].map((i) => writeAdapter(`mix-${i}`, i)));
+    const models = [base, ...adapters];
+    const expected = await alone(models);
+    assert.ok(
+      new Set(expected).size >= 4,
+      `the adapters should answer differently: ${JSON.stringify(expected)}`,
+    );
+
+    const engine = createLlamaEngine({ llama, logger: () => {}, contextSize: 256, parallelSequences: 4 });
+    try {
+      // Six models on four sequences: every step mixes adapters, and sequences pass from one adapter to another
+      // (the same prompt each time: a KV cache reused across adapters would change the answers).
+      for (let round = 0; round < 2; round++) {
+        const texts = await Promise.all(models.map((m) => answer(engine, m)));
+        assert.deepEqual(texts, expected, `round ${round}`);
+      }
+      // One after the other on the same sequences.
+      for (const [i, m] of models.entries()) assert.equal(await answer(engine, m), expected[i]);
+      const stats = engine.stats();
+      assert.equal(stats.loadedBases, 1);
+      assert.equal(stats.loadedModels, models.length);
+      for (const m of engine.loaded()) assert.equal(m.contextSize, 256);
+    } finally {
+      await engine.dispose();
+    }
+  });
+
+  test("adapters are loaded on first use and evicted least recently used under the memory budget", async () => {
+    const [a, b, c] = await Promise.all([1, 2, 3].map((i) => writeAdapter(`lru-${i}`, 10 + i)));
+    const adapterBytes = fs.statSync(a!.lora!.path).size;
+    const baseBytes = fs.statSync(base.path).size;
+    // Room for the base and two adapters.
+    const engine = createLlamaEngine({
+      llama,
+      logger: () => {},
+      contextSize: 256,
+      memoryBudgetBytes: baseBytes + 2 * adapterBytes + adapterBytes / 2,
+    });
+    const ids = () => engine.loaded().map((m) => m.id).sort();
+    try {
+      assert.deepEqual(ids(), []);
+      const first = await answer(engine, a!);
+      await answer(engine, b!);
+      assert.deepEqual(ids(), ["lru-1", "lru-2"]);
+      await answer(engine, c!);
+      assert.deepEqual(ids(), ["lru-2", "lru-3"], "the least recently used adapter went");
+      await answer(engine, b!);
+      await answer(engine, a!);
+      assert.deepEqual(ids(), ["lru-1", "lru-2"], "lru-3 was used less recently than lru-2");
+      assert.equal(engine.stats().loadedBases, 1);
+      // Loaded again from its file, it answers as before.
+      assert.equal(await answer(engine, a!), first);
+    } finally {
+      await engine.dispose();
+    }
+  });
+
+  test("an unloaded adapter is taken out of service at once and freed when its generation ends", async () => {
+    const [a, b] = await Promise.all([1, 2].map((i) => writeAdapter(`gone-${i}`, 20 + i)));
+    const engine = createLlamaEngine({ llama, logger: () => {}, contextSize: 256 });
+    try {
+      const expected = await answer(engine, b!);
+      const running = engine.generate({ model: a!, prompt: PROMPT, sampling: greedy(40) });
+      const other = engine.generate({ model: b!, prompt: PROMPT, sampling: greedy(12) });
+      engine.unload(a!.lora!.path);
+      assert.deepEqual(
+        engine.loaded().map((m) => m.id),
+        ["gone-2"],
+      );
+      // The generation under way ends normally on the adapter it started with; the other adapter is untouched.
+      const [done, text] = await Promise.all([running, other]);
+      assert.equal(done.completionTokens, 40);
+      assert.equal(text.text, expected);
+      // The next request loads it again.
+      await answer(engine, a!);
+      assert.deepEqual(engine.loaded().map((m) => m.id).sort(), ["gone-1", "gone-2"]);
+    } finally {
+      await engine.dispose();
+    }
+  });
+
+  test("a request already waiting for a sequence of an adapter that is unloaded still runs on it", async () => {
+    const [a, b] = await Promise.all([1, 2].map((i) => writeAdapter(`queued-${i}`, 30 + i)));
+    const [expected] = await alone([a!]);
+    const engine = createLlamaEngine({ llama, logger: () => {}, contextSize: 256, parallelSequences: 1 });
+    try {
+      await engine.load(a!);
+      await engine.load(b!);
+      const long = engine.generate({ model: b!, prompt: PROMPT, sampling: greedy(30) });
+      // The only sequence is taken: this one waits for it.
+      const waiting = engine.generate({ model: a!, prompt: PROMPT, sampling: greedy(12) });
+      // Failed by the engine's dispose when an assertion below fails first.
+      long.catch(() => {});
+      waiting.catch(() => {});
+      assert.equal(engine.loaded().find((m) => m.id === "queued-1")?.queuedRequests, 1);
+      engine.unload(a!.lora!.path);
+      assert.deepEqual(
+        engine.loaded().map((m) => m.id),
+        ["queued-2"],
+      );
+      const [, text] = await Promise.all([long, waiting]);
+      assert.equal(text.text, expected);
+      assert.equal(engine.stats().loadedModels, 1);
+    } finally {
+      await engine.dispose();
+    }
+  });
+
+  test("F16 adapters: tensors are F16 on disk and answer as the same adapter in F32 at temperature 0", async () => {
+    const f32 = await writeAdapter("same-f32", 7, "F32");
+    const f16 = await writeAdapter("same-f16", 7, "F16");
+    const types = async (file: string) =>
+      new Set(
+        ((await readGgufFileInfo(file, { logWarnings: false })).fullTensorInfo ?? []).map((t) => t.ggmlType),
+      );
+    assert.deepEqual(await types(f16.lora!.path), new Set([GgmlType.F16]));
+    assert.deepEqual(await types(f32.lora!.path), new Set([GgmlType.F32]));
+    const f16Bytes = fs.statSync(f16.lora!.path).size;
+    const f32Bytes = fs.statSync(f32.lora!.path).size;
+    assert.ok(f16Bytes < 0.6 * f32Bytes, `F16 ${f16Bytes} bytes against F32 ${f32Bytes}`);
+    const prompts = [PROMPT, "The capital of the moon is", "1, 2, 3, 4,"];
+    for (const prompt of prompts) {
+      const [bare, wide, half] = await alone([base, f32, f16], prompt);
+      assert.notEqual(wide, bare, "the adapter changes the answer");
+      assert.equal(half, wide, prompt);
+    }
+  });
+});
+
+describe("LoRA adapters and runs", () => {
+  test("a deleted run's adapter leaves the engine", async (t) => {
+    const { app, core } = await build(t);
+    const ds = await datasetWithPairs(app, [{ input: "a", output: "b" }]);
+    const created = await as(app, KEY_A).post("/conduit/finetuning", {
+      datasetID: ds.id,
+      baseModelName: "tiny",
+      method: "lora",
+    });
+    assert.equal(created.statusCode, 200, created.body);
+    const run = created.json();
+    // READY, as a worker finishes it, with an adapter of the tiny model in the run's storage.
+    const file = core.blobs.pathOf(`runs/${run.id}/adapter.gguf`);
+    fs.mkdirSync(path.dirname(file), { recursive: true });
+    const tiny = readModelFile(loadLlamaLib(), core.registry.resolve("tiny")!.path);
+    await writeTrainedAdapter(tiny, file, loraWeights(tiny, spec), { ...spec }, randomValues(5), "F16");
+    assert.equal((await core.runRepository.claimNext("w", 60_000))?.id, run.id);
+    assert.ok(await core.runRepository.finish(run.id, "w", { status: "READY", modelPath: file }));
+
+    const inference = await as(app, KEY_A).post(`/conduit/finetuning/${run.id}/inference`, {
+      prompt: "hello",
+      max_tokens: 2,
+    });
+    assert.equal(inference.statusCode, 200, inference.body);
+    assert.deepEqual(
+      core.engine.loaded().map((m) => m.lora),
+      [file],
+    );
+    const deleted = await as(app, KEY_A).delete(`/conduit/finetuning/${run.id}`);
+    assert.equal(deleted.statusCode, 200, deleted.body);
+    assert.deepEqual(core.engine.loaded(), []);
+    assert.equal(fs.existsSync(file), false);
+  });
+});
+
