@@ -38,6 +38,35 @@ export async function buildApp(core: Core): Promise<FastifyInstance> {
     genReqId: () => crypto.randomUUID(),
     ...connections.serverOptions(),
   });
+  registerJsonParser(app, core.config.bodyLimit);
+  registerEmptyBodies(app);
+  registerValidators(app);
+  registerSecurityHeaders(app);
+  registerErrorHandler(app);
+  connections.register(app);
+  registerAuth(app, core.keys, core.config.maxKeyFailures);
+  registerSse(app);
+  registerStreamLimit(app, core.config.maxStreamsPerUser);
+  await registerDocs(app);
+
+  await app.register(metricsRoutes, { core });
+  await app.register(healthRoutes, { core });
+  await app.register(datasetRoutes, { core });
+  await app.register(runRoutes, { core });
+  await app.register(generationRoutes, { core });
+  await app.register(openAiRoutes, { core });
+  await app.register(openAiFileRoutes, { core });
+  await app.register(openAiFineTuningRoutes, { core });
+  await app.register(evalRoutes, { core });
+  await app.register(openAiEvalRoutes, { core });
+  await app.register(uiRoutes, { core });
+
+  app.addHook("onClose", async () => core.close());
+  return app;
+}
+
+/** JSON bodies: UTF-8 text only, within the JSON limit, no lone surrogates; an empty one is no body. */
+function registerJsonParser(app: FastifyInstance, bodyLimit: number): void {
   // JSON endpoints take JSON: a text/plain body is a 415, not a string that fails the schema.
   // (The upload route accepts text/plain as a raw file with a parser of its own.)
   app.removeContentTypeParser("text/plain");
@@ -62,12 +91,12 @@ export async function buildApp(core: Core): Promise<FastifyInstance> {
       return;
     }
     // Parsing is synchronous: a JSON body gets the JSON limit even where the route takes more (see limitJsonUploads).
-    if ((body as Buffer).length > core.config.bodyLimit) {
-      done(jsonTooLarge(core.config.bodyLimit), undefined);
+    if ((body as Buffer).length > bodyLimit) {
+      done(jsonTooLarge(bodyLimit), undefined);
       return;
     }
     // An empty body is no body (OpenAI's clients send `Content-Type: application/json` with nothing on
-    // cancel and delete): the operation's schema decides whether it needs one (the preValidation hook below).
+    // cancel and delete): the operation's schema decides whether it needs one (registerEmptyBodies).
     if ((body as Buffer).every((byte) => byte === 0x20 || byte === 0x09 || byte === 0x0a || byte === 0x0d)) {
       done(null, undefined);
       return;
@@ -94,7 +123,10 @@ export async function buildApp(core: Core): Promise<FastifyInstance> {
       else done(error, value);
     });
   });
+}
 
+/** A missing body: `{}` where every field is optional, else a 400 naming the required fields. */
+function registerEmptyBodies(app: FastifyInstance): void {
   // No body where the operation's fields are all optional is the empty object, as in OpenAI's API.
   // No body where fields are required is a 400 naming them.
   app.addHook("preValidation", (request, _reply, done) => {
@@ -118,7 +150,10 @@ export async function buildApp(core: Core): Promise<FastifyInstance> {
     }
     done();
   });
+}
 
+/** Schema validation: strict for bodies, coercing for query strings and params; the shared schemas known to both. */
+function registerValidators(app: FastifyInstance): void {
   // Bodies are validated strictly (no type coercion, unknown fields are errors where a schema
   // forbids them); query strings and path params need coercion because they arrive as text.
   const bodyAjv = new Ajv({
@@ -148,7 +183,10 @@ export async function buildApp(core: Core): Promise<FastifyInstance> {
   });
   for (const schema of sharedSchemas) app.addSchema(schema);
   registerSerializer(app, sharedSchemas);
+}
 
+/** Headers every answer carries: the request id, no sniffing, no framing of our pages. */
+function registerSecurityHeaders(app: FastifyInstance): void {
   // First of the hooks, so that every answer carries it (errors keep the headers set before them); the
   // framework's own errors, which come before any hook, set it in `frameworkErrors`.
   app.addHook("onRequest", (request, reply, done) => {
@@ -166,13 +204,10 @@ export async function buildApp(core: Core): Promise<FastifyInstance> {
     }
     done(null, payload);
   });
+}
 
-  registerErrorHandler(app);
-  connections.register(app);
-  registerAuth(app, core.keys, core.config.maxKeyFailures);
-  registerSse(app);
-  registerStreamLimit(app, core.config.maxStreamsPerUser);
-
+/** The OpenAPI document (`/openapi.json`) and its docs page (`/docs`), both public. */
+async function registerDocs(app: FastifyInstance): Promise<void> {
   await app.register(swagger, {
     // 3.1: its schemas are JSON Schema 2020-12, as TypeBox writes them (numeric `exclusiveMinimum`, `examples`).
     transformObject: (generated) =>
@@ -221,21 +256,6 @@ export async function buildApp(core: Core): Promise<FastifyInstance> {
   });
 
   app.get("/openapi.json", { config: { public: true }, schema: { hide: true } }, async () => app.swagger());
-
-  await app.register(metricsRoutes, { core });
-  await app.register(healthRoutes, { core });
-  await app.register(datasetRoutes, { core });
-  await app.register(runRoutes, { core });
-  await app.register(generationRoutes, { core });
-  await app.register(openAiRoutes, { core });
-  await app.register(openAiFileRoutes, { core });
-  await app.register(openAiFineTuningRoutes, { core });
-  await app.register(evalRoutes, { core });
-  await app.register(openAiEvalRoutes, { core });
-  await app.register(uiRoutes, { core });
-
-  app.addHook("onClose", async () => core.close());
-  return app;
 }
 
 /**

@@ -53,6 +53,15 @@ async function tiny128(env: TestEnv): Promise<string> {
   return file;
 }
 
+/** A full fine-tune of `model` on a dataset, with settings that memorise a few pairs; waits until it is READY. */
+async function memorised(app: FastifyInstance, datasetID: string, model: string) {
+  const id = await startRun(app, { datasetID, baseModelName: model, method: "full", lr: 0.003, epochs: 200 });
+  // A generous limit: a shared 2-core machine under load trains several times slower.
+  const run = await waitForRun(app, id, runEnded, { timeoutMs: 360_000 });
+  assert.equal(run.status, "READY", run.logs.join("\n"));
+  return { id, run };
+}
+
 /** An app whose scheduler runs, polling every 200 ms. */
 async function trainingApp(t: { after(fn: () => unknown): void }, env?: TestEnv) {
   const built = await buildTestApp(t, env ?? (await testEnv(t)), {
@@ -69,16 +78,7 @@ describe("fine-tuning runs on the tiny model", () => {
     await tiny128(env);
     const { app } = await trainingApp(t, env);
     const datasetID = await datasetOf(app, pairs);
-    const id = await startRun(app, {
-      datasetID,
-      baseModelName: "tiny128",
-      method: "full",
-      lr: 0.003,
-      epochs: 200,
-    });
-    // A generous limit: a shared 2-core machine under load trains several times slower.
-    const run = await waitForRun(app, id, runEnded, { timeoutMs: 360_000 });
-    assert.equal(run.status, "READY", run.logs.join("\n"));
+    const { id, run } = await memorised(app, datasetID, "tiny128");
     assert.ok(run.stats.step > 0 && run.stats.step === run.stats.totalSteps);
     assert.ok(Array.isArray(run.stats.lossSeries) && run.stats.lossSeries.length > 1);
     const first = run.stats.lossSeries[0].trainLoss;
@@ -544,15 +544,7 @@ describe("clean ends on the fallback template", () => {
       { input: "What colour is snow?", output: "white" },
       { input: "What colour is blood?", output: "red" },
     ];
-    const id = await startRun(app, {
-      datasetID: await datasetOf(app, colours),
-      baseModelName: "bare128",
-      method: "full",
-      lr: 0.003,
-      epochs: 200,
-    });
-    const run = await waitForRun(app, id, runEnded, { timeoutMs: 360_000 });
-    assert.equal(run.status, "READY", run.logs.join("\n"));
+    const { id } = await memorised(app, await datasetOf(app, colours), "bare128");
     const model = (await as(app, KEY_A).get(`/conduit/v1/models/${id}`)).json();
     assert.deepEqual(model.chat_template, { source: "fallback", name: "chatml" });
 

@@ -1,8 +1,9 @@
 import assert from "node:assert/strict";
-import { after, before, describe, test } from "node:test";
+import { before, describe, test } from "node:test";
 import type { FastifyInstance } from "fastify";
 import OpenAI from "openai";
 import { build, buildTestApp, KEY_A, testEnv, as, KEY_B } from "../lib/helper.ts";
+import { suiteCleanup } from "../lib/helper.ts";
 import { runScenarios, type ApiScenario } from "../lib/scenario.ts";
 
 /** Parses an SSE body into its `data:` payloads. */
@@ -28,13 +29,9 @@ const chat = (payload: Record<string, unknown>) => ({
 
 describe("generation on the tiny model", () => {
   let app: FastifyInstance;
-  const cleanups: (() => unknown)[] = [];
+  const suite = suiteCleanup();
   before(async () => {
-    // One app (and one loaded model) for the tests of this suite.
-    ({ app } = await build({ after: (fn) => cleanups.push(fn) }));
-  });
-  after(async () => {
-    for (const fn of cleanups.reverse()) await fn();
+    ({ app } = await build(suite));
   });
 
   test("chat: the Conduit API's result shape, greedy output is deterministic", async () => {

@@ -1,12 +1,13 @@
 import assert from "node:assert/strict";
 import fs from "node:fs";
 import path from "node:path";
-import { after, before, describe, test } from "node:test";
+import { before, describe, test } from "node:test";
 import type { FastifyInstance } from "fastify";
 import OpenAI from "openai";
 import type { Core } from "../../src/core.ts";
 import { createTinyModel } from "../../src/model/tinyModel.ts";
 import { asAlice, asBob, build, buildTestApp, KEY_A, testEnv, as, KEY_B } from "../lib/helper.ts";
+import { suiteCleanup } from "../lib/helper.ts";
 
 /** The strict OpenAI surface: `null` is the default, every parameter is honoured or refused, models in detail. */
 
@@ -17,12 +18,9 @@ const messages = [{ role: "user", content: "Hi" }];
 describe("the OpenAI surface on the tiny model", () => {
   let app: FastifyInstance;
   let core: Core;
-  const cleanups: (() => unknown)[] = [];
+  const suite = suiteCleanup();
   before(async () => {
-    ({ app, core } = await build({ after: (fn) => cleanups.push(fn) }));
-  });
-  after(async () => {
-    for (const fn of cleanups.reverse()) await fn();
+    ({ app, core } = await build(suite));
   });
 
   const post = (url: string, payload: Record<string, unknown>, headers = asAlice) =>
@@ -784,18 +782,14 @@ const time = {
 
 describe("tool calls on a tiny model whose template supports tools", () => {
   let app: FastifyInstance;
-  const cleanups: (() => unknown)[] = [];
+  const t = suiteCleanup();
   before(async () => {
-    const t = { after: (fn: () => unknown) => cleanups.push(fn) };
     const env = await testEnv(t);
     await createTinyModel(path.join(env.dataDir, "models", "tools.gguf"), {
       seed: 1,
       chatTemplate: TOOLS_TEMPLATE,
     });
     ({ app } = await buildTestApp(t, env));
-  });
-  after(async () => {
-    for (const fn of cleanups.reverse()) await fn();
   });
   const chat = (payload: Record<string, unknown>) =>
     as(app, KEY_A).post(chatUrl, { model: "tools", ...payload });

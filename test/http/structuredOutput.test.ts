@@ -1,7 +1,8 @@
 import assert from "node:assert/strict";
-import { after, before, describe, test } from "node:test";
+import { before, describe, test } from "node:test";
 import type { FastifyInstance } from "fastify";
 import { build, KEY_A } from "../lib/helper.ts";
+import { suiteCleanup } from "../lib/helper.ts";
 
 /** `response_format` keywords past node-llama-cpp's own, honoured by the grammar on the real tiny model. */
 
@@ -19,12 +20,9 @@ const schemaFormat = (schema: unknown) => ({
 
 describe("structured output on the tiny model", () => {
   let app: FastifyInstance;
-  const cleanups: (() => unknown)[] = [];
+  const suite = suiteCleanup();
   before(async () => {
-    ({ app } = await build({ after: (fn) => cleanups.push(fn) }));
-  });
-  after(async () => {
-    for (const fn of cleanups.reverse()) await fn();
+    ({ app } = await build(suite));
   });
 
   test("numbers and integers with ranges are always inside them", async () => {

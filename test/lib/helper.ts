@@ -2,6 +2,7 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import type { FastifyInstance, InjectOptions, LightMyRequestResponse } from "fastify";
+import { after } from "node:test";
 import pg from "pg";
 import { buildApp } from "../../src/api/buildApp.ts";
 import { loadConfig, type Config } from "../../src/config.ts";
@@ -14,6 +15,18 @@ import { until } from "./wait.ts";
 /** Where cleanup is registered: a test's `t`, or `{ after }` from node:test for a whole suite. */
 export interface Cleanup {
   after(fn: () => unknown): void;
+}
+
+/**
+ * A `Cleanup` for a whole suite: what is registered on it runs, the last first, after the suite's tests
+ * (one app, and one loaded model, for every test of a `describe`). Call it in the `describe`.
+ */
+export function suiteCleanup(): Cleanup {
+  const cleanups: (() => unknown)[] = [];
+  after(async () => {
+    for (const fn of cleanups.reverse()) await fn();
+  });
+  return { after: (fn) => cleanups.push(fn) };
 }
 
 export const KEY_A = "test-key-alice-0000000000";

@@ -37,6 +37,26 @@ before(async () => {
 });
 after(() => fs.rmSync(dir, { recursive: true, force: true }));
 
+/**
+ * A LoRA job named `name` on the tiny model, its files in the test's directory, with a fixed seed and a constant
+ * learning rate (what these tests were written for).
+ */
+function loraJob(name: string, lora: NonNullable<TrainerJob["lora"]>, job: Partial<TrainerJob>): TrainerJob {
+  return {
+    seed: 0,
+    lrSchedule: { kind: "constant" },
+    method: "lora",
+    lora,
+    baseModelPath: baseModel,
+    outputPath: path.join(dir, `${name}.gguf`),
+    workDir: path.join(dir, `${name}-work`),
+    samples: [],
+    learningRate: 1e-3,
+    epochs: 1,
+    ...job,
+  };
+}
+
 /** Starts a trainer on `job` and waits for its first progress report. */
 async function startedTrainer(job: TrainerJob) {
   let firstProgress!: () => void;
@@ -441,18 +461,17 @@ describe("trainer process", () => {
   });
 
   test("a window with every position masked does not train", async () => {
-    const outcome = await startTrainer({
-      seed: 0,
-      lrSchedule: { kind: "constant" },
-      method: "lora",
-      lora: { rank: 4, alpha: 4, targets: [...LLAMA_CPP_LORA_TARGETS] },
-      baseModelPath: baseModel,
-      outputPath: path.join(dir, "masked.gguf"),
-      workDir: path.join(dir, "masked-work"),
-      samples: [[{ text: "<|im_start|>user\nonly a prompt<|im_end|>\n", train: false }]],
-      learningRate: 0.5,
-      epochs: 3,
-    }).done;
+    const outcome = await startTrainer(
+      loraJob(
+        "masked",
+        { rank: 4, alpha: 4, targets: [...LLAMA_CPP_LORA_TARGETS] },
+        {
+          samples: [[{ text: "<|im_start|>user\nonly a prompt<|im_end|>\n", train: false }]],
+          learningRate: 0.5,
+          epochs: 3,
+        },
+      ),
+    ).done;
     assert.ok(outcome.status === "completed", JSON.stringify(outcome));
     assert.equal(outcome.stats.lossTokens, 0);
     for (const [name, values] of (await readAdapterTensors(outcome.outputPath)).tensors)
@@ -466,18 +485,13 @@ describe("trainer process", () => {
   test("an example longer than the model's context fails the job before training, naming it", async () => {
     const small = path.join(dir, "tiny-512.gguf");
     await createTinyModel(small, { seed: 1, contextLength: 512 });
-    const outcome = await startTrainer({
-      seed: 0,
-      lrSchedule: { kind: "constant" },
-      method: "lora",
-      lora: { rank: 4, alpha: 8, targets: [...LLAMA_CPP_LORA_TARGETS] },
-      baseModelPath: small,
-      outputPath: path.join(dir, "too-long.gguf"),
-      workDir: path.join(dir, "too-long-work"),
-      samples: ["short one", "word ".repeat(400)],
-      learningRate: 1e-3,
-      epochs: 1,
-    }).done;
+    const outcome = await startTrainer(
+      loraJob(
+        "too-long",
+        { rank: 4, alpha: 8, targets: [...LLAMA_CPP_LORA_TARGETS] },
+        { baseModelPath: small, samples: ["short one", "word ".repeat(400)], learningRate: 1e-3, epochs: 1 },
+      ),
+    ).done;
     assert.equal(outcome.status, "failed");
     assert.ok(outcome.status === "failed");
     assert.match(
@@ -575,18 +589,13 @@ describe("trainer process", () => {
   test("control-token text in a training pair stays text: it cannot forge a turn", async () => {
     const base = { id: "tiny", path: baseModel };
     const tokensOf = async (sample: TrainingSample) => {
-      const outcome = await startTrainer({
-        seed: 0,
-        lrSchedule: { kind: "constant" },
-        method: "lora",
-        lora: { rank: 2, alpha: 2, targets: ["output"] },
-        baseModelPath: baseModel,
-        outputPath: path.join(dir, "forge.gguf"),
-        workDir: path.join(dir, "forge-work"),
-        samples: [sample],
-        learningRate: 1e-4,
-        epochs: 1,
-      }).done;
+      const outcome = await startTrainer(
+        loraJob(
+          "forge",
+          { rank: 2, alpha: 2, targets: ["output"] },
+          { samples: [sample], learningRate: 1e-4, epochs: 1 },
+        ),
+      ).done;
       assert.ok(outcome.status === "completed", JSON.stringify(outcome));
       return { all: outcome.stats.sampleTokens, answer: outcome.examples.train[0]!.tokens };
     };
@@ -634,18 +643,13 @@ describe("trainer process", () => {
 
     // The trainer counts exactly the answers' tokens in the loss (every position whose label is one of them),
     // plus the end-of-sequence label after the last.
-    const outcome = await startTrainer({
-      seed: 0,
-      lrSchedule: { kind: "constant" },
-      method: "lora",
-      lora: { rank: 2, alpha: 2, targets: ["output"] },
-      baseModelPath: baseModel,
-      outputPath: path.join(dir, "chat.gguf"),
-      workDir: path.join(dir, "chat-work"),
-      samples: [sample],
-      learningRate: 1e-4,
-      epochs: 1,
-    }).done;
+    const outcome = await startTrainer(
+      loraJob(
+        "chat",
+        { rank: 2, alpha: 2, targets: ["output"] },
+        { samples: [sample], learningRate: 1e-4, epochs: 1 },
+      ),
+    ).done;
     assert.ok(outcome.status === "completed", JSON.stringify(outcome));
     const model = await llama.loadModel({ modelPath: baseModel });
     try {
@@ -655,18 +659,13 @@ describe("trainer process", () => {
       assert.equal(outcome.examples.train[0]!.tokens, answers + 1);
       // With trainOnInputs every position counts.
       const all = await formatChatExample(base, "", turns, true);
-      const everything = await startTrainer({
-        seed: 0,
-        lrSchedule: { kind: "constant" },
-        method: "lora",
-        lora: { rank: 2, alpha: 2, targets: ["output"] },
-        baseModelPath: baseModel,
-        outputPath: path.join(dir, "chat-all.gguf"),
-        workDir: path.join(dir, "chat-all-work"),
-        samples: [all.sample],
-        learningRate: 1e-4,
-        epochs: 1,
-      }).done;
+      const everything = await startTrainer(
+        loraJob(
+          "chat-all",
+          { rank: 2, alpha: 2, targets: ["output"] },
+          { samples: [all.sample], learningRate: 1e-4, epochs: 1 },
+        ),
+      ).done;
       assert.ok(everything.status === "completed", JSON.stringify(everything));
       assert.equal(everything.stats.lossTokens, everything.stats.sampleTokens);
       assert.ok(everything.stats.lossTokens > answers * 3, `${everything.stats.lossTokens} vs ${answers}`);

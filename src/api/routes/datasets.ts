@@ -97,6 +97,16 @@ export default async function datasetRoutes(app: FastifyInstance, { core }: { co
     },
   );
 
+  datasetFileRoutes(app, core);
+  await datasetUploadRoute(app, core);
+}
+
+/** A dataset's files: list, read, their pairs, delete. */
+function datasetFileRoutes(app: FastifyInstance, core: Core) {
+  const r = app.withTypeProvider<TypeBoxTypeProvider>();
+  const { datasets } = core;
+  const tags = ["datasets"];
+
   r.get(
     "/conduit/dataset/:dataset_id/files",
     {
@@ -156,6 +166,13 @@ export default async function datasetRoutes(app: FastifyInstance, { core }: { co
       return SUCCESS;
     },
   );
+}
+
+/** The upload of a file of pairs, in a context of its own (its raw-body parsers apply to it alone). */
+async function datasetUploadRoute(app: FastifyInstance, core: Core) {
+  const r = app.withTypeProvider<TypeBoxTypeProvider>();
+  const { datasets } = core;
+  const tags = ["datasets"];
 
   // The upload route lives in its own context so its raw-body parsers apply to it alone.
   await r.register(async (upload) => {

@@ -100,6 +100,51 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
     },
   );
 
+  runFileRoutes(app, core);
+
+  r.post(
+    "/conduit/finetuning/:finetune_id/cancel",
+    {
+      schema: {
+        tags,
+        summary: "Cancel a queued or running run",
+        description: "A run that already ended (READY, FAILED, CANCELLED) answers 409.",
+        params: RunParams,
+        response: responses({ 200: Message }, [400, 401, 404, 409]),
+      },
+    },
+    async (request) => {
+      await runs.cancel(request.userId, request.params.finetune_id);
+      return SUCCESS;
+    },
+  );
+
+  r.delete(
+    "/conduit/finetuning/:finetune_id",
+    {
+      schema: {
+        tags,
+        summary: "Delete a run and its model",
+        description: "A queued or running run is cancelled first.",
+        params: RunParams,
+        response: responses({ 200: Message }),
+      },
+    },
+    async (request) => {
+      await runs.delete(request.userId, request.params.finetune_id);
+      return SUCCESS;
+    },
+  );
+
+  runInferenceRoute(app, core);
+  runEventsRoute(app, core);
+}
+
+/** What a READY run produced: its file and its examples with their losses. */
+function runFileRoutes(app: FastifyInstance, core: Core) {
+  const r = app.withTypeProvider<TypeBoxTypeProvider>();
+  const { runs } = core;
+  const tags = ["fine-tuning"];
   r.get(
     "/conduit/finetuning/:finetune_id/artifact",
     {
@@ -173,41 +218,13 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
       return page.examples;
     },
   );
+}
 
-  r.post(
-    "/conduit/finetuning/:finetune_id/cancel",
-    {
-      schema: {
-        tags,
-        summary: "Cancel a queued or running run",
-        description: "A run that already ended (READY, FAILED, CANCELLED) answers 409.",
-        params: RunParams,
-        response: responses({ 200: Message }, [400, 401, 404, 409]),
-      },
-    },
-    async (request) => {
-      await runs.cancel(request.userId, request.params.finetune_id);
-      return SUCCESS;
-    },
-  );
-
-  r.delete(
-    "/conduit/finetuning/:finetune_id",
-    {
-      schema: {
-        tags,
-        summary: "Delete a run and its model",
-        description: "A queued or running run is cancelled first.",
-        params: RunParams,
-        response: responses({ 200: Message }),
-      },
-    },
-    async (request) => {
-      await runs.delete(request.userId, request.params.finetune_id);
-      return SUCCESS;
-    },
-  );
-
+/** Generation with a READY run's model. */
+function runInferenceRoute(app: FastifyInstance, core: Core) {
+  const r = app.withTypeProvider<TypeBoxTypeProvider>();
+  const { runs } = core;
+  const tags = ["fine-tuning"];
   r.post(
     "/conduit/finetuning/:finetune_id/inference",
     {
@@ -252,7 +269,13 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
       return { response: result.choices[0]?.text ?? "" };
     },
   );
+}
 
+/** A run followed live, as Server-Sent Events. */
+function runEventsRoute(app: FastifyInstance, core: Core) {
+  const r = app.withTypeProvider<TypeBoxTypeProvider>();
+  const { runs } = core;
+  const tags = ["fine-tuning"];
   r.get(
     "/conduit/finetuning/:finetune_id/events",
     {
