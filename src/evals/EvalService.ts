@@ -59,6 +59,9 @@ function greedy(maxTokens: number): SamplingOptions {
   return { maxTokens, temperature: 0, topK: 1, topP: 1, presencePenalty: 0, frequencyPenalty: 0 };
 }
 
+/** Items the automatic before/after scores at most (the first of the split): its cost stays bounded. */
+const AFTER_RUN_MAX_ITEMS = 200;
+
 /** Graders of the automatic before/after of a fine-tuning run. */
 const AFTER_RUN_GRADERS: GraderWire[] = [{ type: "exact_match" }, { type: "similarity" }];
 
@@ -568,7 +571,7 @@ export class EvalService {
     if (!run || run.status !== "READY") return undefined;
     let items: ResolvedItem[];
     try {
-      items = await this.heldOut(run, "runId");
+      items = (await this.heldOut(run, "runId")).slice(0, AFTER_RUN_MAX_ITEMS);
     } catch (error) {
       if (error instanceof ConduitError && error.code === "conflict") return undefined;
       throw error;

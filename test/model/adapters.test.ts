@@ -11,7 +11,7 @@ import type { Engine } from "../../src/engine/Engine.ts";
 import { createLlamaEngine } from "../../src/engine/LlamaEngine.ts";
 import { loadAdapter } from "../../src/engine/nativeBatch.ts";
 import { SequenceBatcher, type BatchAdapter } from "../../src/engine/SequenceBatcher.ts";
-import type { ModelRef, SamplingOptions } from "../../src/engine/types.ts";
+import type { ModelRef } from "../../src/engine/types.ts";
 import { loadChatTemplate } from "../../src/model/chatTemplate.ts";
 import { GgmlType } from "../../src/model/gguf/GgufWriter.ts";
 import { createTinyModel } from "../../src/model/tinyModel.ts";
@@ -26,11 +26,13 @@ import {
 import { loadLlamaLib } from "../../src/train/native/llamaLib.ts";
 import { readModelFile, type ModelFileInfo } from "../../src/train/native/modelFile.ts";
 import { as, build, datasetWithPairs, KEY_A } from "../lib/helper.ts";
+import { greedy } from "../lib/sampling.ts";
 
 /**
  * LoRA adapters served by the engine on real llama.cpp: adapters of one base share its contexts (one decode
- * per adapter in use on a context per step, generations grouped by adapter onto contexts), are loaded on first use, evicted least recently used under the memory budget,
- * and unloaded when their run is deleted. Adapters here are random (B not zero), so each answers differently.
+ * per adapter in use on a context per step, generations grouped by adapter onto contexts), are loaded on first
+ * use, evicted least recently used under the memory budget, and unloaded when their run is deleted. Adapters
+ * here are random (B not zero), so each answers differently.
  */
 
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), "conduit-adapters-"));
@@ -77,18 +79,8 @@ async function writeAdapter(name: string, seed: number, type: AdapterTensorType 
   return { id: name, path: base.path, lora: { path: file } };
 }
 
-const greedy = (maxTokens: number): SamplingOptions => ({
-  maxTokens,
-  temperature: 0,
-  topK: 40,
-  topP: 1,
-  presencePenalty: 0,
-  frequencyPenalty: 0,
-});
-
 // Longer than the batcher's shortest reused prefix (16 tokens), so a KV cache of another adapter would be reused.
-const PROMPT =
-  "Once upon a time there was a little robot who lived in a garden full of apples and rivers, and";
+const PROMPT = "Once upon a time there was a little robot who lived in a garden full of apples and rivers, and";
 
 async function answer(engine: Engine, model: ModelRef, prompt = PROMPT, tokens = 12): Promise<string> {
   return (await engine.generate({ model, prompt, sampling: greedy(tokens) })).text;

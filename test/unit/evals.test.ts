@@ -1,0 +1,205 @@
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import type { ModelTotals } from "../../src/contract/evals.ts";
+import { gradersOfCriteria, resolveOpenAiItems, runRequest } from "../../src/api/openAiEvals.ts";
+import { fuzzyMatch, grade, normalize, settleGraders, tokenF1 } from "../../src/evals/graders.ts";
+import { describeEvaluation } from "../../src/evals/runEvaluation.ts";
+import type { Eval, EvalRun } from "../../src/store/EvalRepository.ts";
+
+test("normalisation: case, whitespace, punctuation at the ends", () => {
+  assert.equal(normalize("  Billing.\n", ["case", "whitespace", "punctuation"]), "billing");
+  assert.equal(normalize(" a   b ", ["whitespace"]), "a b");
+  assert.equal(normalize("«Yes!»", ["punctuation"]), "Yes");
+  assert.equal(normalize("A.B", ["punctuation"]), "A.B");
+  assert.equal(normalize(" A ", []), " A ");
+});
+
+test("similarity: token F1 and the character-level ratio", () => {
+  assert.equal(tokenF1("4 July 2023", "4 July 2023"), 1);
+  assert.equal(tokenF1("the cat sat", "cat sat down"), 2 / 3);
+  assert.equal(tokenF1("Paris!", "paris"), 1);
+  assert.equal(tokenF1("", "x"), 0);
+  assert.equal(tokenF1("", ""), 1);
+  assert.equal(fuzzyMatch("kitten", "sitting"), 1 - 3 / 7);
+  assert.equal(fuzzyMatch(" same ", "same"), 1);
+});
+
+test("graders score answers: exact with and without normalisation, contains, regex, JSON schema, similarity", () => {
+  const graders = settleGraders([
+    { type: "exact_match" },
+    { type: "exact_match", name: "loose", normalize: ["case", "whitespace", "punctuation"] },
+    { type: "contains", normalize: ["case"] },
+    { type: "regex", pattern: "^\\d+ [A-Z]", flags: "" },
+    { type: "json_schema", schema: { type: "object", required: ["a"] } },
+    { type: "similarity", passThreshold: 0.6 },
+  ]);
+  const scores = (answer: string, expected: string) => graders.map((g) => grade(g, answer, expected).score);
+  assert.deepEqual(scores("4 July 2023", "4 July 2023"), [1, 1, 1, 1, 0, 1]);
+  assert.deepEqual(scores(" 4 july 2023. ", "4 July 2023"), [0, 1, 1, 0, 0, 1]);
+  assert.deepEqual(scores('{"a": 1}', "x"), [0, 0, 0, 0, 1, 0]);
+  assert.equal(grade(graders[5]!, "July 2023", "4 July 2023").passed, true);
+  assert.equal(grade(graders[5]!, "July", "4 July 2023").passed, false);
+});
+
+function evalRun(results: [number, number][], status: EvalRun["status"] = "COMPLETED"): EvalRun {
+  const totals = (model: string, [exact, similarity]: [number, number]): ModelTotals => ({
+    model,
+    answered: 20,
+    errored: 0,
+    passed: exact,
+    graders: [
+      { name: "exact_match", type: "exact_match", passed: exact, failed: 20 - exact, meanScore: exact / 20 },
+      { name: "similarity", type: "similarity", passed: 0, failed: 20, meanScore: similarity },
+    ],
+    promptTokens: 0,
+    completionTokens: 0,
+    meanLatencySeconds: 0,
+  });
+  return {
+    id: "evalrun_1",
+    evalId: "eval_1",
+    userId: "u",
+    name: "before/after",
+    status,
+    models: ["base", "ft_1"],
+    items: Array.from({ length: 20 }, () => ({ messages: [], expected: "" })),
+    config: { graders: [], systemPrompt: "", maxTokens: 16, parallel: 8 },
+    progress: { completed: 40, total: 40, model: null },
+    results: results.map((r, i) => totals(i === 0 ? "base" : "ft_1", r)),
+    error: null,
+    createdAt: "",
+    updatedAt: "",
+  };
+}
+const made = { id: "eval_1" } as Eval;
+
+test("a run's before/after says whether the fine-tune improved, and says so when it got worse", () => {
+  const better = describeEvaluation(
+    made,
+    evalRun([
+      [0, 0.05],
+      [20, 0.98],
+    ]),
+  );
+  assert.equal(better.improved, true);
+  assert.equal(better.summary, "base 0/20 → fine-tune 20/20 exact match (similarity 0.05 → 0.98): improved");
+  assert.deepEqual(better.base, { model: "base", items: 20, exact: 0, similarity: 0.05 });
+  const worse = describeEvaluation(
+    made,
+    evalRun([
+      [12, 0.7],
+      [3, 0.4],
+    ]),
+  );
+  assert.equal(worse.improved, false);
+  assert.equal(
+    worse.summary,
+    "base 12/20 → fine-tune 3/20 exact match (similarity 0.70 → 0.40): worse than the base model",
+  );
+  const closer = describeEvaluation(
+    made,
+    evalRun([
+      [0, 0.2],
+      [0, 0.5],
+    ]),
+  );
+  assert.equal(closer.improved, true);
+  const same = describeEvaluation(
+    made,
+    evalRun([
+      [5, 0.5],
+      [5, 0.5],
+    ]),
+  );
+  assert.equal(same.improved, false);
+  assert.match(same.summary, /: no better than the base model$/);
+  const running = describeEvaluation(made, {
+    ...evalRun([[0, 0]]),
+    status: "RUNNING",
+    progress: { completed: 7, total: 40, model: "base" },
+  });
+  assert.equal(running.improved, null);
+  assert.equal(running.fineTuned, null);
+  assert.equal(running.summary, "20 held-out pairs: 7/40 answers");
+});
+
+test("OpenAI testing criteria become graders; what Conduit cannot honour is refused by field", () => {
+  const { graders, expectedField } = gradersOfCriteria([
+    {
+      type: "string_check",
+      name: "exact",
+      input: "{{sample.output_text}}",
+      reference: "{{ item.answer }}",
+      operation: "eq",
+    },
+    {
+      type: "string_check",
+      name: "has",
+      input: "{{sample.output_text}}",
+      reference: "July",
+      operation: "ilike",
+    },
+    {
+      type: "text_similarity",
+      name: "close",
+      input: "{{sample.output_text}}",
+      reference: "{{item.answer}}",
+      evaluation_metric: "fuzzy_match",
+      pass_threshold: 0.8,
+    },
+  ]);
+  assert.equal(expectedField, "answer");
+  assert.deepEqual(graders, [
+    { type: "exact_match", name: "exact", normalize: [] },
+    { type: "contains", name: "has", value: "July", normalize: ["case"] },
+    { type: "similarity", name: "close", metric: "fuzzy_match", passThreshold: 0.8 },
+  ]);
+  const refused = (criteria: Record<string, unknown>[]) => {
+    try {
+      gradersOfCriteria(criteria);
+    } catch (error) {
+      return (error as { param: string }).param;
+    }
+    return "accepted";
+  };
+  const check = {
+    type: "string_check",
+    name: "x",
+    input: "{{sample.output_text}}",
+    reference: "{{item.a}}",
+    operation: "eq",
+  };
+  assert.equal(refused([{ ...check, type: "label_model" }]), "testing_criteria[0].type");
+  assert.equal(refused([{ ...check, operation: "ne" }]), "testing_criteria[0].operation");
+  assert.equal(refused([{ ...check, input: "{{item.a}}" }]), "testing_criteria[0].input");
+  assert.equal(
+    refused([check, { ...check, name: "y", reference: "{{item.b}}" }]),
+    "testing_criteria[1].reference",
+  );
+  assert.equal(refused([check, { ...check }]), "testing_criteria[1].name");
+
+  const asked = runRequest({
+    type: "completions",
+    model: "tiny",
+    source: { type: "file_content", content: [{ item: { q: "Capital of France?", answer: "Paris" } }] },
+    input_messages: {
+      type: "template",
+      template: [
+        { role: "developer", content: "Be brief." },
+        { role: "user", content: "Q: {{item.q}}" },
+      ],
+    },
+    sampling_params: { max_completion_tokens: 8 },
+  });
+  assert.equal(asked.maxTokens, 8);
+  const [item] = resolveOpenAiItems(asked.items ?? [], asked.template, "answer");
+  assert.deepEqual(item?.messages, [
+    { role: "system", content: "Be brief." },
+    { role: "user", content: "Q: Capital of France?" },
+  ]);
+  assert.equal(item?.expected, "Paris");
+  assert.throws(() => runRequest({ type: "jsonl", source: {} }), { param: "data_source.type" });
+  assert.throws(() => runRequest({ type: "completions", source: { type: "file_content", content: [] } }), {
+    param: "data_source.model",
+  });
+});
