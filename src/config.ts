@@ -267,7 +267,7 @@ export const settings = {
   contextsPerModel: {
     env: "CONDUIT_CONTEXTS",
     description:
-      "Contexts a loaded base's `CONDUIT_PARALLEL` sequences are split among (the same KV cache in all, at most one per sequence). Generations are grouped by LoRA adapter onto contexts, so different adapters decode side by side, each context on `CONDUIT_THREADS` threads. On 2 cores, 2 contexts served 8 streams over 8 adapters 1.8x faster than 1, and one model 1.4-1.6x faster, for about 5% more memory; `1` uses fewer CPU-seconds per token.",
+      "Contexts a loaded base's `CONDUIT_PARALLEL` sequences are split among (the same KV cache in all, at most one per sequence). Generations are grouped by LoRA adapter onto contexts, so different adapters decode side by side, each context on `CONDUIT_THREADS` threads. On 2 cores, 2 contexts served 8 streams over 8 adapters 1.8x faster than 1 and one model 1.4-1.7x faster, for 5% more memory; `1` spends fewer CPU-seconds per token (bench/loraServe.ts).",
     defaultText: "2",
     parse: integer("CONDUIT_CONTEXTS", 2, 1, 64),
   },
