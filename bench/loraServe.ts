@@ -1,17 +1,19 @@
 /**
- * Serving many fine-tunes of one base (#29), through Conduit's engine with its defaults (1 thread, context
- * 2048 × 4 sequences per loaded base):
+ * Serving many fine-tunes of one base (#29), through Conduit's engine (1 thread per context, context 2048 × 4
+ * sequences per loaded base), on one context per base and on a pool of `--pool` contexts (the 4 sequences split
+ * among them, `contextsPerModel`; the engine's default is 2):
  *
  * 1. Resident memory, each setup in a child process of its own (so the RSS is that setup's alone), after
  *    every active model answered once and then 8 concurrent streams (over 8 of them) ran: the bare base;
- *    10 and 100 adapters registered with 10 active; 100 active; the same 10 adapters served the way the
- *    engine used to (a context with its own KV cache per adapter, node-llama-cpp's `lora` option, a batcher
- *    each); 10 full fine-tunes (copies of the base file).
- * 2. Tokens/s of 8 concurrent streams, interleaved rounds in one process: on the bare base; over 8 different
- *    adapters (shared context: one decode per adapter in use per step); on one adapter; over 8 adapters with
- *    a context per adapter (the alternative the shared context was measured against).
+ *    10 and 100 adapters registered with 10 active; 100 active (these on one context); 10 active on the pool;
+ *    the same 10 adapters with a context each (its own KV cache per adapter, node-llama-cpp's `lora` option,
+ *    a batcher each); 10 full fine-tunes (copies of the base file).
+ * 2. Tokens/s of 8 concurrent streams, interleaved rounds in one process, with the cores the process used: on
+ *    the bare base, over 8 different adapters (one decode per adapter in use on a context per step) and on one
+ *    adapter, each on one context, on the pool, and on one context with 2 threads; over 8 adapters with a
+ *    context per adapter.
  * 3. Time to the first token of a request on a cold adapter (never used: its load included) against a warm one
- *    and the bare base.
+ *    and the bare base (one context).
  *
  *   node --import tsx bench/loraServe.ts [smollm2-135m|stories260K|file.gguf] [--rank 32] [--tokens 64] [--rounds 3]
  *     [--pool 2] [--speed-only]
@@ -93,7 +95,7 @@ interface Server {
 /**
  * The other way to serve adapters: a context (with its own KV cache) per adapter, the adapter applied by
  * node-llama-cpp's `lora` context option, each with a batcher of its own, on one loaded base. What the engine
- * did before the shared context; kept here to measure the two against each other.
+ * did before adapters shared a base's contexts; kept here to measure the two against each other.
  */
 class PerContextServer implements Server {
   private llama: Llama | undefined;
