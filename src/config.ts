@@ -240,7 +240,7 @@ export const settings = {
   threads: {
     env: "CONDUIT_THREADS",
     description:
-      "llama.cpp compute threads per model for generation. Measured on 2 cores: 1 beats 2 (bench/engineThreads.ts).",
+      "llama.cpp compute threads per context for generation (a base has `CONDUIT_CONTEXTS` of them). Measured on 2 cores: 2 contexts of 1 thread beat 1 context of 2 threads (bench/loraServe.ts; bench/engineThreads.ts measures threads on one context).",
     defaultText: "1",
     parse: (raw): number => threadsOf({ CONDUIT_THREADS: raw }),
   },
