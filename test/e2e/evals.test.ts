@@ -6,7 +6,16 @@ import OpenAI from "openai";
 import { createTinyModel } from "../../src/model/tinyModel.ts";
 import type { Core } from "../../src/core.ts";
 import type { EvalResultWire, EvalRunWire, RunEvaluation } from "../../src/contract/evals.ts";
-import { as, asAlice, buildTestApp, datasetWithPairs, KEY_A, KEY_B, startRun, testEnv } from "../lib/helper.ts";
+import {
+  as,
+  asAlice,
+  buildTestApp,
+  datasetWithPairs,
+  KEY_A,
+  KEY_B,
+  startRun,
+  testEnv,
+} from "../lib/helper.ts";
 
 /** Twenty made-up pairs (as in training.test.ts): nothing a random model could answer by chance. */
 const words = [
