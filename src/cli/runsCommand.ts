@@ -316,7 +316,7 @@ function readCommands(runs: Command, ctx: CliContext): void {
 
   runs
     .command("show")
-    .description("show a run: status, config, stats and log")
+    .description("show a run: status, estimate, before/after evaluation, config, stats and log")
     .argument("<run-id>")
     .action(async (id: string) => {
       const run = await ctx.client().getRun(id);
@@ -327,6 +327,8 @@ function readCommands(runs: Command, ctx: CliContext): void {
         );
         const estimate = estimateLine(run);
         if (estimate) console.log(estimate);
+        // The automatic before/after, worded as the run's log line says it.
+        if (run.evaluation) console.log(`evaluation: ${run.evaluation.summary}`);
         console.log(["config:", ...fields(run.config, "  ")].join("\n"));
         const { lossSeries: _l, evalLossSeries: _e, ...stats } = run.stats;
         if (Object.keys(stats).length > 0) console.log(["stats:", ...fields(stats, "  ")].join("\n"));
