@@ -8,7 +8,6 @@ import os from "node:os";
 import path from "node:path";
 import { Readable } from "node:stream";
 import { test, type TestContext } from "node:test";
-import { fileURLToPath } from "node:url";
 import { buildTestApp, KEY_A, testEnv } from "../lib/helper.ts";
 import { EtaEstimate } from "../../src/cli/runsCommand.ts";
 import type { EvalGrader, ModelTotals } from "../../src/contract/evals.ts";
@@ -16,44 +15,7 @@ import { ConduitError } from "../../src/errors.ts";
 import { EvalRepository } from "../../src/store/EvalRepository.ts";
 import { ModelRegistry, type PullProgress } from "../../src/model/ModelRegistry.ts";
 import { freePort } from "../lib/wait.ts";
-
-const bin = fileURLToPath(new URL("../../bin/conduit.js", import.meta.url));
-
-interface CliResult {
-  code: number;
-  stdout: string;
-  stderr: string;
-}
-
-/** Runs the real `conduit` binary, with `input` on its stdin (or none). */
-function conduitWithInput(
-  env: Record<string, string>,
-  input: string | undefined,
-  ...args: string[]
-): Promise<CliResult> {
-  return new Promise((resolve) => {
-    const child = execFile(
-      process.execPath,
-      [bin, ...args],
-      { env: { PATH: process.env.PATH ?? "", ...env }, timeout: 120_000 },
-      (error, stdout, stderr) =>
-        resolve({ code: error ? (typeof error.code === "number" ? error.code : 1) : 0, stdout, stderr }),
-    );
-    child.stdin?.end(input);
-  });
-}
-
-function conduit(env: Record<string, string>, ...args: string[]): Promise<CliResult> {
-  return conduitWithInput(env, undefined, ...args);
-}
-
-/** `--json` output: one JSON document a line. */
-function jsonLines<T>(stdout: string): T[] {
-  return stdout
-    .trim()
-    .split("\n")
-    .map((line) => JSON.parse(line) as T);
-}
+import { bin, cliServer, conduit, conduitWithInput, jsonLines, type CliResult } from "../lib/cli.ts";
 
 /** `conduit [--json] runs create --dataset <id> --model tiny [options]`. */
 function runsCreate(
@@ -64,20 +26,6 @@ function runsCreate(
 ): Promise<CliResult> {
   const create = ["runs", "create", "--dataset", datasetId, "--model", "tiny", ...options];
   return conduit(env, ...(json ? ["--json", ...create] : create));
-}
-
-/** A listening server on a fresh data dir, and the environment that points the CLI at it as alice. */
-async function cliServer(t: TestContext) {
-  const environment = await testEnv(t);
-  const { app, core } = await buildTestApp(t, environment);
-  const url = await app.listen({ port: 0, host: "127.0.0.1" });
-  const env = {
-    CONDUIT_DATA_DIR: environment.dataDir,
-    CONDUIT_LOG_LEVEL: "silent",
-    CONDUIT_URL: url,
-    CONDUIT_API_KEY: KEY_A,
-  };
-  return { environment, core, env };
 }
 
 /** A dataset of alice's holding one pair. */

@@ -13,37 +13,12 @@ import {
   datasetWithPairs,
   KEY_A,
   KEY_B,
+  madeUpPairs,
   startRun,
   testEnv,
 } from "../lib/helper.ts";
 
-/** Twenty made-up pairs (as in training.test.ts): nothing a random model could answer by chance. */
-const words = [
-  "apple",
-  "river",
-  "stone",
-  "cloud",
-  "maple",
-  "tiger",
-  "ocean",
-  "lemon",
-  "piano",
-  "comet",
-  "honey",
-  "raven",
-  "cedar",
-  "pearl",
-  "storm",
-  "flute",
-  "amber",
-  "otter",
-  "frost",
-  "bloom",
-];
-const pairs = words.map((word, i) => ({
-  input: `${word} ${words[(i * 7 + 3) % 20]}`,
-  output: `${words[(i * 3 + 1) % 20]} ${i}`,
-}));
+const pairs = madeUpPairs();
 
 const TERMINAL = ["COMPLETED", "FAILED", "CANCELLED"];
 

@@ -1,37 +1,13 @@
 import assert from "node:assert/strict";
-import { execFile } from "node:child_process";
 import fs from "node:fs";
 import path from "node:path";
 import { test } from "node:test";
-import { fileURLToPath } from "node:url";
 import type { EvalRunWire } from "../../src/contract/evals.ts";
-import { buildTestApp, KEY_A, testEnv } from "../lib/helper.ts";
-
-const bin = fileURLToPath(new URL("../../bin/conduit.js", import.meta.url));
-
-function conduit(env: Record<string, string>, ...args: string[]) {
-  return new Promise<{ code: number; stdout: string; stderr: string }>((resolve) => {
-    execFile(
-      process.execPath,
-      [bin, ...args],
-      { env: { PATH: process.env.PATH ?? "", ...env }, timeout: 240_000 },
-      (error, stdout, stderr) =>
-        resolve({ code: error ? (typeof error.code === "number" ? error.code : 1) : 0, stdout, stderr }),
-    );
-  });
-}
+import { cliServer, conduit } from "../lib/cli.ts";
 
 test("conduit evals run: a local file scored on two models, a summary table, --json, a bad grader refused", async (t) => {
-  const environment = await testEnv(t);
-  const { app, core } = await buildTestApp(t, environment);
+  const { environment, core, env } = await cliServer(t);
   core.evals.start(core.runEvents);
-  const url = await app.listen({ port: 0, host: "127.0.0.1" });
-  const env = {
-    CONDUIT_DATA_DIR: environment.dataDir,
-    CONDUIT_LOG_LEVEL: "silent",
-    CONDUIT_URL: url,
-    CONDUIT_API_KEY: KEY_A,
-  };
   const file = path.join(environment.dataDir, "pairs.jsonl");
   fs.writeFileSync(
     file,

@@ -4,12 +4,9 @@ import path from "node:path";
 import { test, type TestContext } from "node:test";
 import { fileURLToPath } from "node:url";
 import { chromium, type Page } from "playwright-core";
-import { buildApp } from "../../src/api/buildApp.ts";
 import { ConduitClient } from "../../src/client/ConduitClient.ts";
-import { loadConfig } from "../../src/config.ts";
-import { createCore } from "../../src/core.ts";
 import { createTinyModel } from "../../src/model/tinyModel.ts";
-import { KEY_A, testEnv } from "../lib/helper.ts";
+import { buildTestApp, KEY_A, madeUpPairs, testEnv } from "../lib/helper.ts";
 
 /**
  * The eval page, the run page's before/after line and the playground's compare mode in a real headless Chromium,
@@ -21,11 +18,7 @@ const root = fileURLToPath(new URL("../..", import.meta.url));
 const distDir = path.join(root, "ui", "dist");
 const shots = path.join(root, "test-artifacts", "ui");
 
-const words = ["apple", "river", "stone", "cloud", "maple", "tiger", "ocean", "lemon", "piano", "comet"];
-const pairs = words.map((word, i) => ({
-  input: `${word} ${words[(i * 7 + 3) % 10]}`,
-  output: `${words[(i * 3 + 1) % 10]} ${i}`,
-}));
+const pairs = madeUpPairs(10);
 
 async function shot(page: Page, name: string): Promise<void> {
   await page.screenshot({ path: path.join(shots, `${name}.png`), fullPage: true });
@@ -37,11 +30,7 @@ async function startServer(t: TestContext): Promise<string> {
     seed: 1,
     embeddingLength: 128,
   });
-  const config = loadConfig(environment.env);
-  const core = await createCore(config, { scheduler: { pollMs: 250 } });
-  for (const seed of config.apiKeys) await core.keys.ensure(seed.key, seed.userId);
-  const app = await buildApp(core);
-  t.after(() => app.close());
+  const { app, core } = await buildTestApp(t, environment, { scheduler: { pollMs: 250 } });
   core.scheduler.start();
   core.evals.start(core.runEvents);
   return app.listen({ host: "127.0.0.1", port: 0 });

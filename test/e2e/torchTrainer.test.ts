@@ -17,7 +17,7 @@ import { llamaCppLogits } from "../../src/train/native/probeLogits.ts";
 import { startTrainer, type TrainerJob } from "../../src/train/trainer.ts";
 import { gguf, writeGguf } from "../../src/model/gguf/GgufWriter.ts";
 import { as, buildTestApp, datasetOf, KEY_A, testEnv } from "../lib/helper.ts";
-import { runEnded, waitForRun, type RunView } from "../lib/helper.ts";
+import { madeUpPairs, runEnded, waitForRun, type RunView } from "../lib/helper.ts";
 import { torchPythonForTests } from "../lib/torchPython.ts";
 
 const python = torchPythonForTests();
@@ -221,12 +221,7 @@ describe("the torch trainer backend's job", { skip }, () => {
 
 describe("the trainer a run gets through the API", () => {
   // The 20 pairs the llama.cpp trainer memorises in training.test.ts, with the same settings.
-  const words = ["apple", "river", "stone", "cloud", "maple", "tiger", "ocean", "lemon", "piano", "comet"];
-  words.push("honey", "raven", "cedar", "pearl", "storm", "flute", "amber", "otter", "frost", "bloom");
-  const pairs = words.map((word, i) => ({
-    input: `${word} ${words[(i * 7 + 3) % 20]}`,
-    output: `${words[(i * 3 + 1) % 20]} ${i}`,
-  }));
+  const pairs = madeUpPairs();
 
   test("without the torch trainer, auto trains on llama.cpp and says why; a GEGLU model is refused at creation", async (t) => {
     const env = await testEnv(t, "sqlite", {

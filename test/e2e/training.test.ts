@@ -16,36 +16,11 @@ import {
   waitForRun,
   type TestEnv,
 } from "../lib/helper.ts";
+import { madeUpPairs, madeUpWords } from "../lib/helper.ts";
 
-/** Twenty made-up pairs: nothing a random model could produce by chance. */
-const words = [
-  "apple",
-  "river",
-  "stone",
-  "cloud",
-  "maple",
-  "tiger",
-  "ocean",
-  "lemon",
-  "piano",
-  "comet",
-  "honey",
-  "raven",
-  "cedar",
-  "pearl",
-  "storm",
-  "flute",
-  "amber",
-  "otter",
-  "frost",
-  "bloom",
-];
-const pairs = words.map((word, i) => ({
-  input: `${word} ${words[(i * 7 + 3) % 20]}`,
-  output: `${words[(i * 3 + 1) % 20]} ${i}`,
-}));
+const words = madeUpWords;
+const pairs = madeUpPairs();
 
-/** A run as the tests read it (loosely typed: stats and config are free-form objects). */
 /** The tiny model, 128 wide (the default 64 memorises too slowly for a test), as model `tiny128`. */
 async function tiny128(env: TestEnv): Promise<string> {
   const file = path.join(env.dataDir, "models", "tiny128.gguf");

@@ -6,13 +6,10 @@ import { test, type TestContext } from "node:test";
 import { fileURLToPath } from "node:url";
 import Fastify from "fastify";
 import { chromium, type Browser, type Page } from "playwright-core";
-import { buildApp } from "../../src/api/buildApp.ts";
 import uiRoutes from "../../src/api/routes/ui.ts";
-import { loadConfig } from "../../src/config.ts";
-import { createCore } from "../../src/core.ts";
 import { ConduitClient } from "../../src/client/ConduitClient.ts";
 import type { ChatRequest } from "../../src/contract/client.ts";
-import { KEY_A, testEnv } from "../lib/helper.ts";
+import { buildTestApp, KEY_A, testEnv } from "../lib/helper.ts";
 
 /**
  * The dashboard end to end: a real server on 127.0.0.1, a real headless Chromium, the whole loop
@@ -34,11 +31,7 @@ async function ensureBuilt(): Promise<void> {
 /** A listening server like `npm start`'s (users alice and bob), with the trainer running. */
 async function startServer(t: TestContext): Promise<string> {
   const environment = await testEnv(t, "sqlite", { CONDUIT_TRAIN_CONCURRENCY: "1" });
-  const config = loadConfig(environment.env);
-  const core = await createCore(config, { scheduler: { pollMs: 250 } });
-  for (const seed of config.apiKeys) await core.keys.ensure(seed.key, seed.userId);
-  const app = await buildApp(core);
-  t.after(() => app.close());
+  const { app, core } = await buildTestApp(t, environment, { scheduler: { pollMs: 250 } });
   core.scheduler.start();
   return app.listen({ host: "127.0.0.1", port: 0 });
 }

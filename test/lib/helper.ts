@@ -32,6 +32,21 @@ export function suiteCleanup(): Cleanup {
 export const KEY_A = "test-key-alice-0000000000";
 export const KEY_B = "test-key-bob-00000000000000";
 
+/** Twenty made-up words, for pairs that nothing a random model could produce by chance. */
+export const madeUpWords = [
+  ...["apple", "river", "stone", "cloud", "maple", "tiger", "ocean", "lemon", "piano", "comet"],
+  ...["honey", "raven", "cedar", "pearl", "storm", "flute", "amber", "otter", "frost", "bloom"],
+];
+
+/** `count` made-up pairs of two words in, a word and a number out, from the first `count` made-up words. */
+export function madeUpPairs(count = 20): { input: string; output: string }[] {
+  const words = madeUpWords.slice(0, count);
+  return words.map((word, i) => ({
+    input: `${word} ${words[(i * 7 + 3) % count]}`,
+    output: `${words[(i * 3 + 1) % count]} ${i}`,
+  }));
+}
+
 /** Storage backends the tests run against: SQLite always, PostgreSQL when CONDUIT_TEST_DATABASE_URL is set. */
 export function backends(): ("sqlite" | "postgres")[] {
   return process.env.CONDUIT_TEST_DATABASE_URL ? ["sqlite", "postgres"] : ["sqlite"];

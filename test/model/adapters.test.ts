@@ -8,7 +8,7 @@ import type { Llama } from "node-llama-cpp";
 import { LLAMA_CPP_LORA_TARGETS } from "../../src/contract/runs.ts";
 import type { Engine } from "../../src/engine/Engine.ts";
 import { createLlamaEngine } from "../../src/engine/LlamaEngine.ts";
-import type { ModelRef, SamplingOptions } from "../../src/engine/types.ts";
+import type { ModelRef } from "../../src/engine/types.ts";
 import { GgmlType } from "../../src/model/gguf/GgufWriter.ts";
 import { createTinyModel } from "../../src/model/tinyModel.ts";
 import { seededRandom } from "../../src/random.ts";
@@ -22,6 +22,7 @@ import {
 import { loadLlamaLib } from "../../src/train/native/llamaLib.ts";
 import { readModelFile, type ModelFileInfo } from "../../src/train/native/modelFile.ts";
 import { as, build, datasetWithPairs, KEY_A } from "../lib/helper.ts";
+import { greedy } from "../lib/sampling.ts";
 
 /**
  * LoRA adapters served by the engine on real llama.cpp: adapters of one base share its context (one decode
@@ -72,15 +73,6 @@ async function writeAdapter(name: string, seed: number, type: AdapterTensorType 
   await writeTrainedAdapter(info, file, weights, spec, randomValues(seed), type);
   return { id: name, path: base.path, lora: { path: file } };
 }
-
-const greedy = (maxTokens: number): SamplingOptions => ({
-  maxTokens,
-  temperature: 0,
-  topK: 40,
-  topP: 1,
-  presencePenalty: 0,
-  frequencyPenalty: 0,
-});
 
 // Longer than the batcher's shortest reused prefix (16 tokens), so a KV cache of another adapter would be reused.
 const PROMPT = "Once upon a time there was a little robot who lived in a garden full of apples and rivers, and";

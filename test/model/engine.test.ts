@@ -21,7 +21,8 @@ import { ModelRegistry } from "../../src/model/ModelRegistry.ts";
 import { SequenceBatcher } from "../../src/engine/SequenceBatcher.ts";
 import { createTinyModel } from "../../src/model/tinyModel.ts";
 import { gguf, writeGguf } from "../../src/model/gguf/GgufWriter.ts";
-import type { ModelRef, SamplingOptions } from "../../src/engine/types.ts";
+import type { ModelRef } from "../../src/engine/types.ts";
+import { greedy } from "../lib/sampling.ts";
 
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), "conduit-engine-"));
 let model: ModelRef;
@@ -38,16 +39,6 @@ before(async () => {
 after(async () => {
   await llama.dispose();
   fs.rmSync(dir, { recursive: true, force: true });
-});
-
-const greedy = (maxTokens: number, extra: Partial<SamplingOptions> = {}): SamplingOptions => ({
-  maxTokens,
-  temperature: 0,
-  topK: 40,
-  topP: 1,
-  presencePenalty: 0,
-  frequencyPenalty: 0,
-  ...extra,
 });
 
 const shared = () => ({ llama, logger: () => {} });
