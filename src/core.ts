@@ -171,7 +171,7 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
   });
 
   const evals = new EvalService(
-    new EvalRepository(db.kysely),
+    new EvalRepository(db.kysely, db.readCommitted),
     runRepository,
     datasets,
     inference,

@@ -1,5 +1,6 @@
 import type { Dataset, DatasetFile } from "../domain/datasets.ts";
 import type { Run } from "../domain/runs.ts";
+import type { RunEvaluation } from "../contract/evals.ts";
 import type { DatasetFileWire, DatasetWire, RunSummaryWire, RunWire } from "../contract/schemas.ts";
 import { currentEstimate, type RunEstimate } from "../contract/estimate.ts";
 
@@ -42,7 +43,8 @@ export function runEstimate(r: Run): RunEstimate | null {
   return currentEstimate(r.estimate, { status: r.status, stats: r.stats, updatedAt: msOf(r.updatedAt) });
 }
 
-export function runWire(r: Run): RunWire {
+/** A run on the Conduit face, with its automatic before/after (`evaluation`, null when none was made). */
+export function runWire(r: Run, evaluation: RunEvaluation | null): RunWire {
   return {
     id: r.id,
     userId: r.userId,
@@ -60,12 +62,13 @@ export function runWire(r: Run): RunWire {
     config: r.config,
     error: r.error,
     estimate: runEstimate(r),
+    evaluation,
   };
 }
 
 /** A run as lists show it: no log, no loss series (the run itself has them). */
-export function runSummaryWire(r: Run): RunSummaryWire {
-  const { logs: _logs, stats, ...rest } = runWire(r);
+export function runSummaryWire(r: Run, evaluation: RunEvaluation | null): RunSummaryWire {
+  const { logs: _logs, stats, ...rest } = runWire(r, evaluation);
   const { lossSeries: _loss, evalLossSeries: _eval, ...summary } = stats;
   return { ...rest, stats: summary };
 }

@@ -188,6 +188,13 @@ async function watch(
 export function runsCommand(program: Command, ctx: CliContext): void {
   const runs = program.command("runs").description("start, follow, cancel and delete fine-tuning runs");
 
+  createCommand(runs, ctx);
+  readCommands(runs, ctx);
+  controlCommands(runs, ctx);
+}
+
+/** `runs create`: every setting of a run as an option, and `--watch`. */
+function createCommand(runs: Command, ctx: CliContext): void {
   runs
     .command("create")
     .description("start a fine-tuning run (defaults as documented in docs/fine-tuning.md)")
@@ -279,7 +286,10 @@ export function runsCommand(program: Command, ctx: CliContext): void {
         if (line) console.error(line);
       }
     });
+}
 
+/** `runs list`, `runs show` and `runs examples`: reading runs. */
+function readCommands(runs: Command, ctx: CliContext): void {
   runs
     .command("list")
     .description("list your runs, newest first")
@@ -306,7 +316,7 @@ export function runsCommand(program: Command, ctx: CliContext): void {
 
   runs
     .command("show")
-    .description("show a run: status, config, stats and log")
+    .description("show a run: status, estimate, before/after evaluation, config, stats and log")
     .argument("<run-id>")
     .action(async (id: string) => {
       const run = await ctx.client().getRun(id);
@@ -317,6 +327,8 @@ export function runsCommand(program: Command, ctx: CliContext): void {
         );
         const estimate = estimateLine(run);
         if (estimate) console.log(estimate);
+        // The automatic before/after, worded as the run's log line says it.
+        if (run.evaluation) console.log(`evaluation: ${run.evaluation.summary}`);
         console.log(["config:", ...fields(run.config, "  ")].join("\n"));
         const { lossSeries: _l, evalLossSeries: _e, ...stats } = run.stats;
         if (Object.keys(stats).length > 0) console.log(["stats:", ...fields(stats, "  ")].join("\n"));
@@ -361,7 +373,10 @@ export function runsCommand(program: Command, ctx: CliContext): void {
           );
       });
     });
+}
 
+/** `runs watch`, `download`, `cancel` and `delete`: following and acting on a run. */
+function controlCommands(runs: Command, ctx: CliContext): void {
   runs
     .command("watch")
     .description("follow a run live with a progress bar until it ends (exit 0 when READY)")

@@ -220,16 +220,14 @@ export const Run = Type.Object(
     ),
     error: Type.Union([Type.String(), Type.Null()], { description: "Why the run FAILED; null otherwise." }),
     estimate: RunEstimateSchema,
-    evaluation: Type.Optional(
-      Type.Unsafe<RunEvaluation | null>(
-        Type.Union([Type.Record(Type.String(), Type.Unknown()), Type.Null()], {
-          description:
-            "The automatic before/after (`CONDUIT_EVAL_AFTER_RUN`) of a READY run with an eval split: `{evalId, " +
-            "evalRunId, status, base: {model, items, exact, similarity}, fineTuned: {...}, improved, summary}`, " +
-            'summary such as "base 0/20 → fine-tune 20/20 exact match (similarity 0.05 → 0.98): improved"; null when ' +
-            "none was made. Only `GET /conduit/finetuning/{id}` has it.",
-        }),
-      ),
+    evaluation: Type.Unsafe<RunEvaluation | null>(
+      Type.Union([Type.Record(Type.String(), Type.Unknown()), Type.Null()], {
+        description:
+          "The automatic before/after (`CONDUIT_EVAL_AFTER_RUN`) of a READY run with an eval split: `{evalId, " +
+          "evalRunId, status, base: {model, items, exact, similarity}, fineTuned: {...}, improved, summary}`, " +
+          'summary such as "base 0/20 → fine-tune 20/20 exact match (similarity 0.05 → 0.98): improved"; null when ' +
+          "none was made (yet). Every run on the Conduit face has it: created, listed or read.",
+      }),
     ),
   },
   { $id: "Run" },

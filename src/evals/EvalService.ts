@@ -603,7 +603,7 @@ export class EvalService {
       `evaluation queued: base ${run.config.baseModelName} and the fine-tune on ${items.length} held-out pairs (eval ${created.id})`,
     );
     const ended = await this.waitFor(run.userId, created.id, evalRun.id);
-    const evaluation = describeEvaluation(created, ended);
+    const evaluation = describeEvaluation(ended);
     await this.runRepository.appendLog(run.id, `evaluation: ${evaluation.summary}`);
     return ended;
   }
@@ -615,12 +615,24 @@ export class EvalService {
     return this.getRun(userId, evalId, id);
   }
 
-  /** A run's before/after, from the latest eval made for it; null when none was. */
+  /**
+   * A run's before/after, from the latest run of the latest eval made for it; null when none was. One point
+   * read, which SQLite answers from memory until anything is committed: call it for a run the user owns.
+   */
   async evaluationOf(userId: string, runId: string): Promise<RunEvaluation | null> {
-    const made = await this.evals.ofRun(userId, runId);
-    if (!made) return null;
-    const [latest] = await this.evals.listRuns(userId, made.id, { limit: 1 });
-    return latest ? describeEvaluation(made, latest) : null;
+    const latest = await this.evals.evalRunOfRun(userId, runId);
+    return latest ? describeEvaluation(latest) : null;
+  }
+
+  /** {@link evaluationOf} of each of the user's `runIds`, in one query: by run id, null for those without one. */
+  async evaluationsOf(userId: string, runIds: readonly string[]): Promise<Map<string, RunEvaluation | null>> {
+    const found = await this.evals.evalRunsOfRuns(userId, runIds);
+    return new Map(
+      runIds.map((id) => {
+        const latest = found.get(id);
+        return [id, latest ? describeEvaluation(latest) : null];
+      }),
+    );
   }
 }
 

@@ -1,5 +1,5 @@
 import type { EvaluationSide, ModelTotals, RunEvaluation } from "../contract/evals.ts";
-import type { Eval, EvalRun } from "../store/EvalRepository.ts";
+import type { RunEvalRun } from "../store/EvalRepository.ts";
 
 function side(totals: ModelTotals | undefined, items: number): EvaluationSide | null {
   if (!totals) return null;
@@ -18,8 +18,8 @@ function side(totals: ModelTotals | undefined, items: number): EvaluationSide | 
  * numbers, whether the fine-tune did better, and the line the run shows, e.g.
  * `base 0/20 → fine-tune 20/20 exact match (similarity 0.05 → 0.98): improved`.
  */
-export function describeEvaluation(made: Eval, run: EvalRun): RunEvaluation {
-  const items = run.items.length;
+export function describeEvaluation(run: RunEvalRun): RunEvaluation {
+  const items = run.models.length > 0 ? run.progress.total / run.models.length : 0;
   const base = side(run.results[0], items);
   const fineTuned = side(run.results[1], items);
   const completed = run.status === "COMPLETED" && base !== null && fineTuned !== null;
@@ -43,5 +43,5 @@ export function describeEvaluation(made: Eval, run: EvalRun): RunEvaluation {
       : run.status === "CANCELLED"
         ? `${numbers}: cancelled`
         : `${numbers}: ${run.status === "QUEUED" ? "queued" : `${run.progress.completed}/${run.progress.total} answers`}`;
-  return { evalId: made.id, evalRunId: run.id, status: run.status, base, fineTuned, improved, summary };
+  return { evalId: run.evalId, evalRunId: run.id, status: run.status, base, fineTuned, improved, summary };
 }

@@ -1,4 +1,6 @@
 import type { Kysely } from "kysely";
+import type { ReadCommitted } from "./committedReads.ts";
+import { precompile } from "./precompiled.ts";
 import type {
   EvalGrader,
   EvalRunProgress,
@@ -70,6 +72,29 @@ export interface EvalRun {
   updatedAt: string;
 }
 
+/** What a run's before/after is told from: the latest eval made for it, and that eval's latest run. */
+export type RunEvalRun = Pick<
+  EvalRun,
+  "id" | "evalId" | "status" | "models" | "progress" | "results" | "error"
+>;
+
+type RunEvalRunRow = Pick<
+  EvalRunTable,
+  "id" | "eval_id" | "status" | "models" | "progress" | "results" | "error"
+>;
+
+function toRunEvalRun(row: RunEvalRunRow): RunEvalRun {
+  return {
+    id: row.id,
+    evalId: row.eval_id,
+    status: row.status as EvalRunStatus,
+    models: JSON.parse(row.models) as string[],
+    progress: JSON.parse(row.progress) as EvalRunProgress,
+    results: JSON.parse(row.results) as ModelTotals[],
+    error: row.error,
+  };
+}
+
 export interface EvalResult {
   runId: string;
   modelIndex: number;
@@ -130,7 +155,36 @@ function toResult(row: EvalResultTable): EvalResult {
 
 /** Evals, their runs and their per-item results; every read by a user is of that user's rows only. */
 export class EvalRepository {
-  constructor(private readonly db: Kysely<Database>) {}
+  /** The eval run a fine-tuning run's before/after is told from: every read of a run makes it, so it is compiled once. */
+  private readonly runEvalRun;
+
+  constructor(
+    private readonly db: Kysely<Database>,
+    readCommitted?: ReadCommitted,
+  ) {
+    this.runEvalRun = precompile<Database, RunEvalRunRow, [string, string]>(
+      db,
+      (arg) =>
+        db
+          .selectFrom("eval_runs")
+          .select(["id", "eval_id", "status", "models", "progress", "results", "error"])
+          .where("eval_id", "=", (eb) =>
+            eb
+              .selectFrom("evals")
+              .select("id")
+              .where("user_id", "=", arg(0))
+              .where("run_id", "=", arg(1))
+              .orderBy("id", "desc")
+              .limit(1),
+          )
+          .where("user_id", "=", arg(0))
+          .orderBy("id", "desc")
+          .limit(1),
+      readCommitted,
+      // Read just after the run was found to be the user's: no request can fill the memory with empty answers.
+      { rememberEmpty: true },
+    );
+  }
 
   async create(input: {
     id: string;
@@ -219,16 +273,49 @@ export class EvalRepository {
     });
   }
 
-  /** The eval made for a fine-tuning run's before/after, newest first. */
-  async ofRun(userId: string, runId: string): Promise<Eval | undefined> {
-    const row = await this.db
+  /**
+   * The latest run of the latest eval made for a fine-tuning run's before/after, in one point read (on SQLite
+   * remembered until anything is committed, "none" included); undefined when there is none. Call it only for a
+   * run the user was found to own.
+   */
+  async evalRunOfRun(userId: string, runId: string): Promise<RunEvalRun | undefined> {
+    const [row] = await this.runEvalRun(userId, runId);
+    return row && toRunEvalRun(row);
+  }
+
+  /** {@link evalRunOfRun} of each of `runIds` (the user's) in one query: by run id, those that have one. */
+  async evalRunsOfRuns(userId: string, runIds: readonly string[]): Promise<Map<string, RunEvalRun>> {
+    const found = new Map<string, RunEvalRun>();
+    if (runIds.length === 0) return found;
+    const rows = await this.db
       .selectFrom("evals")
-      .selectAll()
-      .where("user_id", "=", userId)
-      .where("run_id", "=", runId)
-      .orderBy("id", "desc")
-      .executeTakeFirst();
-    return row && toEval(row);
+      .leftJoin("eval_runs", (join) =>
+        join.onRef("eval_runs.eval_id", "=", "evals.id").onRef("eval_runs.user_id", "=", "evals.user_id"),
+      )
+      .select([
+        "evals.id as made",
+        "evals.run_id as run_id",
+        "eval_runs.id as id",
+        "eval_runs.eval_id as eval_id",
+        "eval_runs.status as status",
+        "eval_runs.models as models",
+        "eval_runs.progress as progress",
+        "eval_runs.results as results",
+        "eval_runs.error as error",
+      ])
+      .where("evals.user_id", "=", userId)
+      .where("evals.run_id", "in", [...runIds])
+      .orderBy("evals.id", "desc")
+      .orderBy("eval_runs.id", "desc")
+      .execute();
+    // The first row of each run is its latest eval's latest run (or that eval without runs: none).
+    const seen = new Set<string>();
+    for (const row of rows) {
+      if (row.run_id === null || seen.has(row.run_id)) continue;
+      seen.add(row.run_id);
+      if (row.id !== null) found.set(row.run_id, toRunEvalRun(row as RunEvalRunRow));
+    }
+    return found;
   }
 
   async createRun(

@@ -1,8 +1,16 @@
 import SqliteDatabase from "better-sqlite3";
 import { withStatementCache } from "./statementCache.ts";
 
-/** Runs `sql` with `parameters` and returns its rows, which are shared and frozen: read them, never change them. */
-export type ReadCommitted = <Row>(sql: string, parameters: readonly unknown[]) => readonly Row[];
+/**
+ * Runs `sql` with `parameters` and returns its rows, which are shared and frozen: read them, never change them.
+ * With `rememberEmpty`, an empty answer is remembered too: only for parameters that were checked before (a run
+ * id the user owns), never for what a request names unchecked.
+ */
+export type ReadCommitted = <Row>(
+  sql: string,
+  parameters: readonly unknown[],
+  options?: { rememberEmpty?: boolean },
+) => readonly Row[];
 
 /** Most characters of row text remembered at once; past it, the memory starts over. */
 const REMEMBERED_CHARS = 16 * 1024 * 1024;
@@ -19,7 +27,8 @@ const LARGEST_REMEMBERED = 256 * 1024;
  * same. It moves as soon as any other connection commits anything: this process's own writes on the main
  * connection, `conduit keys revoke`, another server on the same file. So a remembered answer is always the
  * one the table would give now, and a revoked key fails on the very next request. Empty answers (an unknown
- * key) are not remembered, so random keys cannot fill the memory.
+ * key) are not remembered, so random keys cannot fill the memory, unless the read asks for it (`rememberEmpty`:
+ * "no evaluation yet" of a run the user was just found to own).
  */
 export class CommittedReads {
   private readonly connection: SqliteDatabase.Database;
@@ -41,7 +50,11 @@ export class CommittedReads {
     this.version = this.connection.prepare("PRAGMA data_version").pluck();
   }
 
-  readonly read: ReadCommitted = <Row>(sql: string, parameters: readonly unknown[]) => {
+  readonly read: ReadCommitted = <Row>(
+    sql: string,
+    parameters: readonly unknown[],
+    options?: { rememberEmpty?: boolean },
+  ) => {
     // Checked before the read: a commit between the two only makes the next call forget this answer.
     const version = this.version.get() as number;
     if (version !== this.rememberedAt) this.forget(version);
@@ -54,7 +67,7 @@ export class CommittedReads {
     const rows = this.statements.prepare(sql).all(parameters) as Row[];
     for (const row of rows) Object.freeze(row);
     Object.freeze(rows);
-    const chars = rows.length === 0 ? 0 : key.length + textLength(rows);
+    const chars = rows.length === 0 ? (options?.rememberEmpty ? key.length : 0) : key.length + textLength(rows);
     if (chars > 0 && chars <= LARGEST_REMEMBERED) {
       if (this.rememberedChars + chars > REMEMBERED_CHARS) this.forget(version);
       answers.set(key, rows);

@@ -10,7 +10,9 @@ import { Readable } from "node:stream";
 import { test, type TestContext } from "node:test";
 import { buildTestApp, KEY_A, testEnv } from "../lib/helper.ts";
 import { EtaEstimate } from "../../src/cli/runsCommand.ts";
+import type { EvalGrader, ModelTotals } from "../../src/contract/evals.ts";
 import { ConduitError } from "../../src/errors.ts";
+import { EvalRepository } from "../../src/store/EvalRepository.ts";
 import { ModelRegistry, type PullProgress } from "../../src/model/ModelRegistry.ts";
 import { freePort } from "../lib/wait.ts";
 import { bin, cliServer, conduit, conduitWithInput, jsonLines, type CliResult } from "../lib/cli.ts";
@@ -721,6 +723,82 @@ test("runs create, show and watch print the run's estimate: a prior, then measur
   const json = await conduit(env, "--json", "runs", "create", "--dataset", dataset.id, "--model", "tiny");
   assert.equal(json.stderr, "", "--json prints the run, estimate included, and nothing else");
   assert.equal((JSON.parse(json.stdout) as { estimate: { basis: string } }).estimate.basis, "measured");
+});
+
+test("runs show prints the run's before/after evaluation once it has one, as its log words it", async (t) => {
+  // No trainer and no eval runner: the test ends the run READY and scores its eval as they would.
+  const { core, env } = await cliServer(t);
+  const dataset = await onePairDataset(core);
+  const created = await runsCreate(env, dataset.id, ["--epochs", "2"]);
+  assert.equal(created.code, 0, created.stderr);
+  const id = created.stdout.trim();
+  assert.equal((await core.runRepository.claimNext("w", 60_000))?.id, id);
+  assert.ok(await core.runRepository.finish(id, "w", { status: "READY", modelPath: "/m.gguf" }));
+  const before = await conduit(env, "runs", "show", id);
+  assert.equal(before.code, 0, before.stderr);
+  assert.doesNotMatch(before.stdout, /^evaluation: /m, "no evaluation yet");
+
+  const evals = new EvalRepository(core.db.kysely);
+  const graders: EvalGrader[] = [
+    { name: "exact_match", type: "exact_match", normalize: [] },
+    { name: "similarity", type: "similarity", metric: "token_f1", passThreshold: 0.8 },
+  ];
+  await evals.create({
+    id: "eval_cli",
+    userId: "alice",
+    name: "before/after",
+    config: { graders, source: null, systemPrompt: "" },
+    runId: id,
+  });
+  await evals.createRun({
+    id: "evalrun_cli",
+    evalId: "eval_cli",
+    userId: "alice",
+    name: "before/after",
+    models: ["tiny", id],
+    items: Array.from({ length: 20 }, (_, i) => ({
+      messages: [{ role: "user", content: `q${i}` }],
+      expected: "a",
+    })),
+    config: { graders, systemPrompt: "", maxTokens: 16, parallel: 8 },
+    progress: { completed: 0, total: 40, model: null },
+  });
+  const queued = await conduit(env, "runs", "show", id);
+  assert.match(queued.stdout, /^evaluation: 20 held-out pairs: queued$/m);
+
+  const totals = (model: string, exact: number, similarity: number): ModelTotals => ({
+    model,
+    answered: 20,
+    errored: 0,
+    passed: exact,
+    graders: [
+      { name: "exact_match", type: "exact_match", passed: exact, failed: 20 - exact, meanScore: exact / 20 },
+      { name: "similarity", type: "similarity", passed: 0, failed: 20, meanScore: similarity },
+    ],
+    promptTokens: 0,
+    completionTokens: 0,
+    meanLatencySeconds: 0,
+  });
+  assert.equal((await evals.claimNext())?.id, "evalrun_cli");
+  assert.ok(
+    await evals.finish("evalrun_cli", {
+      status: "COMPLETED",
+      progress: { completed: 40, total: 40, model: null },
+      results: [totals("tiny", 0, 0.05), totals(id, 20, 0.98)],
+    }),
+  );
+  const shown = await conduit(env, "runs", "show", id);
+  assert.equal(shown.code, 0, shown.stderr);
+  assert.match(
+    shown.stdout,
+    /^evaluation: base 0\/20 → fine-tune 20\/20 exact match \(similarity 0\.05 → 0\.98\): improved$/m,
+  );
+  // --json is the API's run: the same evaluation, also in the run list.
+  const json = JSON.parse((await conduit(env, "--json", "runs", "show", id)).stdout);
+  assert.equal(json.evaluation.evalId, "eval_cli");
+  assert.equal(json.evaluation.improved, true);
+  const listed = JSON.parse((await conduit(env, "--json", "runs", "list")).stdout);
+  assert.deepEqual(listed[0].evaluation, json.evaluation);
 });
 
 test("the runs watch ETA follows the step rate it sees, else the run's own", () => {

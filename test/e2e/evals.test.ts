@@ -124,6 +124,13 @@ describe("evals: a run trained on pairs scores higher than its base on them", ()
       "the evaluation's log line",
     );
     assert.ok(logged.some((line) => line.includes("evaluation queued")));
+    // The run list carries the same before/after; Bob's list has none of it.
+    const listed = (await as(app, KEY_A).get("/conduit/finetuning")).json<
+      { id: string; evaluation: RunEvaluation | null }[]
+    >();
+    assert.deepEqual(listed.find((r) => r.id === runId)?.evaluation, evaluation);
+    const bobs = (await as(app, KEY_B).get("/conduit/finetuning")).json<{ evaluation: unknown }[]>();
+    assert.ok(bobs.every((r) => r.evaluation === null));
     // The eval is an ordinary eval of Alice's, not Bob's.
     assert.equal((await as(app, KEY_A).get(`/conduit/evals/${evaluation.evalId}`)).statusCode, 200);
     assert.equal((await as(app, KEY_B).get(`/conduit/evals/${evaluation.evalId}`)).statusCode, 404);

@@ -186,8 +186,9 @@ for (const backend of backends()) {
       };
     };
     await read();
-    // Nothing committed since: SQLite answers the key check and the run from memory; PostgreSQL reads both.
-    assert.equal((await read()).queries, backend === "sqlite" ? 0 : 2);
+    // Nothing committed since: SQLite answers the key check, the run and its evaluation (none) from memory;
+    // PostgreSQL reads all three, the evaluation in one point read.
+    assert.equal((await read()).queries, backend === "sqlite" ? 0 : 3);
 
     // This server's own write shows on the next read.
     await core.runRepository.appendLog(run, "written here");

@@ -139,6 +139,8 @@ for (const backend of backends()) {
       assert.equal(run.config.baseModelName, "tiny");
       assert.equal(run.config.trackerProject, "p");
       assert.equal(run.config.trackerEntity, null);
+      // A run has the same shape everywhere on the Conduit face: no automatic before/after yet.
+      assert.equal(run.evaluation, null);
 
       const byName = await as(app, KEY_A).post("/conduit/finetuning", {
         datasetName: "d",
@@ -157,6 +159,10 @@ for (const backend of backends()) {
       assert.deepEqual(
         list.json().map((r: { id: string }) => r.id),
         [byName.json().id, run.id],
+      );
+      assert.deepEqual(
+        list.json().map((r: { evaluation: unknown }) => r.evaluation),
+        [null, null],
       );
       const page = await as(app, KEY_A).get("/conduit/finetuning?limit=1&offset=1");
       assert.deepEqual(

@@ -4,7 +4,7 @@ import type { ModelTotals } from "../../src/contract/evals.ts";
 import { gradersOfCriteria, resolveOpenAiItems, runRequest } from "../../src/api/openAiEvals.ts";
 import { fuzzyMatch, grade, normalize, settleGraders, tokenF1 } from "../../src/evals/graders.ts";
 import { describeEvaluation } from "../../src/evals/runEvaluation.ts";
-import type { Eval, EvalRun } from "../../src/store/EvalRepository.ts";
+import type { EvalRun } from "../../src/store/EvalRepository.ts";
 
 test("normalisation: case, whitespace, punctuation at the ends", () => {
   assert.equal(normalize("  Billing.\n", ["case", "whitespace", "punctuation"]), "billing");
@@ -71,11 +71,9 @@ function evalRun(results: [number, number][], status: EvalRun["status"] = "COMPL
     updatedAt: "",
   };
 }
-const made = { id: "eval_1" } as Eval;
 
 test("a run's before/after says whether the fine-tune improved, and says so when it got worse", () => {
   const better = describeEvaluation(
-    made,
     evalRun([
       [0, 0.05],
       [20, 0.98],
@@ -85,7 +83,6 @@ test("a run's before/after says whether the fine-tune improved, and says so when
   assert.equal(better.summary, "base 0/20 → fine-tune 20/20 exact match (similarity 0.05 → 0.98): improved");
   assert.deepEqual(better.base, { model: "base", items: 20, exact: 0, similarity: 0.05 });
   const worse = describeEvaluation(
-    made,
     evalRun([
       [12, 0.7],
       [3, 0.4],
@@ -97,7 +94,6 @@ test("a run's before/after says whether the fine-tune improved, and says so when
     "base 12/20 → fine-tune 3/20 exact match (similarity 0.70 → 0.40): worse than the base model",
   );
   const closer = describeEvaluation(
-    made,
     evalRun([
       [0, 0.2],
       [0, 0.5],
@@ -105,7 +101,6 @@ test("a run's before/after says whether the fine-tune improved, and says so when
   );
   assert.equal(closer.improved, true);
   const same = describeEvaluation(
-    made,
     evalRun([
       [5, 0.5],
       [5, 0.5],
@@ -113,7 +108,7 @@ test("a run's before/after says whether the fine-tune improved, and says so when
   );
   assert.equal(same.improved, false);
   assert.match(same.summary, /: no better than the base model$/);
-  const running = describeEvaluation(made, {
+  const running = describeEvaluation({
     ...evalRun([[0, 0]]),
     status: "RUNNING",
     progress: { completed: 7, total: 40, model: "base" },

@@ -79,6 +79,16 @@ export default async function evalRoutes(app: FastifyInstance, { core }: { core:
     },
   );
 
+  evalRunRoutes(app, core);
+  evalResultRoutes(app, core);
+}
+
+/** An eval's runs: queued, listed, read, cancelled, deleted. */
+function evalRunRoutes(app: FastifyInstance, core: Core) {
+  const r = app.withTypeProvider<TypeBoxTypeProvider>();
+  const { evals } = core;
+  const tags = ["evals"];
+
   r.post(
     "/conduit/evals/:eval_id/runs",
     {
@@ -161,6 +171,13 @@ export default async function evalRoutes(app: FastifyInstance, { core }: { core:
       return SUCCESS;
     },
   );
+}
+
+/** An eval run's per-item results, and its live events. */
+function evalResultRoutes(app: FastifyInstance, core: Core) {
+  const r = app.withTypeProvider<TypeBoxTypeProvider>();
+  const { evals } = core;
+  const tags = ["evals"];
 
   r.get(
     "/conduit/evals/:eval_id/runs/:run_id/results",

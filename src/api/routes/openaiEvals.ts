@@ -18,7 +18,7 @@ import {
   OpenAiOutputItemParams,
 } from "../../contract/openAiEvals.ts";
 import { responses } from "../../contract/schemas.ts";
-import type { ResolvedItem } from "../../store/EvalRepository.ts";
+import type { Eval, ResolvedItem } from "../../store/EvalRepository.ts";
 import { questionOf } from "../evalWire.ts";
 import {
   checkDataSourceConfig,
@@ -44,13 +44,16 @@ function page<T extends { id: string }>(rows: T[], limit: number) {
   };
 }
 
+/** An eval run's page in the dashboard (`report_url`). */
+function reportUrl(core: Core, evalId: string, runId: string): string {
+  return `${publicUrl(core.config)}/ui/evals/${evalId}?run=${runId}`;
+}
+
 /** OpenAI's Evals API on Conduit's evals (see `openAiEvals.ts`): every object is the user's own, else a 404. */
 export default async function openAiEvalRoutes(app: FastifyInstance, { core }: { core: Core }) {
   const r = app.withTypeProvider<TypeBoxTypeProvider>();
   const { evals } = core;
   const tags = ["openai evals"];
-  const reportUrl = (evalId: string, runId: string) =>
-    `${publicUrl(core.config)}/ui/evals/${evalId}?run=${runId}`;
 
   r.post(
     "/v1/evals",
@@ -150,6 +153,16 @@ export default async function openAiEvalRoutes(app: FastifyInstance, { core }: {
     },
   );
 
+  openAiEvalRunRoutes(app, core);
+  openAiOutputItemRoutes(app, core);
+}
+
+/** OpenAI's eval runs: created (queued), listed, read, cancelled, deleted. */
+function openAiEvalRunRoutes(app: FastifyInstance, core: Core) {
+  const r = app.withTypeProvider<TypeBoxTypeProvider>();
+  const { evals } = core;
+  const tags = ["openai evals"];
+
   r.post(
     "/v1/evals/:eval_id/runs",
     {
@@ -168,29 +181,7 @@ export default async function openAiEvalRoutes(app: FastifyInstance, { core }: {
     async (request) => {
       const found = await evals.get(request.userId, request.params.eval_id);
       const asked = runRequest(request.body.data_source);
-      const expectedField = found.config.openai?.expectedField ?? "expected";
-      let items: ResolvedItem[];
-      if (asked.items) items = resolveOpenAiItems(asked.items, asked.template, expectedField);
-      else {
-        const fromFile = await evals.resolveItems(
-          request.userId,
-          { type: "file", fileId: asked.fileId as string },
-          "data_source.source.id",
-        );
-        const raw = fromFile.map((item) => ({ input: questionOf(item), output: item.expected }));
-        items = asked.template
-          ? resolveOpenAiItems(raw, asked.template, expectedField)
-          : fromFile.map((item, i) => {
-              const expected = raw[i]?.[expectedField as "input" | "output"];
-              if (expected === undefined)
-                throw new ConduitError(
-                  "invalid_request",
-                  `the testing criteria compare with item.${expectedField}, but a file's items have the fields input and output`,
-                  { param: "data_source.source.id" },
-                );
-              return { ...item, expected, raw: raw[i] };
-            });
-      }
+      const items = await openAiRunItems(core, request.userId, found, asked);
       const run = await evals.createRun(
         request.userId,
         found.id,
@@ -201,7 +192,7 @@ export default async function openAiEvalRoutes(app: FastifyInstance, { core }: {
         },
         { items, openai: { data_source: request.body.data_source, metadata: request.body.metadata ?? null } },
       );
-      return openAiEvalRun(run, reportUrl(found.id, run.id));
+      return openAiEvalRun(run, reportUrl(core, found.id, run.id));
     },
   );
 
@@ -224,7 +215,7 @@ export default async function openAiEvalRoutes(app: FastifyInstance, { core }: {
         order,
       });
       return page(
-        runs.map((run) => openAiEvalRun(run, reportUrl(run.evalId, run.id))),
+        runs.map((run) => openAiEvalRun(run, reportUrl(core, run.evalId, run.id))),
         limit,
       );
     },
@@ -242,7 +233,7 @@ export default async function openAiEvalRoutes(app: FastifyInstance, { core }: {
     },
     async (request) => {
       const run = await evals.getRun(request.userId, request.params.eval_id, request.params.run_id);
-      return openAiEvalRun(run, reportUrl(run.evalId, run.id));
+      return openAiEvalRun(run, reportUrl(core, run.evalId, run.id));
     },
   );
 
@@ -259,7 +250,7 @@ export default async function openAiEvalRoutes(app: FastifyInstance, { core }: {
     },
     async (request) => {
       const run = await evals.cancel(request.userId, request.params.eval_id, request.params.run_id);
-      return openAiEvalRun(run, reportUrl(run.evalId, run.id));
+      return openAiEvalRun(run, reportUrl(core, run.evalId, run.id));
     },
   );
 
@@ -280,6 +271,13 @@ export default async function openAiEvalRoutes(app: FastifyInstance, { core }: {
       return { object: "eval.run.deleted", deleted: true, run_id: request.params.run_id };
     },
   );
+}
+
+/** OpenAI's output items: each answer of an eval run with its grader results. */
+function openAiOutputItemRoutes(app: FastifyInstance, core: Core) {
+  const r = app.withTypeProvider<TypeBoxTypeProvider>();
+  const { evals } = core;
+  const tags = ["openai evals"];
 
   r.get(
     "/v1/evals/:eval_id/runs/:run_id/output_items",
@@ -353,6 +351,38 @@ export default async function openAiEvalRoutes(app: FastifyInstance, { core }: {
       return openAiOutputItem(run, result, run.updatedAt);
     },
   );
+}
+
+/**
+ * The items of an OpenAI eval run: given in its data source, or a file of the user's (through the data source's
+ * template, or as its pairs when the criteria compare with `item.input` or `item.output`).
+ */
+async function openAiRunItems(
+  core: Core,
+  userId: string,
+  found: Eval,
+  asked: ReturnType<typeof runRequest>,
+): Promise<ResolvedItem[]> {
+  const expectedField = found.config.openai?.expectedField ?? "expected";
+  if (asked.items) return resolveOpenAiItems(asked.items, asked.template, expectedField);
+  const fromFile = await core.evals.resolveItems(
+    userId,
+    { type: "file", fileId: asked.fileId as string },
+    "data_source.source.id",
+  );
+  const raw = fromFile.map((item) => ({ input: questionOf(item), output: item.expected }));
+  return asked.template
+    ? resolveOpenAiItems(raw, asked.template, expectedField)
+    : fromFile.map((item, i) => {
+        const expected = raw[i]?.[expectedField as "input" | "output"];
+        if (expected === undefined)
+          throw new ConduitError(
+            "invalid_request",
+            `the testing criteria compare with item.${expectedField}, but a file's items have the fields input and output`,
+            { param: "data_source.source.id" },
+          );
+        return { ...item, expected, raw: raw[i] };
+      });
 }
 
 /** Every result of a run (at most its items × models). */

@@ -72,7 +72,8 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
       preValidation: async (request) =>
         checkLoraTargets((request.body as { loraTargets?: unknown } | null)?.loraTargets),
     },
-    async (request) => runWire(await runs.create(request.userId, createRunCommand(request.body))),
+    // A new run has no evaluation yet.
+    async (request) => runWire(await runs.create(request.userId, createRunCommand(request.body)), null),
   );
 
   r.get(
@@ -88,7 +89,14 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
         response: responses({ 200: Type.Array(RunSummary) }, [400, 401]),
       },
     },
-    async (request) => (await runs.list(request.userId, request.query)).map(runSummaryWire),
+    async (request) => {
+      const list = await runs.list(request.userId, request.query);
+      const evaluations = await core.evals.evaluationsOf(
+        request.userId,
+        list.map((run) => run.id),
+      );
+      return list.map((run) => runSummaryWire(run, evaluations.get(run.id) ?? null));
+    },
   );
 
   r.get(
@@ -96,7 +104,7 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
     { schema: { tags, summary: "Read a run", params: RunParams, response: responses({ 200: Run }) } },
     async (request) => {
       const run = await runs.get(request.userId, request.params.finetune_id);
-      return { ...runWire(run), evaluation: await core.evals.evaluationOf(request.userId, run.id) };
+      return runWire(run, await core.evals.evaluationOf(request.userId, run.id));
     },
   );
 
