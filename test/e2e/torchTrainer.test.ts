@@ -92,8 +92,9 @@ describe("the torch trainer backend", { skip }, () => {
       }
     // The adapter moves the logits far beyond the tolerance, so a wrong export cannot pass.
     assert.ok(moved > 0.05 * Math.max(1, scale), `the adapter moved the logits by up to ${moved}`);
+    // The served adapter is F16 (about three significant digits), so the logits agree to F16's rounding.
     assert.ok(
-      worst <= 1e-5 * Math.max(1, scale),
+      worst <= 2e-3 * Math.max(1, scale),
       `largest logit difference ${worst} (logits up to ${scale})`,
     );
   });
