@@ -273,12 +273,16 @@ export class InferenceService {
     return [...base, ...tuned];
   }
 
-  /** One model this user can name, as `list` shows it, or `undefined`: same precedence as `resolve`. */
-  async get(userId: string, id: string): Promise<ServableModel | undefined> {
+  /**
+   * One model this user can name, as `list` shows it: same precedence as `resolve`. Throws `model_not_found`
+   * (with `param`) when there is none.
+   */
+  async get(userId: string, id: string, param = "model"): Promise<ServableModel> {
     const run = await this.runNamed(userId, id);
     if (run?.status === "READY") return this.describeRun(userId, run);
     const info = this.registry.info(id);
-    return info && this.describeBase(info);
+    if (!info) throw new ConduitError("model_not_found", `model "${id}" not found`, { param });
+    return this.describeBase(info);
   }
 
   /** The user's run named by its id or its `ft:` name (`servedModelName`); `undefined` when none is. */

@@ -19,7 +19,6 @@ import {
   ModelList,
 } from "../../contract/generation.ts";
 import { jsonOrEvents, noControlCharacters, responses } from "../../contract/schemas.ts";
-import { ConduitError } from "../../errors.ts";
 
 /** API document 4.1: generation. */
 export default async function generationRoutes(app: FastifyInstance, { core }: { core: Core }) {
@@ -121,13 +120,6 @@ export default async function generationRoutes(app: FastifyInstance, { core }: {
         response: responses({ 200: ModelEntry }, [400, 401, 404]),
       },
     },
-    async (request) => {
-      const model = await core.inference.get(request.userId, request.params.model);
-      if (!model)
-        throw new ConduitError("model_not_found", `model "${request.params.model}" not found`, {
-          param: "model",
-        });
-      return model;
-    },
+    async (request) => core.inference.get(request.userId, request.params.model),
   );
 }

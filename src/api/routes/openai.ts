@@ -2,7 +2,6 @@ import type { FastifyInstance, FastifyRequest } from "fastify";
 import { Type } from "@sinclair/typebox";
 import type { TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
 import type { Core } from "../../core.ts";
-import { ConduitError } from "../../errors.ts";
 import { respondWithGeneration } from "../generation/respond.ts";
 import {
   fromChatRequest,
@@ -122,13 +121,6 @@ export default async function openAiRoutes(app: FastifyInstance, { core }: { cor
         response: responses({ 200: ModelEntry }, [400, 401, 404]),
       },
     },
-    async (request) => {
-      const model = await core.inference.get(request.userId, request.params.model);
-      if (!model)
-        throw new ConduitError("model_not_found", `model "${request.params.model}" not found`, {
-          param: "model",
-        });
-      return model;
-    },
+    async (request) => core.inference.get(request.userId, request.params.model),
   );
 }
