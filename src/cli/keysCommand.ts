@@ -1,5 +1,5 @@
 import type { Command } from "commander";
-import { createKeysCore, type KeysCore } from "../core.ts";
+import type { KeysCore } from "../core.ts";
 import { CliError, exitCodes, table, type CliContext } from "./context.ts";
 
 /** Keys live in the local database, so these commands open it directly (no server needed). */
@@ -9,6 +9,7 @@ export function keysCommand(program: Command, ctx: CliContext): void {
     .description("manage API keys in the local database (CONDUIT_DATA_DIR / DATABASE_URL)");
 
   async function withCore<T>(fn: (core: KeysCore) => Promise<T>): Promise<T> {
+    const { createKeysCore } = await import("../core.ts");
     const core = await createKeysCore(ctx.config);
     try {
       return await fn(core);

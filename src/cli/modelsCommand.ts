@@ -1,8 +1,6 @@
 import path from "node:path";
 import { SingleBar } from "cli-progress";
 import type { Command } from "commander";
-import { isValidModelId, ModelRegistry } from "../model/ModelRegistry.ts";
-import { createTinyModel } from "../model/tinyModel.ts";
 import { CliError, exitCodes, table, type CliContext } from "./context.ts";
 
 /** Bytes in the largest unit that keeps a number of at least 1: `685 KiB`, `1.3 GiB`. */
@@ -86,6 +84,7 @@ export function modelsCommand(program: Command, ctx: CliContext): void {
     .argument("<ref>")
     .option("--id <id>", "model id to save it as (file name without .gguf; default: from the reference)")
     .action(async (ref: string, opts: { id?: string }) => {
+      const { ModelRegistry } = await import("../model/ModelRegistry.ts");
       const registry = new ModelRegistry({ modelsDir: ctx.config.modelsDir });
       // On a terminal, a bar from the first byte; elsewhere a line now and then, so a log shows it moving.
       const bar = ctx.json
@@ -121,6 +120,8 @@ export function modelsCommand(program: Command, ctx: CliContext): void {
     .option("--id <id>", "model id (file name without .gguf)", "tiny")
     .option("--seed <n>", "random seed (same seed, same file)", "1")
     .action(async (opts: { id: string; seed: string }) => {
+      const { isValidModelId } = await import("../model/ModelRegistry.ts");
+      const { createTinyModel } = await import("../model/tinyModel.ts");
       if (!isValidModelId(opts.id)) throw new CliError(`invalid model id "${opts.id}"`, exitCodes.usage);
       const seed = Number(opts.seed);
       if (!Number.isInteger(seed)) throw new CliError("--seed must be an integer", exitCodes.usage);
