@@ -59,10 +59,8 @@ test(
     const run = await client.createRun({
       datasetID: training.id,
       validationFileID: heldFile.id,
+      // Every setting auto: LoRA learns these 10 pairs (training.test.ts), in half the time of a full fine-tune.
       baseModelName: "tiny128",
-      method: "full",
-      lr: 0.003,
-      epochs: 200,
     });
     const deadline = Date.now() + 600_000;
     for (;;) {
