@@ -13,7 +13,8 @@ import fs from "node:fs";
 import path from "node:path";
 
 const root = path.resolve(import.meta.dirname, "..");
-const layers = ["unit", "model", "http", "e2e"];
+/** The folders of test/ a test file lives in, cheapest first (docs/testing.md). */
+export const layers = ["unit", "model", "http", "e2e"];
 
 /** Every test file under test/, as a path from the repository's root, sorted. */
 export function testFiles(): string[] {

@@ -5,6 +5,7 @@ import path from "node:path";
 import { test } from "node:test";
 import { runStatuses } from "../../src/contract/runs.ts";
 import type { RunWire } from "../../src/contract/schemas.ts";
+import { layers, testFiles } from "../lib/run.ts";
 
 /** The layer rules of docs/architecture.md hold in the code. */
 
@@ -99,4 +100,9 @@ test("one wire contract: only the server's entry points import src/api, and tsc 
     }
   }
   assert.deepEqual(offenders, []);
+});
+
+test("every test file is in one of test/'s layers, so that `npm run test:<layer>` runs it", () => {
+  const outside = testFiles().filter((file) => !layers.includes(file.split(path.sep)[1]!));
+  assert.deepEqual(outside, [], `move these into test/${layers.join("|")}/ (docs/testing.md)`);
 });
