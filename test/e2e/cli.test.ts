@@ -10,10 +10,11 @@ import { Readable } from "node:stream";
 import { test, type TestContext } from "node:test";
 import { buildTestApp, KEY_A, testEnv } from "../lib/helper.ts";
 import { EtaEstimate } from "../../src/cli/runsCommand.ts";
-import type { EvalGrader, ModelTotals } from "../../src/contract/evals.ts";
+import type { EvalGrader } from "../../src/contract/evals.ts";
 import { ConduitError } from "../../src/errors.ts";
 import { EvalRepository } from "../../src/store/EvalRepository.ts";
 import { ModelRegistry, type PullProgress } from "../../src/model/ModelRegistry.ts";
+import { beforeAfterTotals } from "../lib/evalTotals.ts";
 import { freePort } from "../lib/wait.ts";
 import { bin, cliServer, conduit, conduitWithInput, jsonLines, type CliResult } from "../lib/cli.ts";
 
@@ -766,25 +767,12 @@ test("runs show prints the run's before/after evaluation once it has one, as its
   const queued = await conduit(env, "runs", "show", id);
   assert.match(queued.stdout, /^evaluation: 20 held-out pairs: queued$/m);
 
-  const totals = (model: string, exact: number, similarity: number): ModelTotals => ({
-    model,
-    answered: 20,
-    errored: 0,
-    passed: exact,
-    graders: [
-      { name: "exact_match", type: "exact_match", passed: exact, failed: 20 - exact, meanScore: exact / 20 },
-      { name: "similarity", type: "similarity", passed: 0, failed: 20, meanScore: similarity },
-    ],
-    promptTokens: 0,
-    completionTokens: 0,
-    meanLatencySeconds: 0,
-  });
   assert.equal((await evals.claimNext())?.id, "evalrun_cli");
   assert.ok(
     await evals.finish("evalrun_cli", {
       status: "COMPLETED",
       progress: { completed: 40, total: 40, model: null },
-      results: [totals("tiny", 0, 0.05), totals(id, 20, 0.98)],
+      results: [beforeAfterTotals("tiny", 0, 0.05), beforeAfterTotals(id, 20, 0.98)],
     }),
   );
   const shown = await conduit(env, "runs", "show", id);

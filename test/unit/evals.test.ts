@@ -1,10 +1,10 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import type { ModelTotals } from "../../src/contract/evals.ts";
 import { gradersOfCriteria, resolveOpenAiItems, runRequest } from "../../src/api/openAiEvals.ts";
 import { fuzzyMatch, grade, normalize, settleGraders, tokenF1 } from "../../src/evals/graders.ts";
 import { describeEvaluation } from "../../src/evals/runEvaluation.ts";
 import type { EvalRun } from "../../src/store/EvalRepository.ts";
+import { beforeAfterTotals } from "../lib/evalTotals.ts";
 
 test("normalisation: case, whitespace, punctuation at the ends", () => {
   assert.equal(normalize("  Billing.\n", ["case", "whitespace", "punctuation"]), "billing");
@@ -42,19 +42,6 @@ test("graders score answers: exact with and without normalisation, contains, reg
 });
 
 function evalRun(results: [number, number][], status: EvalRun["status"] = "COMPLETED"): EvalRun {
-  const totals = (model: string, [exact, similarity]: [number, number]): ModelTotals => ({
-    model,
-    answered: 20,
-    errored: 0,
-    passed: exact,
-    graders: [
-      { name: "exact_match", type: "exact_match", passed: exact, failed: 20 - exact, meanScore: exact / 20 },
-      { name: "similarity", type: "similarity", passed: 0, failed: 20, meanScore: similarity },
-    ],
-    promptTokens: 0,
-    completionTokens: 0,
-    meanLatencySeconds: 0,
-  });
   return {
     id: "evalrun_1",
     evalId: "eval_1",
@@ -65,7 +52,9 @@ function evalRun(results: [number, number][], status: EvalRun["status"] = "COMPL
     items: Array.from({ length: 20 }, () => ({ messages: [], expected: "" })),
     config: { graders: [], systemPrompt: "", maxTokens: 16, parallel: 8 },
     progress: { completed: 40, total: 40, model: null },
-    results: results.map((r, i) => totals(i === 0 ? "base" : "ft_1", r)),
+    results: results.map(([exact, similarity], i) =>
+      beforeAfterTotals(i === 0 ? "base" : "ft_1", exact, similarity),
+    ),
     error: null,
     createdAt: "",
     updatedAt: "",
