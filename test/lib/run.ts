@@ -8,7 +8,7 @@
  * calls `backends()` (lib/helper.ts), which adds PostgreSQL when CONDUIT_TEST_DATABASE_URL is set. Files run
  * two at a time, each in its own process: much of a file's time is waiting (on servers, timers, child processes,
  * Chromium), and every test makes its own data dir, PostgreSQL schema and port. On 2 cores the whole suite takes
- * about two thirds of the time it takes one file at a time.
+ * about four fifths of the time it takes one file at a time (the HTTP layer three quarters).
  */
 import { spawnSync } from "node:child_process";
 import fs from "node:fs";
