@@ -16,9 +16,9 @@
  *    and the bare base (one context).
  *
  *   node --import tsx bench/loraServe.ts [smollm2-135m|stories260K|file.gguf] [--rank 32] [--tokens 64] [--rounds 3]
- *     [--pool 2] [--speed-only]
+ *     [--pool 2] [--speed-only | --memory-only]
  *
- * `--pool P`: the pool setups split the base's 4 sequences over P contexts; `--speed-only` skips part 1.
+ * `--pool P`: the pool setups split the base's 4 sequences over P contexts; `--speed-only` skips part 1, `--memory-only` parts 2 and 3.
  *
  * Adapter contents do not change their cost, so the adapters are freshly initialised ones in F16 (what a run
  * writes; B = 0 still runs both adapter products) and the "full fine-tunes" are copies of the base file. Every
@@ -56,6 +56,7 @@ const { values, positionals } = parseArgs({
     dir: { type: "string" },
     pool: { type: "string", default: "2" },
     "speed-only": { type: "boolean", default: false },
+    "memory-only": { type: "boolean", default: false },
   },
 });
 const tokens = Number(values.tokens);
@@ -294,6 +295,7 @@ if (!values["speed-only"]) {
     );
 }
 // "Registered" adapters are READY runs' files: nothing is loaded for one until it is asked for.
+if (values["memory-only"]) process.exit(0);
 
 // 2. Tokens/s of concurrent streams, interleaved.
 const engine = createLlamaEngine({ threads: 1, contextsPerModel: 1, logger: () => {} });
