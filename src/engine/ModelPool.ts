@@ -15,6 +15,7 @@ import {
   type GpuLayers,
   type GpuSetting,
 } from "./accelerator.ts";
+import { keepFreedMemoryReturnable } from "./heap.ts";
 import { loadAdapter } from "./nativeBatch.ts";
 import { BatcherGroup } from "./BatcherGroup.ts";
 import type { BatchAdapter, SequenceBatcher } from "./SequenceBatcher.ts";
@@ -139,6 +140,7 @@ export class ModelPool {
     this.gpuMemoryBudget = options.gpuMemoryBudget;
     this.ownsLlama = options.llama === undefined;
     if (options.llama) this.llama = Promise.resolve(options.llama);
+    keepFreedMemoryReturnable();
   }
 
   /**
