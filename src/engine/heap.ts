@@ -6,11 +6,10 @@ const M_MMAP_THRESHOLD = -3;
 /**
  * Keeps freed native memory from staying resident: glibc serves an allocation of 128 KiB or more with pages of
  * its own, returned to the system when it is freed, until such a block is freed — then it raises that threshold
- * (up to 32 MiB) and serves later ones from the heap, whose freed pages stay with the process. Loading a LoRA
- * adapter and switching a context between adapters allocate and free such blocks, so a server with 10 adapters
- * of SmolLM2 in use kept ~19 MB resident per adapter for tensors of 8–16 MiB (bench/loraServe.ts). Fixing the
- * threshold at its starting value keeps it at what the tensors take. Elsewhere than glibc on Linux it does
- * nothing.
+ * (up to 32 MiB) and serves later ones from the heap, whose freed pages stay with the process. Loading and
+ * serving LoRA adapters allocate and free such blocks: 10 rank-16 adapters of SmolLM2 in use kept 19 MB
+ * resident each for 7.9 MiB of tensors (bench/loraServe.ts). With the threshold fixed at its starting value an
+ * adapter costs about its tensors. Elsewhere than glibc on Linux it does nothing.
  */
 export function keepFreedMemoryReturnable(): void {
   if (process.platform !== "linux" || applied) return;
