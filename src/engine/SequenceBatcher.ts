@@ -281,7 +281,7 @@ export class SequenceBatcher {
    */
   takeSequence(prompt: number[], adapter?: BatchAdapter): number | undefined {
     if (this.waiters.length > 0 || this.freeSequences.length === 0) return undefined;
-    return this.freeSequences.splice(this.pickFree(prompt, adapter?.key), 1)[0];
+    return this.freeSequences.splice(this.pickFree(prompt, adapter?.key).index, 1)[0];
   }
 
   /**
@@ -291,14 +291,15 @@ export class SequenceBatcher {
    */
   offer(prompt: number[], adapter?: BatchAdapter): { prefix: number; freedAt: number } | undefined {
     if (this.waiters.length > 0 || this.freeSequences.length === 0) return undefined;
-    const id = this.freeSequences[this.pickFree(prompt, adapter?.key)]!;
-    const shared =
-      this.cachedAdapter.get(id) === adapter?.key ? commonPrefix(this.cached.get(id) ?? [], prompt) : 0;
-    return { prefix: shared >= MIN_REUSED_PREFIX ? shared : 0, freedAt: this.freedAt.get(id) ?? 0 };
+    const { index, prefix } = this.pickFree(prompt, adapter?.key);
+    return { prefix, freedAt: this.freedAt.get(this.freeSequences[index]!) ?? 0 };
   }
 
-  /** The index in `freeSequences` of the sequence {@link takeSequence} hands out (see its rules). */
-  private pickFree(prompt: number[], adapterKey: string | undefined): number {
+  /**
+   * The index in `freeSequences` of the sequence {@link takeSequence} hands out (see its rules), and the
+   * KV-cache prefix it reuses (`0`: none).
+   */
+  private pickFree(prompt: number[], adapterKey: string | undefined): { index: number; prefix: number } {
     const free = this.freeSequences;
     const total = this.context.totalSequences;
     const isFree = new Uint8Array(total);
@@ -318,7 +319,7 @@ export class SequenceBatcher {
       if (prefix > bestPrefix || (prefix === bestPrefix && neighbours > bestNeighbours))
         [best, bestPrefix, bestNeighbours] = [i, prefix, neighbours];
     }
-    return best;
+    return { index: best, prefix: bestPrefix };
   }
 
   /** Waits for the next freed sequence, in order of arrival; gives up with the signal's reason when it aborts. */
