@@ -3,6 +3,8 @@ import koffi from "koffi";
 /** glibc's `mallopt` parameter for the size from which an allocation gets pages of its own (`M_MMAP_THRESHOLD`). */
 const M_MMAP_THRESHOLD = -3;
 
+let applied = false;
+
 /**
  * Keeps freed native memory from staying resident: glibc serves an allocation of 128 KiB or more with pages of
  * its own, returned to the system when it is freed, until such a block is freed — then it raises that threshold
@@ -21,4 +23,3 @@ export function keepFreedMemoryReturnable(): void {
     // Not glibc (musl, say): its allocator returns large blocks by itself.
   }
 }
-let applied = false;

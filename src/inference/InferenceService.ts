@@ -275,13 +275,13 @@ export class InferenceService {
 
   /**
    * One model this user can name, as `list` shows it: same precedence as `resolve`. Throws `model_not_found`
-   * (with `param`) when there is none.
+   * when there is none.
    */
-  async get(userId: string, id: string, param = "model"): Promise<ServableModel> {
+  async get(userId: string, id: string): Promise<ServableModel> {
     const run = await this.runNamed(userId, id);
     if (run?.status === "READY") return this.describeRun(userId, run);
     const info = this.registry.info(id);
-    if (!info) throw new ConduitError("model_not_found", `model "${id}" not found`, { param });
+    if (!info) throw new ConduitError("model_not_found", `model "${id}" not found`, { param: "model" });
     return this.describeBase(info);
   }
 
