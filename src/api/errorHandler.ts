@@ -1,5 +1,12 @@
 import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
-import { ConduitError, errorCatalog, isOutOfSpace, type ErrorCode } from "../errors.ts";
+import {
+  ConduitError,
+  DATABASE_RETRY_AFTER_S,
+  errorCatalog,
+  isDatabaseUnavailable,
+  isOutOfSpace,
+  type ErrorCode,
+} from "../errors.ts";
 import { patternReasons, REASON } from "../contract/schemas.ts";
 
 export function errorBody(error: ConduitError) {
@@ -164,6 +171,12 @@ export function toConduitError(error: unknown, schemas?: Record<string, unknown>
       "the server's storage is full, so nothing was stored; retry once space has been freed",
       { cause: error },
     );
+  if (isDatabaseUnavailable(error))
+    return new ConduitError(
+      "unavailable",
+      "the database is unavailable; retry after the Retry-After seconds",
+      { retryAfter: DATABASE_RETRY_AFTER_S, cause: error },
+    );
   const fastifyError = error as FastifyError & { validationContext?: string };
   if (fastifyError.validation)
     return fromValidation(
@@ -215,7 +228,12 @@ export function registerErrorHandler(app: FastifyInstance): void {
       error,
       request.routeOptions.schema as Record<string, unknown> | undefined,
     );
-    if (!conduitError || conduitError.status >= 500) {
+    if (conduitError && isDatabaseUnavailable(error))
+      request.log.warn(
+        { code: (error as { code?: unknown }).code },
+        `request answered 503: the database is unavailable (${(error as Error).message})`,
+      );
+    else if (!conduitError || conduitError.status >= 500) {
       request.log.error({ err: error }, "request failed");
       conduitError ??= new ConduitError("internal_error", "internal server error");
     }
