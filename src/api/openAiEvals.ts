@@ -8,6 +8,7 @@ import { evalLimits, type EvalGrader, type GraderWire } from "../contract/evals.
 import type { Eval, EvalResult, EvalRun, ResolvedItem } from "../store/EvalRepository.ts";
 import { settleGraders } from "../evals/graders.ts";
 import { questionOf } from "./evalWire.ts";
+import { parseTimestamp } from "../store/time.ts";
 
 type Json = Record<string, unknown>;
 
@@ -21,7 +22,7 @@ function isObject(value: unknown): value is Json {
 
 /** Unix seconds of a stored timestamp. */
 function seconds(timestamp: string): number {
-  return Math.floor(Date.parse(`${timestamp.replace(" ", "T")}Z`) / 1000);
+  return Math.floor(parseTimestamp(timestamp) / 1000);
 }
 
 const ITEM_REFERENCE = /^\{\{\s*item\.([A-Za-z0-9_.]+)\s*\}\}$/;

@@ -19,6 +19,7 @@ import type {
   OpenAiJobEventWire,
   OpenAiJobWire,
 } from "../contract/openAiFineTuning.ts";
+import { parseTimestamp } from "../store/time.ts";
 
 type OpenAiStatus = OpenAiJobWire["status"];
 
@@ -33,7 +34,7 @@ export const openAiStatus: Record<RunStatus, OpenAiStatus> = {
 
 /** Unix seconds of a stored timestamp (`YYYY-MM-DD HH:MM:SS.mmm`, UTC). */
 export function unixSeconds(timestamp: string): number {
-  return Math.floor(Date.parse(`${timestamp.replace(" ", "T")}Z`) / 1000);
+  return Math.floor(parseTimestamp(timestamp) / 1000);
 }
 
 export function openAiFile(file: DatasetFile) {

@@ -3,6 +3,7 @@ import type { Run } from "../domain/runs.ts";
 import type { RunEvaluation } from "../contract/evals.ts";
 import type { DatasetFileWire, DatasetWire, RunSummaryWire, RunWire } from "../contract/schemas.ts";
 import { currentEstimate, type RunEstimate } from "../contract/estimate.ts";
+import { parseTimestamp } from "../store/time.ts";
 
 /** Domain records → the Conduit API's wire shapes (both spellings of the dataset id where the API has them). */
 
@@ -33,14 +34,9 @@ export function fileWire(f: DatasetFile): DatasetFileWire {
   };
 }
 
-/** Milliseconds since the epoch of a stored timestamp (`YYYY-MM-DD HH:MM:SS.mmm`, UTC). */
-function msOf(timestamp: string): number {
-  return Date.parse(`${timestamp.replace(" ", "T")}Z`);
-}
-
 /** The run's estimate: its plan, refined from its stats (a RUNNING run's were written at its `updatedAt`). */
 export function runEstimate(r: Run): RunEstimate | null {
-  return currentEstimate(r.estimate, { status: r.status, stats: r.stats, updatedAt: msOf(r.updatedAt) });
+  return currentEstimate(r.estimate, { status: r.status, stats: r.stats, updatedAt: parseTimestamp(r.updatedAt) });
 }
 
 /** A run on the Conduit face, with its automatic before/after (`evaluation`, null when none was made). */

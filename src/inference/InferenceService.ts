@@ -17,6 +17,7 @@ import type {
 import type { RunRepository } from "../store/RunRepository.ts";
 import { methodOf, type Run } from "../domain/runs.ts";
 import { runIdOfModelName, servedModelName } from "../domain/modelNames.ts";
+import { parseTimestamp } from "../store/time.ts";
 
 export interface InferenceRequest {
   /**
@@ -322,7 +323,7 @@ export class InferenceService {
     return {
       id: servedModelName(run),
       object: "model",
-      created: Math.floor(Date.parse(`${run.updatedAt.replace(" ", "T")}Z`) / 1000),
+      created: Math.floor(parseTimestamp(run.updatedAt) / 1000),
       owned_by: userId,
       kind: "fine-tuned",
       context_length: weights?.contextLength ?? null,

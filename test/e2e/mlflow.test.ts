@@ -9,6 +9,7 @@ import { describeConfig, loadConfig } from "../../src/config.ts";
 import { asAlice, backends, buildTestApp, datasetOf, startRun, testEnv } from "../lib/helper.ts";
 import { getRun, runEnded, waitForRun } from "../lib/helper.ts";
 import { freePort, until } from "../lib/wait.ts";
+import { parseTimestamp } from "../../src/store/time.ts";
 
 /**
  * Runs mirrored to a real MLflow tracking server (`pip install mlflow`; `.ci/run` puts it in
@@ -16,6 +17,9 @@ import { freePort, until } from "../lib/wait.ts";
  */
 
 const repoRoot = path.resolve(import.meta.dirname, "../..");
+
+// The server of these tests is not in UTC: MLflow's start times must still be the runs' creation times.
+process.env.TZ = "America/Los_Angeles";
 
 interface MlflowCommand {
   command: string;
@@ -157,7 +161,7 @@ async function mlflow<T = Record<string, unknown>>(
 }
 
 interface MlflowRun {
-  info: { run_id: string; experiment_id: string; status: string; end_time?: number };
+  info: { run_id: string; experiment_id: string; status: string; start_time: number; end_time?: number };
   data: {
     params?: { key: string; value: string }[];
     tags?: { key: string; value: string }[];
@@ -277,6 +281,7 @@ describe("runs mirrored to MLflow", () => {
       );
       assert.equal(finished.info.status, "FINISHED");
       assert.ok(finished.info.end_time && finished.info.end_time > 0);
+      assert.equal(finished.info.start_time, parseTimestamp(run.createdAt), "the run's creation, in UTC");
 
       const experiment = await mlflow<{ experiment: { name: string } }>(
         uri,

@@ -221,6 +221,7 @@ export interface RunView {
   id: string;
   name: string;
   status: string;
+  createdAt: string;
   error: string | null;
   logs: string[];
   trackerURL: string;

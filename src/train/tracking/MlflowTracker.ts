@@ -13,6 +13,7 @@ import {
   type MlflowParam,
   type MlflowRunStatus,
 } from "./MlflowClient.ts";
+import { parseTimestamp } from "../../store/time.ts";
 
 export interface MlflowTrackerOptions {
   /** Experiment of runs that name no `trackerProject`. */
@@ -377,7 +378,7 @@ export class MlflowTracker {
     let runId: string;
     try {
       runId = await this.client.createRun(
-        { experimentId, runName: run.name, startTime: Date.parse(run.createdAt), tags: tagsOf(run) },
+        { experimentId, runName: run.name, startTime: parseTimestamp(run.createdAt), tags: tagsOf(run) },
         signal,
       );
     } catch (error) {
