@@ -23,11 +23,12 @@ import os from "node:os";
 import path from "node:path";
 import { parseArgs } from "node:util";
 import { createTinyModel } from "../src/model/tinyModel.ts";
-import { LLAMA_CPP_LORA_TARGETS } from "../src/contract/runs.ts";
-import { loadLlamaLib } from "../src/train/native/llamaLib.ts";
+import { LLAMA_CPP_LORA_TARGETS } from "../src/train/native/llamaCppTrainer.ts";
+import { loadLlamaLib } from "../src/train/libllama/llamaLib.ts";
 import { convertModel } from "../src/train/native/runTraining.ts";
-import type { TrainerOutputType } from "../src/contract/runs.ts";
-import { startTrainer, type TrainerJob } from "../src/train/trainer.ts";
+import type { TrainerOutputType } from "../src/domain/runs.ts";
+import { startTrainer } from "../src/train/trainer.ts";
+import { llamaCppJob, type JobInput } from "../test/lib/trainerJob.ts";
 import { corpus } from "./lib/corpus.ts";
 import { modelPath, requireFile, type BenchModel } from "./lib/reference.ts";
 
@@ -50,7 +51,7 @@ const { values, positionals } = parseArgs({
 });
 const gpu = values.gpu as "cpu" | "cuda" | "vulkan";
 if (!["cpu", "cuda", "vulkan"].includes(gpu)) throw new Error(`--gpu is cpu, cuda or vulkan, not ${gpu}`);
-const gpuJob = { backend: gpu, layers: values.layers === "all" ? ("all" as const) : Number(values.layers) };
+const gpuLayers = values.layers === "all" ? ("all" as const) : Number(values.layers);
 const methods = values.methods.split(",");
 // The conversions below run in this process on the first libllama it loads: the GPU build's (a GPU host may
 // have no CPU-only package), as the trainer does.
@@ -77,13 +78,13 @@ interface Measured {
   deviceLog: string[];
 }
 
-async function train(job: Partial<TrainerJob> & Pick<TrainerJob, "baseModelPath">): Promise<Measured> {
+async function train(job: Partial<JobInput> & Pick<JobInput, "baseModelPath">): Promise<Measured> {
   const started = performance.now();
   let first: { at: number; step: number } | undefined;
   let last: { at: number; step: number } | undefined;
   const deviceLog: string[] = [];
   const handle = startTrainer(
-    {
+    llamaCppJob({
       outputPath: path.join(work, "out.gguf"),
       workDir: path.join(work, "work"),
       samples: corpus(Number(values.kb)),
@@ -92,11 +93,11 @@ async function train(job: Partial<TrainerJob> & Pick<TrainerJob, "baseModelPath"
       maxSteps: steps,
       contextSize: ctx,
       threads,
-      gpu: gpuJob,
+      options: { device: gpu, gpuLayers },
       seed: 0,
       lrSchedule: { kind: "constant" },
       ...job,
-    },
+    }),
     {
       onLog: (line) => {
         if (/training on|registered no GPU|cannot run|llama\.cpp .* from /.test(line)) {

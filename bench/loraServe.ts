@@ -37,10 +37,10 @@ import { createLlamaEngine } from "../src/engine/LlamaEngine.ts";
 import { SequenceBatcher } from "../src/engine/SequenceBatcher.ts";
 import type { GenerationRequest, ModelRef } from "../src/engine/types.ts";
 import { loadChatTemplate } from "../src/model/chatTemplate.ts";
-import { LLAMA_CPP_LORA_TARGETS } from "../src/contract/runs.ts";
-import { loraWeights, writeInitialAdapter } from "../src/train/native/loraAdapter.ts";
-import { loadLlamaLib } from "../src/train/native/llamaLib.ts";
-import { readModelFile } from "../src/train/native/modelFile.ts";
+import { LLAMA_CPP_LORA_TARGETS } from "../src/train/native/llamaCppTrainer.ts";
+import { loraWeights, writeInitialAdapter } from "../src/train/core/loraAdapter.ts";
+import { loadLlamaLib } from "../src/train/libllama/llamaLib.ts";
+import { readModelFile } from "../src/train/core/modelFile.ts";
 import { modelPath, requireFile, type BenchModel } from "./lib/reference.ts";
 
 const { values, positionals } = parseArgs({

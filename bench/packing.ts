@@ -16,8 +16,9 @@ import path from "node:path";
 import { parseArgs } from "node:util";
 import { getLlama, LlamaLogLevel, type ControlledEvaluateInputItem, type Token } from "node-llama-cpp";
 import { formatExample } from "../src/train/samples.ts";
-import { LLAMA_CPP_LORA_TARGETS } from "../src/contract/runs.ts";
+import { LLAMA_CPP_LORA_TARGETS } from "../src/train/native/llamaCppTrainer.ts";
 import { startTrainer, type SampleSegment } from "../src/train/trainer.ts";
+import { llamaCppJob } from "../test/lib/trainerJob.ts";
 import { datesTask } from "./lib/qualityTasks.ts";
 import { modelPath, requireFile, type BenchModel } from "./lib/reference.ts";
 
@@ -51,7 +52,7 @@ try {
   const started = performance.now();
   const logs: string[] = [];
   const outcome = await startTrainer(
-    {
+    llamaCppJob({
       method: "lora",
       lora: { rank: 16, alpha: 32, targets: [...LLAMA_CPP_LORA_TARGETS] },
       baseModelPath: base,
@@ -63,7 +64,7 @@ try {
       lrSchedule: { kind: "cosine", minFraction: 0.1 },
       seed: 0,
       threads: Number(values.threads),
-    },
+    }),
     { onLog: (line) => logs.push(line) },
   ).done;
   if (outcome.status !== "completed")

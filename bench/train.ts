@@ -21,10 +21,11 @@ import os from "node:os";
 import path from "node:path";
 import { parseArgs } from "node:util";
 import { writeHeadroomAdapter } from "../src/train/native/graphHeadroom.ts";
-import { loadLlamaLib } from "../src/train/native/llamaLib.ts";
-import { readModelFile } from "../src/train/native/modelFile.ts";
+import { loadLlamaLib } from "../src/train/libllama/llamaLib.ts";
+import { readModelFile } from "../src/train/core/modelFile.ts";
 import { convertModel } from "../src/train/native/runTraining.ts";
 import { startTrainer, type TrainerProgress } from "../src/train/trainer.ts";
+import { llamaCppJob } from "../test/lib/trainerJob.ts";
 import { corpus } from "./lib/corpus.ts";
 import { modelPath, requireFile, toolPath, type BenchModel } from "./lib/reference.ts";
 
@@ -111,7 +112,7 @@ async function conduitTrainer(model: string, samples: string[]): Promise<Measure
   let first: { at: number; step: number } | undefined;
   let last: { at: number; step: number } | undefined;
   const handle = startTrainer(
-    {
+    llamaCppJob({
       baseModelPath: model,
       outputPath: path.join(work, "conduit.gguf"),
       workDir: path.join(work, "conduit-work"),
@@ -123,7 +124,7 @@ async function conduitTrainer(model: string, samples: string[]): Promise<Measure
       threads,
       seed: 0,
       lrSchedule: { kind: "constant" },
-    },
+    }),
     {
       // Which libllama it trains with: node-llama-cpp's local build for this CPU, or its prebuilt one.
       onLog: (line) => {

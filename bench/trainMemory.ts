@@ -21,9 +21,10 @@ import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 import { createTinyModel } from "../src/model/tinyModel.ts";
-import { LLAMA_CPP_LORA_TARGETS } from "../src/contract/runs.ts";
+import { LLAMA_CPP_LORA_TARGETS } from "../src/train/native/llamaCppTrainer.ts";
 import { formatExample } from "../src/train/samples.ts";
-import { startTrainer, type TrainerJob, type TrainingSample } from "../src/train/trainer.ts";
+import { startTrainer, type TrainingSample } from "../src/train/trainer.ts";
+import { llamaCppJob } from "../test/lib/trainerJob.ts";
 
 const { values } = parseArgs({
   options: {
@@ -75,7 +76,7 @@ async function measureOne(pairs: number, model: string): Promise<Measured> {
     }
     if (trainOut !== undefined) fs.closeSync(trainOut);
     if (heldOut !== undefined) fs.closeSync(heldOut);
-    const job: TrainerJob = {
+    const job = llamaCppJob({
       method: "lora",
       lora: { rank: 8, alpha: 16, targets: [...LLAMA_CPP_LORA_TARGETS] },
       baseModelPath: model,
@@ -90,7 +91,7 @@ async function measureOne(pairs: number, model: string): Promise<Measured> {
       ...(feed === "files"
         ? { samplesFile: trainFile, evalSamplesFile: heldFile, lossesFile: path.join(dir, "losses.jsonl") }
         : { samples: train, evalSamples: held }),
-    };
+    });
     const started = performance.now();
     const outcome = await startTrainer(job).done;
     if (outcome.status !== "completed")

@@ -1,5 +1,5 @@
 /**
- * Conduit's two trainer backends against the bare PyTorch + PEFT peer (bench/peft_peer.py), on the same GGUF,
+ * Conduit's two trainers against the bare PyTorch + PEFT peer (bench/peft_peer.py), on the same GGUF,
  * windows, LoRA rank and targets, learning rates and threads, in one run: tokens/s and tokens per CPU-second of
  * each training loop (the first step, which allocates, left out), its first step, and peak RSS (peak GPU memory
  * on CUDA).
@@ -31,21 +31,18 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { parseArgs } from "node:util";
-import { LLAMA_CPP_LORA_TARGETS, type LoraTarget } from "../src/contract/runs.ts";
+import { type LoraTarget } from "../src/contract/runs.ts";
+import { LLAMA_CPP_LORA_TARGETS } from "../src/train/native/llamaCppTrainer.ts";
 import { createTinyModel } from "../src/model/tinyModel.ts";
-import { loadLlamaLib } from "../src/train/native/llamaLib.ts";
-import type { TokenStore } from "../src/train/native/sampleStore.ts";
-import { tokenizeSample } from "../src/train/native/tokenizeSample.ts";
+import { loadLlamaLib } from "../src/train/libllama/llamaLib.ts";
+import type { TokenStore } from "../src/train/core/sampleStore.ts";
+import { tokenizeSample } from "../src/train/core/tokenizeSample.ts";
 import { prepare } from "../src/train/torch/runTorchTraining.ts";
 import { PROJECT_TORCH_PYTHON } from "../src/train/torch/torchStatus.ts";
-import {
-  resolveTrainerJob,
-  startTrainer,
-  type TrainerJob,
-  type TrainingStats,
-} from "../src/train/trainer.ts";
+import { startTrainer, type AnyTrainerJob, type TrainingStats } from "../src/train/trainer.ts";
+import { llamaCppJob, torchJob, type JobInput } from "../test/lib/trainerJob.ts";
 import type { ModelRef } from "../src/model/types.ts";
-import type { TrainingSample } from "../src/train/protocol.ts";
+import type { TrainingSample } from "../src/train/core/trainerJob.ts";
 import { formatExample } from "../src/train/samples.ts";
 import { corpus } from "./lib/corpus.ts";
 import { datesTask, type Pair } from "./lib/qualityTasks.ts";
@@ -125,30 +122,32 @@ function job(
   modelFile: string,
   samples: TrainingSample[],
   work: string,
-  backend: "torch" | "llama.cpp",
+  trainer: "torch" | "llama.cpp",
   blasLibrary: string | null = null,
-): TrainerJob {
+): AnyTrainerJob {
   const task = values.task !== undefined;
-  return {
-    backend,
-    torch: { python, device, dtype: "auto" },
+  const input: JobInput = {
     method: "lora",
     lora: { rank, alpha: 2 * rank, targets },
     baseModelPath: modelFile,
-    outputPath: path.join(work, `${backend}-adapter.gguf`),
-    workDir: path.join(work, backend),
+    outputPath: path.join(work, `${trainer}-adapter.gguf`),
+    workDir: path.join(work, trainer),
     samples,
     learningRate: task ? Number(values.lr) : 1e-4,
     epochs: task ? Number(values.epochs) : 1,
     ...(task ? {} : { maxSteps: steps }),
     contextSize: ctx,
     threads,
-    gpu: device === "cuda" ? { backend: "cuda", layers: "all" } : { backend: "cpu", layers: 0 },
-    blasLibrary,
     lrSchedule: { kind: "cosine", minFraction: 0.1 },
     seed: 0,
     packing: true,
   };
+  return trainer === "torch"
+    ? torchJob({ ...input, options: { python, device, dtype: "auto" } })
+    : llamaCppJob({
+        ...input,
+        options: { blasLibrary, ...(device === "cuda" ? { device: "cuda", gpuLayers: "all" } : {}) },
+      });
 }
 
 /** Writes the torch worker's job into `dir` with paths relative to it, the model at `modelRef`. */
@@ -160,12 +159,13 @@ async function exportJob(
   probe?: number[],
 ): Promise<string> {
   fs.mkdirSync(dir, { recursive: true });
-  const resolved = resolveTrainerJob({ ...job(modelFile, samples, dir, "torch"), workDir: dir });
+  const exported = { ...job(modelFile, samples, dir, "torch"), workDir: dir };
+  if (exported.trainer !== "torch") throw new Error("not a torch job");
   const stores: TokenStore[] = [];
   try {
     const prepared = await prepare(
-      resolved,
-      { ...resolved.lora!, complexity: resolved.complexity },
+      exported,
+      { ...exported.lora!, complexity: exported.complexity },
       { log: (line) => console.log(line), isCancelled: () => false, yieldToEventLoop: async () => undefined },
       stores,
     );
@@ -225,17 +225,17 @@ async function conduit(
   modelFile: string,
   samples: string[],
   work: string,
-  backend: "torch" | "llama.cpp",
+  trainer: "torch" | "llama.cpp",
   blasLibrary: string | null = null,
 ): Promise<Row> {
   const logs: string[] = [];
-  const outcome = await startTrainer(job(modelFile, samples, work, backend, blasLibrary), {
+  const outcome = await startTrainer(job(modelFile, samples, work, trainer, blasLibrary), {
     onLog: (line) => logs.push(line),
   }).done;
   if (outcome.status !== "completed")
-    throw new Error(`${backend}: ${JSON.stringify(outcome)}\n${logs.join("\n")}`);
+    throw new Error(`${trainer}: ${JSON.stringify(outcome)}\n${logs.join("\n")}`);
   const where = logs.find((line) => /PyTorch|converting the base|LoRA rank/.test(line)) ?? "";
-  const label = `Conduit ${backend}${blasLibrary === null ? "" : " + BLAS"}`;
+  const label = `Conduit ${trainer}${blasLibrary === null ? "" : " + BLAS"}`;
   return fromStats(label, outcome.stats, where.replace(/^trainer: /, "").slice(0, 90));
 }
 

@@ -1,5 +1,5 @@
 import path from "node:path";
-import { TRAINER_SETTINGS, type TrainerSetting } from "./contract/runs.ts";
+import { TRAINER_SETTINGS, type TrainerSetting } from "./domain/runs.ts";
 import { GPU_SETTINGS, type GpuLayers, type GpuSetting } from "./contract/accelerator.ts";
 
 /**

@@ -1,6 +1,6 @@
 import path from "node:path";
-import { TorchTrainerStatus } from "./train/torch/torchStatus.ts";
-import { blasStatus } from "./train/native/blasBackend.ts";
+import type { TrainerHost } from "./train/core/TrainerBackend.ts";
+import { torchStatus, type TorchTrainerStatus } from "./train/torch/torchStatus.ts";
 import { pino, type Logger } from "pino";
 import { publicUrl, type Config } from "./config.ts";
 import { DatasetService } from "./datasets/DatasetService.ts";
@@ -45,6 +45,8 @@ export interface Core {
   evals: EvalService;
   /** Removes leftover blobs; built here, started by the server only (the CLI opens the same data dir). */
   sweeper: Sweeper;
+  /** What this server offers its trainers (settings, where it computes); the run service and scheduler share it. */
+  trainerHost: TrainerHost;
   /** Whether the torch trainer can run here (checked in the background by the server, on demand otherwise). */
   torch: TorchTrainerStatus;
   close(): Promise<void>;
@@ -106,16 +108,7 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
   });
   const registry = new ModelRegistry({ modelsDir: config.modelsDir });
   const base = publicUrl(config);
-  const torch = new TorchTrainerStatus(config.python);
   const runEvents = createRunEventBus();
-  const runs = new RunService(runRepository, datasets, registry, blobs, runEvents, {
-    defaultModel: config.defaultModel,
-    trackerUrl: (id) => `${base}/ui/runs/${id}`,
-    limits: { maxPairs: config.maxRunPairs, maxBytes: config.maxRunBytes },
-    trainers: { setting: config.trainer, torch: () => torch.check() },
-    trainThreads: config.trainThreads,
-    trainerBlas: () => blasStatus(config.trainerBlas).available,
-  });
   // With an MLflow server set, every run is mirrored to it, following the run events.
   const tracker = config.mlflowTrackingUri
     ? new MlflowTracker(
@@ -151,28 +144,31 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
   runEvents.on("deleted", (run) => {
     if (run.modelPath) engine.unload(run.modelPath);
   });
-  const scheduler = new Scheduler(runRepository, runEvents, datasets, registry, blobs, log, {
-    concurrency: config.trainConcurrency,
+  const trainerHost: TrainerHost = {
     threads: config.trainThreads,
-    health: db.health,
+    gpu: config.gpu,
     // Trainers compute where generation does: the GPU the engine found, with CONDUIT_GPU_LAYERS layers.
-    gpu: async () => {
+    accelerator: async () => {
       const { backend } = await engine.accelerator();
       return backend === "cuda" || backend === "vulkan"
-        ? { backend, layers: config.gpuLayers }
-        : { backend: "cpu", layers: 0 };
+        ? { device: backend, gpuLayers: config.gpuLayers }
+        : { device: "cpu", gpuLayers: 0 };
     },
+    python: config.python,
+    blas: config.trainerBlas,
+    cacheDir: blobs.pathOf("cache"),
+  };
+  const runs = new RunService(runRepository, datasets, registry, blobs, runEvents, {
+    defaultModel: config.defaultModel,
+    trackerUrl: (id) => `${base}/ui/runs/${id}`,
+    limits: { maxPairs: config.maxRunPairs, maxBytes: config.maxRunBytes },
+    trainers: { setting: config.trainer, host: trainerHost },
+  });
+  const scheduler = new Scheduler(runRepository, runEvents, datasets, registry, blobs, log, {
+    concurrency: config.trainConcurrency,
+    host: trainerHost,
+    health: db.health,
     maxRunTokens: config.maxRunTokens,
-    torch: async () => {
-      const status = await torch.check();
-      return status.available
-        ? { python: status.python, device: config.gpu === "off" ? "cpu" : "auto" }
-        : { unavailable: status.reason };
-    },
-    blasLibrary: () => {
-      const blas = blasStatus(config.trainerBlas);
-      return blas.available ? blas.library : null;
-    },
     ...overrides.scheduler,
   });
 
@@ -206,7 +202,8 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
     scheduler,
     evals,
     sweeper,
-    torch,
+    trainerHost,
+    torch: torchStatus(config.python),
     async close() {
       await sweeper.stop();
       await scheduler.close();

@@ -1,6 +1,6 @@
 import type { AddressInfo } from "node:net";
 import { buildApp } from "./api/buildApp.ts";
-import { describeTorch } from "./train/torch/torchStatus.ts";
+import { trainers, trainersInOrder } from "./train/trainers.ts";
 import { ConfigError, describeConfig, localUrl, type Config } from "./config.ts";
 import { bootstrapKeys, createCore } from "./core.ts";
 import { describeBackend } from "./engine/accelerator.ts";
@@ -23,16 +23,22 @@ export async function startServer(config: Config): Promise<{ close(): Promise<vo
     await app.close();
     throw error instanceof ConduitError ? new ConfigError(error.message) : error;
   }
-  // Whether the torch trainer is installed is known before the first run asks (importing PyTorch takes seconds).
-  if (config.trainer !== "llama.cpp")
-    void core.torch
-      .check()
+  // Whether the trainers that need installing are installed is known before the first run asks (importing
+  // PyTorch takes seconds).
+  const candidates = config.trainer === "auto" ? trainersInOrder() : [trainers[config.trainer]];
+  for (const backend of candidates.filter((candidate) => candidate.setupCommand !== null))
+    void backend
+      .status(core.trainerHost)
       .then((status) =>
         status.available
-          ? app.log.info(`torch trainer: ${describeTorch(status.probe)} (${status.python})`)
-          : config.trainer === "torch"
-            ? app.log.warn(`torch trainer: not available, and CONDUIT_TRAINER is torch: ${status.reason}`)
-            : app.log.info(`torch trainer: not available (${status.reason}); runs train on llama.cpp`),
+          ? app.log.info(`${backend.name} trainer: ${status.detail ?? "available"}`)
+          : config.trainer === backend.name
+            ? app.log.warn(
+                `${backend.name} trainer: not available, and CONDUIT_TRAINER is ${backend.name}: ${status.reason}`,
+              )
+            : app.log.info(
+                `${backend.name} trainer: not available (${status.reason}); runs train on the others`,
+              ),
       );
   // Only the server sweeps (the CLI opens the same data dir), and only leftovers.
   const sweeper = core.sweeper;

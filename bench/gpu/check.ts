@@ -12,7 +12,7 @@
  */
 import { getLlama, LlamaLogLevel } from "node-llama-cpp";
 import { deviceMemory, gpuDevices } from "../../src/train/native/devices.ts";
-import { loadLlamaLib } from "../../src/train/native/llamaLib.ts";
+import { loadLlamaLib } from "../../src/train/libllama/llamaLib.ts";
 
 const [mode = "engine", backend = "cuda"] = process.argv.slice(2);
 const gib = (bytes: number) => `${(bytes / 2 ** 30).toFixed(1)} GiB`;

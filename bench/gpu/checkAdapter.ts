@@ -12,9 +12,9 @@
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { loadLlamaLib } from "../../src/train/native/llamaLib.ts";
-import { writeTrainedAdapter, type LoraWeight } from "../../src/train/native/loraAdapter.ts";
-import { readModelFile } from "../../src/train/native/modelFile.ts";
+import { loadLlamaLib } from "../../src/train/libllama/llamaLib.ts";
+import { writeTrainedAdapter, type LoraWeight } from "../../src/train/core/loraAdapter.ts";
+import { readModelFile } from "../../src/train/core/modelFile.ts";
 import { llamaCppLogits } from "../../src/train/native/probeLogits.ts";
 import { readAdapterValues } from "../../src/train/torch/runTorchTraining.ts";
 

@@ -3,7 +3,7 @@
  * `src/train/native/llamaLib.ts` plus the sampler calls they lack). For bench/nativeLoop.ts and its worker.
  */
 import koffi from "koffi";
-import { findLibrary, loadLlamaLib, type Pointer } from "../../src/train/native/llamaLib.ts";
+import { findLibrary, loadLlamaLib, type Pointer } from "../../src/train/libllama/llamaLib.ts";
 
 export interface KoffiDecoder {
   /** Empties the KV cache. */

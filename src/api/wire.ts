@@ -36,7 +36,11 @@ export function fileWire(f: DatasetFile): DatasetFileWire {
 
 /** The run's estimate: its plan, refined from its stats (a RUNNING run's were written at its `updatedAt`). */
 export function runEstimate(r: Run): RunEstimate | null {
-  return currentEstimate(r.estimate, { status: r.status, stats: r.stats, updatedAt: parseTimestamp(r.updatedAt) });
+  return currentEstimate(r.estimate, {
+    status: r.status,
+    stats: r.stats,
+    updatedAt: parseTimestamp(r.updatedAt),
+  });
 }
 
 /** A run on the Conduit face, with its automatic before/after (`evaluation`, null when none was made). */

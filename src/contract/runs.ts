@@ -1,8 +1,10 @@
 /**
- * The vocabulary of fine-tuning runs that the HTTP API, the CLI, the dashboard and the domain share:
- * statuses, methods, targets, output types, defaults and limits, and the shapes of a run's `config` and
- * `stats`. Each is defined here once; this module imports nothing but types.
+ * What the wire says of fine-tuning runs, shared by the HTTP API, the CLI, the dashboard and the domain:
+ * statuses, methods, LoRA targets and limits (the request schema checks them), and the shape of a run's
+ * `stats`. The run's settings and their defaults are the domain's (`src/domain/runs.ts`). Each is defined
+ * here once.
  */
+import { ConduitError } from "../errors.ts";
 
 /**
  * Run states. QUEUED → RUNNING → READY | FAILED | CANCELLED; QUEUED → CANCELLED; a RUNNING run
@@ -46,115 +48,21 @@ export const LORA_TARGETS = [
 export type LoraTarget = (typeof LORA_TARGETS)[number];
 
 /**
- * The targets the llama.cpp trainer can train: `attn_k` and `attn_v` are left out because in the pinned
- * llama.cpp release keys and values reach attention through the KV cache (`set_rows`), which has no backward
- * pass, so adapters on them would get no gradient and never train. The torch trainer trains all of them.
+ * Refuses LoRA targets that are not in `LORA_TARGETS`, naming them and the targets: the request's shape, which
+ * the Conduit face checks before the body schema's own check (the route's `preValidation`), so that a typo
+ * gets the list instead of a bare "must be one of". Anything that is not a list of strings is left to the
+ * schema. Whether the run's trainer can train a target is the trainer's to say (`TrainerBackend.cannotTrain`).
  */
-export const LLAMA_CPP_LORA_TARGETS = [
-  "attn_q",
-  "attn_output",
-  "ffn_gate",
-  "ffn_up",
-  "ffn_down",
-  "output",
-] as const satisfies readonly LoraTarget[];
-
-/** Weights that exist in llama.cpp models but cannot be trained by this release's backward pass. */
-export const UNTRAINABLE_LORA_TARGETS = ["attn_k", "attn_v"] as const satisfies readonly LoraTarget[];
-
-/**
- * The trainers: llama.cpp's own training API, shipped with node-llama-cpp (no install), and the PyTorch + PEFT
- * worker (`npm run setup:torch`).
- */
-export const TRAINERS = ["llama.cpp", "torch"] as const;
-export type TrainerName = (typeof TRAINERS)[number];
-
-/** `CONDUIT_TRAINER`: a trainer, or `auto` (the torch trainer where it is installed and can train the run). */
-export const TRAINER_SETTINGS = ["auto", ...TRAINERS] as const;
-export type TrainerSetting = (typeof TRAINER_SETTINGS)[number];
-
-/** The targets a LoRA run gets when it names none: every one its trainer can train. */
-export function defaultLoraTargets(trainer: TrainerName): readonly LoraTarget[] {
-  return trainer === "torch" ? LORA_TARGETS : LLAMA_CPP_LORA_TARGETS;
-}
-
-/** Quantization types the trained model can be written as (llama.cpp `llama_ftype` names). */
-export const TRAINER_OUTPUT_TYPES = [
-  "F32",
-  "F16",
-  "BF16",
-  "Q8_0",
-  "Q4_0",
-  "Q4_1",
-  "Q5_0",
-  "Q5_1",
-  "Q2_K",
-  "Q3_K_S",
-  "Q3_K_M",
-  "Q3_K_L",
-  "Q4_K_S",
-  "Q4_K_M",
-  "Q5_K_S",
-  "Q5_K_M",
-  "Q6_K",
-] as const;
-export type TrainerOutputType = (typeof TRAINER_OUTPUT_TYPES)[number];
-
-/** The settings that accept `"auto"`. */
-export const AUTO_SETTINGS = ["epochs", "lr", "loraRank"] as const;
-export type AutoSetting = (typeof AUTO_SETTINGS)[number];
-
-/**
- * The method's settings as stored: a LoRA run holds its effective rank, alpha (the adapter's
- * output is scaled by alpha / rank) and targets; a full run holds `null` for all three.
- */
-export type TrainMethodConfig =
-  | { method: "lora"; loraRank: number; loraAlpha: number; loraTargets: LoraTarget[] }
-  | { method: "full"; loraRank: null; loraAlpha: null; loraTargets: null };
-
-/** The effective configuration of a run, as stored in `config` and shown to users. */
-export type RunConfig = RunConfigFields & TrainMethodConfig;
-
-interface RunConfigFields {
-  baseModelName: string;
-  datasetID: string;
-  datasetName: string;
-  lr: number;
-  epochs: number;
-  steps: number | null;
-  /** Fraction of the top transformer blocks that get adapters (`lora`) or train (`full`). */
-  complexity: number;
-  systemPrompt: string;
-  name: string;
-  trackerProject: string | null;
-  trackerEntity: string | null;
-  /** Tokens per training window (samples are packed into windows of this size). */
-  contextSize: number;
-  /** How the learning rate moves: cosine decay from `lr` to `lr * lrMinFraction` over the run. */
-  lrSchedule: "cosine" | "linear" | "constant";
-  lrMinFraction: number;
-  /** Weight type of the served model. */
-  outputType: TrainerOutputType;
-  /**
-   * Fraction of pairs held out for eval loss, when the dataset has at least 50 pairs (the
-   * scheduler's `minPairsForEval`).
-   */
-  evalFraction: number;
-  seed: number;
-  /** Train on the whole conversation (prompt and template included) instead of the answers only. */
-  trainOnInputs: boolean;
-  /** A file (of this or another of the user's datasets) whose pairs are the eval set; replaces the random hold-out. */
-  validationFileID: string | null;
-  /** The validation file's name when the run was created, for people reading the config. */
-  validationFileName: string | null;
-  /** Evaluations without a new best eval loss before training stops; `null` never stops early. */
-  earlyStoppingPatience: number | null;
-  /** Which of `epochs`, `lr` and `loraRank` were chosen by `"auto"` (their chosen values are in their fields). */
-  autoSettings: AutoSetting[];
-  /** Which trainer trains the run, chosen at creation (`CONDUIT_TRAINER`); runs older than the choice have none: llama.cpp. */
-  trainer?: TrainerName;
-  /** What a run created through the OpenAI face was asked (`/v1/fine_tuning/jobs`); absent otherwise. */
-  openai?: OpenAiJobRecord;
+export function checkLoraTargets(targets: unknown): void {
+  if (!Array.isArray(targets)) return;
+  for (const target of targets) {
+    if (typeof target !== "string" || (LORA_TARGETS as readonly string[]).includes(target)) continue;
+    throw new ConduitError(
+      "invalid_request",
+      `${JSON.stringify(target)} is not a LoRA target; the targets are ${LORA_TARGETS.join(", ")}`,
+      { param: "loraTargets" },
+    );
+  }
 }
 
 /** What the OpenAI face keeps in a run's `config.openai`. */
@@ -164,23 +72,6 @@ export interface OpenAiJobRecord {
   metadata: Record<string, string> | null;
   learning_rate_multiplier: number | null;
 }
-
-/**
- * Defaults of the settings that are not `"auto"` (epochs, lr and loraRank are chosen per run): the API documents
- * them, and a trainer job (`TrainerJob`) that leaves a setting out gets the same value.
- */
-export const runDefaults = {
-  method: "lora" as TrainMethod,
-  /** The default alpha is this times the rank (a scale of 2). */
-  loraAlphaPerRank: 2,
-  complexity: 1,
-  contextSize: 1024,
-  lrSchedule: "cosine" as const,
-  lrMinFraction: 0.1,
-  outputType: "Q8_0" as TrainerOutputType,
-  evalFraction: 0.1,
-  seed: 42,
-};
 
 /** A point of a run's loss curves. */
 export interface LossPoint {

@@ -1,9 +1,10 @@
 /**
  * A fine-tuning run as the domain knows it: what the store keeps, what training updates and what serving
- * reads. Training (`src/train`) and serving (`src/inference`) both import this module and neither imports
- * the other.
+ * reads, and the vocabulary of its settings (the trainers, the output types, the defaults). Training
+ * (`src/train`) and serving (`src/inference`) both import this module and neither imports the other. What the
+ * wire checks of a request (methods, targets, limits) is `src/contract/runs.ts`.
  */
-import type { RunConfig, RunStats, RunStatus, TrainMethod } from "../contract/runs.ts";
+import type { LoraTarget, OpenAiJobRecord, RunStats, RunStatus, TrainMethod } from "../contract/runs.ts";
 import type { RunPlan } from "../contract/estimate.ts";
 
 export interface Run {
@@ -28,9 +29,123 @@ export interface Run {
 }
 
 /**
+ * The trainers, by the name a run's `config.trainer` keeps: llama.cpp's own training API, shipped with
+ * node-llama-cpp (no install), and the PyTorch + PEFT worker (`npm run setup:torch`). Each is a backend of
+ * `src/train/trainers.ts`, whose registry the compiler holds to this list.
+ */
+export const TRAINERS = ["llama.cpp", "torch"] as const;
+export type TrainerName = (typeof TRAINERS)[number];
+
+/** `CONDUIT_TRAINER`: a trainer, or `auto` (the first trainer, by the registry's order, that can train the run). */
+export const TRAINER_SETTINGS = ["auto", ...TRAINERS] as const;
+export type TrainerSetting = (typeof TRAINER_SETTINGS)[number];
+
+/** Quantization types the trained model can be written as (llama.cpp `llama_ftype` names). */
+export const TRAINER_OUTPUT_TYPES = [
+  "F32",
+  "F16",
+  "BF16",
+  "Q8_0",
+  "Q4_0",
+  "Q4_1",
+  "Q5_0",
+  "Q5_1",
+  "Q2_K",
+  "Q3_K_S",
+  "Q3_K_M",
+  "Q3_K_L",
+  "Q4_K_S",
+  "Q4_K_M",
+  "Q5_K_S",
+  "Q5_K_M",
+  "Q6_K",
+] as const;
+export type TrainerOutputType = (typeof TRAINER_OUTPUT_TYPES)[number];
+
+/** The settings that accept `"auto"`. */
+export const AUTO_SETTINGS = ["epochs", "lr", "loraRank"] as const;
+export type AutoSetting = (typeof AUTO_SETTINGS)[number];
+
+/**
+ * The method's settings as stored: a LoRA run holds its effective rank, alpha (the adapter's
+ * output is scaled by alpha / rank) and targets; a full run holds `null` for all three.
+ */
+export type TrainMethodConfig =
+  | { method: "lora"; loraRank: number; loraAlpha: number; loraTargets: LoraTarget[] }
+  | { method: "full"; loraRank: null; loraAlpha: null; loraTargets: null };
+
+/** The effective configuration of a run, as stored in `config` and shown to users. */
+export type RunConfig = RunConfigFields & TrainMethodConfig;
+
+type RunConfigFields = {
+  baseModelName: string;
+  datasetID: string;
+  datasetName: string;
+  lr: number;
+  epochs: number;
+  steps: number | null;
+  /** Fraction of the top transformer blocks that get adapters (`lora`) or train (`full`). */
+  complexity: number;
+  systemPrompt: string;
+  name: string;
+  trackerProject: string | null;
+  trackerEntity: string | null;
+  /** Tokens per training window (samples are packed into windows of this size). */
+  contextSize: number;
+  /** How the learning rate moves: cosine decay from `lr` to `lr * lrMinFraction` over the run. */
+  lrSchedule: "cosine" | "linear" | "constant";
+  lrMinFraction: number;
+  /** Weight type of the served model. */
+  outputType: TrainerOutputType;
+  /**
+   * Fraction of pairs held out for eval loss, when the dataset has at least 50 pairs (the
+   * scheduler's `minPairsForEval`).
+   */
+  evalFraction: number;
+  seed: number;
+  /** Train on the whole conversation (prompt and template included) instead of the answers only. */
+  trainOnInputs: boolean;
+  /** A file (of this or another of the user's datasets) whose pairs are the eval set; replaces the random hold-out. */
+  validationFileID: string | null;
+  /** The validation file's name when the run was created, for people reading the config. */
+  validationFileName: string | null;
+  /** Evaluations without a new best eval loss before training stops; `null` never stops early. */
+  earlyStoppingPatience: number | null;
+  /** Which of `epochs`, `lr` and `loraRank` were chosen by `"auto"` (their chosen values are in their fields). */
+  autoSettings: AutoSetting[];
+  /** Which trainer trains the run, chosen at creation (`CONDUIT_TRAINER`); see {@link trainerOf}. */
+  trainer?: TrainerName;
+  /** What a run created through the OpenAI face was asked (`/v1/fine_tuning/jobs`); absent otherwise. */
+  openai?: OpenAiJobRecord;
+};
+
+/**
+ * Defaults of the settings that are not `"auto"` (epochs, lr and loraRank are chosen per run), applied once, by
+ * the run service when it creates a run; the API documents them (a unit test holds the request schema's
+ * descriptions to these values).
+ */
+export const runDefaults = {
+  method: "lora" as TrainMethod,
+  /** The default alpha is this times the rank (a scale of 2). */
+  loraAlphaPerRank: 2,
+  complexity: 1,
+  contextSize: 1024,
+  lrSchedule: "cosine" as const,
+  lrMinFraction: 0.1,
+  outputType: "Q8_0" as TrainerOutputType,
+  evalFraction: 0.1,
+  seed: 42,
+};
+
+/**
  * A run's method from its stored config. Runs created before LoRA existed have no `method`: they
  * trained every weight.
  */
 export function methodOf(config: { method?: string }): TrainMethod {
   return config.method === "lora" ? "lora" : "full";
+}
+
+/** A run's trainer from its stored config. Runs created before there was a choice have none: llama.cpp trained them. */
+export function trainerOf(config: { trainer?: TrainerName | undefined }): TrainerName {
+  return config.trainer ?? "llama.cpp";
 }

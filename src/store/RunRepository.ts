@@ -8,13 +8,12 @@ import { RUN_CHANGES_CHANNEL, RunChanges } from "./RunChanges.ts";
 import { timestamp } from "./time.ts";
 import {
   activeStatuses,
-  type RunConfig,
   type RunStats,
   type RunStatus,
   type RunTotals,
   type TrainMethod,
-  type TrainerName,
 } from "../contract/runs.ts";
+import { type RunConfig, type TrainerName } from "../domain/runs.ts";
 import type { RunPlan } from "../contract/estimate.ts";
 import type { Run } from "../domain/runs.ts";
 

@@ -17,48 +17,30 @@ import {
   readModelShape,
   type ModelShape,
 } from "./autoSettings.ts";
+import type { LoraTarget } from "../contract/runs.ts";
 import {
   AUTO_SETTINGS,
-  defaultLoraTargets,
-  LORA_TARGETS,
   runDefaults,
+  trainerOf,
   type AutoSetting,
-  type LoraTarget,
   type RunConfig,
-  type TrainMethodConfig,
   type TrainerName,
   type TrainerSetting,
-} from "../contract/runs.ts";
-import { chooseTrainer, trainerThreads, type TrainerChoice } from "./trainerChoice.ts";
+  type TrainMethodConfig,
+} from "../domain/runs.ts";
+import type { TrainerBackend, TrainerHost, TrainerStatus } from "./core/TrainerBackend.ts";
+import { chooseTrainer, type TrainerChoice } from "./trainerChoice.ts";
+import { trainers } from "./trainers.ts";
 import { DEFAULT_MIN_PAIRS_FOR_EVAL } from "./prepareSamples.ts";
 import { formatOverhead, planRun, readModelCost, templateTokens } from "./runEstimate.ts";
 import { formatExample } from "./samples.ts";
 import type { RunPlan } from "../contract/estimate.ts";
-import type { TorchStatus } from "./torch/torchStatus.ts";
 import type { RunEventBus } from "./runEvents.ts";
 import type { CreateRun, ExamplesQuery, RunExample } from "./commands.ts";
 
 /** Finds base models by id (the engine's model registry). */
 export interface ModelCatalog {
   resolve(id: string): ModelRef | undefined;
-}
-
-/**
- * Refuses LoRA targets that are not in `LORA_TARGETS`, naming them and the targets. Runs before the body
- * schema's own check too (the route's `preValidation`), so that a typo gets the list instead of a bare
- * "must be one of". Anything that is not a list of strings is left to the schema. Whether the run's
- * trainer can train a target is decided with the trainer (`chooseTrainer`).
- */
-export function checkLoraTargets(targets: unknown): void {
-  if (!Array.isArray(targets)) return;
-  for (const target of targets) {
-    if (typeof target !== "string" || (LORA_TARGETS as readonly string[]).includes(target)) continue;
-    throw new ConduitError(
-      "invalid_request",
-      `${JSON.stringify(target)} is not a LoRA target; the targets are ${LORA_TARGETS.join(", ")}`,
-      { param: "loraTargets" },
-    );
-  }
 }
 
 /** The method's settings as asked for: a LoRA rank may still be `"auto"` and the alpha left to follow it. */
@@ -72,7 +54,10 @@ type MethodRequest =
     }
   | { method: "full"; loraRank: null; loraAlpha: null; loraTargets: null };
 
-/** The method and its settings, with defaults filled in; LoRA settings with method `full` are a 400. */
+/**
+ * The method and its settings, with defaults filled in; LoRA settings with method `full` are a 400. The targets'
+ * shape (known names, at least one, none twice) is the request schema's to check.
+ */
 function methodRequest(command: CreateRun): MethodRequest {
   const method = command.method ?? runDefaults.method;
   if (method === "full") {
@@ -85,26 +70,11 @@ function methodRequest(command: CreateRun): MethodRequest {
         );
     return { method, loraRank: null, loraAlpha: null, loraTargets: null };
   }
-  checkLoraTargets(command.loraTargets);
-  const targets = command.loraTargets;
-  if (targets === undefined)
-    return {
-      method,
-      loraRank: command.loraRank ?? "auto",
-      loraAlpha: command.loraAlpha,
-      loraTargets: undefined,
-    };
-  if (targets.length === 0)
-    throw new ConduitError("invalid_request", '"loraTargets" needs at least one target', {
-      param: "loraTargets",
-    });
-  if (new Set(targets).size !== targets.length)
-    throw new ConduitError("invalid_request", '"loraTargets" lists a target twice', { param: "loraTargets" });
   return {
     method,
     loraRank: command.loraRank ?? "auto",
     loraAlpha: command.loraAlpha,
-    loraTargets: [...targets],
+    loraTargets: command.loraTargets === undefined ? undefined : [...command.loraTargets],
   };
 }
 
@@ -115,7 +85,7 @@ function methodRequest(command: CreateRun): MethodRequest {
 function methodConfig(
   request: MethodRequest,
   autoRank: () => number,
-  trainer: TrainerName,
+  trainer: TrainerBackend,
 ): TrainMethodConfig {
   if (request.method === "full") return request;
   const loraRank = request.loraRank === "auto" ? autoRank() : request.loraRank;
@@ -123,7 +93,7 @@ function methodConfig(
     ...request,
     loraRank,
     loraAlpha: request.loraAlpha ?? runDefaults.loraAlphaPerRank * loraRank,
-    loraTargets: request.loraTargets ?? [...defaultLoraTargets(trainer)],
+    loraTargets: request.loraTargets ?? [...trainer.loraTargets],
   };
 }
 
@@ -186,14 +156,10 @@ export class RunService {
       /** Most pairs and bytes of dataset files a run may read (`CONDUIT_MAX_RUN_PAIRS`, `CONDUIT_MAX_RUN_BYTES`). Defaults to no limit. */
       limits?: { maxPairs: number; maxBytes: number };
       /**
-       * Which trainer a run gets (`CONDUIT_TRAINER`) and whether the torch trainer is installed. Defaults to
-       * the llama.cpp trainer only.
+       * Which trainer a run gets (`CONDUIT_TRAINER`), and what the server offers the trainers (whether they are
+       * installed, their threads, for the choice and the estimate).
        */
-      trainers?: { setting: TrainerSetting; torch: () => Promise<TorchStatus> };
-      /** Compute threads of each trainer (`CONDUIT_TRAIN_THREADS`), for the estimate. Defaults to `"auto"`. */
-      trainThreads?: number | "auto";
-      /** Whether the llama.cpp trainer has its BLAS backend (`CONDUIT_TRAINER_BLAS`), for the estimate. Defaults to none. */
-      trainerBlas?: () => boolean;
+      trainers: { setting: TrainerSetting; host: TrainerHost };
     },
   ) {}
 
@@ -255,7 +221,7 @@ export class RunService {
       epochs: typeof command.epochs === "number" ? command.epochs : chosen("epochs"),
       steps: command.steps ?? null,
       complexity: command.complexity ?? runDefaults.complexity,
-      ...methodConfig(method, () => chosen("loraRank"), trainer.trainer),
+      ...methodConfig(method, () => chosen("loraRank"), trainers[trainer.trainer]),
       systemPrompt: command.systemPrompt ?? "",
       name: command.name ?? `${dataset.name}-${baseModelName}`,
       trackerProject: command.trackerProject ?? null,
@@ -379,11 +345,9 @@ export class RunService {
       );
   }
 
-  /** The base model's shape for auto settings; a file that cannot be read is the model's fault, a 400. */
   /** The run's trainer (see `chooseTrainer`); a run no trainer here can train is a 400. */
   private async trainerFor(method: MethodRequest, name: string, modelPath: string): Promise<TrainerChoice> {
-    const trainers = this.options.trainers;
-    if (trainers === undefined) return { trainer: "llama.cpp", reason: "trainer: llama.cpp" };
+    const { setting, host } = this.options.trainers;
     let architecture: string;
     try {
       architecture = await readModelArchitecture(modelPath);
@@ -396,17 +360,14 @@ export class RunService {
         },
       );
     }
-    // The torch trainer's status is only needed when it could be chosen.
-    const torch: TorchStatus =
-      trainers.setting === "llama.cpp"
-        ? { available: false, python: null, reason: "CONDUIT_TRAINER is llama.cpp" }
-        : await trainers.torch();
+    // A trainer's status (importing PyTorch takes seconds) is only asked for when it could be chosen.
+    const candidates = setting === "auto" ? Object.values(trainers) : [trainers[setting]];
+    const statuses: Partial<Record<TrainerName, TrainerStatus>> = {};
+    for (const backend of candidates) statuses[backend.name] = await backend.status(host);
     return chooseTrainer({
-      setting: trainers.setting,
-      torch,
-      method: method.method,
-      architecture,
-      targets: method.loraTargets ?? undefined,
+      setting,
+      statuses,
+      request: { method: method.method, architecture, loraTargets: method.loraTargets ?? undefined },
     });
   }
 
@@ -416,14 +377,16 @@ export class RunService {
    * for it (the caller creates the run without one: an estimate never stands in the way of a run).
    */
   private async plan(config: RunConfig, model: ModelRef, training: TrainingSet): Promise<RunPlan> {
-    const trainer = config.trainer ?? "llama.cpp";
+    const trainer = trainerOf(config);
+    const backend = trainers[trainer];
+    const host = this.options.trainers.host;
     const cost = await readModelCost(model.path);
     // The template's text around one pair (and the system prompt), its own text left empty.
     const { sample } = await formatExample(model, config.systemPrompt, "", "", true);
     const rendered = typeof sample === "string" ? sample : sample.map((segment) => segment.text).join("");
     const validation = training.validation;
     return planRun({
-      trainer,
+      prior: backend.prior(host),
       method: config.method,
       model: cost,
       train: { pairs: training.pairs, textBytes: training.textBytes },
@@ -434,8 +397,7 @@ export class RunService {
       steps: config.steps,
       contextSize: config.contextSize,
       templateTokens: templateTokens(rendered, cost.vocabSize),
-      threads: trainerThreads(trainer, this.options.trainThreads ?? "auto"),
-      blas: trainer === "llama.cpp" && (this.options.trainerBlas?.() ?? false),
+      threads: backend.threads(host.threads),
       history: await this.runs.finishedRuns(
         { trainer, baseModelName: config.baseModelName, method: config.method },
         MEASURED_RUNS,
@@ -443,6 +405,7 @@ export class RunService {
     });
   }
 
+  /** The base model's shape for auto settings; a file that cannot be read is the model's fault, a 400. */
   private async modelShape(name: string, modelPath: string): Promise<ModelShape> {
     try {
       return await readModelShape(modelPath);

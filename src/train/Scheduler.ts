@@ -9,9 +9,9 @@ import { isOutOfSpace } from "../errors.ts";
 import type { BlobStore } from "../store/BlobStore.ts";
 import { DatabaseHealth } from "../store/DatabaseHealth.ts";
 import type { RunRepository } from "../store/RunRepository.ts";
-import { methodOf, type Run } from "../domain/runs.ts";
-import type { TrainerJob, TrainerProgress, TrainingStats } from "./protocol.ts";
-import type { RunConfig } from "../contract/runs.ts";
+import { methodOf, trainerOf, type Run, type RunConfig, type TrainerName } from "../domain/runs.ts";
+import type { TrainerBackend, TrainerHost } from "./core/TrainerBackend.ts";
+import type { TrainerJob, TrainerProgress, TrainingStats } from "./core/trainerJob.ts";
 import type { ModelCatalog } from "./RunService.ts";
 import type { RunEventBus } from "./runEvents.ts";
 import {
@@ -21,7 +21,7 @@ import {
   type SamplePreparer,
 } from "./prepareSamples.ts";
 import type { ExampleFiles } from "./exampleFiles.ts";
-import { trainerThreads } from "./trainerChoice.ts";
+import { trainers, type AnyTrainerJob, type TrainerOptions } from "./trainers.ts";
 import {
   startTrainer,
   type TrainerHandle,
@@ -33,11 +33,8 @@ import {
 export interface SchedulerOptions {
   /** Runs trained at once by this process. Defaults to `1`. */
   concurrency: number;
-  /**
-   * Compute threads of each trainer; `auto`: every core for the torch trainer, 1 for llama.cpp's.
-   * Defaults to `1`.
-   */
-  threads: number | "auto";
+  /** What this server offers its trainers: their threads, where it computes, the libraries they load. */
+  host: TrainerHost;
   /** How long a claimed run stays ours without a heartbeat. Defaults to `30000` ms. */
   leaseMs?: number;
   /** Heartbeat and queue poll interval. Defaults to `2000` ms. */
@@ -46,17 +43,8 @@ export interface SchedulerOptions {
   maxAttempts?: number;
   /** Minimum pairs before some are held out for eval loss. Defaults to `50`. */
   minPairsForEval?: number;
-  /** Where trainers compute (the engine's backend, `CONDUIT_GPU`). Defaults to the CPU. */
-  gpu?: () => Promise<NonNullable<TrainerJob["gpu"]>>;
   /** Most tokens a run may train on (`CONDUIT_MAX_RUN_TOKENS`); a run over it fails before its first step. Defaults to no limit. */
   maxRunTokens?: number;
-  /**
-   * The torch trainer's Python and device, or why there is none, for runs created for it. Defaults to none
-   * (such runs fail with the reason).
-   */
-  torch?: () => Promise<{ python: string; device: "auto" | "cpu" } | { unavailable: string }>;
-  /** The BLAS backend library the llama.cpp trainer loads on the CPU, asked per run; `null`: none. Defaults to none. */
-  blasLibrary?: () => string | null;
   /** Starts a run's trainer (tests pass an in-memory fake). Defaults to `startTrainer`, a child process per run. */
   trainer?: TrainerLauncher;
   /**
@@ -342,57 +330,68 @@ export class Scheduler {
   }
 
   /** The trainer job of a run: its config, its prepared files, and where and with what this worker trains. */
-  private async trainerJob(
+  private trainerJob(
     run: Run,
     lora: LoraConfig | undefined,
     basePath: string,
     examples: ExampleFiles,
     files: RunFiles,
-  ): Promise<TrainerJob> {
-    const config = run.config;
-    const gpu = (await this.options.gpu?.()) ?? { backend: "cpu", layers: 0 };
-    const backend = config.trainer ?? "llama.cpp";
-    let torch: TrainerJob["torch"];
-    if (backend === "torch") {
-      const found = (await this.options.torch?.()) ?? { unavailable: "this server has no torch trainer" };
-      if ("unavailable" in found)
-        throw new Error(
-          `this run was created for the torch trainer, which ${this.workerId} cannot run: ${found.unavailable}`,
-        );
-      // The worker's dequantized copies of base models live in the blob store, like everything the server keeps.
-      torch = { ...found, cacheDir: this.blobs.pathOf("cache/torch") };
-    }
+  ): Promise<AnyTrainerJob> {
+    // The job built for trainer N is the registry's job for N, which TypeScript cannot follow through the union.
+    return this.jobFor(
+      trainerOf(run.config),
+      run.config,
+      lora,
+      basePath,
+      examples,
+      files,
+    ) as Promise<AnyTrainerJob>;
+  }
+
+  /** {@link trainerJob} on the run's trainer, whose options it asks for on this worker. */
+  private async jobFor<N extends TrainerName>(
+    trainer: N,
+    config: RunConfig,
+    lora: LoraConfig | undefined,
+    basePath: string,
+    examples: ExampleFiles,
+    files: RunFiles,
+  ): Promise<TrainerJob<TrainerOptions<N>> & { trainer: N }> {
+    const backend: TrainerBackend<TrainerOptions<N>> = trainers[trainer];
+    const host = this.options.host;
+    const status = await backend.status(host);
+    if (!status.available)
+      throw new Error(
+        `this run was created for the ${trainer} trainer, which ${this.workerId} cannot run: ${status.reason}`,
+      );
     return {
-      backend,
-      ...(torch ? { torch } : {}),
+      trainer,
+      options: await backend.jobOptions(host),
       method: lora ? "lora" : "full",
-      ...(lora ? { lora: { rank: lora.loraRank, alpha: lora.loraAlpha, targets: lora.loraTargets } } : {}),
+      lora: lora ? { rank: lora.loraRank, alpha: lora.loraAlpha, targets: lora.loraTargets } : null,
       baseModelPath: basePath,
       outputPath: files.outputPath,
       workDir: files.workDir,
+      samples: [],
       samplesFile: examples.train,
+      evalSamples: [],
       evalSamplesFile: examples.validation,
       lossesFile: files.lossesPath,
       maxTrainTokens: this.options.maxRunTokens ?? null,
       earlyStoppingPatience: config.earlyStoppingPatience ?? null,
       checkpointDir: this.blobs.pathOf(files.checkpointDir),
+      packing: true,
+      optimizer: "adamw",
       learningRate: config.lr,
       epochs: config.epochs,
-      ...(config.steps ? { maxSteps: config.steps } : {}),
+      maxSteps: config.steps ?? null,
       complexity: config.complexity,
       contextSize: config.contextSize,
-      lrSchedule: { kind: config.lrSchedule, minFraction: config.lrMinFraction },
-      threads: trainerThreads(backend, this.options.threads),
-      gpu,
-      ...(backend === "llama.cpp"
-        ? {
-            blasLibrary: this.options.blasLibrary?.() ?? null,
-            // auto: ggml's ops on one thread, OpenBLAS's products on every core (bench/README.md, #26).
-            ...(this.options.threads === "auto" ? { blasThreads: os.availableParallelism() } : {}),
-          }
-        : {}),
+      threads: backend.threads(host.threads),
       outputType: config.outputType,
       seed: config.seed,
+      lrSchedule: { kind: config.lrSchedule, warmupSteps: 0, minFraction: config.lrMinFraction },
+      weightDecay: 0,
     };
   }
 
@@ -440,7 +439,7 @@ export class Scheduler {
   /** Starts the run's trainer and waits for it; a stop that came while it was starting reaches it. */
   private async runTrainer(
     active: ActiveRun,
-    job: TrainerJob,
+    job: AnyTrainerJob,
     handlers: TrainerHandlers,
   ): Promise<TrainerOutcome> {
     const handle = this.startTrainer(job, handlers);

@@ -8,7 +8,7 @@ import type { DatasetService } from "../datasets/DatasetService.ts";
 import type { ModelRef } from "../model/types.ts";
 import type { Run } from "../domain/runs.ts";
 import { fileLines, LineWriter, writeExampleFiles, type ExampleFiles } from "./exampleFiles.ts";
-import type { ExampleLoss } from "./protocol.ts";
+import type { ExampleLoss } from "./core/trainerJob.ts";
 
 /** Pairs a dataset needs before `evalFraction` of them are held out for eval loss (the scheduler's default). */
 export const DEFAULT_MIN_PAIRS_FOR_EVAL = 50;

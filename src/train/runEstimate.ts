@@ -1,26 +1,22 @@
 /**
  * The estimate a run gets when it is created (`RunPlan`), before anything is tokenized: its tokens planned from
- * the dataset's size the way the trainers plan windows (`native/trainingPlan.ts`), and its rate measured on the
- * server's earlier runs of the same trainer, base model and method, or else a prior scaled from the trainers'
- * benchmarks by the model's size and the threads. How the plan is refined while the run trains is
+ * the dataset's size the way the trainers plan windows (`core/trainingPlan.ts`), and its rate measured on the
+ * server's earlier runs of the same trainer, base model and method, or else its trainer's prior (scaled from the
+ * trainer's benchmarks by the model's size and the threads: `TrainerBackend.prior`). How the plan is refined while the run trains is
  * `currentEstimate` (src/contract/estimate.ts).
  */
 import fs from "node:fs/promises";
 import { GgufFileType, readGgufFileInfo } from "node-llama-cpp";
 import type { RunPlan } from "../contract/estimate.ts";
-import type { TrainMethod, TrainerName } from "../contract/runs.ts";
+import type { TrainMethod } from "../contract/runs.ts";
 import type { FinishedRun } from "../store/RunRepository.ts";
+import type { EstimatePrior, ModelSize } from "./core/TrainerBackend.ts";
 
 /** What the estimate reads from a base model's GGUF header. */
-export interface ModelCost {
-  /** Every tensor's elements, embeddings included. */
-  parameters: number;
+export interface ModelCost extends ModelSize {
   vocabSize: number;
   /** `{arch}.context_length`; 0 when the header has none. */
   contextLength: number;
-  /** llama.cpp's name of the file type (`F32`, `Q8_0`, `Q4_K_M` …); `null` when the header has none. */
-  fileType: string | null;
-  sizeBytes: number;
 }
 
 /** The header's big arrays, which none of the fields above need. */
@@ -84,7 +80,8 @@ export function formatOverhead(format: string): number {
 }
 
 export interface PlanInput {
-  trainer: TrainerName;
+  /** The run's trainer's prior, its speed before any run was measured here. */
+  prior: EstimatePrior;
   method: TrainMethod;
   model: ModelCost;
   /** The pairs trained on (the dataset's, less its own validation file). */
@@ -102,8 +99,6 @@ export interface PlanInput {
   templateTokens: number;
   /** Compute threads of the trainer. */
   threads: number;
-  /** The llama.cpp trainer will load its BLAS backend (`npm run setup:trainer`): LoRA on an F32 copy of the base. */
-  blas?: boolean;
   /** The latest READY runs of the same trainer, base model and method, newest first. */
   history: readonly FinishedRun[];
 }
@@ -112,11 +107,6 @@ export interface PlanInput {
 const WINDOW_MULTIPLE = 256;
 /** Epochs longer than this many steps are evaluated every quarter too (`trainingPlan.ts`). */
 const LONG_EPOCH_STEPS = 100;
-/**
- * What a forward pass (evaluation, per-example losses) costs against a training step: about a third in
- * PyTorch; a tenth in llama.cpp, whose backward pass is the slow part (ggml's vector loops, docs/trainers.md).
- */
-const FORWARD_SHARE: Record<TrainerName, number> = { torch: 1 / 3, "llama.cpp": 0.1 };
 
 /**
  * Bytes of text per token: English in a byte-pair vocabulary of 16k tokens and more is about 4; small
@@ -136,78 +126,6 @@ export function templateTokens(rendered: string, vocabSize: number): number {
   const controls = rendered.match(/<\|?[\w./-]{1,40}\|?>/g) ?? [];
   const text = rendered.replace(/<\|?[\w./-]{1,40}\|?>/g, "");
   return controls.length + text.length / bytesPerToken(vocabSize);
-}
-
-/**
- * The trainer's rate at one thread, in training tokens per CPU-second, by the bench numbers (docs/trainers.md;
- * bench/README.md, #27): LoRA rank 16, 256-token windows. Each is anchored at SmolLM2-135M and falls with the
- * model's parameters to the power fitted between it and the ~1B model of TinyLlama's shape (llama.cpp on Q8_0
- * 23.4 → 4.2, torch 192.3 → 70.9); tiny models are capped by the per-step work that does not shrink with them.
- */
-const PRIOR = {
-  referenceParameters: 134_515_008,
-  "llama.cpp": {
-    /** LoRA through a Q8_0 base: the default for any base but F32, which is converted to Q8_0 first. */
-    loraQuantized: 23.4,
-    loraF32: 48.5,
-    full: 36.7,
-    exponent: 0.82,
-    /**
-     * With the BLAS backend (bench/README.md, #26: 144.8 on SmolLM2, 25.7 on the ~1B model, the same exponent),
-     * LoRA on the F32 copy of any base, and full fine-tuning (91–102 measured with a BLAS build).
-     */
-    loraBlas: 144.8,
-    fullBlas: 95,
-    /** The test model (64 wide, 2 blocks, 172k parameters) trained LoRA at 7,000–14,000 tokens per second here. */
-    most: 8_000,
-  },
-  /** The test model trained LoRA at about 25,000 tokens per second on the torch worker's 2 threads here. */
-  torch: { lora: 192.3, exponent: 0.47, most: 18_000 },
-  /** 2 threads trained SmolLM2 1.35× faster than 1 on 2 cores (the torch trainer; `CONDUIT_TRAIN_THREADS`). */
-  threadExponent: Math.log2(1.35),
-} as const;
-
-/** Tokens per second (wall clock) the prior expects of a trainer on a model with `threads` threads. */
-export function priorTokensPerSecond(
-  trainer: TrainerName,
-  method: TrainMethod,
-  model: Pick<ModelCost, "parameters" | "fileType">,
-  threads: number,
-  blas = false,
-): number {
-  const scale = model.parameters > 0 ? model.parameters / PRIOR.referenceParameters : 1;
-  let anchored: number;
-  let exponent: number;
-  let most: number;
-  if (trainer === "torch") {
-    ({ exponent, most } = PRIOR.torch);
-    anchored = PRIOR.torch.lora;
-  } else {
-    const llama = PRIOR["llama.cpp"];
-    ({ exponent, most } = llama);
-    anchored = blas
-      ? method === "full"
-        ? llama.fullBlas
-        : llama.loraBlas
-      : method === "full"
-        ? llama.full
-        : model.fileType === "F32"
-          ? llama.loraF32
-          : llama.loraQuantized;
-  }
-  const perThread = Math.min(most, anchored * scale ** -exponent);
-  return perThread * Math.max(1, threads) ** PRIOR.threadExponent;
-}
-
-/**
- * Seconds a run spends outside its training loop besides per-example losses: preparing the examples and
- * starting the trainer's process (half a second for the test model here), then llama.cpp loads the base and
- * converts it when it is neither F32 nor Q8_0 (SmolLM2's 94 MB Q4_1: about 4 s in all here); the torch worker
- * starts Python and loads the base, the first time dequantizing it (18 s for SmolLM2, docs/trainers.md).
- */
-export function priorOverheadSeconds(trainer: TrainerName, model: Pick<ModelCost, "sizeBytes">): number {
-  const megabytes = model.sizeBytes / 2 ** 20;
-  return trainer === "torch" ? 8 + 0.2 * megabytes : 0.5 + 0.04 * megabytes;
 }
 
 function median(values: number[]): number {
@@ -337,12 +255,12 @@ export function planRun(input: PlanInput): RunPlan {
       measuredRuns: earlier.runs,
     };
   }
-  const rate = priorTokensPerSecond(input.trainer, input.method, input.model, input.threads, input.blas);
+  const { prior } = input;
+  const rate = prior.tokensPerSecond(input.method, input.model, input.threads);
   // The loop steps and evaluates; per-example losses come after it, with the loading and saving.
-  const forward = FORWARD_SHARE[input.trainer];
+  const forward = prior.forwardShare;
   const loopSeconds = (planned.tokens + forward * planned.evalTokens) / rate;
-  const overheadSeconds =
-    priorOverheadSeconds(input.trainer, input.model) + (forward * planned.lossTokens) / rate;
+  const overheadSeconds = prior.overheadSeconds(input.model) + (forward * planned.lossTokens) / rate;
   return {
     basis: "prior",
     seconds: overheadSeconds + loopSeconds,

@@ -1,6 +1,6 @@
 import { EventEmitter } from "node:events";
 import type { Run } from "../domain/runs.ts";
-import type { TrainerProgress } from "./protocol.ts";
+import type { TrainerProgress } from "./core/trainerJob.ts";
 
 /** How a run ended. */
 export type RunEnd = "READY" | "FAILED" | "CANCELLED";

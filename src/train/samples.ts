@@ -7,7 +7,7 @@
 import type { ChatTurn, IoPair } from "../datasets/ioPairs.ts";
 import { loadChatTemplate } from "../model/chatTemplate.ts";
 import type { ChatMessage, ModelRef } from "../model/types.ts";
-import type { SampleSegment, TrainingSample } from "./protocol.ts";
+import type { SampleSegment, TrainingSample } from "./core/trainerJob.ts";
 
 export interface PreparedExample {
   input: string;

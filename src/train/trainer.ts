@@ -5,17 +5,10 @@
 import { fork } from "node:child_process";
 import readline from "node:readline";
 import { fileURLToPath } from "node:url";
-import { LLAMA_CPP_LORA_TARGETS, LORA_TARGETS, runDefaults, TRAINER_OUTPUT_TYPES } from "../contract/runs.ts";
-import { killedBy } from "./killedBy.ts";
-import {
-  type ChildMessage,
-  type ExampleLoss,
-  type ParentMessage,
-  type ResolvedTrainerJob,
-  type TrainerJob,
-  type TrainerProgress,
-  type TrainingStats,
-} from "./protocol.ts";
+import { killedBy } from "./core/killedBy.ts";
+import type { ExampleLoss, TrainerProgress, TrainingStats } from "./core/trainerJob.ts";
+import type { ChildMessage, ParentMessage } from "./protocol.ts";
+import type { AnyTrainerJob } from "./trainers.ts";
 
 /** Per-example losses of a completed job, in the order of its `samples` and `evalSamples`. */
 export type TrainingExamples = { train: ExampleLoss[]; eval: ExampleLoss[] };
@@ -29,7 +22,8 @@ export type {
   TrainerJob,
   TrainerProgress,
   TrainingStats,
-} from "./protocol.ts";
+} from "./core/trainerJob.ts";
+export type { AnyTrainerJob } from "./trainers.ts";
 
 export interface TrainerHandlers {
   /** The trainer's own log lines (phases, one summary per epoch). */
@@ -67,143 +61,10 @@ export interface TrainerHandle {
  * How the scheduler starts a trainer: {@link startTrainer} in production, an in-memory fake in the
  * scheduler's tests. Logs and progress come through `handlers`; `done` says how it ended.
  */
-export type TrainerLauncher = (job: TrainerJob, handlers: TrainerHandlers) => TrainerHandle;
+export type TrainerLauncher = (job: AnyTrainerJob, handlers: TrainerHandlers) => TrainerHandle;
 
 /** Native log lines kept to explain a crash (an assert message is printed just before the abort). */
 const NATIVE_TAIL_LINES = 8;
-
-/**
- * Applies defaults and validates a job; throws a RangeError naming the bad field. A run's settings default
- * from `runDefaults`, the one table the API documents; the rest (optimizer, threads, ...) are the trainer's own.
- */
-export function resolveTrainerJob(job: TrainerJob): ResolvedTrainerJob {
-  const check = (ok: boolean, field: string, rule: string) => {
-    if (!ok) throw new RangeError(`trainer job: ${field} ${rule}`);
-  };
-  const isPositiveInteger = (value: number) => Number.isInteger(value) && value >= 1;
-  const method = job.method ?? runDefaults.method;
-  const backend = job.backend ?? "llama.cpp";
-  const resolved: ResolvedTrainerJob = {
-    backend,
-    torch:
-      backend === "torch" && job.torch !== undefined
-        ? {
-            python: job.torch.python,
-            device: job.torch.device ?? "auto",
-            dtype: job.torch.dtype ?? "auto",
-            probe: job.torch.probe ?? null,
-            cacheDir: job.torch.cacheDir ?? null,
-          }
-        : null,
-    method,
-    lora: method === "lora" ? (job.lora ?? null) : null,
-    baseModelPath: job.baseModelPath,
-    outputPath: job.outputPath,
-    workDir: job.workDir,
-    samples: job.samples ?? [],
-    samplesFile: job.samplesFile ?? null,
-    evalSamples: job.evalSamples ?? [],
-    evalSamplesFile: job.evalSamplesFile ?? null,
-    lossesFile: job.lossesFile ?? null,
-    maxTrainTokens: job.maxTrainTokens ?? null,
-    earlyStoppingPatience: job.earlyStoppingPatience ?? null,
-    checkpointDir: job.checkpointDir ?? null,
-    optimizer: job.optimizer ?? "adamw",
-    packing: job.packing ?? true,
-    learningRate: job.learningRate,
-    epochs: job.epochs,
-    maxSteps: job.maxSteps ?? null,
-    complexity: job.complexity ?? runDefaults.complexity,
-    contextSize: job.contextSize ?? runDefaults.contextSize,
-    threads: job.threads ?? 1,
-    gpu: job.gpu ?? { backend: "cpu", layers: 0 },
-    blasLibrary: job.blasLibrary ?? null,
-    blasThreads: job.blasThreads ?? job.threads ?? 1,
-    outputType: job.outputType ?? runDefaults.outputType,
-    seed: job.seed ?? runDefaults.seed,
-    lrSchedule: {
-      kind: job.lrSchedule?.kind ?? runDefaults.lrSchedule,
-      warmupSteps: job.lrSchedule?.warmupSteps ?? 0,
-      minFraction: job.lrSchedule?.minFraction ?? runDefaults.lrMinFraction,
-    },
-    weightDecay: job.weightDecay ?? 0,
-  };
-  check(method === "lora" || method === "full", "method", 'must be "lora" or "full"');
-  check(backend === "llama.cpp" || backend === "torch", "backend", 'must be "llama.cpp" or "torch"');
-  if (backend === "torch") {
-    check(resolved.torch !== null, "torch", 'is required with backend "torch"');
-    check(method === "lora", "method", 'must be "lora" with backend "torch"');
-  }
-  if (method === "lora") {
-    const lora = resolved.lora;
-    check(lora !== null, "lora", 'is required with method "lora"');
-    check(isPositiveInteger(lora!.rank), "lora.rank", "must be an integer >= 1");
-    check(Number.isFinite(lora!.alpha) && lora!.alpha > 0, "lora.alpha", "must be > 0");
-    const targets: readonly string[] = backend === "torch" ? LORA_TARGETS : LLAMA_CPP_LORA_TARGETS;
-    check(
-      lora!.targets.length > 0 && lora!.targets.every((t) => targets.includes(t)),
-      "lora.targets",
-      `must be a non-empty list of ${targets.join(", ")}${backend === "torch" ? "" : " (the llama.cpp trainer's)"}`,
-    );
-  }
-  if (resolved.samplesFile === null) check(resolved.samples.length > 0, "samples", "must not be empty");
-  else check(resolved.samples.length === 0, "samples", "must be left out with samplesFile");
-  check(
-    resolved.maxTrainTokens === null || isPositiveInteger(resolved.maxTrainTokens),
-    "maxTrainTokens",
-    "must be an integer >= 1 or null",
-  );
-  check(
-    resolved.evalSamplesFile === null || resolved.evalSamples.length === 0,
-    "evalSamples",
-    "must be left out with evalSamplesFile",
-  );
-  check(Number.isFinite(resolved.learningRate) && resolved.learningRate > 0, "learningRate", "must be > 0");
-  check(isPositiveInteger(resolved.epochs), "epochs", "must be an integer >= 1");
-  check(
-    resolved.maxSteps === null || isPositiveInteger(resolved.maxSteps),
-    "maxSteps",
-    "must be an integer >= 1",
-  );
-  check(resolved.complexity > 0 && resolved.complexity <= 1, "complexity", "must be in (0, 1]");
-  check(isPositiveInteger(resolved.contextSize), "contextSize", "must be an integer >= 1");
-  check(isPositiveInteger(resolved.threads), "threads", "must be an integer >= 1");
-  check(
-    ["cpu", "cuda", "vulkan"].includes(resolved.gpu.backend),
-    "gpu.backend",
-    'must be "cpu", "cuda" or "vulkan"',
-  );
-  check(
-    resolved.gpu.layers === "all" || (Number.isInteger(resolved.gpu.layers) && resolved.gpu.layers >= 0),
-    "gpu.layers",
-    'must be "all" or an integer >= 0',
-  );
-  check(
-    TRAINER_OUTPUT_TYPES.includes(resolved.outputType),
-    "outputType",
-    `must be one of ${TRAINER_OUTPUT_TYPES.join(", ")}`,
-  );
-  check(Number.isInteger(resolved.seed), "seed", "must be an integer");
-  check(
-    resolved.earlyStoppingPatience === null || isPositiveInteger(resolved.earlyStoppingPatience),
-    "earlyStoppingPatience",
-    "must be an integer >= 1 or null",
-  );
-  check(["adamw", "sgd"].includes(resolved.optimizer), "optimizer", 'must be "adamw" or "sgd"');
-  check(["constant", "linear", "cosine"].includes(resolved.lrSchedule.kind), "lrSchedule.kind", "is unknown");
-  check(
-    Number.isInteger(resolved.lrSchedule.warmupSteps) && resolved.lrSchedule.warmupSteps >= 0,
-    "lrSchedule.warmupSteps",
-    "must be an integer >= 0",
-  );
-  check(
-    resolved.lrSchedule.minFraction >= 0 && resolved.lrSchedule.minFraction <= 1,
-    "lrSchedule.minFraction",
-    "must be in [0, 1]",
-  );
-  check(resolved.weightDecay >= 0 && resolved.weightDecay <= 1, "weightDecay", "must be in [0, 1]");
-  return resolved;
-}
 
 /** The child's entry file and the Node flags that let it load TypeScript (tsx, resolved from here). */
 function childEntry(): { file: string; execArgv: string[] } {
@@ -213,15 +74,14 @@ function childEntry(): { file: string; execArgv: string[] } {
 }
 
 /**
- * Starts a training job in a child process. Throws (RangeError) only for an invalid job; everything
- * that goes wrong later, including a native crash, ends as a `failed` outcome.
+ * Starts a training job in a child process. Everything that goes wrong, from a job the trainer refuses to a
+ * native crash, ends as a `failed` outcome.
  */
 export function startTrainer(
-  job: TrainerJob,
+  job: AnyTrainerJob,
   handlers: TrainerHandlers = {},
   options: StartTrainerOptions = {},
 ): TrainerHandle {
-  const resolved = resolveTrainerJob(job);
   const cancelGraceMs = options.cancelGraceMs ?? 10_000;
   const { file, execArgv } = childEntry();
   const child = fork(file, [], { execArgv, stdio: ["ignore", "pipe", "pipe", "ipc"] });
@@ -263,7 +123,7 @@ export function startTrainer(
   const sendToChild = (message: ParentMessage) => {
     if (child.connected) child.send(message, (error) => void error); // a closed channel is handled on exit
   };
-  sendToChild({ type: "job", job: resolved });
+  sendToChild({ type: "job", job });
 
   const done = new Promise<TrainerOutcome>((resolve) => {
     // `close` comes after `exit` once stdout/stderr are drained, so the native tail is complete.

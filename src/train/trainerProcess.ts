@@ -4,9 +4,8 @@
  * logging goes to this process's stderr, which the parent reads; a native crash kills only this
  * process, and the parent sees its exit code or signal.
  */
-import { runTraining } from "./native/runTraining.ts";
-import { runTorchTraining } from "./torch/runTorchTraining.ts";
-import type { ChildMessage, ParentMessage, ResolvedTrainerJob } from "./protocol.ts";
+import type { ChildMessage, ParentMessage } from "./protocol.ts";
+import { runJob, type AnyTrainerJob } from "./trainers.ts";
 
 const send = process.send?.bind(process);
 if (send === undefined) {
@@ -30,10 +29,9 @@ async function finish(message: ChildMessage, exitCode: number): Promise<never> {
   process.exit(exitCode);
 }
 
-async function run(job: ResolvedTrainerJob): Promise<void> {
+async function run(job: AnyTrainerJob): Promise<void> {
   try {
-    const train = job.backend === "torch" ? runTorchTraining : runTraining;
-    const result = await train(job, {
+    const result = await runJob(job, {
       log: (line) => void post({ type: "log", line }),
       progress: (progress) => void post({ type: "progress", ...progress }),
       isCancelled: () => cancelRequested,

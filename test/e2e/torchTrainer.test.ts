@@ -14,11 +14,13 @@ import { before, describe, test } from "node:test";
 import { blasStatus } from "../../src/train/native/blasBackend.ts";
 import { createTinyModel } from "../../src/model/tinyModel.ts";
 import { llamaCppLogits } from "../../src/train/native/probeLogits.ts";
-import { startTrainer, type TrainerJob } from "../../src/train/trainer.ts";
+import { startTrainer } from "../../src/train/trainer.ts";
+import type { TorchOptions } from "../../src/train/torch/torchTrainer.ts";
 import { gguf, writeGguf } from "../../src/model/gguf/GgufWriter.ts";
 import { as, buildTestApp, datasetOf, KEY_A, testEnv } from "../lib/helper.ts";
 import { madeUpPairs, runEnded, waitForRun, type RunView } from "../lib/helper.ts";
 import { torchPythonForTests } from "../lib/torchPython.ts";
+import { llamaCppJob, torchJob, type JobInput } from "../lib/trainerJob.ts";
 
 const python = torchPythonForTests();
 
@@ -41,11 +43,10 @@ before(async () => {
   await createTinyModel(model, { seed: 3, embeddingLength: 128, headCount: 4, headCountKv: 2 });
 });
 
-function job(name: string, extra: Partial<TrainerJob> = {}): TrainerJob {
+/** A LoRA job named `name` on the tiny model, for either trainer. */
+function input(name: string, extra: Partial<JobInput> = {}): JobInput {
   const work = path.join(dir, name);
   return {
-    backend: "torch",
-    torch: { python: python.ok ? python.python : "", device: "cpu", dtype: "f32" },
     method: "lora",
     lora: {
       rank: 4,
@@ -64,13 +65,16 @@ function job(name: string, extra: Partial<TrainerJob> = {}): TrainerJob {
   };
 }
 
+/** The job `name` for the torch trainer, on the CPU in F32. */
+function job(name: string, extra: Partial<JobInput> = {}, options: Partial<TorchOptions> = {}) {
+  return torchJob({ ...input(name, extra), options: { python: python.ok ? python.python : "", ...options } });
+}
+
 describe("the torch trainer backend", { skip }, () => {
   test("exports an adapter that llama.cpp serves with PyTorch's logits (all seven targets, GQA)", async () => {
     const tokens = [1, 508, 300, 301, 40, 41, 509, 42, 43, 44, 45, 46];
     const probe = path.join(dir, "probe.f32");
-    const base = job("export");
-    const outcome = await startTrainer({ ...base, torch: { ...base.torch!, probe: { tokens, file: probe } } })
-      .done;
+    const outcome = await startTrainer(job("export", {}, { probe: { tokens, file: probe } })).done;
     assert.equal(outcome.status, "completed", JSON.stringify(outcome));
     if (outcome.status !== "completed") return;
     assert.ok(outcome.stats.finalTrainLoss < 6, `it learned something (${outcome.stats.finalTrainLoss})`);
@@ -106,7 +110,7 @@ describe("the torch trainer backend's job", { skip }, () => {
     const evalSamples = samples.slice(0, 3);
     const common = { lora: { rank: 4, alpha: 8, targets: [...targets] }, evalSamples, epochs: 3 };
     const torchRun = await startTrainer(job("same-torch", common)).done;
-    const llamaRun = await startTrainer({ ...job("same-llama", common), backend: "llama.cpp" }).done;
+    const llamaRun = await startTrainer(llamaCppJob(input("same-llama", common))).done;
     assert.equal(torchRun.status, "completed", JSON.stringify(torchRun));
     assert.equal(llamaRun.status, "completed", JSON.stringify(llamaRun));
     if (torchRun.status !== "completed" || llamaRun.status !== "completed") return;
@@ -146,10 +150,7 @@ describe("the torch trainer backend's job", { skip }, () => {
 
   test("a base loaded once is kept dequantized in the cache: the next run loads that copy", async () => {
     const cacheDir = path.join(dir, "base-cache");
-    const cached = (name: string) => {
-      const base = job(name, { epochs: 1 });
-      return { ...base, torch: { ...base.torch!, cacheDir } };
-    };
+    const cached = (name: string) => job(name, { epochs: 1 }, { cacheDir });
     const loads: string[] = [];
     const onLog = (line: string) => void (line.includes("trainer: loaded") && loads.push(line));
     for (const name of ["cache-1", "cache-2"])

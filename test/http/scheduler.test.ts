@@ -142,7 +142,18 @@ describe("scheduler with a fake trainer", () => {
     assert.equal(job.outputPath, s.file(id, "adapter.gguf"));
     assert.equal(job.checkpointDir, s.file(id, "checkpoint"));
     assert.equal(job.maxTrainTokens, s.core.config.maxRunTokens);
-    assert.deepEqual(job.gpu, { backend: "cpu", layers: 0 });
+    // A complete job: the run's trainer, where this worker has it compute, and every setting the run stored.
+    assert.ok(job.trainer === "llama.cpp");
+    assert.deepEqual([job.options.device, job.options.gpuLayers], ["cpu", 0]);
+    assert.deepEqual(job.lrSchedule, {
+      kind: running.config.lrSchedule,
+      warmupSteps: 0,
+      minFraction: running.config.lrMinFraction,
+    });
+    assert.deepEqual(
+      [job.optimizer, job.packing, job.contextSize, job.outputType, job.threads],
+      ["adamw", true, running.config.contextSize, running.config.outputType, 1],
+    );
     const samples = fs.readFileSync(job.samplesFile!, "utf8").split("\n").filter(Boolean);
     assert.deepEqual(
       samples.map((line) => JSON.parse(line).input),

@@ -1,9 +1,9 @@
 import fs from "node:fs";
 import path from "node:path";
 import type {
+  AnyTrainerJob,
   TrainerHandle,
   TrainerHandlers,
-  TrainerJob,
   TrainerLauncher,
   TrainerOutcome,
   TrainerProgress,
@@ -25,7 +25,7 @@ export class FakeTrainerRun {
   private readonly stopWaiters: (() => void)[] = [];
 
   constructor(
-    readonly job: TrainerJob,
+    readonly job: AnyTrainerJob,
     private readonly handlers: TrainerHandlers,
   ) {
     const done = new Promise<TrainerOutcome>((resolve) => (this.finish = resolve));

@@ -5,7 +5,7 @@ import path from "node:path";
 import { after, before, describe, test } from "node:test";
 import { getLlama, LlamaLogLevel, readGgufFileInfo } from "node-llama-cpp";
 import type { Llama } from "node-llama-cpp";
-import { LLAMA_CPP_LORA_TARGETS } from "../../src/contract/runs.ts";
+import { LLAMA_CPP_LORA_TARGETS } from "../../src/train/native/llamaCppTrainer.ts";
 import { BatcherGroup } from "../../src/engine/BatcherGroup.ts";
 import type { Engine } from "../../src/engine/Engine.ts";
 import { createLlamaEngine } from "../../src/engine/LlamaEngine.ts";
@@ -22,9 +22,9 @@ import {
   type AdapterTensorType,
   type LoraSpec,
   type LoraWeight,
-} from "../../src/train/native/loraAdapter.ts";
-import { loadLlamaLib } from "../../src/train/native/llamaLib.ts";
-import { readModelFile, type ModelFileInfo } from "../../src/train/native/modelFile.ts";
+} from "../../src/train/core/loraAdapter.ts";
+import { loadLlamaLib } from "../../src/train/libllama/llamaLib.ts";
+import { readModelFile, type ModelFileInfo } from "../../src/train/core/modelFile.ts";
 import { as, build, datasetWithPairs, KEY_A } from "../lib/helper.ts";
 import { greedy } from "../lib/sampling.ts";
 
@@ -80,7 +80,8 @@ async function writeAdapter(name: string, seed: number, type: AdapterTensorType 
 }
 
 // Longer than the batcher's shortest reused prefix (16 tokens), so a KV cache of another adapter would be reused.
-const PROMPT = "Once upon a time there was a little robot who lived in a garden full of apples and rivers, and";
+const PROMPT =
+  "Once upon a time there was a little robot who lived in a garden full of apples and rivers, and";
 
 async function answer(engine: Engine, model: ModelRef, prompt = PROMPT, tokens = 12): Promise<string> {
   return (await engine.generate({ model, prompt, sampling: greedy(tokens) })).text;

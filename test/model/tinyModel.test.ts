@@ -13,8 +13,8 @@ import {
   type LlamaModel,
   type Token,
 } from "node-llama-cpp";
-import { loadLlamaLib } from "../../src/train/native/llamaLib.ts";
-import { readModelFile } from "../../src/train/native/modelFile.ts";
+import { loadLlamaLib } from "../../src/train/libllama/llamaLib.ts";
+import { readModelFile } from "../../src/train/core/modelFile.ts";
 import { buildTinyVocab, createTinyModel, type TinyModelInfo } from "../../src/model/tinyModel.ts";
 
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), "conduit-tinymodel-"));

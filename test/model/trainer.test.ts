@@ -6,22 +6,24 @@ import { after, before, describe, test } from "node:test";
 import { getLlama, LlamaLogLevel, readGgufFileInfo } from "node-llama-cpp";
 import type { Llama, LlamaModel, Token } from "node-llama-cpp";
 import { createTinyModel } from "../../src/model/tinyModel.ts";
-import { LLAMA_CPP_LORA_TARGETS } from "../../src/contract/runs.ts";
-import { loraWeights, type LoraSpec } from "../../src/train/native/loraAdapter.ts";
+import { LLAMA_CPP_LORA_TARGETS, type LlamaCppOptions } from "../../src/train/native/llamaCppTrainer.ts";
+import { loraWeights, type LoraSpec } from "../../src/train/core/loraAdapter.ts";
 import { GgmlType } from "../../src/model/gguf/GgufWriter.ts";
 import { float16ToFloat32 } from "../../src/model/gguf/float16.ts";
 import { blasStatus } from "../../src/train/native/blasBackend.ts";
 import { loraBaseConversion } from "../../src/train/native/loraBase.ts";
-import { readModelFile } from "../../src/train/native/modelFile.ts";
+import { readModelFile } from "../../src/train/core/modelFile.ts";
 import { convertModel } from "../../src/train/native/runTraining.ts";
-import { loadLlamaLib, findBinDir } from "../../src/train/native/llamaLib.ts";
+import { loadLlamaLib, findBinDir } from "../../src/train/libllama/llamaLib.ts";
 import {
   startTrainer,
+  type AnyTrainerJob,
+  type LoraJobOptions,
   type SampleSegment,
-  type TrainerJob,
   type TrainerProgress,
   type TrainingSample,
 } from "../../src/train/trainer.ts";
+import { llamaCppJob, type JobInput } from "../lib/trainerJob.ts";
 import type { ChatTurn } from "../../src/datasets/ioPairs.ts";
 import { formatChat } from "../../src/model/chatTemplate.ts";
 import { formatChatExample, formatExample } from "../../src/train/samples.ts";
@@ -41,8 +43,8 @@ after(() => fs.rmSync(dir, { recursive: true, force: true }));
  * A LoRA job named `name` on the tiny model, its files in the test's directory, with a fixed seed and a constant
  * learning rate (what these tests were written for).
  */
-function loraJob(name: string, lora: NonNullable<TrainerJob["lora"]>, job: Partial<TrainerJob>): TrainerJob {
-  return {
+function loraJob(name: string, lora: LoraJobOptions, job: Partial<JobInput>): AnyTrainerJob {
+  return llamaCppJob({
     seed: 0,
     lrSchedule: { kind: "constant" },
     method: "lora",
@@ -54,11 +56,11 @@ function loraJob(name: string, lora: NonNullable<TrainerJob["lora"]>, job: Parti
     learningRate: 1e-3,
     epochs: 1,
     ...job,
-  };
+  });
 }
 
 /** Starts a trainer on `job` and waits for its first progress report. */
-async function startedTrainer(job: TrainerJob) {
+async function startedTrainer(job: AnyTrainerJob) {
   let firstProgress!: () => void;
   const progressed = new Promise<void>((resolve) => (firstProgress = resolve));
   const handle = startTrainer(job, { onProgress: () => firstProgress() });
@@ -67,8 +69,11 @@ async function startedTrainer(job: TrainerJob) {
 }
 
 /** A job on the tiny model that runs long enough to be interrupted. */
-function longJob(name: string, overrides: Partial<TrainerJob> = {}): TrainerJob {
-  return {
+function longJob(
+  name: string,
+  overrides: Partial<JobInput> & { options?: Partial<LlamaCppOptions> } = {},
+): AnyTrainerJob {
+  return llamaCppJob({
     method: "full",
     seed: 0,
     lrSchedule: { kind: "constant" },
@@ -80,7 +85,7 @@ function longJob(name: string, overrides: Partial<TrainerJob> = {}): TrainerJob 
     epochs: 10_000,
     contextSize: 256,
     ...overrides,
-  };
+  });
 }
 
 describe("trainer building blocks", () => {
@@ -167,7 +172,7 @@ describe("trainer process", () => {
     const logs: string[] = [];
     const started = performance.now();
     const handle = startTrainer(
-      {
+      llamaCppJob({
         method: "full",
         baseModelPath: baseModel,
         outputPath: path.join(dir, "memorised.gguf"),
@@ -179,7 +184,7 @@ describe("trainer process", () => {
         lrSchedule: { kind: "cosine", minFraction: 0.1 },
         contextSize: 256,
         seed: 1,
-      },
+      }),
       { onLog: (line) => logs.push(line), onProgress: (p) => progress.push(p) },
     );
     const outcome = await handle.done;
@@ -251,7 +256,7 @@ describe("trainer process", () => {
       epochs: 1,
       maxSteps: 2,
       outputType: "F32",
-      gpu: { backend: "cuda", layers: "all" },
+      options: { device: "cuda", gpuLayers: "all" },
     });
     const outcome = await startTrainer(job, { onLog: (line) => logs.push(line) }).done;
     assert.equal(outcome.status, "completed", JSON.stringify(outcome));
@@ -275,7 +280,13 @@ describe("trainer process", () => {
       const logs: string[] = [];
       // Progress is reported at most twice a second, so which steps report depends on speed: key by step.
       const losses = new Map<number, number>();
-      const job = longJob(name, { epochs: 1, maxSteps: 4, outputType: "F32", blasLibrary, seed: 3 });
+      const job = longJob(name, {
+        epochs: 1,
+        maxSteps: 4,
+        outputType: "F32",
+        options: { blasLibrary },
+        seed: 3,
+      });
       const outcome = await startTrainer(job, {
         onLog: (line) => logs.push(line),
         onProgress: (p) => losses.set(p.step, p.trainLoss),
@@ -409,24 +420,26 @@ describe("trainer process", () => {
     const prompt = "<|im_start|>user\napple river<|im_end|>\n<|im_start|>assistant\n";
     const answer = "stone 7<|im_end|>\n";
     const train = async (name: string, promptTrained: boolean, answerTrained: boolean) => {
-      const outcome = await startTrainer({
-        lrSchedule: { kind: "constant" },
-        method: "lora",
-        lora: { rank: 4, alpha: 4, targets: [...LLAMA_CPP_LORA_TARGETS] },
-        optimizer: "sgd",
-        baseModelPath: baseModel,
-        outputPath: path.join(dir, `${name}.gguf`),
-        workDir: path.join(dir, `${name}-work`),
-        samples: [
-          [
-            { text: prompt, train: promptTrained },
-            { text: answer, train: answerTrained },
+      const outcome = await startTrainer(
+        llamaCppJob({
+          lrSchedule: { kind: "constant" },
+          method: "lora",
+          lora: { rank: 4, alpha: 4, targets: [...LLAMA_CPP_LORA_TARGETS] },
+          optimizer: "sgd",
+          baseModelPath: baseModel,
+          outputPath: path.join(dir, `${name}.gguf`),
+          workDir: path.join(dir, `${name}-work`),
+          samples: [
+            [
+              { text: prompt, train: promptTrained },
+              { text: answer, train: answerTrained },
+            ],
           ],
-        ],
-        learningRate: 0.5,
-        epochs: 1,
-        seed: 3,
-      }).done;
+          learningRate: 0.5,
+          epochs: 1,
+          seed: 3,
+        }),
+      ).done;
       assert.equal(outcome.status, "completed", JSON.stringify(outcome));
       assert.ok(outcome.status === "completed");
       const { tensors, types } = await readAdapterTensors(outcome.outputPath);
@@ -511,7 +524,7 @@ describe("trainer process", () => {
     ];
     const samples = Array.from({ length: 40 }, (_, i) => sample(i));
     const evalSamples = Array.from({ length: 5 }, (_, i) => sample(100 + i));
-    const job = (name: string): TrainerJob => ({
+    const job = (name: string): JobInput => ({
       lrSchedule: { kind: "constant" },
       method: "lora",
       lora: { rank: 2, alpha: 4, targets: [...LLAMA_CPP_LORA_TARGETS] },
@@ -523,7 +536,7 @@ describe("trainer process", () => {
       contextSize: 256,
       seed: 5,
     });
-    const inLists = await startTrainer({ ...job("lists"), samples, evalSamples }).done;
+    const inLists = await startTrainer(llamaCppJob({ ...job("lists"), samples, evalSamples })).done;
     assert.ok(inLists.status === "completed", JSON.stringify(inLists));
     const files = path.join(dir, "sample-files");
     fs.mkdirSync(files, { recursive: true });
@@ -536,12 +549,14 @@ describe("trainer process", () => {
     write(path.join(files, "train.jsonl"), samples);
     write(path.join(files, "eval.jsonl"), evalSamples);
     const lossesFile = path.join(files, "losses.jsonl");
-    const inFiles = await startTrainer({
-      ...job("files"),
-      samplesFile: path.join(files, "train.jsonl"),
-      evalSamplesFile: path.join(files, "eval.jsonl"),
-      lossesFile,
-    }).done;
+    const inFiles = await startTrainer(
+      llamaCppJob({
+        ...job("files"),
+        samplesFile: path.join(files, "train.jsonl"),
+        evalSamplesFile: path.join(files, "eval.jsonl"),
+        lossesFile,
+      }),
+    ).done;
     assert.ok(inFiles.status === "completed", JSON.stringify(inFiles));
     assert.deepEqual(inFiles.examples, { train: [], eval: [] });
     const losses = fs

@@ -8,6 +8,9 @@ import {
   type RunPlan,
 } from "../../src/contract/estimate.ts";
 import { planRun, planTokens, type ModelCost, type PlanInput } from "../../src/train/runEstimate.ts";
+import { llamaCppPrior } from "../../src/train/native/llamaCppTrainer.ts";
+import { trainers } from "../../src/train/trainers.ts";
+import type { TrainerHost } from "../../src/train/core/TrainerBackend.ts";
 import type { FinishedRun } from "../../src/store/RunRepository.ts";
 
 // A run's estimated duration: planned at creation (a prior, or measured on earlier runs), refined while it
@@ -24,7 +27,7 @@ const smollm2: ModelCost = {
 /** 100 pairs of 200 bytes of text each (50 tokens at 4 bytes a token) and 10 template tokens: 60 a pair. */
 function input(overrides: Partial<PlanInput> = {}): PlanInput {
   return {
-    trainer: "llama.cpp",
+    prior: llamaCppPrior(false),
     method: "lora",
     model: smollm2,
     train: { pairs: 100, textBytes: 100 * 200 },
@@ -40,6 +43,16 @@ function input(overrides: Partial<PlanInput> = {}): PlanInput {
     ...overrides,
   };
 }
+
+/** A server's settings, as far as the trainers' priors read them. */
+const host: TrainerHost = {
+  threads: 1,
+  gpu: "off",
+  accelerator: () => Promise.resolve({ device: "cpu", gpuLayers: 0 }),
+  python: undefined,
+  blas: "off",
+  cacheDir: "/nonexistent",
+};
 
 /** A READY run's totals as a trainer reports them, and the plan it was made with. */
 function finished(final: FinishedRun["final"], plan: RunPlan | null = null): FinishedRun {
@@ -79,14 +92,14 @@ describe("planning a run", () => {
     const big = planRun(input({ model: { ...smollm2, parameters: 8 * smollm2.parameters } }));
     assert.ok(big.tokensPerSecond < small.tokensPerSecond / 3);
     assert.ok(planRun(input({ threads: 2 })).tokensPerSecond > small.tokensPerSecond);
-    const torch = planRun(input({ trainer: "torch" }));
+    const torch = planRun(input({ prior: trainers.torch.prior(host) }));
     assert.ok(torch.tokensPerSecond > 4 * small.tokensPerSecond, "the torch trainer is the faster one");
     assert.ok(torch.overheadSeconds > small.overheadSeconds, "Python starts and loads the GGUF");
     assert.ok(
       planRun(input({ model: { ...smollm2, fileType: "F32" } })).tokensPerSecond > small.tokensPerSecond,
       "llama.cpp trains LoRA on an F32 base faster than through Q8_0",
     );
-    const blas = planRun(input({ blas: true })).tokensPerSecond;
+    const blas = planRun(input({ prior: llamaCppPrior(true) })).tokensPerSecond;
     assert.ok(
       blas > 5 * small.tokensPerSecond,
       "with its BLAS backend llama.cpp trains ~6x faster than through Q8_0",

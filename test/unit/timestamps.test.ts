@@ -19,6 +19,10 @@ test("parseTimestamp reads a stored timestamp as UTC on a server whose time zone
   // What a bare Date.parse makes of it: 18:30 in Kolkata, 5.5 hours before 18:30 UTC.
   assert.equal(parseTimestamp(text) - Date.parse(text), 5.5 * 3600 * 1000);
   const now = new Date();
-  assert.equal(parseTimestamp(timestamp(now)), now.getTime(), "the writer's text reads back as the same instant");
+  assert.equal(
+    parseTimestamp(timestamp(now)),
+    now.getTime(),
+    "the writer's text reads back as the same instant",
+  );
   assert.ok(Number.isNaN(parseTimestamp("yesterday")));
 });

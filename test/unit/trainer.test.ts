@@ -4,27 +4,11 @@ import os from "node:os";
 import path from "node:path";
 import { describe, test } from "node:test";
 import { chooseAutoSettings } from "../../src/train/autoSettings.ts";
-import { LLAMA_CPP_LORA_TARGETS, runDefaults } from "../../src/contract/runs.ts";
-import { learningRateAt } from "../../src/train/native/learningRate.ts";
-import { checkAbi, EXPECTED_STRUCT_SIZES, localBuildDir } from "../../src/train/native/llamaLib.ts";
-import { countWindows, lossPositions, packWindows } from "../../src/train/native/packWindows.ts";
-import { isTrainableTensor, trainableBlocks } from "../../src/train/native/trainableTensor.ts";
-import { resolveTrainerJob, type TrainerJob } from "../../src/train/trainer.ts";
-
-/** A job on a model file that is never read: what the checks before a trainer starts look at. */
-function job(overrides: Partial<TrainerJob> = {}): TrainerJob {
-  return {
-    baseModelPath: "/nonexistent/tiny.gguf",
-    outputPath: "/nonexistent/out.gguf",
-    workDir: "/nonexistent/work",
-    samples: ["a sample"],
-    method: "full",
-    learningRate: 1e-3,
-    epochs: 1,
-    contextSize: 256,
-    ...overrides,
-  };
-}
+import { learningRateAt } from "../../src/train/core/learningRate.ts";
+import { checkAbi, EXPECTED_STRUCT_SIZES, localBuildDir } from "../../src/train/libllama/llamaLib.ts";
+import { countWindows, lossPositions, packWindows } from "../../src/train/core/packWindows.ts";
+import { trainableBlocks } from "../../src/train/core/modelFile.ts";
+import { isTrainableTensor } from "../../src/train/native/trainableTensor.ts";
 
 describe("trainer building blocks", () => {
   test("a finished local node-llama-cpp build is found, a half-written one is not", (t) => {
@@ -161,41 +145,5 @@ describe("trainer building blocks", () => {
     assert.ok(learningRateAt(1, schedule, 9, 10) < learningRateAt(1, schedule, 5, 10));
     const cosine = learningRateAt(1, { kind: "cosine", warmupSteps: 0, minFraction: 0.1 }, 5, 10);
     assert.ok(Math.abs(cosine - (0.1 + 0.9 * 0.5)) < 1e-12);
-  });
-
-  test("invalid jobs are rejected before a process starts", () => {
-    assert.throws(() => resolveTrainerJob(job({ complexity: 0 })), /complexity/);
-    assert.throws(() => resolveTrainerJob(job({ samples: [] })), /samples/);
-    assert.throws(() => resolveTrainerJob(job({ outputType: "Q9" as never })), /outputType/);
-    // What a job leaves out defaults from the one table the API documents for runs.
-    const defaults = resolveTrainerJob({
-      ...job(),
-      method: undefined,
-      lora: { rank: 4, alpha: 8, targets: [...LLAMA_CPP_LORA_TARGETS] },
-      seed: undefined,
-      lrSchedule: undefined,
-      complexity: undefined,
-      contextSize: undefined,
-    });
-    assert.deepEqual(
-      {
-        method: defaults.method,
-        seed: defaults.seed,
-        complexity: defaults.complexity,
-        contextSize: defaults.contextSize,
-        outputType: defaults.outputType,
-        lrSchedule: defaults.lrSchedule,
-      },
-      {
-        method: runDefaults.method,
-        seed: runDefaults.seed,
-        complexity: runDefaults.complexity,
-        contextSize: runDefaults.contextSize,
-        outputType: runDefaults.outputType,
-        lrSchedule: { kind: runDefaults.lrSchedule, warmupSteps: 0, minFraction: runDefaults.lrMinFraction },
-      },
-    );
-    assert.equal(runDefaults.method, "lora");
-    assert.equal(runDefaults.seed, 42);
   });
 });

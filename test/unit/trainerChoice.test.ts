@@ -1,13 +1,16 @@
 /** Which trainer a run gets (`chooseTrainer`): a table of settings, installs and runs. No server, no model. */
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { chooseTrainer, type TrainerChoiceInput } from "../../src/train/trainerChoice.ts";
-import type { TorchStatus } from "../../src/train/torch/torchStatus.ts";
+import type { TrainerStatus } from "../../src/train/core/TrainerBackend.ts";
+import { chooseTrainer } from "../../src/train/trainerChoice.ts";
+import { trainers } from "../../src/train/trainers.ts";
+import { describeTorch } from "../../src/train/torch/torchStatus.ts";
+import type { TrainMethod } from "../../src/contract/runs.ts";
+import type { TrainerSetting } from "../../src/domain/runs.ts";
 
-const installed: TorchStatus = {
+const installed: TrainerStatus = {
   available: true,
-  python: "/venv/bin/python",
-  probe: {
+  detail: describeTorch({
     python: "3.11.7",
     torch: "2.13.0+cpu",
     transformers: "5.24.0",
@@ -16,21 +19,40 @@ const installed: TorchStatus = {
     cuda: false,
     cudaDevice: null,
     bf16: true,
-  },
+  }),
 };
-const missing: TorchStatus = { available: false, python: null, reason: "no venv" };
+const missing: TrainerStatus = { available: false, reason: "no venv" };
+
+/** A case: the setting, the torch trainer's status, and what the run asks for. */
+interface Case {
+  setting: TrainerSetting;
+  torch: TrainerStatus;
+  method: TrainMethod;
+  architecture: string;
+  targets: ("attn_q" | "attn_k")[] | undefined;
+}
+
+test("every trainer is registered under its own name", () => {
+  for (const [name, backend] of Object.entries(trainers)) assert.equal(backend.name, name);
+});
 
 test("chooseTrainer: the setting, the install and the run decide; what nothing can train is a 400 with the reason", () => {
-  const run = (over: Partial<TrainerChoiceInput>) =>
-    chooseTrainer({
+  const run = (over: Partial<Case>) => {
+    const { setting, torch, method, architecture, targets }: Case = {
       setting: "auto",
       torch: installed,
       method: "lora",
       architecture: "llama",
       targets: undefined,
       ...over,
+    };
+    return chooseTrainer({
+      setting,
+      request: { method, architecture, loraTargets: targets },
+      statuses: { torch, "llama.cpp": { available: true } },
     });
-  const cases: [Partial<TrainerChoiceInput>, string | RegExp, RegExp][] = [
+  };
+  const cases: [Partial<Case>, string | RegExp, RegExp][] = [
     // [input, trainer or refusal, reason / message]
     [{}, "torch", /auto: it is installed.*PyTorch 2\.13\.0\+cpu \+ PEFT 0\.21\.2 on the CPU, bf16/],
     [{ torch: missing }, "llama.cpp", /auto: no torch trainer here \(npm run setup:torch adds one\)/],
@@ -58,9 +80,19 @@ test("chooseTrainer: the setting, the install and the run decide; what nothing c
     [
       { setting: "torch", torch: missing },
       /param:baseModelName/,
-      /torch trainer is not available: no venv \(CONDUIT_TRAINER is torch\)/,
+      /torch trainer is not available: no venv \(CONDUIT_TRAINER is torch; the llama\.cpp trainer can: CONDUIT_TRAINER=auto\)/,
     ],
-    [{ setting: "torch", method: "full" }, /param:method/, /LoRA adapters only/],
+    [
+      { setting: "torch", method: "full" },
+      /param:method/,
+      /LoRA adapters only .*CONDUIT_TRAINER is torch; the llama\.cpp trainer can: CONDUIT_TRAINER=auto\)/,
+    ],
+    // llama.cpp trains full runs, the torch trainer does not: nothing here trains a full run of Gemma 3.
+    [
+      { architecture: "gemma3", method: "full", setting: "llama.cpp" },
+      /param:baseModelName/,
+      /GEGLU.* \(CONDUIT_TRAINER is llama\.cpp\)$/,
+    ],
   ];
   for (const [over, expected, message] of cases) {
     const label: string = JSON.stringify({ ...over, torch: over.torch === missing ? "missing" : undefined });

@@ -1,7 +1,7 @@
 import type { FastifyInstance } from "fastify";
 import { Type } from "@sinclair/typebox";
 import type { Core } from "../../core.ts";
-import { TRAINER_SETTINGS } from "../../contract/runs.ts";
+import { TRAINER_SETTINGS } from "../../domain/runs.ts";
 import { GPU_SETTINGS } from "../../contract/accelerator.ts";
 import { describeTorch } from "../../train/torch/torchStatus.ts";
 import { blasStatus } from "../../train/native/blasBackend.ts";

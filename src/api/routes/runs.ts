@@ -3,7 +3,6 @@ import type { FastifyInstance } from "fastify";
 import { Type } from "@sinclair/typebox";
 import type { TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
 import type { Core } from "../../core.ts";
-import { checkLoraTargets } from "../../train/RunService.ts";
 import type { CreateRun } from "../../train/commands.ts";
 import { ConduitError } from "../../errors.ts";
 import { respondWithGeneration } from "../generation/respond.ts";
@@ -24,7 +23,7 @@ import {
   sseEvent,
   REASON,
 } from "../../contract/schemas.ts";
-import { RUN_EVENT_ID_PATTERN } from "../../contract/runs.ts";
+import { checkLoraTargets, RUN_EVENT_ID_PATTERN } from "../../contract/runs.ts";
 import { disconnectSignal, encodeShared, encodeSseEvent, openSse } from "../sse.ts";
 import { runSummaryWire, runWire, SUCCESS } from "../wire.ts";
 import {

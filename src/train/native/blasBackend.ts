@@ -9,7 +9,7 @@ import fs from "node:fs";
 import { createRequire } from "node:module";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import { loadLlamaLib, type LlamaLib } from "./llamaLib.ts";
+import { loadLlamaLib, type LlamaLib } from "../libllama/llamaLib.ts";
 
 /** What `npm run setup:trainer` writes. */
 export const PROJECT_BLAS_LIBRARY = fileURLToPath(

@@ -2,8 +2,8 @@ import {
   GGML_BACKEND_DEVICE_TYPE_GPU,
   type LlamaLib,
   type Pointer,
-  type TrainerBackend,
-} from "./llamaLib.ts";
+  type ComputeDevice,
+} from "../libllama/llamaLib.ts";
 
 /** A GPU ggml registered: its backend library loaded and found the device. */
 export interface GpuDevice {
@@ -82,13 +82,13 @@ export class OffloadAudit {
   }
 
   /** Ends the audit: a log line naming the ops left to the CPU, or undefined when every op runs on the GPU. */
-  finish(backend: TrainerBackend): string | undefined {
+  finish(device: ComputeDevice): string | undefined {
     if (!this.active) return undefined;
     this.active = false;
     if (this.missing.size === 0) return undefined;
     const ops = [...this.missing].map(([name, count]) => `${name} ×${count}`).join(", ");
     return (
-      `trainer: ${this.device!.name} (${backend}) cannot run ${ops} of a training step; ggml runs ` +
+      `trainer: ${this.device!.name} (${device}) cannot run ${ops} of a training step; ggml runs ` +
       `${this.missing.size === 1 ? "it" : "them"} on the CPU, copying the inputs across (slower, same result)`
     );
   }

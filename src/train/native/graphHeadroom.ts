@@ -12,7 +12,7 @@
  * (rows + columns) × 4 bytes per weight matrix.
  */
 import { gguf, writeGguf, type GgufTensor } from "../../model/gguf/GgufWriter.ts";
-import type { ModelFileInfo } from "./modelFile.ts";
+import type { ModelFileInfo } from "../core/modelFile.ts";
 
 /** Graph nodes llama.cpp gives a context of this model with no adapter loaded. */
 export function baseGraphNodes(modelTensors: number): number {

@@ -7,8 +7,8 @@
  * once to Q8_0, which trains 1.8× faster than a 4-bit base for ~5% more memory, and keeps a 4-bit model's
  * values (Q8_0 holds them almost exactly). The adapter is then served on the original file.
  */
-import type { OutputType } from "./llamaLib.ts";
-import type { ModelFileInfo } from "./modelFile.ts";
+import type { OutputType } from "../libllama/llamaLib.ts";
+import type { ModelFileInfo } from "../core/modelFile.ts";
 
 /** `enum ggml_type` values of the block weights a LoRA run trains through as they are. */
 export const LORA_BASE_TYPES: ReadonlyMap<number, string> = new Map([

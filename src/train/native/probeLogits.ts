@@ -4,7 +4,12 @@
  * trainer's `probe`), in the tests and on a GPU-trained adapter.
  */
 import koffi from "koffi";
-import { GGML_TYPE_F32, LLAMA_FLASH_ATTN_TYPE_DISABLED, loadLlamaLib, type Pointer } from "./llamaLib.ts";
+import {
+  GGML_TYPE_F32,
+  LLAMA_FLASH_ATTN_TYPE_DISABLED,
+  loadLlamaLib,
+  type Pointer,
+} from "../libllama/llamaLib.ts";
 
 /**
  * One row of logits per token. F32 keys and values and no flash attention: with the serving defaults (F16

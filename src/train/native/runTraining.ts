@@ -7,8 +7,11 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import koffi from "koffi";
-import type { ExampleLoss, ResolvedTrainerJob, TrainerProgress, TrainingStats } from "../protocol.ts";
-import { learningRateAt } from "./learningRate.ts";
+import type { ExampleLoss, TrainerJob, TrainingStats } from "../core/trainerJob.ts";
+import type { TrainingHooks, TrainingResult } from "../core/TrainerBackend.ts";
+import { prepareTrainingData } from "../core/prepareTrainingData.ts";
+import type { LlamaCppOptions } from "./llamaCppTrainer.ts";
+import { learningRateAt } from "../core/learningRate.ts";
 import {
   GGML_OPT_OPTIMIZER_TYPE_ADAMW,
   GGML_OPT_OPTIMIZER_TYPE_SGD,
@@ -34,13 +37,12 @@ import {
   tensorType,
   type LlamaLib,
   type Pointer,
-} from "./llamaLib.ts";
-import type { TrainingWindow } from "./packWindows.ts";
-import type { TokenStore } from "./sampleStore.ts";
-import { tokenizeSamples } from "./tokenizeSample.ts";
-import { TrainingPlan } from "./trainingPlan.ts";
-import { evalNoise, trainingWarnings } from "../trainingWarnings.ts";
-import { CheckpointDir, jobFingerprint, type CheckpointState } from "./checkpoint.ts";
+} from "../libllama/llamaLib.ts";
+import type { TrainingWindow } from "../core/packWindows.ts";
+import type { TokenStore } from "../core/sampleStore.ts";
+import { TrainingPlan } from "../core/trainingPlan.ts";
+import { evalNoise, trainingWarnings } from "../core/trainingWarnings.ts";
+import { CheckpointDir, jobFingerprint, type CheckpointState } from "../core/checkpoint.ts";
 import { deviceMemory, GpuMemoryWatch, gpuDevices, OffloadAudit, type GpuDevice } from "./devices.ts";
 import { writeHeadroomAdapter } from "./graphHeadroom.ts";
 import {
@@ -49,29 +51,14 @@ import {
   writeTrainedAdapter,
   type LoraSpec,
   type LoraWeight,
-} from "./loraAdapter.ts";
+} from "../core/loraAdapter.ts";
 import { loadBlasBackend, TRAINER_SETUP_COMMAND } from "./blasBackend.ts";
 import { loraBaseConversion } from "./loraBase.ts";
-import { readModelFile, type ModelFileInfo } from "./modelFile.ts";
+import { readModelFile, type ModelFileInfo } from "../core/modelFile.ts";
 import { isTrainableTensor } from "./trainableTensor.ts";
 
-export interface TrainingHooks {
-  log(line: string): void;
-  progress(progress: TrainerProgress): void;
-  /** Polled between optimizer steps; true stops the run at that step boundary. */
-  isCancelled(): boolean;
-  /** Lets the event loop run between steps so that a cancel message can arrive. */
-  yieldToEventLoop(): Promise<void>;
-}
-
-export type TrainingResult =
-  | {
-      status: "completed";
-      outputPath: string;
-      stats: TrainingStats;
-      examples: { train: ExampleLoss[]; eval: ExampleLoss[] };
-    }
-  | { status: "cancelled" };
+/** A job of the llama.cpp trainer. */
+type LlamaCppJob = TrainerJob<LlamaCppOptions>;
 
 /** The latest checkpoint is written at most this often (and at the first evaluation point). */
 const CHECKPOINT_INTERVAL_MS = 10_000;
@@ -147,7 +134,7 @@ interface TrainingSession {
  * adapter), load it and tokenize the samples, train epoch by epoch with evaluations and checkpoints, restore the
  * best weights, measure each example's loss, write the output.
  */
-export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks): Promise<TrainingResult> {
+export async function runTraining(job: LlamaCppJob, hooks: TrainingHooks): Promise<TrainingResult> {
   const startedAt = performance.now();
   const backend = openBackend(job, hooks);
   fs.mkdirSync(job.workDir, { recursive: true });
@@ -202,30 +189,30 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
 }
 
 /** Loads llama.cpp (and the BLAS backend on the CPU), finds the GPUs the job may use, and logs what it found. */
-function openBackend(job: ResolvedTrainerJob, hooks: TrainingHooks): Backend {
-  const lib = loadLlamaLib({ gpu: job.gpu.backend });
+function openBackend(job: LlamaCppJob, hooks: TrainingHooks): Backend {
+  const lib = loadLlamaLib({ gpu: job.options.device });
   hooks.log(`trainer: llama.cpp ${lib.llama_version()} from ${lib.binDir}`);
   lib.ggml_backend_load_all_from_path(lib.binDir);
   // On the CPU, a BLAS backend takes the products of F32 weights; the base is then trained in F32 (loraBase.ts).
   const blas =
-    job.blasLibrary !== null && job.gpu.backend === "cpu"
-      ? loadBlasBackend(lib, job.blasLibrary, job.blasThreads, hooks.log)
+    job.options.blasLibrary !== null && job.options.device === "cpu"
+      ? loadBlasBackend(lib, job.options.blasLibrary, job.options.blasThreads, hooks.log)
       : undefined;
   hooks.log(
     blas !== undefined
-      ? `trainer: BLAS backend ${blas} (${job.blasLibrary}): products of F32 weights, the backward pass's included, go through it on ${process.env.OPENBLAS_NUM_THREADS} thread(s)`
-      : job.gpu.backend === "cpu"
+      ? `trainer: BLAS backend ${blas} (${job.options.blasLibrary}): products of F32 weights, the backward pass's included, go through it on ${process.env.OPENBLAS_NUM_THREADS} thread(s)`
+      : job.options.device === "cpu"
         ? `trainer: no BLAS backend; matrix products on ggml's CPU backend (${TRAINER_SETUP_COMMAND} makes training on the CPU faster)`
         : `trainer: no BLAS backend on a GPU`,
   );
   lib.llama_backend_init();
-  const gpus = job.gpu.backend === "cpu" ? [] : gpuDevices(lib);
-  if (job.gpu.backend !== "cpu" && gpus.length === 0)
+  const gpus = job.options.device === "cpu" ? [] : gpuDevices(lib);
+  if (job.options.device !== "cpu" && gpus.length === 0)
     hooks.log(
-      `trainer: the ${job.gpu.backend} build of llama.cpp registered no GPU (its backend library did not load ` +
+      `trainer: the ${job.options.device} build of llama.cpp registered no GPU (its backend library did not load ` +
         `or found no device); training on the CPU`,
     );
-  const gpuLayers = gpus.length === 0 ? 0 : job.gpu.layers === "all" ? -1 : job.gpu.layers;
+  const gpuLayers = gpus.length === 0 ? 0 : job.options.gpuLayers === "all" ? -1 : job.options.gpuLayers;
   if (gpus.length > 0) {
     const gib = (bytes: number) => `${(bytes / 2 ** 30).toFixed(1)} GiB`;
     const names = gpus.map((d) => {
@@ -233,8 +220,8 @@ function openBackend(job: ResolvedTrainerJob, hooks: TrainingHooks): Backend {
       return `${d.name} ${d.description} (${gib(freeBytes)} free of ${gib(totalBytes)})`;
     });
     hooks.log(
-      `trainer: training on ${job.gpu.backend}: ${names.join(", ")}; ` +
-        `${job.gpu.layers === "all" ? "all" : job.gpu.layers} layers offloaded`,
+      `trainer: training on ${job.options.device}: ${names.join(", ")}; ` +
+        `${job.options.gpuLayers === "all" ? "all" : job.options.gpuLayers} layers offloaded`,
     );
   }
   const gpuMemory = gpus.length === 0 ? undefined : new GpuMemoryWatch(lib, gpus);
@@ -247,7 +234,7 @@ function openBackend(job: ResolvedTrainerJob, hooks: TrainingHooks): Backend {
  */
 async function prepareBase(
   { lib, blas }: Backend,
-  job: ResolvedTrainerJob,
+  job: LlamaCppJob,
   hooks: TrainingHooks,
   lora: LoraRun | undefined,
   files: WorkFiles,
@@ -301,7 +288,7 @@ async function prepareBase(
  */
 async function openSession(
   backend: Backend,
-  job: ResolvedTrainerJob,
+  job: LlamaCppJob,
   hooks: TrainingHooks,
   base: { path: string; info: ModelFileInfo },
   lora: LoraRun | undefined,
@@ -311,7 +298,6 @@ async function openSession(
 ): Promise<TrainingSession | undefined> {
   const { lib } = backend;
   const model = loadModel(lib, base.path, scope, backend.gpuLayers);
-  const vocab = lib.llama_model_get_vocab(model);
   const nLayers = lib.llama_model_n_layer(model);
   await makeGraphHeadroom(
     lib,
@@ -330,44 +316,14 @@ async function openSession(
     scope.defer(() => lib.llama_adapter_lora_free(handle));
     adapter = handle;
   }
-  const eos = lib.llama_vocab_eos(vocab);
-  const endToken = eos >= 0 ? eos : Math.max(0, lib.llama_vocab_bos(vocab));
-
-  // Samples are tokenized once, as they are read, into token files in the work directory; only
-  // where each starts stays in memory, and a window's samples are read back when it runs.
-  const trainSet = await tokenizeSamples(
-    lib,
-    vocab,
-    job.samplesFile ?? job.samples,
-    job.workDir,
-    "train",
-    hooks,
-    stores,
-  );
-  const evalSet =
-    trainSet &&
-    (await tokenizeSamples(
-      lib,
-      vocab,
-      job.evalSamplesFile ?? job.evalSamples,
-      job.workDir,
-      "eval",
-      hooks,
-      stores,
-    ));
-  if (trainSet === undefined || evalSet === undefined) return undefined;
-  const plan = TrainingPlan.create(
-    job,
-    trainSet.store,
-    evalSet.store,
-    lib.llama_model_n_ctx_train(model),
-    endToken,
-  );
+  const data = await prepareTrainingData(lib, model, job, hooks, stores);
+  if (data === undefined) return undefined;
+  const { plan } = data;
   const audit = new OffloadAudit(lib, backend.gpus[0]);
   const context = createContext(lib, model, plan.windowSize, job.threads, scope, adapter, audit);
   const optimizer = prepareOptimizer(lib, job, model, nLayers, lora, context, scope);
   hooks.log(
-    trainingSummary(job, lora, nLayers, optimizer, plan, trainSet.store, trainSet.trained, evalSet.store),
+    trainingSummary(job, lora, nLayers, optimizer, plan, plan.train, data.trainedTokens, plan.evalSet),
   );
   const dataset = lib.ggml_opt_dataset_init(
     GGML_TYPE_I32,
@@ -387,8 +343,8 @@ async function openSession(
     ...context,
     audit,
     plan,
-    trainSamples: trainSet.store,
-    evalSamples: evalSet.store,
+    trainSamples: plan.train,
+    evalSamples: plan.evalSet,
     optimizerParams: optimizer.params,
     dataset,
     result,
@@ -400,7 +356,7 @@ async function openSession(
 /** Flags the trainable tensors (the adapter's, once the warm-up graph has shown them) and initialises the optimizer. */
 function prepareOptimizer(
   lib: LlamaLib,
-  job: ResolvedTrainerJob,
+  job: LlamaCppJob,
   model: Pointer,
   nLayers: number,
   lora: LoraRun | undefined,
@@ -433,7 +389,7 @@ function prepareOptimizer(
 
 /** The log line that says what trains: the method, the trainable tensors, the samples, windows, epochs and steps. */
 function trainingSummary(
-  job: ResolvedTrainerJob,
+  job: LlamaCppJob,
   lora: LoraRun | undefined,
   nLayers: number,
   optimizer: { tensors: number; parameters: number },
@@ -465,7 +421,7 @@ function trainingSummary(
  */
 async function writeTrained(
   lib: LlamaLib,
-  job: ResolvedTrainerJob,
+  job: LlamaCppJob,
   hooks: TrainingHooks,
   loop: TrainingLoop,
   lora: LoraRun | undefined,
@@ -527,7 +483,7 @@ class TrainingLoop {
   private readonly lib: LlamaLib;
 
   constructor(
-    private readonly job: ResolvedTrainerJob,
+    private readonly job: LlamaCppJob,
     private readonly hooks: TrainingHooks,
     private readonly backend: Backend,
     private readonly session: TrainingSession,
@@ -590,7 +546,7 @@ class TrainingLoop {
     );
     session.checkCallback();
     if (train) {
-      const missing = session.audit.finish(this.job.gpu.backend);
+      const missing = session.audit.finish(this.job.options.device);
       if (missing !== undefined) this.hooks.log(missing);
     }
     this.backend.gpuMemory?.sample();
@@ -1193,7 +1149,7 @@ function initOptimizer(
 }
 
 /** Writes the trained model as the requested type to `outputPath`: temp file, fsync, rename. */
-function writeOutput(lib: LlamaLib, trainedF32Path: string, job: ResolvedTrainerJob): void {
+function writeOutput(lib: LlamaLib, trainedF32Path: string, job: LlamaCppJob): void {
   fs.mkdirSync(path.dirname(job.outputPath), { recursive: true });
   const temp = `${job.outputPath}.tmp-${process.pid}`;
   try {

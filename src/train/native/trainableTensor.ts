@@ -1,3 +1,5 @@
+import { trainableBlocks } from "../core/modelFile.ts";
+
 /**
  * Decides which model tensors train for a given `complexity` (the fraction of transformer blocks,
  * counted from the top, that train). Used as llama.cpp's `llama_opt_param_filter`.
@@ -19,9 +21,4 @@ export function isTrainableTensor(name: string, nLayers: number, complexity: num
   const block = /^blk\.(\d+)\./.exec(name);
   if (block === null) return complexity >= 1;
   return Number(block[1]) >= nLayers - trainableBlocks(nLayers, complexity);
-}
-
-/** How many of `nLayers` blocks train at `complexity` in (0, 1]: at least one. */
-export function trainableBlocks(nLayers: number, complexity: number): number {
-  return Math.min(nLayers, Math.max(1, Math.ceil(complexity * nLayers - 1e-9)));
 }

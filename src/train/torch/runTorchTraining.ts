@@ -1,29 +1,33 @@
 /**
- * The `torch` trainer backend, driven from the trainer child process: Conduit tokenizes the samples with
- * the model's own llama.cpp tokenizer and plans the run exactly as the llama.cpp trainer does
- * (`TrainingPlan`), writes every window the run will see to the work directory, and hands the job to the
- * PyTorch + PEFT worker (`worker.py`), whose messages it relays. The worker writes the trained adapter's
- * tensors raw in llama.cpp's layout; the GGUF adapter is written here, by the same writer as the llama.cpp
- * trainer's, so both backends' adapters are served the same way.
+ * The torch trainer's job, driven from the trainer child process: Conduit tokenizes the samples with the
+ * model's own llama.cpp tokenizer and plans the run as every trainer does (`prepareTrainingData`), writes
+ * every window the run will see to the work directory, and hands the job to the PyTorch + PEFT worker
+ * (`worker.py`), whose messages it relays. The worker writes the trained adapter's tensors raw in llama.cpp's
+ * layout; the GGUF adapter is written here, by the same writer as the llama.cpp trainer's, so both trainers'
+ * adapters are served the same way.
  */
 import { spawn } from "node:child_process";
 import fs from "node:fs";
 import path from "node:path";
 import readline from "node:readline";
 import { fileURLToPath } from "node:url";
-import { killedBy } from "../killedBy.ts";
-import type { ExampleLoss, ResolvedTrainerJob, TrainerProgress, TrainingStats } from "../protocol.ts";
-import { learningRateAt } from "../native/learningRate.ts";
-import { loadLlamaLib, type Pointer } from "../native/llamaLib.ts";
-import { loraWeights, writeTrainedAdapter, type LoraSpec, type LoraWeight } from "../native/loraAdapter.ts";
-import { readModelFile } from "../native/modelFile.ts";
-import type { TrainingWindow, WindowSpan } from "../native/packWindows.ts";
-import { jobFingerprint } from "../native/checkpoint.ts";
-import type { TrainingHooks, TrainingResult } from "../native/runTraining.ts";
-import type { TokenStore } from "../native/sampleStore.ts";
-import { tokenizeSamples } from "../native/tokenizeSample.ts";
-import { TrainingPlan } from "../native/trainingPlan.ts";
-import { trainingWarnings } from "../trainingWarnings.ts";
+import { killedBy } from "../core/killedBy.ts";
+import type { ExampleLoss, TrainerJob, TrainerProgress, TrainingStats } from "../core/trainerJob.ts";
+import type { TrainingHooks, TrainingResult } from "../core/TrainerBackend.ts";
+import { prepareTrainingData } from "../core/prepareTrainingData.ts";
+import type { TorchOptions } from "./torchTrainer.ts";
+import { learningRateAt } from "../core/learningRate.ts";
+import { loadLlamaLib, type Pointer } from "../libllama/llamaLib.ts";
+import { loraWeights, writeTrainedAdapter, type LoraSpec, type LoraWeight } from "../core/loraAdapter.ts";
+import { readModelFile } from "../core/modelFile.ts";
+import type { TrainingWindow, WindowSpan } from "../core/packWindows.ts";
+import { jobFingerprint } from "../core/checkpoint.ts";
+import type { TokenStore } from "../core/sampleStore.ts";
+import { TrainingPlan } from "../core/trainingPlan.ts";
+import { trainingWarnings } from "../core/trainingWarnings.ts";
+
+/** A job of the torch trainer. */
+type TorchJob = TrainerJob<TorchOptions>;
 
 /** The worker program, next to this file. */
 export const TORCH_WORKER = fileURLToPath(new URL("./worker.py", import.meta.url));
@@ -81,13 +85,9 @@ type WorkerMessage =
   | { type: "error"; message: string }
   | { type: "cancelled" };
 
-export async function runTorchTraining(
-  job: ResolvedTrainerJob,
-  hooks: TrainingHooks,
-): Promise<TrainingResult> {
+export async function runTorchTraining(job: TorchJob, hooks: TrainingHooks): Promise<TrainingResult> {
   if (job.method !== "lora" || job.lora === null)
-    throw new Error('trainer: the torch backend trains LoRA adapters only ("method": "lora")');
-  if (job.torch === null) throw new Error("trainer: the torch backend needs job.torch (its Python)");
+    throw new Error('trainer: the torch trainer trains LoRA adapters only ("method": "lora")');
   const startedAt = performance.now();
   const lora: LoraSpec = { ...job.lora, complexity: job.complexity };
   fs.mkdirSync(job.workDir, { recursive: true });
@@ -98,9 +98,9 @@ export async function runTorchTraining(
     const { workerJob, baseInfo, weights } = prepared;
     hooks.log(
       `trainer: ${workerJob.stepsPerEpoch.reduce((a, b) => a + b, 0)} windows of ${workerJob.windowSize} tokens ` +
-        `written for the torch worker; starting ${job.torch.python}`,
+        `written for the torch worker; starting ${job.options.python}`,
     );
-    const outcome = await runWorker(job.torch.python, workerJob, hooks);
+    const outcome = await runWorker(job.options.python, workerJob, hooks);
     if (outcome.type === "cancelled") return { status: "cancelled" };
 
     const values = readAdapterValues(workerJob.adapterFile, weights, lora.rank);
@@ -142,7 +142,7 @@ export async function runTorchTraining(
  * `undefined` when cancelled meanwhile. The token stores are pushed to `stores`, for the caller to dispose.
  */
 export async function prepare(
-  job: ResolvedTrainerJob,
+  job: TorchJob,
   lora: LoraSpec,
   hooks: Pick<TrainingHooks, "log" | "isCancelled" | "yieldToEventLoop">,
   stores: TokenStore[],
@@ -158,41 +158,13 @@ export async function prepare(
     params.vocab_only = true;
     model = lib.llama_model_load_from_file(job.baseModelPath, params);
     if (model === null) throw new Error(`trainer: could not read the vocabulary of ${job.baseModelPath}`);
-    const vocab = lib.llama_model_get_vocab(model);
-    const eos = lib.llama_vocab_eos(vocab);
-    const endToken = eos >= 0 ? eos : Math.max(0, lib.llama_vocab_bos(vocab));
-    const trainSet = await tokenizeSamples(
-      lib,
-      vocab,
-      job.samplesFile ?? job.samples,
-      job.workDir,
-      "train",
-      hooks,
-      stores,
-    );
-    const evalSet =
-      trainSet &&
-      (await tokenizeSamples(
-        lib,
-        vocab,
-        job.evalSamplesFile ?? job.evalSamples,
-        job.workDir,
-        "eval",
-        hooks,
-        stores,
-      ));
-    if (trainSet === undefined || evalSet === undefined) return undefined;
-    const plan = TrainingPlan.create(
-      job,
-      trainSet.store,
-      evalSet.store,
-      lib.llama_model_n_ctx_train(model),
-      endToken,
-    );
+    const data = await prepareTrainingData(lib, model, job, hooks, stores);
+    if (data === undefined) return undefined;
+    const { plan } = data;
     hooks.log(
-      `trainer: ${trainSet.store.size} samples (${trainSet.store.tokens} tokens, ${trainSet.trained} trained on) in ` +
+      `trainer: ${plan.train.size} samples (${plan.train.tokens} tokens, ${data.trainedTokens} trained on) in ` +
         `windows of ${plan.windowSize} tokens, ${plan.epochs} epochs, ${plan.totalSteps} steps` +
-        (plan.evalWindows.length > 0 ? `, ${evalSet.store.size} eval samples` : ""),
+        (plan.evalWindows.length > 0 ? `, ${plan.evalSet.size} eval samples` : ""),
     );
     const workerJob = await writeWorkerInputs(job, plan, weights, hooks);
     if (workerJob === undefined) return undefined;
@@ -205,7 +177,7 @@ export async function prepare(
 
 /** Writes every window of the plan (training in step order, eval, per-example passes) and returns the worker's job. */
 async function writeWorkerInputs(
-  job: ResolvedTrainerJob,
+  job: TorchJob,
   plan: TrainingPlan,
   weights: LoraWeight[],
   hooks: Pick<TrainingHooks, "isCancelled" | "yieldToEventLoop">,
@@ -289,11 +261,11 @@ async function writeWorkerInputs(
     fingerprint: await jobFingerprint(job),
     seed: job.seed,
     threads: job.threads,
-    device: job.torch!.device,
-    dtype: job.torch!.dtype,
+    device: job.options.device,
+    dtype: job.options.dtype,
     adapterFile: file("trained.adapter.f32"),
-    probe: job.torch!.probe,
-    cacheDir: job.torch!.cacheDir,
+    probe: job.options.probe,
+    cacheDir: job.options.cacheDir,
   };
 }
 

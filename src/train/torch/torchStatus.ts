@@ -37,6 +37,15 @@ export type TorchStatus =
 const RECHECK_MS = 60_000;
 const PROBE_TIMEOUT_MS = 120_000;
 
+const statuses = new Map<string, TorchTrainerStatus>();
+
+/** The status of the torch trainer with `CONDUIT_PYTHON` set to `python`: one per setting in a process. */
+export function torchStatus(python: string | undefined): TorchTrainerStatus {
+  let status = statuses.get(python ?? "");
+  if (status === undefined) statuses.set(python ?? "", (status = new TorchTrainerStatus(python)));
+  return status;
+}
+
 export class TorchTrainerStatus {
   private pending: Promise<TorchStatus> | undefined;
   private settled: TorchStatus | undefined;

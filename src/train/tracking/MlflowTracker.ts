@@ -3,7 +3,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 import type { Logger } from "pino";
 import type { MlflowRunRef, RunRepository } from "../../store/RunRepository.ts";
 import type { Run } from "../../domain/runs.ts";
-import type { TrainerProgress } from "../protocol.ts";
+import type { TrainerProgress } from "../core/trainerJob.ts";
 import type { RunEnd, RunEvents } from "../runEvents.ts";
 import {
   MlflowError,

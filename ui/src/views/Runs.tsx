@@ -1,7 +1,6 @@
 import { useEffect, useState } from "preact/hooks";
 import type { InputHTMLAttributes } from "preact";
 import { api, isLive, type CreateRunBody, type RunSummary } from "../api.ts";
-import { runDefaults } from "../../../src/contract/runs.ts";
 import { ErrorNote, Field, StatusBadge } from "../components/common.tsx";
 import { Table, type Column } from "../components/Table.tsx";
 import { formatTime } from "../format.ts";
@@ -69,14 +68,15 @@ interface FormState {
 
 type TextField = Exclude<keyof FormState, "trainOnInputs">;
 
+/** The form's first values: the API's documented defaults (the request schema's descriptions). */
 const defaults = {
   lr: "auto",
   epochs: "auto",
   steps: "",
-  method: runDefaults.method,
+  method: "lora" as NonNullable<CreateRunBody["method"]>,
   loraRank: "auto",
   loraAlpha: "",
-  complexity: String(runDefaults.complexity),
+  complexity: "1",
   trainOnInputs: false,
   earlyStoppingPatience: "",
 };

@@ -4,7 +4,7 @@
  * trainer backends follow the same plan (the llama.cpp trainer window by window; the PyTorch worker from
  * windows written to disk), so a run trains on the same windows in the same order whichever computes it.
  */
-import type { ResolvedTrainerJob } from "../protocol.ts";
+import type { TrainerJob } from "./trainerJob.ts";
 import { seededRandom, shuffledIndices } from "../../random.ts";
 import { packWindows, planWindows, type TokenizedSample, type TrainingWindow } from "./packWindows.ts";
 import type { TokenStore } from "./sampleStore.ts";
@@ -50,7 +50,7 @@ export class TrainingPlan {
    * more tokens than `maxTrainTokens`, with the numbers.
    */
   static create(
-    job: ResolvedTrainerJob,
+    job: TrainerJob,
     train: TokenStore,
     evalSet: TokenStore,
     modelContext: number,

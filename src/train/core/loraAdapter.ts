@@ -7,9 +7,8 @@
  */
 import { gguf, writeGguf, type GgufTensor } from "../../model/gguf/GgufWriter.ts";
 import { type LoraTarget } from "../../contract/runs.ts";
-import type { ModelFileInfo } from "./modelFile.ts";
+import { trainableBlocks, type ModelFileInfo } from "./modelFile.ts";
 import { seededRandom } from "../../random.ts";
-import { trainableBlocks } from "./trainableTensor.ts";
 
 export interface LoraSpec {
   rank: number;

@@ -324,8 +324,8 @@ export interface LlamaLib {
 /** `GGML_BACKEND_DEVICE_TYPE_GPU`: a GPU with its own memory (ggml-backend.h; CPU is 0, integrated GPU 2). */
 export const GGML_BACKEND_DEVICE_TYPE_GPU = 1;
 
-/** Where a trainer computes: which prebuilt llama.cpp it loads. */
-export type TrainerBackend = "cpu" | "cuda" | "vulkan";
+/** Where llama.cpp computes: which of its builds is loaded (the CPU's, or a GPU's). */
+export type ComputeDevice = "cpu" | "cuda" | "vulkan";
 
 /**
  * The directory holding the libllama that node-llama-cpp itself loads, so the trainer runs the same
@@ -333,7 +333,7 @@ export type TrainerBackend = "cpu" | "cuda" | "vulkan";
  * (compiled for this CPU) when there is a finished one, else the prebuilt package for this platform.
  * `gpu: "cuda"` picks the CUDA build or `@node-llama-cpp/linux-x64-cuda` (it needs the CUDA runtime).
  */
-export function findBinDir(gpu: TrainerBackend = "cpu"): string {
+export function findBinDir(gpu: ComputeDevice = "cpu"): string {
   const platform = `${process.platform}-${process.arch}`;
   const nodeLlamaCpp = resolveOrUndefined(createRequire(import.meta.url), "node-llama-cpp");
   const local = nodeLlamaCpp && localBuildDir(path.join(path.dirname(nodeLlamaCpp), ".."), gpu);
@@ -361,7 +361,7 @@ export function findBinDir(gpu: TrainerBackend = "cpu"): string {
  * `llama/localBuilds/<platform>-<arch>[-cuda]/Release`, valid once `buildDone.status` is written.
  * node-llama-cpp's engine (with `build: "never"`) loads this folder first too.
  */
-export function localBuildDir(nodeLlamaCppRoot: string, gpu: TrainerBackend): string | undefined {
+export function localBuildDir(nodeLlamaCppRoot: string, gpu: ComputeDevice): string | undefined {
   const platform = `${process.platform}-${process.arch}`;
   const folder = path.join(
     nodeLlamaCppRoot,
@@ -469,7 +469,7 @@ let loaded: LlamaLib | undefined;
  * Loads libggml-base, libggml and libllama from node-llama-cpp's prebuilt binaries, once per process,
  * and checks the ABI before anything is called with a struct.
  */
-export function loadLlamaLib(options: { binDir?: string; gpu?: TrainerBackend } = {}): LlamaLib {
+export function loadLlamaLib(options: { binDir?: string; gpu?: ComputeDevice } = {}): LlamaLib {
   if (loaded !== undefined) return loaded;
   checkAbi();
   const binDir = options.binDir ?? findBinDir(options.gpu);

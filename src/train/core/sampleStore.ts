@@ -7,7 +7,7 @@
 import fs from "node:fs";
 import path from "node:path";
 import readline from "node:readline";
-import type { TrainingSample } from "../protocol.ts";
+import type { TrainingSample } from "./trainerJob.ts";
 import type { TokenizedSample } from "./packWindows.ts";
 
 /** The samples of a list, or of a JSONL file of `{"sample": …}` objects (read line by line). */

@@ -2,8 +2,8 @@
  * Tokenization of training samples with the model's own llama.cpp tokenizer, exactly as inference
  * tokenizes a prompt and then generates (both trainer backends train on these tokens).
  */
-import type { SampleSegment, TrainingSample } from "../protocol.ts";
-import type { LlamaLib, Pointer } from "./llamaLib.ts";
+import type { SampleSegment, TrainingSample } from "./trainerJob.ts";
+import type { LlamaLib, Pointer } from "../libllama/llamaLib.ts";
 import type { TokenizedSample } from "./packWindows.ts";
 import { jobSamples, TokenStore } from "./sampleStore.ts";
 

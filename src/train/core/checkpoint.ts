@@ -8,7 +8,7 @@
 import { createHash } from "node:crypto";
 import fs from "node:fs";
 import path from "node:path";
-import type { ResolvedTrainerJob } from "../protocol.ts";
+import type { TrainerJob } from "./trainerJob.ts";
 import { jobSamples } from "./sampleStore.ts";
 
 export interface CheckpointState {
@@ -108,7 +108,7 @@ export class CheckpointDir {
  * What makes two jobs the same training: every setting that changes the weights, and the samples (read
  * as a stream when they are in files; a file gives the same fingerprint as the same samples in a list).
  */
-export async function jobFingerprint(job: ResolvedTrainerJob): Promise<string> {
+export async function jobFingerprint(job: TrainerJob): Promise<string> {
   const hash = createHash("sha256");
   const {
     samples: _s,

@@ -1,4 +1,4 @@
-import type { LearningRateSchedule } from "../protocol.ts";
+import type { LearningRateSchedule } from "./trainerJob.ts";
 
 /**
  * The learning rate for optimizer step `step` (0-based) of `totalSteps`. Warm-up ramps linearly to
@@ -7,7 +7,7 @@ import type { LearningRateSchedule } from "../protocol.ts";
  */
 export function learningRateAt(
   base: number,
-  schedule: Required<LearningRateSchedule>,
+  schedule: LearningRateSchedule,
   step: number,
   totalSteps: number,
 ): number {

@@ -4,7 +4,7 @@
  * `no_alloc`: the header only, no tensor data).
  */
 import koffi from "koffi";
-import type { LlamaLib, Pointer } from "./llamaLib.ts";
+import type { LlamaLib, Pointer } from "../libllama/llamaLib.ts";
 
 /** `enum gguf_type` values. */
 const GGUF_TYPE_UINT32 = 4;
@@ -55,4 +55,12 @@ export function readModelFile(lib: LlamaLib, path: string): ModelFileInfo {
   } finally {
     lib.gguf_free(ctx);
   }
+}
+
+/**
+ * How many of `nLayers` blocks train at `complexity` in (0, 1]: at least one, counted from the top (a
+ * run's `complexity`: the fraction of transformer blocks that train or get adapters).
+ */
+export function trainableBlocks(nLayers: number, complexity: number): number {
+  return Math.min(nLayers, Math.max(1, Math.ceil(complexity * nLayers - 1e-9)));
 }

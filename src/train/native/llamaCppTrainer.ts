@@ -1,0 +1,161 @@
+/**
+ * The llama.cpp trainer: llama.cpp's own training API in the shipped libllama, driven through koffi in the
+ * trainer child process (`runTraining.ts`). It ships with Conduit (nothing to install), trains LoRA and full
+ * fine-tunes, and computes where generation does (the CPU, or the engine's GPU build).
+ */
+import os from "node:os";
+import type { LoraTarget } from "../../contract/runs.ts";
+import type { ComputeDevice } from "../libllama/llamaLib.ts";
+import type { EstimatePrior, TrainerBackend } from "../core/TrainerBackend.ts";
+import { blasStatus } from "./blasBackend.ts";
+import { runTraining } from "./runTraining.ts";
+
+/** The llama.cpp trainer's settings for a job. */
+export interface LlamaCppOptions {
+  /**
+   * Which llama.cpp build computes: the CPU's, or a GPU's (`CONDUIT_GPU` as the engine resolved it). A GPU build
+   * whose device does not register trains on the CPU, with a log line.
+   */
+  device: ComputeDevice;
+  /** Model layers offloaded to the GPU, `all` or a count; ignored on the CPU. */
+  gpuLayers: "all" | number;
+  /**
+   * A ggml BLAS backend library to load on the CPU (`npm run setup:trainer`, blasBackend.ts): LoRA then trains
+   * on an F32 copy of the base. `null`: none.
+   */
+  blasLibrary: string | null;
+  /**
+   * OpenBLAS's threads in the BLAS backend (`OPENBLAS_NUM_THREADS`, unless the environment sets it); ggml's own
+   * CPU ops keep the job's `threads`.
+   */
+  blasThreads: number;
+}
+
+/**
+ * The LoRA targets llama.cpp trains: `attn_k` and `attn_v` are left out because in the pinned release keys and
+ * values reach attention through the KV cache (`set_rows`), which has no backward pass, so adapters on them
+ * would get no gradient and never train.
+ */
+export const LLAMA_CPP_LORA_TARGETS = [
+  "attn_q",
+  "attn_output",
+  "ffn_gate",
+  "ffn_up",
+  "ffn_down",
+  "output",
+] as const satisfies readonly LoraTarget[];
+
+const GEGLU =
+  "its feed-forward layers use GEGLU, which this llama.cpp release cannot differentiate (no backward pass)";
+const SQUARED_RELU =
+  "its feed-forward layers use a squared-ReLU gate, which this llama.cpp release cannot differentiate";
+
+/**
+ * Architectures llama.cpp cannot train, with the reason: in the pinned release only the split SwiGLU gate has a
+ * backward pass (`ggml_compute_backward`, `GGML_OP_GLU`); these use another gate (read from its
+ * `src/models/*.cpp`).
+ */
+export const LLAMA_CPP_UNTRAINABLE_ARCHITECTURES: Readonly<Record<string, string>> = {
+  gemma: GEGLU,
+  gemma2: GEGLU,
+  gemma3: GEGLU,
+  gemma3n: GEGLU,
+  gemma4: GEGLU,
+  "gemma4-assistant": GEGLU,
+  "gemma-embedding": GEGLU,
+  grok: GEGLU,
+  spark2_5: GEGLU,
+  bert: GEGLU,
+  "modern-bert": GEGLU,
+  nemotron_h: SQUARED_RELU,
+  nemotron_h_moe: SQUARED_RELU,
+};
+
+/**
+ * Its rate at one thread in training tokens per CPU-second, by the bench numbers (docs/trainers.md;
+ * bench/README.md, #27): LoRA rank 16, 256-token windows, anchored at SmolLM2-135M and falling with the model's
+ * parameters to the power fitted between it and the ~1B model of TinyLlama's shape (on Q8_0 23.4 → 4.2); tiny
+ * models are capped by the per-step work that does not shrink with them.
+ */
+const RATE = {
+  referenceParameters: 134_515_008,
+  /** LoRA through a Q8_0 base: the default for any base but F32, which is converted to Q8_0 first. */
+  loraQuantized: 23.4,
+  loraF32: 48.5,
+  full: 36.7,
+  exponent: 0.82,
+  /**
+   * With the BLAS backend (bench/README.md, #26: 144.8 on SmolLM2, 25.7 on the ~1B model, the same exponent),
+   * LoRA on the F32 copy of any base, and full fine-tuning (91–102 measured with a BLAS build).
+   */
+  loraBlas: 144.8,
+  fullBlas: 95,
+  /** The test model (64 wide, 2 blocks, 172k parameters) trained LoRA at 7,000–14,000 tokens per second here. */
+  most: 8_000,
+  /** 2 threads trained SmolLM2 1.35× faster than 1 on 2 cores (measured on the torch trainer). */
+  threadExponent: Math.log2(1.35),
+} as const;
+
+/** The llama.cpp trainer's prior, with its BLAS backend or without. */
+export function llamaCppPrior(blas: boolean): EstimatePrior {
+  return {
+    tokensPerSecond(method, model, threads) {
+      const scale = model.parameters > 0 ? model.parameters / RATE.referenceParameters : 1;
+      const anchored = blas
+        ? method === "full"
+          ? RATE.fullBlas
+          : RATE.loraBlas
+        : method === "full"
+          ? RATE.full
+          : model.fileType === "F32"
+            ? RATE.loraF32
+            : RATE.loraQuantized;
+      const perThread = Math.min(RATE.most, anchored * scale ** -RATE.exponent);
+      return perThread * Math.max(1, threads) ** RATE.threadExponent;
+    },
+    // Preparing the examples and starting the trainer's process (half a second for the test model here), then
+    // loading the base and converting it when it is neither F32 nor Q8_0 (SmolLM2's 94 MB Q4_1: about 4 s in all).
+    overheadSeconds: (model) => 0.5 + 0.04 * (model.sizeBytes / 2 ** 20),
+    // Its backward pass is the slow part (ggml's vector loops, docs/trainers.md): a forward pass costs a tenth.
+    forwardShare: 0.1,
+  };
+}
+
+export const llamaCppTrainer: TrainerBackend<LlamaCppOptions> = {
+  name: "llama.cpp",
+  setupCommand: null,
+  status: () => Promise.resolve({ available: true }),
+  cannotTrain({ architecture, loraTargets }) {
+    const untrainable = LLAMA_CPP_UNTRAINABLE_ARCHITECTURES[architecture];
+    if (untrainable !== undefined)
+      return {
+        param: "baseModelName",
+        why: `the llama.cpp trainer cannot train ${architecture} models: ${untrainable}`,
+      };
+    const kv = (loraTargets ?? []).filter((t) => !(LLAMA_CPP_LORA_TARGETS as readonly string[]).includes(t));
+    if (kv.length > 0)
+      return {
+        param: "loraTargets",
+        why:
+          `the llama.cpp trainer cannot train ${kv.map((t) => `"${t}"`).join(" and ")}: this llama.cpp release ` +
+          "gives the attention K and V weights no gradient (K and V pass through the KV cache)",
+      };
+    return undefined;
+  },
+  loraTargets: LLAMA_CPP_LORA_TARGETS,
+  // More threads do not pay for ggml's own ops here (bench/README.md); the BLAS backend's products take every core.
+  threads: (setting) => (setting === "auto" ? 1 : setting),
+  prior: (host) => llamaCppPrior(blasStatus(host.blas).available),
+  async jobOptions(host) {
+    const blas = blasStatus(host.blas);
+    const { device, gpuLayers } = await host.accelerator();
+    return {
+      device,
+      gpuLayers: device === "cpu" ? 0 : gpuLayers,
+      blasLibrary: blas.available ? blas.library : null,
+      // auto: ggml's ops on one thread, OpenBLAS's products on every core (bench/README.md, #26).
+      blasThreads: host.threads === "auto" ? os.availableParallelism() : host.threads,
+    };
+  },
+  run: runTraining,
+};

@@ -1,0 +1,87 @@
+/**
+ * The torch trainer: the PyTorch + PEFT worker (`worker.py`, `npm run setup:torch`), fed by the trainer child
+ * process (`runTorchTraining.ts`) with the windows Conduit tokenized and planned. LoRA only; every LoRA target.
+ */
+import os from "node:os";
+import path from "node:path";
+import { LORA_TARGETS } from "../../contract/runs.ts";
+import type { TrainerBackend } from "../core/TrainerBackend.ts";
+import { runTorchTraining } from "./runTorchTraining.ts";
+import { describeTorch, TORCH_SETUP_COMMAND, torchStatus } from "./torchStatus.ts";
+
+/** The torch trainer's settings for a job. */
+export interface TorchOptions {
+  /** The Python executable that has the pinned PyTorch, transformers, PEFT and gguf packages. */
+  python: string;
+  /** `auto` uses CUDA when PyTorch sees a GPU. */
+  device: "auto" | "cpu" | "cuda";
+  /** Type of the base weights: `auto` is bf16 where the hardware computes it natively, else F32. */
+  dtype: "auto" | "bf16" | "f32";
+  /**
+   * For tests and benches: after training, the trained model's logits for these tokens (one sequence) are
+   * written to `file`, raw F32 `[tokens, vocab]`, to compare with llama.cpp serving the exported adapter.
+   * `null`: none.
+   */
+  probe: { tokens: number[]; file: string } | null;
+  /**
+   * Where the worker keeps a dequantized copy of each base it loads (transformers parses and dequantizes a GGUF
+   * in Python on every load: 15–40 s for small models), so that the next run on the same file loads in about
+   * a second. `null`: every run loads the GGUF.
+   */
+  cacheDir: string | null;
+}
+
+/**
+ * Its rate at one thread in training tokens per CPU-second (bench/README.md, #27): PEFT LoRA rank 16 on
+ * SmolLM2-135M, falling with the parameters to the ~1B model's (192.3 → 70.9); capped for tiny models (the test
+ * model trained at about 25,000 tokens per second on the worker's 2 threads here).
+ */
+const RATE = {
+  referenceParameters: 134_515_008,
+  lora: 192.3,
+  exponent: 0.47,
+  most: 18_000,
+  /** 2 threads trained SmolLM2 1.35× faster than 1 on 2 cores (`CONDUIT_TRAIN_THREADS`). */
+  threadExponent: Math.log2(1.35),
+} as const;
+
+export const torchTrainer: TrainerBackend<TorchOptions> = {
+  name: "torch",
+  setupCommand: TORCH_SETUP_COMMAND,
+  async status(host) {
+    const status = await torchStatus(host.python).check();
+    return status.available
+      ? { available: true, detail: describeTorch(status.probe) }
+      : { available: false, reason: status.reason };
+  },
+  cannotTrain: ({ method }) =>
+    method === "lora"
+      ? undefined
+      : { param: "method", why: 'the torch trainer trains LoRA adapters only ("method": "lora")' },
+  loraTargets: LORA_TARGETS,
+  threads: (setting) => (setting === "auto" ? os.availableParallelism() : setting),
+  prior: () => ({
+    tokensPerSecond(_method, model, threads) {
+      const scale = model.parameters > 0 ? model.parameters / RATE.referenceParameters : 1;
+      const perThread = Math.min(RATE.most, RATE.lora * scale ** -RATE.exponent);
+      return perThread * Math.max(1, threads) ** RATE.threadExponent;
+    },
+    // Starting Python and loading the base, the first time dequantizing it (18 s for SmolLM2, docs/trainers.md).
+    overheadSeconds: (model) => 8 + 0.2 * (model.sizeBytes / 2 ** 20),
+    // A forward pass costs about a third of a training step in PyTorch.
+    forwardShare: 1 / 3,
+  }),
+  async jobOptions(host) {
+    const status = await torchStatus(host.python).check();
+    if (!status.available) throw new Error(status.reason);
+    return {
+      python: status.python,
+      device: host.gpu === "off" ? "cpu" : "auto",
+      dtype: "auto",
+      probe: null,
+      // The worker's dequantized copies of base models live with everything else the server keeps.
+      cacheDir: path.join(host.cacheDir, "torch"),
+    };
+  },
+  run: runTorchTraining,
+};
