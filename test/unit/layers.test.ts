@@ -86,6 +86,18 @@ test("train/'s subfolders are layers of their own: a trainer reaches neither ano
   assert.ok(mayImport(rules, "train", "train/native") && mayImport(rules, "core.ts", "train/torch"));
 });
 
+test("a folder with rows for some of its subfolders has one for each: a new trainer's folder gets its rules", () => {
+  const rules = documentedRules();
+  const missing: string[] = [];
+  for (const folder of new Set(
+    [...rules.keys()].filter((layer) => layer.includes("/")).map((l) => l.split("/")[0]!),
+  ))
+    for (const entry of fs.readdirSync(path.join(root, "src", folder), { withFileTypes: true }))
+      if (entry.isDirectory() && !rules.has(`${folder}/${entry.name}`))
+        missing.push(`src/${folder}/${entry.name}/`);
+  assert.deepEqual(missing, [], "add a row for each to docs/architecture.md's layer table");
+});
+
 test("the layer table has no cycle", () => {
   const rules = documentedRules();
   const visiting = new Set<string>();

@@ -46,11 +46,14 @@ test("chooseTrainer: the setting, the install and the run decide; what nothing c
       targets: undefined,
       ...over,
     };
-    return chooseTrainer({
-      setting,
-      request: { method, architecture, loraTargets: targets },
-      statuses: { torch, "llama.cpp": { available: true } },
-    });
+    return chooseTrainer(
+      {
+        setting,
+        request: { method, architecture, loraTargets: targets },
+        statuses: { torch, "llama.cpp": { available: true } },
+      },
+      [trainers.torch, trainers["llama.cpp"]],
+    );
   };
   const cases: [Partial<Case>, string | RegExp, RegExp][] = [
     // [input, trainer or refusal, reason / message]
