@@ -33,7 +33,7 @@ export interface Run {
  * node-llama-cpp (no install), and the PyTorch + PEFT worker (`npm run setup:torch`). Each is a backend of
  * `src/train/trainers.ts`, whose registry the compiler holds to this list.
  */
-export const TRAINERS = ["llama.cpp", "torch", "stub"] as const;
+export const TRAINERS = ["llama.cpp", "torch"] as const;
 export type TrainerName = (typeof TRAINERS)[number];
 
 /** `CONDUIT_TRAINER`: a trainer, or `auto` (the first trainer, by the registry's order, that can train the run). */

@@ -7,7 +7,6 @@ import type { TrainerName } from "../domain/runs.ts";
 import type { TrainerBackend } from "./core/TrainerBackend.ts";
 import type { TrainerJob } from "./core/trainerJob.ts";
 import { llamaCppTrainer } from "./native/llamaCppTrainer.ts";
-import { stubTrainer } from "./stub/stubTrainer.ts";
 import { torchTrainer } from "./torch/torchTrainer.ts";
 
 /**
@@ -18,7 +17,6 @@ import { torchTrainer } from "./torch/torchTrainer.ts";
 const registry = {
   torch: torchTrainer,
   "llama.cpp": llamaCppTrainer,
-  stub: stubTrainer,
 } satisfies Record<TrainerName, TrainerBackend>;
 
 /** A trainer's own job settings (`TrainerJob.options`), by its name. */
