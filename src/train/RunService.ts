@@ -163,19 +163,67 @@ export class RunService {
     },
   ) {}
 
+  /**
+   * Creates a run, in phases: its dataset, base model and trainer, what it trains on (within the limits), its
+   * settings (each defaulted once, here), its estimate; then it is stored QUEUED and the scheduler told.
+   */
   async create(userId: string, command: CreateRun): Promise<Run> {
     const method = methodRequest(command);
+    const { dataset, param } = await this.datasetOf(userId, command);
+    const { baseModelName, model } = this.baseModelOf(command);
+    const trainer = await this.trainerFor(method, baseModelName, model.path);
+    const training = await this.trainingSet(userId, dataset, command.validationFileID);
+    this.checkLimits(training, param);
+    const { config, logs } = await this.settings(
+      command,
+      method,
+      dataset,
+      baseModelName,
+      model,
+      trainer,
+      training,
+    );
+    const estimate = await this.plan(config, model, training).catch((error: unknown) => {
+      logs.push(`no estimate of the run's duration: ${(error as Error).message}`);
+      return null;
+    });
+    const id = newId("ft");
+    const run = await this.runs.create({
+      id,
+      userId,
+      datasetId: dataset.id,
+      datasetName: dataset.name,
+      name: config.name,
+      ioPairsCount: dataset.ioPairsCount,
+      trackerUrl: this.options.trackerUrl(id),
+      config: { ...config, ...(command.openai ? { openai: command.openai } : {}) },
+      logs,
+      estimate,
+    });
+    this.events.emit("created", run);
+    this.events.emit("changed", id);
+    return run;
+  }
+
+  /** The run's dataset, by id or name, with pairs to train on; `param` is the field that named it. */
+  private async datasetOf(userId: string, command: CreateRun) {
     const datasetId = command.datasetID;
     if (!datasetId && !command.datasetName)
       throw new ConduitError("invalid_request", 'one of "datasetID" and "datasetName" is required', {
         param: "datasetID",
       });
     const dataset = await this.datasets.find(userId, { id: datasetId, name: command.datasetName });
+    const param = datasetId ? "datasetID" : "datasetName";
     // The dataset's state, not the request, is what is wrong (the same command works after an upload).
     if (dataset.ioPairsCount === 0)
       throw new ConduitError("conflict", `dataset ${dataset.id} has no IO pairs; upload a file first`, {
-        param: datasetId ? "datasetID" : "datasetName",
+        param,
       });
+    return { dataset, param };
+  }
+
+  /** The run's base model: the one asked for, else the server's default. */
+  private baseModelOf(command: CreateRun): { baseModelName: string; model: ModelRef } {
     const baseModelName = command.baseModelName ?? this.options.defaultModel;
     if (!baseModelName)
       throw new ConduitError(
@@ -190,11 +238,23 @@ export class RunService {
       throw new ConduitError("model_not_found", `model "${baseModelName}" not found`, {
         param: "baseModelName",
       });
-    const trainer = await this.trainerFor(method, baseModelName, model.path);
-    const training = await this.trainingSet(userId, dataset, command.validationFileID);
-    this.checkLimits(training, datasetId ? "datasetID" : "datasetName");
+    return { baseModelName, model };
+  }
 
-    // Explicit numbers win, each on its own; what is left to "auto" is chosen from the data and the model.
+  /**
+   * The run's effective settings, each defaulted here and nowhere else: explicit numbers win, each on its own;
+   * what is left to "auto" is chosen from the data and the model; the rest from `runDefaults` and the trainer
+   * (its LoRA targets). Also the log lines that say how the settings were chosen.
+   */
+  private async settings(
+    command: CreateRun,
+    method: MethodRequest,
+    dataset: { id: string; name: string },
+    baseModelName: string,
+    model: ModelRef,
+    trainer: TrainerChoice,
+    training: TrainingSet,
+  ): Promise<{ config: RunConfig; logs: string[] }> {
     const asked = { epochs: command.epochs ?? "auto", lr: command.lr ?? "auto", loraRank: method.loraRank };
     // A full run has no rank (`null`), so it is not among them.
     const autoSettings = AUTO_SETTINGS.filter((setting) => asked[setting] === "auto");
@@ -211,13 +271,20 @@ export class RunService {
       if (!choice) throw new Error(`no auto choice for ${setting}`);
       return choice[setting];
     };
-
-    const id = newId("ft");
+    const multiplier = command.lrMultiplier ?? 1;
+    const lr = (typeof command.lr === "number" ? command.lr : chosen("lr")) * multiplier;
+    // Each rate is at most 1 (the schema's check); their product is the service's to refuse.
+    if (lr > 1)
+      throw new ConduitError(
+        "invalid_request",
+        `the learning rate would be ${lr} (${lr / multiplier} × ${command.lrMultiplier}); at most 1`,
+        { param: "lrMultiplier" },
+      );
     const config: RunConfig = {
       baseModelName,
       datasetID: dataset.id,
       datasetName: dataset.name,
-      lr: (typeof command.lr === "number" ? command.lr : chosen("lr")) * (command.lrMultiplier ?? 1),
+      lr,
       epochs: typeof command.epochs === "number" ? command.epochs : chosen("epochs"),
       steps: command.steps ?? null,
       complexity: command.complexity ?? runDefaults.complexity,
@@ -239,39 +306,13 @@ export class RunService {
       autoSettings,
       trainer: trainer.trainer,
     };
-    if (config.lr > 1)
-      throw new ConduitError(
-        "invalid_request",
-        `the learning rate would be ${config.lr} (${config.lr / (command.lrMultiplier ?? 1)} × ${command.lrMultiplier}); at most 1`,
-        { param: "lrMultiplier" },
-      );
     const logs = choice
       ? [`auto settings: ${autoSettings.map((setting) => choice.reasons[setting]).join("; ")}`]
       : [];
     if (command.lrMultiplier !== undefined)
-      logs.push(
-        `learning rate ${config.lr}: ${config.lr / command.lrMultiplier} × ${command.lrMultiplier} (multiplier)`,
-      );
+      logs.push(`learning rate ${lr}: ${lr / command.lrMultiplier} × ${command.lrMultiplier} (multiplier)`);
     logs.push(trainer.reason);
-    const estimate = await this.plan(config, model, training).catch((error: unknown) => {
-      logs.push(`no estimate of the run's duration: ${(error as Error).message}`);
-      return null;
-    });
-    const run = await this.runs.create({
-      id,
-      userId,
-      datasetId: dataset.id,
-      datasetName: dataset.name,
-      name: config.name,
-      ioPairsCount: dataset.ioPairsCount,
-      trackerUrl: this.options.trackerUrl(id),
-      config: { ...config, ...(command.openai ? { openai: command.openai } : {}) },
-      logs,
-      estimate,
-    });
-    this.events.emit("created", run);
-    this.events.emit("changed", id);
-    return run;
+    return { config, logs };
   }
 
   /**
