@@ -90,7 +90,7 @@ interface WorkFiles {
 }
 
 /** The llama.cpp library as loaded for a job, and where it computes. */
-interface Backend {
+interface Compute {
   lib: LlamaLib;
   /** The BLAS backend's device, when one loaded. */
   blas: string | undefined;
@@ -136,7 +136,7 @@ interface TrainingSession {
  */
 export async function runTraining(job: LlamaCppJob, hooks: TrainingHooks): Promise<TrainingResult> {
   const startedAt = performance.now();
-  const backend = openBackend(job, hooks);
+  const compute = openCompute(job, hooks);
   fs.mkdirSync(job.workDir, { recursive: true });
   const files: WorkFiles = {
     baseF32: path.join(job.workDir, "base-f32.gguf"),
@@ -160,11 +160,11 @@ export async function runTraining(job: LlamaCppJob, hooks: TrainingHooks): Promi
   };
   const stores: TokenStore[] = [];
   try {
-    const base = await prepareBase(backend, job, hooks, lora, files, checkpoints);
+    const base = await prepareBase(compute, job, hooks, lora, files, checkpoints);
     if (hooks.isCancelled()) return { status: "cancelled" };
-    const session = await openSession(backend, job, hooks, base, lora, files, scope, stores);
+    const session = await openSession(compute, job, hooks, base, lora, files, scope, stores);
     if (session === undefined) return { status: "cancelled" };
-    const loop = new TrainingLoop(job, hooks, backend, session, lora, checkpoints, startedAt);
+    const loop = new TrainingLoop(job, hooks, compute, session, lora, checkpoints, startedAt);
     if (!(await loop.train())) return { status: "cancelled" };
     await hooks.yieldToEventLoop();
     if (hooks.isCancelled()) return { status: "cancelled" };
@@ -173,8 +173,8 @@ export async function runTraining(job: LlamaCppJob, hooks: TrainingHooks): Promi
     if (examples === undefined) return { status: "cancelled" };
     const warnings = trainingWarnings(loop.finalTrainLoss, loop.evalHistory, loop.best);
     for (const warning of warnings) hooks.log(`trainer: warning: ${warning}`);
-    const outputBytes = await writeTrained(backend.lib, job, hooks, loop, lora, files, scope, servesBest);
-    backend.lib.llama_backend_free();
+    const outputBytes = await writeTrained(compute.lib, job, hooks, loop, lora, files, scope, servesBest);
+    compute.lib.llama_backend_free();
     return {
       status: "completed",
       outputPath: job.outputPath,
@@ -189,7 +189,7 @@ export async function runTraining(job: LlamaCppJob, hooks: TrainingHooks): Promi
 }
 
 /** Loads llama.cpp (and the BLAS backend on the CPU), finds the GPUs the job may use, and logs what it found. */
-function openBackend(job: LlamaCppJob, hooks: TrainingHooks): Backend {
+function openCompute(job: LlamaCppJob, hooks: TrainingHooks): Compute {
   const lib = loadLlamaLib({ gpu: job.options.device });
   hooks.log(`trainer: llama.cpp ${lib.llama_version()} from ${lib.binDir}`);
   lib.ggml_backend_load_all_from_path(lib.binDir);
@@ -233,7 +233,7 @@ function openBackend(job: LlamaCppJob, hooks: TrainingHooks): Backend {
  * it is or converted; a LoRA run's initial adapter is written too (or copied from its checkpoint).
  */
 async function prepareBase(
-  { lib, blas }: Backend,
+  { lib, blas }: Compute,
   job: LlamaCppJob,
   hooks: TrainingHooks,
   lora: LoraRun | undefined,
@@ -287,7 +287,7 @@ async function prepareBase(
  * and the optimizer. `undefined` when the job was cancelled meanwhile.
  */
 async function openSession(
-  backend: Backend,
+  compute: Compute,
   job: LlamaCppJob,
   hooks: TrainingHooks,
   base: { path: string; info: ModelFileInfo },
@@ -296,8 +296,8 @@ async function openSession(
   scope: NativeScope,
   stores: TokenStore[],
 ): Promise<TrainingSession | undefined> {
-  const { lib } = backend;
-  const model = loadModel(lib, base.path, scope, backend.gpuLayers);
+  const { lib } = compute;
+  const model = loadModel(lib, base.path, scope, compute.gpuLayers);
   const nLayers = lib.llama_model_n_layer(model);
   await makeGraphHeadroom(
     lib,
@@ -319,7 +319,7 @@ async function openSession(
   const data = await prepareTrainingData(lib, model, job, hooks, stores);
   if (data === undefined) return undefined;
   const { plan } = data;
-  const audit = new OffloadAudit(lib, backend.gpus[0]);
+  const audit = new OffloadAudit(lib, compute.gpus[0]);
   const context = createContext(lib, model, plan.windowSize, job.threads, scope, adapter, audit);
   const optimizer = prepareOptimizer(lib, job, model, nLayers, lora, context, scope);
   hooks.log(
@@ -485,13 +485,13 @@ class TrainingLoop {
   constructor(
     private readonly job: LlamaCppJob,
     private readonly hooks: TrainingHooks,
-    private readonly backend: Backend,
+    private readonly compute: Compute,
     private readonly session: TrainingSession,
     private readonly lora: LoraRun | undefined,
     private readonly checkpoints: Checkpoints,
     private readonly startedAt: number,
   ) {
-    this.lib = backend.lib;
+    this.lib = compute.lib;
     const resume = checkpoints.resume;
     this.step = resume?.step ?? 0;
     this.resumedFromStep = this.step;
@@ -549,7 +549,7 @@ class TrainingLoop {
       const missing = session.audit.finish(this.job.options.device);
       if (missing !== undefined) this.hooks.log(missing);
     }
-    this.backend.gpuMemory?.sample();
+    this.compute.gpuMemory?.sample();
     const sum = loss.end();
     if (!Number.isFinite(sum)) throw new Error(`trainer: loss became ${sum}; try a lower learning rate`);
     return sum;
@@ -871,7 +871,7 @@ class TrainingLoop {
       trainableParameters: this.session.trainableParameters,
       outputBytes,
       peakRssBytes: process.resourceUsage().maxRSS * 1024,
-      ...(this.backend.gpuMemory === undefined ? {} : { peakGpuBytes: this.backend.gpuMemory.peakBytes }),
+      ...(this.compute.gpuMemory === undefined ? {} : { peakGpuBytes: this.compute.gpuMemory.peakBytes }),
     };
   }
 }
