@@ -130,6 +130,42 @@ for (const backend of backends())
       assert.deepEqual(await count("?model=tiny2&limit=1&offset=1"), [3, 1]);
     });
 
+    test("a source's 400 names the field and bound of the kind its type says, not the first kind's", async (t) => {
+      const { app } = await build(t, backend);
+      const alice = as(app, KEY_A);
+      const item = { input: "q", expected: "a" };
+      const cases: [unknown, string, RegExp][] = [
+        [{ type: "items", items: [] }, "source.items", /must NOT have fewer than 1 items/],
+        [
+          { type: "items", items: Array.from({ length: 5001 }, () => item) },
+          "source.items",
+          /must NOT have more than 5000 items/,
+        ],
+        [
+          { type: "items", items: [item, { input: "q", expected: "x".repeat(100_001) }] },
+          "source.items.1.expected",
+          /must NOT have more than 100000 characters/,
+        ],
+        [{ type: "run" }, "source.runId", /is required/],
+        [{ type: "file" }, "source.fileId", /is required/],
+        // A tag that names no kind: the first kind's issue, as before.
+        [{ type: "nope" }, "source.fileId", /is required/],
+      ];
+      const created = await alice.post("/conduit/evals", { graders: [{ type: "exact_match" }] });
+      const evalId = created.json<{ id: string }>().id;
+      for (const [source, param, message] of cases)
+        for (const [url, body] of [
+          ["/conduit/evals", { source, graders: [{ type: "exact_match" }] }],
+          [`/conduit/evals/${evalId}/runs`, { source, models: ["tiny"] }],
+        ] as const) {
+          const refused = await alice.post(url, body);
+          assert.equal(refused.statusCode, 400, refused.body);
+          const { error } = refused.json<{ error: { param: string; message: string } }>();
+          assert.equal(error.param, param, `${url} ${JSON.stringify(source).slice(0, 80)}: ${error.message}`);
+          assert.match(error.message, message);
+        }
+    });
+
     test("a model that is not there, a source without items and a run that is not READY are refused by name", async (t) => {
       const { app } = await build(t, backend);
       const alice = as(app, KEY_A);
