@@ -1,5 +1,5 @@
 import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
-import { ConduitError, errorCatalog, isOutOfSpace, type ErrorCode } from "../errors.ts";
+import { ConduitError, errorCatalog, isOutOfSpace, OUT_OF_SPACE, type ErrorCode } from "../errors.ts";
 import { patternReasons, REASON } from "../contract/schemas.ts";
 
 export function errorBody(error: ConduitError) {
@@ -222,12 +222,7 @@ export function toConduitError(
   request?: FastifyRequest,
 ): ConduitError | undefined {
   if (error instanceof ConduitError) return error;
-  if (isOutOfSpace(error))
-    return new ConduitError(
-      "insufficient_storage",
-      "the server's storage is full, so nothing was stored; retry once space has been freed",
-      { cause: error },
-    );
+  if (isOutOfSpace(error)) return new ConduitError("insufficient_storage", OUT_OF_SPACE, { cause: error });
   const fastifyError = error as FastifyError & { validationContext?: string };
   if (fastifyError.validation)
     return fromValidation(

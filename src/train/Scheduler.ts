@@ -5,7 +5,7 @@ import type { Logger } from "pino";
 import type { DatasetService } from "../datasets/DatasetService.ts";
 import { readGgufFileInfo } from "node-llama-cpp";
 import { writeGgufUint32 } from "../model/gguf/GgufPatch.ts";
-import { isOutOfSpace } from "../errors.ts";
+import { isOutOfSpace, OUT_OF_SPACE_RUN } from "../errors.ts";
 import type { BlobStore } from "../store/BlobStore.ts";
 import type { RunRepository } from "../store/RunRepository.ts";
 import { methodOf, type Run } from "../domain/runs.ts";
@@ -250,12 +250,12 @@ export class Scheduler {
       } else if (outcome.status === "cancelled" || active.stopping === "cancel") {
         await this.endCancelled(active, runDir);
       } else {
-        if (!(await this.fail(run, outcome.reason))) await leaveToTheNewAttempt();
+        if (!(await this.fail(run, outcome.reason, outcome.outOfSpace === true)))
+          await leaveToTheNewAttempt();
       }
     } catch (error) {
       const reason = error instanceof Error ? error.message : String(error);
-      if (!(await this.fail(run, isOutOfSpace(error) ? `the disk is full (${reason})` : reason)))
-        await leaveToTheNewAttempt();
+      if (!(await this.fail(run, reason, isOutOfSpace(error)))) await leaveToTheNewAttempt();
     } finally {
       if (!lost) await fsp.rm(files.workDir, { recursive: true, force: true }).catch(() => undefined);
     }
@@ -399,10 +399,13 @@ export class Scheduler {
   }
 
   /** Fails a run this worker holds; returns false (touching nothing) when it is another attempt's now. */
-  private async fail(run: Run, reason: string): Promise<boolean> {
+  private async fail(run: Run, detail: string, outOfSpace = false): Promise<boolean> {
     const held = await this.runs.heartbeat(run.id, this.workerId, this.leaseMs);
     if (!held && (await this.whyGone(run.id)) === "lost") return false;
-    this.log.warn({ runId: run.id, reason }, "run failed");
+    this.log.warn({ runId: run.id, reason: detail }, "run failed");
+    // A full disk is told as the API tells it (507 insufficient_storage); the system's own text (paths
+    // included) stays in the server's log.
+    const reason = outOfSpace ? OUT_OF_SPACE_RUN : detail;
     // The reason goes in the log before the status changes, so whoever sees FAILED finds it.
     await this.appendLog(run.id, `run failed: ${reason}`);
     if (await this.runs.finish(run.id, this.workerId, { status: "FAILED", error: reason }))

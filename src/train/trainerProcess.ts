@@ -4,6 +4,7 @@
  * logging goes to this process's stderr, which the parent reads; a native crash kills only this
  * process, and the parent sees its exit code or signal.
  */
+import { isOutOfSpace } from "../errors.ts";
 import { runTraining } from "./native/runTraining.ts";
 import { runTorchTraining } from "./torch/runTorchTraining.ts";
 import type { ChildMessage, ParentMessage, ResolvedTrainerJob } from "./protocol.ts";
@@ -47,7 +48,14 @@ async function run(job: ResolvedTrainerJob): Promise<void> {
         0,
       );
   } catch (error) {
-    await finish({ type: "error", message: error instanceof Error ? error.message : String(error) }, 1);
+    await finish(
+      {
+        type: "error",
+        message: error instanceof Error ? error.message : String(error),
+        outOfSpace: isOutOfSpace(error),
+      },
+      1,
+    );
   }
 }
 
@@ -63,5 +71,5 @@ process.on("message", (message: ParentMessage) => {
 process.on("disconnect", () => process.exit(1));
 
 process.on("uncaughtException", (error) => {
-  void finish({ type: "error", message: `trainer: ${error.message}` }, 1);
+  void finish({ type: "error", message: `trainer: ${error.message}`, outOfSpace: isOutOfSpace(error) }, 1);
 });

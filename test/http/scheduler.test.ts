@@ -12,6 +12,7 @@ import { readGgufFileInfo } from "node-llama-cpp";
 import { loadConfig } from "../../src/config.ts";
 import { createCore, type Core } from "../../src/core.ts";
 import { writeGgufUint32 } from "../../src/model/gguf/GgufPatch.ts";
+import { OUT_OF_SPACE_RUN } from "../../src/errors.ts";
 import type { Run } from "../../src/store/RunRepository.ts";
 import { prepareSamples, type SamplePreparer } from "../../src/train/prepareSamples.ts";
 import type { SchedulerOptions } from "../../src/train/Scheduler.ts";
@@ -352,7 +353,7 @@ describe("scheduler with a fake trainer", () => {
       assert.equal(fs.existsSync(s.file(id, "work")), false, "the work directory goes");
     });
 
-  for (const how of ["fails", "crashes"] as const)
+  for (const how of ["fails", "crashes", "finds the disk full"] as const)
     test(`a trainer that ${how} fails the run with its reason; nothing of the run is kept`, async (t) => {
       const s = await setup(t);
       const id = await s.startRun();
@@ -361,11 +362,14 @@ describe("scheduler with a fake trainer", () => {
       writeCheckpoint(trainer.job.checkpointDir);
       const ended = new Promise((resolve) => s.core.runEvents.once("ended", (...args) => resolve(args)));
       if (how === "fails") trainer.fail("could not load the base model: bad magic");
-      else trainer.crash("SIGSEGV");
-      const reason =
-        how === "fails"
-          ? "could not load the base model: bad magic"
-          : "trainer process was killed by SIGSEGV";
+      else if (how === "crashes") trainer.crash("SIGSEGV");
+      else trainer.fail("ENOSPC: no space left on device, write '/srv/conduit/runs/x/checkpoint.bin'", true);
+      // A full disk is told in the words of the API's 507, without the system's text (a server path).
+      const reason = {
+        fails: "could not load the base model: bad magic",
+        crashes: "trainer process was killed by SIGSEGV",
+        "finds the disk full": OUT_OF_SPACE_RUN,
+      }[how];
       assert.deepEqual(await ended, [id, "FAILED"]);
       const run = await until("the run's files to be removed", async () => {
         const found = await s.run(id);

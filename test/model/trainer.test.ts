@@ -333,6 +333,19 @@ describe("trainer process", () => {
     assert.equal(outcome.exitCode, 1);
   });
 
+  test("a trainer that finds the disk full says so (outOfSpace), apart from its other failures", async () => {
+    // Every write to /dev/full fails with ENOSPC, as on a full disk.
+    const outcome = await startTrainer(longJob("full-disk", { epochs: 1, lossesFile: "/dev/full" })).done;
+    assert.ok(outcome.status === "failed", JSON.stringify(outcome));
+    assert.match(outcome.reason, /ENOSPC/);
+    assert.equal(outcome.outOfSpace, true);
+    const corrupt = path.join(dir, "corrupt-too.gguf");
+    fs.writeFileSync(corrupt, Buffer.concat([Buffer.from("GGUF"), Buffer.alloc(64, 0xff)]));
+    const other = await startTrainer(longJob("not-full", { baseModelPath: corrupt, epochs: 1 })).done;
+    assert.ok(other.status === "failed");
+    assert.equal(other.outOfSpace, false);
+  });
+
   test("a trainer killed from outside fails with the signal", async () => {
     const handle = await startedTrainer(longJob("killed"));
     process.kill(handle.pid!, "SIGKILL");

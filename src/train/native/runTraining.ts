@@ -994,9 +994,12 @@ function quantize(
     // A quantized input grows up to ~8x as F32; other conversions stay within about twice its size.
     const needed = (fs.statSync(input, { throwIfNoEntry: false })?.size ?? 0) * (type === "F32" ? 8 : 2);
     if (free !== undefined && needed > 0 && free < needed)
-      throw new Error(
-        `trainer: could not ${what}: the disk is full (${free} bytes free in ${path.dirname(output)}, ` +
-          `the converted model needs up to ${needed})`,
+      throw Object.assign(
+        new Error(
+          `trainer: could not ${what}: the disk is full (${free} bytes free in ${path.dirname(output)}, ` +
+            `the converted model needs up to ${needed})`,
+        ),
+        { code: "ENOSPC" },
       );
     throw new Error(`trainer: could not ${what} (llama_model_quantize ${input} -> ${type} failed)`);
   }
