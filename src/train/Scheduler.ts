@@ -372,12 +372,16 @@ export class Scheduler {
     return true;
   }
 
-  /** A run stopped by a cancel (or before its trainer started): its files go, and its end is told. */
+  /**
+   * A run stopped by a cancel (or before its trainer started): its files go, and its end is told. The run's own
+   * log said so with the cancel (a line after the final status could be missed by a follower), so this goes to
+   * the server's log.
+   */
   private async endCancelled(active: ActiveRun, runDir: string): Promise<void> {
     const run = active.run;
     await this.blobs.remove(runDir);
-    await this.appendLog(
-      run.id,
+    this.log.info(
+      { runId: run.id },
       `${active.handle ? "trainer stopped" : "stopped before its trainer started"}; partial artifacts removed`,
     );
     // Cancelled by a user of this or another process (not a lost lease: the run goes on elsewhere).
