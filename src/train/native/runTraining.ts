@@ -96,6 +96,8 @@ type LoraRun = LoraSpec & { weights: LoraWeight[] };
 
 /** Files a job writes in its work directory, removed when it ends. */
 interface WorkFiles {
+  /** The base's private copy that a conversion reads (see {@link convertBase}). */
+  baseCopy: string;
   baseF32: string;
   trainedF32: string;
   baseConverted: string;
@@ -152,6 +154,7 @@ export async function runTraining(job: ResolvedTrainerJob, hooks: TrainingHooks)
   const backend = openBackend(job, hooks);
   fs.mkdirSync(job.workDir, { recursive: true });
   const files: WorkFiles = {
+    baseCopy: path.join(job.workDir, "base-copy.gguf"),
     baseF32: path.join(job.workDir, "base-f32.gguf"),
     trainedF32: path.join(job.workDir, "trained-f32.gguf"),
     baseConverted: path.join(job.workDir, "base-converted.gguf"),
@@ -260,8 +263,9 @@ async function prepareBase(
       fs.copyFileSync(checkpoints!.latestWeights, files.baseF32);
     } else {
       // Only F32 tensors train (others silently stay frozen), so the base model is converted first.
-      hooks.log(`trainer: converting ${job.baseModelPath} to F32`);
-      quantize(lib, job.baseModelPath, files.baseF32, "F32", job.threads, "read the base model");
+      convertBase(lib, job, files, files.baseF32, "F32", () =>
+        hooks.log(`trainer: converting ${job.baseModelPath} to F32`),
+      );
     }
     basePath = files.baseF32;
   } else {
@@ -274,14 +278,8 @@ async function prepareBase(
     });
     if (conversion === undefined) basePath = job.baseModelPath;
     else {
-      hooks.log(`trainer: ${conversion.reason}; converting the base to ${conversion.to} for training`);
-      quantize(
-        lib,
-        job.baseModelPath,
-        files.baseConverted,
-        conversion.to,
-        job.threads,
-        "read the base model",
+      convertBase(lib, job, files, files.baseConverted, conversion.to, () =>
+        hooks.log(`trainer: ${conversion.reason}; converting the base to ${conversion.to} for training`),
       );
       basePath = files.baseConverted;
     }
@@ -951,6 +949,31 @@ class LossesFile {
     if (this.pending.length === 0) return;
     fs.writeSync(this.fd, this.pending.join(""));
     this.pending = [];
+  }
+}
+
+/**
+ * Converts the job's base model to `type` at `output`. llama.cpp's quantizer maps its input (`use_mmap` is fixed
+ * on in `llama_model_quantize`), and the base is the models directory's file, which an operator may rewrite or
+ * truncate in place while a run starts: a mapped page that is gone ends the trainer with SIGBUS. So the quantizer
+ * reads a private copy, made by the kernel in a stream (a copy-on-write clone where the file system has them),
+ * and removed once converted; only the trainer's own files are ever mapped.
+ */
+function convertBase(
+  lib: LlamaLib,
+  job: ResolvedTrainerJob,
+  files: WorkFiles,
+  output: string,
+  type: keyof typeof LLAMA_FTYPES,
+  /** Says that the conversion begins (once the copy is made). */
+  converting: () => void,
+): void {
+  fs.copyFileSync(job.baseModelPath, files.baseCopy, fs.constants.COPYFILE_FICLONE);
+  converting();
+  try {
+    quantize(lib, files.baseCopy, output, type, job.threads, "read the base model");
+  } finally {
+    fs.rmSync(files.baseCopy, { force: true });
   }
 }
 
