@@ -889,6 +889,46 @@ describe("LlamaEngine, loading", () => {
     await assert.rejects(engine.generate({ model, prompt: "x", sampling: greedy(2) }), isCode("unavailable"));
   });
 
+  test("models loaded past the budget while every other was busy are unloaded as their generations end; a request loads its model once", async () => {
+    const refs = [1, 2, 3, 4].map((i) => ({ id: `budget-${i}`, path: path.join(dir, `budget-${i}.gguf`) }));
+    for (const ref of refs) fs.copyFileSync(model.path, ref.path);
+    const size = fs.statSync(model.path).size;
+    const loads: string[] = [];
+    const engine = createLlamaEngine({
+      contextSize: 128,
+      parallel: 1,
+      // Room for one model.
+      memoryBudgetBytes: size + 1,
+      llama,
+      logger: (_level, message) => {
+        if (/^model '.*' loaded/.test(message)) loads.push(message);
+      },
+    });
+    try {
+      // Four at once: each load finds the others busy, so the four go past the budget for a while.
+      await Promise.all(
+        refs.map((ref) => engine.generate({ model: ref, prompt: "Once", sampling: greedy(24) })),
+      );
+      assert.equal(loads.length, 4);
+      // Once they are idle, the budget holds again without another load.
+      for (let i = 0; i < 100 && engine.loaded().length > 1; i++) await new Promise((r) => setTimeout(r, 20));
+      assert.equal(engine.loaded().length, 1, `loaded: ${engine.loaded().map((m) => m.id)}`);
+      // Requests by twos over the four: each one loads its model at most once (never unloaded before it is used).
+      loads.length = 0;
+      let requests = 0;
+      for (let round = 0; round < 4; round++) {
+        const pair = [refs[round % 4]!, refs[(round + 1) % 4]!];
+        requests += pair.length;
+        await Promise.all(
+          pair.map((ref) => engine.generate({ model: ref, prompt: "Once", sampling: greedy(4) })),
+        );
+      }
+      assert.ok(loads.length <= requests, `${loads.length} loads for ${requests} requests`);
+    } finally {
+      await engine.dispose();
+    }
+  });
+
   test("a model file replaced while it generates: that generation ends on the weights it began with, the next one loads the new file", async () => {
     const ref = { id: "swapped", path: path.join(dir, "swapped.gguf") };
     await writeScriptedModel(ref.path, ["A", "B", "C", "X", "Y", "Z"], ["A", "B", "C"]);
