@@ -896,7 +896,7 @@ describe("LlamaEngine, loading", () => {
     const loads: string[] = [];
     const engine = createLlamaEngine({
       contextSize: 128,
-      parallel: 1,
+      parallelSequences: 1,
       // Room for one model.
       memoryBudgetBytes: size + 1,
       llama,
