@@ -472,6 +472,38 @@ test("datasetID and datasetId naming different datasets is a 400; the same one t
   assert.equal(same.json().datasetId, world.ds);
 });
 
+test("a big JSON body (parsed in a worker thread) is held to the same rules as a small one", async (t) => {
+  const { app } = await build(t);
+  const post = (payload: string | Buffer, url = "/conduit/dataset") =>
+    app.inject({ method: "POST", url, headers: { ...asAlice, "content-type": "application/json" }, payload });
+  // Over 64 KiB each: padding that the schema refuses or ignores, so what is checked is the parse.
+  const padding = "x".repeat(100_000);
+  const lone = await post(`{"name":"ok","systemPrompt":"${padding}\\ud800"}`);
+  assert.equal(lone.statusCode, 400, lone.body);
+  assert.equal(lone.json().error.param, "systemPrompt");
+  assert.match(lone.json().error.message, /lone UTF-16 surrogate/);
+  const broken = await post(`{"name":"ok","x":"${padding}"`);
+  assert.equal(broken.statusCode, 400);
+  assert.equal(broken.json().error.code, "invalid_json");
+  const latin1 = await post(
+    Buffer.concat([Buffer.from(`{"name":"caf`), Buffer.from([0xe9]), Buffer.from(`${padding}"}`)]),
+  );
+  assert.equal(latin1.statusCode, 400);
+  assert.equal(latin1.json().error.code, "invalid_json");
+  assert.match(latin1.json().error.message, /not UTF-8/);
+  // `__proto__` is dropped, not applied; the rest of the body is read as usual.
+  // Whitespace makes it big and is valid JSON.
+  const kept = await post(
+    `{"name":"big",${" ".repeat(100_000)}"__proto__":{"polluted":true},"constructor":{"prototype":{"polluted":true}}}`,
+  );
+  assert.equal(kept.statusCode, 200, kept.body);
+  assert.equal(kept.json().name, "big");
+  assert.equal(({} as Record<string, unknown>).polluted, undefined);
+  const named = await post(JSON.stringify({ name: "𝄞".repeat(20), systemPrompt: padding }));
+  assert.equal(named.statusCode, 400, "systemPrompt is not a dataset field");
+  assert.equal(named.json().error.param, "systemPrompt");
+});
+
 test("a JSON body in another charset is a 415, and a lone surrogate a 400 naming its field; nothing is stored", async (t) => {
   const { app } = await build(t);
   const post = (payload: string, type: string) =>
