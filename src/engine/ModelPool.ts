@@ -50,6 +50,8 @@ export interface ModelPoolOptions {
 export interface BatcherParts {
   llama: Llama;
   model: LlamaModel;
+  /** The model file, and its {@link fileIdentity} when it was read. */
+  file: { path: string; identity: string };
   context: LlamaContext;
   template: ChatTemplate;
   /**
@@ -383,7 +385,7 @@ export class ModelPool {
             useMmap: false,
           });
           try {
-            const { contexts, batcher, template } = await this.createServing(llama, model, ref);
+            const { contexts, batcher, template } = await this.createServing(llama, model, ref, identity);
             const loaded: LoadedBase = {
               path,
               identity,
@@ -418,6 +420,7 @@ export class ModelPool {
     llama: Llama,
     model: LlamaModel,
     ref: ModelRef,
+    identity: string,
   ): Promise<{ contexts: LlamaContext[]; batcher: BatcherGroup; template: ChatTemplate }> {
     const { options } = this;
     const contextSize = Math.max(
@@ -448,7 +451,9 @@ export class ModelPool {
         this.enforceBudget();
       };
       const batcher = new BatcherGroup(
-        contexts.map((context) => options.createBatcher({ llama, model, context, template, touch })),
+        contexts.map((context) =>
+          options.createBatcher({ llama, model, file: { path, identity }, context, template, touch }),
+        ),
       );
       return { contexts, batcher, template };
     } catch (error) {
