@@ -387,6 +387,62 @@ test("the run body's rules across fields are in the document, and the server kee
   }
 });
 
+test("the eval bodies in the document accept what the server accepts and refuse what it refuses", async (t) => {
+  const { app } = await build(t);
+  const alice = as(app, KEY_A);
+  const doc = (await app.inject({ url: "/openapi.json" })).json() as Document;
+  const compile = (path: string) =>
+    new Ajv2020({ strict: false }).compile(
+      doc.paths[path]?.post?.requestBody?.content["application/json"]?.schema as object,
+    );
+  const items = { type: "items", items: [{ input: "q", expected: "a" }] };
+  const conduit: [unknown[], boolean][] = [
+    [[{ type: "exact_match" }], true],
+    [[{ type: "" }], false],
+    [[{ type: "regex", pattern: "a+" }], true],
+    [[{ type: "regex" }], false],
+    [[{ type: "contains", value: "" }], false],
+    [[{ type: "similarity", metric: "fuzzy_match", passThreshold: 0.7 }], true],
+    [[{ type: "similarity", passThreshold: 2 }], false],
+    [[{ type: "exact_match", colour: "red" }], false],
+  ];
+  const validateEval = compile("/conduit/evals");
+  for (const [graders, valid] of conduit) {
+    const body = { source: items, graders };
+    assert.equal(validateEval(body), valid, `the document on ${JSON.stringify(graders)}`);
+    const response = await alice.post("/conduit/evals", body);
+    assert.equal(response.statusCode, valid ? 200 : 400, `${JSON.stringify(graders)} → ${response.body}`);
+  }
+  const check = (type: string, extra: object = {}) => ({
+    type,
+    name: "c",
+    input: "{{sample.output_text}}",
+    reference: "{{item.answer}}",
+    ...extra,
+  });
+  const custom = { type: "custom", item_schema: { type: "object" } };
+  const openAi: [unknown, unknown[], boolean][] = [
+    [custom, [check("string_check", { operation: "eq" })], true],
+    [{ type: "" }, [check("string_check", { operation: "eq" })], false],
+    [{ type: "custom" }, [check("string_check", { operation: "eq" })], false],
+    [custom, [{ type: "" }], false],
+    [custom, [check("string_check", { operation: "eq", reference: "Paris" })], false],
+    [custom, [check("string_check", { operation: "like", reference: "Paris" })], true],
+    [custom, [check("string_check", { operation: "like", reference: "" })], false],
+    [custom, [check("string_check", { operation: "ne" })], false],
+    [custom, [check("text_similarity", { evaluation_metric: "bleu", pass_threshold: 0.5 })], false],
+    [custom, [check("text_similarity", { evaluation_metric: "token_f1", pass_threshold: 0.5 })], true],
+    [custom, [check("string_check", { operation: "eq", input: "{{item.answer}}" })], false],
+  ];
+  const validateOpenAi = compile("/v1/evals");
+  for (const [config, criteria, valid] of openAi) {
+    const body = { data_source_config: config, testing_criteria: criteria };
+    assert.equal(validateOpenAi(body), valid, `the document on ${JSON.stringify(body)}`);
+    const response = await alice.post("/v1/evals", body);
+    assert.equal(response.statusCode, valid ? 200 : 400, `${JSON.stringify(body)} → ${response.body}`);
+  }
+});
+
 test("the document's schema for response_format's JSON schemas is what the grammar takes", async (t) => {
   const doc = await openApi(t);
   const ajv = new Ajv2020({ strict: false });
