@@ -203,6 +203,13 @@ function describeRunRules(document: Json): void {
       then: { required: ["logprobs"], properties: { logprobs: { const: true } } },
     },
   ]);
+  // A job's metadata keys are 64 characters at most (the service counts them; the record's schema cannot).
+  const jobMetadata = jsonBody(document, "/v1/fine_tuning/jobs", "post")?.properties;
+  const metadata = isObject(jobMetadata) ? jobMetadata.metadata : undefined;
+  for (const branch of isObject(metadata) && Array.isArray(metadata.anyOf)
+    ? (metadata.anyOf as unknown[])
+    : [])
+    if (isObject(branch) && branch.type === "object") branch.propertyNames = { maxLength: 64 };
   addRules(jsonBody(document, "/v1/fine_tuning/jobs", "post"), [
     {
       description:
