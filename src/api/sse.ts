@@ -55,6 +55,18 @@ export function encodeSseEvent(data: unknown, event?: string, id?: string): Buff
   );
 }
 
+const shared = new WeakMap<object, Buffer>();
+
+/**
+ * An event that many streams send (the followers of a run or eval run get the same event objects from one feed),
+ * encoded once: the first stream's `encode` is kept for the object.
+ */
+export function encodeShared(event: object, encode: () => Buffer): Buffer {
+  let bytes = shared.get(event);
+  if (!bytes) shared.set(event, (bytes = encode()));
+  return bytes;
+}
+
 /**
  * An AbortSignal that fires when the client goes away before the response is complete, so
  * generation stops at once and frees its slot.

@@ -87,7 +87,12 @@ export const RegexGrader = Type.Object(
   {
     type: Type.Literal("regex"),
     name: GraderName,
-    pattern: Type.String({ minLength: 1, maxLength: 2000, description: "A JavaScript regular expression." }),
+    pattern: Type.String({
+      minLength: 1,
+      maxLength: 2000,
+      description:
+        "A regular expression in RE2 syntax (JavaScript's without lookaround and backreferences), matched in linear time.",
+    }),
     flags: Type.Optional(
       Type.String({
         pattern: "^[imsu]{0,4}$",
@@ -375,6 +380,8 @@ export interface GraderScore {
   name: string;
   score: number;
   passed: boolean;
+  /** Why the grader could not score the answer (it ran past its time limit): the score is then 0. */
+  error?: string;
 }
 
 export const EvalResult = Type.Object(

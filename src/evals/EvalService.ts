@@ -6,6 +6,7 @@ import type { ModelRef, SamplingOptions } from "../engine/types.ts";
 import { ConduitError } from "../errors.ts";
 import type { InferenceService } from "../inference/InferenceService.ts";
 import type { BlobStore } from "../store/BlobStore.ts";
+import { DatabaseHealth } from "../store/DatabaseHealth.ts";
 import type { Page } from "../store/DatasetRepository.ts";
 import type {
   Eval,
@@ -30,22 +31,22 @@ import {
   type EvalRunProgress,
   type EvalRunStatus,
   type EvalSourceWire,
+  type GraderScore,
   type GraderWire,
   type ModelTotals,
   type RunEvaluation,
 } from "../contract/evals.ts";
-import { grade, settleGraders } from "./graders.ts";
+import { grade, gradesInline, settleGraders } from "./graders.ts";
+import { GraderThread } from "./GraderThread.ts";
 import { describeEvaluation } from "./runEvaluation.ts";
+import { EvalRunFeed, type EvalRunEvent } from "./EvalRunFeed.ts";
+
+export type { EvalRunEvent } from "./EvalRunFeed.ts";
 
 /** What happens to eval runs in this process: followers wake on `changed`. */
 export interface EvalEvents {
   changed: [runId: string];
 }
-
-/** An event of an eval run's stream. */
-export type EvalRunEvent =
-  | { type: "progress"; progress: EvalRunProgress; results: ModelTotals[] }
-  | { type: "status"; status: EvalRunStatus; error: string | null };
 
 /** A RUNNING eval run not written for this long is taken for one whose server stopped (each writes every 2 s). */
 const STALE_MS = 60_000;
@@ -74,6 +75,16 @@ export interface EvalServiceOptions {
   concurrency?: number;
   /** How often the queue is checked for runs other servers queued. Defaults to `5000`. */
   pollMs?: number;
+  /** How long one grader may take on one answer (a regex, a schema, a similarity). Defaults to `2000`. */
+  gradeTimeoutMs?: number;
+  /** How often a followed run is read for changes another server made. Defaults to `1000`. */
+  followPollMs?: number;
+  /**
+   * The database's outages as this process sees them: results wait one out instead of failing the run, and
+   * other servers' runs are judged stale only once the database has been back for {@link STALE_MS}. Defaults to
+   * a tracker of the service's own.
+   */
+  health?: DatabaseHealth;
 }
 
 /**
@@ -100,7 +111,11 @@ export class EvalService {
   ) {
     this.events.setMaxListeners(0);
     this.parallel = options.parallel ?? 8;
+    this.health = options.health ?? new DatabaseHealth();
+    this.graderThread = new GraderThread({ timeoutMs: options.gradeTimeoutMs });
   }
+  private readonly graderThread: GraderThread;
+  private readonly health: DatabaseHealth;
 
   /** Starts answering queued eval runs, and (unless turned off) evaluating runs that become READY. */
   start(runEvents: RunEventBus): void {
@@ -111,9 +126,15 @@ export class EvalService {
       });
     // Other servers sharing the database queue runs too, and one that stopped may have left one RUNNING.
     this.timer = setInterval(() => {
-      this.evals.failStale(new Date(Date.now() - STALE_MS)).then(
+      // A run not written while the database was away says nothing of its server: none could write.
+      const stale = this.health.upFor(STALE_MS)
+        ? this.evals.failStale(new Date(Date.now() - STALE_MS), [...this.active.keys()])
+        : Promise.resolve(0);
+      stale.then(
         () => this.wake(),
-        (error: unknown) => this.log.error({ err: error }, "eval queue check failed"),
+        (error: unknown) => {
+          if (!this.health.saw(error)) this.log.error({ err: error }, "eval queue check failed");
+        },
       );
     }, this.options.pollMs ?? 5000);
     this.timer.unref();
@@ -141,7 +162,10 @@ export class EvalService {
           await this.execute(run);
       } while (this.wakeAgain && !this.closed);
     })()
-      .catch((error: unknown) => this.log.error({ err: error }, "eval runner failed"))
+      .catch((error: unknown) => {
+        // The database away: the queue check wakes the runner again once it is back.
+        if (!this.health.saw(error)) this.log.error({ err: error }, "eval runner failed");
+      })
       .finally(() => (this.draining = undefined));
   }
   private wakeAgain = false;
@@ -153,6 +177,7 @@ export class EvalService {
       controller.abort(new ConduitError("unavailable", "the server is shutting down"));
     await this.draining;
     await Promise.all(this.pending);
+    await this.graderThread.dispose();
   }
 
   // --- evals ---
@@ -383,7 +408,8 @@ export class EvalService {
 
   /**
    * Follows an eval run: a `progress` event when its progress changes, a `status` event when its status does, until
-   * it has ended. Another user's run is a 404 before any event.
+   * it has ended. Another user's run is a 404 before any event. Every follower of a run shares one feed: a change
+   * is read once, and its events are the same objects for all.
    */
   async follow(
     userId: string,
@@ -392,44 +418,30 @@ export class EvalService {
     signal?: AbortSignal,
   ): Promise<AsyncGenerator<EvalRunEvent>> {
     await this.getRun(userId, evalId, id);
-    const events = this.events;
-    const evals = this.evals;
-    return (async function* () {
-      let lastCompleted = -1;
-      let lastStatus: EvalRunStatus | undefined;
-      while (!signal?.aborted) {
-        const wake = new Promise<void>((resolve) => {
-          const timer = setTimeout(done, 1000);
-          function done() {
-            clearTimeout(timer);
-            events.off("changed", onChanged);
-            signal?.removeEventListener("abort", done);
-            resolve();
-          }
-          const onChanged = (changed: string) => {
-            if (changed === id) done();
-          };
-          events.on("changed", onChanged);
-          signal?.addEventListener("abort", done);
-        });
-        const run = await evals.getRun(userId, evalId, id);
-        if (!run) {
-          yield { type: "status", status: "CANCELLED", error: "the eval run was deleted" };
-          return;
-        }
-        if (run.progress.completed !== lastCompleted) {
-          lastCompleted = run.progress.completed;
-          yield { type: "progress", progress: run.progress, results: run.results };
-        }
-        if (run.status !== lastStatus) {
-          lastStatus = run.status;
-          yield { type: "status", status: run.status, error: run.error };
-        }
-        if (TERMINAL.includes(run.status)) return;
-        await wake;
-      }
-    })();
+    let feed = this.feeds.get(id);
+    if (!feed) {
+      const events = this.events;
+      const created: EvalRunFeed = new EvalRunFeed(
+        {
+          read: () => this.evals.runState(userId, evalId, id),
+          subscribe(wake) {
+            const onChanged = (changed: string) => {
+              if (changed === id) wake();
+            };
+            events.on("changed", onChanged);
+            return () => events.off("changed", onChanged);
+          },
+        },
+        () => {
+          if (this.feeds.get(id) === created) this.feeds.delete(id);
+        },
+        this.options.followPollMs,
+      );
+      this.feeds.set(id, (feed = created));
+    }
+    return feed.follow(signal);
   }
+  private readonly feeds = new Map<string, EvalRunFeed>();
 
   /** Answers every item with every model of a claimed (RUNNING) run, scoring and storing as it goes. */
   private async execute(run: EvalRun): Promise<void> {
@@ -441,32 +453,46 @@ export class EvalService {
       model: null,
     };
     const totals: ModelTotals[] = [];
+    /** Graders stopped at their deadline: not run again in this run (each would cost the deadline again). */
+    const stopped = new Map<string, string>();
     let buffer: EvalResult[] = [];
     let lastFlush = Date.now();
+    // Results wait out an outage of the database (the answers in flight wait with them), never lost.
+    const persist = <T>(work: () => Promise<T>) => this.health.retry(work, () => this.closed);
     const flush = async () => {
       const batch = buffer;
       buffer = [];
       lastFlush = Date.now();
-      await this.evals.addResults(batch);
-      if (!(await this.evals.updateProgress(run.id, progress, totals)))
+      try {
+        await persist(() => this.evals.addResults(batch));
+      } catch (error) {
+        buffer.unshift(...batch);
+        throw error;
+      }
+      if (!(await persist(() => this.evals.updateProgress(run.id, progress, totals))))
         controller.abort(new ConduitError("conflict", "cancelled"));
       this.events.emit("changed", run.id);
     };
     // The run's progress is written as answers come, and at least every HEARTBEAT_MS (others see the server alive).
+    let beating = false;
     const heartbeat = setInterval(() => {
-      if (Date.now() - lastFlush >= HEARTBEAT_MS) void flush().catch(() => undefined);
+      if (beating || Date.now() - lastFlush < HEARTBEAT_MS) return;
+      beating = true;
+      void flush()
+        .catch(() => undefined)
+        .finally(() => (beating = false));
     }, HEARTBEAT_MS);
     try {
       for (const [modelIndex, model] of run.models.entries()) {
         progress.model = model;
-        const ref = await this.inference.resolve(run.userId, model, "model");
-        const systemPrompt = await this.systemPromptFor(run, ref);
+        const ref = await persist(() => this.inference.resolve(run.userId, model, "model"));
+        const systemPrompt = await persist(() => this.systemPromptFor(run, ref));
         const total = emptyTotals(model, run.config.graders);
         totals.push(total);
         let next = 0;
         const answerOne = async (itemIndex: number) => {
           const item = run.items[itemIndex] as ResolvedItem;
-          const result = await this.answer(run, ref, systemPrompt, item, controller.signal);
+          const result = await this.answer(run, ref, systemPrompt, item, controller.signal, stopped);
           addTo(total, result, run.config.graders);
           buffer.push({ runId: run.id, modelIndex, itemIndex, model, ...result });
           progress.completed++;
@@ -489,17 +515,19 @@ export class EvalService {
         });
         return;
       }
-      await this.evals.addResults(buffer);
+      await persist(() => this.evals.addResults(buffer));
       buffer = [];
       progress.model = null;
-      await this.evals.finish(run.id, { status: "COMPLETED", progress, results: totals });
+      await persist(() => this.evals.finish(run.id, { status: "COMPLETED", progress, results: totals }));
     } catch (error) {
       const message =
         error instanceof ConduitError ? error.message : "an unexpected error (see the server log)";
       if (!(error instanceof ConduitError))
         this.log.error({ err: error, evalRun: run.id }, "eval run failed");
-      await this.evals.addResults(buffer).catch(() => undefined);
-      await this.evals.finish(run.id, { status: "FAILED", error: message, progress, results: totals });
+      await persist(() => this.evals.addResults(buffer)).catch(() => undefined);
+      await persist(() =>
+        this.evals.finish(run.id, { status: "FAILED", error: message, progress, results: totals }),
+      );
     } finally {
       clearInterval(heartbeat);
       this.active.delete(run.id);
@@ -523,6 +551,7 @@ export class EvalService {
     systemPrompt: string,
     item: ResolvedItem,
     signal: AbortSignal,
+    stopped: Map<string, string>,
   ): Promise<Omit<EvalResult, "runId" | "modelIndex" | "itemIndex" | "model">> {
     const messages =
       systemPrompt && item.messages[0]?.role !== "system"
@@ -539,7 +568,7 @@ export class EvalService {
         const answer = result.choices[0]?.text ?? "";
         return {
           answer,
-          scores: run.config.graders.map((grader) => grade(grader, answer, item.expected)),
+          scores: await this.scores(run.config.graders, answer, item.expected, stopped),
           latencyMs: performance.now() - started,
           promptTokens: result.promptTokens,
           completionTokens: result.completionTokens,
@@ -547,9 +576,14 @@ export class EvalService {
         };
       } catch (error) {
         if (signal.aborted) throw signal.reason;
-        // A queue full of other users' requests: wait as told and try again.
+        // A queue full of other users' requests: wait as told and try again. The database away (a fine-tune's
+        // lookup): wait for it, the item is not the model's failure.
         if (error instanceof ConduitError && error.code === "rate_limited" && attempt < 30) {
           await new Promise((resolve) => setTimeout(resolve, 1000 * (error.retryAfter ?? 1)));
+          continue;
+        }
+        if (this.health.saw(error) && !this.closed) {
+          await new Promise((resolve) => setTimeout(resolve, 1000));
           continue;
         }
         return {
@@ -562,6 +596,32 @@ export class EvalService {
         };
       }
     }
+  }
+
+  /**
+   * Every grader's score of one answer: the cheap ones here, the others on the grading thread. A grader stopped at
+   * its deadline scores this answer as an error, and the rest of the run's answers too without being run again.
+   */
+  private scores(
+    graders: readonly EvalGrader[],
+    answer: string,
+    expected: string,
+    stopped: Map<string, string>,
+  ): Promise<GraderScore[]> {
+    return Promise.all(
+      graders.map(async (grader) => {
+        const why = stopped.get(grader.name);
+        if (why !== undefined) return { name: grader.name, score: 0, passed: false, error: why };
+        if (gradesInline(grader)) return grade(grader, answer, expected);
+        const { score, timedOut } = await this.graderThread.score(grader, answer, expected);
+        if (timedOut)
+          stopped.set(
+            grader.name,
+            `not run: the ${grader.type} grader ran past its ${this.graderThread.timeoutMs / 1000} s limit on an earlier answer of this run`,
+          );
+        return score;
+      }),
+    );
   }
 
   // --- the automatic before/after of a fine-tuning run ---

@@ -7,6 +7,7 @@ import { Value } from "@sinclair/typebox/value";
 import { ValueErrorType } from "@sinclair/typebox/errors";
 import type { TSchema } from "@sinclair/typebox";
 import { ConduitError } from "../errors.ts";
+import { ajvLinearRegExp, compileLinearRegex, LinearRegexError, type LinearRegex } from "./linearRegex.ts";
 import {
   ContainsGrader,
   ExactMatchGrader,
@@ -65,26 +66,91 @@ export function fuzzyMatch(answer: string, expected: string): number {
   const b = [...expected.trim()];
   const longer = Math.max(a.length, b.length);
   if (longer === 0) return 1;
-  let previous = Array.from({ length: b.length + 1 }, (_, j) => j);
-  for (let i = 1; i <= a.length; i++) {
-    const current = [i];
-    for (let j = 1; j <= b.length; j++)
-      current[j] = Math.min(
-        (previous[j] as number) + 1,
-        (current[j - 1] as number) + 1,
-        (previous[j - 1] as number) + (a[i - 1] === b[j - 1] ? 0 : 1),
-      );
-    previous = current;
-  }
-  return 1 - (previous[b.length] as number) / longer;
+  return 1 - levenshtein(a, b) / longer;
 }
 
-const ajv = new Ajv({ strict: false, allErrors: false });
-const compiled = new WeakMap<object, ValidateFunction>();
+/**
+ * The Levenshtein distance of two sequences of characters, by Myers' bit-parallel algorithm in Hyyrö's blocked
+ * form: the shorter sequence is the pattern, 32 of its rows a machine word, so a 100,000-character reference
+ * against a 1,000-character answer takes 32 word steps per reference character instead of 1,000 cell updates.
+ */
+export function levenshtein(x: readonly string[], y: readonly string[]): number {
+  const [pattern, text] = x.length <= y.length ? [x, y] : [y, x];
+  const m = pattern.length;
+  if (m === 0) return text.length;
+  const blocks = Math.ceil(m / 32);
+  // Per character of the pattern, the rows it is on, 32 rows a word.
+  const peq = new Map<string, Uint32Array>();
+  for (let i = 0; i < m; i++) {
+    const c = pattern[i] as string;
+    let bits = peq.get(c);
+    if (!bits) peq.set(c, (bits = new Uint32Array(blocks)));
+    bits[i >>> 5] = ((bits[i >>> 5] as number) | (1 << (i & 31))) >>> 0;
+  }
+  const none = new Uint32Array(blocks);
+  // Vertical deltas of the column: +1 (pv) or −1 (mv) per row.
+  const pv = new Uint32Array(blocks).fill(0xffffffff);
+  const mv = new Uint32Array(blocks);
+  const lastBit = (1 << ((m - 1) & 31)) >>> 0;
+  let score = m;
+  for (const c of text) {
+    const eqs = peq.get(c) ?? none;
+    // Row 0 of each column grows by one: the horizontal delta entering the first block is +1.
+    let carry = 1;
+    for (let b = 0; b < blocks; b++) {
+      let eq = eqs[b] as number;
+      const p = pv[b] as number;
+      const n = mv[b] as number;
+      const xv = (eq | n) >>> 0;
+      if (carry < 0) eq = (eq | 1) >>> 0;
+      const xh = (((((eq & p) + p) >>> 0) ^ p) | eq) >>> 0;
+      let ph = (n | ~(xh | p)) >>> 0;
+      let mh = (p & xh) >>> 0;
+      const high = b === blocks - 1 ? lastBit : 0x80000000;
+      const out = ph & high ? 1 : mh & high ? -1 : 0;
+      ph = (ph << 1) >>> 0;
+      mh = (mh << 1) >>> 0;
+      if (carry < 0) mh = (mh | 1) >>> 0;
+      else if (carry > 0) ph = (ph | 1) >>> 0;
+      pv[b] = (mh | ~(xv | ph)) >>> 0;
+      mv[b] = (ph & xv) >>> 0;
+      carry = out;
+    }
+    score += carry;
+  }
+  return score;
+}
+
+// A schema's `pattern` keywords match on RE2's engine too: linear time whatever the pattern.
+const ajv = new Ajv({ strict: false, allErrors: false, code: { regExp: ajvLinearRegExp } });
+/** Compiled patterns, by pattern and flags: an eval run scores every answer with the same few. */
+const regexes = new Map<string, LinearRegex>();
+
+function regexOf(pattern: string, flags: string): LinearRegex {
+  const key = `${flags}/${pattern}`;
+  let regex = regexes.get(key);
+  if (!regex) {
+    regex = compileLinearRegex(pattern, flags);
+    if (regexes.size >= 256) regexes.clear();
+    regexes.set(key, regex);
+  }
+  return regex;
+}
+
+/** Compiled schemas, by their JSON: graders reach the grading thread as copies, so identity says nothing. */
+const compiled = new Map<string, ValidateFunction>();
 
 function schemaValidator(schema: Record<string, unknown>): ValidateFunction {
-  let validate = compiled.get(schema);
-  if (!validate) compiled.set(schema, (validate = ajv.compile(schema)));
+  const key = JSON.stringify(schema);
+  let validate = compiled.get(key);
+  if (!validate) {
+    validate = ajv.compile(schema);
+    if (compiled.size >= 64) {
+      compiled.clear();
+      ajv.removeSchema();
+    }
+    compiled.set(key, validate);
+  }
   return validate;
 }
 
@@ -184,15 +250,12 @@ function settle(raw: GraderWire, name: string, at: string): EvalGrader {
     case "regex": {
       const flags = grader.flags ?? "";
       try {
-        new RegExp(grader.pattern, flags);
+        regexOf(grader.pattern, flags);
       } catch (error) {
-        throw new ConduitError(
-          "invalid_request",
-          `"${at}.pattern" is not a regular expression: ${(error as Error).message}`,
-          {
-            param: `${at}.pattern`,
-          },
-        );
+        if (!(error instanceof LinearRegexError)) throw error;
+        throw new ConduitError("invalid_request", `"${at}.pattern": ${error.message}`, {
+          param: `${at}.pattern`,
+        });
       }
       return { type: "regex", name, pattern: grader.pattern, flags };
     }
@@ -219,6 +282,15 @@ function settle(raw: GraderWire, name: string, at: string): EvalGrader {
   }
 }
 
+/**
+ * Whether a grader's cost is bounded by the texts' lengths alone (a comparison, a search for a string), so it
+ * may score on the event loop; the others (a pattern, a schema, a similarity of long texts) score on the grading
+ * thread, with a deadline.
+ */
+export function gradesInline(grader: EvalGrader): boolean {
+  return grader.type === "exact_match" || grader.type === "contains";
+}
+
 /** One grader's score of `answer` against `expected`. */
 export function grade(grader: EvalGrader, answer: string, expected: string): GraderScore {
   const binary = (passed: boolean): GraderScore => ({ name: grader.name, score: passed ? 1 : 0, passed });
@@ -230,7 +302,7 @@ export function grade(grader: EvalGrader, answer: string, expected: string): Gra
         normalize(answer, grader.normalize).includes(normalize(grader.value ?? expected, grader.normalize)),
       );
     case "regex":
-      return binary(new RegExp(grader.pattern, grader.flags).test(answer));
+      return binary(regexOf(grader.pattern, grader.flags).test(answer));
     case "json_schema": {
       let value: unknown;
       try {

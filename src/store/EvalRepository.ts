@@ -352,6 +352,29 @@ export class EvalRepository {
     return row && toEvalRun(row);
   }
 
+  /** What a follower of a run is told: its status, error, progress and totals (not its items). */
+  async runState(
+    userId: string,
+    evalId: string,
+    id: string,
+  ): Promise<Pick<EvalRun, "status" | "error" | "progress" | "results"> | undefined> {
+    const row = await this.db
+      .selectFrom("eval_runs")
+      .select(["status", "error", "progress", "results"])
+      .where("id", "=", id)
+      .where("eval_id", "=", evalId)
+      .where("user_id", "=", userId)
+      .executeTakeFirst();
+    return (
+      row && {
+        status: row.status as EvalRunStatus,
+        error: row.error,
+        progress: JSON.parse(row.progress) as EvalRunProgress,
+        results: JSON.parse(row.results) as ModelTotals[],
+      }
+    );
+  }
+
   async getRunById(id: string): Promise<EvalRun | undefined> {
     const row = await this.db.selectFrom("eval_runs").selectAll().where("id", "=", id).executeTakeFirst();
     return row && toEvalRun(row);
@@ -475,8 +498,8 @@ export class EvalRepository {
    * Runs left RUNNING by a server that stopped without saying so: FAILED once nothing was written to them since
    * `before` (a server answering a run writes its progress at least every few seconds).
    */
-  async failStale(before: Date): Promise<number> {
-    const updated = await this.db
+  async failStale(before: Date, except: readonly string[] = []): Promise<number> {
+    let query = this.db
       .updateTable("eval_runs")
       .set({
         status: "FAILED",
@@ -484,8 +507,9 @@ export class EvalRepository {
         updated_at: timestamp(),
       })
       .where("status", "=", "RUNNING")
-      .where("updated_at", "<", timestamp(before))
-      .executeTakeFirst();
+      .where("updated_at", "<", timestamp(before));
+    if (except.length > 0) query = query.where("id", "not in", except);
+    const updated = await query.executeTakeFirst();
     return Number(updated.numUpdatedRows);
   }
 
@@ -509,6 +533,8 @@ export class EvalRepository {
           created_at: now,
         })),
       )
+      // A write tried again after its connection broke may have been committed the first time.
+      .onConflict((oc) => oc.columns(["run_id", "model_index", "item_index"]).doNothing())
       .execute();
   }
 

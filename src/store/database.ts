@@ -4,6 +4,7 @@ import SqliteDatabase from "better-sqlite3";
 import { Kysely, Migrator, PostgresDialect, SqliteDialect, sql, type LogEvent } from "kysely";
 import pg from "pg";
 import { CommittedReads, type ReadCommitted } from "./committedReads.ts";
+import { DatabaseHealth } from "./DatabaseHealth.ts";
 import { migrationProvider } from "./migrations.ts";
 import type { Database } from "./schema.ts";
 import { withStatementCache } from "./statementCache.ts";
@@ -15,6 +16,8 @@ export interface Db {
   dialect: Dialect;
   /** Queries run so far by this process (tests count them; a gauge for metrics). */
   queries(): number;
+  /** The outages this process has seen: for background work that must wait one out. */
+  health: DatabaseHealth;
   /**
    * SQLite only (undefined on PostgreSQL): this connection's `PRAGMA data_version`, which changes whenever
    * another connection (the CLI, another process on the same file) has committed anything since the last
@@ -45,7 +48,15 @@ export interface OpenDatabaseOptions {
   databaseUrl?: string | undefined;
   /** Path of the embedded SQLite file. */
   sqlitePath: string;
+  /**
+   * Hears an idle pooled PostgreSQL connection break (a server restart, `pg_terminate_backend`, a proxy reaping
+   * idle connections): the pool drops it and opens another when one is needed. Defaults to ignoring it.
+   */
+  onConnectionLost?: (error: Error) => void;
 }
+
+/** How long a new PostgreSQL connection may take before the query that wanted it fails. */
+const CONNECT_TIMEOUT_MS = 5000;
 
 // BIGINT arrives as a string by default; our bigints are byte sizes far below 2^53.
 pg.types.setTypeParser(20, (value) => Number(value));
@@ -56,15 +67,43 @@ export async function openDatabase(options: OpenDatabaseOptions): Promise<Db> {
   let dialect: Dialect;
   let dataVersion: (() => number) | undefined;
   let queries = 0;
+  const health = new DatabaseHealth();
   const log = (event: LogEvent) => {
     if (event.level === "query") queries++;
+    else health.saw(event.error);
   };
   if (options.databaseUrl) {
     dialect = "postgres";
-    kysely = new Kysely<Database>({
-      dialect: new PostgresDialect({ pool: new pg.Pool({ connectionString: options.databaseUrl, max: 10 }) }),
-      log,
+    const pool = new pg.Pool({
+      connectionString: options.databaseUrl,
+      max: 10,
+      // An unreachable server answers a request with a 503 after this long, not never.
+      connectionTimeoutMillis: CONNECT_TIMEOUT_MS,
+      keepAlive: true,
     });
+    // Without a listener, a connection's error is an unhandled 'error' event and the process exits. The pool
+    // hears those of idle connections (and drops them); a checked-out one has no listener of the pool's, and
+    // its query has failed already (the pool drops it when it comes back).
+    const onLost = options.onConnectionLost;
+    pool.on("error", (error) => {
+      health.saw(error);
+      onLost?.(error);
+    });
+    pool.on("connect", (client) => client.on("error", () => undefined));
+    // A connection that cannot be opened fails before any query (Kysely's log does not see it).
+    const connect = pool.connect.bind(pool);
+    pool.connect = ((callback?: Parameters<typeof connect>[0]) => {
+      if (callback)
+        return connect((error, client, done) => {
+          if (error) health.saw(error);
+          callback(error, client, done);
+        });
+      return connect().catch((error: unknown) => {
+        health.saw(error);
+        throw error;
+      });
+    }) as typeof pool.connect;
+    kysely = new Kysely<Database>({ dialect: new PostgresDialect({ pool }), log });
   } else {
     dialect = "sqlite";
     fs.mkdirSync(path.dirname(options.sqlitePath), { recursive: true });
@@ -114,6 +153,7 @@ export async function openDatabase(options: OpenDatabaseOptions): Promise<Db> {
     kysely,
     dialect,
     queries: () => queries,
+    health,
     dataVersion,
     readCommitted: committedReads?.read,
     listen: async (channel, onPayload, onResumed) =>

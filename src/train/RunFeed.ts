@@ -1,5 +1,9 @@
 import { activeStatuses, type RunStats, type RunStatus } from "../contract/runs.ts";
+import { isDatabaseUnavailable } from "../errors.ts";
 import { FollowCursor, type RunFollowEvent } from "./FollowCursor.ts";
+
+/** How soon a feed reads again after the database was unavailable. */
+const RETRY_MS = 1000;
 
 /** What a feed reads of its run (the run repository's reads, for one run of one user). */
 export interface RunFeedSource {
@@ -232,6 +236,12 @@ export class RunFeed {
       },
       (error: unknown) => {
         this.reading = false;
+        // The database away: followers wait (their streams stay open), and the feed reads again in a second.
+        if (isDatabaseUnavailable(error)) {
+          this.dirty = true;
+          setTimeout(() => this.pump(), RETRY_MS).unref();
+          return;
+        }
         this.failure = { error };
         this.wakeAll();
         this.close();

@@ -7,6 +7,7 @@ import { readGgufFileInfo } from "node-llama-cpp";
 import { writeGgufUint32 } from "../model/gguf/GgufPatch.ts";
 import { isOutOfSpace, OUT_OF_SPACE_RUN } from "../errors.ts";
 import type { BlobStore } from "../store/BlobStore.ts";
+import { DatabaseHealth } from "../store/DatabaseHealth.ts";
 import type { RunRepository } from "../store/RunRepository.ts";
 import { methodOf, type Run } from "../domain/runs.ts";
 import type { TrainerJob, TrainerProgress, TrainingStats } from "./protocol.ts";
@@ -63,6 +64,12 @@ export interface SchedulerOptions {
    * hold a run in preparation). Defaults to `prepareSamples` on the run's dataset.
    */
   prepareSamples?: SamplePreparer;
+  /**
+   * The database's outages as this process sees them: a run's end, log and stats wait one out instead of being
+   * lost, and expired leases are judged only once the database has been back for a lease's length. Defaults to
+   * a tracker of the scheduler's own.
+   */
+  health?: DatabaseHealth;
 }
 
 /** A LoRA run's config. */
@@ -97,9 +104,16 @@ export class Scheduler {
   private readonly maxAttempts: number;
   private readonly startTrainer: TrainerLauncher;
   private readonly prepareSamples: SamplePreparer;
+  private readonly health: DatabaseHealth;
+  /** Each run's last pending log line: its lines are written in order, each waiting out an outage. */
+  private readonly logging = new Map<string, Promise<void>>();
   private readonly onChanged = (runId: string) => {
     const active = this.active.get(runId);
-    if (active) void this.checkCancelled(active);
+    if (active)
+      void this.checkCancelled(active).catch((error: unknown) => {
+        // The next change or tick looks again.
+        if (!this.health.saw(error)) this.log.warn({ err: error, runId }, "cancel check failed");
+      });
     else void this.tick();
   };
 
@@ -117,6 +131,7 @@ export class Scheduler {
     this.maxAttempts = options.maxAttempts ?? 3;
     const minPairsForEval = options.minPairsForEval ?? DEFAULT_MIN_PAIRS_FOR_EVAL;
     this.startTrainer = options.trainer ?? startTrainer;
+    this.health = options.health ?? new DatabaseHealth();
     this.prepareSamples =
       options.prepareSamples ??
       ((run, base, dir) => prepareSamples(this.datasets, run, base, dir, minPairsForEval));
@@ -135,18 +150,25 @@ export class Scheduler {
     return this.ticking;
   }
 
+  /** The last tick found the database away (said once in the log, and once when it is back). */
+  private waitingForDatabase = false;
+
   private async doTick(): Promise<void> {
     try {
-      // A dead attempt's work directory is of no use to the next one (which resumes from the checkpoint):
-      // it goes before the run is QUEUED again, while no worker can claim it.
-      const { failed } = await this.runs.recoverExpired(this.maxAttempts, async (runId) => {
-        await this.blobs.remove(`runs/${runId}/work`);
-        const step = await checkpointStep(this.blobs.pathOf(`runs/${runId}/checkpoint`));
-        return step === undefined
-          ? "it starts again from the base model (it had written no checkpoint)"
-          : `it resumes from its checkpoint at step ${step}`;
-      });
-      for (const runId of failed) this.events.emit("ended", runId, "FAILED");
+      // A lease that ran out while the database was away says nothing of its worker (none could renew one):
+      // leases are judged only once the database has been back for a lease's length.
+      if (this.health.upFor(this.leaseMs)) {
+        // A dead attempt's work directory is of no use to the next one (which resumes from the checkpoint):
+        // it goes before the run is QUEUED again, while no worker can claim it.
+        const { failed } = await this.runs.recoverExpired(this.maxAttempts, async (runId) => {
+          await this.blobs.remove(`runs/${runId}/work`);
+          const step = await checkpointStep(this.blobs.pathOf(`runs/${runId}/checkpoint`));
+          return step === undefined
+            ? "it starts again from the base model (it had written no checkpoint)"
+            : `it resumes from its checkpoint at step ${step}`;
+        });
+        for (const runId of failed) this.events.emit("ended", runId, "FAILED");
+      }
       for (const active of this.active.values()) await this.renew(active);
       while (!this.closed && this.active.size < this.options.concurrency) {
         const run = await this.runs.claimNext(this.workerId, this.leaseMs);
@@ -160,8 +182,17 @@ export class Scheduler {
             if (!this.closed) void this.tick();
           });
       }
+      if (this.waitingForDatabase) {
+        this.waitingForDatabase = false;
+        this.log.info("the database is back: runs start again");
+      }
     } catch (error) {
-      this.log.error({ err: error }, "scheduler tick failed");
+      if (!this.health.saw(error)) this.log.error({ err: error }, "scheduler tick failed");
+      else if (!this.waitingForDatabase) {
+        this.waitingForDatabase = true;
+        this.log.warn("the database is unavailable: no run starts until it is back");
+      }
+      return;
     }
   }
 
@@ -189,10 +220,24 @@ export class Scheduler {
     else active.handle?.kill();
   }
 
-  private async appendLog(runId: string, message: string): Promise<void> {
-    await this.runs
-      .appendLog(runId, message)
-      .catch((error: unknown) => this.log.warn({ err: error, runId }, "run log failed"));
+  /** Appends a line to a run's log, after its earlier lines, waiting out an outage of the database. */
+  private appendLog(runId: string, message: string): Promise<void> {
+    const line = (this.logging.get(runId) ?? Promise.resolve())
+      .then(() => this.persist(() => this.runs.appendLog(runId, message)))
+      .then(
+        () => undefined,
+        (error: unknown) => this.log.warn({ err: error, runId }, "run log failed"),
+      );
+    this.logging.set(runId, line);
+    void line.then(() => {
+      if (this.logging.get(runId) === line) this.logging.delete(runId);
+    });
+    return line;
+  }
+
+  /** A write that must not be lost: tried again while the database is unavailable, until the server stops. */
+  private persist<T>(work: () => Promise<T>): Promise<T> {
+    return this.health.retry(work, () => this.closed);
   }
 
   /**
@@ -240,7 +285,7 @@ export class Scheduler {
         if (!lora) await restoreContextLength(base.path, files.outputPath);
         await writeExampleLosses(this.blobs.pathOf(`${runDir}/examples.jsonl`), examples, files.lossesPath);
         // The whole attempt, not just the trainer's part: what a run's estimate plans.
-        await progress.writeFinal(outcome.stats, (performance.now() - startedAt) / 1000);
+        await this.persist(() => progress.writeFinal(outcome.stats, (performance.now() - startedAt) / 1000));
         if (!(await this.finishReady(run, outcome.stats.outputBytes, lora !== undefined, base.id, files)))
           await leaveToTheNewAttempt();
       } else if (active.stopping === "lost") {
@@ -255,7 +300,11 @@ export class Scheduler {
       }
     } catch (error) {
       const reason = error instanceof Error ? error.message : String(error);
-      if (!(await this.fail(run, reason, isOutOfSpace(error)))) await leaveToTheNewAttempt();
+      if (this.health.saw(error)) {
+        // Not the run's fault: it goes back to the queue (its checkpoint kept) once the database is back.
+        if (await this.persist(() => this.runs.release(run.id, this.workerId)))
+          await this.appendLog(run.id, `run re-queued: the database was unavailable (${reason})`);
+      } else if (!(await this.fail(run, reason, isOutOfSpace(error)))) await leaveToTheNewAttempt();
     } finally {
       if (!lost) await fsp.rm(files.workDir, { recursive: true, force: true }).catch(() => undefined);
     }
@@ -359,15 +408,18 @@ export class Scheduler {
     files: RunFiles,
   ): Promise<boolean> {
     await this.blobs.remove(files.checkpointDir);
-    const finished = await this.runs.finish(run.id, this.workerId, {
-      status: "READY",
-      modelPath: files.outputPath,
-      message: isLora
-        ? `run READY: served as "${run.id}" (LoRA adapter of ${(outputBytes / 2 ** 20).toFixed(2)} MiB on ${baseId})`
-        : `run READY: the fine-tuned model is served as "${run.id}"`,
-    });
+    const finished = await this.persist(() =>
+      this.runs.finish(run.id, this.workerId, {
+        status: "READY",
+        modelPath: files.outputPath,
+        message: isLora
+          ? `run READY: served as "${run.id}" (LoRA adapter of ${(outputBytes / 2 ** 20).toFixed(2)} MiB on ${baseId})`
+          : `run READY: the fine-tuned model is served as "${run.id}"`,
+      }),
+    );
     if (finished) this.events.emit("ended", run.id, "READY");
-    else if ((await this.whyGone(run.id)) === "cancel") await this.blobs.remove(files.runDir);
+    else if ((await this.persist(() => this.whyGone(run.id))) === "cancel")
+      await this.blobs.remove(files.runDir);
     else return false;
     return true;
   }
@@ -385,7 +437,7 @@ export class Scheduler {
       `${active.handle ? "trainer stopped" : "stopped before its trainer started"}; partial artifacts removed`,
     );
     // Cancelled by a user of this or another process (not a lost lease: the run goes on elsewhere).
-    if ((await this.runs.getById(run.id))?.status === "CANCELLED")
+    if ((await this.persist(() => this.runs.getById(run.id)))?.status === "CANCELLED")
       this.events.emit("ended", run.id, "CANCELLED");
   }
 
@@ -404,15 +456,17 @@ export class Scheduler {
 
   /** Fails a run this worker holds; returns false (touching nothing) when it is another attempt's now. */
   private async fail(run: Run, detail: string, outOfSpace = false): Promise<boolean> {
-    const held = await this.runs.heartbeat(run.id, this.workerId, this.leaseMs);
-    if (!held && (await this.whyGone(run.id)) === "lost") return false;
+    const held = await this.persist(() => this.runs.heartbeat(run.id, this.workerId, this.leaseMs));
+    if (!held && (await this.persist(() => this.whyGone(run.id))) === "lost") return false;
     this.log.warn({ runId: run.id, reason: detail }, "run failed");
     // A full disk is told as the API tells it (507 insufficient_storage); the system's own text (paths
     // included) stays in the server's log.
     const reason = outOfSpace ? OUT_OF_SPACE_RUN : detail;
     // The reason goes in the log before the status changes, so whoever sees FAILED finds it.
     await this.appendLog(run.id, `run failed: ${reason}`);
-    if (await this.runs.finish(run.id, this.workerId, { status: "FAILED", error: reason }))
+    if (
+      await this.persist(() => this.runs.finish(run.id, this.workerId, { status: "FAILED", error: reason }))
+    )
       this.events.emit("ended", run.id, "FAILED");
     // Nothing of a failed or cancelled run is kept (no empty directory either).
     await this.blobs.remove(`runs/${run.id}`).catch(() => undefined);
@@ -430,9 +484,15 @@ export class Scheduler {
     // Waits for `train` itself, not just the trainer: a run still being prepared has none yet,
     // and must be finished with the database before it closes.
     await Promise.all(running.map((active) => active.done));
-    for (const active of running)
-      if (await this.runs.release(active.run.id, this.workerId))
+    for (const active of running) {
+      const released = await this.runs.release(active.run.id, this.workerId).catch((error: unknown) => {
+        // Its lease runs out, and the next server to start (or another one) takes it back.
+        this.log.warn({ err: error, runId: active.run.id }, "could not re-queue the run at shutdown");
+        return false;
+      });
+      if (released)
         await this.appendLog(active.run.id, "run re-queued: the server shut down while it was training");
+    }
   }
 }
 
@@ -506,7 +566,9 @@ class ProgressRecorder {
     this.lossSeries.push({ step: progress.step, trainLoss: progress.trainLoss });
     if (progress.evalLoss !== undefined)
       this.evalSeries.push({ step: progress.step, epoch: progress.epoch, evalLoss: progress.evalLoss });
-    if (Date.now() - this.lastStatsWrite > 1000 || progress.evalLoss !== undefined) void this.write();
+    // A write that fails (the database away) is made good by the next one: the stats are the whole state.
+    if (Date.now() - this.lastStatsWrite > 1000 || progress.evalLoss !== undefined)
+      void this.write().catch(() => undefined);
   }
 
   /** The trainer's totals, with the whole attempt's seconds, and the best evaluation's in the stats. */

@@ -12,7 +12,7 @@ import {
 } from "../../contract/evals.ts";
 import { Message, PageQuery, responses, sseEvent } from "../../contract/schemas.ts";
 import { evalResultWire, evalRunWire, evalWire } from "../evalWire.ts";
-import { disconnectSignal, openSse } from "../sse.ts";
+import { disconnectSignal, encodeShared, encodeSseEvent, openSse } from "../sse.ts";
 import { SUCCESS } from "../wire.ts";
 
 const Id = Type.String({ minLength: 1, maxLength: 128 });
@@ -246,9 +246,13 @@ function evalResultRoutes(app: FastifyInstance, core: Core) {
       );
       const sse = openSse(request, reply, controller, { heartbeat: true });
       try {
+        // The followers of a run share its events: each is encoded once.
         for await (const event of events) {
-          const { type, ...data } = event;
-          if (!sse.send(data, type)) await sse.drained();
+          const bytes = encodeShared(event, () => {
+            const { type, ...data } = event;
+            return encodeSseEvent(data, type);
+          });
+          if (!sse.sendEncoded(bytes)) await sse.drained();
         }
         sse.close();
       } catch (error) {

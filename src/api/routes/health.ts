@@ -126,7 +126,8 @@ export default async function healthRoutes(app: FastifyInstance, { core }: { cor
         security: [],
         description:
           "200 while the service answers: `ok`, or `degraded` with `warnings` when the data directory's disk has less " +
-          "than `CONDUIT_MIN_FREE_BYTES` free (writes may soon answer 507). 500 when the database does not answer.",
+          "than `CONDUIT_MIN_FREE_BYTES` free (writes may soon answer 507). 503 with `Retry-After` while the database does not " +
+          "answer (a restart, a lost connection): the server keeps running and answers again once it is back.",
         response: responses({ 200: Health }, []),
       },
     },

@@ -25,7 +25,7 @@ import {
   REASON,
 } from "../../contract/schemas.ts";
 import { RUN_EVENT_ID_PATTERN } from "../../contract/runs.ts";
-import { disconnectSignal, encodeSseEvent, openSse } from "../sse.ts";
+import { disconnectSignal, encodeShared, encodeSseEvent, openSse } from "../sse.ts";
 import { runSummaryWire, runWire, SUCCESS } from "../wire.ts";
 import {
   chatEvents,
@@ -358,15 +358,9 @@ function runEventsRoute(app: FastifyInstance, core: Core) {
   );
 }
 
-/**
- * Each event as written on the wire, made once: the followers of a run are sent the same event objects (one
- * feed per run), so a change is serialized once however many follow it.
- */
-const wire = new WeakMap<RunFollowEvent, Buffer>();
+/** Each event as written on the wire, made once however many follow the run (one feed per run). */
 function encoded(event: RunFollowEvent): Buffer {
-  let bytes = wire.get(event);
-  if (!bytes) wire.set(event, (bytes = encodeSseEvent(eventData(event), event.type, event.id)));
-  return bytes;
+  return encodeShared(event, () => encodeSseEvent(eventData(event), event.type, event.id));
 }
 
 /** An event's `data`, as the stream has always sent it. */
