@@ -18,7 +18,8 @@ uploaded file's content or on the model the request names rather than on the req
   compare items of a list);
 - an OpenAI eval run's items without the field its eval's criteria compare with, or without `input` when no
   `input_messages` template says how to prompt: what an item must hold depends on the eval, another resource;
-- an eval run's results asked for a `model` the run did not score.
+- an eval run's results asked for a `model` the run did not score;
+- a run whose `datasetID` and `datasetId` name different datasets (JSON Schema cannot compare two fields).
 
 This check is `positive_data_acceptance` except for exactly those answers, recognised by their error code,
 param and reason; the script runs it in place of the built-in one. Any other refusal of valid data still fails.
@@ -63,6 +64,9 @@ def _model_or_content_refusal(response) -> bool:
         return "every criterion compares with the same field" in message
     if code == "invalid_request" and (param or "").startswith("data_source.source.content["):
         return "must be text" in message
+    # A run's `datasetID` and `datasetId` may both be sent only when they name the same dataset.
+    if code == "invalid_request" and param == "datasetId" and "name different datasets" in message:
+        return True
     # `?model=` of an eval run's results must be one of the run's models.
     if code == "invalid_request" and param == "model" and "is not one of this run's" in message:
         return True

@@ -190,9 +190,10 @@ function describeRunRules(document: Json): void {
       },
     },
     {
-      description: "The dataset: `datasetID` (or `datasetId`, not both), or `datasetName`.",
+      // Both `datasetID` and `datasetId` are taken when they are the same id: JSON Schema cannot compare them.
+      description:
+        "The dataset: `datasetID` (or `datasetId`; both only when they name the same dataset), or `datasetName`.",
       anyOf: ["datasetID", "datasetId", "datasetName"].map((name) => ({ required: [name] })),
-      not: { required: ["datasetID", "datasetId"] },
     },
   ]);
   // `top_logprobs` asks for alternatives to the tokens `logprobs` returns (`null` is left out).

@@ -376,6 +376,7 @@ test("the run body's rules across fields are in the document, and the server kee
     [{ datasetID: world.ds, method: "full" }, true],
     [{ datasetID: world.ds, loraRank: 4, loraAlpha: 8 }, true],
     [{ datasetId: world.ds, method: "lora", loraRank: 4 }, true],
+    [{ datasetID: world.ds, datasetId: world.ds }, true],
     [{ datasetName: "secret" }, true],
     [{ method: "full" }, false],
   ];
