@@ -1,6 +1,8 @@
 /**
  * Hostile load (issue #28): how `/healthz` and another client's chat fare while the server is under each of
  *   - `keys`: 1,000 requests with wrong API keys, 50 at a time, from 127.0.0.2;
+ *   - `wrongThenValid`: round after round from an address of its own (127.0.1.N), 20 wrong keys (the limit), then
+ *     a valid key of another user from the same address (it must be served), then one more wrong key (429);
  *   - `slow`: 200 uploads trickled a few bytes a second (slow bodies);
  *   - `followers`: 300 followers of a running run (its events stream), plus 20 past the per-user cap;
  *   - `enum`: chat requests whose `response_format` is a 100,000-value enum, one at a time;
@@ -23,7 +25,8 @@
  * server's CPU time and RSS from /proc. Each scenario is bounded (`--seconds`, at most 60), and waits for
  * `/healthz` to settle before it starts.
  *
- *   node --import tsx bench/hostile.ts [--seconds 30] [--only baseline,keys,slow,training,followers,enum]
+ *   node --import tsx bench/hostile.ts [--seconds 30]
+ *        [--only baseline,keys,wrongThenValid,slow,training,followers,enum,redos,fuzzy,evalFollowers,database]
  *        [--followers 300]
  *
  * With DATABASE_URL set, the server runs on that PostgreSQL database, in a schema of its own dropped at the end.
@@ -43,9 +46,11 @@ import type { LoadResult, Scenario } from "./lib/hostileLoad.ts";
 import { repoRoot } from "./lib/reference.ts";
 import { privatePostgres } from "../test/lib/privatePostgres.ts";
 
+// In the order they run; each is a `measure` of its own in the chain below.
 const SCENARIOS = [
   "baseline",
   "keys",
+  "wrongThenValid",
   "slow",
   "training",
   "followers",
@@ -68,6 +73,8 @@ const seconds = Math.min(60, Number(values.seconds));
 const only = new Set(values.only.split(",") as Name[]);
 const followerCount = Number(values.followers);
 const CHAT_KEY = "bench-chat-key-000000000000";
+/** The key of a user behind the same address as a key guesser (`wrongThenValid`). */
+const NAT_KEY = "bench-nat-key-0000000000000";
 const PROBE_MS = 50;
 const CHAT_PAUSE_MS = 200;
 
@@ -97,9 +104,11 @@ const server = await startConduit(
   { tiny, trainee: trainModel },
   {
     ...(databaseUrl ? { DATABASE_URL: databaseUrl } : {}),
-    CONDUIT_API_KEYS: `${BENCH_KEY}:bench,${CHAT_KEY}:chat`,
+    CONDUIT_API_KEYS: `${BENCH_KEY}:bench,${CHAT_KEY}:chat,${NAT_KEY}:nat`,
     CONDUIT_DEFAULT_MODEL: "tiny",
     CONDUIT_MAX_STREAMS_PER_USER: String(followerCount),
+    // The followers and the probes come from one address.
+    CONDUIT_CONNECTIONS_PER_IP: String(followerCount + 64),
   },
 );
 process.on("exit", () => {
@@ -284,6 +293,13 @@ if (only.has("keys"))
     total: 1000,
     concurrency: 50,
     from: "127.0.0.2",
+  });
+if (only.has("wrongThenValid"))
+  await measure("20 wrong keys, then a valid one, from one address", {
+    ...base,
+    kind: "wrongThenValid",
+    key: NAT_KEY,
+    wrong: 20,
   });
 if (only.has("slow")) {
   const dataset = await call<{ id: string }>(server, "POST", "/conduit/dataset", { name: "slow" });

@@ -143,7 +143,7 @@ class PerContextServer implements Server {
       this.contexts.set(key, entry);
     }
     const { batcher } = await entry;
-    const prompt = batcher.tokenize(request);
+    const prompt = await batcher.tokenize(request);
     const sequence = batcher.takeSequence(prompt) ?? (await batcher.waitForSequence(undefined));
     return batcher.start(sequence, prompt, request, undefined);
   }

@@ -34,25 +34,39 @@ done
 # and every run operation; the HAR of all requests is counted below.
 har=bench/.cache/schemathesis-last.har
 status=0
-SCHEMATHESIS_HOOKS=bench/schemathesis_hooks.py "$venv/bin/schemathesis" --config-file bench/schemathesis.toml run "http://127.0.0.1:$port/openapi.json" \
+CONDUIT_FUZZ_URL="http://127.0.0.1:$port" CONDUIT_FUZZ_KEY=$key CONDUIT_FUZZ_MODEL=tiny \
+  SCHEMATHESIS_HOOKS=bench/schemathesis_hooks.py "$venv/bin/schemathesis" --config-file bench/schemathesis.toml run "http://127.0.0.1:$port/openapi.json" \
   -H "x-api-key: $key" --checks all --exclude-checks positive_data_acceptance \
   --phases examples,coverage,fuzzing,stateful \
-  --max-examples 30 --suppress-health-check all --report har --report-har-path "$har" "$@" || status=$?
+  --suppress-health-check all --report har --report-har-path "$har" "$@" || status=$?
 python3 - "$har" <<'PY'
 import json, re, sys
 from collections import Counter
 entries = json.load(open(sys.argv[1]))["log"]["entries"]
 reached, ok = Counter(), Counter()
+# Operations on a real run or eval run (an id the server made), by path pattern.
+patterns = [
+    (r"^/conduit/finetuning/ft_[0-9A-Z]{26}(/[a-z]+)?$", "/conduit/finetuning/{id}"),
+    (r"^/v1/fine_tuning/jobs/ft_[0-9A-Z]{26}(/[a-z]+)?$", "/v1/fine_tuning/jobs/{id}"),
+    (r"^/conduit/evals/eval_[0-9A-Z]{26}/runs/evalrun_[0-9A-Z]{26}(/[a-z]+)?$", "/conduit/evals/{id}/runs/{run}"),
+    (r"^/v1/evals/eval_[0-9A-Z]{26}/runs/evalrun_[0-9A-Z]{26}(/[a-z_]+)?$", "/v1/evals/{id}/runs/{run}"),
+]
+created = Counter()
 for e in entries:
     path = re.sub(r"^https?://[^/]+", "", e["request"]["url"]).split("?")[0]
-    m = re.match(r"^/conduit/finetuning/ft_[0-9A-Z]{26}(/[a-z]+)?$", path)
-    if not m:
-        continue
-    op = f'{e["request"]["method"]} /conduit/finetuning/{{id}}{m.group(1) or ""}'
-    reached[op] += 1
-    if 200 <= e["response"]["status"] < 300:
-        ok[op] += 1
-print(f"\nrequests to a run operation with a real run's id: {sum(reached.values())} ({sum(ok.values())} answered 2xx)")
+    method, status = e["request"]["method"], e["response"]["status"]
+    if method == "POST" and 200 <= status < 300 and re.match(r"^(/conduit|/v1)/evals/eval_[0-9A-Z]{26}/runs$", path):
+        created[path.split("/")[1]] += 1
+    for pattern, name in patterns:
+        m = re.match(pattern, path)
+        if not m:
+            continue
+        op = f"{method} {name}{m.group(1) or ''}"
+        reached[op] += 1
+        if 200 <= status < 300:
+            ok[op] += 1
+print(f"\neval runs created: {created['conduit']} (/conduit/evals), {created['v1']} (/v1/evals)")
+print(f"requests to a run or eval-run operation with a real id: {sum(reached.values())} ({sum(ok.values())} answered 2xx)")
 for op in sorted(reached):
     print(f"  {op}: {reached[op]} ({ok[op]} 2xx)")
 PY

@@ -1,3 +1,4 @@
+import net from "node:net";
 import path from "node:path";
 import { TRAINER_SETTINGS, type TrainerSetting } from "./domain/runs.ts";
 import { GPU_SETTINGS, type GpuLayers, type GpuSetting } from "./contract/accelerator.ts";
@@ -180,6 +181,20 @@ export const settings = {
       "Open client connections the server keeps at once; a connection past it is closed as it arrives. 0: no limit.",
     defaultText: "1024",
     parse: integer("CONDUIT_MAX_CONNECTIONS", 1024, 0),
+  },
+  maxConnectionsPerAddress: {
+    env: "CONDUIT_CONNECTIONS_PER_IP",
+    description:
+      "Open connections one client address may hold of `CONDUIT_MAX_CONNECTIONS`, so that one client cannot take them all; a connection past it is closed as it arrives and a warning names the address. Connections from a trusted proxy (`CONDUIT_TRUST_PROXY`) are not counted per address. 0: no share.",
+    defaultText: "256",
+    parse: integer("CONDUIT_CONNECTIONS_PER_IP", 256, 0),
+  },
+  trustProxy: {
+    env: "CONDUIT_TRUST_PROXY",
+    description:
+      "Reverse proxies whose `X-Forwarded-For` is believed, as Fastify's `trustProxy`: addresses and CIDR ranges separated by commas (`127.0.0.1,10.0.0.0/8`), or a hop count (`1`: the nearest one, whatever its address). Set, a request's client address (for `CONDUIT_MAX_KEY_FAILURES` and the logs) is the nearest address in `X-Forwarded-For` that is not a trusted proxy. Unset: the connection's address, and `X-Forwarded-For` is ignored.",
+    defaultText: "unset (no proxy)",
+    parse: (raw): TrustProxy | undefined => parseTrustProxy(raw),
   },
   requestTimeout: {
     env: "CONDUIT_REQUEST_TIMEOUT_MS",
@@ -478,6 +493,27 @@ function parseApiKeys(raw: string | undefined): ApiKeySeed[] {
       );
     return { key, userId };
   });
+}
+
+/** Which proxies' `X-Forwarded-For` to believe: the nearest `hops`, or those at `addresses` (addresses and CIDRs). */
+export type TrustProxy = { hops: number } | { addresses: string[] };
+
+function parseTrustProxy(raw: string | undefined): TrustProxy | undefined {
+  const value = optionalText(raw);
+  if (value === undefined) return undefined;
+  if (/^\d+$/.test(value)) return { hops: integer("CONDUIT_TRUST_PROXY", 1, 1, 64)(value) };
+  const addresses = value.split(",").map((entry) => entry.trim());
+  for (const entry of addresses) {
+    const [address = "", prefix, ...rest] = entry.split("/");
+    const family = net.isIP(address);
+    const bits = family === 4 ? 32 : 128;
+    const validPrefix = prefix === undefined || (/^\d{1,3}$/.test(prefix) && Number(prefix) <= bits);
+    if (family === 0 || !validPrefix || rest.length > 0)
+      throw new ConfigError(
+        `CONDUIT_TRUST_PROXY must be a hop count or addresses and CIDR ranges separated by commas (127.0.0.1,10.0.0.0/8), got "${entry}"`,
+      );
+  }
+  return { addresses };
 }
 
 function parseUserList(env: string, raw: string | undefined, fallback: string[]): string[] {

@@ -114,6 +114,15 @@ export class ConduitError extends Error {
   }
 }
 
+/** What a 507 says: the same words for a request and for a run that failed on a full disk. */
+export const OUT_OF_SPACE =
+  "the server's storage is full, so nothing was stored; retry once space has been freed";
+
+/** A run's error when its trainer found the disk full. */
+export const OUT_OF_SPACE_RUN =
+  "insufficient_storage: the server's storage is full, so the run could not write its files; start it again " +
+  "once space has been freed";
+
 /** Error codes of a write that found no space: the file system's, SQLite's and PostgreSQL's. */
 const outOfSpaceCodes = new Set(["ENOSPC", "EDQUOT", "SQLITE_FULL", "53100"]);
 

@@ -18,7 +18,16 @@ export type Scenario =
       beyond: number;
     }
   | { kind: "slow"; url: string; key: string; seconds: number; count: number; datasetId: string }
-  | { kind: "keys"; url: string; seconds: number; total: number; concurrency: number; from: string };
+  | { kind: "keys"; url: string; seconds: number; total: number; concurrency: number; from: string }
+  | {
+      kind: "wrongThenValid";
+      url: string;
+      /** A valid key, of a user sharing the address with the one who sends the wrong keys. */
+      key: string;
+      seconds: number;
+      /** Wrong keys sent from each address before its valid one (the server's limit). */
+      wrong: number;
+    };
 
 export interface LoadResult {
   /** Answers by HTTP status (`error` when the connection failed, `open` when still unanswered at the end). */
@@ -188,12 +197,50 @@ async function wrongKeys(s: Extract<Scenario, { kind: "keys" }>, deadline: numbe
   );
 }
 
+/**
+ * Round after round, each from a loopback address of its own (127.0.1.N): `wrong` wrong keys, 5 at a time, then
+ * a valid key from the same address (another user behind the same NAT), then one more wrong key. Counted apart:
+ * `valid` is the valid key's status each round (200 when it is served), `after` the wrong key's (429: the
+ * address is held off).
+ */
+async function wrongThenValid(s: Extract<Scenario, { kind: "wrongThenValid" }>, deadline: number) {
+  const valid: Record<string, number> = {};
+  const after: Record<string, number> = {};
+  let rounds = 0;
+  while (Date.now() < deadline && rounds < 250) {
+    const from = `127.0.1.${++rounds}`;
+    const get = (key: string) =>
+      request(
+        s.url,
+        { method: "GET", path: "/conduit/finetuning", headers: { "x-api-key": key }, from },
+        deadline,
+      );
+    for (let sent = 0; sent < s.wrong; sent += 5)
+      for (const status of await Promise.all(
+        Array.from({ length: Math.min(5, s.wrong - sent) }, (_, i) => get(`wrong-key-${rounds}-${sent + i}`)),
+      ))
+        count(status);
+    const answer = await get(s.key);
+    valid[answer] = (valid[answer] ?? 0) + 1;
+    const refused = await get(`wrong-key-${rounds}-after`);
+    after[refused] = (after[refused] ?? 0) + 1;
+  }
+  notes.rounds = rounds;
+  notes["valid key"] = Object.entries(valid)
+    .map(([status, n]) => `${n}×${status}`)
+    .join(" ");
+  notes["wrong key after"] = Object.entries(after)
+    .map(([status, n]) => `${n}×${status}`)
+    .join(" ");
+}
+
 process.once("message", async (scenario: Scenario) => {
   const deadline = Date.now() + scenario.seconds * 1000;
   const started = Date.now();
   if (scenario.kind === "enum") await enumSchema(scenario, deadline);
   else if (scenario.kind === "followers") await followers(scenario, deadline);
   else if (scenario.kind === "slow") await slowBodies(scenario, deadline);
+  else if (scenario.kind === "wrongThenValid") await wrongThenValid(scenario, deadline);
   else await wrongKeys(scenario, deadline);
   notes.seconds = ((Date.now() - started) / 1000).toFixed(1);
   for (const socket of sockets) socket.destroy();

@@ -67,12 +67,26 @@ export class FailedKeys {
   }
 }
 
-/** Every route needs a valid key unless its config says `public: true`. */
+/**
+ * Every route needs a valid key unless its config says `public: true`. The key is checked before the client's
+ * failures: a valid key is served even from an address that sent too many wrong ones (behind a NAT or a proxy
+ * others share it), and only missing and wrong keys from such an address get the 429. Key guessing is then not
+ * slowed, but it is hopeless: a generated key holds 256 random bits (keys given in `CONDUIT_API_KEYS` should
+ * too), and every address past the limit is in the log.
+ */
 export function registerAuth(app: FastifyInstance, keys: KeyRepository, maxKeyFailures: number): void {
   const failures = new FailedKeys(maxKeyFailures, (message) => app.log.warn(message));
   app.decorateRequest("userId", "");
   app.addHook("onRequest", async (request) => {
     if (request.routeOptions.config.public) return;
+    // Unknown routes fall through to the 404 handler only for authenticated callers, so route
+    // names are not an oracle for anonymous ones.
+    const key = apiKeyOf(request);
+    const found = key ? await keys.authenticate(key) : undefined;
+    if (found) {
+      request.userId = found.userId;
+      return;
+    }
     const blocked = failures.blockedFor(request.ip);
     if (blocked !== undefined)
       throw new ConduitError(
@@ -80,21 +94,10 @@ export function registerAuth(app: FastifyInstance, keys: KeyRepository, maxKeyFa
         `too many failed API keys from this client; retry in ${blocked} s`,
         { retryAfter: blocked },
       );
-    // Unknown routes fall through to the 404 handler only for authenticated callers, so route
-    // names are not an oracle for anonymous ones.
-    const key = apiKeyOf(request);
-    if (!key) {
-      failures.failed(request.ip);
-      throw new ConduitError(
-        "unauthorized",
-        "missing API key: send `x-api-key: <key>` or `Authorization: Token <key>`",
-      );
-    }
-    const found = await keys.authenticate(key);
-    if (!found) {
-      failures.failed(request.ip);
-      throw new ConduitError("unauthorized", "invalid API key");
-    }
-    request.userId = found.userId;
+    failures.failed(request.ip);
+    throw new ConduitError(
+      "unauthorized",
+      key ? "invalid API key" : "missing API key: send `x-api-key: <key>` or `Authorization: Token <key>`",
+    );
   });
 }

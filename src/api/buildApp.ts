@@ -5,6 +5,8 @@ import { Ajv } from "ajv";
 import type { Core } from "../core.ts";
 import { ConduitError } from "../errors.ts";
 import { jsonTooLarge } from "./uploadSource.ts";
+import { parseJsonBody, type ParsedJsonBody } from "./jsonBody.ts";
+import { JsonParserThread } from "./JsonParserThread.ts";
 import { registerAuth } from "./auth.ts";
 import { ConnectionGuard } from "./connections.ts";
 import { openApiFixes } from "./openApiDocument.ts";
@@ -65,17 +67,19 @@ export async function buildApp(core: Core): Promise<FastifyInstance> {
   return app;
 }
 
+/**
+ * Bodies up to this size are parsed on the event loop (a millisecond or less); bigger ones in a worker thread
+ * (`JsonParserThread`), which costs a round trip but holds the loop only to take the value back.
+ */
+const INLINE_JSON_BYTES = 64 * 1024;
+
 /** JSON bodies: UTF-8 text only, within the JSON limit, no lone surrogates; an empty one is no body. */
 function registerJsonParser(app: FastifyInstance, bodyLimit: number): void {
   // JSON endpoints take JSON: a text/plain body is a 415, not a string that fails the schema.
   // (The upload route accepts text/plain as a raw file with a parser of its own.)
   app.removeContentTypeParser("text/plain");
-  // JSON is UTF-8 (RFC 8259): a body with bytes that are not is refused, not read with U+FFFD in
-  // their place (the same rule as for uploaded files). The rest is Fastify's own parser, which drops
-  // `__proto__` and `constructor.prototype` keys (no prototype pollution) rather than refusing a body
-  // the schemas allow (free-form objects such as a JSON schema in `response_format` may hold any key).
-  const parseJson = app.getDefaultJsonParser("remove", "remove");
-  const utf8 = new TextDecoder("utf-8", { fatal: true });
+  const thread = new JsonParserThread();
+  app.addHook("onClose", async () => thread.dispose());
   app.removeContentTypeParser("application/json");
   app.addContentTypeParser("application/json", { parseAs: "buffer" }, (request, body, done) => {
     // A JSON body is UTF-8 text: one that says it is in another charset would be misread, so it is refused.
@@ -90,7 +94,7 @@ function registerJsonParser(app: FastifyInstance, bodyLimit: number): void {
       );
       return;
     }
-    // Parsing is synchronous: a JSON body gets the JSON limit even where the route takes more (see limitJsonUploads).
+    // Parsing takes the whole body: a JSON body gets the JSON limit even where the route takes more (see limitJsonUploads).
     if ((body as Buffer).length > bodyLimit) {
       done(jsonTooLarge(bodyLimit), undefined);
       return;
@@ -101,27 +105,16 @@ function registerJsonParser(app: FastifyInstance, bodyLimit: number): void {
       done(null, undefined);
       return;
     }
-    let text: string;
-    try {
-      text = utf8.decode(body as Buffer);
-    } catch {
-      done(new ConduitError("invalid_json", "the body is not valid JSON: it is not UTF-8 text"), undefined);
-      return;
-    }
-    parseJson(request, text, (error, value) => {
-      // JSON's \ud800 escapes can spell a lone surrogate, which no UTF-8 text (nor the database) can hold.
-      const bad = error === null ? loneSurrogate(value) : undefined;
-      if (bad !== undefined)
+    const settle = (parsed: ParsedJsonBody) => {
+      if ("value" in parsed) done(null, parsed.value);
+      else
         done(
-          new ConduitError(
-            "invalid_request",
-            `${bad === "" ? "the body" : `"${bad}"`} holds a lone UTF-16 surrogate (an unpaired \\ud800–\\udfff escape), which is not text`,
-            { param: bad || undefined },
-          ),
+          new ConduitError(parsed.error.code, parsed.error.message, { param: parsed.error.param }),
           undefined,
         );
-      else done(error, value);
-    });
+    };
+    if ((body as Buffer).length <= INLINE_JSON_BYTES) settle(parseJsonBody(body as Buffer));
+    else thread.parse(body as Buffer).then(settle, (error: unknown) => done(error as Error, undefined));
   });
 }
 
@@ -267,24 +260,4 @@ function requiredFields(schema: unknown): string[] | undefined {
   const { type, required } = schema as { type?: unknown; required?: unknown };
   if (type !== "object") return undefined;
   return Array.isArray(required) ? required.filter((f): f is string => typeof f === "string") : [];
-}
-
-/** The path (`messages[2].content`) of the first string, or object key, that is not well-formed UTF-16, if any. */
-function loneSurrogate(value: unknown, at = ""): string | undefined {
-  if (typeof value === "string") return value.isWellFormed() ? undefined : at;
-  if (Array.isArray(value)) {
-    for (const [i, item] of value.entries()) {
-      const found = loneSurrogate(item, `${at}[${i}]`);
-      if (found !== undefined) return found;
-    }
-    return undefined;
-  }
-  if (typeof value === "object" && value !== null)
-    for (const [key, item] of Object.entries(value)) {
-      const path = at === "" ? key : `${at}.${key}`;
-      if (!key.isWellFormed()) return path;
-      const found = loneSurrogate(item, path);
-      if (found !== undefined) return found;
-    }
-  return undefined;
 }

@@ -1,5 +1,5 @@
 import { STATUS_CODES, type IncomingMessage, type Server, type ServerResponse } from "node:http";
-import type { Socket } from "node:net";
+import { BlockList, isIPv4, type Socket } from "node:net";
 import type {
   FastifyError,
   FastifyInstance,
@@ -7,7 +7,7 @@ import type {
   FastifyRequest,
   FastifyHttpOptions,
 } from "fastify";
-import type { Config } from "../config.ts";
+import type { Config, TrustProxy } from "../config.ts";
 import { ConduitError } from "../errors.ts";
 import { errorBody, toConduitError } from "./errorHandler.ts";
 
@@ -29,7 +29,36 @@ export type ConnectionSettings = Pick<
   | "idleTimeout"
   | "shutdownTimeout"
   | "maxConnections"
+  | "maxConnectionsPerAddress"
+  | "trustProxy"
 >;
+
+/**
+ * Whether the peer `hop` steps from the server (0: the connection's, then `X-Forwarded-For` from the right) at
+ * `address` is a proxy to believe, as Fastify's `trustProxy` function takes it: the nearest `hops`, or those at the
+ * listed addresses and ranges (an IPv4 one also matches its IPv6-mapped form). Undefined: no proxy is believed.
+ */
+export function proxyTrust(
+  setting: TrustProxy | undefined,
+): ((address: string, hop: number) => boolean) | undefined {
+  if (setting === undefined) return undefined;
+  if ("hops" in setting) return (_address, hop) => hop < setting.hops;
+  const trusted = new BlockList();
+  for (const entry of setting.addresses) {
+    const [address = "", prefix] = entry.split("/");
+    const type = isIPv4(address) ? "ipv4" : "ipv6";
+    if (prefix === undefined) trusted.addAddress(address, type);
+    else trusted.addSubnet(address, Number(prefix), type);
+  }
+  return (address) => {
+    try {
+      return trusted.check(address, isIPv4(address) ? "ipv4" : "ipv6");
+    } catch {
+      // Not an address at all (a garbled X-Forwarded-For entry): not a proxy.
+      return false;
+    }
+  };
+}
 
 /**
  * Longest path segment the router takes; a longer one is a 414. Above every id and name a path
@@ -98,16 +127,25 @@ interface Tracked {
 export class ConnectionGuard {
   private readonly sockets = new Set<Socket>();
   private readonly current = new Map<Socket, Tracked>();
+  /** Open connections by client address (those of trusted proxies are not counted). */
+  private readonly perAddress = new Map<string, number>();
+  /** When each address at its share was last warned about (at most one warning a minute for each). */
+  private readonly warnedAt = new Map<string, number>();
+  private readonly trust: ((address: string, hop: number) => boolean) | undefined;
   private closing = false;
   private bodyTimer: NodeJS.Timeout | undefined;
 
-  constructor(private readonly settings: ConnectionSettings) {}
+  constructor(private readonly settings: ConnectionSettings) {
+    this.trust = proxyTrust(settings.trustProxy);
+  }
 
   /** Server options for the timeouts, and the framework's errors (408, 414, 431) in the documented shape. */
   serverOptions(): Partial<FastifyHttpOptions<Server>> {
     const { headersTimeout, requestTimeout, idleTimeout } = this.settings;
     const shortest = requestTimeout > 0 ? Math.min(requestTimeout, headersTimeout) : headersTimeout;
     return {
+      // The client address of a request (key throttling, logs): through the trusted proxies' X-Forwarded-For.
+      ...(this.trust ? { trustProxy: this.trust } : {}),
       keepAliveTimeout: idleTimeout,
       requestTimeout,
       // `requestTimeout` here too: Node checks it against `headersTimeout` when it creates the server.
@@ -142,6 +180,7 @@ export class ConnectionGuard {
     // Node closes a connection that arrives past the limit at once.
     if (this.settings.maxConnections > 0) app.server.maxConnections = this.settings.maxConnections;
     app.server.on("connection", (socket: Socket) => {
+      if (!this.admit(socket, app)) return;
       sockets.add(socket);
       socket.once("close", () => {
         sockets.delete(socket);
@@ -175,6 +214,41 @@ export class ConnectionGuard {
     this.bodyTimer.unref();
 
     app.addHook("preClose", async () => this.close(app));
+  }
+
+  /**
+   * Counts a new connection against its address's share of the connections (`maxConnectionsPerAddress`), or
+   * closes it at once, as Node closes one past the whole cap, when the address holds its share already. A
+   * warning names the address, at most once a minute. A trusted proxy's connections carry many clients'
+   * requests, so they are not counted.
+   */
+  private admit(socket: Socket, app: FastifyInstance): boolean {
+    const share = this.settings.maxConnectionsPerAddress;
+    const address = socket.remoteAddress;
+    if (share === 0 || address === undefined || this.trust?.(address, 0)) return true;
+    const open = this.perAddress.get(address) ?? 0;
+    if (open >= share) {
+      socket.destroy();
+      const now = Date.now();
+      if (now - (this.warnedAt.get(address) ?? -Infinity) >= 60_000) {
+        this.warnedAt.delete(address);
+        this.warnedAt.set(address, now);
+        // Remembered for the latest 10,000 addresses: past that, the oldest is forgotten.
+        if (this.warnedAt.size > 10_000) this.warnedAt.delete(this.warnedAt.keys().next().value!);
+        app.log.warn(
+          `${address} holds ${open} connections, its share (CONDUIT_CONNECTIONS_PER_IP): ` +
+            "more from it are closed as they arrive",
+        );
+      }
+      return false;
+    }
+    this.perAddress.set(address, open + 1);
+    socket.once("close", () => {
+      const left = (this.perAddress.get(address) ?? 1) - 1;
+      if (left > 0) this.perAddress.set(address, left);
+      else this.perAddress.delete(address);
+    });
+    return true;
   }
 
   /** One timer for every request whose body is still arriving: it looks at how far each has got. */

@@ -5,6 +5,7 @@ import {
   errorCatalog,
   isDatabaseUnavailable,
   isOutOfSpace,
+  OUT_OF_SPACE,
   type ErrorCode,
 } from "../errors.ts";
 import { patternReasons, REASON } from "../contract/schemas.ts";
@@ -102,12 +103,72 @@ function telling(issues: ValidationIssue[]): ValidationIssue | undefined {
   );
 }
 
+/** The schema node at an Ajv `schemaPath` (`#/properties/source/anyOf`), if it leads to one. */
+function schemaAt(schema: unknown, schemaPath: string): unknown {
+  let node = schema;
+  for (const step of schemaPath.replace(/^#\/?/, "").split("/").filter(Boolean)) {
+    if (!isSchema(node)) return undefined;
+    node = (node as Record<string, unknown>)[step.replaceAll("~1", "/").replaceAll("~0", "~")];
+  }
+  return node;
+}
+
+/** The value at an Ajv `instancePath` (`/source/items/3`) of the data validated. */
+function valueAt(data: unknown, instancePath: string): unknown {
+  let value = data;
+  for (const step of instancePath.split("/").filter(Boolean)) {
+    if (!isSchema(value)) return undefined;
+    value = (value as Record<string, unknown>)[step.replaceAll("~1", "/").replaceAll("~0", "~")];
+  }
+  return value;
+}
+
+/**
+ * A tagged union's issues narrowed to the branch its value's tag names. Ajv tries every branch of an `anyOf` and
+ * reports each one's first issue in order, so `source: {type: "items", items: []}` would first show the `file`
+ * branch's "fileId is required". When the branches are objects told apart by a property with a constant in each
+ * (`type`), and the value's tag matches one of them, only that branch's issues are kept: "source.items must NOT
+ * have fewer than 1 items".
+ */
+function taggedBranch(issues: ValidationIssue[], schema: unknown, data: unknown): ValidationIssue[] {
+  for (const union of issues.filter((i) => i.keyword === "anyOf" || i.keyword === "oneOf")) {
+    const branches = schemaAt(schema, union.schemaPath);
+    const value = valueAt(data, union.instancePath);
+    if (!Array.isArray(branches) || !isSchema(value)) continue;
+    const constants = (branch: unknown) => {
+      const properties = isSchema(branch) ? branch.properties : undefined;
+      return isSchema(properties) ? properties : {};
+    };
+    const tags = Object.keys(constants(branches[0])).filter((key) =>
+      branches.every((b) => {
+        const property = (constants(b) as Record<string, unknown>)[key];
+        return isSchema(property) && "const" in property;
+      }),
+    );
+    for (const tag of tags) {
+      const chosen = branches.findIndex(
+        (b) => ((constants(b) as Record<string, unknown>)[tag] as { const: unknown }).const === value[tag],
+      );
+      if (chosen < 0) continue;
+      const inUnion = `${union.schemaPath}/`;
+      const inChosen = `${union.schemaPath}/${chosen}/`;
+      const kept = issues.filter(
+        (i) => i !== union && (!i.schemaPath.startsWith(inUnion) || i.schemaPath.startsWith(inChosen)),
+      );
+      if (kept.length > 0) return kept;
+    }
+  }
+  return issues;
+}
+
 /** Turns an Ajv validation failure into a 400 naming the field. */
 function fromValidation(
-  issues: ValidationIssue[],
+  allIssues: ValidationIssue[],
   context: string | undefined,
   schema?: unknown,
+  data?: unknown,
 ): ConduitError {
+  const issues = taggedBranch(allIssues, schema, data);
   const issue = telling(issues);
   const where = context === "querystring" ? "query" : (context ?? "body");
   if (!issue) return new ConduitError("invalid_request", `invalid ${where}`);
@@ -163,14 +224,13 @@ function jsonForm(schema: unknown): unknown {
   return content?.["application/json"]?.schema ?? schema;
 }
 
-export function toConduitError(error: unknown, schemas?: Record<string, unknown>): ConduitError | undefined {
+export function toConduitError(
+  error: unknown,
+  schemas?: Record<string, unknown>,
+  request?: FastifyRequest,
+): ConduitError | undefined {
   if (error instanceof ConduitError) return error;
-  if (isOutOfSpace(error))
-    return new ConduitError(
-      "insufficient_storage",
-      "the server's storage is full, so nothing was stored; retry once space has been freed",
-      { cause: error },
-    );
+  if (isOutOfSpace(error)) return new ConduitError("insufficient_storage", OUT_OF_SPACE, { cause: error });
   if (isDatabaseUnavailable(error))
     return new ConduitError(
       "unavailable",
@@ -183,6 +243,7 @@ export function toConduitError(error: unknown, schemas?: Record<string, unknown>
       fastifyError.validation as ValidationIssue[],
       fastifyError.validationContext,
       jsonForm(fastifyError.validationContext ? schemas?.[fastifyError.validationContext] : undefined),
+      validatedPart(request, fastifyError.validationContext),
     );
   const code = fastifyError.code ? fastifyCodes[fastifyError.code] : undefined;
   if (code) {
@@ -207,6 +268,15 @@ export function toConduitError(error: unknown, schemas?: Record<string, unknown>
   return undefined;
 }
 
+/** The part of a request a validation failure is about (its body, query string, params or headers). */
+function validatedPart(request: FastifyRequest | undefined, context: string | undefined): unknown {
+  if (request === undefined) return undefined;
+  if (context === "querystring") return request.query;
+  if (context === "params") return request.params;
+  if (context === "headers") return request.headers;
+  return request.body;
+}
+
 /** The one error handler: a catalog error becomes its JSON body; anything else is a logged 500. */
 export function registerErrorHandler(app: FastifyInstance): void {
   // Every route's method and path pattern, so that a path served for other methods is a 405.
@@ -227,6 +297,7 @@ export function registerErrorHandler(app: FastifyInstance): void {
     let conduitError = toConduitError(
       error,
       request.routeOptions.schema as Record<string, unknown> | undefined,
+      request,
     );
     if (conduitError && isDatabaseUnavailable(error))
       request.log.warn(

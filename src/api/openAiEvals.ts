@@ -330,6 +330,9 @@ export function openAiEvalRun(run: EvalRun, reportUrl: string) {
 }
 
 /** An output item's id: its model's and item's index in the run (`outputitem_0_12`), usable as a cursor. */
+/** An output item's id: `outputitem_<model index>_<item index>`. */
+export const OUTPUT_ITEM_ID = "^outputitem_(\\d{1,3})_(\\d{1,6})$";
+
 export function outputItemId(result: Pick<EvalResult, "modelIndex" | "itemIndex">): string {
   return `outputitem_${result.modelIndex}_${result.itemIndex}`;
 }
@@ -339,7 +342,7 @@ export function outputItemPosition(
   id: string,
   items: number,
 ): { modelIndex: number; itemIndex: number; offset: number } | undefined {
-  const match = /^outputitem_(\d{1,3})_(\d{1,6})$/.exec(id);
+  const match = new RegExp(OUTPUT_ITEM_ID).exec(id);
   if (!match) return undefined;
   const modelIndex = Number(match[1]);
   const itemIndex = Number(match[2]);

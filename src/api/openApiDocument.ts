@@ -1,5 +1,14 @@
 import { MAX_GRAMMAR_COUNT, SCHEMA_BOUNDS } from "../engine/schemaBounds.ts";
 import { OWN_FORMATS } from "../engine/ownRules.ts";
+import {
+  ContainsGrader,
+  evalLimits,
+  ExactMatchGrader,
+  JsonSchemaGrader,
+  RegexGrader,
+  SimilarityGrader,
+} from "../contract/evals.ts";
+import { noControlCharacters, noNul } from "../contract/schemas.ts";
 
 /**
  * Corrections to the generated OpenAPI document, so that it says what the server does.
@@ -181,9 +190,10 @@ function describeRunRules(document: Json): void {
       },
     },
     {
-      description: "The dataset: `datasetID` (or `datasetId`, not both), or `datasetName`.",
+      // Both `datasetID` and `datasetId` are taken when they are the same id: JSON Schema cannot compare them.
+      description:
+        "The dataset: `datasetID` (or `datasetId`; both only when they name the same dataset), or `datasetName`.",
       anyOf: ["datasetID", "datasetId", "datasetName"].map((name) => ({ required: [name] })),
-      not: { required: ["datasetID", "datasetId"] },
     },
   ]);
   // `top_logprobs` asks for alternatives to the tokens `logprobs` returns (`null` is left out).
@@ -194,6 +204,13 @@ function describeRunRules(document: Json): void {
       then: { required: ["logprobs"], properties: { logprobs: { const: true } } },
     },
   ]);
+  // A job's metadata keys are 64 characters at most (the service counts them; the record's schema cannot).
+  const jobMetadata = jsonBody(document, "/v1/fine_tuning/jobs", "post")?.properties;
+  const metadata = isObject(jobMetadata) ? jobMetadata.metadata : undefined;
+  for (const branch of isObject(metadata) && Array.isArray(metadata.anyOf)
+    ? (metadata.anyOf as unknown[])
+    : [])
+    if (isObject(branch) && branch.type === "object") branch.propertyNames = { maxLength: 64 };
   addRules(jsonBody(document, "/v1/fine_tuning/jobs", "post"), [
     {
       description:
@@ -219,6 +236,181 @@ function describeRunRules(document: Json): void {
   ]);
 }
 
+/** A TypeBox schema as plain JSON Schema (its symbols dropped). */
+const plain = (schema: unknown): Json => JSON.parse(JSON.stringify(schema)) as Json;
+
+/** `{{sample.output_text}}`, the one `input` a criterion may grade. */
+const SAMPLE_OUTPUT = "^\\{\\{\\s*sample\\.output_text\\s*\\}\\}$";
+/** `{{item.<field>}}`: a reference to a field of each item. */
+const ITEM_REFERENCE = "^\\{\\{\\s*item\\.[A-Za-z0-9_.]+\\s*\\}\\}$";
+
+/**
+ * The eval bodies as the services check them. Their schemas on the routes are loose on purpose (a grader, a
+ * testing criterion or a data source is checked field by field by the service, whose 400 names the field in its
+ * own words: `graders[1].pattern`); the document states the same rules, so that clients (and the fuzzer) know
+ * what is accepted. What JSON Schema cannot state (a pattern the regular expression engine refuses, a JSON
+ * schema Ajv cannot compile, criteria that name different item fields, an item without the field the criteria
+ * compare with) stays the service's to refuse, naming it.
+ */
+function describeEvalBodies(document: Json): void {
+  const graders = jsonBody(document, "/conduit/evals", "post");
+  const graderList = isObject(graders?.properties) ? graders.properties.graders : undefined;
+  if (isObject(graderList))
+    graderList.items = {
+      oneOf: [ExactMatchGrader, ContainsGrader, RegexGrader, JsonSchemaGrader, SimilarityGrader].map(plain),
+    };
+  // A name that is not a string, or is empty, is no name (the grader's type names it).
+  const name = {
+    anyOf: [{ not: { type: "string" } }, { type: "string", maxLength: 64, pattern: noControlCharacters }],
+  };
+  const criterion = (type: string, properties: Json, required: string[], extra: Json = {}) => ({
+    type: "object",
+    required: ["type", "input", "reference", ...required],
+    properties: {
+      type: { const: type },
+      name,
+      input: { type: "string", pattern: SAMPLE_OUTPUT, description: "`{{sample.output_text}}`: the answer." },
+      ...properties,
+    },
+    ...extra,
+  });
+  const openAiEval = jsonBody(document, "/v1/evals", "post");
+  if (isObject(openAiEval?.properties)) {
+    openAiEval.properties.data_source_config = {
+      type: "object",
+      required: ["type", "item_schema"],
+      properties: {
+        type: { const: "custom" },
+        item_schema: { type: "object", description: "The JSON Schema of an item." },
+      },
+      description: "`custom` items of your own schema (`logs` and `stored_completions` are refused).",
+    };
+    openAiEval.properties.testing_criteria = {
+      type: "array",
+      minItems: 1,
+      maxItems: evalLimits.maxGraders,
+      description:
+        "Every criterion that references an item field (`{{item.<field>}}`) references the same one, each item's answer.",
+      items: {
+        oneOf: [
+          criterion(
+            "string_check",
+            {
+              reference: {
+                type: "string",
+                description:
+                  "`{{item.<field>}}`, or (`like`, `ilike`) a text of 1 to 10,000 characters to look for.",
+              },
+              operation: { enum: ["eq", "like", "ilike"] },
+            },
+            ["operation"],
+            {
+              if: { properties: { operation: { const: "eq" } } },
+              then: { properties: { reference: { pattern: ITEM_REFERENCE } } },
+              else: {
+                properties: {
+                  reference: {
+                    anyOf: [{ pattern: ITEM_REFERENCE }, { minLength: 1, maxLength: 10_000, pattern: noNul }],
+                  },
+                },
+              },
+            },
+          ),
+          criterion(
+            "text_similarity",
+            {
+              reference: { type: "string", pattern: ITEM_REFERENCE },
+              evaluation_metric: { enum: ["fuzzy_match", "token_f1"] },
+              pass_threshold: { type: "number", minimum: 0, maximum: 1 },
+            },
+            ["evaluation_metric", "pass_threshold"],
+          ),
+        ],
+      },
+    };
+  }
+  const openAiRun = jsonBody(document, "/v1/evals/{eval_id}/runs", "post");
+  if (isObject(openAiRun?.properties)) {
+    const text = { type: "string" };
+    const maxTokens = { type: "integer", minimum: 1, maximum: evalLimits.maxTokens };
+    const part = { anyOf: [text, { type: "object", required: ["text"], properties: { text } }] };
+    openAiRun.properties.data_source = {
+      type: "object",
+      required: ["type", "model", "source"],
+      properties: {
+        type: { const: "completions" },
+        model: { type: "string", minLength: 1, description: "The model that answers." },
+        source: {
+          oneOf: [
+            {
+              type: "object",
+              required: ["type", "content"],
+              properties: {
+                type: { const: "file_content" },
+                content: {
+                  type: "array",
+                  minItems: 1,
+                  maxItems: evalLimits.maxItems,
+                  items: { type: "object", required: ["item"], properties: { item: { type: "object" } } },
+                },
+              },
+            },
+            {
+              type: "object",
+              required: ["type", "id"],
+              properties: { type: { const: "file_id" }, id: { type: "string", minLength: 1 } },
+            },
+          ],
+        },
+        input_messages: {
+          anyOf: [
+            { type: "null" },
+            {
+              type: "object",
+              required: ["type", "template"],
+              properties: {
+                type: { const: "template" },
+                template: {
+                  type: "array",
+                  items: {
+                    type: "object",
+                    required: ["role", "content"],
+                    properties: {
+                      role: { enum: ["system", "developer", "user", "assistant"] },
+                      content: { anyOf: [part, { type: "array", items: part }] },
+                    },
+                  },
+                },
+              },
+            },
+          ],
+        },
+        sampling_params: {
+          description:
+            "`max_completion_tokens` (or, when it is absent or null, `max_tokens`): the most tokens of an answer.",
+          // Anything but an object is no parameters.
+          anyOf: [
+            { not: { type: "object" } },
+            {
+              type: "object",
+              required: ["max_completion_tokens"],
+              properties: { max_completion_tokens: maxTokens },
+            },
+            {
+              type: "object",
+              properties: {
+                max_completion_tokens: { type: "null" },
+                max_tokens: { anyOf: [{ type: "null" }, maxTokens] },
+              },
+            },
+          ],
+        },
+      },
+      description: "Answers are always greedy.",
+    };
+  }
+}
+
 /** The generated document, corrected (a copy: the routes keep their schemas). */
 export function openApiFixes<T extends object>(generated: T): T {
   const document = structuredClone(generated) as Json;
@@ -226,6 +418,7 @@ export function openApiFixes<T extends object>(generated: T): T {
   unrequireDefaults(document);
   describeRunRules(document);
   describeResponseFormats(document);
+  describeEvalBodies(document);
   describeLinks(document);
   return document as T;
 }
@@ -237,8 +430,9 @@ function operationRef(path: string, method: string): string {
 
 /**
  * OpenAPI links: how the id in one answer feeds the next operations (a dataset's to its upload and its runs, a
- * run's to everything about it). Clients read them as documentation; a stateful fuzzer (bench/schemathesis.sh)
- * follows them from creating a dataset to uploading pairs, starting a short run and reaching every run operation.
+ * run's to everything about it; an eval's to its runs, an eval run's to everything about it). Clients read them
+ * as documentation; a stateful fuzzer (bench/schemathesis.sh) follows them from creating a dataset to uploading
+ * pairs, starting a short run or an eval of the file, and reaching every run and eval-run operation.
  */
 function describeLinks(document: Json): void {
   const paths = isObject(document.paths) ? document.paths : {};
@@ -301,6 +495,55 @@ function describeLinks(document: Json): void {
     ["DeleteRun", [run, "delete"]],
   ] as const)
     link(["/conduit/finetuning", "post"], name, to, byRun);
+  // Evals: a new eval to its runs (the run names its models), a new eval run to everything about it. An upload's
+  // file is an eval's source too.
+  const evalPath = "/conduit/evals/{eval_id}";
+  const byEval = { parameters: { "path.eval_id": "$response.body#/id" } };
+  for (const [name, to] of [
+    ["GetEval", [evalPath, "get"]],
+    ["StartEvalRun", [`${evalPath}/runs`, "post"]],
+    ["ListEvalRuns", [`${evalPath}/runs`, "get"]],
+    ["DeleteEval", [evalPath, "delete"]],
+  ] as const)
+    link(["/conduit/evals", "post"], name, to, byEval);
+  link([`${dataset}/upload`, "post"], "EvalOfFile", ["/conduit/evals", "post"], {
+    requestBody: {
+      source: { type: "file", fileId: "$response.body#/id" },
+      graders: [{ type: "exact_match" }],
+    },
+  });
+  const evalRun = `${evalPath}/runs/{run_id}`;
+  const byEvalRun = {
+    parameters: { "path.eval_id": "$response.body#/evalId", "path.run_id": "$response.body#/id" },
+  };
+  for (const [name, to] of [
+    ["GetEvalRun", [evalRun, "get"]],
+    ["EvalRunEvents", [`${evalRun}/events`, "get"]],
+    ["EvalRunResults", [`${evalRun}/results`, "get"]],
+    ["CancelEvalRun", [`${evalRun}/cancel`, "post"]],
+    ["DeleteEvalRun", [evalRun, "delete"]],
+  ] as const)
+    link([`${evalPath}/runs`, "post"], name, to, byEvalRun);
+  const openAiEval = "/v1/evals/{eval_id}";
+  for (const [name, to] of [
+    ["RetrieveEval", [openAiEval, "get"]],
+    ["UpdateEval", [openAiEval, "post"]],
+    ["CreateEvalRun", [`${openAiEval}/runs`, "post"]],
+    ["ListOpenAiEvalRuns", [`${openAiEval}/runs`, "get"]],
+    ["DeleteOpenAiEval", [openAiEval, "delete"]],
+  ] as const)
+    link(["/v1/evals", "post"], name, to, byEval);
+  const openAiEvalRun = `${openAiEval}/runs/{run_id}`;
+  const byOpenAiRun = {
+    parameters: { "path.eval_id": "$response.body#/eval_id", "path.run_id": "$response.body#/id" },
+  };
+  for (const [name, to] of [
+    ["RetrieveEvalRun", [openAiEvalRun, "get"]],
+    ["CancelOpenAiEvalRun", [openAiEvalRun, "post"]],
+    ["OutputItems", [`${openAiEvalRun}/output_items`, "get"]],
+    ["DeleteOpenAiEvalRun", [openAiEvalRun, "delete"]],
+  ] as const)
+    link([`${openAiEval}/runs`, "post"], name, to, byOpenAiRun);
   // The OpenAI face: a job's id to what is asked of the job.
   const job = "/v1/fine_tuning/jobs/{fine_tuning_job_id}";
   const byJob = { parameters: { "path.fine_tuning_job_id": "$response.body#/id" } };

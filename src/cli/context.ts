@@ -43,7 +43,12 @@ export class CliContext {
   client(): ConduitClient {
     const key = this.options.key ?? this.config.apiKey;
     if (!key) throw new CliError("no API key: pass --key or set CONDUIT_API_KEY", exitCodes.unauthorized);
-    return new ConduitClient({ baseUrl: this.options.url ?? this.config.serverUrl, key });
+    return new ConduitClient({
+      baseUrl: this.options.url ?? this.config.serverUrl,
+      key,
+      // A busy server (a full queue, a model loading) says when to come back: the command waits and says so.
+      onRetry: (error, seconds) => console.error(`${error.message}; retrying in ${seconds} s`),
+    });
   }
 
   /** JSON for scripts (one document per line, so streams of them stay parseable), else the human form. */

@@ -38,6 +38,16 @@ export interface ConduitClientOptions {
   key?: string | (() => string | null | undefined);
   /** Called with each error answer before it is thrown (the dashboard signs out on a 401). Defaults to none. */
   onError?: (error: ApiError) => void;
+  /**
+   * Times a request answered `429` or `503` with a `Retry-After` is sent again once that wait is over (a full
+   * generation queue, a model loading, a server restarting). A request whose body is a stream is not sent
+   * again. Defaults to `3`.
+   */
+  retries?: number;
+  /** The longest `Retry-After`, in seconds, waited for; a longer one is the error at once. Defaults to `60`. */
+  maxRetryWaitSeconds?: number;
+  /** Called before each such wait with the answer's error and the seconds it waits (the CLI says so). Defaults to none. */
+  onRetry?: (error: ApiError, seconds: number) => void;
 }
 
 /** What `uploadFile` sends and how it reports. */
@@ -82,6 +92,30 @@ function query(params: Record<string, string | number | undefined>): string {
 
 const enc = encodeURIComponent;
 
+/** The seconds a `Retry-After` header asks for (a number of seconds or an HTTP date), if it is one. */
+export function retryAfterSeconds(header: string | null, now = Date.now()): number | undefined {
+  if (header === null || header.trim() === "") return undefined;
+  if (/^\s*\d+\s*$/.test(header)) return Number(header);
+  const at = Date.parse(header);
+  return Number.isNaN(at) ? undefined : Math.max(0, Math.ceil((at - now) / 1000));
+}
+
+/** Resolves after `ms`, or rejects with the signal's reason once it aborts. */
+function wait(ms: number, signal: AbortSignal | undefined): Promise<void> {
+  return new Promise((resolve, reject) => {
+    if (signal?.aborted) return reject(signal.reason);
+    const timer = setTimeout(() => {
+      signal?.removeEventListener("abort", abort);
+      resolve();
+    }, ms);
+    const abort = () => {
+      clearTimeout(timer);
+      reject(signal?.reason);
+    };
+    signal?.addEventListener("abort", abort, { once: true });
+  });
+}
+
 /** The file name in `Content-Disposition: attachment; filename="..."`, if it is a plain one. */
 function attachmentName(header: string | null): string | undefined {
   const name = /filename="([^"]+)"/.exec(header ?? "")?.[1];
@@ -97,11 +131,24 @@ export class ConduitClient {
   readonly baseUrl: string;
   private readonly key: ConduitClientOptions["key"];
   private readonly onError: ConduitClientOptions["onError"];
+  private readonly retries: number;
+  private readonly maxRetryWaitSeconds: number;
+  private readonly onRetry: ConduitClientOptions["onRetry"];
 
-  constructor({ baseUrl = "", key, onError }: ConduitClientOptions = {}) {
+  constructor({
+    baseUrl = "",
+    key,
+    onError,
+    retries = 3,
+    maxRetryWaitSeconds = 60,
+    onRetry,
+  }: ConduitClientOptions = {}) {
     this.baseUrl = baseUrl.replace(/\/+$/, "");
     this.key = key;
     this.onError = onError;
+    this.retries = retries;
+    this.maxRetryWaitSeconds = maxRetryWaitSeconds;
+    this.onRetry = onRetry;
   }
 
   // Datasets and their files.
@@ -349,29 +396,45 @@ export class ConduitClient {
     return error;
   }
 
-  /** A request whose answer is OK, or the ApiError it became. */
+  /**
+   * A request whose answer is OK, or the ApiError it became. A `429` or `503` with a `Retry-After` (the server is
+   * busy for a while) is sent again after that wait, up to `retries` times.
+   */
   private async send(
     method: string,
     path: string,
     init: { headers?: Record<string, string>; body?: BodyInit; signal?: AbortSignal | undefined } = {},
   ): Promise<Response> {
-    let response: Response;
-    try {
-      response = await fetch(`${this.baseUrl}${path}`, {
-        method,
-        headers: this.headers(init.headers),
-        ...(init.body === undefined ? {} : { body: init.body }),
-        ...(init.signal ? { signal: init.signal } : {}),
-        // A streamed request body (an upload from Node) needs it.
-        ...(init.body instanceof ReadableStream ? { duplex: "half" } : {}),
-      } as RequestInit);
-    } catch (error) {
-      if (init.signal?.aborted) throw error;
-      throw unreachable(this.baseUrl, error);
+    for (let attempt = 0; ; attempt++) {
+      let response: Response;
+      try {
+        response = await fetch(`${this.baseUrl}${path}`, {
+          method,
+          headers: this.headers(init.headers),
+          ...(init.body === undefined ? {} : { body: init.body }),
+          ...(init.signal ? { signal: init.signal } : {}),
+          // A streamed request body (an upload from Node) needs it.
+          ...(init.body instanceof ReadableStream ? { duplex: "half" } : {}),
+        } as RequestInit);
+      } catch (error) {
+        if (init.signal?.aborted) throw error;
+        throw unreachable(this.baseUrl, error);
+      }
+      if (response.ok) return response;
+      const error = errorOfAnswer(response.status, response.statusText, await response.text());
+      const seconds =
+        response.status === 429 || response.status === 503
+          ? retryAfterSeconds(response.headers.get("retry-after"))
+          : undefined;
+      const again =
+        seconds !== undefined &&
+        seconds <= this.maxRetryWaitSeconds &&
+        attempt < this.retries &&
+        !(init.body instanceof ReadableStream);
+      if (!again) throw this.fail(error);
+      this.onRetry?.(error, seconds);
+      await wait(seconds * 1000, init.signal);
     }
-    if (!response.ok)
-      throw this.fail(errorOfAnswer(response.status, response.statusText, await response.text()));
-    return response;
   }
 
   private async json<T>(method: string, path: string, body?: unknown, signal?: AbortSignal): Promise<T> {

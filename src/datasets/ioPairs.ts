@@ -73,6 +73,7 @@ function field(record: Record<string, unknown>, names: [string, string], line: n
   if (value.length === 0) throw new IoPairError(line, `"${name}" is empty`);
   // Never meaningful in text, and refused in every name and prompt too.
   if (value.includes("\u0000")) throw new IoPairError(line, `"${name}" contains a NUL character`);
+  if (!value.isWellFormed()) throw loneSurrogate(line, `"${name}"`);
   return value;
 }
 
@@ -116,6 +117,7 @@ function turnContent(value: unknown, at: string, line: number): string {
       `${at}.content must be a string (or text parts), got ${value === null ? "null" : typeof value}`,
     );
   if (text.includes("\u0000")) throw new IoPairError(line, `${at}.content contains a NUL character`);
+  if (!text.isWellFormed()) throw loneSurrogate(line, `${at}.content`);
   return text;
 }
 
@@ -165,6 +167,17 @@ function toChatExample(record: Record<string, unknown>, line: number): IoPair {
   if (answer.content.length === 0) throw new IoPairError(line, `messages[${last}].content is empty`);
   const question = turns.slice(0, last).findLast((turn) => turn.role === "user");
   return { input: question?.content ?? "", output: answer.content, line, messages: turns };
+}
+
+/**
+ * JSON's `\ud800` escapes can spell a lone UTF-16 surrogate, which is not text (nor valid UTF-8 once written
+ * out): refused as a JSON request body refuses it.
+ */
+function loneSurrogate(line: number, field: string): IoPairError {
+  return new IoPairError(
+    line,
+    `${field} holds a lone UTF-16 surrogate (an unpaired \\ud800–\\udfff escape), which is not text`,
+  );
 }
 
 function notUtf8(line: number): IoPairError {

@@ -32,7 +32,7 @@ export class BatcherGroup {
     return this.batchers[0]!.contextSize;
   }
 
-  tokenize(request: GenerationRequest): number[] {
+  tokenize(request: GenerationRequest): Promise<number[]> {
     return this.batchers[0]!.tokenize(request);
   }
 

@@ -6,6 +6,7 @@ import type { GpuLayers, GpuSetting } from "../contract/accelerator.ts";
 import type { Engine, EngineStats, LoadedModelInfo } from "./Engine.ts";
 import { GrammarCache } from "./grammars.ts";
 import { ModelPool, type LoadedModel } from "./ModelPool.ts";
+import { TokenizerThread } from "./TokenizerThread.ts";
 import type { SequenceTicket } from "./BatcherGroup.ts";
 import { SequenceBatcher } from "./SequenceBatcher.ts";
 import type { GenerationRequest, GenerationResult, ModelRef, SamplingOptions } from "./types.ts";
@@ -116,6 +117,8 @@ class LlamaEngine implements Engine {
   private readonly pool: ModelPool;
   private readonly admission: Admission;
   private readonly grammars = new GrammarCache();
+  /** Where long prompts are tokenized, off the event loop. */
+  private readonly tokenizer = new TokenizerThread();
   private disposed = false;
   private readonly counters = {
     completed: 0,
@@ -149,6 +152,7 @@ class LlamaEngine implements Engine {
       createBatcher: ({ touch, ...parts }) =>
         new SequenceBatcher({
           ...parts,
+          tokenizer: this.tokenizer,
           threads,
           promptThreads,
           batchSize,
@@ -179,17 +183,30 @@ class LlamaEngine implements Engine {
       : undefined;
     this.ensureOpen();
 
-    let loaded = this.pool.get(request.model);
+    let loaded: LoadedModel | undefined;
+    let prompt: number[] = [];
     while (!loaded) {
-      const candidate = await this.admission.whileLoading(() => this.pool.load(request.model), signal);
+      let candidate = this.pool.get(request.model);
+      while (!candidate) {
+        const next = await this.admission.whileLoading(() => this.pool.load(request.model), signal);
+        this.ensureOpen();
+        // Unloaded while this request waited for it (its run deleted, its file changed): load it again.
+        if (this.pool.isCurrent(next)) candidate = next;
+      }
+      // A long prompt is tokenized off the event loop: the model stays loaded meanwhile (a user of it).
+      candidate.users++;
+      try {
+        prompt = await candidate.batcher.tokenize(request);
+      } finally {
+        candidate.users--;
+      }
       this.ensureOpen();
-      // Unloaded while this request waited for it (its run deleted, its file changed): load it again.
+      signal?.throwIfAborted();
       if (this.pool.isCurrent(candidate)) loaded = candidate;
     }
     const { batcher } = loaded;
     loaded.lastUsed = Date.now();
     // Synchronous from here to taking a sequence, so the free-sequence check and the queue bound cannot race.
-    const prompt = batcher.tokenize(request);
     if (
       sampling.maxTokensMustFit === true &&
       sampling.maxTokens !== undefined &&
@@ -265,7 +282,7 @@ class LlamaEngine implements Engine {
     const shuttingDown = () => new ConduitError("unavailable", "The inference engine is shutting down.");
     // Queued and running generations fail at once; models still loading are refused by the pool.
     for (const m of [...this.pool.loaded(), ...this.pool.retired()]) m.batcher.close(shuttingDown);
-    await Promise.all([this.pool.dispose(), this.grammars.dispose()]);
+    await Promise.all([this.pool.dispose(), this.grammars.dispose(), this.tokenizer.dispose()]);
   }
 
   private ensureOpen(): void {

@@ -50,6 +50,8 @@ export interface ModelPoolOptions {
 export interface BatcherParts {
   llama: Llama;
   model: LlamaModel;
+  /** The model file, and its {@link fileIdentity} when it was read. */
+  file: { path: string; identity: string };
   context: LlamaContext;
   template: ChatTemplate;
   /**
@@ -133,6 +135,9 @@ export class ModelPool {
   /** Models whose file changed: out of service, unloaded once their running generations end. */
   private readonly retiring = new Map<LoadedModel, Promise<void>>();
   private readonly loadingBases = new Map<string, Promise<LoadedBase>>();
+  /** The budgets' check after what is loaded changed (one at a time; see {@link enforceBudget}). */
+  private enforcing: Promise<void> | undefined;
+  private enforceAgain = false;
   private closed = false;
 
   constructor(options: ModelPoolOptions) {
@@ -201,6 +206,7 @@ export class ModelPool {
   /** Stops loading (a load under way fails), waits for loads under way, unloads everything. */
   async dispose(): Promise<void> {
     this.closed = true;
+    await this.enforcing;
     await Promise.allSettled(this.loading.values());
     await Promise.all([...this.models.values()].map((m) => this.unload(m)));
     await Promise.allSettled(this.retiring.values());
@@ -334,6 +340,15 @@ export class ModelPool {
       };
       if (this.closed) throw new ConduitError("unavailable", "The inference engine is shutting down.");
       this.models.set(entry.key, entry);
+      // Held for the callers of this load until they have taken a sequence or a place in its queue (they do it
+      // in the microtasks that follow): another load's room-making would otherwise unload it unused, and its
+      // request would load it again (more loads than requests). Then the budgets are checked again: a load that
+      // found every other model busy went past them.
+      entry.users++;
+      setImmediate(() => {
+        entry.users--;
+        this.enforceBudget();
+      });
       options.logger(
         "info",
         `model '${ref.id}' loaded: chat template ${base.template.name} (${base.template.origin}${base.template.origin === "embedded" ? "" : ", the model has none of its own"})`,
@@ -370,7 +385,7 @@ export class ModelPool {
             useMmap: false,
           });
           try {
-            const { contexts, batcher, template } = await this.createServing(llama, model, ref);
+            const { contexts, batcher, template } = await this.createServing(llama, model, ref, identity);
             const loaded: LoadedBase = {
               path,
               identity,
@@ -405,6 +420,7 @@ export class ModelPool {
     llama: Llama,
     model: LlamaModel,
     ref: ModelRef,
+    identity: string,
   ): Promise<{ contexts: LlamaContext[]; batcher: BatcherGroup; template: ChatTemplate }> {
     const { options } = this;
     const contextSize = Math.max(
@@ -431,9 +447,13 @@ export class ModelPool {
       const touch = (adapterKey: string | undefined) => {
         const m = this.models.get(adapterKey ?? path);
         if (m) m.lastUsed = Date.now();
+        // A generation ended: a model past the budgets may be idle now.
+        this.enforceBudget();
       };
       const batcher = new BatcherGroup(
-        contexts.map((context) => options.createBatcher({ llama, model, context, template, touch })),
+        contexts.map((context) =>
+          options.createBatcher({ llama, model, file: { path, identity }, context, template, touch }),
+        ),
       );
       return { contexts, batcher, template };
     } catch (error) {
@@ -488,10 +508,41 @@ export class ModelPool {
   }
 
   /**
-   * Unloads least recently used idle models until `incoming` more bytes fit both budgets: host memory
-   * (`memoryBudgetBytes`) and GPU memory (`gpuMemoryBudgetBytes`, on a GPU backend).
+   * Brings what is loaded back within the budgets once it can: a load that found every other model busy went
+   * past them, and the models it could not unload then are unloaded (least recently used first) as they become
+   * idle, not at the next load. Called after a load and whenever a generation ends; a no-op within the budgets,
+   * so nothing is unloaded that is not over them (no thrashing). One check at a time, the last call's after it.
    */
-  private async makeRoomFor(incoming: Memory): Promise<void> {
+  private enforceBudget(): void {
+    if (this.closed) return;
+    if (this.enforcing) {
+      this.enforceAgain = true;
+      return;
+    }
+    // On the next turn, once the generation that ended has given its sequence back.
+    this.enforcing = new Promise<void>((resolve) => setImmediate(resolve))
+      .then(() => this.makeRoomFor({ host: 0, gpu: 0 }, true))
+      .catch((error: unknown) =>
+        this.options.logger(
+          "warn",
+          `keeping the model memory budget: ${error instanceof Error ? error.message : error}`,
+        ),
+      )
+      .finally(() => {
+        this.enforcing = undefined;
+        if (this.enforceAgain) {
+          this.enforceAgain = false;
+          this.enforceBudget();
+        }
+      });
+  }
+
+  /**
+   * Unloads least recently used idle models until `incoming` more bytes fit both budgets: host memory
+   * (`memoryBudgetBytes`) and GPU memory (`gpuMemoryBudgetBytes`, on a GPU backend). A load that takes no GPU
+   * memory needs no room there; `both` checks both budgets whatever comes.
+   */
+  private async makeRoomFor(incoming: Memory, both = false): Promise<void> {
     const used: Memory = { host: 0, gpu: 0 };
     // Retired models and bases whose file changed hold their memory until their generations end.
     const holders = [...this.models.values(), ...this.retiring.keys()];
@@ -503,7 +554,7 @@ export class ModelPool {
     const gpuBudget = this.gpuMemoryBudget ?? Infinity;
     const fits = () =>
       used.host + incoming.host <= this.options.memoryBudget &&
-      (incoming.gpu === 0 || used.gpu + incoming.gpu <= gpuBudget);
+      ((incoming.gpu === 0 && !both) || used.gpu + incoming.gpu <= gpuBudget);
     const idle = [...this.models.values()]
       .filter((m) => !this.busy(m))
       .sort((a, b) => a.lastUsed - b.lastUsed);

@@ -10,6 +10,7 @@ import type {
   NativeSamplerConfig,
 } from "./nativeBatch.ts";
 import { longestTokenBytes, promptTokens, type PromptModel } from "./promptTokens.ts";
+import type { TokenizerThread } from "./TokenizerThread.ts";
 import { TextOutput } from "./TextOutput.ts";
 import type { FinishReason, GenerationRequest, GenerationResult, TokenLogprob } from "./types.ts";
 
@@ -23,6 +24,10 @@ export interface SequenceBatcherOptions {
   context: LlamaContext;
   /** The model's chat template, read at load. */
   template: ChatTemplate;
+  /** The model file and its identity when it was read, for {@link tokenizer}. Defaults to none. */
+  file?: { path: string; identity: string };
+  /** Where long prompts are tokenized, off the event loop (with `file`). Defaults to none: all on the loop. */
+  tokenizer?: TokenizerThread;
   /** Threads for generation steps (see `LlamaEngineOptions.threads`). */
   threads: number;
   /** Threads for steps of at least {@link PROMPT_BATCH_TOKENS} tokens (see `LlamaEngineOptions.promptThreads`). */
@@ -186,6 +191,7 @@ export class SequenceBatcher {
       contextSize: this.contextSize,
       bos: options.model.tokens.shouldPrependBosToken ? (options.model.tokens.bos ?? undefined) : undefined,
       maxTokenBytes: longestTokenBytes(options.model),
+      offLoop: options.tokenizer && options.file ? { thread: options.tokenizer, ...options.file } : undefined,
     };
     this.freeSequences = Array.from({ length: options.context.totalSequences }, (_, i) => i);
   }
@@ -259,7 +265,7 @@ export class SequenceBatcher {
   }
 
   /** A request's prompt tokens (see {@link promptTokens}). */
-  tokenize(request: GenerationRequest): number[] {
+  tokenize(request: GenerationRequest): Promise<number[]> {
     return promptTokens(this.prompt, request);
   }
 

@@ -1,6 +1,7 @@
 import type { LlamaModel } from "node-llama-cpp";
 import { ConduitError } from "../errors.ts";
 import type { ChatTemplate, RenderedSegments } from "../model/chatTemplate.ts";
+import type { TokenizerThread } from "./TokenizerThread.ts";
 import type { GenerationRequest } from "./types.ts";
 
 /** What tokenizing a request needs of a loaded model (read at load, so formatting a request never waits). */
@@ -12,18 +13,28 @@ export interface PromptModel {
   bos: number | undefined;
   /** Most bytes of prompt text one token stands for (see {@link longestTokenBytes}). */
   maxTokenBytes: number;
+  /**
+   * Where prompts of more than {@link INLINE_PROMPT_BYTES} are tokenized, with the model's file and its identity
+   * when it was loaded (the thread reads the vocabulary from it). Absent: every prompt on the event loop.
+   */
+  offLoop?: { thread: TokenizerThread; path: string; identity: string } | undefined;
 }
+
+/**
+ * Prompts up to this many bytes are tokenized on the event loop (about 3 ms for Qwen2.5's tokenizer); longer ones
+ * in the tokenizer's worker thread (`TokenizerThread`), when the model has one.
+ */
+export const INLINE_PROMPT_BYTES = 8 * 1024;
 
 /**
  * A request's prompt tokens: chat messages through the model's template, or a raw prompt, with the BOS token
  * the model wants. Refuses an empty prompt and one that fills the context; one with more bytes than the
- * context's tokens can stand for is refused before it is tokenized (tokenizing is synchronous: a 573 KiB chat
- * prompt, tokenized three times, held the event loop for 0.4 s).
+ * context's tokens can stand for is refused before it is tokenized. Tokenizing is synchronous (a 512 KiB chat
+ * prompt took 0.19 s a pass, three passes with the control-token check), so a long prompt is tokenized in a
+ * worker thread ({@link PromptModel.offLoop}).
  */
-export function promptTokens(
-  { model, template, contextSize, bos, maxTokenBytes }: PromptModel,
-  request: GenerationRequest,
-): number[] {
+export async function promptTokens(prompt: PromptModel, request: GenerationRequest): Promise<number[]> {
+  const { model, template, contextSize, bos, maxTokenBytes, offLoop } = prompt;
   const param = request.messages !== undefined ? "messages" : "prompt";
   // Special tokens are parsed in the template's text (chat templates write <|im_start|> as text) and in a
   // raw prompt (its writer controls the whole text), never in a message's content (see chatTokens).
@@ -44,9 +55,18 @@ export function promptTokens(
       `The prompt is ${bytes} bytes, at least ${fewestTokens} tokens; this model's context holds ${contextSize}.`,
       { param },
     );
-  const tokens = rendered
-    ? chatTokens(rendered, (text, special) => model.tokenize(text, special) as number[])
-    : (model.tokenize(request.prompt ?? "", true) as number[]);
+  const inline = () =>
+    rendered
+      ? chatTokens(rendered, (text, special) => model.tokenize(text, special) as number[])
+      : (model.tokenize(request.prompt ?? "", true) as number[]);
+  const tokens =
+    (bytes > INLINE_PROMPT_BYTES && offLoop
+      ? await offLoop.thread.tokenize(
+          offLoop.path,
+          offLoop.identity,
+          rendered ? { rendered } : { text: request.prompt ?? "" },
+        )
+      : undefined) ?? inline();
   if (bos !== undefined && tokens[0] !== bos) tokens.unshift(bos);
   if (tokens.length === 0) throw new ConduitError("invalid_request", "The prompt is empty.", { param });
   if (tokens.length >= contextSize)

@@ -369,13 +369,16 @@ export class EvalService {
     await this.evals.deleteRun(userId, evalId, id);
   }
 
-  /** A run's per-item results, by model then item (`model` keeps one model's). */
+  /**
+   * A run's per-item results, by model then item (`model` keeps one model's), and how many there are in all (the
+   * items answered so far, of `model` when given).
+   */
   async results(
     userId: string,
     evalId: string,
     id: string,
     page: { limit: number; offset: number; model?: string | undefined },
-  ): Promise<{ run: EvalRun; results: EvalResult[] }> {
+  ): Promise<{ run: EvalRun; results: EvalResult[]; total: number }> {
     const run = await this.getRun(userId, evalId, id);
     let modelIndex: number | undefined;
     if (page.model !== undefined) {
@@ -392,6 +395,7 @@ export class EvalService {
     return {
       run,
       results: await this.evals.results(id, { limit: page.limit, offset: page.offset, modelIndex }),
+      total: await this.evals.countResults(id, modelIndex),
     };
   }
 

@@ -554,6 +554,17 @@ export class EvalRepository {
     return rows.map(toResult);
   }
 
+  /** Results stored so far for a run (of one model when `modelIndex` is given). */
+  async countResults(runId: string, modelIndex?: number): Promise<number> {
+    let query = this.db
+      .selectFrom("eval_results")
+      .select((eb) => eb.fn.countAll<number | string>().as("count"))
+      .where("run_id", "=", runId);
+    if (modelIndex !== undefined) query = query.where("model_index", "=", modelIndex);
+    const row = await query.executeTakeFirst();
+    return Number(row?.count ?? 0);
+  }
+
   async result(runId: string, modelIndex: number, itemIndex: number): Promise<EvalResult | undefined> {
     const row = await this.db
       .selectFrom("eval_results")

@@ -458,7 +458,11 @@ export class RunRepository {
           .where("status", "=", status)
           .executeTakeFirst();
         if (Number(result.numUpdatedRows) === 0) return false;
-        await insertLine(tx, id, logLine(now, `run cancelled by the user (was ${status})`), now);
+        // Said with the status, for a follower ends its stream there: what happens next (the trainer stopping,
+        // the files going) is said now, not after.
+        const next =
+          status === "RUNNING" ? "; its trainer stops at a step boundary and its files are removed" : "";
+        await insertLine(tx, id, logLine(now, `run cancelled by the user (was ${status})${next}`), now);
         await this.changed(id, tx);
         return true;
       });
@@ -650,7 +654,8 @@ export class RunRepository {
 
   /**
    * Crash recovery: RUNNING runs whose lease has expired (their worker died) go back to QUEUED,
-   * or to FAILED once they have been started `maxAttempts` times. Returns the affected ids.
+   * or to FAILED once they have been started `maxAttempts` times, each with its log line in the same commit
+   * (a follower ends its stream at FAILED, so a line after it could be missed). Returns the affected ids.
    */
   async recoverExpired(
     maxAttempts: number,
@@ -673,31 +678,32 @@ export class RunRepository {
     for (const run of expired) {
       const fail = run.attempts >= maxAttempts;
       const resumes = (await beforeRecover?.(run.id)) ?? "it starts again from the base model";
-      const result = await this.db
-        .updateTable("runs")
-        .set({
-          status: fail ? "FAILED" : "QUEUED",
-          error: fail ? "the trainer stopped without finishing too many times" : null,
-          lease_owner: null,
-          lease_expires_at: null,
-          updated_at: now,
-        })
-        .where("id", "=", run.id)
-        .where("status", "=", "RUNNING")
-        .where((eb) => eb.or([eb("lease_expires_at", "is", null), eb("lease_expires_at", "<", now)]))
-        .executeTakeFirst();
-      if (Number(result.numUpdatedRows) === 0) continue;
-      await this.changed(run.id);
-      if (fail) {
-        failed.push(run.id);
-        await this.appendLog(
-          run.id,
-          `run failed: its trainer stopped without finishing ${run.attempts} times (server crash or restart)`,
-        );
-      } else {
-        requeued.push(run.id);
-        await this.appendLog(run.id, `run re-queued: the server stopped while it was training; ${resumes}`);
-      }
+      const message = fail
+        ? `run failed: its trainer stopped without finishing ${run.attempts} times (server crash or restart)`
+        : `run re-queued: the server stopped while it was training; ${resumes}`;
+      await this.appending.get(run.id);
+      const recovered = await this.db.transaction().execute(async (tx) => {
+        const result = await tx
+          .updateTable("runs")
+          .set({
+            status: fail ? "FAILED" : "QUEUED",
+            error: fail ? "the trainer stopped without finishing too many times" : null,
+            lease_owner: null,
+            lease_expires_at: null,
+            updated_at: now,
+          })
+          .where("id", "=", run.id)
+          .where("status", "=", "RUNNING")
+          .where((eb) => eb.or([eb("lease_expires_at", "is", null), eb("lease_expires_at", "<", now)]))
+          .executeTakeFirst();
+        if (Number(result.numUpdatedRows) === 0) return false;
+        await insertLine(tx, run.id, logLine(now, message), now);
+        await this.changed(run.id, tx);
+        return true;
+      });
+      if (!recovered) continue;
+      this.changes.changed(run.id);
+      (fail ? failed : requeued).push(run.id);
     }
     return { requeued, failed };
   }

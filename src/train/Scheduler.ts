@@ -5,7 +5,7 @@ import type { Logger } from "pino";
 import type { DatasetService } from "../datasets/DatasetService.ts";
 import { readGgufFileInfo } from "node-llama-cpp";
 import { writeGgufUint32 } from "../model/gguf/GgufPatch.ts";
-import { isOutOfSpace } from "../errors.ts";
+import { isOutOfSpace, OUT_OF_SPACE_RUN } from "../errors.ts";
 import type { BlobStore } from "../store/BlobStore.ts";
 import { DatabaseHealth } from "../store/DatabaseHealth.ts";
 import type { RunRepository } from "../store/RunRepository.ts";
@@ -283,7 +283,8 @@ export class Scheduler {
       } else if (outcome.status === "cancelled" || active.stopping === "cancel") {
         await this.endCancelled(active, runDir);
       } else {
-        if (!(await this.fail(run, outcome.reason))) await leaveToTheNewAttempt();
+        if (!(await this.fail(run, outcome.reason, outcome.outOfSpace === true)))
+          await leaveToTheNewAttempt();
       }
     } catch (error) {
       const reason = error instanceof Error ? error.message : String(error);
@@ -291,8 +292,7 @@ export class Scheduler {
         // Not the run's fault: it goes back to the queue (its checkpoint kept) once the database is back.
         if (await this.persist(() => this.runs.release(run.id, this.workerId)))
           await this.appendLog(run.id, `run re-queued: the database was unavailable (${reason})`);
-      } else if (!(await this.fail(run, isOutOfSpace(error) ? `the disk is full (${reason})` : reason)))
-        await leaveToTheNewAttempt();
+      } else if (!(await this.fail(run, reason, isOutOfSpace(error)))) await leaveToTheNewAttempt();
     } finally {
       if (!lost) await fsp.rm(files.workDir, { recursive: true, force: true }).catch(() => undefined);
     }
@@ -423,12 +423,16 @@ export class Scheduler {
     return true;
   }
 
-  /** A run stopped by a cancel (or before its trainer started): its files go, and its end is told. */
+  /**
+   * A run stopped by a cancel (or before its trainer started): its files go, and its end is told. The run's own
+   * log said so with the cancel (a line after the final status could be missed by a follower), so this goes to
+   * the server's log.
+   */
   private async endCancelled(active: ActiveRun, runDir: string): Promise<void> {
     const run = active.run;
     await this.blobs.remove(runDir);
-    await this.appendLog(
-      run.id,
+    this.log.info(
+      { runId: run.id },
       `${active.handle ? "trainer stopped" : "stopped before its trainer started"}; partial artifacts removed`,
     );
     // Cancelled by a user of this or another process (not a lost lease: the run goes on elsewhere).
@@ -450,10 +454,13 @@ export class Scheduler {
   }
 
   /** Fails a run this worker holds; returns false (touching nothing) when it is another attempt's now. */
-  private async fail(run: Run, reason: string): Promise<boolean> {
+  private async fail(run: Run, detail: string, outOfSpace = false): Promise<boolean> {
     const held = await this.persist(() => this.runs.heartbeat(run.id, this.workerId, this.leaseMs));
     if (!held && (await this.persist(() => this.whyGone(run.id))) === "lost") return false;
-    this.log.warn({ runId: run.id, reason }, "run failed");
+    this.log.warn({ runId: run.id, reason: detail }, "run failed");
+    // A full disk is told as the API tells it (507 insufficient_storage); the system's own text (paths
+    // included) stays in the server's log.
+    const reason = outOfSpace ? OUT_OF_SPACE_RUN : detail;
     // The reason goes in the log before the status changes, so whoever sees FAILED finds it.
     await this.appendLog(run.id, `run failed: ${reason}`);
     if (

@@ -21,5 +21,6 @@ export type ChildMessage =
        */
       examples: { train: ExampleLoss[]; eval: ExampleLoss[] };
     }
-  | { type: "error"; message: string }
+  /** `outOfSpace`: the disk (or quota) was full, so the job could not write its files. */
+  | { type: "error"; message: string; outOfSpace?: boolean }
   | { type: "cancelled" };

@@ -44,7 +44,14 @@ export type TrainerOutcome =
   /** Stopped by `cancel()` or `kill()`. */
   | { status: "cancelled" }
   /** The job failed (`exitCode` 1 with the trainer's message) or the process died (`signal`, or an unexpected code). */
-  | { status: "failed"; reason: string; exitCode: number | null; signal: NodeJS.Signals | null };
+  | {
+      status: "failed";
+      reason: string;
+      exitCode: number | null;
+      signal: NodeJS.Signals | null;
+      /** The disk (or quota) was full: the trainer could not write its files. */
+      outOfSpace?: boolean;
+    };
 
 export interface TrainerHandle {
   /** The child's process id (undefined if it could not be started). */
@@ -142,7 +149,14 @@ export function startTrainer(
         examples: final.examples,
       };
     if (final?.type === "cancelled") return { status: "cancelled" };
-    if (final?.type === "error") return { status: "failed", reason: final.message, exitCode, signal };
+    if (final?.type === "error")
+      return {
+        status: "failed",
+        reason: final.message,
+        exitCode,
+        signal,
+        outOfSpace: final.outOfSpace === true,
+      };
     if (stopRequested) return { status: "cancelled" };
     const how =
       spawnError !== undefined

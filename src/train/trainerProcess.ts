@@ -4,6 +4,7 @@
  * logging goes to this process's stderr, which the parent reads; a native crash kills only this
  * process, and the parent sees its exit code or signal.
  */
+import { isOutOfSpace } from "../errors.ts";
 import type { ChildMessage, ParentMessage } from "./protocol.ts";
 import { runJob, type AnyTrainerJob } from "./trainers.ts";
 
@@ -45,7 +46,14 @@ async function run(job: AnyTrainerJob): Promise<void> {
         0,
       );
   } catch (error) {
-    await finish({ type: "error", message: error instanceof Error ? error.message : String(error) }, 1);
+    await finish(
+      {
+        type: "error",
+        message: error instanceof Error ? error.message : String(error),
+        outOfSpace: isOutOfSpace(error),
+      },
+      1,
+    );
   }
 }
 
@@ -61,5 +69,5 @@ process.on("message", (message: ParentMessage) => {
 process.on("disconnect", () => process.exit(1));
 
 process.on("uncaughtException", (error) => {
-  void finish({ type: "error", message: `trainer: ${error.message}` }, 1);
+  void finish({ type: "error", message: `trainer: ${error.message}`, outOfSpace: isOutOfSpace(error) }, 1);
 });

@@ -113,6 +113,62 @@ test("errors: the API's error shape, a refused key, a page that is not ours, no 
   );
 });
 
+test("a 429 or 503 with Retry-After is sent again after the wait, a few times at most; a long wait is the error at once", async (t) => {
+  let answers: [number, Record<string, string>][] = [];
+  const seen: string[] = [];
+  const busy = await listen(t, (request, response) => {
+    seen.push(`${request.method} ${request.url}`);
+    const [status, headers] = answers.shift() ?? [200, {}];
+    response.writeHead(status, { "content-type": "application/json", ...headers });
+    response.end(
+      status === 200
+        ? "[]"
+        : JSON.stringify({
+            error: {
+              message: "the queue is full",
+              type: "rate_limit_error",
+              param: null,
+              code: "rate_limited",
+            },
+          }),
+    );
+  });
+  const waits: number[] = [];
+  const client = new ConduitClient({
+    baseUrl: busy,
+    key: KEY_A,
+    onRetry: (_error, seconds) => waits.push(seconds),
+  });
+
+  answers = [
+    [429, { "retry-after": "1" }],
+    [503, { "retry-after": "0" }],
+  ];
+  const started = Date.now();
+  assert.deepEqual(await client.listDatasets(), []);
+  assert.ok(Date.now() - started >= 1000, "it waited the second the server asked for");
+  assert.deepEqual(waits, [1, 0]);
+  assert.equal(seen.length, 3);
+
+  // Past the retries, the error.
+  answers = Array.from(
+    { length: 4 },
+    () => [429, { "retry-after": "0" }] as [number, Record<string, string>],
+  );
+  await assert.rejects(client.listDatasets(), { name: "ApiError", status: 429, code: "rate_limited" });
+  // Longer than the client waits, no Retry-After, or another status: the error at once.
+  for (const answer of [
+    [429, { "retry-after": "3600" }],
+    [429, {}],
+    [500, { "retry-after": "0" }],
+  ] as [number, Record<string, string>][]) {
+    answers = [answer];
+    seen.length = 0;
+    await assert.rejects(client.listDatasets(), { name: "ApiError", status: answer[0] });
+    assert.equal(seen.length, 1, JSON.stringify(answer));
+  }
+});
+
 test("an upload from a stream reports its bytes as they go; the answer is the stored file", async (t) => {
   const { url } = await conduitServer(t);
   const client = new ConduitClient({ baseUrl: url, key: KEY_A });

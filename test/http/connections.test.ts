@@ -19,11 +19,15 @@ interface RawClient {
   idleBeforeClose: Promise<number>;
 }
 
-function connect(url: string): Promise<RawClient> {
+function connect(url: string, localAddress?: string): Promise<RawClient> {
   const { port, hostname } = new URL(url);
   return new Promise((resolve, reject) => {
     const started = Date.now();
-    const socket = net.connect({ port: Number(port), host: hostname });
+    const socket = net.connect({
+      port: Number(port),
+      host: hostname,
+      ...(localAddress ? { localAddress } : {}),
+    });
     let text = "";
     let lastData = started;
     socket.on("data", (chunk: Buffer) => {
@@ -286,4 +290,39 @@ test("connections past CONDUIT_MAX_CONNECTIONS are closed as they arrive; the ot
   later.socket.write(`GET /healthz HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n`);
   await later.closed;
   assert.equal(parseResponse(later.received()).status, 200);
+});
+
+test("one address holds at most CONDUIT_CONNECTIONS_PER_IP connections; other addresses and trusted proxies are served", async (t) => {
+  const { url } = await listening(t, {
+    CONDUIT_MAX_CONNECTIONS: "10",
+    CONDUIT_CONNECTIONS_PER_IP: "2",
+    CONDUIT_TRUST_PROXY: "127.0.0.3",
+  });
+  const healthz = `GET /healthz HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n`;
+  const held = [await connect(url, "127.0.0.2"), await connect(url, "127.0.0.2")];
+  const third = await connect(url, "127.0.0.2");
+  third.socket.write(healthz);
+  await third.closed;
+  assert.equal(third.received(), "", "refused without an answer");
+  // Another address is served while the first holds its share ...
+  const other = await connect(url, "127.0.0.1");
+  other.socket.write(healthz);
+  await other.closed;
+  assert.equal(parseResponse(other.received()).status, 200);
+  // ... and so are a trusted proxy's connections, however many.
+  const proxied = [];
+  for (let i = 0; i < 4; i++) proxied.push(await connect(url, "127.0.0.3"));
+  for (const client of proxied) client.socket.write(healthz);
+  for (const client of proxied) {
+    await client.closed;
+    assert.equal(parseResponse(client.received()).status, 200);
+  }
+  // Once one of its connections closes, the address may open another.
+  held[0]!.socket.destroy();
+  await new Promise((resolve) => setTimeout(resolve, 50));
+  const again = await connect(url, "127.0.0.2");
+  again.socket.write(healthz);
+  await again.closed;
+  assert.equal(parseResponse(again.received()).status, 200);
+  held[1]!.socket.destroy();
 });

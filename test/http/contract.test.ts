@@ -376,6 +376,7 @@ test("the run body's rules across fields are in the document, and the server kee
     [{ datasetID: world.ds, method: "full" }, true],
     [{ datasetID: world.ds, loraRank: 4, loraAlpha: 8 }, true],
     [{ datasetId: world.ds, method: "lora", loraRank: 4 }, true],
+    [{ datasetID: world.ds, datasetId: world.ds }, true],
     [{ datasetName: "secret" }, true],
     [{ method: "full" }, false],
   ];
@@ -384,6 +385,62 @@ test("the run body's rules across fields are in the document, and the server kee
     assert.equal(validate(payload), valid, `the document on ${JSON.stringify(payload)}`);
     const response = await as(app, KEY_A).post("/conduit/finetuning", payload);
     assert.equal(response.statusCode, valid ? 200 : 400, `${JSON.stringify(payload)} → ${response.body}`);
+  }
+});
+
+test("the eval bodies in the document accept what the server accepts and refuse what it refuses", async (t) => {
+  const { app } = await build(t);
+  const alice = as(app, KEY_A);
+  const doc = (await app.inject({ url: "/openapi.json" })).json() as Document;
+  const compile = (path: string) =>
+    new Ajv2020({ strict: false }).compile(
+      doc.paths[path]?.post?.requestBody?.content["application/json"]?.schema as object,
+    );
+  const items = { type: "items", items: [{ input: "q", expected: "a" }] };
+  const conduit: [unknown[], boolean][] = [
+    [[{ type: "exact_match" }], true],
+    [[{ type: "" }], false],
+    [[{ type: "regex", pattern: "a+" }], true],
+    [[{ type: "regex" }], false],
+    [[{ type: "contains", value: "" }], false],
+    [[{ type: "similarity", metric: "fuzzy_match", passThreshold: 0.7 }], true],
+    [[{ type: "similarity", passThreshold: 2 }], false],
+    [[{ type: "exact_match", colour: "red" }], false],
+  ];
+  const validateEval = compile("/conduit/evals");
+  for (const [graders, valid] of conduit) {
+    const body = { source: items, graders };
+    assert.equal(validateEval(body), valid, `the document on ${JSON.stringify(graders)}`);
+    const response = await alice.post("/conduit/evals", body);
+    assert.equal(response.statusCode, valid ? 200 : 400, `${JSON.stringify(graders)} → ${response.body}`);
+  }
+  const check = (type: string, extra: object = {}) => ({
+    type,
+    name: "c",
+    input: "{{sample.output_text}}",
+    reference: "{{item.answer}}",
+    ...extra,
+  });
+  const custom = { type: "custom", item_schema: { type: "object" } };
+  const openAi: [unknown, unknown[], boolean][] = [
+    [custom, [check("string_check", { operation: "eq" })], true],
+    [{ type: "" }, [check("string_check", { operation: "eq" })], false],
+    [{ type: "custom" }, [check("string_check", { operation: "eq" })], false],
+    [custom, [{ type: "" }], false],
+    [custom, [check("string_check", { operation: "eq", reference: "Paris" })], false],
+    [custom, [check("string_check", { operation: "like", reference: "Paris" })], true],
+    [custom, [check("string_check", { operation: "like", reference: "" })], false],
+    [custom, [check("string_check", { operation: "ne" })], false],
+    [custom, [check("text_similarity", { evaluation_metric: "bleu", pass_threshold: 0.5 })], false],
+    [custom, [check("text_similarity", { evaluation_metric: "token_f1", pass_threshold: 0.5 })], true],
+    [custom, [check("string_check", { operation: "eq", input: "{{item.answer}}" })], false],
+  ];
+  const validateOpenAi = compile("/v1/evals");
+  for (const [config, criteria, valid] of openAi) {
+    const body = { data_source_config: config, testing_criteria: criteria };
+    assert.equal(validateOpenAi(body), valid, `the document on ${JSON.stringify(body)}`);
+    const response = await alice.post("/v1/evals", body);
+    assert.equal(response.statusCode, valid ? 200 : 400, `${JSON.stringify(body)} → ${response.body}`);
   }
 });
 
@@ -470,6 +527,38 @@ test("datasetID and datasetId naming different datasets is a 400; the same one t
   });
   assert.equal(same.statusCode, 200, same.body);
   assert.equal(same.json().datasetId, world.ds);
+});
+
+test("a big JSON body (parsed in a worker thread) is held to the same rules as a small one", async (t) => {
+  const { app } = await build(t);
+  const post = (payload: string | Buffer, url = "/conduit/dataset") =>
+    app.inject({ method: "POST", url, headers: { ...asAlice, "content-type": "application/json" }, payload });
+  // Over 64 KiB each: padding that the schema refuses or ignores, so what is checked is the parse.
+  const padding = "x".repeat(100_000);
+  const lone = await post(`{"name":"ok","systemPrompt":"${padding}\\ud800"}`);
+  assert.equal(lone.statusCode, 400, lone.body);
+  assert.equal(lone.json().error.param, "systemPrompt");
+  assert.match(lone.json().error.message, /lone UTF-16 surrogate/);
+  const broken = await post(`{"name":"ok","x":"${padding}"`);
+  assert.equal(broken.statusCode, 400);
+  assert.equal(broken.json().error.code, "invalid_json");
+  const latin1 = await post(
+    Buffer.concat([Buffer.from(`{"name":"caf`), Buffer.from([0xe9]), Buffer.from(`${padding}"}`)]),
+  );
+  assert.equal(latin1.statusCode, 400);
+  assert.equal(latin1.json().error.code, "invalid_json");
+  assert.match(latin1.json().error.message, /not UTF-8/);
+  // `__proto__` is dropped, not applied; the rest of the body is read as usual.
+  // Whitespace makes it big and is valid JSON.
+  const kept = await post(
+    `{"name":"big",${" ".repeat(100_000)}"__proto__":{"polluted":true},"constructor":{"prototype":{"polluted":true}}}`,
+  );
+  assert.equal(kept.statusCode, 200, kept.body);
+  assert.equal(kept.json().name, "big");
+  assert.equal(({} as Record<string, unknown>).polluted, undefined);
+  const named = await post(JSON.stringify({ name: "𝄞".repeat(20), systemPrompt: padding }));
+  assert.equal(named.statusCode, 400, "systemPrompt is not a dataset field");
+  assert.equal(named.json().error.param, "systemPrompt");
 });
 
 test("a JSON body in another charset is a 415, and a lone surrogate a 400 naming its field; nothing is stored", async (t) => {

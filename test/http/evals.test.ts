@@ -1,7 +1,9 @@
 import assert from "node:assert/strict";
+import fs from "node:fs";
+import path from "node:path";
 import { describe, test } from "node:test";
 import type { EvalResultWire, EvalRunWire } from "../../src/contract/evals.ts";
-import { as, backends, build, KEY_A, KEY_B } from "../lib/helper.ts";
+import { as, backends, build, buildTestApp, KEY_A, KEY_B, testEnv } from "../lib/helper.ts";
 
 /** Evals on each storage backend, with the tiny model answering (no training): the store and both API faces. */
 for (const backend of backends())
@@ -82,6 +84,86 @@ for (const backend of backends())
 
       assert.equal((await alice.delete(`/conduit/evals/${evalId}`)).statusCode, 200);
       assert.equal((await alice.get(`/conduit/evals/${evalId}/runs/${runId}`)).statusCode, 404);
+    });
+
+    test("x-total-count of a run's results counts the answers there are, of the model asked for; a cancel answers the run", async (t) => {
+      const env = await testEnv(t, backend);
+      fs.copyFileSync(
+        path.join(env.dataDir, "models", "tiny.gguf"),
+        path.join(env.dataDir, "models", "tiny2.gguf"),
+      );
+      const { app, core } = await buildTestApp(t, env);
+      const alice = as(app, KEY_A);
+      const items = Array.from({ length: 3 }, (_, i) => ({ input: `q${i}`, expected: `a${i}` }));
+      const created = await alice.post("/conduit/evals", {
+        source: { type: "items", items },
+        graders: [{ type: "exact_match" }],
+      });
+      const evalId = created.json<{ id: string }>().id;
+      const started = await alice.post(`/conduit/evals/${evalId}/runs`, {
+        models: ["tiny", "tiny2"],
+        maxTokens: 2,
+      });
+      const runId = started.json<EvalRunWire>().id;
+      const count = async (query = "") => {
+        const response = await alice.get(`/conduit/evals/${evalId}/runs/${runId}/results${query}`);
+        assert.equal(response.statusCode, 200, response.body);
+        return [Number(response.headers["x-total-count"]), response.json<unknown[]>().length];
+      };
+      // Queued: nothing answered yet.
+      assert.deepEqual(await count(), [0, 0]);
+      // A cancel answers the run, cancelled (docs/api.md, docs/evals.md).
+      const other = await alice.post(`/conduit/evals/${evalId}/runs`, { models: ["tiny"] });
+      const cancelled = await alice.post(
+        `/conduit/evals/${evalId}/runs/${other.json<EvalRunWire>().id}/cancel`,
+      );
+      assert.equal(cancelled.statusCode, 200, cancelled.body);
+      assert.equal(cancelled.json<EvalRunWire>().status, "CANCELLED");
+      core.evals.start(core.runEvents);
+      for (;;) {
+        const run = (await alice.get(`/conduit/evals/${evalId}/runs/${runId}`)).json<EvalRunWire>();
+        if (!["QUEUED", "RUNNING"].includes(run.status)) break;
+        await new Promise((resolve) => setTimeout(resolve, 100));
+      }
+      assert.deepEqual(await count(), [6, 6]);
+      assert.deepEqual(await count("?model=tiny2"), [3, 3]);
+      assert.deepEqual(await count("?model=tiny2&limit=1&offset=1"), [3, 1]);
+    });
+
+    test("a source's 400 names the field and bound of the kind its type says, not the first kind's", async (t) => {
+      const { app } = await build(t, backend);
+      const alice = as(app, KEY_A);
+      const item = { input: "q", expected: "a" };
+      const cases: [unknown, string, RegExp][] = [
+        [{ type: "items", items: [] }, "source.items", /must NOT have fewer than 1 items/],
+        [
+          { type: "items", items: Array.from({ length: 5001 }, () => item) },
+          "source.items",
+          /must NOT have more than 5000 items/,
+        ],
+        [
+          { type: "items", items: [item, { input: "q", expected: "x".repeat(100_001) }] },
+          "source.items.1.expected",
+          /must NOT have more than 100000 characters/,
+        ],
+        [{ type: "run" }, "source.runId", /is required/],
+        [{ type: "file" }, "source.fileId", /is required/],
+        // A tag that names no kind: the first kind's issue, as before.
+        [{ type: "nope" }, "source.fileId", /is required/],
+      ];
+      const created = await alice.post("/conduit/evals", { graders: [{ type: "exact_match" }] });
+      const evalId = created.json<{ id: string }>().id;
+      for (const [source, param, message] of cases)
+        for (const [url, body] of [
+          ["/conduit/evals", { source, graders: [{ type: "exact_match" }] }],
+          [`/conduit/evals/${evalId}/runs`, { source, models: ["tiny"] }],
+        ] as const) {
+          const refused = await alice.post(url, body);
+          assert.equal(refused.statusCode, 400, refused.body);
+          const { error } = refused.json<{ error: { param: string; message: string } }>();
+          assert.equal(error.param, param, `${url} ${JSON.stringify(source).slice(0, 80)}: ${error.message}`);
+          assert.match(error.message, message);
+        }
     });
 
     test("a model that is not there, a source without items and a run that is not READY are refused by name", async (t) => {

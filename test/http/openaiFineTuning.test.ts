@@ -254,6 +254,11 @@ for (const backend of backends())
           }),
           /no assistant turn to train on/,
         ],
+        // A JSON escape spelling a lone surrogate is not text: refused as a JSON body refuses it.
+        [
+          `${JSON.stringify(conversations[0])}\n{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b\\udc00"}]}`,
+          /line 2: messages\[1\]\.content holds a lone UTF-16 surrogate/,
+        ],
       ] as const;
       for (const [content, message] of bad) {
         const response = await upload(app, "bad.jsonl", content);

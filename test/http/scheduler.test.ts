@@ -12,6 +12,7 @@ import { readGgufFileInfo } from "node-llama-cpp";
 import { loadConfig } from "../../src/config.ts";
 import { createCore, type Core } from "../../src/core.ts";
 import { writeGgufUint32 } from "../../src/model/gguf/GgufPatch.ts";
+import { OUT_OF_SPACE_RUN } from "../../src/errors.ts";
 import type { Run } from "../../src/store/RunRepository.ts";
 import { prepareSamples, type SamplePreparer } from "../../src/train/prepareSamples.ts";
 import type { SchedulerOptions } from "../../src/train/Scheduler.ts";
@@ -254,8 +255,13 @@ describe("scheduler with a fake trainer", () => {
     held.open();
     await until("the run's files to be removed", async () => !fs.existsSync(s.file(id)));
     assert.equal(s.trainer.runs.length, 0, "no trainer was started");
-    const run = await s.logged(id, /stopped before its trainer started; partial artifacts removed/);
+    // The cancel's line is written with the status (what comes next is said there, not after it).
+    const run = await s.run(id);
     assert.equal(run.status, "CANCELLED");
+    assert.ok(
+      run.logs.some((line) => /run cancelled by the user \(was RUNNING\); its trainer stops/.test(line)),
+      run.logs.join("\n"),
+    );
   });
 
   for (const how of ["cancel", "delete", "cancel on another server"] as const)
@@ -282,7 +288,11 @@ describe("scheduler with a fake trainer", () => {
       if (how === "delete") assert.equal(left, undefined);
       else {
         assert.equal(left?.status, "CANCELLED");
-        await s.logged(id, /trainer stopped; partial artifacts removed/);
+        // The cancel's line, written with the status, is the last: nothing comes after the end a follower sees.
+        assert.match(
+          (await s.run(id)).logs.at(-1) ?? "",
+          /run cancelled by the user \(was RUNNING\); its trainer stops at a step boundary and its files are removed$/,
+        );
       }
     });
 
@@ -363,7 +373,7 @@ describe("scheduler with a fake trainer", () => {
       assert.equal(fs.existsSync(s.file(id, "work")), false, "the work directory goes");
     });
 
-  for (const how of ["fails", "crashes"] as const)
+  for (const how of ["fails", "crashes", "finds the disk full"] as const)
     test(`a trainer that ${how} fails the run with its reason; nothing of the run is kept`, async (t) => {
       const s = await setup(t);
       const id = await s.startRun();
@@ -372,11 +382,14 @@ describe("scheduler with a fake trainer", () => {
       writeCheckpoint(trainer.job.checkpointDir);
       const ended = new Promise((resolve) => s.core.runEvents.once("ended", (...args) => resolve(args)));
       if (how === "fails") trainer.fail("could not load the base model: bad magic");
-      else trainer.crash("SIGSEGV");
-      const reason =
-        how === "fails"
-          ? "could not load the base model: bad magic"
-          : "trainer process was killed by SIGSEGV";
+      else if (how === "crashes") trainer.crash("SIGSEGV");
+      else trainer.fail("ENOSPC: no space left on device, write '/srv/conduit/runs/x/checkpoint.bin'", true);
+      // A full disk is told in the words of the API's 507, without the system's text (a server path).
+      const reason = {
+        fails: "could not load the base model: bad magic",
+        crashes: "trainer process was killed by SIGSEGV",
+        "finds the disk full": OUT_OF_SPACE_RUN,
+      }[how];
       assert.deepEqual(await ended, [id, "FAILED"]);
       const run = await until("the run's files to be removed", async () => {
         const found = await s.run(id);
@@ -434,6 +447,41 @@ describe("scheduler with a fake trainer", () => {
     assert.match(run.error ?? "", /stopped without finishing too many times/);
     assert.match(run.logs.at(-1) ?? "", /run failed: its trainer stopped without finishing 2 times/);
     assert.equal(s.trainer.runs.length, 0);
+  });
+
+  test("crash recovery's log lines come with the status they explain: a follower gets them before the stream ends", async (t) => {
+    const s = await setup(t, { maxAttempts: 2 }, { start: false });
+    const repo = s.core.runRepository;
+    const id = await s.startRun();
+    assert.equal((await repo.claimNext("crashed-1", -1))?.id, id);
+    const events = await s.core.runs.follow("alice", id);
+    const seen: string[] = [];
+    const followed = (async () => {
+      for await (const event of events)
+        seen.push(
+          event.type === "log"
+            ? `log ${event.line}`
+            : event.type === "status"
+              ? `status ${event.status}`
+              : event.type,
+        );
+    })();
+    await until("the follower to have the log so far", async () => seen.some((e) => e === "status RUNNING"));
+    await repo.recoverExpired(2);
+    assert.equal((await repo.claimNext("crashed-2", -1))?.id, id);
+    await repo.recoverExpired(2);
+    await followed;
+    const ending = seen.slice(-2);
+    assert.match(
+      ending[0] ?? "",
+      /^log .*run failed: its trainer stopped without finishing 2 times/,
+      seen.join("\n"),
+    );
+    assert.equal(ending[1], "status FAILED");
+    assert.ok(
+      seen.some((e) => /run re-queued: the server stopped while it was training/.test(e)),
+      seen.join("\n"),
+    );
   });
 
   test("the token limit goes to the trainer, and a run over it fails before its first step", async (t) => {

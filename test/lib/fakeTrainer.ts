@@ -118,9 +118,12 @@ export class FakeTrainerRun {
     return full;
   }
 
-  /** The job fails with the trainer's message (exit code 1), as for a model it cannot load. */
-  fail(message: string): void {
-    this.end({ status: "failed", reason: message, exitCode: 1, signal: null });
+  /**
+   * The job fails with the trainer's message (exit code 1), as for a model it cannot load; `outOfSpace` when
+   * what failed was a write to a full disk.
+   */
+  fail(message: string, outOfSpace = false): void {
+    this.end({ status: "failed", reason: message, exitCode: 1, signal: null, outOfSpace });
   }
 
   /** The process dies without a word (a native crash). */

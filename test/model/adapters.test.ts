@@ -163,7 +163,7 @@ describe("LoRA adapters on a base's shared contexts", () => {
     const ax = await adapterOf(x);
     const ay = await adapterOf(y);
     try {
-      const prompt = group.tokenize({ model: base, prompt: PROMPT, sampling: greedy(12) });
+      const prompt = await group.tokenize({ model: base, prompt: PROMPT, sampling: greedy(12) });
       const run = (ref: ModelRef, adapter: BatchAdapter) => {
         const ticket = group.takeSequence(prompt, adapter);
         assert.ok(ticket, "a free sequence");
@@ -273,6 +273,8 @@ describe("LoRA adapters on a base's shared contexts", () => {
       // Failed by the engine's dispose when an assertion below fails first.
       long.catch(() => {});
       waiting.catch(() => {});
+      // One turn of the event loop: the prompt is tokenized and the request is in the queue.
+      await new Promise((resolve) => setImmediate(resolve));
       assert.equal(engine.loaded().find((m) => m.id === "queued-1")?.queuedRequests, 1);
       engine.unload(a!.lora!.path);
       assert.deepEqual(

@@ -344,6 +344,48 @@ describe("trainer process", () => {
     assert.equal(outcome.exitCode, 1);
   });
 
+  test("a trainer that finds the disk full says so (outOfSpace), apart from its other failures", async () => {
+    // Every write to /dev/full fails with ENOSPC, as on a full disk.
+    const outcome = await startTrainer(longJob("full-disk", { epochs: 1, lossesFile: "/dev/full" })).done;
+    assert.ok(outcome.status === "failed", JSON.stringify(outcome));
+    assert.match(outcome.reason, /ENOSPC/);
+    assert.equal(outcome.outOfSpace, true);
+    const corrupt = path.join(dir, "corrupt-too.gguf");
+    fs.writeFileSync(corrupt, Buffer.concat([Buffer.from("GGUF"), Buffer.alloc(64, 0xff)]));
+    const other = await startTrainer(longJob("not-full", { baseModelPath: corrupt, epochs: 1 })).done;
+    assert.ok(other.status === "failed");
+    assert.equal(other.outOfSpace, false);
+  });
+
+  test("the base is converted from a private copy: truncating the models directory's file meanwhile harms nothing", async () => {
+    // F16, so a full run converts it to F32; big enough (55 MB) that the conversion takes a while.
+    const base = path.join(dir, "truncated-base.gguf");
+    await createTinyModel(base, { seed: 3, embeddingLength: 512, blockCount: 8, weightType: "F16" });
+    let truncated = false;
+    let firstProgress!: () => void;
+    const progressed = new Promise<void>((resolve) => (firstProgress = resolve));
+    const handle = startTrainer(longJob("truncated", { baseModelPath: base }), {
+      onLog: (line) => {
+        // An operator rewrites the file in place as the conversion begins.
+        if (!truncated && line.includes("converting")) {
+          truncated = true;
+          fs.truncateSync(base, 0);
+        }
+      },
+      onProgress: () => firstProgress(),
+    });
+    const outcome = await Promise.race([progressed.then(() => undefined), handle.done]);
+    assert.equal(outcome, undefined, `the trainer ended before its first step: ${JSON.stringify(outcome)}`);
+    assert.ok(truncated);
+    handle.kill();
+    await handle.done;
+    assert.deepEqual(
+      fs.readdirSync(path.join(dir, "truncated-work")).filter((f) => f.includes("copy")),
+      [],
+      "the private copy is gone once converted",
+    );
+  });
+
   test("a trainer killed from outside fails with the signal", async () => {
     const handle = await startedTrainer(longJob("killed"));
     process.kill(handle.pid!, "SIGKILL");

@@ -80,7 +80,7 @@ describe("chat template", () => {
   });
 });
 
-test("a prompt with more bytes than the context's tokens can stand for is refused without tokenizing it", () => {
+test("a prompt with more bytes than the context's tokens can stand for is refused without tokenizing it", async () => {
   const never = {
     tokenize() {
       throw new Error("tokenized");
@@ -94,7 +94,7 @@ test("a prompt with more bytes than the context's tokens can stand for is refuse
   } as unknown as Parameters<typeof promptTokens>[0];
   const sampling = {} as Parameters<typeof promptTokens>[1]["sampling"];
   const request = (text: string) => ({ model: { id: "m", path: "m" }, prompt: text, sampling });
-  assert.throws(
+  await assert.rejects(
     () => promptTokens(prompt, request("é".repeat(200))),
     (error: unknown) =>
       error instanceof ConduitError &&
@@ -102,7 +102,7 @@ test("a prompt with more bytes than the context's tokens can stand for is refuse
       /^The prompt is 400 bytes, at least 100 tokens; this model's context holds 100\.$/.test(error.message),
   );
   // One byte less could still fit: it is tokenized.
-  assert.throws(() => promptTokens(prompt, request("x".repeat(396))), /tokenized/);
+  await assert.rejects(() => promptTokens(prompt, request("x".repeat(396))), /tokenized/);
 });
 
 describe("ModelRegistry", () => {

@@ -6,12 +6,16 @@ import { test } from "node:test";
 import { readIoPairs, type ReadOptions } from "../../src/datasets/ioPairs.ts";
 
 /** The pairs of a JSON array file as `[input, output, line]`, or the error as `line: message`. */
-async function jsonArray(content: string | Buffer, options: ReadOptions = {}) {
+async function jsonArray(
+  content: string | Buffer,
+  options: ReadOptions = {},
+  format: "json" | "jsonl" = "json",
+) {
   const file = path.join(os.tmpdir(), `conduit-ioPairs-${process.pid}-${Math.random()}.json`);
   fs.writeFileSync(file, content);
   const pairs: [string, string, number][] = [];
   try {
-    for await (const pair of readIoPairs(file, "json", options))
+    for await (const pair of readIoPairs(file, format, options))
       pairs.push([pair.input, pair.output, pair.line]);
     return pairs;
   } catch (error) {
@@ -72,4 +76,29 @@ test("a JSON array item over the pair limit is refused before more than the limi
     got.error,
     "line 1: the pair is longer than 1000 bytes, the largest a pair may be (CONDUIT_MAX_PAIR_BYTES)",
   );
+});
+
+test("a lone UTF-16 surrogate spelled by a JSON escape is refused, naming the line and the field", async () => {
+  const lone = "a \\ud800 b";
+  const cases: [string, "json" | "jsonl", string][] = [
+    [`{"input":"a","output":"b"}\n{"input":"${lone}","output":"b"}`, "jsonl", 'line 2: "input"'],
+    [`[{"prompt":"a","completion":"${lone}"}]`, "json", 'line 1: "output"'],
+    [
+      `{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":[{"type":"text","text":"${lone}"}]}]}`,
+      "jsonl",
+      "line 1: messages[1].content",
+    ],
+  ];
+  for (const [content, format, start] of cases) {
+    const got = await jsonArray(content, {}, format);
+    assert.ok(!Array.isArray(got), content);
+    assert.equal(
+      got.error,
+      `${start} holds a lone UTF-16 surrogate (an unpaired \\ud800–\\udfff escape), which is not text`,
+    );
+  }
+  // A pair written with escapes (an emoji as \\ud83d\\ude00) is text.
+  assert.deepEqual(await jsonArray('{"input":"\\ud83d\\ude00","output":"b"}', {}, "jsonl"), [
+    ["\u{1F600}", "b", 1],
+  ]);
 });

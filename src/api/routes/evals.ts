@@ -186,8 +186,8 @@ function evalResultRoutes(app: FastifyInstance, core: Core) {
         tags,
         summary: "Per-item results: each model's answer, scores, latency and tokens",
         description:
-          "By model (in the run's order), then item. `model` keeps one model's. The `x-total-count` header is " +
-          "items × models.",
+          "By model (in the run's order), then item. `model` keeps one model's. The `x-total-count` header counts " +
+          "the results there are so far (the answers scored; of `model` when given).",
         params: EvalRunParams,
         querystring: Type.Object({
           model: Type.Optional(Type.String({ minLength: 1, maxLength: 256 })),
@@ -203,13 +203,13 @@ function evalResultRoutes(app: FastifyInstance, core: Core) {
       },
     },
     async (request, reply) => {
-      const { run, results } = await evals.results(
+      const { run, results, total } = await evals.results(
         request.userId,
         request.params.eval_id,
         request.params.run_id,
         request.query,
       );
-      void reply.header("x-total-count", String(run.progress.total));
+      void reply.header("x-total-count", String(total));
       return results.map((result) => evalResultWire(run, result));
     },
   );

@@ -17,7 +17,7 @@ import {
   OpenAiOutputItem,
   OpenAiOutputItemParams,
 } from "../../contract/openAiEvals.ts";
-import { responses } from "../../contract/schemas.ts";
+import { REASON, responses } from "../../contract/schemas.ts";
 import type { Eval, ResolvedItem } from "../../store/EvalRepository.ts";
 import { questionOf } from "../evalWire.ts";
 import {
@@ -26,6 +26,7 @@ import {
   openAiEval,
   openAiEvalRun,
   openAiOutputItem,
+  OUTPUT_ITEM_ID,
   outputItemId,
   outputItemPosition,
   resolveOpenAiItems,
@@ -287,7 +288,12 @@ function openAiOutputItemRoutes(app: FastifyInstance, core: Core) {
         summary: "OpenAI-compatible output items: each answer with its grader results",
         params: OpenAiEvalRunParams,
         querystring: Type.Object({
-          after: Type.Optional(Type.String({ maxLength: 64 })),
+          after: Type.Optional(
+            Type.String({
+              pattern: OUTPUT_ITEM_ID,
+              [REASON]: "must be an output item id (outputitem_<model>_<item>)",
+            }),
+          ),
           limit: Type.Integer({ minimum: 1, maximum: 100, default: 20, description: "Defaults to `20`." }),
           order: Type.Union([Type.Literal("asc"), Type.Literal("desc")], {
             default: "asc",

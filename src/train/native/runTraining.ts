@@ -83,6 +83,8 @@ type LoraRun = LoraSpec & { weights: LoraWeight[] };
 
 /** Files a job writes in its work directory, removed when it ends. */
 interface WorkFiles {
+  /** The base's private copy that a conversion reads (see {@link convertBase}). */
+  baseCopy: string;
   baseF32: string;
   trainedF32: string;
   baseConverted: string;
@@ -139,6 +141,7 @@ export async function runTraining(job: LlamaCppJob, hooks: TrainingHooks): Promi
   const compute = openCompute(job, hooks);
   fs.mkdirSync(job.workDir, { recursive: true });
   const files: WorkFiles = {
+    baseCopy: path.join(job.workDir, "base-copy.gguf"),
     baseF32: path.join(job.workDir, "base-f32.gguf"),
     trainedF32: path.join(job.workDir, "trained-f32.gguf"),
     baseConverted: path.join(job.workDir, "base-converted.gguf"),
@@ -247,8 +250,9 @@ async function prepareBase(
       fs.copyFileSync(checkpoints!.latestWeights, files.baseF32);
     } else {
       // Only F32 tensors train (others silently stay frozen), so the base model is converted first.
-      hooks.log(`trainer: converting ${job.baseModelPath} to F32`);
-      quantize(lib, job.baseModelPath, files.baseF32, "F32", job.threads, "read the base model");
+      convertBase(lib, job, files, files.baseF32, "F32", () =>
+        hooks.log(`trainer: converting ${job.baseModelPath} to F32`),
+      );
     }
     basePath = files.baseF32;
   } else {
@@ -261,14 +265,8 @@ async function prepareBase(
     });
     if (conversion === undefined) basePath = job.baseModelPath;
     else {
-      hooks.log(`trainer: ${conversion.reason}; converting the base to ${conversion.to} for training`);
-      quantize(
-        lib,
-        job.baseModelPath,
-        files.baseConverted,
-        conversion.to,
-        job.threads,
-        "read the base model",
+      convertBase(lib, job, files, files.baseConverted, conversion.to, () =>
+        hooks.log(`trainer: ${conversion.reason}; converting the base to ${conversion.to} for training`),
       );
       basePath = files.baseConverted;
     }
@@ -911,6 +909,31 @@ class LossesFile {
 }
 
 /**
+ * Converts the job's base model to `type` at `output`. llama.cpp's quantizer maps its input (`use_mmap` is fixed
+ * on in `llama_model_quantize`), and the base is the models directory's file, which an operator may rewrite or
+ * truncate in place while a run starts: a mapped page that is gone ends the trainer with SIGBUS. So the quantizer
+ * reads a private copy, made by the kernel in a stream (a copy-on-write clone where the file system has them),
+ * and removed once converted; only the trainer's own files are ever mapped.
+ */
+function convertBase(
+  lib: LlamaLib,
+  job: LlamaCppJob,
+  files: WorkFiles,
+  output: string,
+  type: keyof typeof LLAMA_FTYPES,
+  /** Says that the conversion begins (once the copy is made). */
+  converting: () => void,
+): void {
+  fs.copyFileSync(job.baseModelPath, files.baseCopy, fs.constants.COPYFILE_FICLONE);
+  converting();
+  try {
+    quantize(lib, files.baseCopy, output, type, job.threads, "read the base model");
+  } finally {
+    fs.rmSync(files.baseCopy, { force: true });
+  }
+}
+
+/**
  * Converts a GGUF model file to another type with llama.cpp's own quantizer, outside a training job
  * (bench/train.ts gives `llama-finetune` the same F32 weights the trainer starts from).
  */
@@ -950,9 +973,12 @@ function quantize(
     // A quantized input grows up to ~8x as F32; other conversions stay within about twice its size.
     const needed = (fs.statSync(input, { throwIfNoEntry: false })?.size ?? 0) * (type === "F32" ? 8 : 2);
     if (free !== undefined && needed > 0 && free < needed)
-      throw new Error(
-        `trainer: could not ${what}: the disk is full (${free} bytes free in ${path.dirname(output)}, ` +
-          `the converted model needs up to ${needed})`,
+      throw Object.assign(
+        new Error(
+          `trainer: could not ${what}: the disk is full (${free} bytes free in ${path.dirname(output)}, ` +
+            `the converted model needs up to ${needed})`,
+        ),
+        { code: "ENOSPC" },
       );
     throw new Error(`trainer: could not ${what} (llama_model_quantize ${input} -> ${type} failed)`);
   }

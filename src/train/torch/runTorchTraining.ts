@@ -82,7 +82,8 @@ type WorkerMessage =
   | { type: "log"; line: string }
   | ({ type: "progress" } & TrainerProgress)
   | WorkerDone
-  | { type: "error"; message: string }
+  /** `code`: the errno name of an OSError that ended the job (`ENOSPC` on a full disk). */
+  | { type: "error"; message: string; code?: string }
   | { type: "cancelled" };
 
 export async function runTorchTraining(job: TorchJob, hooks: TrainingHooks): Promise<TrainingResult> {
@@ -401,7 +402,13 @@ function runWorker(
       clearInterval(poll);
       if (final?.type === "done") return resolve(final);
       if (final?.type === "cancelled" || cancelSent) return resolve({ type: "cancelled" });
-      if (final?.type === "error") return reject(new Error(withTail(final.message, stderrTail)));
+      if (final?.type === "error")
+        return reject(
+          Object.assign(
+            new Error(withTail(final.message, stderrTail)),
+            final.code ? { code: final.code } : {},
+          ),
+        );
       const how =
         spawnError !== undefined
           ? `could not be started (${python}: ${spawnError.message})`

@@ -21,6 +21,7 @@ this Python can do (versions, CUDA, bf16) as one JSON object.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import math
 import os
@@ -878,7 +879,12 @@ def run_job(job: dict[str, Any], channel: Channel, cancelled: Callable[[], bool]
 
         traceback.print_exc(file=sys.stderr)
         message = str(error) if str(error).startswith("trainer:") else f"trainer: {type(error).__name__}: {error}"
-        channel.send({"type": "error", "message": message})
+        failure: dict[str, Any] = {"type": "error", "message": message}
+        # A full disk (or quota) is told apart, so the run's error can say so in the API's words.
+        errno_code = getattr(error, "errno", None)
+        if isinstance(error, OSError) and errno_code in (errno.ENOSPC, errno.EDQUOT):
+            failure["code"] = errno.errorcode[errno_code]
+        channel.send(failure)
         return 1
     channel.send(result)
     return 0
