@@ -12,6 +12,7 @@ import path from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import type { Llama, LlamaLogLevel } from "node-llama-cpp";
 import type { AdapterBatchingSetting } from "../contract/accelerator.ts";
+import { nodeLlamaCppVersion } from "../model/nodeLlamaCpp.ts";
 export type { AdapterBatchingSetting };
 
 /** What `npm run setup:adapters` writes. */
@@ -151,20 +152,4 @@ export async function loadMixedAdapterLlama(
     debug: false,
     tempDir: false,
   });
-}
-
-/** The installed node-llama-cpp's version (its package exports no package.json: found beside its entry). */
-export function nodeLlamaCppVersion(): string | undefined {
-  try {
-    let dir = path.dirname(createRequire(import.meta.url).resolve("node-llama-cpp"));
-    for (; dir !== path.dirname(dir); dir = path.dirname(dir)) {
-      const file = path.join(dir, "package.json");
-      if (!fs.existsSync(file)) continue;
-      const pkg = JSON.parse(fs.readFileSync(file, "utf8")) as { name?: unknown; version?: unknown };
-      if (pkg.name === "node-llama-cpp") return typeof pkg.version === "string" ? pkg.version : undefined;
-    }
-  } catch {
-    // Not installed.
-  }
-  return undefined;
 }
