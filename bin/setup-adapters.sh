@@ -39,19 +39,28 @@ bins=$(node --import tsx -e '
 head=$(git bundle list-heads "$bundle" | head -n1 | cut -d' ' -f1)
 version=$(node -p 'require("./node_modules/node-llama-cpp/package.json").version')
 
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+patches=$(cat bin/patches/llama.cpp-lora-seq.diff bin/patches/node-llama-cpp-addon-lora-seq.diff | sha256sum | cut -c1-16)
 say "llama.cpp of node-llama-cpp $version (${head:0:12}), prebuilt ggml in $bins"
-git clone --quiet --bare "$bundle" "$work/src.git"
-mkdir "$work/src"
-git --git-dir="$work/src.git" archive "$head" include src common vendor ggml/include | tar -x -C "$work/src"
-cp -r "$addon" "$work/addon"
-(cd "$work/src" && patch -p1 --quiet --forward) <bin/patches/llama.cpp-lora-seq.diff ||
-  { say "bin/patches/llama.cpp-lora-seq.diff does not apply to this llama.cpp: the patch needs updating" >&2; exit 1; }
-(cd "$work/addon" && patch -p2 --quiet --forward) <bin/patches/node-llama-cpp-addon-lora-seq.diff ||
-  { say "bin/patches/node-llama-cpp-addon-lora-seq.diff does not apply to this addon: the patch needs updating" >&2; exit 1; }
-printf '#pragma once\n#define LLAMA_VERSION "%s"\n#define LLAMA_COMMIT "%s"\n' "$version" "${head:0:12}" \
-  >"$work/src/llama-version.h"
+
+# The sources and objects stay in $work between runs: a second run with the same node-llama-cpp and patches
+# compiles nothing again.
+work="$PWD/.cache/llama-mixed-adapters.build"
+stamp="$version $head $patches"
+if [ "$(cat "$work/stamp" 2>/dev/null)" != "$stamp" ]; then
+  rm -rf "$work"
+  mkdir -p "$work/src"
+  git clone --quiet --bare "$bundle" "$work/src.git"
+  git --git-dir="$work/src.git" archive "$head" include src common vendor ggml/include | tar -x -C "$work/src"
+  rm -rf "$work/src.git"
+  cp -r "$addon" "$work/addon"
+  (cd "$work/src" && patch -p1 --quiet --forward) <bin/patches/llama.cpp-lora-seq.diff ||
+    { say "bin/patches/llama.cpp-lora-seq.diff does not apply to this llama.cpp: the patch needs updating" >&2; exit 1; }
+  (cd "$work/addon" && patch -p2 --quiet --forward) <bin/patches/node-llama-cpp-addon-lora-seq.diff ||
+    { say "bin/patches/node-llama-cpp-addon-lora-seq.diff does not apply to this addon: the patch needs updating" >&2; exit 1; }
+  printf '#pragma once\n#define LLAMA_VERSION "%s"\n#define LLAMA_COMMIT "%s"\n' "$version" "${head:0:12}" \
+    >"$work/src/llama-version.h"
+  printf '%s' "$stamp" >"$work/stamp"
+fi
 
 sed -e 's/@LLAMA_BUILD_NUMBER@/0/' -e "s/@LLAMA_BUILD_COMMIT@/${head:0:12}/" -e 's/@BUILD_COMPILER@/g++/' \
   -e "s/@BUILD_TARGET@/$(uname -m)/" "$work/src/common/build-info.cpp.in" >"$work/build-info.cpp"
@@ -84,7 +93,7 @@ out/llama-addon.node: $(ADDON_OBJS) out/libllama-mixed.so
 MAKE
 jobs=$(nproc 2>/dev/null || echo 2)
 say "compiling libllama and the addon ($jobs jobs; ~5-10 minutes on 2 cores)"
-make -s -C "$work" -j"$jobs" BINS="$PWD/$bins" NODE_INCLUDE="$node_include" NAPI_INCLUDE="$PWD/$napi_include" \
+make -s -C "$work" -j"$jobs" BINS="$(realpath "$bins")" NODE_INCLUDE="$node_include" NAPI_INCLUDE="$(realpath "$napi_include")" \
   >"$work/build.log" 2>&1 || { tail -n 30 "$work/build.log" >&2; say "the build failed" >&2; exit 1; }
 
 # The prebuilt ggml libraries are linked (symbolic links), not copied: loaded from here and by node-llama-cpp's
@@ -97,7 +106,6 @@ cp "$bins/_nlcBuildMetadata.json" "$staging/"
 for lib in "$bins"/libggml*.so; do
   ln -s "$(realpath --relative-to="$OUT" "$lib")" "$staging/$(basename "$lib")"
 done
-patches=$(cat bin/patches/llama.cpp-lora-seq.diff bin/patches/node-llama-cpp-addon-lora-seq.diff | sha256sum | cut -c1-16)
 printf '{"nodeLlamaCpp": "%s", "llamaCpp": "%s", "patches": "%s", "addon": "llama-addon.node"}\n' \
   "$version" "$head" "$patches" >"$staging/build.json"
 rm -rf "$OUT"
