@@ -25,6 +25,7 @@ import { TokenizerThread } from "../../src/engine/TokenizerThread.ts";
 import { gguf, writeGguf } from "../../src/model/gguf/GgufWriter.ts";
 import type { ModelRef } from "../../src/engine/types.ts";
 import { greedy } from "../lib/sampling.ts";
+import { mixedAdapterBuildStatus } from "../../src/engine/mixedAdapterBuild.ts";
 
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), "conduit-engine-"));
 let model: ModelRef;
@@ -916,9 +917,44 @@ describe("LlamaEngine, loading", () => {
         backend: "cpu",
         devices: [],
         gpuLayers: 0,
+        adapters: {
+          batching: "grouped",
+          reason: "the engine was given a node-llama-cpp instance of the prebuilt binaries",
+        },
       });
     } finally {
       await engine.dispose();
+    }
+  });
+
+  test("an engine that makes its own node-llama-cpp takes the mixed-adapter build only when asked and present", async () => {
+    const grouped = createLlamaEngine({
+      gpu: "off",
+      contextSize: 128,
+      adapterBatching: "grouped",
+      logger: () => {},
+    });
+    try {
+      assert.deepEqual((await grouped.accelerator()).adapters, {
+        batching: "grouped",
+        reason: "CONDUIT_ADAPTER_BATCHING is grouped",
+      });
+      assert.equal(
+        (await grouped.generate({ model, prompt: "Hi", sampling: greedy(4) })).completionTokens,
+        4,
+      );
+    } finally {
+      await grouped.dispose();
+    }
+    const build = mixedAdapterBuildStatus("auto");
+    const auto = createLlamaEngine({ gpu: "off", contextSize: 128, logger: () => {} });
+    try {
+      const adapters = (await auto.accelerator()).adapters;
+      if (build.available) assert.equal(adapters?.batching, "per-sequence");
+      else assert.deepEqual(adapters, { batching: "grouped", reason: build.reason });
+      assert.equal((await auto.generate({ model, prompt: "Hi", sampling: greedy(4) })).completionTokens, 4);
+    } finally {
+      await auto.dispose();
     }
   });
 
