@@ -142,7 +142,9 @@ export async function loadMixedAdapterLlama(
   return Llama._create({
     bindings,
     bindingPath,
-    buildType: "localBuild",
+    // As node-llama-cpp's own binaries: only its grammar files are found by the build type (a "localBuild" looks
+    // for them in a llama.cpp clone), and the addon and its backends are found by `bindingPath`.
+    buildType: "prebuilt",
     buildMetadata,
     logLevel: options.logLevel,
     logger: options.logger,
