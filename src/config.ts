@@ -377,6 +377,13 @@ export const settings = {
       return value === "auto" ? "auto" : integer("CONDUIT_TRAIN_THREADS", 1, 1, 256)(value);
     },
   },
+  trainRanks: {
+    env: "CONDUIT_TRAIN_RANKS",
+    description:
+      "Processes the torch trainer trains each run with on this machine (data-parallel, started by `torchrun` from its Python): each trains a share of every optimizer step's windows and their gradients are summed, so a step averages as many windows as there are ranks; on CUDA one GPU each (`nccl`), on the CPU they share `CONDUIT_TRAIN_THREADS` (`gloo`). `1`: one process, one window a step.",
+    defaultText: "1",
+    parse: integer("CONDUIT_TRAIN_RANKS", 1, 1, 64),
+  },
   trainer: {
     env: "CONDUIT_TRAINER",
     description:

@@ -155,6 +155,7 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
         : { device: "cpu", gpuLayers: 0 };
     },
     python: config.python,
+    ranks: config.trainRanks,
     blas: config.trainerBlas,
     cacheDir: blobs.pathOf("cache"),
   };

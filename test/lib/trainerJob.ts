@@ -65,6 +65,14 @@ export function torchJob(
   return {
     ...common(rest),
     trainer: "torch",
-    options: { device: "cpu", dtype: "f32", probe: null, cacheDir: null, ...options },
+    options: {
+      device: "cpu",
+      dtype: "f32",
+      probe: null,
+      cacheDir: null,
+      ranks: 1,
+      windowsPerStep: options.ranks ?? 1,
+      ...options,
+    },
   };
 }

@@ -50,6 +50,7 @@ const host: TrainerHost = {
   gpu: "off",
   accelerator: () => Promise.resolve({ device: "cpu", gpuLayers: 0 }),
   python: undefined,
+  ranks: 1,
   blas: "off",
   cacheDir: "/nonexistent",
 };

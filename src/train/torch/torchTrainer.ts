@@ -29,6 +29,16 @@ export interface TorchOptions {
    * a second. `null`: every run loads the GGUF.
    */
   cacheDir: string | null;
+  /**
+   * Data-parallel processes (`torchrun` ranks) on this machine: each trains a share of every step's windows, and
+   * their gradients are summed before the step. Defaults to `1` (the worker alone, without `torchrun`).
+   */
+  ranks: number;
+  /**
+   * Windows one optimizer step averages the gradients of (each window's mean loss weighs the same). Defaults to
+   * `ranks`: one window per rank a step; one rank with a larger count trains as that many ranks would.
+   */
+  windowsPerStep: number;
 }
 
 /**
@@ -81,6 +91,8 @@ export const torchTrainer: TrainerBackend<TorchOptions> = {
       probe: null,
       // The worker's dequantized copies of base models live with everything else the server keeps.
       cacheDir: path.join(host.cacheDir, "torch"),
+      ranks: host.ranks,
+      windowsPerStep: host.ranks,
     };
   },
   run: runTorchTraining,
