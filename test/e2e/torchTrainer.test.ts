@@ -221,6 +221,93 @@ describe("the torch trainer backend's job", { skip }, () => {
   );
 });
 
+describe("the torch trainer on several ranks (torchrun, gloo on the CPU)", { skip }, () => {
+  test(
+    "2 ranks train the adapter one rank trains with the same effective batch; one window a step differs",
+    { timeout: 300_000 },
+    async (t) => {
+      // One example a window, 15 a epoch: the last step of an epoch has one window (one rank trains it, the other
+      // adds zero gradients); an eval set of 5 windows, sharded over the ranks.
+      const common: Partial<JobInput> = {
+        samples: samples.slice(0, 15),
+        evalSamples: samples.slice(0, 5),
+        packing: false,
+        epochs: 2,
+      };
+      const logs: string[] = [];
+      const run = async (name: string, options: Partial<TorchOptions>) => {
+        const outcome = await startTrainer(job(name, common, options), { onLog: (line) => logs.push(line) })
+          .done;
+        assert.equal(outcome.status, "completed", `${JSON.stringify(outcome)}\n${logs.join("\n")}`);
+        if (outcome.status !== "completed") throw new Error("not completed");
+        return outcome;
+      };
+      const ranks = await run("ranks-2", { ranks: 2, windowsPerStep: 2 });
+      assert.ok(
+        logs.some((line) => /data-parallel on 2 ranks \(2 per machine, gloo\)/.test(line)),
+        logs.join("\n"),
+      );
+      const accumulated = await run("ranks-1-batch-2", { ranks: 1, windowsPerStep: 2 });
+      const single = await run("ranks-1-batch-1", { ranks: 1, windowsPerStep: 1 });
+      // The same run: windows, tokens and evaluation points, whatever computes it.
+      for (const field of [
+        "steps",
+        "epochs",
+        "trainTokens",
+        "sampleTokens",
+        "lossTokens",
+        "windowSize",
+      ] as const) {
+        assert.equal(ranks.stats[field], accumulated.stats[field], field);
+        assert.equal(ranks.stats[field], single.stats[field], field);
+      }
+      assert.equal(ranks.stats.steps, 30);
+      assert.ok(
+        Math.abs(ranks.stats.finalEvalLoss! - accumulated.stats.finalEvalLoss!) <=
+          1e-4 * accumulated.stats.finalEvalLoss!,
+        `eval loss ${ranks.stats.finalEvalLoss} on 2 ranks, ${accumulated.stats.finalEvalLoss} on one`,
+      );
+      const sameBatch = adapterDifference(ranks.outputPath, accumulated.outputPath);
+      const otherBatch = adapterDifference(single.outputPath, accumulated.outputPath);
+      // The adapters are F16: equal up to F16's rounding (2^-11 of a value) of the largest value of each tensor.
+      const tolerance = 1e-3;
+      t.diagnostic(
+        `largest difference, same batch: ${sameBatch.worst} (${sameBatch.at}); other: ${otherBatch.worst}`,
+      );
+      assert.ok(
+        sameBatch.worst <= tolerance,
+        `2 ranks against 1 rank with 2 windows a step: ${sameBatch.worst} of a tensor's largest value (${sameBatch.at})`,
+      );
+      // And the check can fail: training one window a step gives another adapter, far past the tolerance.
+      assert.ok(
+        otherBatch.worst > 20 * tolerance,
+        `1 window a step against 2: only ${otherBatch.worst} (${otherBatch.at})`,
+      );
+    },
+  );
+});
+
+/**
+ * The largest difference between two adapters' tensors, each as a share of the largest value of that tensor
+ * in `b`, read with the `gguf` package of the worker's Python (the reader llama.cpp's own tools use).
+ */
+function adapterDifference(a: string, b: string): { worst: number; at: string } {
+  const script = [
+    "import json, sys, numpy as np",
+    "from gguf import GGUFReader",
+    "read = lambda p: {t.name: np.array(t.data, dtype=np.float32) for t in GGUFReader(p).tensors}",
+    "a, b = read(sys.argv[1]), read(sys.argv[2])",
+    "assert a.keys() == b.keys() and len(a) > 0, (sorted(a), sorted(b))",
+    "out = {n: float(np.abs(a[n] - b[n]).max() / max(np.abs(b[n]).max(), 1e-12)) for n in a}",
+    "print(json.dumps(out))",
+  ].join("\n");
+  const result = spawnSync(python.ok ? python.python : "", ["-c", script, a, b], { encoding: "utf8" });
+  assert.equal(result.status, 0, result.stderr);
+  const shares = Object.entries(JSON.parse(result.stdout) as Record<string, number>);
+  const [at, worst] = shares.reduce((x, y) => (y[1] > x[1] ? y : x));
+  return { worst, at };
+}
+
 describe("the trainer a run gets through the API", () => {
   // The 20 pairs the llama.cpp trainer memorises in training.test.ts, with the same settings.
   const pairs = madeUpPairs();
