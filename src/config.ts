@@ -384,6 +384,36 @@ export const settings = {
     defaultText: "1",
     parse: integer("CONDUIT_TRAIN_RANKS", 1, 1, 64),
   },
+  trainNodes: {
+    env: "CONDUIT_TRAIN_NODES",
+    description:
+      "Machines a torch run trains on, each with `CONDUIT_TRAIN_RANKS` ranks: this one (the first, which writes everything) and the others, where `torchrun` runs the worker with `--follow` and the same rendezvous (`CONDUIT_TRAIN_RENDEZVOUS`).",
+    defaultText: "1",
+    parse: (raw, env): number => {
+      const nodes = integer("CONDUIT_TRAIN_NODES", 1, 1, 64)(raw);
+      if (nodes > 1 && optionalText(env.CONDUIT_TRAIN_RENDEZVOUS) === undefined)
+        throw new ConfigError(
+          "CONDUIT_TRAIN_NODES above 1 needs CONDUIT_TRAIN_RENDEZVOUS (host:port of this machine that the others reach)",
+        );
+      return nodes;
+    },
+  },
+  trainRendezvous: {
+    env: "CONDUIT_TRAIN_RENDEZVOUS",
+    description:
+      "`host:port` of this machine that the other machines of a torch run (`CONDUIT_TRAIN_NODES`) connect to: `torchrun`'s `--master-addr` and `--master-port`.",
+    defaultText: "unset (one machine)",
+    parse: (raw): { host: string; port: number } | undefined => {
+      const value = optionalText(raw);
+      if (value === undefined) return undefined;
+      const at = value.lastIndexOf(":");
+      const host = value.slice(0, at).replace(/^\[(.*)\]$/, "$1");
+      const port = Number(value.slice(at + 1));
+      if (at <= 0 || host === "" || /\s/.test(host) || !Number.isInteger(port) || port < 1 || port > 65535)
+        throw new ConfigError(`CONDUIT_TRAIN_RENDEZVOUS must be host:port, got "${value}"`);
+      return { host, port };
+    },
+  },
   trainer: {
     env: "CONDUIT_TRAINER",
     description:

@@ -156,6 +156,8 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
     },
     python: config.python,
     ranks: config.trainRanks,
+    nodes: config.trainNodes,
+    rendezvous: config.trainRendezvous ?? null,
     blas: config.trainerBlas,
     cacheDir: blobs.pathOf("cache"),
   };

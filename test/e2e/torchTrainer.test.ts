@@ -5,7 +5,8 @@
  * (`npm run setup:torch`, which `.ci/run` runs); skipped with a message without it.
  */
 import assert from "node:assert/strict";
-import { spawnSync } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
+import { once } from "node:events";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
@@ -21,6 +22,8 @@ import { as, buildTestApp, datasetOf, KEY_A, testEnv } from "../lib/helper.ts";
 import { madeUpPairs, runEnded, waitForRun, type RunView } from "../lib/helper.ts";
 import { torchPythonForTests } from "../lib/torchPython.ts";
 import { llamaCppJob, torchJob, type JobInput } from "../lib/trainerJob.ts";
+import { TORCH_WORKER } from "../../src/train/torch/runTorchTraining.ts";
+import { freePort, until } from "../lib/wait.ts";
 
 const python = torchPythonForTests();
 
@@ -223,7 +226,7 @@ describe("the torch trainer backend's job", { skip }, () => {
 
 describe("the torch trainer on several ranks (torchrun, gloo on the CPU)", { skip }, () => {
   test(
-    "2 ranks train the adapter one rank trains with the same effective batch; one window a step differs",
+    "2 ranks, on one machine or two, train the adapter one rank trains with the same effective batch",
     { timeout: 300_000 },
     async (t) => {
       // One example a window, 15 a epoch: the last step of an epoch has one window (one rank trains it, the other
@@ -249,6 +252,42 @@ describe("the torch trainer on several ranks (torchrun, gloo on the CPU)", { ski
       );
       const accumulated = await run("ranks-1-batch-2", { ranks: 1, windowsPerStep: 2 });
       const single = await run("ranks-1-batch-1", { ranks: 1, windowsPerStep: 1 });
+      // Two machines of one rank each (both here): the second joins as docs/trainers.md says, and takes the job
+      // and its windows from the first.
+      const port = await freePort();
+      const follower = spawn(
+        python.ok ? python.python : "",
+        [
+          "-m",
+          "torch.distributed.run",
+          "--nnodes=2",
+          "--node-rank=1",
+          "--nproc-per-node=1",
+          "--master-addr=127.0.0.1",
+          `--master-port=${port}`,
+          TORCH_WORKER,
+          "--follow",
+        ],
+        {
+          stdio: ["ignore", "pipe", "pipe"],
+          env: { ...process.env, OMP_NUM_THREADS: "1", HF_HUB_OFFLINE: "1" },
+        },
+      );
+      let followerOutput = "";
+      follower.stdout.on("data", (chunk: Buffer) => (followerOutput += chunk.toString()));
+      follower.stderr.on("data", (chunk: Buffer) => (followerOutput += chunk.toString()));
+      const followerExit = once(follower, "close");
+      const machines = await run("machines-2", {
+        ranks: 1,
+        nodes: 2,
+        rendezvous: { host: "127.0.0.1", port },
+        windowsPerStep: 2,
+      });
+      assert.deepEqual(await followerExit, [0, null], followerOutput);
+      assert.ok(
+        logs.some((line) => /data-parallel on 2 ranks \(1 per machine, 2 machines, gloo\)/.test(line)),
+        logs.join("\n"),
+      );
       // The same run: windows, tokens and evaluation points, whatever computes it.
       for (const field of [
         "steps",
@@ -269,14 +308,20 @@ describe("the torch trainer on several ranks (torchrun, gloo on the CPU)", { ski
       );
       const sameBatch = adapterDifference(ranks.outputPath, accumulated.outputPath);
       const otherBatch = adapterDifference(single.outputPath, accumulated.outputPath);
+      const twoMachines = adapterDifference(machines.outputPath, accumulated.outputPath);
       // The adapters are F16: equal up to F16's rounding (2^-11 of a value) of the largest value of each tensor.
       const tolerance = 1e-3;
       t.diagnostic(
-        `largest difference, same batch: ${sameBatch.worst} (${sameBatch.at}); other: ${otherBatch.worst}`,
+        `largest difference, same batch: ${sameBatch.worst} (${sameBatch.at}); 2 machines: ${twoMachines.worst}; ` +
+          `one window a step: ${otherBatch.worst}`,
       );
       assert.ok(
         sameBatch.worst <= tolerance,
         `2 ranks against 1 rank with 2 windows a step: ${sameBatch.worst} of a tensor's largest value (${sameBatch.at})`,
+      );
+      assert.ok(
+        twoMachines.worst <= tolerance,
+        `2 machines against 1 rank with 2 windows a step: ${twoMachines.worst} (${twoMachines.at})`,
       );
       // And the check can fail: training one window a step gives another adapter, far past the tolerance.
       assert.ok(
@@ -285,7 +330,67 @@ describe("the torch trainer on several ranks (torchrun, gloo on the CPU)", { ski
       );
     },
   );
+
+  test(
+    "a 2-rank run cancelled or killed leaves no rank behind; a killed one resumes from its checkpoint on 2 ranks",
+    { timeout: 300_000 },
+    async () => {
+      const cancelled = job("ranks-cancel", { epochs: 2_000 }, { ranks: 2, windowsPerStep: 2 });
+      let progressed!: () => void;
+      const firstProgress = new Promise<void>((resolve) => (progressed = resolve));
+      const handle = startTrainer(cancelled, { onProgress: () => progressed() }, { cancelGraceMs: 600_000 });
+      await firstProgress;
+      assert.equal(ranksOf(cancelled.workDir).length, 3, "torchrun and its 2 ranks");
+      handle.cancel();
+      assert.equal((await handle.done).status, "cancelled");
+      await until(`no process of ${cancelled.workDir}`, () => ranksOf(cancelled.workDir).length === 0);
+
+      const checkpointDir = path.join(dir, "ranks-resume-checkpoint");
+      const resumable = job("ranks-resume", { epochs: 40, checkpointDir }, { ranks: 2, windowsPerStep: 2 });
+      let epochsSeen = 0;
+      let killed!: () => void;
+      const wasKilled = new Promise<void>((resolve) => (killed = resolve));
+      const first = startTrainer(resumable, {
+        onLog: (line) => {
+          if (/^trainer: epoch \d+\/40/.test(line) && ++epochsSeen === 5) {
+            first.kill();
+            killed();
+          }
+        },
+      });
+      await wasKilled;
+      assert.equal((await first.done).status, "cancelled");
+      // The trainer process died at once: its ranks see their standard input end and stop, and torchrun with them.
+      await until(`no process of ${resumable.workDir}`, () => ranksOf(resumable.workDir).length === 0);
+      assert.ok(fs.existsSync(path.join(checkpointDir, "torch-latest.json")));
+      const logs: string[] = [];
+      const second = await startTrainer(resumable, { onLog: (line) => logs.push(line) }).done;
+      assert.equal(second.status, "completed", logs.join("\n"));
+      if (second.status !== "completed") return;
+      assert.ok(second.stats.resumedFromStep > 0, logs.join("\n"));
+      assert.ok(
+        logs.some((line) =>
+          /resuming from the checkpoint at step \d+, with the optimizer's state/.test(line),
+        ),
+      );
+      assert.equal(second.stats.epochs, 40);
+    },
+  );
 });
+
+/** The processes (torchrun and its ranks) whose command line names a file of `workDir`. */
+function ranksOf(workDir: string): number[] {
+  const found: number[] = [];
+  for (const entry of fs.readdirSync("/proc")) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      if (fs.readFileSync(`/proc/${entry}/cmdline`, "utf8").includes(workDir)) found.push(Number(entry));
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return found;
+}
 
 /**
  * The largest difference between two adapters' tensors, each as a share of the largest value of that tensor

@@ -71,7 +71,9 @@ export function torchJob(
       probe: null,
       cacheDir: null,
       ranks: 1,
-      windowsPerStep: options.ranks ?? 1,
+      nodes: 1,
+      rendezvous: null,
+      windowsPerStep: (options.ranks ?? 1) * (options.nodes ?? 1),
       ...options,
     },
   };

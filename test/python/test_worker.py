@@ -102,6 +102,32 @@ class Steps(unittest.TestCase):
         self.assertEqual((second.world, second.rank, second.local_rank, second.local_world), (4, 3, 1, 2))
         self.assertFalse(second.leader)
         self.assertTrue(second.distributed)
+        self.assertEqual(second.machines, 2)
+
+    def test_a_rank_on_another_machine_gets_the_job_and_its_windows(self) -> None:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as here, tempfile.TemporaryDirectory() as there:
+            train = os.path.join(here, "train.windows")
+            with open(train, "wb") as f:
+                f.write(b"windows")
+            job = {
+                "train": {"file": train},
+                "eval": None,
+                "examples": [{"file": "x"}],
+                "lossesFile": "l",
+                "checkpointDir": "c",
+                "probe": {"tokens": [1]},
+                "adapterFile": "a",
+                "seed": 7,
+            }
+            got = worker.receive_job(worker.job_bundle(job), there)
+            with open(got["train"]["file"], "rb") as f:
+                self.assertEqual(f.read(), b"windows")
+            self.assertTrue(got["train"]["file"].startswith(there))
+            self.assertEqual((got["eval"], got["examples"], got["lossesFile"], got["probe"]), (None, [], None, None))
+            self.assertEqual(got["seed"], 7)
+            self.assertEqual(job["train"]["file"], train)  # the leader's job is left as it was
 
     def test_a_quiet_channel_sends_only_errors(self) -> None:
         import io

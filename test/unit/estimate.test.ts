@@ -51,6 +51,8 @@ const host: TrainerHost = {
   accelerator: () => Promise.resolve({ device: "cpu", gpuLayers: 0 }),
   python: undefined,
   ranks: 1,
+  nodes: 1,
+  rendezvous: null,
   blas: "off",
   cacheDir: "/nonexistent",
 };

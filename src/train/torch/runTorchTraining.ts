@@ -353,18 +353,28 @@ export function readAdapterValues(
  * which share stdin, so the job is a file next to the windows and a cancel closes stdin.
  */
 export function workerCommand(
-  options: Pick<TorchOptions, "python" | "ranks">,
+  options: Pick<TorchOptions, "ranks" | "nodes" | "rendezvous">,
   jobFile: string,
 ): { args: string[]; jobOnStdin: boolean } {
-  if (options.ranks <= 1) return { args: ["-u", TORCH_WORKER], jobOnStdin: true };
+  if (options.ranks <= 1 && options.nodes <= 1) return { args: ["-u", TORCH_WORKER], jobOnStdin: true };
+  const { rendezvous } = options;
+  const where =
+    options.nodes > 1 && rendezvous !== null
+      ? // This machine is the first (its first rank is the run's rank 0) and hosts the rendezvous.
+        [
+          `--nnodes=${options.nodes}`,
+          "--node-rank=0",
+          `--master-addr=${rendezvous.host}`,
+          `--master-port=${rendezvous.port}`,
+        ]
+      : // One machine: a rendezvous of its own on a free port, so that runs never meet.
+        ["--standalone", "--nnodes=1"];
   return {
     args: [
       "-u",
       "-m",
       "torch.distributed.run",
-      // One machine: a rendezvous of its own on a free port, so that runs never meet.
-      "--standalone",
-      "--nnodes=1",
+      ...where,
       `--nproc-per-node=${options.ranks}`,
       TORCH_WORKER,
       "--job",

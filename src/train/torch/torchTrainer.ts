@@ -35,8 +35,15 @@ export interface TorchOptions {
    */
   ranks: number;
   /**
+   * Machines the run trains on, `ranks` each: this one first (rank 0, which writes everything), the others joining
+   * through `rendezvous` (`torchrun … worker.py --follow`). Defaults to `1`.
+   */
+  nodes: number;
+  /** Where the other machines reach this one (`torchrun`'s master address and port); `null` with one machine. */
+  rendezvous: { host: string; port: number } | null;
+  /**
    * Windows one optimizer step averages the gradients of (each window's mean loss weighs the same). Defaults to
-   * `ranks`: one window per rank a step; one rank with a larger count trains as that many ranks would.
+   * `ranks` × `nodes`: one window per rank a step; one rank with a larger count trains as that many ranks would.
    */
   windowsPerStep: number;
 }
@@ -92,7 +99,9 @@ export const torchTrainer: TrainerBackend<TorchOptions> = {
       // The worker's dequantized copies of base models live with everything else the server keeps.
       cacheDir: path.join(host.cacheDir, "torch"),
       ranks: host.ranks,
-      windowsPerStep: host.ranks,
+      nodes: host.nodes,
+      rendezvous: host.rendezvous,
+      windowsPerStep: host.ranks * host.nodes,
     };
   },
   run: runTorchTraining,

@@ -178,9 +178,9 @@ def shard(start: int, end: int, world: int, rank: int) -> range:
 
 class Ranks:
     """Where this process stands in a data-parallel run. Alone (no `torchrun`): rank 0 of 1, and every collective
-    is a no-op. Under `torchrun` (its `WORLD_SIZE`, `RANK`, `LOCAL_RANK` and `LOCAL_WORLD_SIZE`): one process group,
-    `nccl` on CUDA, `gloo` on the CPU; rank 0 is the leader, the only one that writes (messages, checkpoints, the
-    adapter)."""
+    is a no-op. Under `torchrun` (its `WORLD_SIZE`, `RANK`, `LOCAL_RANK` and `LOCAL_WORLD_SIZE`): a `gloo` process
+    group (the job, checkpoints and every collective on the CPU) and, on CUDA, an `nccl` group of the same ranks for
+    the gradients; rank 0 is the leader, the only one that writes (messages, checkpoints, the adapter)."""
 
     def __init__(self, env: Optional[dict[str, str]] = None) -> None:
         env = dict(os.environ) if env is None else env
@@ -190,21 +190,38 @@ class Ranks:
         self.local_world = int(env.get("LOCAL_WORLD_SIZE", "1"))
         self.leader = self.rank == 0
         self.backend: Optional[str] = None
+        self.group: Any = None
 
     @property
     def distributed(self) -> bool:
         return self.world > 1
 
-    def start(self, cuda: bool) -> None:
-        if not self.distributed:
+    @property
+    def machines(self) -> int:
+        return max(1, self.world // self.local_world)
+
+    def connect(self) -> None:
+        """Joins the process group (once): `gloo`, which every rank has whatever its device."""
+        if not self.distributed or self.backend is not None:
             return
-        import torch
         import torch.distributed as dist
 
-        if cuda:
+        dist.init_process_group(backend="gloo")
+        self.backend = "gloo"
+
+    def start(self, cuda: bool) -> None:
+        """Joins the group; on CUDA, this rank takes its machine's GPU of its local rank and the gradients go through
+        an `nccl` group."""
+        if not self.distributed:
+            return
+        self.connect()
+        if cuda and self.group is None:
+            import torch
+            import torch.distributed as dist
+
             torch.cuda.set_device(self.local_rank)
-        self.backend = "nccl" if cuda else "gloo"
-        dist.init_process_group(backend=self.backend)
+            self.group = dist.new_group(backend="nccl")
+            self.backend = "nccl"
 
     def stop(self) -> None:
         if self.distributed:
@@ -224,7 +241,7 @@ class Ranks:
         if self.distributed:
             import torch.distributed as dist
 
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
         return tensor
 
     def from_leader(self, value: Any) -> Any:
@@ -243,7 +260,7 @@ class Ranks:
             import torch.distributed as dist
 
             for p in parameters:
-                dist.broadcast(p.data, src=0)
+                dist.broadcast(p.data, src=0, group=self.group)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -333,7 +350,11 @@ class Trainer:
         cuda = torch.cuda.is_available()
         if wants == "cuda" and not cuda:
             raise RuntimeError("CUDA was asked for, but this PyTorch sees no CUDA device")
-        on_cuda = cuda and wants != "cpu"
+        # Every rank computes where the leader does (a machine without a GPU cannot join a run on GPUs).
+        ranks.connect()
+        on_cuda = ranks.from_leader(cuda and wants != "cpu")
+        if on_cuda and not cuda:
+            raise RuntimeError("trainer: the run trains on CUDA, but this machine's PyTorch sees no CUDA device")
         if on_cuda and ranks.local_rank >= torch.cuda.device_count():
             raise RuntimeError(
                 f"trainer: {ranks.local_world} ranks on this machine, but PyTorch sees {torch.cuda.device_count()} CUDA devices"
@@ -367,7 +388,7 @@ class Trainer:
             )
         )
         if ranks.distributed:
-            nodes = ranks.world // ranks.local_world
+            nodes = ranks.machines
             self.log(
                 f"data-parallel on {ranks.world} ranks ({ranks.local_world} per machine"
                 + (f", {nodes} machines" if nodes > 1 else "")
@@ -1079,6 +1100,59 @@ def serve(channel: Channel) -> int:
     return run_job(message["job"], channel, lambda: False)
 
 
+def job_bundle(job: dict[str, Any]) -> dict[str, Any]:
+    """What the ranks on other machines than the leader's need of a job: the job and its training and eval windows
+    (the base model they read at the same path; everything else only the leader writes)."""
+
+    def read(part: Optional[dict[str, Any]]) -> Optional[bytes]:
+        if not part:
+            return None
+        with open(part["file"], "rb") as f:
+            return f.read()
+
+    return {"job": job, "train": read(job["train"]), "eval": read(job.get("eval"))}
+
+
+def receive_job(bundle: dict[str, Any], directory: str) -> dict[str, Any]:
+    """The job of a rank on another machine: the leader's, its windows written to `directory`, without what only
+    the leader writes (per-example losses, checkpoints, the adapter, the probe)."""
+    job = dict(bundle["job"])
+    for part in ("train", "eval"):
+        data = bundle[part]
+        if data is None:
+            job[part] = None
+            continue
+        file = os.path.join(directory, f"{part}.windows")
+        with open(file, "wb") as f:
+            f.write(data)
+        job[part] = {"file": file}
+    job.update(
+        examples=[],
+        lossesFile=None,
+        checkpointDir=None,
+        probe=None,
+        adapterFile=os.path.join(directory, "adapter.f32"),
+    )
+    return job
+
+
+def follow(channel: Channel, ranks: Ranks) -> int:
+    """A rank on another machine than the leader's (`torchrun … worker.py --follow`): takes its job from the leader."""
+    import shutil
+    import tempfile
+
+    if not ranks.distributed:
+        channel.send({"type": "error", "message": "trainer: --follow runs under torchrun, as a rank of a run"})
+        return 1
+    ranks.connect()
+    bundle = ranks.from_leader(None)
+    directory = tempfile.mkdtemp(prefix="conduit-rank-")
+    try:
+        return run_job(receive_job(bundle, directory), channel, lambda: False, ranks)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 def exit_when_stdin_ends() -> None:
     """The parent closed its end of stdin (a cancel), or is gone: nothing of the run is kept, so stop now."""
     while sys.stdin.buffer.read(65536):
@@ -1111,6 +1185,11 @@ def main() -> int:
         help="with --job: stdin is the parent's pipe, and its end stops the run at once (the ranks torchrun starts "
         "share it, so it carries no messages: the parent cancels by closing it)",
     )
+    parser.add_argument(
+        "--follow",
+        action="store_true",
+        help="under torchrun on another machine than Conduit's: take the job from the run's first rank",
+    )
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("TQDM_DISABLE", "1")
@@ -1123,11 +1202,17 @@ def main() -> int:
         return 0
     ranks = Ranks()
     channel = Channel(quiet=not ranks.leader)
+    if args.follow:
+        return follow(channel, ranks)
     if args.job:
         with open(args.job, encoding="utf8") as f:
             job = resolve_paths(json.load(f), os.path.dirname(os.path.abspath(args.job)))
         if args.parent:
             threading.Thread(target=exit_when_stdin_ends, daemon=True).start()
+        if ranks.machines > 1:
+            # The ranks on the other machines (`--follow`) take the job from here; those on this one have it.
+            ranks.connect()
+            ranks.from_leader(job_bundle(job) if ranks.leader else None)
         return run_job(job, channel, lambda: False, ranks)
     if ranks.distributed:
         channel.send({"type": "error", "message": "trainer: the ranks of a data-parallel run take their job from --job"})
