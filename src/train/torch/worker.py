@@ -16,6 +16,11 @@ Protocol (the same messages as Conduit's llama.cpp trainer child, `src/train/pro
           {"type": "error", "message"} or {"type": "cancelled"}.
 `--job FILE` runs a job file with no parent (benches, and a GPU machine without Node); `--probe` prints what
 this Python can do (versions, CUDA, bf16) as one JSON object.
+
+Data-parallel: under `torchrun` (Conduit starts it with `--job FILE --parent` when `CONDUIT_TRAIN_RANKS` or
+`CONDUIT_TRAIN_NODES` asks for more than one rank) every rank trains a share of each optimizer step's windows and
+the gradients are summed over the ranks; rank 0 alone sends messages and writes files. Ranks on other machines run
+`torchrun … worker.py --follow` and take the job from rank 0.
 """
 
 from __future__ import annotations
