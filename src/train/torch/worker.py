@@ -373,6 +373,8 @@ class Trainer:
         if dtype == "auto":
             bf16 = torch.cuda.is_bf16_supported() if self.device.type == "cuda" else cpu_has_bf16()
             dtype = "bf16" if bf16 else "f32"
+        # The leader's type on every rank: their gradients are summed as one buffer.
+        dtype = ranks.from_leader(dtype)
         self.dtype_name = dtype
         self.dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
         where = (
