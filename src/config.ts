@@ -397,6 +397,43 @@ export const settings = {
       return value === "auto" ? "auto" : integer("CONDUIT_TRAIN_THREADS", 1, 1, 256)(value);
     },
   },
+  trainRanks: {
+    env: "CONDUIT_TRAIN_RANKS",
+    description:
+      "Processes the torch trainer trains each run with on this machine (data-parallel, started by `torchrun` from its Python): each trains a share of every optimizer step's windows and their gradients are summed, so a step averages as many windows as there are ranks; on CUDA one GPU each (`nccl`), on the CPU they share `CONDUIT_TRAIN_THREADS` (`gloo`). `1`: one process, one window a step.",
+    defaultText: "1",
+    parse: integer("CONDUIT_TRAIN_RANKS", 1, 1, 64),
+  },
+  trainNodes: {
+    env: "CONDUIT_TRAIN_NODES",
+    description:
+      "Machines a torch run trains on, each with `CONDUIT_TRAIN_RANKS` ranks: this one (the first, which writes everything) and the others, where `torchrun` runs the worker with `--follow` and the same rendezvous (`CONDUIT_TRAIN_RENDEZVOUS`).",
+    defaultText: "1",
+    parse: (raw, env): number => {
+      const nodes = integer("CONDUIT_TRAIN_NODES", 1, 1, 64)(raw);
+      if (nodes > 1 && optionalText(env.CONDUIT_TRAIN_RENDEZVOUS) === undefined)
+        throw new ConfigError(
+          "CONDUIT_TRAIN_NODES above 1 needs CONDUIT_TRAIN_RENDEZVOUS (host:port of this machine that the others reach)",
+        );
+      return nodes;
+    },
+  },
+  trainRendezvous: {
+    env: "CONDUIT_TRAIN_RENDEZVOUS",
+    description:
+      "`host:port` of this machine that the other machines of a torch run (`CONDUIT_TRAIN_NODES`) connect to: `torchrun`'s `--master-addr` and `--master-port`.",
+    defaultText: "unset (one machine)",
+    parse: (raw): { host: string; port: number } | undefined => {
+      const value = optionalText(raw);
+      if (value === undefined) return undefined;
+      const at = value.lastIndexOf(":");
+      const host = value.slice(0, at).replace(/^\[(.*)\]$/, "$1");
+      const port = Number(value.slice(at + 1));
+      if (at <= 0 || host === "" || /\s/.test(host) || !Number.isInteger(port) || port < 1 || port > 65535)
+        throw new ConfigError(`CONDUIT_TRAIN_RENDEZVOUS must be host:port, got "${value}"`);
+      return { host, port };
+    },
+  },
   trainer: {
     env: "CONDUIT_TRAINER",
     description:

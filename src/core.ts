@@ -156,6 +156,9 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
         : { device: "cpu", gpuLayers: 0 };
     },
     python: config.python,
+    ranks: config.trainRanks,
+    nodes: config.trainNodes,
+    rendezvous: config.trainRendezvous ?? null,
     blas: config.trainerBlas,
     cacheDir: blobs.pathOf("cache"),
   };

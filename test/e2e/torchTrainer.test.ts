@@ -5,7 +5,8 @@
  * (`npm run setup:torch`, which `.ci/run` runs); skipped with a message without it.
  */
 import assert from "node:assert/strict";
-import { spawnSync } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
+import { once } from "node:events";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
@@ -21,6 +22,8 @@ import { as, buildTestApp, datasetOf, KEY_A, testEnv } from "../lib/helper.ts";
 import { madeUpPairs, runEnded, waitForRun, type RunView } from "../lib/helper.ts";
 import { torchPythonForTests } from "../lib/torchPython.ts";
 import { llamaCppJob, torchJob, type JobInput } from "../lib/trainerJob.ts";
+import { TORCH_WORKER } from "../../src/train/torch/runTorchTraining.ts";
+import { freePort, until } from "../lib/wait.ts";
 
 const python = torchPythonForTests();
 
@@ -220,6 +223,195 @@ describe("the torch trainer backend's job", { skip }, () => {
     },
   );
 });
+
+describe("the torch trainer on several ranks (torchrun, gloo on the CPU)", { skip }, () => {
+  test(
+    "2 ranks, on one machine or two, train the adapter one rank trains with the same effective batch",
+    { timeout: 300_000 },
+    async (t) => {
+      // One example a window, 15 a epoch: the last step of an epoch has one window (one rank trains it, the other
+      // adds zero gradients); an eval set of 5 windows, sharded over the ranks.
+      const common: Partial<JobInput> = {
+        samples: samples.slice(0, 15),
+        evalSamples: samples.slice(0, 5),
+        packing: false,
+        epochs: 2,
+      };
+      const logs: string[] = [];
+      const run = async (name: string, options: Partial<TorchOptions>) => {
+        const outcome = await startTrainer(job(name, common, options), { onLog: (line) => logs.push(line) })
+          .done;
+        assert.equal(outcome.status, "completed", `${JSON.stringify(outcome)}\n${logs.join("\n")}`);
+        if (outcome.status !== "completed") throw new Error("not completed");
+        return outcome;
+      };
+      const ranks = await run("ranks-2", { ranks: 2, windowsPerStep: 2 });
+      assert.ok(
+        logs.some((line) => /data-parallel on 2 ranks \(2 per machine, gloo\)/.test(line)),
+        logs.join("\n"),
+      );
+      const accumulated = await run("ranks-1-batch-2", { ranks: 1, windowsPerStep: 2 });
+      const single = await run("ranks-1-batch-1", { ranks: 1, windowsPerStep: 1 });
+      // Two machines of one rank each (both here): the second joins as docs/trainers.md says, and takes the job
+      // and its windows from the first.
+      const port = await freePort();
+      const follower = spawn(
+        python.ok ? python.python : "",
+        [
+          "-m",
+          "torch.distributed.run",
+          "--nnodes=2",
+          "--node-rank=1",
+          "--nproc-per-node=1",
+          "--master-addr=127.0.0.1",
+          `--master-port=${port}`,
+          TORCH_WORKER,
+          "--follow",
+        ],
+        {
+          stdio: ["ignore", "pipe", "pipe"],
+          env: { ...process.env, OMP_NUM_THREADS: "1", HF_HUB_OFFLINE: "1" },
+        },
+      );
+      let followerOutput = "";
+      follower.stdout.on("data", (chunk: Buffer) => (followerOutput += chunk.toString()));
+      follower.stderr.on("data", (chunk: Buffer) => (followerOutput += chunk.toString()));
+      const followerExit = once(follower, "close");
+      const machines = await run("machines-2", {
+        ranks: 1,
+        nodes: 2,
+        rendezvous: { host: "127.0.0.1", port },
+        windowsPerStep: 2,
+      });
+      assert.deepEqual(await followerExit, [0, null], followerOutput);
+      assert.ok(
+        logs.some((line) => /data-parallel on 2 ranks \(1 per machine, 2 machines, gloo\)/.test(line)),
+        logs.join("\n"),
+      );
+      // The same run: windows, tokens and evaluation points, whatever computes it.
+      for (const field of [
+        "steps",
+        "epochs",
+        "trainTokens",
+        "sampleTokens",
+        "lossTokens",
+        "windowSize",
+      ] as const) {
+        assert.equal(ranks.stats[field], accumulated.stats[field], field);
+        assert.equal(ranks.stats[field], single.stats[field], field);
+      }
+      assert.equal(ranks.stats.steps, 30);
+      assert.ok(
+        Math.abs(ranks.stats.finalEvalLoss! - accumulated.stats.finalEvalLoss!) <=
+          1e-4 * accumulated.stats.finalEvalLoss!,
+        `eval loss ${ranks.stats.finalEvalLoss} on 2 ranks, ${accumulated.stats.finalEvalLoss} on one`,
+      );
+      const sameBatch = adapterDifference(ranks.outputPath, accumulated.outputPath);
+      const otherBatch = adapterDifference(single.outputPath, accumulated.outputPath);
+      const twoMachines = adapterDifference(machines.outputPath, accumulated.outputPath);
+      // The adapters are F16: equal up to F16's rounding (2^-11 of a value) of the largest value of each tensor.
+      const tolerance = 1e-3;
+      t.diagnostic(
+        `largest difference, same batch: ${sameBatch.worst} (${sameBatch.at}); 2 machines: ${twoMachines.worst}; ` +
+          `one window a step: ${otherBatch.worst}`,
+      );
+      assert.ok(
+        sameBatch.worst <= tolerance,
+        `2 ranks against 1 rank with 2 windows a step: ${sameBatch.worst} of a tensor's largest value (${sameBatch.at})`,
+      );
+      assert.ok(
+        twoMachines.worst <= tolerance,
+        `2 machines against 1 rank with 2 windows a step: ${twoMachines.worst} (${twoMachines.at})`,
+      );
+      // And the check can fail: training one window a step gives another adapter, far past the tolerance.
+      assert.ok(
+        otherBatch.worst > 20 * tolerance,
+        `1 window a step against 2: only ${otherBatch.worst} (${otherBatch.at})`,
+      );
+    },
+  );
+
+  test(
+    "a 2-rank run cancelled or killed leaves no rank behind; a killed one resumes from its checkpoint on 2 ranks",
+    { timeout: 300_000 },
+    async () => {
+      const cancelled = job("ranks-cancel", { epochs: 2_000 }, { ranks: 2, windowsPerStep: 2 });
+      let progressed!: () => void;
+      const firstProgress = new Promise<void>((resolve) => (progressed = resolve));
+      const handle = startTrainer(cancelled, { onProgress: () => progressed() }, { cancelGraceMs: 600_000 });
+      await firstProgress;
+      assert.equal(ranksOf(cancelled.workDir).length, 3, "torchrun and its 2 ranks");
+      handle.cancel();
+      assert.equal((await handle.done).status, "cancelled");
+      await until(`no process of ${cancelled.workDir}`, () => ranksOf(cancelled.workDir).length === 0);
+
+      const checkpointDir = path.join(dir, "ranks-resume-checkpoint");
+      const resumable = job("ranks-resume", { epochs: 40, checkpointDir }, { ranks: 2, windowsPerStep: 2 });
+      let epochsSeen = 0;
+      let killed!: () => void;
+      const wasKilled = new Promise<void>((resolve) => (killed = resolve));
+      const first = startTrainer(resumable, {
+        onLog: (line) => {
+          if (/^trainer: epoch \d+\/40/.test(line) && ++epochsSeen === 5) {
+            first.kill();
+            killed();
+          }
+        },
+      });
+      await wasKilled;
+      assert.equal((await first.done).status, "cancelled");
+      // The trainer process died at once: its ranks see their standard input end and stop, and torchrun with them.
+      await until(`no process of ${resumable.workDir}`, () => ranksOf(resumable.workDir).length === 0);
+      assert.ok(fs.existsSync(path.join(checkpointDir, "torch-latest.json")));
+      const logs: string[] = [];
+      const second = await startTrainer(resumable, { onLog: (line) => logs.push(line) }).done;
+      assert.equal(second.status, "completed", logs.join("\n"));
+      if (second.status !== "completed") return;
+      assert.ok(second.stats.resumedFromStep > 0, logs.join("\n"));
+      assert.ok(
+        logs.some((line) =>
+          /resuming from the checkpoint at step \d+, with the optimizer's state/.test(line),
+        ),
+      );
+      assert.equal(second.stats.epochs, 40);
+    },
+  );
+});
+
+/** The processes (torchrun and its ranks) whose command line names a file of `workDir`. */
+function ranksOf(workDir: string): number[] {
+  const found: number[] = [];
+  for (const entry of fs.readdirSync("/proc")) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      if (fs.readFileSync(`/proc/${entry}/cmdline`, "utf8").includes(workDir)) found.push(Number(entry));
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return found;
+}
+
+/**
+ * The largest difference between two adapters' tensors, each as a share of the largest value of that tensor
+ * in `b`, read with the `gguf` package of the worker's Python (the reader llama.cpp's own tools use).
+ */
+function adapterDifference(a: string, b: string): { worst: number; at: string } {
+  const script = [
+    "import json, sys, numpy as np",
+    "from gguf import GGUFReader",
+    "read = lambda p: {t.name: np.array(t.data, dtype=np.float32) for t in GGUFReader(p).tensors}",
+    "a, b = read(sys.argv[1]), read(sys.argv[2])",
+    "assert a.keys() == b.keys() and len(a) > 0, (sorted(a), sorted(b))",
+    "out = {n: float(np.abs(a[n] - b[n]).max() / max(np.abs(b[n]).max(), 1e-12)) for n in a}",
+    "print(json.dumps(out))",
+  ].join("\n");
+  const result = spawnSync(python.ok ? python.python : "", ["-c", script, a, b], { encoding: "utf8" });
+  assert.equal(result.status, 0, result.stderr);
+  const shares = Object.entries(JSON.parse(result.stdout) as Record<string, number>);
+  const [at, worst] = shares.reduce((x, y) => (y[1] > x[1] ? y : x));
+  return { worst, at };
+}
 
 describe("the trainer a run gets through the API", () => {
   // The 20 pairs the llama.cpp trainer memorises in training.test.ts, with the same settings.

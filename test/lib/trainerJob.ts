@@ -65,6 +65,16 @@ export function torchJob(
   return {
     ...common(rest),
     trainer: "torch",
-    options: { device: "cpu", dtype: "f32", probe: null, cacheDir: null, ...options },
+    options: {
+      device: "cpu",
+      dtype: "f32",
+      probe: null,
+      cacheDir: null,
+      ranks: 1,
+      nodes: 1,
+      rendezvous: null,
+      windowsPerStep: (options.ranks ?? 1) * (options.nodes ?? 1),
+      ...options,
+    },
   };
 }

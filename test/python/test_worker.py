@@ -82,5 +82,64 @@ class Windows(unittest.TestCase):
         os.unlink(f.name)
 
 
+class Steps(unittest.TestCase):
+    def test_a_step_takes_its_windows_and_stops_at_epoch_ends_and_evaluations(self) -> None:
+        self.assertEqual(worker.group_end(0, 4, 10, set()), 4)
+        self.assertEqual(worker.group_end(8, 4, 10, set()), 10)  # the epoch ends first
+        self.assertEqual(worker.group_end(4, 4, 10, {6, 10}), 6)  # evaluated after window 6
+        self.assertEqual(worker.group_end(6, 4, 10, {6, 10}), 10)
+        self.assertEqual(worker.group_end(3, 1, 10, {4}), 4)
+
+    def test_the_ranks_share_a_step_without_overlap(self) -> None:
+        shards = [list(worker.shard(10, 15, 2, rank)) for rank in range(2)]
+        self.assertEqual(shards, [[10, 12, 14], [11, 13]])
+        self.assertEqual(list(worker.shard(14, 15, 2, 1)), [])  # a rank with no window adds zero gradients
+
+    def test_ranks_come_from_torchrun_s_environment(self) -> None:
+        alone = worker.Ranks({})
+        self.assertEqual((alone.world, alone.rank, alone.leader, alone.distributed), (1, 0, True, False))
+        second = worker.Ranks({"WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"})
+        self.assertEqual((second.world, second.rank, second.local_rank, second.local_world), (4, 3, 1, 2))
+        self.assertFalse(second.leader)
+        self.assertTrue(second.distributed)
+        self.assertEqual(second.machines, 2)
+
+    def test_a_rank_on_another_machine_gets_the_job_and_its_windows(self) -> None:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as here, tempfile.TemporaryDirectory() as there:
+            train = os.path.join(here, "train.windows")
+            with open(train, "wb") as f:
+                f.write(b"windows")
+            job = {
+                "train": {"file": train},
+                "eval": None,
+                "examples": [{"file": "x"}],
+                "lossesFile": "l",
+                "checkpointDir": "c",
+                "probe": {"tokens": [1]},
+                "adapterFile": "a",
+                "seed": 7,
+            }
+            got = worker.receive_job(worker.job_bundle(job), there)
+            with open(got["train"]["file"], "rb") as f:
+                self.assertEqual(f.read(), b"windows")
+            self.assertTrue(got["train"]["file"].startswith(there))
+            self.assertEqual((got["eval"], got["examples"], got["lossesFile"], got["probe"]), (None, [], None, None))
+            self.assertEqual(got["seed"], 7)
+            self.assertEqual(job["train"]["file"], train)  # the leader's job is left as it was
+
+    def test_a_quiet_channel_sends_only_errors(self) -> None:
+        import io
+
+        channel = worker.Channel(quiet=True)
+        channel.out = io.StringIO()
+        channel.log("hidden")
+        channel.send({"type": "progress", "step": 1})
+        channel.send({"type": "error", "message": "trainer: rank 1 of 2: boom"})
+        self.assertEqual(channel.out.getvalue().count("\n"), 1)
+        self.assertIn("rank 1 of 2", channel.out.getvalue())
+
+
 if __name__ == "__main__":
     unittest.main()

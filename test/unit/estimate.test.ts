@@ -50,6 +50,9 @@ const host: TrainerHost = {
   gpu: "off",
   accelerator: () => Promise.resolve({ device: "cpu", gpuLayers: 0 }),
   python: undefined,
+  ranks: 1,
+  nodes: 1,
+  rendezvous: null,
   blas: "off",
   cacheDir: "/nonexistent",
 };

@@ -45,6 +45,12 @@ export interface TrainerHost {
   accelerator(): Promise<{ device: ComputeDevice; gpuLayers: GpuLayers }>;
   /** `CONDUIT_PYTHON`: the torch trainer's Python; `undefined` takes the project's venv when there is one. */
   python: string | undefined;
+  /** `CONDUIT_TRAIN_RANKS`: the torch trainer's data-parallel processes on this machine. */
+  ranks: number;
+  /** `CONDUIT_TRAIN_NODES`: machines a torch run trains on, this one first. */
+  nodes: number;
+  /** `CONDUIT_TRAIN_RENDEZVOUS`: where the other machines reach this one; `null` with one machine. */
+  rendezvous: { host: string; port: number } | null;
   /** `CONDUIT_TRAINER_BLAS`: the llama.cpp trainer's BLAS backend, `off`, or `undefined` (the project's, if built). */
   blas: string | undefined;
   /** Where trainers keep what outlives a run (the torch worker's dequantized bases). */

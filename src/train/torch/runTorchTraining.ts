@@ -64,6 +64,8 @@ export interface TorchWorkerJob {
   adapterFile: string;
   probe: { tokens: number[]; file: string } | null;
   cacheDir: string | null;
+  /** Windows one optimizer step averages (`TorchOptions.windowsPerStep`). */
+  windowsPerStep: number;
 }
 
 /** The worker's `done` message. */
@@ -101,7 +103,7 @@ export async function runTorchTraining(job: TorchJob, hooks: TrainingHooks): Pro
       `trainer: ${workerJob.stepsPerEpoch.reduce((a, b) => a + b, 0)} windows of ${workerJob.windowSize} tokens ` +
         `written for the torch worker; starting ${job.options.python}`,
     );
-    const outcome = await runWorker(job.options.python, workerJob, hooks);
+    const outcome = await runWorker(job.options, workerJob, job.workDir, hooks);
     if (outcome.type === "cancelled") return { status: "cancelled" };
 
     const values = readAdapterValues(workerJob.adapterFile, weights, lora.rank);
@@ -132,7 +134,7 @@ export async function runTorchTraining(job: TorchJob, hooks: TrainingHooks): Pro
   } finally {
     for (const store of stores) store.dispose();
     for (const name of fs.readdirSync(job.workDir))
-      if (/\.(windows|spans\.json|adapter\.f32)$/.test(name))
+      if (/\.(windows|spans\.json|adapter\.f32)$|^worker-job\.json$/.test(name))
         fs.rmSync(path.join(job.workDir, name), { force: true });
   }
 }
@@ -267,6 +269,7 @@ async function writeWorkerInputs(
     adapterFile: file("trained.adapter.f32"),
     probe: job.options.probe,
     cacheDir: job.options.cacheDir,
+    windowsPerStep: job.options.windowsPerStep,
   };
 }
 
@@ -345,16 +348,59 @@ export function readAdapterValues(
 }
 
 /**
+ * How the worker is started: alone, it reads its job from stdin and takes a cancel message there; with more
+ * than one rank, `torchrun` (PyTorch's own launcher, run by the same Python) starts the ranks on this machine,
+ * which share stdin, so the job is a file next to the windows and a cancel closes stdin.
+ */
+export function workerCommand(
+  options: Pick<TorchOptions, "ranks" | "nodes" | "rendezvous">,
+  jobFile: string,
+): { args: string[]; jobOnStdin: boolean } {
+  if (options.ranks <= 1 && options.nodes <= 1) return { args: ["-u", TORCH_WORKER], jobOnStdin: true };
+  const { rendezvous } = options;
+  const where =
+    options.nodes > 1 && rendezvous !== null
+      ? // This machine is the first (its first rank is the run's rank 0) and hosts the rendezvous.
+        [
+          `--nnodes=${options.nodes}`,
+          "--node-rank=0",
+          `--master-addr=${rendezvous.host}`,
+          `--master-port=${rendezvous.port}`,
+        ]
+      : // One machine: a rendezvous of its own on a free port, so that runs never meet.
+        ["--standalone", "--nnodes=1"];
+  return {
+    args: [
+      "-u",
+      "-m",
+      "torch.distributed.run",
+      ...where,
+      `--nproc-per-node=${options.ranks}`,
+      TORCH_WORKER,
+      "--job",
+      jobFile,
+      "--parent",
+    ],
+    jobOnStdin: false,
+  };
+}
+
+/**
  * Runs the worker on a job and relays its logs and progress. Its stderr (Python's own output) goes to this
  * process's stderr, which the parent keeps as the native log; a failure names its last lines.
  */
 function runWorker(
-  python: string,
+  options: TorchOptions,
   workerJob: TorchWorkerJob,
+  workDir: string,
   hooks: TrainingHooks,
 ): Promise<WorkerDone | { type: "cancelled" }> {
+  const { python } = options;
+  const jobFile = path.join(workDir, "worker-job.json");
+  const command = workerCommand(options, jobFile);
+  if (!command.jobOnStdin) fs.writeFileSync(jobFile, JSON.stringify(workerJob));
   return new Promise((resolve, reject) => {
-    const child = spawn(python, ["-u", TORCH_WORKER], {
+    const child = spawn(python, command.args, {
       stdio: ["pipe", "pipe", "pipe"],
       env: {
         ...process.env,
@@ -363,7 +409,8 @@ function runWorker(
         HF_HUB_OFFLINE: "1",
         TRANSFORMERS_OFFLINE: "1",
         TQDM_DISABLE: "1",
-        OMP_NUM_THREADS: String(workerJob.threads),
+        // The ranks share the threads (the worker sets the same count for PyTorch's own pool).
+        OMP_NUM_THREADS: String(Math.max(1, Math.floor(workerJob.threads / Math.max(1, options.ranks)))),
       },
     });
     let final: WorkerMessage | undefined;
@@ -391,11 +438,12 @@ function runWorker(
     });
     child.on("error", (error) => (spawnError ??= error));
     child.stdin.on("error", () => undefined); // a worker that died is reported on close
-    child.stdin.write(`${JSON.stringify({ type: "job", job: workerJob })}\n`);
+    if (command.jobOnStdin) child.stdin.write(`${JSON.stringify({ type: "job", job: workerJob })}\n`);
     const poll = setInterval(() => {
       if (cancelSent || !hooks.isCancelled()) return;
       cancelSent = true;
-      child.stdin.write(`${JSON.stringify({ type: "cancel" })}\n`);
+      if (command.jobOnStdin) child.stdin.write(`${JSON.stringify({ type: "cancel" })}\n`);
+      else child.stdin.end();
       setTimeout(() => child.kill("SIGKILL"), CANCEL_KILL_MS).unref();
     }, 100);
     child.on("close", (code, signal) => {

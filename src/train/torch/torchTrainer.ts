@@ -29,6 +29,23 @@ export interface TorchOptions {
    * a second. `null`: every run loads the GGUF.
    */
   cacheDir: string | null;
+  /**
+   * Data-parallel processes (`torchrun` ranks) on this machine: each trains a share of every step's windows, and
+   * their gradients are summed before the step. Defaults to `1` (the worker alone, without `torchrun`).
+   */
+  ranks: number;
+  /**
+   * Machines the run trains on, `ranks` each: this one first (rank 0, which writes everything), the others joining
+   * through `rendezvous` (`torchrun … worker.py --follow`). Defaults to `1`.
+   */
+  nodes: number;
+  /** Where the other machines reach this one (`torchrun`'s master address and port); `null` with one machine. */
+  rendezvous: { host: string; port: number } | null;
+  /**
+   * Windows one optimizer step averages the gradients of (each window's mean loss weighs the same). Defaults to
+   * `ranks` × `nodes`: one window per rank a step; one rank with a larger count trains as that many ranks would.
+   */
+  windowsPerStep: number;
 }
 
 /**
@@ -81,6 +98,10 @@ export const torchTrainer: TrainerBackend<TorchOptions> = {
       probe: null,
       // The worker's dequantized copies of base models live with everything else the server keeps.
       cacheDir: path.join(host.cacheDir, "torch"),
+      ranks: host.ranks,
+      nodes: host.nodes,
+      rendezvous: host.rendezvous,
+      windowsPerStep: host.ranks * host.nodes,
     };
   },
   run: runTorchTraining,

@@ -16,6 +16,11 @@ Protocol (the same messages as Conduit's llama.cpp trainer child, `src/train/pro
           {"type": "error", "message"} or {"type": "cancelled"}.
 `--job FILE` runs a job file with no parent (benches, and a GPU machine without Node); `--probe` prints what
 this Python can do (versions, CUDA, bf16) as one JSON object.
+
+Data-parallel: under `torchrun` (Conduit starts it with `--job FILE --parent` when `CONDUIT_TRAIN_RANKS` or
+`CONDUIT_TRAIN_NODES` asks for more than one rank) every rank trains a share of each optimizer step's windows and
+the gradients are summed over the ranks; rank 0 alone sends messages and writes files. Ranks on other machines run
+`torchrun … worker.py --follow` and take the job from rank 0.
 """
 
 from __future__ import annotations
@@ -60,13 +65,17 @@ def gguf_config(directory: str, file: str) -> Any:
     return config
 
 class Channel:
-    """Writes protocol messages to stdout, one JSON object per line, whole lines only."""
+    """Writes protocol messages to stdout, one JSON object per line, whole lines only. A `quiet` channel (a rank
+    other than the leader of a data-parallel run) sends only errors."""
 
-    def __init__(self) -> None:
+    def __init__(self, quiet: bool = False) -> None:
         self.lock = threading.Lock()
         self.out = sys.stdout
+        self.quiet = quiet
 
     def send(self, message: dict[str, Any]) -> None:
+        if self.quiet and message.get("type") != "error":
+            return
         line = json.dumps(message, allow_nan=False) + "\n"
         with self.lock:
             self.out.write(line)
@@ -157,6 +166,108 @@ def cpu_has_bf16() -> bool:
     return False
 
 
+def group_end(start: int, windows_per_step: int, epoch_end: int, evaluate_after: Any) -> int:
+    """Where the optimizer step that starts at window `start` ends (exclusive): after `windows_per_step` windows,
+    cut at the end of the epoch and at an evaluation point, so evaluations and checkpoints fall between steps."""
+    end = min(start + windows_per_step, epoch_end)
+    for point in range(start + 1, end):
+        if point in evaluate_after:
+            return point
+    return end
+
+
+def shard(start: int, end: int, world: int, rank: int) -> range:
+    """The windows of [start, end) that `rank` of `world` trains: every world-th, from its own offset."""
+    return range(start + rank, end, world)
+
+
+class Ranks:
+    """Where this process stands in a data-parallel run. Alone (no `torchrun`): rank 0 of 1, and every collective
+    is a no-op. Under `torchrun` (its `WORLD_SIZE`, `RANK`, `LOCAL_RANK` and `LOCAL_WORLD_SIZE`): a `gloo` process
+    group (the job, checkpoints and every collective on the CPU) and, on CUDA, an `nccl` group of the same ranks for
+    the gradients; rank 0 is the leader, the only one that writes (messages, checkpoints, the adapter)."""
+
+    def __init__(self, env: Optional[dict[str, str]] = None) -> None:
+        env = dict(os.environ) if env is None else env
+        self.world = int(env.get("WORLD_SIZE", "1"))
+        self.rank = int(env.get("RANK", "0"))
+        self.local_rank = int(env.get("LOCAL_RANK", "0"))
+        self.local_world = int(env.get("LOCAL_WORLD_SIZE", "1"))
+        self.leader = self.rank == 0
+        self.backend: Optional[str] = None
+        self.group: Any = None
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
+
+    @property
+    def machines(self) -> int:
+        return max(1, self.world // self.local_world)
+
+    def connect(self) -> None:
+        """Joins the process group (once): `gloo`, which every rank has whatever its device."""
+        if not self.distributed or self.backend is not None:
+            return
+        import torch.distributed as dist
+
+        dist.init_process_group(backend="gloo")
+        self.backend = "gloo"
+
+    def start(self, cuda: bool) -> None:
+        """Joins the group; on CUDA, this rank takes its machine's GPU of its local rank and the gradients go through
+        an `nccl` group."""
+        if not self.distributed:
+            return
+        self.connect()
+        if cuda and self.group is None:
+            import torch
+            import torch.distributed as dist
+
+            torch.cuda.set_device(self.local_rank)
+            self.group = dist.new_group(backend="nccl")
+            self.backend = "nccl"
+
+    def stop(self) -> None:
+        if self.distributed:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+    def barrier(self) -> None:
+        if self.distributed:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    def sum(self, tensor: Any) -> Any:
+        """Sums `tensor` over the ranks, in place."""
+        if self.distributed:
+            import torch.distributed as dist
+
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
+        return tensor
+
+    def from_leader(self, value: Any) -> Any:
+        """The leader's `value` on every rank (a checkpoint the leader read, which the other boxes may not have)."""
+        if not self.distributed:
+            return value
+        import torch.distributed as dist
+
+        box = [value if self.leader else None]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def same_parameters(self, parameters: list[Any]) -> None:
+        """Every rank starts from the leader's weights, whatever its own random initialisation drew."""
+        if self.distributed:
+            import torch.distributed as dist
+
+            for p in parameters:
+                dist.broadcast(p.data, src=0, group=self.group)
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Windows written by Conduit
 # ----------------------------------------------------------------------------------------------------------
@@ -213,10 +324,13 @@ def probe() -> dict[str, Any]:
 
 
 class Trainer:
-    def __init__(self, job: dict[str, Any], channel: Channel, cancelled: Callable[[], bool]) -> None:
+    def __init__(
+        self, job: dict[str, Any], channel: Channel, cancelled: Callable[[], bool], ranks: Optional[Ranks] = None
+    ) -> None:
         self.job = job
         self.channel = channel
         self.cancelled = cancelled
+        self.ranks = ranks or Ranks({})
         self.started = time.perf_counter()
 
     def log(self, line: str) -> None:
@@ -232,23 +346,41 @@ class Trainer:
         import torch
 
         job = self.job
+        ranks = self.ranks
         torch.manual_seed(job["seed"])
-        torch.set_num_threads(job["threads"])
+        # The ranks on one box share its cores.
+        self.threads = max(1, job["threads"] // ranks.local_world)
+        torch.set_num_threads(self.threads)
         wants = job.get("device", "auto")
         cuda = torch.cuda.is_available()
         if wants == "cuda" and not cuda:
             raise RuntimeError("CUDA was asked for, but this PyTorch sees no CUDA device")
-        self.device = torch.device("cuda" if (cuda and wants != "cpu") else "cpu")
+        # Every rank computes where the leader does (a machine without a GPU cannot join a run on GPUs).
+        ranks.connect()
+        on_cuda = ranks.from_leader(cuda and wants != "cpu")
+        if on_cuda and not cuda:
+            raise RuntimeError("trainer: the run trains on CUDA, but this machine's PyTorch sees no CUDA device")
+        if on_cuda and ranks.local_rank >= torch.cuda.device_count():
+            raise RuntimeError(
+                f"trainer: {ranks.local_world} ranks on this machine, but PyTorch sees {torch.cuda.device_count()} CUDA devices"
+            )
+        self.device = torch.device(f"cuda:{ranks.local_rank}" if on_cuda else "cpu")
+        ranks.start(on_cuda)
+        self.windows_per_step = int(job.get("windowsPerStep", 1))
+        if self.windows_per_step < 1:
+            raise RuntimeError(f"trainer: windowsPerStep must be at least 1, got {self.windows_per_step}")
         dtype = job.get("dtype", "auto")
         if dtype == "auto":
             bf16 = torch.cuda.is_bf16_supported() if self.device.type == "cuda" else cpu_has_bf16()
             dtype = "bf16" if bf16 else "f32"
+        # The leader's type on every rank: their gradients are summed as one buffer.
+        dtype = ranks.from_leader(dtype)
         self.dtype_name = dtype
         self.dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
         where = (
             f"CUDA ({torch.cuda.get_device_name(self.device)})"
             if self.device.type == "cuda"
-            else f"the CPU ({job['threads']} thread{'s' if job['threads'] != 1 else ''})"
+            else f"the CPU ({self.threads} thread{'s' if self.threads != 1 else ''})"
         )
         import peft
         import transformers
@@ -262,6 +394,16 @@ class Trainer:
                 else ""
             )
         )
+        if ranks.distributed:
+            nodes = ranks.machines
+            self.log(
+                f"data-parallel on {ranks.world} ranks ({ranks.local_world} per machine"
+                + (f", {nodes} machines" if nodes > 1 else "")
+                + f", {ranks.backend}), each on {'its GPU' if on_cuda else 'the CPU'} above; "
+                f"{self.windows_per_step} windows per optimizer step, gradients summed over the ranks"
+            )
+        elif self.windows_per_step > 1:
+            self.log(f"{self.windows_per_step} windows per optimizer step, their gradients accumulated")
 
     def load_model(self) -> None:
         import torch
@@ -274,6 +416,10 @@ class Trainer:
         if not os.path.isfile(path):
             raise RuntimeError(f"trainer: the base model {path} does not exist")
         t0 = time.perf_counter()
+        # The ranks on one machine share its cache: its first rank loads (and makes the copy), the others wait.
+        first_here = self.ranks.local_rank == 0
+        if not first_here:
+            self.ranks.barrier()
         cached = base_cache_dir(self.job.get("cacheDir"), path, self.dtype_name)
         if cached is not None and os.path.isfile(os.path.join(cached, "config.json")):
             model = AutoModelForCausalLM.from_pretrained(cached, dtype=self.dtype)
@@ -287,6 +433,8 @@ class Trainer:
             if cached is not None:
                 save_to_cache(model, cached)
                 how += f"; kept a {self.dtype_name} copy for the next runs"
+        if first_here:
+            self.ranks.barrier()
         model.to(self.device)
         model.requires_grad_(False)
         model.config.use_cache = False
@@ -333,6 +481,7 @@ class Trainer:
                 )
             self.adapter.append((weight, a, b))
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
+        self.ranks.same_parameters(self.parameters)
         count = sum(p.numel() for p in self.parameters)
         self.trainable = (len(self.parameters), count)
         if self.job.get("optimizer", "adamw") == "sgd":
@@ -382,7 +531,8 @@ class Trainer:
 
     # -- the run -----------------------------------------------------------------------------------------
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> Optional[dict[str, Any]]:
+        """Trains the job; the `done` message on the leader, None on the other ranks of a data-parallel run."""
         import torch
 
         job = self.job
@@ -402,7 +552,9 @@ class Trainer:
 
         checkpoint_dir: Optional[str] = job.get("checkpointDir")
         fingerprint = job.get("fingerprint", "")
-        resume = self.read_checkpoint(checkpoint_dir, fingerprint)
+        # The leader's checkpoint, on every rank (the other machines of a run may not have its files).
+        ranks = self.ranks
+        resume = ranks.from_leader(self.read_checkpoint(checkpoint_dir, fingerprint) if ranks.leader else None)
         step = 0
         tracker = BestTracker(job.get("earlyStoppingPatience"))
         best_state: Optional[dict[str, Any]] = None
@@ -412,7 +564,7 @@ class Trainer:
             self.optimizer.load_state_dict(weights["optimizer"])
             step = meta["step"]
             tracker = BestTracker(job.get("earlyStoppingPatience"), meta)
-            if tracker.best is not None and checkpoint_dir is not None:
+            if tracker.best is not None and checkpoint_dir is not None and ranks.leader:
                 best_file = os.path.join(checkpoint_dir, "torch-best.pt")
                 if os.path.exists(best_file):
                     best_state = torch.load(best_file, map_location="cpu")
@@ -484,17 +636,48 @@ class Trainer:
             return value
 
         def evaluate() -> float:
+            """The eval set's mean loss per trained token; each rank computes a shard of its windows."""
             assert evals is not None
             total = torch.zeros((), device=self.device, dtype=torch.float32)
             count = 0
             with torch.inference_mode():
-                for k in range(len(evals)):
+                for k in shard(0, len(evals), ranks.world, ranks.rank):
                     self.check_cancel()
                     losses = self.window_losses(evals[k])
                     if losses is not None:
                         total += losses.sum()
                         count += losses.numel()
-            return float(total.item()) / count if count > 0 else math.nan
+            summed = ranks.sum(torch.tensor([float(total.item()), float(count)], device=self.device, dtype=torch.float64))
+            total_loss, total_count = summed.tolist()
+            return total_loss / total_count if total_count > 0 else math.nan
+
+        def train_step(start: int, end: int) -> Optional[Any]:
+            """One optimizer step on windows [start, end): each window's mean loss weighs the same, each rank
+            back-propagates its shard and the gradients are summed over the ranks (one all-reduce, which carries
+            the step's summed loss too). None when no window of the step has a trained token."""
+            trained = [k for k in range(start, end) if train[k]["mask"].any()]
+            if not trained:
+                return None
+            step_loss = torch.zeros((), device=self.device, dtype=torch.float32)
+            for k in shard(start, end, ranks.world, ranks.rank):
+                losses = self.window_losses(train[k])
+                if losses is not None:
+                    (losses.mean() / len(trained)).backward()
+                    step_loss += losses.detach().sum()
+            if ranks.distributed:
+                grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.parameters]
+                flat = ranks.sum(torch.cat([g.reshape(-1) for g in grads] + [step_loss.reshape(1)]))
+                at = 0
+                for p in self.parameters:
+                    p.grad = flat[at : at + p.numel()].view_as(p)
+                    at += p.numel()
+                step_loss = flat[at]
+            lr = rates[start]
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            return step_loss, trained
 
         self.model.train()
         while step < total_steps:
@@ -504,21 +687,19 @@ class Trainer:
                 loss_sum.zero_()
                 loss_count = 0
             learning_rate = rates[step]
-            record = train[step]
-            losses = self.window_losses(record)
-            if losses is not None:
-                for group in self.optimizer.param_groups:
-                    group["lr"] = learning_rate
-                losses.mean().backward()
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
-                loss_sum += losses.detach().sum()
-                loss_count += losses.numel()
-                loss_tokens += losses.numel()
-                train_tokens += window_size
-                sample_tokens += int(record["sampleTokens"])
+            end = group_end(step, self.windows_per_step, epoch_starts[epoch] + steps_per_epoch[epoch], evaluate_after)
+            done = train_step(step, end)
+            if done is not None:
+                step_loss, trained = done
+                # Every rank counts every window of the step (each reads them all): only the loss travelled.
+                masked = sum(int(train[k]["mask"].sum()) for k in trained)
+                loss_sum += step_loss
+                loss_count += masked
+                loss_tokens += masked
+                train_tokens += window_size * len(trained)
+                sample_tokens += sum(int(train[k]["sampleTokens"]) for k in trained)
                 clock.step_done()
-            step += 1
+            step = end
             if step in evaluate_after:
                 if self.device.type == "cuda":
                     torch.cuda.synchronize()
@@ -536,7 +717,7 @@ class Trainer:
                     )
                     if tracker.observe(eval_loss, epoch + 1, step):
                         best_state = self.adapter_state()
-                        if checkpoint_dir is not None:
+                        if checkpoint_dir is not None and ranks.leader:
                             atomic_save(os.path.join(checkpoint_dir, "torch-best.pt"), best_state)
                 report(epoch + 1, final_train_loss, eval_loss)
                 epoch_done = step == epoch_starts[epoch] + steps_per_epoch[epoch]
@@ -552,7 +733,11 @@ class Trainer:
                     + f" lr {learning_rate:.2e}"
                 )
                 now = time.perf_counter()
-                if checkpoint_dir is not None and (last_checkpoint is None or now - last_checkpoint >= CHECKPOINT_INTERVAL_S):
+                if (
+                    checkpoint_dir is not None
+                    and ranks.leader
+                    and (last_checkpoint is None or now - last_checkpoint >= CHECKPOINT_INTERVAL_S)
+                ):
                     last_checkpoint = now
                     self.write_checkpoint(checkpoint_dir, fingerprint, step, tracker)
                 if epoch_done:
@@ -568,9 +753,14 @@ class Trainer:
                 report(epoch + 1, current_train_loss(), None)
         clock.stop()
         train_seconds = clock.wall()
+        # The loop's CPU time of every rank: tokens per CPU-second mean the same on one rank and on many.
+        train_cpu_seconds = float(ranks.sum(torch.tensor([clock.cpu()], device=self.device, dtype=torch.float64)).item())
         if step > resumed_from:
             final_train_loss = current_train_loss()
         self.check_cancel()
+        if not ranks.leader:
+            # The leader writes everything that outlives the run: the per-example losses, the adapter, the stats.
+            return None
 
         best = tracker.best
         if best is not None and best["step"] != step and best_state is not None:
@@ -596,7 +786,7 @@ class Trainer:
             "tokensPerSecond": train_tokens / train_seconds if train_seconds > 0 else 0.0,
             "trainSeconds": train_seconds + eval_seconds,
             # For benches: the training loop's CPU time (all threads) and its first step, which allocates.
-            "trainCpuSeconds": clock.cpu(),
+            "trainCpuSeconds": train_cpu_seconds,
             "firstStepSeconds": clock.first_wall,
             "firstStepCpuSeconds": clock.first_cpu,
             "elapsedSeconds": time.perf_counter() - self.started,
@@ -868,9 +1058,10 @@ def atomic_write_text(path: str, text: str) -> None:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def run_job(job: dict[str, Any], channel: Channel, cancelled: Callable[[], bool]) -> int:
+def run_job(job: dict[str, Any], channel: Channel, cancelled: Callable[[], bool], ranks: Optional[Ranks] = None) -> int:
+    ranks = ranks or Ranks({})
     try:
-        result = Trainer(job, channel, cancelled).run()
+        result = Trainer(job, channel, cancelled, ranks).run()
     except Cancelled:
         channel.send({"type": "cancelled"})
         return 0
@@ -879,6 +1070,8 @@ def run_job(job: dict[str, Any], channel: Channel, cancelled: Callable[[], bool]
 
         traceback.print_exc(file=sys.stderr)
         message = str(error) if str(error).startswith("trainer:") else f"trainer: {type(error).__name__}: {error}"
+        if ranks.distributed:
+            message = message.replace("trainer: ", f"trainer: rank {ranks.rank} of {ranks.world}: ", 1)
         failure: dict[str, Any] = {"type": "error", "message": message}
         # A full disk (or quota) is told apart, so the run's error can say so in the API's words.
         errno_code = getattr(error, "errno", None)
@@ -886,7 +1079,9 @@ def run_job(job: dict[str, Any], channel: Channel, cancelled: Callable[[], bool]
             failure["code"] = errno.errorcode[errno_code]
         channel.send(failure)
         return 1
-    channel.send(result)
+    ranks.stop()
+    if result is not None:
+        channel.send(result)
     return 0
 
 
@@ -912,6 +1107,66 @@ def serve(channel: Channel) -> int:
     return run_job(message["job"], channel, lambda: False)
 
 
+def job_bundle(job: dict[str, Any]) -> dict[str, Any]:
+    """What the ranks on other machines than the leader's need of a job: the job and its training and eval windows
+    (the base model they read at the same path; everything else only the leader writes)."""
+
+    def read(part: Optional[dict[str, Any]]) -> Optional[bytes]:
+        if not part:
+            return None
+        with open(part["file"], "rb") as f:
+            return f.read()
+
+    return {"job": job, "train": read(job["train"]), "eval": read(job.get("eval"))}
+
+
+def receive_job(bundle: dict[str, Any], directory: str) -> dict[str, Any]:
+    """The job of a rank on another machine: the leader's, its windows written to `directory`, without what only
+    the leader writes (per-example losses, checkpoints, the adapter, the probe)."""
+    job = dict(bundle["job"])
+    for part in ("train", "eval"):
+        data = bundle[part]
+        if data is None:
+            job[part] = None
+            continue
+        file = os.path.join(directory, f"{part}.windows")
+        with open(file, "wb") as f:
+            f.write(data)
+        job[part] = {"file": file}
+    job.update(
+        examples=[],
+        lossesFile=None,
+        checkpointDir=None,
+        probe=None,
+        adapterFile=os.path.join(directory, "adapter.f32"),
+    )
+    return job
+
+
+def follow(channel: Channel, ranks: Ranks) -> int:
+    """A rank on another machine than the leader's (`torchrun … worker.py --follow`): takes its job from the leader."""
+    import shutil
+    import tempfile
+
+    if not ranks.distributed:
+        channel.send({"type": "error", "message": "trainer: --follow runs under torchrun, as a rank of a run"})
+        return 1
+    ranks.connect()
+    bundle = ranks.from_leader(None)
+    directory = tempfile.mkdtemp(prefix="conduit-rank-")
+    try:
+        return run_job(receive_job(bundle, directory), channel, lambda: False, ranks)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def exit_when_stdin_ends() -> None:
+    """The parent closed its end of stdin (a cancel), or is gone: nothing of the run is kept, so stop now."""
+    while sys.stdin.buffer.read(65536):
+        pass
+    os._exit(1)
+
+
 PATH_FIELDS = ("baseModelPath", "file", "spansFile", "lossesFile", "checkpointDir", "adapterFile", "cacheDir")
 
 
@@ -931,6 +1186,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--probe", action="store_true", help="print versions, CUDA and bf16 support as JSON")
     parser.add_argument("--job", help="run this job file with no parent process")
+    parser.add_argument(
+        "--parent",
+        action="store_true",
+        help="with --job: stdin is the parent's pipe, and its end stops the run at once (the ranks torchrun starts "
+        "share it, so it carries no messages: the parent cancels by closing it)",
+    )
+    parser.add_argument(
+        "--follow",
+        action="store_true",
+        help="under torchrun on another machine than Conduit's: take the job from the run's first rank",
+    )
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("TQDM_DISABLE", "1")
@@ -941,10 +1207,23 @@ def main() -> int:
     if args.probe:
         print(json.dumps(probe()))
         return 0
-    channel = Channel()
+    ranks = Ranks()
+    channel = Channel(quiet=not ranks.leader)
+    if args.follow:
+        return follow(channel, ranks)
     if args.job:
         with open(args.job, encoding="utf8") as f:
-            return run_job(resolve_paths(json.load(f), os.path.dirname(os.path.abspath(args.job))), channel, lambda: False)
+            job = resolve_paths(json.load(f), os.path.dirname(os.path.abspath(args.job)))
+        if args.parent:
+            threading.Thread(target=exit_when_stdin_ends, daemon=True).start()
+        if ranks.machines > 1:
+            # The ranks on the other machines (`--follow`) take the job from here; those on this one have it.
+            ranks.connect()
+            ranks.from_leader(job_bundle(job) if ranks.leader else None)
+        return run_job(job, channel, lambda: False, ranks)
+    if ranks.distributed:
+        channel.send({"type": "error", "message": "trainer: the ranks of a data-parallel run take their job from --job"})
+        return 1
     return serve(channel)
 
 
