@@ -53,7 +53,7 @@ export function judgeSchema(grader: ModelGrader): Record<string, unknown> {
   const verdict =
     grader.type === "score_model"
       ? { score: scoreSchema(grader.range) }
-      : { label: { type: "string", enum: grader.labels } };
+      : { label: { enum: grader.labels } };
   return {
     type: "object",
     properties: verdict,
