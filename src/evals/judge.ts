@@ -51,9 +51,7 @@ export function judgePrompt(
 /** The JSON schema the judge's answer must match, enforced by a grammar: `{"score": n}` or `{"label": one of labels}`. */
 export function judgeSchema(grader: ModelGrader): Record<string, unknown> {
   const verdict =
-    grader.type === "score_model"
-      ? { score: scoreSchema(grader.range) }
-      : { label: { enum: grader.labels } };
+    grader.type === "score_model" ? { score: scoreSchema(grader.range) } : { label: { enum: grader.labels } };
   return {
     type: "object",
     properties: verdict,

@@ -178,7 +178,7 @@ describe("model graders on the tiny model", () => {
     assert.equal(items.length, 2);
     for (const item of items) {
       assert.notEqual(item.status, "error", JSON.stringify(item.results));
-      const [helpful, onTopic] = item.results as (Record<string, unknown> & {
+      const [helpful, onTopic] = item.results as unknown as (Record<string, unknown> & {
         score: number;
         passed: boolean;
         sample: { output: { content: string }[]; model: string };
