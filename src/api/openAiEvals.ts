@@ -165,7 +165,7 @@ function modelGraderOf(criterion: Json, at: string): GraderWire {
       type: "score_model",
       ...common,
       ...(criterion.range !== undefined && criterion.range !== null
-        ? { range: criterion.range as [number, number] }
+        ? { range: criterion.range as number[] }
         : {}),
       ...(criterion.pass_threshold !== undefined && criterion.pass_threshold !== null
         ? { passThreshold: criterion.pass_threshold as number }

@@ -207,7 +207,9 @@ export const ScoreModelGrader = Type.Object(
     model: JudgeModel,
     input: JudgeInput,
     range: Type.Optional(
-      Type.Tuple([Type.Number(), Type.Number()], {
+      Type.Array(Type.Number(), {
+        minItems: 2,
+        maxItems: 2,
         description: "The scores the judge may give, `[min, max]`. Defaults to `[0, 1]`.",
       }),
     ),

@@ -287,7 +287,8 @@ function settle(raw: GraderWire, name: string, at: string): EvalGrader {
         passThreshold: grader.passThreshold ?? evalDefaults.passThreshold,
       };
     case "score_model": {
-      const range = grader.range ?? [0, 1];
+      const [min, max] = (grader.range ?? [0, 1]) as [number, number];
+      const range: [number, number] = [min, max];
       if (!(range[0] < range[1]))
         throw new ConduitError("invalid_request", `"${at}.range" must be [min, max] with min below max`, {
           param: `${at}.range`,
