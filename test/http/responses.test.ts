@@ -148,8 +148,8 @@ describe("responses on the tiny model", () => {
   test("text.format json_schema: the answer matches the schema", async () => {
     const schema = {
       type: "object",
-      properties: { colour: { enum: ["red", "green"] }, size: { type: "integer" } },
-      required: ["colour", "size"],
+      properties: { colour: { enum: ["red", "green"] }, big: { type: "boolean" } },
+      required: ["colour", "big"],
       additionalProperties: false,
     };
     const res = await post({
@@ -162,7 +162,7 @@ describe("responses on the tiny model", () => {
     assert.equal(response.status, "completed", res.body);
     const value = JSON.parse(textOf(response.output));
     assert.ok(["red", "green"].includes(value.colour));
-    assert.ok(Number.isInteger(value.size));
+    assert.equal(typeof value.big, "boolean");
     assert.deepEqual(response.text.format.name, "pick");
   });
 
@@ -317,6 +317,19 @@ describe("function tools on a tiny model whose template supports tools", () => {
     assert.equal(back.statusCode, 200, back.body);
     // The call and its output were rendered into the prompt by the template.
     assert.ok(back.json().usage.input_tokens > response.usage.input_tokens + 10, back.body);
+  });
+
+  test("a forced call with text.format is a 400 naming tool_choice, in this face's words", async () => {
+    const res = await post({
+      input: ask,
+      tools: [weather],
+      tool_choice: "required",
+      text: { format: { type: "json_object" } },
+    });
+    assert.equal(res.statusCode, 400, res.body);
+    assert.equal(res.json().error.param, "tool_choice");
+    assert.match(res.json().error.message, /"text\.format"/);
+    assert.doesNotMatch(res.json().error.message, /response_format/);
   });
 
   test("stream: a call's item, its arguments' delta and done events, then completed", async () => {

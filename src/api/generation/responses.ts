@@ -85,12 +85,19 @@ const responsesParams: Record<string, string> = {
   messages: "input",
 };
 
+/** A message of the shared generation with the field names it quotes (and `max_tokens`) in this face's words. */
+function inResponsesWords(message: string): string {
+  let out = message.replace(/\bmax_tokens\b/g, "max_output_tokens");
+  for (const [from, to] of Object.entries(responsesParams)) out = out.replaceAll(`"${from}"`, `"${to}"`);
+  return out;
+}
+
 /** An error of the shared generation, naming the field as this face's body does. */
 export function toResponsesError(error: unknown): unknown {
-  if (!(error instanceof ConduitError) || error.param === null) return error;
-  const param = responsesParams[error.param];
-  if (param === undefined) return error;
-  const message = error.message.replaceAll(`"${error.param}"`, `"${param}"`).replaceAll(error.param, param);
+  if (!(error instanceof ConduitError) || error.status >= 500) return error;
+  const param = error.param === null ? null : (responsesParams[error.param] ?? error.param);
+  const message = inResponsesWords(error.message);
+  if (param === error.param && message === error.message) return error;
   return new ConduitError(error.code, message, {
     param,
     ...(error.retryAfter !== undefined ? { retryAfter: error.retryAfter } : {}),
