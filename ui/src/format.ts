@@ -59,3 +59,35 @@ export function configRows(config: Record<string, unknown>): [string, string][] 
       : [[key, formatConfigValue(value)]],
   );
 }
+
+/** One grader's score of one answer, as the dashboard shows it (a label model's label rather than its 0 or 1). */
+export interface ShownScore {
+  name: string;
+  score: number;
+  label?: string;
+  error?: string;
+  judgeAnswer?: string;
+}
+
+/** Scores of one answer, e.g. `exact_match 1 · similarity 0.82 · tone polite`; a grader that could not score, `?`. */
+export function formatScores(scores: readonly ShownScore[]): string {
+  return scores
+    .map((s) => {
+      const value =
+        s.error !== undefined
+          ? "?"
+          : (s.label ?? (Number.isInteger(s.score) ? String(s.score) : s.score.toFixed(2)));
+      return `${s.name} ${value}`;
+    })
+    .join(" · ");
+}
+
+/** What the model graders' judges answered and why a grader could not score, one line each (a tooltip). */
+export function judgeNotes(scores: readonly ShownScore[]): string {
+  return scores
+    .flatMap((s) => [
+      ...(s.judgeAnswer !== undefined ? [`${s.name}: ${s.judgeAnswer}`] : []),
+      ...(s.error !== undefined ? [`${s.name}: ${s.error}`] : []),
+    ])
+    .join("\n");
+}
