@@ -120,6 +120,7 @@ test("a Content-Type other than JSON on a JSON endpoint is 415", async (t) => {
     ["POST", "/conduit/v1/completions"],
     ["POST", "/v1/chat/completions"],
     ["POST", "/v1/completions"],
+    ["POST", "/v1/responses"],
   ] as const;
   const contentTypes = [
     "text/plain",
