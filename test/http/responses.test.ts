@@ -92,6 +92,14 @@ describe("responses on the tiny model", () => {
     });
     assert.equal(items.statusCode, 200, items.body);
     assert.equal(textOf(items.json().output), item.content[0].text);
+
+    // A conversation carried on the client's side: the response's output items go back as input, as they are.
+    const next = await post({
+      input: [{ role: "user", content: "Hi" }, ...response.output, { role: "user", content: "And then?" }],
+      max_output_tokens: 2,
+    });
+    assert.equal(next.statusCode, 200, next.body);
+    assert.ok(next.json().usage.input_tokens > usage.input_tokens, next.body);
   });
 
   test("a capped answer is incomplete, naming max_output_tokens", async () => {
