@@ -220,8 +220,7 @@ export const ScoreModelGrader = Type.Object(
   },
   {
     additionalProperties: false,
-    description:
-      'A model reads the prompt and answers `{"score": <number>}` (a grammar makes it); the score must be in `range`.',
+    description: 'A model reads the prompt and answers `{"score": <number>}`, held to `range` by a grammar.',
   },
 );
 export const LabelModelGrader = Type.Object(

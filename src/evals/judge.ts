@@ -61,13 +61,13 @@ export function judgeSchema(grader: ModelGrader): Record<string, unknown> {
 }
 
 /**
- * A score in `range`: an integer range of at most {@link MAX_ENUM_SCORES} values is an `enum` (the grammar keeps the
- * judge in it); any other is a number, checked against the range once written (the grammar has no `minimum`).
+ * A score in `range`, which the grammar keeps the judge in: an integer range of at most {@link MAX_ENUM_SCORES}
+ * values lists them (`enum`), any other is a number between the bounds (`minimum`, `maximum`).
  */
 function scoreSchema([min, max]: [number, number]): Record<string, unknown> {
   if (Number.isInteger(min) && Number.isInteger(max) && max - min < MAX_ENUM_SCORES)
     return { enum: Array.from({ length: max - min + 1 }, (_, i) => min + i) };
-  return { type: "number" };
+  return { type: "number", minimum: min, maximum: max };
 }
 
 /** Most values an integer score range lists for the grammar. */

@@ -68,6 +68,7 @@ describe("model graders on the tiny model", () => {
           labels: ["polite", "rude", "neutral"],
           passingLabels: ["polite", "neutral"],
         },
+        { type: "score_model", name: "fraction", model: "tiny", input: judgeInput, range: [-0.5, 2.5] },
       ],
     });
     assert.equal(created.statusCode, 200, created.body);
@@ -75,7 +76,11 @@ describe("model graders on the tiny model", () => {
     const first = await runToEnd(evalId);
     assert.equal(first.results.length, 6);
     for (const result of first.results) {
-      const [quality, tone] = result.scores as [GraderScore, GraderScore];
+      const [quality, tone, fraction] = result.scores as [GraderScore, GraderScore, GraderScore];
+      // Any number between the bounds, held there by the grammar.
+      assert.equal(fraction.error, undefined, JSON.stringify(fraction));
+      assert.ok(fraction.score >= -0.5 && fraction.score <= 2.5, JSON.stringify(fraction));
+      assert.equal(fraction.passed, fraction.score >= 1);
       // The grammar makes every answer parse and stay in range: no grader errors.
       assert.equal(quality.error, undefined, JSON.stringify(quality));
       assert.deepEqual(JSON.parse(quality.judgeAnswer!), { score: quality.score });

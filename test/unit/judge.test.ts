@@ -5,6 +5,7 @@ import { settleGraders } from "../../src/evals/graders.ts";
 import { judgePrompt, judgeSchema, readVerdict } from "../../src/evals/judge.ts";
 import { gradersOfCriteria } from "../../src/api/openAiEvals.ts";
 import { ConduitError } from "../../src/errors.ts";
+import { unsupportedJsonSchema } from "../../src/engine/grammars.ts";
 
 const input = [
   { role: "system" as const, content: "You grade answers." },
@@ -103,7 +104,12 @@ test("the judge's answer is held to a schema: an integer range as an enum, label
   const fractional = settleGraders([
     { type: "score_model", model: "m", input, range: [0, 0.5] },
   ])[0] as ModelGrader;
-  assert.deepEqual(judgeSchema(fractional).properties, { score: { type: "number" } });
+  assert.deepEqual(judgeSchema(fractional).properties, {
+    score: { type: "number", minimum: 0, maximum: 0.5 },
+  });
+  // Every schema the judge gets is one the grammar takes.
+  for (const grader of [score, label, fractional])
+    assert.equal(unsupportedJsonSchema(judgeSchema(grader)), undefined);
   assert.deepEqual(judgeSchema(label).properties, { label: { enum: ["good", "bad"] } });
 });
 
