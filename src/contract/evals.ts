@@ -195,7 +195,7 @@ const JudgeSampling = {
     Type.Integer({
       minimum: 1,
       maximum: judgeLimits.maxTokens,
-      description: `Most tokens of the judge's answer. Defaults to \`${judgeLimits.defaultMaxTokens}\`.`,
+      description: `Most tokens of the judge's answer. Defaults to \`${judgeLimits.defaultMaxTokens}\` (a label model: that plus its longest label's characters).`,
     }),
   ),
 };

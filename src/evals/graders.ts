@@ -322,24 +322,28 @@ function settle(raw: GraderWire, name: string, at: string): EvalGrader {
         name,
         labels,
         passingLabels: [...new Set(grader.passingLabels)],
-        ...judgeSettings(grader),
+        // Room for the longest label (a token is rarely shorter than a character) and the JSON around it.
+        ...judgeSettings(grader, judgeLimits.defaultMaxTokens + Math.max(...labels.map((l) => l.length))),
       };
     }
   }
 }
 
 /** A model grader's judge, template and sampling, defaults filled in (greedy, a short answer). */
-function judgeSettings(grader: {
-  model: string;
-  input: { role: "system" | "user" | "assistant"; content: string }[];
-  temperature?: number | undefined;
-  maxTokens?: number | undefined;
-}): JudgeSettings {
+function judgeSettings(
+  grader: {
+    model: string;
+    input: { role: "system" | "user" | "assistant"; content: string }[];
+    temperature?: number | undefined;
+    maxTokens?: number | undefined;
+  },
+  defaultMaxTokens: number = judgeLimits.defaultMaxTokens,
+): JudgeSettings {
   return {
     model: grader.model,
     input: grader.input.map(({ role, content }) => ({ role, content })),
     temperature: grader.temperature ?? 0,
-    maxTokens: grader.maxTokens ?? judgeLimits.defaultMaxTokens,
+    maxTokens: grader.maxTokens ?? Math.min(judgeLimits.maxTokens, defaultMaxTokens),
   };
 }
 

@@ -34,6 +34,8 @@ test("model graders settle greedy with a short answer; a score threshold default
   });
   assert.equal(label.type, "label_model");
   assert.deepEqual(label.type === "label_model" && label.labels, ["good", "bad"]);
+  // A label model's answer has room for its longest label.
+  assert.equal(label.maxTokens, judgeLimits.defaultMaxTokens + "good".length);
 });
 
 test("a bad model grader is a 400 naming its field", () => {
