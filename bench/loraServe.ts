@@ -1,30 +1,31 @@
 /**
- * Serving many fine-tunes of one base (#29), through Conduit's engine (1 thread per context, context 2048 × 4
- * sequences per loaded base), on one context per base and on a pool of `--pool` contexts (the 4 sequences split
- * among them, `contextsPerModel`; the engine's default is 2):
+ * Serving many fine-tunes of one base through Conduit's engine (1 thread per context, contexts of 2048 tokens).
  *
  * 1. Resident memory, each setup in a child process of its own (so the RSS is that setup's alone), after
  *    every active model answered once and then 8 concurrent streams (over 8 of them) ran: the bare base;
- *    10 and 100 adapters registered with 10 active; 100 active (these on one context); 10 active on the pool;
- *    the same 10 adapters with a context each (its own KV cache per adapter, node-llama-cpp's `lora` option,
- *    a batcher each); 10 full fine-tunes (copies of the base file).
- * 2. Tokens/s of 8 concurrent streams, interleaved rounds in one process, with the cores the process used: on
- *    the bare base, over 8 different adapters (one decode per adapter in use on a context per step) and on one
- *    adapter, each on one context, on the pool, and on one context with 2 threads; over 8 adapters with a
- *    context per adapter.
+ *    10 and 100 adapters registered with 10 active; 100 active (these on one context); 10 active on a pool of
+ *    `--pool` contexts; the same 10 adapters with a context each (its own KV cache per adapter, node-llama-cpp's
+ *    `lora` option, a batcher each); 10 full fine-tunes (copies of the base file). Against the bare base, and
+ *    against the bare base plus the adapter files' size per loaded adapter.
+ * 2. For each of `--stream-counts` (8 and 32) concurrent streams, tokens/s interleaved in rounds, on the bare
+ *    base, over as many different adapters and on one adapter, each against the same server's bare base: the
+ *    engine grouping generations by adapter (one decode per adapter in use each step, node-llama-cpp's prebuilt
+ *    binaries), the engine with the mixed-adapter build (`npm run setup:adapters`: one decode for any mix) on one
+ *    context and on a pool of `--pool` contexts, and `llama-server` with the same adapters (`--lora` each, its
+ *    per-request `lora` field; `bash bench/setup.sh` builds it), with the cores each used.
  * 3. Time to the first token of a request on a cold adapter (never used: its load included) against a warm one
  *    and the bare base (one context).
  *
- *   node --import tsx bench/loraServe.ts [smollm2-135m|stories260K|file.gguf] [--rank 32] [--tokens 64] [--rounds 3]
- *     [--pool 2] [--speed-only | --memory-only]
+ *   node --import tsx bench/loraServe.ts [smollm2-135m|qwen2.5-coder-0.5b|stories260K|file.gguf …] [--rank 32]
+ *     [--tokens 64] [--rounds 3] [--stream-counts 8,32] [--pool 2] [--speed-only | --memory-only] [--no-llama-server]
  *
- * `--pool P`: the pool setups split the base's 4 sequences over P contexts; `--speed-only` skips part 1, `--memory-only` parts 2 and 3.
+ * Several models run one after the other, each in a process of its own.
  *
  * Adapter contents do not change their cost, so the adapters are freshly initialised ones in F16 (what a run
  * writes; B = 0 still runs both adapter products) and the "full fine-tunes" are copies of the base file. Every
  * stream has a prompt of its own, so no request reuses another's KV cache.
  */
-import { execFileSync } from "node:child_process";
+import { execFileSync, spawn, type ChildProcess } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
@@ -41,7 +42,9 @@ import { LLAMA_CPP_LORA_TARGETS } from "../src/train/native/llamaCppTrainer.ts";
 import { loraWeights, writeInitialAdapter } from "../src/train/core/loraAdapter.ts";
 import { loadLlamaLib } from "../src/train/libllama/llamaLib.ts";
 import { readModelFile } from "../src/train/core/modelFile.ts";
-import { modelPath, requireFile, type BenchModel } from "./lib/reference.ts";
+import { describeBackend } from "../src/engine/accelerator.ts";
+import { freePort, waitFor } from "./lib/conduitServer.ts";
+import { modelPath, requireFile, toolPath, type BenchModel } from "./lib/reference.ts";
 
 const { values, positionals } = parseArgs({
   allowPositionals: true,
@@ -50,6 +53,8 @@ const { values, positionals } = parseArgs({
     tokens: { type: "string", default: "64" },
     rounds: { type: "string", default: "3" },
     streams: { type: "string", default: "8" },
+    "stream-counts": { type: "string", default: "8,32" },
+    "no-llama-server": { type: "boolean", default: false },
     side: { type: "string" },
     registered: { type: "string" },
     active: { type: "string" },
@@ -61,6 +66,8 @@ const { values, positionals } = parseArgs({
 });
 const tokens = Number(values.tokens);
 const streams = Number(values.streams);
+const streamCounts = values["stream-counts"].split(",").map(Number);
+const rounds = Number(values.rounds);
 const poolSize = Number(values.pool);
 const ADAPTERS = 100;
 const FULL = 10;
@@ -87,10 +94,77 @@ const fullRef = (dir: string, i: number): ModelRef => ({
   path: path.join(dir, `full-${i}.gguf`),
 });
 
-/** Something that generates: the engine, or the per-adapter contexts of {@link PerContextServer}. */
+/** Something that generates: the engine, the per-adapter contexts of {@link PerContextServer}, llama-server. */
 interface Server {
   generate(request: GenerationRequest): Promise<{ completionTokens: number }>;
   dispose(): Promise<void>;
+  /** CPU seconds the server has used, when it is another process (else this process's are counted). */
+  cpuSeconds?(): number;
+}
+
+/**
+ * llama.cpp's own server with the same adapters (`--lora` each, applied per request by its `lora` field), `-np`
+ * slots of 2048 tokens, 1 thread as the engine's contexts: it batches requests of the same adapters together
+ * and decodes different ones apart (ggml-org/llama.cpp PR 10994).
+ */
+class LlamaServer implements Server {
+  private constructor(
+    private readonly url: string,
+    private readonly child: ChildProcess,
+    private readonly loraIds: Map<string, number>,
+  ) {}
+
+  static async start(dir: string, slots: number): Promise<LlamaServer> {
+    const port = await freePort();
+    const loraIds = new Map<string, number>();
+    const loras: string[] = [];
+    for (let i = 0; i < slots; i++) {
+      const file = adapterRef(dir, i).lora!.path;
+      loraIds.set(file, i);
+      loras.push("--lora", file);
+    }
+    const child = spawn(
+      requireFile(toolPath("llama-server")),
+      [
+        ...["-m", baseRef(dir).path, "--host", "127.0.0.1", "--port", String(port)],
+        ...["-t", "1", "-tb", "1", "-np", String(slots), "-c", String(2048 * slots), "--no-webui"],
+        ...[...loras, "--lora-init-without-apply", "--log-disable"],
+      ],
+      { stdio: ["ignore", "ignore", "ignore"] },
+    );
+    const url = `http://127.0.0.1:${port}`;
+    await waitFor(`${url}/health`, child, "llama-server");
+    return new LlamaServer(url, child, loraIds);
+  }
+
+  async generate(request: GenerationRequest): Promise<{ completionTokens: number }> {
+    const id = request.model.lora ? this.loraIds.get(request.model.lora.path) : undefined;
+    const response = await fetch(`${this.url}/completion`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({
+        prompt: request.prompt,
+        n_predict: request.sampling.maxTokens,
+        temperature: 0,
+        top_k: 40,
+        cache_prompt: false,
+        lora: id === undefined ? [] : [{ id, scale: 1 }],
+      }),
+    });
+    if (!response.ok) throw new Error(`llama-server: ${response.status} ${await response.text()}`);
+    const body = (await response.json()) as { tokens_predicted: number };
+    return { completionTokens: body.tokens_predicted };
+  }
+
+  cpuSeconds(): number {
+    const fields = fs.readFileSync(`/proc/${this.child.pid}/stat`, "utf8").split(") ")[1]!.split(" ");
+    return (Number(fields[11]) + Number(fields[12])) / 100;
+  }
+
+  async dispose(): Promise<void> {
+    this.child.kill();
+    await new Promise((resolve) => this.child.once("exit", resolve));
+  }
 }
 
 /**
@@ -163,14 +237,19 @@ class PerContextServer implements Server {
 async function concurrentRate(server: Server, models: ModelRef[]): Promise<{ rate: number; cores: number }> {
   const t0 = performance.now();
   const cpu0 = process.cpuUsage();
+  const serverCpu0 = server.cpuSeconds?.();
   const results = await Promise.all(
     models.map((model) => server.generate({ model, prompt: nextPrompt(), sampling })),
   );
   const cpu = process.cpuUsage(cpu0);
   const seconds = (performance.now() - t0) / 1000;
   const generated = results.reduce((n, r) => n + r.completionTokens, 0);
-  return { rate: generated / seconds, cores: (cpu.user + cpu.system) / 1e6 / seconds };
+  const cpuSeconds =
+    serverCpu0 === undefined ? (cpu.user + cpu.system) / 1e6 : server.cpuSeconds!() - serverCpu0;
+  return { rate: generated / seconds, cores: cpuSeconds / seconds };
 }
+
+const best = (xs: { rate: number; cores: number }[]) => xs.reduce((a, b) => (b.rate > a.rate ? b : a));
 
 /** Milliseconds to the first streamed piece of a request. */
 async function firstToken(engine: Engine, model: ModelRef): Promise<number> {
@@ -219,6 +298,16 @@ if (values.side !== undefined) {
     }),
   );
   await server.dispose();
+  process.exit(0);
+}
+
+if (positionals.length > 1) {
+  // Several models in one run: each in a process of its own, one after the other.
+  const flags = process.argv.slice(2).filter((arg) => !positionals.includes(arg));
+  for (const model of positionals)
+    execFileSync(process.execPath, ["--import", "tsx", fileURLToPath(import.meta.url), model, ...flags], {
+      stdio: "inherit",
+    });
   process.exit(0);
 }
 
@@ -288,64 +377,89 @@ if (!values["speed-only"]) {
   console.log(
     `\nresident memory after each active model answered once and ${streams} concurrent streams (load ${load()}):`,
   );
-  console.log("| | process RSS | vs the bare base | servable models | loaded bases |\n|---|---|---|---|---|");
-  for (const [label, m] of rows)
+  console.log(
+    "| | process RSS | vs the bare base | the bare base + the adapters' files | servable models | loaded bases |\n|---|---|---|---|---|---|",
+  );
+  for (const [label, m] of rows) {
+    const adaptersLoaded = label.includes("adapters") ? m.loadedModels : 0;
+    const floor = bare.rssMb + adaptersLoaded * adapterMb;
     console.log(
-      `| ${label} | ${Math.round(m.rssMb).toLocaleString("en")} MB | ${(m.rssMb / bare.rssMb).toFixed(2)} | ${m.loadedModels} | ${m.loadedBases} |`,
+      `| ${label} | ${Math.round(m.rssMb).toLocaleString("en")} MB | ${(m.rssMb / bare.rssMb).toFixed(2)} | ${Math.round(floor).toLocaleString("en")} MB (${(m.rssMb / floor).toFixed(2)}) | ${m.loadedModels} | ${m.loadedBases} |`,
     );
+  }
 }
 // "Registered" adapters are READY runs' files: nothing is loaded for one until it is asked for.
 if (values["memory-only"]) process.exit(0);
 
-// 2. Tokens/s of concurrent streams, interleaved.
-const engine = createLlamaEngine({ threads: 1, contextsPerModel: 1, logger: () => {} });
-const perContext = new PerContextServer();
-const pool = createLlamaEngine({ threads: 1, contextsPerModel: poolSize, logger: () => {} });
-const twoThreads = createLlamaEngine({ threads: 2, contextsPerModel: 1, logger: () => {} });
+// 2. Tokens/s of concurrent streams, interleaved: each server's bare base, its streams over as many adapters, and
+// on one adapter, on the same contexts.
 const base = baseRef(dir);
-const adapters = Array.from({ length: streams }, (_, i) => adapterRef(dir, i));
-const setups: [string, Server, ModelRef[]][] = [
-  [`${streams} streams on the bare base`, engine, Array(streams).fill(base)],
-  [`${streams} streams over ${streams} adapters (shared context)`, engine, adapters],
-  [`${streams} streams on one adapter (shared context)`, engine, Array(streams).fill(adapters[0])],
-  [`${streams} streams on the bare base (pool of ${poolSize})`, pool, Array(streams).fill(base)],
-  [`${streams} streams over ${streams} adapters (pool of ${poolSize})`, pool, adapters],
-  [`${streams} streams on one adapter (pool of ${poolSize})`, pool, Array(streams).fill(adapters[0])],
-  [`${streams} streams on the bare base (one context, 2 threads)`, twoThreads, Array(streams).fill(base)],
-  [`${streams} streams over ${streams} adapters (one context, 2 threads)`, twoThreads, adapters],
-  [
-    `${streams} streams on one adapter (one context, 2 threads)`,
-    twoThreads,
-    Array(streams).fill(adapters[0]),
-  ],
-  [`${streams} streams over ${streams} adapters (a context each)`, perContext, adapters],
-];
-const rates = setups.map(() => [] as { rate: number; cores: number }[]);
-// Warm-up: every model loaded, every context made.
-for (const [, server, models] of setups)
-  for (const model of new Set(models))
-    await server.generate({ model, prompt: nextPrompt(), sampling: { ...sampling, maxTokens: 4 } });
-const rounds = Number(values.rounds);
-const loadBefore = load();
-for (let round = 0; round < rounds; round++)
-  for (const [i, [, server, models]] of setups.entries())
-    rates[i]!.push(await concurrentRate(server, models));
-const best = (xs: { rate: number; cores: number }[]) => xs.reduce((a, b) => (b.rate > a.rate ? b : a));
-console.log(
-  `\ngeneration, ${streams} concurrent streams of ${tokens} tokens, aggregate tokens/s (best of ${rounds} interleaved rounds; load ${loadBefore} → ${load()}):`,
-);
-console.log("| | tok/s | vs the bare base | cores used | tok per CPU-s |\n|---|---|---|---|---|");
-for (const [i, [label]] of setups.entries()) {
-  const b = best(rates[i]!);
-  console.log(
-    `| ${label} | ${b.rate.toFixed(1)} | ${(b.rate / best(rates[0]!).rate).toFixed(2)} | ${b.cores.toFixed(2)} | ${(b.rate / b.cores).toFixed(1)} |`,
+const engineFor = (sequences: number, batching: "auto" | "grouped", contexts = 1) =>
+  createLlamaEngine({
+    threads: 1,
+    contextsPerModel: contexts,
+    parallelSequences: sequences,
+    adapterBatching: batching,
+    logger: () => {},
+  });
+const speed: { label: string; rate: { rate: number; cores: number } }[][] = [];
+for (const count of streamCounts) {
+  const adapters = Array.from({ length: count }, (_, i) => adapterRef(dir, i));
+  const grouped = engineFor(count, "grouped");
+  const mixed = engineFor(count, "auto");
+  const mixedPool = engineFor(count, "auto", poolSize);
+  const perSequence = (await mixed.accelerator()).adapters;
+  const servers: [string, Server][] = [[`grouped by adapter, one context (${count} sequences)`, grouped]];
+  if (perSequence?.batching === "per-sequence")
+    servers.push(
+      [`one decode for any mix, one context (${count} sequences)`, mixed],
+      [`one decode for any mix, a pool of ${poolSize} contexts`, mixedPool],
+    );
+  else
+    console.log(
+      `\n(no mixed-adapter build: ${perSequence?.batching === "grouped" ? perSequence.reason : "unknown"})`,
+    );
+  const server = values["no-llama-server"] ? undefined : await LlamaServer.start(dir, count);
+  if (server) servers.push([`llama-server -np ${count}, per-request lora`, server]);
+  const setups: [string, Server, ModelRef[]][] = servers.flatMap(
+    ([name, srv]): [string, Server, ModelRef[]][] => [
+      [`${name}: the bare base`, srv, Array(count).fill(base)],
+      [`${name}: ${count} adapters`, srv, adapters],
+      [`${name}: one adapter`, srv, Array(count).fill(adapters[0])],
+    ],
   );
+  const rates = setups.map(() => [] as { rate: number; cores: number }[]);
+  // Warm-up: every model loaded, every context made.
+  for (const [, srv, models] of setups)
+    for (const model of new Set(models))
+      await srv.generate({ model, prompt: nextPrompt(), sampling: { ...sampling, maxTokens: 4 } });
+  const loadBefore = load();
+  for (let round = 0; round < rounds; round++)
+    for (const [i, [, srv, models]] of setups.entries()) rates[i]!.push(await concurrentRate(srv, models));
+  console.log(
+    `\ngeneration, ${count} concurrent streams of ${tokens} tokens, aggregate tokens/s (best of ${rounds} interleaved rounds; load ${loadBefore} → ${load()}):`,
+  );
+  console.log("| | tok/s | vs its bare base | cores used | tok per CPU-s |\n|---|---|---|---|---|");
+  const rows: { label: string; rate: { rate: number; cores: number } }[] = [];
+  for (const [i, [label]] of setups.entries()) {
+    const b = best(rates[i]!);
+    const bare = best(rates[i - (i % 3)]!);
+    rows.push({ label, rate: b });
+    console.log(
+      `| ${label} | ${b.rate.toFixed(1)} | ${(b.rate / bare.rate).toFixed(2)} | ${b.cores.toFixed(2)} | ${(b.rate / b.cores).toFixed(1)} |`,
+    );
+  }
+  speed.push(rows);
+  await grouped.dispose();
+  await mixedPool.dispose();
+  await server?.dispose();
+  await mixed.dispose();
 }
-await perContext.dispose();
-await pool.dispose();
-await twoThreads.dispose();
 
 // 3. First token: a cold adapter (first use: loaded then) against a warm one and the bare base.
+const engine = createLlamaEngine({ threads: 1, contextsPerModel: 1, logger: () => {} });
+const adapters = [adapterRef(dir, 0)];
+await engine.generate({ model: adapters[0]!, prompt: nextPrompt(), sampling: { ...sampling, maxTokens: 4 } });
 const ttft = { base: [] as number[], warm: [] as number[], cold: [] as number[] };
 for (let round = 0; round < rounds; round++) {
   ttft.base.push(await firstToken(engine, base));
@@ -354,7 +468,9 @@ for (let round = 0; round < rounds; round++) {
 }
 await engine.dispose();
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
-console.log(`\ntime to first token, median of ${rounds} (load ${load()}):`);
+console.log(
+  `\ntime to first token, median of ${rounds}, ${describeBackend(await engine.accelerator())} (load ${load()}):`,
+);
 console.log("| | ms |\n|---|---|");
 for (const [label, xs] of [
   ["bare base", ttft.base],

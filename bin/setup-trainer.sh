@@ -38,7 +38,7 @@ command -v g++ >/dev/null || { say "g++ is missing (Debian: apt-get install g++)
 
 bundle=node_modules/node-llama-cpp/llama/gitRelease.bundle
 bins=$(node -e '
-  import("./src/train/native/llamaLib.ts").then((m) => console.log(m.findBinDir("cpu")))' --import tsx)
+  import("./src/train/libllama/llamaLib.ts").then((m) => console.log(m.findBinDir("cpu")))' --import tsx)
 [ -f "$bundle" ] || { say "$bundle is missing: run npm install first" >&2; exit 1; }
 head=$(git bundle list-heads "$bundle" | head -n1 | cut -d' ' -f1)
 version=$(node -p 'require("./node_modules/node-llama-cpp/package.json").version')

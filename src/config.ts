@@ -1,7 +1,13 @@
 import net from "node:net";
 import path from "node:path";
 import { TRAINER_SETTINGS, type TrainerSetting } from "./domain/runs.ts";
-import { GPU_SETTINGS, type GpuLayers, type GpuSetting } from "./contract/accelerator.ts";
+import {
+  ADAPTER_BATCHING_SETTINGS,
+  GPU_SETTINGS,
+  type AdapterBatchingSetting,
+  type GpuLayers,
+  type GpuSetting,
+} from "./contract/accelerator.ts";
 
 /**
  * The one typed config module. Every setting has an environment variable, a default and a
@@ -322,6 +328,20 @@ export const settings = {
       if (!(GPU_SETTINGS as readonly string[]).includes(value))
         throw new ConfigError(`CONDUIT_GPU must be one of ${GPU_SETTINGS.join(", ")}, got "${raw}"`);
       return value as GpuSetting;
+    },
+  },
+  adapterBatching: {
+    env: "CONDUIT_ADAPTER_BATCHING",
+    description:
+      "How generations of different LoRA adapters of one base share a decode: `auto` serves any mix in one decode with the mixed-adapter build when `npm run setup:adapters` made it (CPU only), else one decode per adapter in use each token step; `grouped` always does the latter. `/healthz` and the start log say which is in use and why.",
+    defaultText: "auto",
+    parse: (raw): AdapterBatchingSetting => {
+      const value = text("auto")(raw).toLowerCase();
+      if (!(ADAPTER_BATCHING_SETTINGS as readonly string[]).includes(value))
+        throw new ConfigError(
+          `CONDUIT_ADAPTER_BATCHING must be one of ${ADAPTER_BATCHING_SETTINGS.join(", ")}, got "${raw}"`,
+        );
+      return value as AdapterBatchingSetting;
     },
   },
   gpuLayers: {

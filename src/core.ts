@@ -136,6 +136,7 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
       memoryBudgetBytes: config.modelMemoryBudget,
       gpu: config.gpu,
       gpuLayers: config.gpuLayers,
+      adapterBatching: config.adapterBatching,
       ...(config.gpuMemoryBudget === undefined ? {} : { gpuMemoryBudgetBytes: config.gpuMemoryBudget }),
       logger: (level, message) => log[level]({ source: "llama.cpp" }, message),
     });

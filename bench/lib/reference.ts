@@ -12,11 +12,13 @@ export const llamaBinDir =
 export const modelsDir = join(cacheDir, "models");
 
 export type ReferenceTool = "llama-bench" | "llama-server" | "llama-cli" | "llama-finetune";
-export type BenchModel = "stories260K" | "smollm2-135m";
+export type BenchModel = "stories260K" | "smollm2-135m" | "qwen2.5-coder-0.5b" | "qwen2.5-coder-1.5b";
 
 const modelFiles: Record<BenchModel, string> = {
   stories260K: "stories260Ktok512.gguf",
   "smollm2-135m": "SmolLM2-135M-Instruct.Q4_1.gguf",
+  "qwen2.5-coder-0.5b": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+  "qwen2.5-coder-1.5b": "qwen2.5-coder-1.5b-instruct.gguf",
 };
 
 export function toolPath(tool: ReferenceTool): string {

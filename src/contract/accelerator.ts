@@ -13,3 +13,11 @@ export type GpuSetting = (typeof GPU_SETTINGS)[number];
 
 /** `CONDUIT_GPU_LAYERS`: layers offloaded to the GPU, `all` (the default) or a count; ignored on the CPU. */
 export type GpuLayers = "all" | number;
+
+/**
+ * `CONDUIT_ADAPTER_BATCHING`: how generations of different LoRA adapters share a decode. `auto` serves any mix
+ * in one decode with the mixed-adapter build when `npm run setup:adapters` made it (on the CPU), and groups them
+ * by adapter otherwise; `grouped` always groups (one decode per adapter in use each token step).
+ */
+export const ADAPTER_BATCHING_SETTINGS = ["auto", "grouped"] as const;
+export type AdapterBatchingSetting = (typeof ADAPTER_BATCHING_SETTINGS)[number];

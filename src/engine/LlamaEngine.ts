@@ -2,7 +2,7 @@ import type { Llama, LlamaGrammar } from "node-llama-cpp";
 import { ConduitError } from "../errors.ts";
 import { Admission, abortable } from "./Admission.ts";
 import type { AcceleratorInfo } from "./accelerator.ts";
-import type { GpuLayers, GpuSetting } from "../contract/accelerator.ts";
+import type { AdapterBatchingSetting, GpuLayers, GpuSetting } from "../contract/accelerator.ts";
 import type { Engine, EngineStats, LoadedModelInfo } from "./Engine.ts";
 import { GrammarCache } from "./grammars.ts";
 import { ModelPool, type LoadedModel } from "./ModelPool.ts";
@@ -67,6 +67,12 @@ export interface LlamaEngineOptions {
   gpu?: GpuSetting | false;
   /** Layers of each model offloaded to the GPU (`CONDUIT_GPU_LAYERS`). Defaults to `"all"`. */
   gpuLayers?: GpuLayers;
+  /**
+   * Whether generations of different LoRA adapters share one decode through the mixed-adapter build
+   * (`npm run setup:adapters`, mixedAdapterBuild.ts; `CONDUIT_ADAPTER_BATCHING`): `"auto"` when it is there and
+   * the CPU is used, `"grouped"` never (one decode per adapter in use each step). Defaults to `"auto"`.
+   */
+  adapterBatching?: AdapterBatchingSetting;
   /**
    * Bytes of GPU memory that loaded models may take, estimated per model at load and counted apart from
    * `memoryBudgetBytes`. Defaults to 90% of the GPU memory free when the backend starts.
@@ -146,6 +152,7 @@ class LlamaEngine implements Engine {
       memoryBudget: options.memoryBudgetBytes ?? DEFAULTS.memoryBudgetBytes,
       gpu: options.gpu === false ? "off" : (options.gpu ?? "off"),
       gpuLayers: options.gpuLayers ?? "all",
+      adapterBatching: options.adapterBatching ?? "auto",
       gpuMemoryBudget: options.gpuMemoryBudgetBytes,
       llama: options.llama,
       logger,

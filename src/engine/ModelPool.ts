@@ -16,6 +16,13 @@ import {
   type GpuSetting,
 } from "./accelerator.ts";
 import { keepFreedMemoryReturnable } from "./heap.ts";
+import {
+  adapterBatchingOf,
+  loadMixedAdapterLlama,
+  mixedAdapterBuildStatus,
+  type AdapterBatching,
+  type AdapterBatchingSetting,
+} from "./mixedAdapterBuild.ts";
 import { loadAdapter } from "./nativeBatch.ts";
 import { BatcherGroup } from "./BatcherGroup.ts";
 import type { BatchAdapter, SequenceBatcher } from "./SequenceBatcher.ts";
@@ -34,6 +41,8 @@ export interface ModelPoolOptions {
   memoryBudget: number;
   gpu: GpuSetting;
   gpuLayers: GpuLayers;
+  /** Whether to serve different adapters in one decode with the mixed-adapter build (mixedAdapterBuild.ts). */
+  adapterBatching: AdapterBatchingSetting;
   /** Bytes of GPU memory that loaded models may take; absent: 90% of what is free when the backend starts. */
   gpuMemoryBudget: number | undefined;
   /** An existing node-llama-cpp instance (not disposed with the pool); absent: one is created on first use. */
@@ -144,7 +153,10 @@ export class ModelPool {
     this.options = options;
     this.gpuMemoryBudget = options.gpuMemoryBudget;
     this.ownsLlama = options.llama === undefined;
-    if (options.llama) this.llama = Promise.resolve(options.llama);
+    if (options.llama) {
+      this.llama = Promise.resolve(options.llama);
+      this.adapters = adapterBatchingOf(options.llama);
+    }
     keepFreedMemoryReturnable();
   }
 
@@ -221,8 +233,12 @@ export class ModelPool {
   }
 
   async accelerator(): Promise<AcceleratorInfo> {
-    return describeAccelerator(await this.getLlama(), this.options.gpu, this.options.gpuLayers);
+    const info = await describeAccelerator(await this.getLlama(), this.options.gpu, this.options.gpuLayers);
+    return { ...info, adapters: this.adapters };
   }
+
+  /** How adapters share a decode, known once the node-llama-cpp instance is made. */
+  private adapters: AdapterBatching = { batching: "grouped", reason: "not started" };
 
   private async startLlama(): Promise<Llama> {
     let llama: Llama;
@@ -240,7 +256,58 @@ export class ModelPool {
     return llama;
   }
 
-  private createLlama(): Promise<Llama> {
+  private async createLlama(): Promise<Llama> {
+    const gpu = this.options.gpu;
+    const build =
+      gpu === "cuda" || gpu === "vulkan"
+        ? {
+            available: false as const,
+            reason: `the mixed-adapter build is for the CPU, and CONDUIT_GPU is ${gpu}`,
+          }
+        : mixedAdapterBuildStatus(this.options.adapterBatching);
+    if (!build.available) {
+      this.adapters = { batching: "grouped", reason: build.reason };
+      return this.createPrebuiltLlama();
+    }
+    if (gpu === "auto") {
+      // A GPU the prebuilt binaries find wins over the CPU-only mixed-adapter build.
+      const prebuilt = await this.createPrebuiltLlama();
+      if (prebuilt.gpu !== false) {
+        this.adapters = {
+          batching: "grouped",
+          reason: "a GPU is in use, and the mixed-adapter build is for the CPU",
+        };
+        return prebuilt;
+      }
+      await prebuilt.dispose();
+    }
+    try {
+      const llama = await loadMixedAdapterLlama(build.dir, {
+        maxThreads: 0,
+        logLevel: LlamaLogLevel.warn,
+        logger: this.llamaLogger,
+      });
+      this.adapters = {
+        batching: "per-sequence",
+        build: `${build.dir} (node-llama-cpp ${build.nodeLlamaCpp}, llama.cpp ${build.llamaCpp.slice(0, 12)})`,
+      };
+      return llama;
+    } catch (error) {
+      const reason = `the mixed-adapter build in ${build.dir} did not load (${error instanceof Error ? error.message : String(error)})`;
+      this.options.logger("warn", `${reason}; adapters are decoded in groups`);
+      this.adapters = { batching: "grouped", reason };
+      return this.createPrebuiltLlama();
+    }
+  }
+
+  private readonly llamaLogger = (level: LlamaLogLevel, message: string): void => {
+    const text = message.trim();
+    if (text === "") return;
+    if (level === LlamaLogLevel.error || level === LlamaLogLevel.fatal) this.options.logger("error", text);
+    else if (level === LlamaLogLevel.warn) this.options.logger("warn", text);
+  };
+
+  private createPrebuiltLlama(): Promise<Llama> {
     return getLlama({
       gpu: llamaGpuOption(this.options.gpu),
       // Prebuilt binaries only: never compile llama.cpp (or download anything) inside a server.
@@ -248,13 +315,7 @@ export class ModelPool {
       // 0 turns off node-llama-cpp's thread splitter, so `threads` is exactly what llama.cpp uses.
       maxThreads: 0,
       logLevel: LlamaLogLevel.warn,
-      logger: (level, message) => {
-        const text = message.trim();
-        if (text === "") return;
-        if (level === LlamaLogLevel.error || level === LlamaLogLevel.fatal)
-          this.options.logger("error", text);
-        else if (level === LlamaLogLevel.warn) this.options.logger("warn", text);
-      },
+      logger: this.llamaLogger,
     });
   }
 

@@ -42,6 +42,9 @@ export interface SequenceBatcherOptions {
   onFinish: (result: GenerationResult, elapsedMs: number, adapterKey: string | undefined) => void;
 }
 
+/** An adapter key no adapter has: a sequence's adapter is unknown after a failed native call. */
+const UNKNOWN_ADAPTER = "\0unknown";
+
 /** A LoRA adapter that generations on this batcher's context may apply (loaded by the pool on the same model). */
 export interface BatchAdapter {
   /** Tells adapters apart (file and scale); KV caches computed under one are reused only under the same. */
@@ -126,11 +129,13 @@ interface LogprobState {
  * that batches them: hands out sequences (reusing a KV-cache prefix when a prompt shares one), queues requests
  * when all are busy, and runs every active generation in each token step, then samples and streams each.
  *
- * Generations of the bare model and of its LoRA adapters share the context and its sequences. llama.cpp
- * applies adapters per context, to every token of a decode, so a step decodes one group per adapter in use
- * (the bare model is a group too), switching the context's adapter before each: one decode per step when
- * every generation uses the same adapter, as many as there are adapters otherwise (bench/README.md §Serving
- * many adapters measures this against a context per adapter and a pool of contexts).
+ * Generations of the bare model and of its LoRA adapters share the context and its sequences. With the
+ * mixed-adapter build (`npm run setup:adapters`) each sequence carries its own adapter and a step is one decode
+ * whatever the mix: the base weights' products once for every token, each token's low-rank products with its
+ * own sequence's adapter. With node-llama-cpp's prebuilt binaries llama.cpp applies adapters per context, to
+ * every token of a decode, so a step decodes one group per adapter in use (the bare model is a group too),
+ * switching the context's adapter before each: one decode per step when every generation uses the same
+ * adapter, as many as there are adapters otherwise (bench/README.md §Serving many adapters measures both).
  */
 export class SequenceBatcher {
   readonly model: LlamaModel;
@@ -159,6 +164,11 @@ export class SequenceBatcher {
   private readonly adapterIdle = new Map<string, (() => void)[]>();
   /** The adapter the context applies now (set before each decode; undefined: none; null: unknown). */
   private applied: BatchAdapter | undefined | null = undefined;
+  /**
+   * Per-sequence adapters (the mixed-adapter build): the adapter key each sequence applies now (absent: none;
+   * {@link UNKNOWN_ADAPTER}: unknown, after a failed call).
+   */
+  private readonly sequenceAdapter = new Map<number, string>();
   /** Adapters to take off the context between two decodes before they are freed, with who waits. */
   private readonly forgetting: { key: string; done: () => void }[] = [];
   private readonly active = new Set<Generation>();
@@ -201,9 +211,12 @@ export class SequenceBatcher {
     return this.active.size;
   }
 
-  /** Adapters (the bare model counts as one) with generations running now: the decodes of one step. */
+  /**
+   * The decodes of one step: adapters (the bare model counts as one) with generations running now, or 1 when
+   * the context takes adapters per sequence.
+   */
   get adaptersInUse(): number {
-    return this.running.size;
+    return this.native.perSequenceAdapters ? Math.min(1, this.running.size) : this.running.size;
   }
 
   /** Requests waiting for a sequence. */
@@ -249,6 +262,11 @@ export class SequenceBatcher {
         this.native.context.setLoras([], []);
         this.applied = undefined;
       }
+      for (const [id, adapterKey] of this.sequenceAdapter)
+        if (adapterKey === key || adapterKey === UNKNOWN_ADAPTER) {
+          this.sequenceAdapter.delete(id);
+          this.native.context.setSequenceLoras!(id, [], []);
+        }
       for (const [id, adapterKey] of this.cachedAdapter)
         if (adapterKey === key) {
           this.cachedAdapter.delete(id);
@@ -609,9 +627,11 @@ export class SequenceBatcher {
           budget -= take;
         }
       }
-      // One decode per adapter in use: llama.cpp applies a context's adapters to every token of a decode.
+      // One decode per adapter in use unless the context takes adapters per sequence: llama.cpp's prebuilt
+      // binaries apply a context's adapters to every token of a decode.
       const first = batch[0]?.adapter?.key;
-      if (batch.every((gen) => gen.adapter?.key === first)) await this.decode(batch, takes);
+      if (this.native.perSequenceAdapters || batch.every((gen) => gen.adapter?.key === first))
+        await this.decode(batch, takes);
       else {
         const keys = [...new Set(batch.map((gen) => gen.adapter?.key ?? ""))];
         for (const key of keys) {
@@ -635,8 +655,24 @@ export class SequenceBatcher {
   private readonly sampleIndex: number[] = [];
   private readonly pendingSamples: Promise<number>[] = [];
 
+  /** Gives each sequence of `batch` its generation's adapter (the mixed-adapter build), where it has another. */
+  private applySequenceAdapters(batch: Generation[]): void {
+    const ctx = this.native.context;
+    for (const gen of batch) {
+      const key = gen.adapter?.key;
+      if (this.sequenceAdapter.get(gen.sequenceId) === key) continue;
+      // Unknown until it succeeds: a failure must not leave the old adapter taken as applied.
+      this.sequenceAdapter.set(gen.sequenceId, UNKNOWN_ADAPTER);
+      const adapters = gen.adapter ? [gen.adapter.native] : [];
+      ctx.setSequenceLoras!(gen.sequenceId, adapters, gen.adapter ? [gen.adapter.scale] : []);
+      if (key === undefined) this.sequenceAdapter.delete(gen.sequenceId);
+      else this.sequenceAdapter.set(gen.sequenceId, key);
+    }
+  }
+
   /**
-   * One decode of `takes[i]` pending tokens of each of `batch` (generations of one adapter), then samples every
+   * One decode of `takes[i]` pending tokens of each of `batch` (generations of one adapter, or of any adapters
+   * when the context takes them per sequence), then samples every
    * generation that produced logits. A failed decode fails its generations, never throws.
    */
   private async decode(batch: Generation[], takes: number[]): Promise<void> {
@@ -652,7 +688,8 @@ export class SequenceBatcher {
     sampleIndex.length = 0;
     try {
       const adapter = batch[0]?.adapter;
-      if (this.applied === null || adapter?.key !== this.applied?.key) {
+      if (this.native.perSequenceAdapters) this.applySequenceAdapters(batch);
+      else if (this.applied === null || adapter?.key !== this.applied?.key) {
         // Unknown until it succeeds: a failure must not leave the old adapter taken as applied.
         this.applied = null;
         ctx.setLoras(adapter ? [adapter.native] : [], adapter ? [adapter.scale] : []);

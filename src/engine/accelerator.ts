@@ -1,6 +1,7 @@
 import type { Llama } from "node-llama-cpp";
 import { ConduitError } from "../errors.ts";
 import type { GpuLayers, GpuSetting } from "../contract/accelerator.ts";
+import type { AdapterBatching } from "./mixedAdapterBuild.ts";
 export type { GpuLayers, GpuSetting };
 
 /** The compute backend in use: `cpu` when no GPU is used. */
@@ -17,6 +18,8 @@ export interface AcceleratorInfo {
   gpuLayers: GpuLayers | 0;
   /** The GPUs' memory, summed over devices; absent on the CPU. */
   gpuMemory?: { totalBytes: number; usedBytes: number; freeBytes: number };
+  /** How generations of different LoRA adapters share a decode (mixedAdapterBuild.ts); absent: not known. */
+  adapters?: AdapterBatching;
 }
 
 /** node-llama-cpp's `getLlama({ gpu })` for a setting. */
@@ -72,6 +75,18 @@ export function gpuUnavailable(setting: GpuSetting, cause: unknown): ConduitErro
 
 /** One line for the start log: `cpu`, or `cuda on NVIDIA H100 (79.1 GiB free of 79.6 GiB), all layers`. */
 export function describeBackend(info: AcceleratorInfo): string {
+  return describeDevice(info) + describeAdapters(info.adapters);
+}
+
+/** `; adapters: one decode for any mix (…)`, or how and why they are grouped. */
+function describeAdapters(adapters: AdapterBatching | undefined): string {
+  if (adapters === undefined) return "";
+  return adapters.batching === "per-sequence"
+    ? `; adapters: one decode for any mix of adapters (mixed-adapter build ${adapters.build})`
+    : `; adapters: one decode per adapter in use (${adapters.reason})`;
+}
+
+function describeDevice(info: AcceleratorInfo): string {
   if (info.backend === "cpu")
     return info.setting === "auto" ? "cpu (CONDUIT_GPU=auto found no usable GPU)" : "cpu";
   const gib = (bytes: number) => `${(bytes / 2 ** 30).toFixed(1)} GiB`;

@@ -62,6 +62,12 @@ export interface NativeContext {
    * applies adapters per context, to every token of a decode.
    */
   setLoras(adapters: NativeAdapter[], scales: number[]): void;
+  /**
+   * The adapters of one sequence's tokens, on top of the context's (`llama_set_adapters_lora_seq`; empty: none),
+   * so that sequences of different adapters share one decode. Only in the mixed-adapter build
+   * (`npm run setup:adapters`, mixedAdapterBuild.ts); absent from node-llama-cpp's prebuilt binaries.
+   */
+  setSequenceLoras?(sequenceId: number, adapters: NativeAdapter[], scales: number[]): void;
 }
 
 /** A LoRA adapter loaded on a model (`AddonModelLora`: `llama_adapter_lora_init`). */
@@ -124,6 +130,8 @@ export interface NativeSampler {
 
 export interface NativeBinding {
   context: NativeContext;
+  /** Whether the context takes adapters per sequence ({@link NativeContext.setSequenceLoras}). */
+  perSequenceAdapters: boolean;
   createSampler(): NativeSampler;
   /** A fresh evaluation state of `grammar` (from the same `Llama`) for one generation. */
   createGrammarState(grammar: LlamaGrammar): NativeGrammarState;
@@ -167,6 +175,7 @@ export function bindNative(llama: Llama, model: LlamaModel, context: LlamaContex
     throw new Error(nativeApiChanged(missing.join(", ")));
   return {
     context: ctx,
+    perSequenceAdapters: typeof ctx.setSequenceLoras === "function",
     createSampler: () => new Sampler(nativeModel),
     createGrammarState: (grammar) => {
       const nativeGrammar = (grammar as unknown as { _grammar?: unknown; _llama?: unknown })._grammar;

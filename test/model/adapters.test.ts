@@ -9,6 +9,7 @@ import { LLAMA_CPP_LORA_TARGETS } from "../../src/train/native/llamaCppTrainer.t
 import { BatcherGroup } from "../../src/engine/BatcherGroup.ts";
 import type { Engine } from "../../src/engine/Engine.ts";
 import { createLlamaEngine } from "../../src/engine/LlamaEngine.ts";
+import { loadMixedAdapterLlama, mixedAdapterBuildStatus } from "../../src/engine/mixedAdapterBuild.ts";
 import { loadAdapter } from "../../src/engine/nativeBatch.ts";
 import { SequenceBatcher, type BatchAdapter } from "../../src/engine/SequenceBatcher.ts";
 import type { ModelRef } from "../../src/engine/types.ts";
@@ -309,6 +310,85 @@ describe("LoRA adapters on a base's shared contexts", () => {
     }
   });
 });
+
+const mixedBuild = mixedAdapterBuildStatus("auto");
+
+describe(
+  "different adapters in one decode (the mixed-adapter build)",
+  { skip: mixedBuild.available ? false : `${mixedBuild.reason}` },
+  () => {
+    let mixedLlama: Llama;
+    before(async () => {
+      if (!mixedBuild.available) return;
+      mixedLlama = await loadMixedAdapterLlama(mixedBuild.dir, {
+        maxThreads: 0,
+        logLevel: LlamaLogLevel.error,
+        logger: () => {},
+      });
+    });
+    after(async () => {
+      await mixedLlama?.dispose();
+    });
+
+    test("every sequence of a mixed batch answers as its adapter served alone on the prebuilt binaries", async () => {
+      const adapters = await Promise.all([1, 2, 3, 4, 5, 6, 7].map((i) => writeAdapter(`seq-${i}`, 40 + i)));
+      const models = [base, ...adapters];
+      const prompts = [PROMPT, "The capital of the moon is"];
+      const expected = new Map<string, string[]>();
+      for (const prompt of prompts) expected.set(prompt, await alone(models, prompt));
+      assert.ok(new Set(expected.get(PROMPT)).size >= 6, JSON.stringify(expected.get(PROMPT)));
+
+      // One context of 8 sequences: every step decodes the bare base and 7 adapters together.
+      const engine = createLlamaEngine({
+        llama: mixedLlama,
+        logger: () => {},
+        contextSize: 256,
+        parallelSequences: 8,
+        contextsPerModel: 1,
+      });
+      try {
+        assert.deepEqual((await engine.accelerator()).adapters?.batching, "per-sequence");
+        for (let round = 0; round < 2; round++)
+          for (const prompt of prompts) {
+            // Both prompts at once on every model in the second round: sequences change adapter between rounds.
+            const runs =
+              round === 0
+                ? models.map((m) => answer(engine, m, prompt))
+                : [...models].reverse().map((m) => answer(engine, m, prompt));
+            const texts = await Promise.all(runs);
+            if (round === 1) texts.reverse();
+            assert.deepEqual(texts, expected.get(prompt), `round ${round}, ${prompt}`);
+          }
+        // One after the other on the same sequences (each changes adapter, the KV cache of another is not reused).
+        for (const [i, m] of models.entries())
+          assert.equal(await answer(engine, m), expected.get(PROMPT)![i]);
+      } finally {
+        await engine.dispose();
+      }
+    });
+
+    test("an adapter unloaded while other adapters generate is taken off its sequences first", async () => {
+      const [a, b] = await Promise.all([writeAdapter("seq-unload-a", 61), writeAdapter("seq-unload-b", 62)]);
+      const [expectedA, expectedB] = await alone([a, b]);
+      const engine = createLlamaEngine({
+        llama: mixedLlama,
+        logger: () => {},
+        contextSize: 256,
+        parallelSequences: 4,
+        contextsPerModel: 1,
+      });
+      try {
+        assert.deepEqual(await Promise.all([answer(engine, a), answer(engine, b)]), [expectedA, expectedB]);
+        engine.unload(a.lora!.path);
+        assert.equal(await answer(engine, b), expectedB);
+        // Loaded again from its file: the same answers.
+        assert.deepEqual(await Promise.all([answer(engine, a), answer(engine, b)]), [expectedA, expectedB]);
+      } finally {
+        await engine.dispose();
+      }
+    });
+  },
+);
 
 describe("LoRA adapters and runs", () => {
   test("a deleted run's adapter leaves the engine", async (t) => {

@@ -48,6 +48,28 @@ const Health = Type.Object({
           { description: "The GPUs' memory, summed over devices (absent on the CPU)." },
         ),
       ),
+      adapters: Type.Optional(
+        Type.Union(
+          [
+            Type.Object({
+              batching: Type.Literal("per-sequence"),
+              build: Type.String({
+                description: "The mixed-adapter build in use, its node-llama-cpp and llama.cpp.",
+              }),
+            }),
+            Type.Object({
+              batching: Type.Literal("grouped"),
+              reason: Type.String({ description: "Why the mixed-adapter build is not in use." }),
+            }),
+          ],
+          {
+            description:
+              "How generations of different LoRA adapters share a decode (`CONDUIT_ADAPTER_BATCHING`): `per-sequence`, " +
+              "one decode for any mix (the mixed-adapter build, `npm run setup:adapters`), or `grouped`, one decode per " +
+              "adapter in use each token step.",
+          },
+        ),
+      ),
     },
     { description: "The compute backend of generation and training (`CONDUIT_GPU`)." },
   ),

@@ -6,10 +6,10 @@
  * vector loops: LoRA on an F32 base then trains 2–2.5× faster (bench/README.md). Generation never loads it.
  */
 import fs from "node:fs";
-import { createRequire } from "node:module";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { loadLlamaLib, type LlamaLib } from "../libllama/llamaLib.ts";
+import { nodeLlamaCppVersion } from "../../model/nodeLlamaCpp.ts";
 
 /** What `npm run setup:trainer` writes. */
 export const PROJECT_BLAS_LIBRARY = fileURLToPath(
@@ -63,22 +63,6 @@ function builtFor(library: string): string | undefined {
   } catch {
     return undefined;
   }
-}
-
-/** The installed node-llama-cpp's version (its package exports no package.json: found beside its entry). */
-function nodeLlamaCppVersion(): string | undefined {
-  try {
-    let dir = path.dirname(createRequire(import.meta.url).resolve("node-llama-cpp"));
-    for (; dir !== path.dirname(dir); dir = path.dirname(dir)) {
-      const file = path.join(dir, "package.json");
-      if (!fs.existsSync(file)) continue;
-      const pkg = JSON.parse(fs.readFileSync(file, "utf8")) as { name?: unknown; version?: unknown };
-      if (pkg.name === "node-llama-cpp") return typeof pkg.version === "string" ? pkg.version : undefined;
-    }
-  } catch {
-    // Not installed: the trainer cannot run either, and says so.
-  }
-  return undefined;
 }
 
 /**
