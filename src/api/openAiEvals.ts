@@ -42,9 +42,10 @@ export function gradersOfCriteria(criteria: readonly Json[]): {
     const at = `testing_criteria[${i}]`;
     const name = typeof criterion.name === "string" && criterion.name !== "" ? criterion.name : undefined;
     const { type } = criterion;
+    if (type === "score_model" || type === "label_model") return modelGraderOf(criterion, at);
     if (type !== "string_check" && type !== "text_similarity")
       throw bad(
-        `"${at}.type" ${JSON.stringify(type)} is not supported; Conduit grades with string_check and text_similarity`,
+        `"${at}.type" ${JSON.stringify(type)} is not supported; Conduit grades with string_check, text_similarity, score_model and label_model`,
         `${at}.type`,
       );
     if (typeof criterion.input !== "string" || !SAMPLE_OUTPUT.test(criterion.input))
@@ -96,7 +97,86 @@ export function gradersOfCriteria(criteria: readonly Json[]): {
       `${at}.operation`,
     );
   });
-  return { graders: settleGraders(wires, "testing_criteria"), expectedField };
+  try {
+    return { graders: settleGraders(wires, "testing_criteria"), expectedField };
+  } catch (error) {
+    throw openAiGraderError(error);
+  }
+}
+
+/** The Conduit names of a model grader's fields → OpenAI's, in a 400 from checking it. */
+const openAiGraderFields: [RegExp, string][] = [
+  [/\.passThreshold\b/g, ".pass_threshold"],
+  [/\.passingLabels\b/g, ".passing_labels"],
+  [/\.maxTokens\b/g, ".sampling_params.max_completions_tokens"],
+  [/\.temperature\b/g, ".sampling_params.temperature"],
+];
+
+function openAiGraderError(error: unknown): unknown {
+  if (!(error instanceof ConduitError) || error.param === null) return error;
+  const rename = (text: string) => openAiGraderFields.reduce((t, [from, to]) => t.replace(from, to), text);
+  return new ConduitError(error.code, rename(error.message), { param: rename(error.param) });
+}
+
+/**
+ * OpenAI's `score_model` (`range`, `pass_threshold`) and `label_model` (`labels`, `passing_labels`): `input` is the
+ * judge's template (messages; `developer` is a system turn), `sampling_params` its `temperature` and
+ * `max_completions_tokens`. The item and the answer reach the judge through the template only.
+ */
+function modelGraderOf(criterion: Json, at: string): GraderWire {
+  if (typeof criterion.model !== "string")
+    throw bad(`"${at}.model" is required: the judge model`, `${at}.model`);
+  if (!Array.isArray(criterion.input) || criterion.input.length === 0)
+    throw bad(`"${at}.input" must be a list of messages: the judge's prompt`, `${at}.input`);
+  const input = criterion.input.map((message: unknown, i) => {
+    const where = `${at}.input[${i}]`;
+    if (!isObject(message)) throw bad(`"${where}" must be a message`, where);
+    const role = message.role === "developer" ? "system" : message.role;
+    if (role !== "system" && role !== "user" && role !== "assistant")
+      throw bad(`"${where}.role" must be system, developer, user or assistant`, `${where}.role`);
+    return { role, content: contentText(message.content, `${where}.content`) } as const;
+  });
+  const sampling = criterion.sampling_params ?? {};
+  if (!isObject(sampling)) throw bad(`"${at}.sampling_params" must be an object`, `${at}.sampling_params`);
+  for (const key of Object.keys(sampling))
+    if (!["temperature", "max_completions_tokens", "top_p", "seed"].includes(key))
+      throw bad(
+        `"${at}.sampling_params.${key}" is not supported; a judge takes temperature and max_completions_tokens`,
+        `${at}.sampling_params.${key}`,
+      );
+  if (sampling.top_p !== undefined && sampling.top_p !== null && sampling.top_p !== 1)
+    throw bad(
+      `"${at}.sampling_params.top_p" must be 1: a judge samples from every token`,
+      `${at}.sampling_params.top_p`,
+    );
+  const common = {
+    ...(typeof criterion.name === "string" && criterion.name !== "" ? { name: criterion.name } : {}),
+    model: criterion.model,
+    input,
+    ...(sampling.temperature !== undefined && sampling.temperature !== null
+      ? { temperature: sampling.temperature as number }
+      : {}),
+    ...(sampling.max_completions_tokens !== undefined && sampling.max_completions_tokens !== null
+      ? { maxTokens: sampling.max_completions_tokens as number }
+      : {}),
+  };
+  if (criterion.type === "score_model")
+    return {
+      type: "score_model",
+      ...common,
+      ...(criterion.range !== undefined && criterion.range !== null
+        ? { range: criterion.range as number[] }
+        : {}),
+      ...(criterion.pass_threshold !== undefined && criterion.pass_threshold !== null
+        ? { passThreshold: criterion.pass_threshold as number }
+        : {}),
+    };
+  return {
+    type: "label_model",
+    ...common,
+    labels: criterion.labels as string[],
+    passingLabels: criterion.passing_labels as string[],
+  };
 }
 
 /** `data_source_config`: only `custom` (items of the user's own schema). */
@@ -329,6 +409,10 @@ export function openAiEvalRun(run: EvalRun, reportUrl: string) {
   };
 }
 
+function judgeOf(grader: EvalGrader | undefined): string | null {
+  return grader && "model" in grader ? grader.model : null;
+}
+
 /** An output item's id: its model's and item's index in the run (`outputitem_0_12`), usable as a cursor. */
 /** An output item's id: `outputitem_<model index>_<item index>`. */
 export const OUTPUT_ITEM_ID = "^outputitem_(\\d{1,3})_(\\d{1,6})$";
@@ -370,7 +454,15 @@ export function openAiOutputItem(run: EvalRun, result: EvalResult, createdAt: st
       type: run.config.graders[i]?.type ?? null,
       score: s.score,
       passed: s.passed,
-      sample: null,
+      // A model grader's judge and what it answered.
+      sample:
+        s.judgeAnswer === undefined
+          ? null
+          : {
+              output: [{ role: "assistant", content: s.judgeAnswer }],
+              model: judgeOf(run.config.graders[i]),
+            },
+      ...(s.label !== undefined ? { label: s.label } : {}),
       ...(s.error !== undefined ? { error: s.error } : {}),
     })),
     sample: {

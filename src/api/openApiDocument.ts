@@ -5,7 +5,10 @@ import {
   evalLimits,
   ExactMatchGrader,
   JsonSchemaGrader,
+  judgeLimits,
+  LabelModelGrader,
   RegexGrader,
+  ScoreModelGrader,
   SimilarityGrader,
 } from "../contract/evals.ts";
 import { noControlCharacters, noNul } from "../contract/schemas.ts";
@@ -257,7 +260,15 @@ function describeEvalBodies(document: Json): void {
   const graderList = isObject(graders?.properties) ? graders.properties.graders : undefined;
   if (isObject(graderList))
     graderList.items = {
-      oneOf: [ExactMatchGrader, ContainsGrader, RegexGrader, JsonSchemaGrader, SimilarityGrader].map(plain),
+      oneOf: [
+        ExactMatchGrader,
+        ContainsGrader,
+        RegexGrader,
+        JsonSchemaGrader,
+        SimilarityGrader,
+        ScoreModelGrader,
+        LabelModelGrader,
+      ].map(plain),
     };
   // A name that is not a string, or is empty, is no name (the grader's type names it).
   const name = {
@@ -273,6 +284,43 @@ function describeEvalBodies(document: Json): void {
       ...properties,
     },
     ...extra,
+  });
+  const labelList = {
+    type: "array",
+    minItems: 1,
+    maxItems: judgeLimits.maxLabels,
+    items: { type: "string", minLength: 1, maxLength: 256, pattern: noNul },
+  };
+  const judgeCriterion = (type: string, properties: Json, required: string[] = []) => ({
+    type: "object",
+    required: ["type", "model", "input", ...required],
+    properties: {
+      type: { const: type },
+      name,
+      model: { type: "string", minLength: 1, description: "The judge: a model this server serves you." },
+      input: {
+        type: "array",
+        minItems: 1,
+        maxItems: judgeLimits.maxMessages,
+        description: "The judge's prompt, templated with `{{item.<field>}}` and `{{sample.output_text}}`.",
+        items: {
+          type: "object",
+          required: ["role", "content"],
+          properties: { role: { enum: ["system", "developer", "user", "assistant"] } },
+        },
+      },
+      sampling_params: {
+        type: "object",
+        properties: {
+          temperature: { type: "number", minimum: 0, maximum: 2 },
+          max_completions_tokens: { type: "integer", minimum: 1, maximum: judgeLimits.maxTokens },
+          top_p: { const: 1 },
+          seed: { type: "integer" },
+        },
+        additionalProperties: false,
+      },
+      ...properties,
+    },
   });
   const openAiEval = jsonBody(document, "/v1/evals", "post");
   if (isObject(openAiEval?.properties)) {
@@ -324,6 +372,21 @@ function describeEvalBodies(document: Json): void {
               pass_threshold: { type: "number", minimum: 0, maximum: 1 },
             },
             ["evaluation_metric", "pass_threshold"],
+          ),
+          judgeCriterion("score_model", {
+            range: {
+              type: "array",
+              prefixItems: [{ type: "number" }, { type: "number" }],
+              minItems: 2,
+              maxItems: 2,
+              description: "`[min, max]`, min below max. Defaults to `[0, 1]`.",
+            },
+            pass_threshold: { type: "number", description: "Within `range`. Defaults to its middle." },
+          }),
+          judgeCriterion(
+            "label_model",
+            { labels: labelList, passing_labels: { ...labelList, description: "Each one of `labels`." } },
+            ["labels", "passing_labels"],
           ),
         ],
       },

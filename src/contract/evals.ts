@@ -141,8 +141,123 @@ export const SimilarityGrader = Type.Object(
   },
 );
 
+/** Bounds of a model grader (a judge): its prompt template, the prompt it makes, and its answer. */
+export const judgeLimits = {
+  /** Messages of a judge's template. */
+  maxMessages: 16,
+  /** Characters of one template message. */
+  maxTemplateChars: 20_000,
+  /** Characters one `{{…}}` puts into the prompt (an item's field, the answer); a longer value is cut there. */
+  maxValueChars: 20_000,
+  /** Characters of the whole rendered prompt; a longer one is a grader error for that answer. */
+  maxPromptChars: 100_000,
+  /** Most tokens of the judge's answer. */
+  maxTokens: 1024,
+  /** A score model's or label model's answer is at most this many tokens unless it says. */
+  defaultMaxTokens: 64,
+  /** Labels of a label model. */
+  maxLabels: 32,
+} as const;
+
+const JudgeModel = Type.String({
+  minLength: 1,
+  maxLength: 256,
+  pattern: noControlCharacters,
+  description:
+    "The judge: any model this server serves you (a base model, a run id or an `ft:` name). One that does not exist is a 400 at creation.",
+});
+const JudgeInput = Type.Array(
+  Type.Object(
+    {
+      role: Type.Union([Type.Literal("system"), Type.Literal("user"), Type.Literal("assistant")]),
+      content: Type.String({ minLength: 1, maxLength: judgeLimits.maxTemplateChars, pattern: noNul }),
+    },
+    { additionalProperties: false },
+  ),
+  {
+    minItems: 1,
+    maxItems: judgeLimits.maxMessages,
+    description:
+      "The judge's prompt: chat messages in which `{{sample.output_text}}` is the model's answer and `{{item.<field>}}` " +
+      "a field of the item (`item.input`: its last user message, `item.expected`: its expected answer; an OpenAI item: " +
+      `its own fields). Each value is cut at ${judgeLimits.maxValueChars} characters; a prompt over ${judgeLimits.maxPromptChars} is a grader error.`,
+  },
+);
+const JudgeSampling = {
+  temperature: Type.Optional(
+    Type.Number({
+      minimum: 0,
+      maximum: 2,
+      description: "The judge's temperature. Defaults to `0` (greedy).",
+    }),
+  ),
+  maxTokens: Type.Optional(
+    Type.Integer({
+      minimum: 1,
+      maximum: judgeLimits.maxTokens,
+      description: `Most tokens of the judge's answer. Defaults to \`${judgeLimits.defaultMaxTokens}\` (a label model: that plus its longest label's characters).`,
+    }),
+  ),
+};
+
+export const ScoreModelGrader = Type.Object(
+  {
+    type: Type.Literal("score_model"),
+    name: GraderName,
+    model: JudgeModel,
+    input: JudgeInput,
+    range: Type.Optional(
+      Type.Array(Type.Number(), {
+        minItems: 2,
+        maxItems: 2,
+        description: "The scores the judge may give, `[min, max]`. Defaults to `[0, 1]`.",
+      }),
+    ),
+    passThreshold: Type.Optional(
+      Type.Number({ description: "A score at or above it passes. Defaults to the middle of `range`." }),
+    ),
+    ...JudgeSampling,
+  },
+  {
+    additionalProperties: false,
+    description: 'A model reads the prompt and answers `{"score": <number>}`, held to `range` by a grammar.',
+  },
+);
+export const LabelModelGrader = Type.Object(
+  {
+    type: Type.Literal("label_model"),
+    name: GraderName,
+    model: JudgeModel,
+    input: JudgeInput,
+    labels: Type.Array(Type.String({ minLength: 1, maxLength: 256, pattern: noNul }), {
+      minItems: 1,
+      maxItems: judgeLimits.maxLabels,
+      description: "The labels the judge chooses from.",
+    }),
+    passingLabels: Type.Array(Type.String({ minLength: 1, maxLength: 256, pattern: noNul }), {
+      minItems: 1,
+      maxItems: judgeLimits.maxLabels,
+      description: "The labels that pass (each one of `labels`).",
+    }),
+    ...JudgeSampling,
+  },
+  {
+    additionalProperties: false,
+    description:
+      'A model reads the prompt and answers `{"label": <one of labels>}` (a grammar makes it); 1 when the label is a passing one.',
+  },
+);
+
 export const Grader = Type.Union(
-  [ExactMatchGrader, ContainsGrader, RegexGrader, JsonSchemaGrader, SimilarityGrader],
+  [
+    ExactMatchGrader,
+    ContainsGrader,
+    RegexGrader,
+    JsonSchemaGrader,
+    SimilarityGrader,
+    ScoreModelGrader,
+    LabelModelGrader,
+  ],
   {
     description: "How each answer is scored.",
   },
@@ -155,7 +270,26 @@ export type EvalGrader =
   | { type: "contains"; name: string; value: string | null; normalize: Normalization[] }
   | { type: "regex"; name: string; pattern: string; flags: string }
   | { type: "json_schema"; name: string; schema: Record<string, unknown> }
-  | { type: "similarity"; name: string; metric: SimilarityMetric; passThreshold: number };
+  | { type: "similarity"; name: string; metric: SimilarityMetric; passThreshold: number }
+  | ModelGrader;
+
+/** A grader whose judge is a model (`score_model`, `label_model`), as stored. */
+export type ModelGrader =
+  | ({
+      type: "score_model";
+      name: string;
+      range: [number, number];
+      passThreshold: number;
+    } & JudgeSettings)
+  | ({ type: "label_model"; name: string; labels: string[]; passingLabels: string[] } & JudgeSettings);
+
+/** What every model grader has: its judge, its prompt template, its sampling. */
+export interface JudgeSettings {
+  model: string;
+  input: { role: "system" | "user" | "assistant"; content: string }[];
+  temperature: number;
+  maxTokens: number;
+}
 
 /** One chat turn of an item's prompt. */
 export const EvalMessage = Type.Object(
@@ -238,7 +372,8 @@ export const CreateEvalBody = Type.Object(
         Type.Object(
           {
             type: Type.String({
-              description: "`exact_match`, `contains`, `regex`, `json_schema` or `similarity`.",
+              description:
+                "`exact_match`, `contains`, `regex`, `json_schema`, `similarity`, `score_model` or `label_model`.",
             }),
           },
           { additionalProperties: true },
@@ -249,7 +384,9 @@ export const CreateEvalBody = Type.Object(
         maxItems: evalLimits.maxGraders,
         description:
           "How each answer is scored, each from 0 to 1: `exact_match` (`normalize`), `contains` (`value`, `normalize`), " +
-          "`regex` (`pattern`, `flags`), `json_schema` (`schema`), `similarity` (`metric`, `passThreshold`). A bad " +
+          "`regex` (`pattern`, `flags`), `json_schema` (`schema`), `similarity` (`metric`, `passThreshold`), " +
+          "`score_model` (`model`, `input`, `range`, `passThreshold`) and `label_model` (`model`, `input`, `labels`, " +
+          "`passingLabels`), whose judge is a model. A bad " +
           "grader is a 400 naming its field (`graders[1].pattern`).",
       },
     ),
@@ -382,6 +519,10 @@ export interface GraderScore {
   passed: boolean;
   /** Why the grader could not score the answer (it ran past its time limit): the score is then 0. */
   error?: string;
+  /** A model grader's judge's answer, as it wrote it. */
+  judgeAnswer?: string;
+  /** A label model's label. */
+  label?: string;
 }
 
 export const EvalResult = Type.Object(

@@ -243,10 +243,17 @@ export const OpenAiJobList = Type.Object({
   has_more: Type.Boolean(),
 });
 
+/** The most events one page of a job's events holds; a larger `limit` is taken as this (OpenAI documents no cap). */
+export const MAX_EVENT_PAGE = 1000;
+
 export const OpenAiPageQuery = Type.Object(
   {
     after: Type.Optional(Id),
-    limit: Type.Integer({ minimum: 1, maximum: 100, default: 20, description: "Defaults to `20`." }),
+    limit: Type.Integer({
+      minimum: 1,
+      default: 20,
+      description: `At most ${MAX_EVENT_PAGE} events a page: a larger limit is taken as ${MAX_EVENT_PAGE}. Defaults to \`20\`.`,
+    }),
   },
   { additionalProperties: false },
 );

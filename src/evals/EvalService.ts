@@ -33,10 +33,12 @@ import {
   type EvalSourceWire,
   type GraderScore,
   type GraderWire,
+  type ModelGrader,
   type ModelTotals,
   type RunEvaluation,
 } from "../contract/evals.ts";
-import { grade, gradesInline, settleGraders } from "./graders.ts";
+import { grade, gradesInline, isModelGrader, settleGraders } from "./graders.ts";
+import { judgePrompt, judgeSchema, readVerdict } from "./judge.ts";
 import { GraderThread } from "./GraderThread.ts";
 import { describeEvaluation } from "./runEvaluation.ts";
 import { EvalRunFeed, type EvalRunEvent } from "./EvalRunFeed.ts";
@@ -185,9 +187,27 @@ export class EvalService {
   async create(
     userId: string,
     body: CreateEvalBodyWire,
-    extras: { runId?: string; openai?: EvalConfig["openai"]; graders?: EvalGrader[] } = {},
+    extras: {
+      runId?: string;
+      openai?: EvalConfig["openai"];
+      graders?: EvalGrader[];
+      /** The field that holds the graders, for errors. Defaults to `graders`. */
+      gradersParam?: string;
+    } = {},
   ): Promise<Eval> {
     const graders = extras.graders ?? settleGraders(body.graders);
+    // A judge must be a model this user can name now: a typo is a 400 here, not an error on every item later.
+    for (const [i, grader] of graders.entries())
+      if (isModelGrader(grader))
+        await this.inference
+          .resolve(userId, grader.model, `${extras.gradersParam ?? "graders"}[${i}].model`)
+          .catch((error: unknown) => {
+            if (error instanceof ConduitError && error.code === "model_not_found")
+              throw new ConduitError("invalid_request", error.message.replace(/^model/, "judge model"), {
+                param: error.param,
+              });
+            throw error;
+          });
     // The source is checked now (a file or run of someone else is a 404 here, not when a run starts).
     if (body.source && body.source.type !== "items") await this.resolveItems(userId, body.source, "source");
     return this.evals.create({
@@ -568,7 +588,7 @@ export class EvalService {
         const answer = result.choices[0]?.text ?? "";
         return {
           answer,
-          scores: await this.scores(run.config.graders, answer, item.expected, stopped),
+          scores: await this.scores(run, item, answer, stopped, signal),
           latencyMs: performance.now() - started,
           promptTokens: result.promptTokens,
           completionTokens: result.completionTokens,
@@ -603,15 +623,18 @@ export class EvalService {
    * its deadline scores this answer as an error, and the rest of the run's answers too without being run again.
    */
   private scores(
-    graders: readonly EvalGrader[],
+    run: EvalRun,
+    item: ResolvedItem,
     answer: string,
-    expected: string,
     stopped: Map<string, string>,
+    signal: AbortSignal,
   ): Promise<GraderScore[]> {
+    const expected = item.expected;
     return Promise.all(
-      graders.map(async (grader) => {
+      run.config.graders.map(async (grader) => {
         const why = stopped.get(grader.name);
         if (why !== undefined) return { name: grader.name, score: 0, passed: false, error: why };
+        if (isModelGrader(grader)) return this.judge(run.userId, grader, item, answer, signal);
         if (gradesInline(grader)) return grade(grader, answer, expected);
         const { score, timedOut } = await this.graderThread.score(grader, answer, expected);
         if (timedOut)
@@ -622,6 +645,56 @@ export class EvalService {
         return score;
       }),
     );
+  }
+
+  /**
+   * A model grader's score of one answer: its judge (any model the user can name) reads the rendered template and
+   * answers in the grader's JSON shape, held to it by a grammar. A judge that fails is a grader error on this answer.
+   */
+  private async judge(
+    userId: string,
+    grader: ModelGrader,
+    item: ResolvedItem,
+    answer: string,
+    signal: AbortSignal,
+  ): Promise<GraderScore> {
+    const lastUser = item.messages.findLast((m) => m.role === "user")?.content ?? "";
+    const fields = { input: lastUser, expected: item.expected, messages: item.messages, ...(item.raw ?? {}) };
+    const prompt = judgePrompt(grader, { item: fields, sample: { output_text: answer } });
+    if ("error" in prompt) return { name: grader.name, score: 0, passed: false, error: prompt.error };
+    for (let attempt = 0; ; attempt++) {
+      try {
+        const result = await this.inference.generate(userId, {
+          model: grader.model,
+          messages: prompt.messages,
+          sampling: {
+            ...greedy(grader.maxTokens),
+            ...(grader.temperature > 0 ? { temperature: grader.temperature, topK: 0 } : {}),
+          },
+          responseFormat: { kind: "json_schema", schema: judgeSchema(grader) },
+          signal,
+        });
+        return readVerdict(grader, result.choices[0]?.text ?? "");
+      } catch (error) {
+        if (signal.aborted) throw signal.reason;
+        if (error instanceof ConduitError && error.code === "rate_limited" && attempt < 30) {
+          await new Promise((resolve) => setTimeout(resolve, 1000 * (error.retryAfter ?? 1)));
+          continue;
+        }
+        if (this.health.saw(error) && !this.closed) {
+          await new Promise((resolve) => setTimeout(resolve, 1000));
+          continue;
+        }
+        if (!(error instanceof ConduitError))
+          this.log.error({ err: error, judge: grader.model }, "judge failed");
+        return {
+          name: grader.name,
+          score: 0,
+          passed: false,
+          error: `the judge failed: ${error instanceof ConduitError ? error.message : "see the server log"}`,
+        };
+      }
+    }
   }
 
   // --- the automatic before/after of a fine-tuning run ---

@@ -14,10 +14,15 @@ import {
   JsonSchemaGrader,
   RegexGrader,
   SimilarityGrader,
+  ScoreModelGrader,
+  LabelModelGrader,
   evalDefaults,
+  judgeLimits,
   type EvalGrader,
   type GraderScore,
   type GraderWire,
+  type JudgeSettings,
+  type ModelGrader,
   type Normalization,
 } from "../contract/evals.ts";
 
@@ -191,6 +196,8 @@ const graderSchemas: Record<GraderWire["type"], TSchema> = {
   regex: RegexGrader,
   json_schema: JsonSchemaGrader,
   similarity: SimilarityGrader,
+  score_model: ScoreModelGrader,
+  label_model: LabelModelGrader,
 };
 
 /** Checks one grader against its type's schema; the first problem is a 400 naming the field (`graders[1].pattern`). */
@@ -279,7 +286,70 @@ function settle(raw: GraderWire, name: string, at: string): EvalGrader {
         metric: grader.metric ?? evalDefaults.similarityMetric,
         passThreshold: grader.passThreshold ?? evalDefaults.passThreshold,
       };
+    case "score_model": {
+      const [min, max] = (grader.range ?? [0, 1]) as [number, number];
+      const range: [number, number] = [min, max];
+      if (!(range[0] < range[1]))
+        throw new ConduitError("invalid_request", `"${at}.range" must be [min, max] with min below max`, {
+          param: `${at}.range`,
+        });
+      const passThreshold = grader.passThreshold ?? (range[0] + range[1]) / 2;
+      if (passThreshold < range[0] || passThreshold > range[1])
+        throw new ConduitError(
+          "invalid_request",
+          `"${at}.passThreshold" must be within range [${range[0]}, ${range[1]}]`,
+          { param: `${at}.passThreshold` },
+        );
+      return {
+        type: "score_model",
+        name,
+        range: [range[0], range[1]],
+        passThreshold,
+        ...judgeSettings(grader),
+      };
+    }
+    case "label_model": {
+      const labels = [...new Set(grader.labels)];
+      const unknown = grader.passingLabels.findIndex((label) => !labels.includes(label));
+      if (unknown >= 0)
+        throw new ConduitError(
+          "invalid_request",
+          `"${at}.passingLabels[${unknown}]" ${JSON.stringify(grader.passingLabels[unknown])} is not one of "labels"`,
+          { param: `${at}.passingLabels[${unknown}]` },
+        );
+      return {
+        type: "label_model",
+        name,
+        labels,
+        passingLabels: [...new Set(grader.passingLabels)],
+        // Room for the longest label (a token is rarely shorter than a character) and the JSON around it.
+        ...judgeSettings(grader, judgeLimits.defaultMaxTokens + Math.max(...labels.map((l) => l.length))),
+      };
+    }
   }
+}
+
+/** A model grader's judge, template and sampling, defaults filled in (greedy, a short answer). */
+function judgeSettings(
+  grader: {
+    model: string;
+    input: { role: "system" | "user" | "assistant"; content: string }[];
+    temperature?: number | undefined;
+    maxTokens?: number | undefined;
+  },
+  defaultMaxTokens: number = judgeLimits.defaultMaxTokens,
+): JudgeSettings {
+  return {
+    model: grader.model,
+    input: grader.input.map(({ role, content }) => ({ role, content })),
+    temperature: grader.temperature ?? 0,
+    maxTokens: grader.maxTokens ?? Math.min(judgeLimits.maxTokens, defaultMaxTokens),
+  };
+}
+
+/** Whether a grader's judge is a model: the eval service scores it through the inference path, not here. */
+export function isModelGrader(grader: EvalGrader): grader is ModelGrader {
+  return grader.type === "score_model" || grader.type === "label_model";
 }
 
 /**
@@ -317,5 +387,8 @@ export function grade(grader: EvalGrader, answer: string, expected: string): Gra
         grader.metric === "fuzzy_match" ? fuzzyMatch(answer, expected) : tokenF1(answer, expected);
       return { name: grader.name, score, passed: score >= grader.passThreshold };
     }
+    case "score_model":
+    case "label_model":
+      throw new Error(`a ${grader.type} grader is scored by its judge model, through the eval service`);
   }
 }

@@ -4,10 +4,10 @@
  * that need fields still say which.
  */
 import assert from "node:assert/strict";
-import { spawn, spawnSync } from "node:child_process";
 import fs from "node:fs";
 import path from "node:path";
 import { describe, test } from "node:test";
+import { openAiPython, runPython, skipWithoutOpenAiPython } from "../lib/openAiPython.ts";
 import { as, build, buildTestApp, datasetWithPairs, KEY_A, startRun, testEnv } from "../lib/helper.ts";
 
 const emptyJson = { headers: { "content-type": "application/json" } };
@@ -74,26 +74,13 @@ describe("an empty JSON body", () => {
   });
 });
 
-/** A Python with the official `openai` package: `CONDUIT_TEST_OPENAI_PYTHON`, or `.ci/run`'s venv. */
-function openAiPython(): string | undefined {
-  const candidates = [process.env.CONDUIT_TEST_OPENAI_PYTHON, ".cache/openai-venv/bin/python"];
-  for (const candidate of candidates) {
-    if (candidate === undefined || candidate === "" || !fs.existsSync(candidate)) continue;
-    if (spawnSync(candidate, ["-c", "import openai"]).status === 0) return candidate;
-  }
-  return undefined;
-}
-
 const python = openAiPython();
 
 describe("the official OpenAI Python client", () => {
   test(
     "cancels a fine-tuning job and deletes a file",
     {
-      skip:
-        python === undefined
-          ? "no Python with the openai package (set CONDUIT_TEST_OPENAI_PYTHON, or run .ci/run, which makes .cache/openai-venv)"
-          : false,
+      skip: skipWithoutOpenAiPython(python),
     },
     async (t) => {
       const env = await testEnv(t);
@@ -112,16 +99,7 @@ deleted = client.files.delete(file.id)
 print(json.dumps({"job": cancelled.status, "deleted": deleted.deleted,
                   "after": client.fine_tuning.jobs.retrieve(job.id).status}))
 `;
-      const result = await new Promise<{ status: number | null; stdout: string; stderr: string }>(
-        (resolve) => {
-          const child = spawn(python!, ["-c", script, address, KEY_A, data]);
-          let stdout = "";
-          let stderr = "";
-          child.stdout.on("data", (chunk: Buffer) => (stdout += chunk.toString()));
-          child.stderr.on("data", (chunk: Buffer) => (stderr += chunk.toString()));
-          child.on("close", (status: number | null) => resolve({ status, stdout, stderr }));
-        },
-      );
+      const result = await runPython(python!, script, [address, KEY_A, data]);
       assert.equal(result.status, 0, result.stderr);
       assert.deepEqual(JSON.parse(result.stdout), { job: "cancelled", deleted: true, after: "cancelled" });
     },

@@ -291,6 +291,46 @@ describe("evals: a run trained on pairs scores higher than its base on them", ()
     );
   });
 
+  test("a fine-tune judges: a label_model grader whose model is the run", async () => {
+    const alice = as(app, KEY_A);
+    for (const judge of [runId]) {
+      const created = await alice.post("/conduit/evals", {
+        source: {
+          type: "items",
+          items: pairs.slice(0, 3).map((p) => ({ input: p.input, expected: p.output })),
+        },
+        graders: [
+          {
+            type: "label_model",
+            model: judge,
+            input: [{ role: "user", content: "{{item.input}} → {{sample.output_text}}" }],
+            labels: ["right", "wrong"],
+            passingLabels: ["right"],
+          },
+        ],
+      });
+      assert.equal(created.statusCode, 200, created.body);
+      const evalId = created.json<{ id: string }>().id;
+      const started = await alice.post(`/conduit/evals/${evalId}/runs`, {
+        models: ["tiny128"],
+        maxTokens: 8,
+      });
+      assert.equal(started.statusCode, 200, started.body);
+      const run = await evalRun(app, evalId, started.json<EvalRunWire>().id);
+      assert.equal(run.status, "COMPLETED", run.error ?? "");
+      const results = (await alice.get(`/conduit/evals/${evalId}/runs/${run.id}/results`)).json<
+        EvalResultWire[]
+      >();
+      assert.equal(results.length, 3);
+      for (const result of results) {
+        const [score] = result.scores;
+        assert.equal(score?.error, undefined, JSON.stringify(score));
+        assert.ok(["right", "wrong"].includes(score!.label!), JSON.stringify(score));
+        assert.deepEqual(JSON.parse(score!.judgeAnswer!), { label: score!.label });
+      }
+    }
+  });
+
   test("an eval run is cancelled: it stops, keeps what it scored, and a second cancel is a 409", async () => {
     const alice = as(app, KEY_A);
     const many = Array.from({ length: 300 }, (_, i) => ({ input: `question ${i}`, expected: `answer ${i}` }));

@@ -120,6 +120,7 @@ test("a Content-Type other than JSON on a JSON endpoint is 415", async (t) => {
     ["POST", "/conduit/v1/completions"],
     ["POST", "/v1/chat/completions"],
     ["POST", "/v1/completions"],
+    ["POST", "/v1/responses"],
   ] as const;
   const contentTypes = [
     "text/plain",
@@ -406,6 +407,25 @@ test("the eval bodies in the document accept what the server accepts and refuse 
     [[{ type: "similarity", metric: "fuzzy_match", passThreshold: 0.7 }], true],
     [[{ type: "similarity", passThreshold: 2 }], false],
     [[{ type: "exact_match", colour: "red" }], false],
+    [
+      [{ type: "score_model", model: "tiny", input: [{ role: "user", content: "{{sample.output_text}}" }] }],
+      true,
+    ],
+    [[{ type: "score_model", model: "tiny", input: [] }], false],
+    [[{ type: "score_model", model: "tiny", input: [{ role: "user", content: "x" }], range: [1] }], false],
+    [
+      [
+        {
+          type: "label_model",
+          model: "tiny",
+          input: [{ role: "user", content: "x" }],
+          labels: ["a", "b"],
+          passingLabels: ["a"],
+        },
+      ],
+      true,
+    ],
+    [[{ type: "label_model", model: "tiny", input: [{ role: "user", content: "x" }], labels: ["a"] }], false],
   ];
   const validateEval = compile("/conduit/evals");
   for (const [graders, valid] of conduit) {
@@ -434,6 +454,31 @@ test("the eval bodies in the document accept what the server accepts and refuse 
     [custom, [check("text_similarity", { evaluation_metric: "bleu", pass_threshold: 0.5 })], false],
     [custom, [check("text_similarity", { evaluation_metric: "token_f1", pass_threshold: 0.5 })], true],
     [custom, [check("string_check", { operation: "eq", input: "{{item.answer}}" })], false],
+    [
+      custom,
+      [{ type: "score_model", name: "s", model: "tiny", input: [{ role: "user", content: "x" }] }],
+      true,
+    ],
+    [custom, [{ type: "score_model", name: "s", model: "tiny", input: [] }], false],
+    [
+      custom,
+      [
+        {
+          type: "label_model",
+          name: "l",
+          model: "tiny",
+          input: [{ role: "developer", content: "x" }],
+          labels: ["a"],
+          passing_labels: ["a"],
+        },
+      ],
+      true,
+    ],
+    [
+      custom,
+      [{ type: "label_model", name: "l", model: "tiny", input: [{ role: "user", content: "x" }] }],
+      false,
+    ],
   ];
   const validateOpenAi = compile("/v1/evals");
   for (const [config, criteria, valid] of openAi) {

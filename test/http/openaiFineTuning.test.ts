@@ -134,6 +134,15 @@ describe("OpenAI's files and fine-tuning jobs with the official client", () => {
     for await (const event of client.fineTuning.jobs.listEvents(job.id, { limit: 40 })) every.push(event);
     assert.ok(every.length > 40 && every[0]!.id === events[0]!.id);
     assert.equal(new Set(every.map((e) => e.id)).size, every.length);
+    // A limit over the page's cap is taken as the cap, not refused: the whole log fits in one page here.
+    for (const limit of [1000, 5000]) {
+      const page = await client.fineTuning.jobs.listEvents(job.id, { limit });
+      assert.deepEqual(
+        page.data.map((e) => e.id),
+        every.map((e) => e.id),
+      );
+      assert.equal(page.has_more, false);
+    }
     const messages = every.map((e) => e.message).reverse();
     assert.equal((events[0]!.data as { status: string }).status, "succeeded", messages.join("\n"));
     assert.equal(messages[0], "run queued");

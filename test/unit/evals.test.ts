@@ -153,7 +153,7 @@ test("OpenAI testing criteria become graders; what Conduit cannot honour is refu
     reference: "{{item.a}}",
     operation: "eq",
   };
-  assert.equal(refused([{ ...check, type: "label_model" }]), "testing_criteria[0].type");
+  assert.equal(refused([{ ...check, type: "python" }]), "testing_criteria[0].type");
   assert.equal(refused([{ ...check, operation: "ne" }]), "testing_criteria[0].operation");
   assert.equal(refused([{ ...check, input: "{{item.a}}" }]), "testing_criteria[0].input");
   assert.equal(

@@ -33,3 +33,61 @@ export function formatTime(timestamp: string): string {
   const date = new Date(`${timestamp.replace(" ", "T")}Z`);
   return Number.isNaN(date.getTime()) ? timestamp : date.toLocaleString();
 }
+
+/** A config value in words: lists joined by commas, an object as `key: value` pairs, nothing as a dash. */
+export function formatConfigValue(value: unknown): string {
+  const text = Array.isArray(value)
+    ? value.map(formatConfigValue).join(", ")
+    : value !== null && typeof value === "object"
+      ? Object.entries(value)
+          .map(([key, inner]) => `${key}: ${formatConfigValue(inner)}`)
+          .join(", ")
+      : value === null || value === undefined
+        ? ""
+        : String(value);
+  return text === "" ? "—" : text;
+}
+
+/**
+ * A run's configuration as label and text, one row per setting; a setting that is an object (the OpenAI face's
+ * `openai`: its training file, suffix, metadata) gives a row per field, labelled `openai.training_file`.
+ */
+export function configRows(config: Record<string, unknown>): [string, string][] {
+  return Object.entries(config).flatMap(([key, value]): [string, string][] =>
+    value !== null && typeof value === "object" && !Array.isArray(value)
+      ? Object.entries(value).map(([inner, v]): [string, string] => [`${key}.${inner}`, formatConfigValue(v)])
+      : [[key, formatConfigValue(value)]],
+  );
+}
+
+/** One grader's score of one answer, as the dashboard shows it (a label model's label rather than its 0 or 1). */
+export interface ShownScore {
+  name: string;
+  score: number;
+  label?: string;
+  error?: string;
+  judgeAnswer?: string;
+}
+
+/** Scores of one answer, e.g. `exact_match 1 · similarity 0.82 · tone polite`; a grader that could not score, `?`. */
+export function formatScores(scores: readonly ShownScore[]): string {
+  return scores
+    .map((s) => {
+      const value =
+        s.error !== undefined
+          ? "?"
+          : (s.label ?? (Number.isInteger(s.score) ? String(s.score) : s.score.toFixed(2)));
+      return `${s.name} ${value}`;
+    })
+    .join(" · ");
+}
+
+/** What the model graders' judges answered and why a grader could not score, one line each (a tooltip). */
+export function judgeNotes(scores: readonly ShownScore[]): string {
+  return scores
+    .flatMap((s) => [
+      ...(s.judgeAnswer !== undefined ? [`${s.name}: ${s.judgeAnswer}`] : []),
+      ...(s.error !== undefined ? [`${s.name}: ${s.error}`] : []),
+    ])
+    .join("\n");
+}

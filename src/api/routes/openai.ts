@@ -2,7 +2,8 @@ import type { FastifyInstance, FastifyRequest } from "fastify";
 import { Type } from "@sinclair/typebox";
 import type { TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
 import type { Core } from "../../core.ts";
-import { respondWithGeneration } from "../generation/respond.ts";
+import { respondWithGeneration, respondWithResponseEvents } from "../generation/respond.ts";
+import { fromResponsesRequest, responseSettings } from "../generation/responses.ts";
 import {
   fromChatRequest,
   fromCompletionRequest,
@@ -17,6 +18,10 @@ import {
   OpenAiChatBody,
   OpenAiChatResult,
   OpenAiCompletionBody,
+  OpenAiResponse,
+  OpenAiResponsesBody,
+  responsesEvents,
+  type OpenAiResponsesBodyWire,
 } from "../../contract/generation.ts";
 import { dropNulls } from "../nullable.ts";
 import { jsonOrEvents, noControlCharacters, responses } from "../../contract/schemas.ts";
@@ -92,6 +97,33 @@ export default async function openAiRoutes(app: FastifyInstance, { core }: { cor
       return respondWithGeneration(core, request, reply, fromCompletionRequest(body), {
         stream: body.stream,
         shape: openAiCompletionShape(body.stream_options?.include_usage === true),
+      });
+    },
+  );
+
+  r.post(
+    "/v1/responses",
+    {
+      schema: {
+        tags,
+        summary: "OpenAI-compatible responses (stateless)",
+        description:
+          "The Responses API without stored state: `input` is the whole conversation (text, messages, function " +
+          "calls and their outputs), formatted with the model's chat template after `instructions`. " +
+          "`previous_response_id`, `conversation` and `store: true` are a `400` naming the field. `text.format` " +
+          `constrains the answer with a grammar; function \`tools\` come back as \`function_call\` items. ${refused}`,
+        body: OpenAiResponsesBody,
+        response: responses({ 200: jsonOrEvents(OpenAiResponse, responsesEvents) }, generationErrors),
+      },
+      preValidation: dropNulls(OpenAiResponsesBody),
+    },
+    async (request, reply) => {
+      // The type provider reads `tools`' one-branch union (kept for its error message) as `unknown[]`.
+      const body = request.body as OpenAiResponsesBodyWire;
+      logEndUser(request, body);
+      return respondWithResponseEvents(core, request, reply, fromResponsesRequest(body), {
+        stream: body.stream,
+        settings: responseSettings(body),
       });
     },
   );

@@ -75,6 +75,7 @@ export default async function openAiEvalRoutes(app: FastifyInstance, { core }: {
         { name: body.name ?? "eval", graders: [] },
         {
           graders,
+          gradersParam: "testing_criteria",
           openai: {
             data_source_config: body.data_source_config,
             testing_criteria: body.testing_criteria,
@@ -369,7 +370,9 @@ async function openAiRunItems(
   found: Eval,
   asked: ReturnType<typeof runRequest>,
 ): Promise<ResolvedItem[]> {
-  const expectedField = found.config.openai?.expectedField ?? "expected";
+  // `null`: no criterion compares with an item field (model graders read the items through their templates).
+  const stored = found.config.openai?.expectedField;
+  const expectedField = stored === undefined ? "expected" : stored;
   if (asked.items) return resolveOpenAiItems(asked.items, asked.template, expectedField);
   const fromFile = await core.evals.resolveItems(
     userId,
@@ -380,7 +383,7 @@ async function openAiRunItems(
   return asked.template
     ? resolveOpenAiItems(raw, asked.template, expectedField)
     : fromFile.map((item, i) => {
-        const expected = raw[i]?.[expectedField as "input" | "output"];
+        const expected = expectedField === null ? "" : raw[i]?.[expectedField as "input" | "output"];
         if (expected === undefined)
           throw new ConduitError(
             "invalid_request",

@@ -11,6 +11,7 @@ import {
   OpenAiJobListQuery,
   metadataFilterKey,
   OpenAiJobParams,
+  MAX_EVENT_PAGE,
   OpenAiPageQuery,
 } from "../../contract/openAiFineTuning.ts";
 import { responses } from "../../contract/schemas.ts";
@@ -114,7 +115,7 @@ export default async function openAiFineTuningRoutes(app: FastifyInstance, { cor
     },
     async (request) => {
       const run = await runs.get(request.userId, request.params.fine_tuning_job_id);
-      return eventPage(run, request.query.after, request.query.limit);
+      return eventPage(run, request.query.after, Math.min(request.query.limit, MAX_EVENT_PAGE));
     },
   );
 }

@@ -108,7 +108,7 @@ export const OpenAiChatResult = Type.Object(
  * (`logprobs: false`, `tools: []`), or nothing but `null` when there is no such value; anything
  * else is a 400 naming the field, saying it is not supported yet.
  */
-function NotYet(what: string, off?: { schema: TSchema; text: string }) {
+export function NotYet(what: string, off?: { schema: TSchema; text: string }) {
   const only = off ? `; only ${off.text} is accepted` : "";
   const options = {
     description: `Not supported yet (${what})${only}.`,
@@ -117,14 +117,14 @@ function NotYet(what: string, off?: { schema: TSchema; text: string }) {
   return off ? Nullable(off.schema, options) : Type.Optional(Type.Null(options));
 }
 
-const Nothing = Type.Array(Type.Unknown(), { maxItems: 0 });
-const Empty = Type.Object({}, { additionalProperties: false });
+export const Nothing = Type.Array(Type.Unknown(), { maxItems: 0 });
+export const Empty = Type.Object({}, { additionalProperties: false });
 const NoneOrAuto = Type.Union([Type.Literal("none"), Type.Literal("auto")]);
 
 /** At most this many choices per request: `n`, times the prompts of a completion. */
 export const MAX_CHOICES = 8;
 
-const OpenAiSampling = {
+export const OpenAiSampling = {
   model: Type.Optional(
     Type.String({
       minLength: 1,
@@ -194,7 +194,7 @@ const OpenAiTextPart = Type.Object(
   { additionalProperties: false },
 );
 
-const FunctionName = Type.String({
+export const FunctionName = Type.String({
   pattern: openAiName,
   description: "Letters, digits, `_` and `-`, at most 64.",
 });

@@ -2,7 +2,7 @@ import { useState } from "preact/hooks";
 import { api, type EvalResult, type EvalRun } from "../api.ts";
 import { ErrorNote, Field, Loading } from "../components/common.tsx";
 import { Table } from "../components/Table.tsx";
-import { formatTime } from "../format.ts";
+import { formatScores, formatTime, judgeNotes } from "../format.ts";
 import { useInterval, useResource } from "../hooks.ts";
 import { Link } from "../router.tsx";
 
@@ -33,13 +33,6 @@ function rowsOf(run: EvalRun, results: EvalResult[]): ItemRow[] {
     row.answers[run.models.indexOf(result.model)] = result;
   }
   return [...byItem.values()].sort((a, b) => a.item - b.item);
-}
-
-/** Scores of one answer, e.g. `exact_match 1 · similarity 0.82`. */
-function scoreText(result: EvalResult): string {
-  return result.scores
-    .map((s) => `${s.name} ${Number.isInteger(s.score) ? s.score : s.score.toFixed(2)}`)
-    .join(" · ");
 }
 
 /** An eval: its runs, a table per model (each grader's totals), and every item with each model's answer. */
@@ -168,7 +161,9 @@ export function EvalPage({ id, runId }: { id: string; runId: string | null }) {
                   return (
                     <div class={pass ? "answer pass" : "answer fail"}>
                       <div>{answer.error ? `error: ${answer.error}` : answer.answer}</div>
-                      <small class="muted">{`${pass ? "✓" : "✗"} ${scoreText(answer)}`}</small>
+                      <small class="muted" title={judgeNotes(answer.scores) || undefined}>
+                        {`${pass ? "✓" : "✗"} ${formatScores(answer.scores)}`}
+                      </small>
                     </div>
                   );
                 },

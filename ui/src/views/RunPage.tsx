@@ -14,7 +14,7 @@ import {
 import { ErrorNote, Loading, StatusBadge } from "../components/common.tsx";
 import { LossChart } from "../components/LossChart.tsx";
 import { Table, type Column } from "../components/Table.tsx";
-import { formatDuration, formatNumber, formatTime } from "../format.ts";
+import { configRows, formatDuration, formatNumber, formatTime } from "../format.ts";
 import { messageOf, useAction } from "../hooks.ts";
 import { Link, navigate } from "../router.tsx";
 
@@ -261,8 +261,8 @@ export function RunPage({ id }: { id: string }) {
       <LogTail lines={live.logs} />
       <h2>Configuration</h2>
       <dl class="config">
-        {Object.entries(run.config).map(([key, value]) => (
-          <Stat key={key} label={key} value={configValue(value)} />
+        {configRows(run.config).map(([label, value]) => (
+          <Stat key={label} label={label} value={value} />
         ))}
       </dl>
     </div>
@@ -276,16 +276,6 @@ function Stat({ label, value }: { label: string; value: string }) {
       <dd>{value}</dd>
     </div>
   );
-}
-
-/** A config value in words: lists joined by commas, nothing as a dash. */
-function configValue(value: unknown): string {
-  const text = Array.isArray(value)
-    ? value.join(", ")
-    : value === null || value === undefined
-      ? ""
-      : String(value);
-  return text === "" ? "—" : text;
 }
 
 /** How many of a READY run's examples the page shows, the worst learned first. */

@@ -1,0 +1,41 @@
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import { configRows, formatConfigValue, formatScores, judgeNotes } from "../../ui/src/format.ts";
+
+test("a run's configuration shows the OpenAI face's record field by field, never [object Object]", () => {
+  const rows = configRows({
+    baseModelName: "tiny",
+    loraTargets: ["attn_q", "attn_output"],
+    seed: null,
+    openai: {
+      training_file: "file-abc",
+      suffix: "pairs",
+      metadata: { purpose: "test", team: "a" },
+      learning_rate_multiplier: null,
+    },
+  });
+  assert.deepEqual(rows, [
+    ["baseModelName", "tiny"],
+    ["loraTargets", "attn_q, attn_output"],
+    ["seed", "—"],
+    ["openai.training_file", "file-abc"],
+    ["openai.suffix", "pairs"],
+    ["openai.metadata", "purpose: test, team: a"],
+    ["openai.learning_rate_multiplier", "—"],
+  ]);
+  for (const [, text] of rows) assert.doesNotMatch(text, /\[object Object\]/);
+  assert.equal(formatConfigValue([{ a: 1 }, 2]), "a: 1, 2");
+  assert.equal(formatConfigValue(""), "—");
+});
+
+test("an answer's scores show a label model's label, a grader that could not score as ?, and the judges' answers", () => {
+  const scores = [
+    { name: "exact_match", score: 1, passed: true },
+    { name: "similarity", score: 0.8234, passed: true },
+    { name: "tone", score: 1, passed: true, label: "polite", judgeAnswer: '{"label":"polite"}' },
+    { name: "quality", score: 0, passed: false, error: "the judge failed", judgeAnswer: '{"sco' },
+  ];
+  assert.equal(formatScores(scores), "exact_match 1 · similarity 0.82 · tone polite · quality ?");
+  assert.equal(judgeNotes(scores), 'tone: {"label":"polite"}\nquality: {"sco\nquality: the judge failed');
+  assert.equal(judgeNotes(scores.slice(0, 2)), "");
+});
