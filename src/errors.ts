@@ -172,7 +172,8 @@ const unavailableMessages =
 export function isDatabaseUnavailable(error: unknown): boolean {
   for (let e = error, depth = 0; e instanceof Error && depth < 8; e = e.cause, depth++) {
     const code = (e as { code?: unknown }).code;
-    if (typeof code === "string" && (unavailableCodes.has(code) || /^08|^SQLITE_IOERR/.test(code))) return true;
+    if (typeof code === "string" && (unavailableCodes.has(code) || /^08|^SQLITE_IOERR/.test(code)))
+      return true;
     if (unavailableMessages.test(e.message)) return true;
   }
   return false;

@@ -67,7 +67,8 @@ export class CommittedReads {
     const rows = this.statements.prepare(sql).all(parameters) as Row[];
     for (const row of rows) Object.freeze(row);
     Object.freeze(rows);
-    const chars = rows.length === 0 ? (options?.rememberEmpty ? key.length : 0) : key.length + textLength(rows);
+    const chars =
+      rows.length === 0 ? (options?.rememberEmpty ? key.length : 0) : key.length + textLength(rows);
     if (chars > 0 && chars <= LARGEST_REMEMBERED) {
       if (this.rememberedChars + chars > REMEMBERED_CHARS) this.forget(version);
       answers.set(key, rows);

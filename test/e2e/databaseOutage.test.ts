@@ -92,7 +92,11 @@ describe("the database goes away and comes back", () => {
     assert.equal(during.headers["retry-after"], "5");
     assert.match(during.json<{ error: { message: string } }>().error.message, /database is unavailable/);
     assert.ok(Date.now() - started < 6000, "a 503 comes within the connection timeout");
-    const chat = await as(b.app, KEY_A).post("/conduit/v1/chat", { model: "tiny", prompt: "hi", max_tokens: 4 });
+    const chat = await as(b.app, KEY_A).post("/conduit/v1/chat", {
+      model: "tiny",
+      prompt: "hi",
+      max_tokens: 4,
+    });
     assert.equal(chat.statusCode, 503, chat.body);
     await sleep(7000);
     await postgres.start();

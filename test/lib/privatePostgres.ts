@@ -39,7 +39,13 @@ export async function privatePostgres(t: Cleanup): Promise<PrivatePostgres | str
   const bin = serverBin();
   if (!bin) return "PostgreSQL's server programs (initdb, pg_ctl) are not installed";
   const asRoot = process.getuid?.() === 0;
-  if (asRoot && !(await run("id", ["-u", "postgres"]).then(() => true, () => false)))
+  if (
+    asRoot &&
+    !(await run("id", ["-u", "postgres"]).then(
+      () => true,
+      () => false,
+    ))
+  )
     return "running as root, and there is no postgres user to run PostgreSQL as";
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "conduit-pg-"));
   const data = path.join(dir, "data");

@@ -23,11 +23,12 @@ function editDistance(a: string[], b: string[]): number {
 
 test("the bit-parallel Levenshtein distance equals the dynamic programme's, across word boundaries", () => {
   let seed = 7;
-  const random = () => ((seed = (seed * 1103515245 + 12345) % 2 ** 31) / 2 ** 31);
+  const random = () => (seed = (seed * 1103515245 + 12345) % 2 ** 31) / 2 ** 31;
   for (let round = 0; round < 2000; round++) {
     const alphabet = "abcdé😀".slice(0, 1 + (round % 6));
     const letters = [...alphabet];
-    const text = (n: number) => Array.from({ length: n }, () => letters[Math.floor(random() * letters.length)]!);
+    const text = (n: number) =>
+      Array.from({ length: n }, () => letters[Math.floor(random() * letters.length)]!);
     // Lengths around 32 and 64 cross the words' edges.
     const a = text(Math.floor(random() * 100));
     const b = text(Math.floor(random() * 100));
@@ -36,19 +37,23 @@ test("the bit-parallel Levenshtein distance equals the dynamic programme's, acro
   assert.equal(fuzzyMatch("kitten", "sitting"), 1 - 3 / 7);
 });
 
-test("user regexes run on a linear-time engine: catastrophic patterns answer at once", { timeout: 20_000 }, () => {
-  // With JavaScript's backtracking RegExp each of these takes longer than the universe has left.
-  const long = `${"a".repeat(50_000)}b`;
-  assert.equal(compileLinearRegex("(a+)+$").test(long), false);
-  assert.equal(compileLinearRegex("^(a|aa)+$").test(long), false);
-  assert.equal(compileLinearRegex("^([\\s\\S]+)+\\u0000$").test("x".repeat(10_000)), false);
-  const [regex] = settleGraders([{ type: "regex", pattern: "(a+)+$" }]);
-  assert.equal(grade(regex!, long, "").score, 0);
-  // A JSON schema's `pattern` runs on the same engine.
-  const [schema] = settleGraders([{ type: "json_schema", schema: { type: "string", pattern: "^(a+)+$" } }]);
-  assert.equal(grade(schema!, JSON.stringify(long), "").score, 0);
-  assert.equal(grade(schema!, JSON.stringify("aaaa"), "").score, 1);
-});
+test(
+  "user regexes run on a linear-time engine: catastrophic patterns answer at once",
+  { timeout: 20_000 },
+  () => {
+    // With JavaScript's backtracking RegExp each of these takes longer than the universe has left.
+    const long = `${"a".repeat(50_000)}b`;
+    assert.equal(compileLinearRegex("(a+)+$").test(long), false);
+    assert.equal(compileLinearRegex("^(a|aa)+$").test(long), false);
+    assert.equal(compileLinearRegex("^([\\s\\S]+)+\\u0000$").test("x".repeat(10_000)), false);
+    const [regex] = settleGraders([{ type: "regex", pattern: "(a+)+$" }]);
+    assert.equal(grade(regex!, long, "").score, 0);
+    // A JSON schema's `pattern` runs on the same engine.
+    const [schema] = settleGraders([{ type: "json_schema", schema: { type: "string", pattern: "^(a+)+$" } }]);
+    assert.equal(grade(schema!, JSON.stringify(long), "").score, 0);
+    assert.equal(grade(schema!, JSON.stringify("aaaa"), "").score, 1);
+  },
+);
 
 test("user regexes keep JavaScript's flags and \\u escapes; lookaround and backreferences are refused by name", () => {
   assert.equal(compileLinearRegex("^hello$", "im").test("x\nHELLO\ny"), true);
@@ -67,12 +72,15 @@ test("user regexes keep JavaScript's flags and \\u escapes; lookaround and backr
     ["(a)\\1", "backreference"],
     ["(?<x>a)\\k<x>", "named backreference"],
   ] as const) {
-    assert.throws(() => compileLinearRegex(pattern), (error: Error) => {
-      assert.ok(error instanceof LinearRegexError);
-      assert.match(error.message, new RegExp(name));
-      assert.match(error.message, /linear-time engine \(RE2 syntax\)/);
-      return true;
-    });
+    assert.throws(
+      () => compileLinearRegex(pattern),
+      (error: Error) => {
+        assert.ok(error instanceof LinearRegexError);
+        assert.match(error.message, new RegExp(name));
+        assert.match(error.message, /linear-time engine \(RE2 syntax\)/);
+        return true;
+      },
+    );
     assert.throws(
       () => settleGraders([{ type: "exact_match" }, { type: "regex", pattern }]),
       (error: ConduitError) => error.param === "graders[1].pattern" && error.message.includes(name),
@@ -80,7 +88,8 @@ test("user regexes keep JavaScript's flags and \\u escapes; lookaround and backr
   }
   assert.throws(
     () => settleGraders([{ type: "regex", pattern: "a{2,1}" }]),
-    (error: ConduitError) => error.param === "graders[0].pattern" && /invalid repeat count/.test(error.message),
+    (error: ConduitError) =>
+      error.param === "graders[0].pattern" && /invalid repeat count/.test(error.message),
   );
   assert.throws(
     () => settleGraders([{ type: "json_schema", schema: { type: "string", pattern: "(?=a)" } }]),
