@@ -103,18 +103,20 @@ def eval_noise(loss: float) -> float:
 
 
 class BestTracker:
-    """The best evaluation so far and early stopping, with `eval_noise` as the tie band."""
+    """The best evaluation so far and early stopping: the same rule as Conduit's `BestCheckpoint`
+    (src/train/core/bestCheckpoint.ts). The best is the lowest eval loss, and it is what is served; early stopping
+    counts the evaluations in a row that did not drop beyond `eval_noise` of the lowest."""
 
     def __init__(self, patience: Optional[int], state: Optional[dict[str, Any]] = None) -> None:
         self.patience = patience
         state = state or {}
         self.best: Optional[dict[str, Any]] = state.get("best")
         self.evals_since_best: int = state.get("evalsSinceBest", 0)
-        self.lowest: Optional[float] = state.get("lowestEvalLoss")
+        self.lowest: Optional[float] = state.get("lowestEvalLoss", self.best["loss"] if self.best else None)
         self.stopped = False
 
     def observe(self, loss: float, epoch: int, step: int) -> bool:
-        """Records an evaluation; returns True when its weights are the new best to keep."""
+        """Records an evaluation; returns True when its weights are the new best to keep (and serve)."""
         if self.lowest is None or loss < self.lowest - eval_noise(self.lowest):
             self.evals_since_best = 0
         else:
@@ -122,10 +124,10 @@ class BestTracker:
             if self.patience is not None and self.evals_since_best >= self.patience:
                 self.stopped = True
         self.lowest = loss if self.lowest is None else min(self.lowest, loss)
-        if self.best is None or loss <= self.lowest + eval_noise(self.lowest):
-            self.best = {"loss": loss, "epoch": epoch, "step": step}
-            return True
-        return False
+        if self.best is not None and loss > self.best["loss"]:
+            return False
+        self.best = {"loss": loss, "epoch": epoch, "step": step}
+        return True
 
     def state(self) -> dict[str, Any]:
         out: dict[str, Any] = {"best": self.best, "evalsSinceBest": self.evals_since_best}
