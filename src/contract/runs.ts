@@ -89,6 +89,11 @@ export interface EvalLossPoint {
  * as training goes: a QUEUED run has none.
  */
 export interface RunStats {
+  /**
+   * When the run's current attempt started on its worker (`YYYY-MM-DD HH:MM:SS.mmm`, UTC): until its first step,
+   * the planned time counts down from it.
+   */
+  startedAt?: string;
   /** Optimizer steps done so far. */
   step?: number;
   totalSteps?: number;
