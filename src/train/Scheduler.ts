@@ -278,7 +278,12 @@ export class Scheduler {
           });
       if (outcome.status === "completed") {
         if (!lora) await restoreContextLength(base.path, files.outputPath);
+        const writing = performance.now();
         await writeExampleLosses(this.blobs.pathOf(`${runDir}/examples.jsonl`), examples, files.lossesPath);
+        await this.appendLog(
+          run.id,
+          `saved each example's loss for the examples endpoint in ${((performance.now() - writing) / 1000).toFixed(1)} s`,
+        );
         // The whole attempt, not just the trainer's part: what a run's estimate plans.
         await this.persist(() => progress.writeFinal(outcome.stats, (performance.now() - startedAt) / 1000));
         if (!(await this.finishReady(run, outcome.stats.outputBytes, lora !== undefined, base.id, files)))

@@ -169,7 +169,10 @@ describe("the plan at creation is the trainers' plan", () => {
       }
 
       // The llama.cpp trainer: what it trained.
-      const outcome = await startTrainer(llamaCppJob({ ...input, workDir: path.join(work, "llama") })).done;
+      const logs: string[] = [];
+      const outcome = await startTrainer(llamaCppJob({ ...input, workDir: path.join(work, "llama") }), {
+        onLog: (line) => logs.push(line),
+      }).done;
       assert.equal(outcome.status, "completed", JSON.stringify(outcome));
       if (outcome.status !== "completed") return;
       assert.equal(outcome.stats.steps, planned.steps);
@@ -177,5 +180,18 @@ describe("the plan at creation is the trainers' plan", () => {
       assert.equal(outcome.stats.windowSize, planned.windowSize);
       assert.equal(outcome.stats.trainTokens, planned.steps * planned.windowSize);
       assert.equal(outcome.stats.sampleTokens, planned.sampleTokens);
+      // Every phase after the last step says what it does: the best checkpoint, the losses, the writing.
+      for (const phase of [
+        // Without an eval set there is no best checkpoint: the last weights are written.
+        ...(scenario.held.length > 0 ? [/trainer: (the last step is|writing) the best checkpoint/] : []),
+        /trainer: measuring each example's loss .*\(\d+ windows\)/,
+        /trainer: measured each example's loss in [\d.]+ s/,
+        /trainer: writing the LoRA adapter/,
+        /trainer: written in [\d.]+ s/,
+      ])
+        assert.ok(
+          logs.some((line) => phase.test(line)),
+          `${phase}: ${logs.join("\n")}`,
+        );
     });
 });

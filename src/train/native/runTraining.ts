@@ -172,12 +172,18 @@ export async function runTraining(job: LlamaCppJob, hooks: TrainingHooks): Promi
     if (!(await loop.train())) return { status: "cancelled" };
     await hooks.yieldToEventLoop();
     if (hooks.isCancelled()) return { status: "cancelled" };
+    // The phases after the last step, each logged with its time: a large model spends minutes here.
     const servesBest = loop.restoreBest();
+    const phaseStart = performance.now();
+    hooks.log(`trainer: measuring each example's loss with the weights written (${loop.lossWindows} windows)`);
     const examples = await loop.exampleLosses(servesBest);
     if (examples === undefined) return { status: "cancelled" };
+    hooks.log(`trainer: measured each example's loss in ${secondsSince(phaseStart)}`);
     const warnings = trainingWarnings(loop.finalTrainLoss, loop.evalHistory, loop.best);
     for (const warning of warnings) hooks.log(`trainer: warning: ${warning}`);
+    const writeStart = performance.now();
     const outputBytes = await writeTrained(compute.lib, job, hooks, loop, lora, files, scope, servesBest);
+    hooks.log(`trainer: written in ${secondsSince(writeStart)}`);
     compute.lib.llama_backend_free();
     return {
       status: "completed",
@@ -439,6 +445,7 @@ async function writeTrained(
   }
   const values = loop.adapterValues();
   scope.dispose();
+  hooks.log(`trainer: writing the LoRA adapter (${lora.weights.length} weights, F16)`);
   const outputBytes = await writeTrainedAdapter(
     loop.baseInfo,
     job.outputPath,
@@ -511,6 +518,12 @@ class TrainingLoop {
 
   private get stoppedEarly(): boolean {
     return this.tracker.stopped;
+  }
+
+  /** Windows the per-example losses are measured on (training and eval samples in order). */
+  get lossWindows(): number {
+    const { plan, trainSamples, evalSamples } = this.session;
+    return plan.inOrder(trainSamples).windows.length + plan.inOrder(evalSamples).windows.length;
   }
 
   get model(): Pointer {
@@ -770,6 +783,10 @@ class TrainingLoop {
   restoreBest(): boolean {
     const best = this.best;
     const servesBest = best !== null && best.step !== this.step;
+    if (best !== null && !servesBest)
+      this.hooks.log(
+        `trainer: the last step is the best checkpoint (epoch ${best.epoch}, step ${best.step}, eval loss ${best.loss.toFixed(4)})`,
+      );
     if (!servesBest || this.lora === undefined) return servesBest;
     if (this.bestValues === undefined) throw new Error("trainer: the best checkpoint's weights are missing");
     for (const [name, data] of this.bestValues) {
@@ -1290,4 +1307,9 @@ class LossTap {
       );
     return { vocab, stride };
   }
+}
+
+/** Seconds since `start` (a `performance.now()`), for the log: `4.2 s`. */
+function secondsSince(start: number): string {
+  return `${((performance.now() - start) / 1000).toFixed(1)} s`;
 }

@@ -574,15 +574,26 @@ class Trainer:
             final_train_loss = current_train_loss()
         self.check_cancel()
 
+        # The phases after the last step, each logged with its time: a large model spends minutes here.
         best = tracker.best
         if best is not None and best["step"] != step and best_state is not None:
             self.load_adapter_state(best_state)
             self.log(
                 f"writing the best checkpoint (epoch {best['epoch']}, step {best['step']}, eval loss {best['loss']:.4f})"
             )
+        elif best is not None:
+            self.log(
+                f"the last step is the best checkpoint (epoch {best['epoch']}, step {best['step']}, eval loss {best['loss']:.4f})"
+            )
 
+        loss_windows = sum(len(Windows(part["file"], window_size)) for part in job["examples"])
+        self.log(f"measuring each example's loss with the weights written ({loss_windows} windows)")
+        phase = time.perf_counter()
         examples = self.example_losses()
+        self.log(f"measured each example's loss in {time.perf_counter() - phase:.1f} s")
+        phase = time.perf_counter()
         adapter_bytes = self.write_adapter(job["adapterFile"])
+        self.log(f"saved the adapter's tensors in {time.perf_counter() - phase:.1f} s")
         if job.get("probe"):
             self.write_probe(job["probe"]["tokens"], job["probe"]["file"])
         stats: dict[str, Any] = {
