@@ -175,7 +175,9 @@ export async function runTraining(job: LlamaCppJob, hooks: TrainingHooks): Promi
     // The phases after the last step, each logged with its time: a large model spends minutes here.
     const servesBest = loop.restoreBest();
     const phaseStart = performance.now();
-    hooks.log(`trainer: measuring each example's loss with the weights written (${loop.lossWindows} windows)`);
+    hooks.log(
+      `trainer: measuring each example's loss with the weights written (${loop.lossWindows} windows)`,
+    );
     const examples = await loop.exampleLosses(servesBest);
     if (examples === undefined) return { status: "cancelled" };
     hooks.log(`trainer: measured each example's loss in ${secondsSince(phaseStart)}`);
