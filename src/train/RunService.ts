@@ -165,7 +165,7 @@ export class RunService {
     const method = methodRequest(command);
     const { dataset, param } = await this.datasetOf(userId, command);
     const { baseModelName, model } = this.baseModelOf(command);
-    const trainer = await this.trainerFor(method, baseModelName, model.path);
+    const trainer = await this.trainerFor(method, baseModelName, model.path, command.trainer);
     const training = await this.trainingSet(userId, dataset, command.validationFileID);
     this.checkLimits(training, param);
     const { config, logs } = await this.settings(
@@ -376,7 +376,12 @@ export class RunService {
   }
 
   /** The run's trainer (see `chooseTrainer`); a run no trainer here can train is a 400. */
-  private async trainerFor(method: MethodRequest, name: string, modelPath: string): Promise<TrainerChoice> {
+  private async trainerFor(
+    method: MethodRequest,
+    name: string,
+    modelPath: string,
+    asked: TrainerName | undefined,
+  ): Promise<TrainerChoice> {
     const { setting, host } = this.options.trainers;
     let architecture: string;
     try {
@@ -391,11 +396,17 @@ export class RunService {
       );
     }
     // A trainer's status (importing PyTorch takes seconds) is only asked for when it could be chosen.
-    const candidates = setting === "auto" ? Object.values(trainers) : [trainers[setting]];
+    const candidates =
+      asked !== undefined
+        ? [trainers[asked]]
+        : setting === "auto"
+          ? Object.values(trainers)
+          : [trainers[setting]];
     const statuses: Partial<Record<TrainerName, TrainerStatus>> = {};
     for (const backend of candidates) statuses[backend.name] = await backend.status(host);
     return chooseTrainer({
       setting,
+      asked,
       statuses,
       request: { method: method.method, architecture, loraTargets: method.loraTargets ?? undefined },
     });
