@@ -60,11 +60,16 @@ export function chooseTrainer(
       throw new ConduitError(
         "invalid_request",
         `"trainer" is ${asked}, which cannot train this run: ${refused.why}` +
-          (others.length > 0 ? `; ${others.map((name) => `"${name}"`).join(" or ")} can, or leave "trainer" out` : ""),
+          (others.length > 0
+            ? `; ${others.map((name) => `"${name}"`).join(" or ")} can, or leave "trainer" out`
+            : ""),
         { param: "trainer" },
       );
     }
-    return { trainer: backend.name, reason: `trainer: ${backend.name} (the run's "trainer")${detail(backend)}` };
+    return {
+      trainer: backend.name,
+      reason: `trainer: ${backend.name} (the run's "trainer")${detail(backend)}`,
+    };
   }
 
   if (setting !== "auto") {
