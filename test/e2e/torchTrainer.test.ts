@@ -357,6 +357,9 @@ describe("the trainer a run gets through the API", () => {
         run.logs.join("\n"),
       );
       assert.equal(run.stats.final.epochs, 200);
+      // The estimate at creation planned the steps the torch trainer ran.
+      assert.equal(run.estimate?.planned?.steps, run.stats.final.steps);
+      assert.equal(run.estimate?.planned?.windowSize, run.stats.final.windowSize);
       const examples = (await as(app, KEY_A).get(`/conduit/finetuning/${id}/examples?limit=100`)).json<
         unknown[]
       >();
