@@ -217,6 +217,10 @@ function createCommand(runs: Command, ctx: CliContext): void {
       'how to fine-tune: "lora" (an adapter, the default) or "full" (every weight)',
     )
     .option(
+      "--trainer <name>",
+      'the trainer: "torch" or "llama.cpp" (default: the server\'s CONDUIT_TRAINER)',
+    )
+    .option(
       "--lora-rank <n>",
       "LoRA rank, 1 to 256, or auto: chosen from the dataset's size and the model's width (default auto)",
       numberOrAuto("lora-rank"),
@@ -262,6 +266,7 @@ function createCommand(runs: Command, ctx: CliContext): void {
           epochs: opts.epochs,
           steps: opts.steps,
           method: opts.method,
+          trainer: opts.trainer,
           loraRank: opts.loraRank,
           loraAlpha: opts.loraAlpha,
           loraTargets: opts.loraTargets,

@@ -56,7 +56,10 @@ export interface RunEstimate {
   basis: EstimateBasis;
   /** The run's whole time, from its start on a worker to READY (while it trains: the trainer's part). */
   seconds: number;
-  /** Seconds still to go when the run was last updated (`updatedAt`); `0` once READY. */
+  /**
+   * Seconds still to go when the run was last updated (`updatedAt`); `0` once READY. Before its first step a
+   * RUNNING run's planned seconds count down from the attempt's start (`0` once it takes longer than planned).
+   */
   remainingSeconds: number;
   /**
    * When a RUNNING run should be READY (`YYYY-MM-DD HH:MM:SS.mmm`, UTC): its last update plus
@@ -119,14 +122,34 @@ export function currentEstimate(planned: RunPlan | null, context: EstimateContex
       planned,
     };
   if (planned === null) return null;
+  if (status === "RUNNING") {
+    // Waiting for its first step (preparing, loading the base): the plan counts down from the attempt's start,
+    // and once it is overdue the run is due now. A run whose start is not recorded counts from its last update.
+    const started = typeof stats.startedAt === "string" ? parseTimestamp(stats.startedAt) : Number.NaN;
+    const from = Number.isFinite(started) && started <= updatedAt ? started : updatedAt;
+    const remainingSeconds = Math.max(0, planned.seconds - (updatedAt - from) / 1000);
+    return {
+      basis: planned.basis,
+      seconds: planned.seconds,
+      remainingSeconds,
+      finishAt: timestampOf(updatedAt + remainingSeconds * 1000),
+      measuredRuns,
+      planned,
+    };
+  }
   return {
     basis: planned.basis,
     seconds: planned.seconds,
     remainingSeconds: planned.seconds,
-    finishAt: status === "RUNNING" ? timestampOf(updatedAt + planned.seconds * 1000) : null,
+    finishAt: null,
     measuredRuns,
     planned,
   };
+}
+
+/** Milliseconds since the epoch of a `YYYY-MM-DD HH:MM:SS.mmm` (UTC) timestamp; `NaN` when it is not one. */
+function parseTimestamp(text: string): number {
+  return Date.parse(`${text.replace(" ", "T")}Z`);
 }
 
 /** A duration as people say it: `about 40 s`, `about 3 min`, `about 1 h 20 min`. */
@@ -170,6 +193,11 @@ export function describeEstimate(estimate: RunEstimate): string {
     case "training":
       return `${aboutDuration(estimate.remainingSeconds)} left (at the trainer's pace)`;
     default:
+      // A RUNNING run before its first step has a finish time: the plan counts down.
+      if (estimate.finishAt !== null)
+        return estimate.remainingSeconds > 0
+          ? `${aboutDuration(estimate.remainingSeconds)} left, waiting for the first step (${planSource(estimate.basis, estimate.measuredRuns)})`
+          : `waiting for the first step, longer than planned (${aboutDuration(estimate.seconds)}: ${planSource(estimate.basis, estimate.measuredRuns)})`;
       return `${aboutDuration(estimate.seconds)} (${planSource(estimate.basis, estimate.measuredRuns)})`;
   }
 }

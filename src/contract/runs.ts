@@ -26,6 +26,14 @@ export const activeStatuses: readonly RunStatus[] = ["QUEUED", "RUNNING"];
 export const TRAIN_METHODS = ["lora", "full"] as const;
 export type TrainMethod = (typeof TRAIN_METHODS)[number];
 
+/**
+ * The trainers, by the name a run's `config.trainer` keeps (and a run may ask for): llama.cpp's own training API,
+ * shipped with node-llama-cpp (no install), and the PyTorch + PEFT worker (`npm run setup:torch`). Each is a
+ * backend of `src/train/trainers.ts`, whose registry the compiler holds to this list.
+ */
+export const TRAINERS = ["llama.cpp", "torch"] as const;
+export type TrainerName = (typeof TRAINERS)[number];
+
 /** Bounds of the LoRA settings; the API refuses values outside them. */
 export const loraLimits = { minRank: 1, maxRank: 256, maxAlpha: 4096 } as const;
 
@@ -89,6 +97,11 @@ export interface EvalLossPoint {
  * as training goes: a QUEUED run has none.
  */
 export interface RunStats {
+  /**
+   * When the run's current attempt started on its worker (`YYYY-MM-DD HH:MM:SS.mmm`, UTC): until its first step,
+   * the planned time counts down from it.
+   */
+  startedAt?: string;
   /** Optimizer steps done so far. */
   step?: number;
   totalSteps?: number;

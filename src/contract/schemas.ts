@@ -2,7 +2,7 @@ import { Type, type Static, type TSchema } from "@sinclair/typebox";
 import { errorCatalog } from "../errors.ts";
 import { ESTIMATE_BASES } from "./estimate.ts";
 import type { RunEvaluation } from "./evals.ts";
-import { LORA_TARGETS, loraLimits, runStatuses, TRAIN_METHODS, type RunStats } from "./runs.ts";
+import { LORA_TARGETS, loraLimits, runStatuses, TRAIN_METHODS, TRAINERS, type RunStats } from "./runs.ts";
 
 /**
  * One schema per wire type. Routes validate with these, the OpenAPI document is generated
@@ -378,6 +378,17 @@ export const RunConfigFields = {
         description:
           "`lora` trains a LoRA adapter on the frozen base model; `full` trains the model's weights themselves. " +
           "Defaults to `lora`.",
+      },
+    ),
+  ),
+  trainer: Type.Optional(
+    Type.Union(
+      TRAINERS.map((t) => Type.Literal(t)),
+      {
+        description:
+          "The trainer that trains the run: `torch` (PyTorch + PEFT, `npm run setup:torch`; LoRA only) or `llama.cpp` " +
+          "(ships with Conduit). A trainer that is not installed here, or cannot train the run, is a 400 naming this " +
+          "field. Defaults to the server's choice (`CONDUIT_TRAINER`). `config.trainer` shows the one it got.",
       },
     ),
   ),

@@ -5,6 +5,7 @@
  * wire checks of a request (methods, targets, limits) is `src/contract/runs.ts`.
  */
 import type { LoraTarget, OpenAiJobRecord, RunStats, RunStatus, TrainMethod } from "../contract/runs.ts";
+import { TRAINERS, type TrainerName } from "../contract/runs.ts";
 import type { RunPlan } from "../contract/estimate.ts";
 
 export interface Run {
@@ -28,13 +29,7 @@ export interface Run {
   updatedAt: string;
 }
 
-/**
- * The trainers, by the name a run's `config.trainer` keeps: llama.cpp's own training API, shipped with
- * node-llama-cpp (no install), and the PyTorch + PEFT worker (`npm run setup:torch`). Each is a backend of
- * `src/train/trainers.ts`, whose registry the compiler holds to this list.
- */
-export const TRAINERS = ["llama.cpp", "torch"] as const;
-export type TrainerName = (typeof TRAINERS)[number];
+export { TRAINERS, type TrainerName };
 
 /** `CONDUIT_TRAINER`: a trainer, or `auto` (the first trainer, by the registry's order, that can train the run). */
 export const TRAINER_SETTINGS = ["auto", ...TRAINERS] as const;

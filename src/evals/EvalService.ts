@@ -739,9 +739,13 @@ export class EvalService {
       run.id,
       `evaluation queued: base ${run.config.baseModelName} and the fine-tune on ${items.length} held-out pairs (eval ${created.id})`,
     );
+    const started = performance.now();
     const ended = await this.waitFor(run.userId, created.id, evalRun.id);
     const evaluation = describeEvaluation(ended);
-    await this.runRepository.appendLog(run.id, `evaluation: ${evaluation.summary}`);
+    await this.runRepository.appendLog(
+      run.id,
+      `evaluation: ${evaluation.summary} (in ${((performance.now() - started) / 1000).toFixed(1)} s)`,
+    );
     return ended;
   }
 

@@ -31,9 +31,9 @@ import {
 import type { TrainerBackend, TrainerHost, TrainerStatus } from "./core/TrainerBackend.ts";
 import { chooseTrainer, type TrainerChoice } from "./trainerChoice.ts";
 import { trainers } from "./trainers.ts";
-import { DEFAULT_MIN_PAIRS_FOR_EVAL } from "./prepareSamples.ts";
-import { formatOverhead, planRun, readModelCost, templateTokens } from "./runEstimate.ts";
-import { formatExample } from "./samples.ts";
+import { DEFAULT_MIN_PAIRS_FOR_EVAL, planSettingsOf, prepareSamples } from "./prepareSamples.ts";
+import { planRun, readModelCost } from "./runEstimate.ts";
+import { planTrainingData } from "./core/planTrainingData.ts";
 import type { RunPlan } from "../contract/estimate.ts";
 import type { RunEventBus } from "./runEvents.ts";
 import type { CreateRun, ExamplesQuery, RunExample } from "./commands.ts";
@@ -126,13 +126,7 @@ interface TrainingSet {
   pairs: number;
   /** Bytes of those pairs' files (what auto settings look at). */
   characters: number;
-  /** The same less each format's characters around a pair (what the estimate turns into tokens). */
-  textBytes: number;
   validation: DatasetFile | undefined;
-}
-
-function textBytesOf(file: Pick<DatasetFile, "size" | "ioPairsCount" | "format">): number {
-  return Math.max(0, file.size - formatOverhead(file.format) * file.ioPairsCount);
 }
 
 /** The latest READY runs of a trainer, model and method whose rate an estimate is measured on. */
@@ -171,7 +165,7 @@ export class RunService {
     const method = methodRequest(command);
     const { dataset, param } = await this.datasetOf(userId, command);
     const { baseModelName, model } = this.baseModelOf(command);
-    const trainer = await this.trainerFor(method, baseModelName, model.path);
+    const trainer = await this.trainerFor(method, baseModelName, model.path, command.trainer);
     const training = await this.trainingSet(userId, dataset, command.validationFileID);
     this.checkLimits(training, param);
     const { config, logs } = await this.settings(
@@ -183,11 +177,11 @@ export class RunService {
       trainer,
       training,
     );
-    const estimate = await this.plan(config, model, training).catch((error: unknown) => {
+    const id = newId("ft");
+    const estimate = await this.plan(id, userId, dataset.id, config, model).catch((error: unknown) => {
       logs.push(`no estimate of the run's duration: ${(error as Error).message}`);
       return null;
     });
-    const id = newId("ft");
     const run = await this.runs.create({
       id,
       userId,
@@ -327,17 +321,13 @@ export class RunService {
   ): Promise<TrainingSet> {
     let pairs = dataset.ioPairsCount;
     let characters = 0;
-    let textBytes = 0;
     const pageSize = 1000;
     for (let offset = 0; ; offset += pageSize) {
       const files = await this.datasets.listFiles(userId, dataset.id, { limit: pageSize, offset });
-      for (const file of files) {
-        characters += file.size;
-        textBytes += textBytesOf(file);
-      }
+      for (const file of files) characters += file.size;
       if (files.length < pageSize) break;
     }
-    if (validationFileId === undefined) return { pairs, characters, textBytes, validation: undefined };
+    if (validationFileId === undefined) return { pairs, characters, validation: undefined };
     const validation = await this.datasets.getUserFile(userId, validationFileId);
     if (validation.ioPairsCount === 0)
       throw new ConduitError(
@@ -348,7 +338,6 @@ export class RunService {
     if (validation.datasetId === dataset.id) {
       pairs -= validation.ioPairsCount;
       characters -= validation.size;
-      textBytes -= textBytesOf(validation);
       if (pairs <= 0)
         throw new ConduitError(
           "invalid_request",
@@ -357,7 +346,7 @@ export class RunService {
           { param: "validationFileID" },
         );
     }
-    return { pairs, characters, textBytes, validation };
+    return { pairs, characters, validation };
   }
 
   /**
@@ -387,7 +376,12 @@ export class RunService {
   }
 
   /** The run's trainer (see `chooseTrainer`); a run no trainer here can train is a 400. */
-  private async trainerFor(method: MethodRequest, name: string, modelPath: string): Promise<TrainerChoice> {
+  private async trainerFor(
+    method: MethodRequest,
+    name: string,
+    modelPath: string,
+    asked: TrainerName | undefined,
+  ): Promise<TrainerChoice> {
     const { setting, host } = this.options.trainers;
     let architecture: string;
     try {
@@ -402,48 +396,70 @@ export class RunService {
       );
     }
     // A trainer's status (importing PyTorch takes seconds) is only asked for when it could be chosen.
-    const candidates = setting === "auto" ? Object.values(trainers) : [trainers[setting]];
+    const candidates =
+      asked !== undefined
+        ? [trainers[asked]]
+        : setting === "auto"
+          ? Object.values(trainers)
+          : [trainers[setting]];
     const statuses: Partial<Record<TrainerName, TrainerStatus>> = {};
     for (const backend of candidates) statuses[backend.name] = await backend.status(host);
     return chooseTrainer({
       setting,
+      asked,
       statuses,
       request: { method: method.method, architecture, loraTargets: method.loraTargets ?? undefined },
     });
   }
 
   /**
-   * The run's estimate (`planRun`): its tokens from the training set's size, its rate from this server's
-   * latest READY runs of the same trainer, model and method, or a prior. Throws when the model cannot be read
-   * for it (the caller creates the run without one: an estimate never stands in the way of a run).
+   * The run's estimate (`planRun`): its steps and tokens from the plan its trainer will run (its examples written
+   * and tokenized as the scheduler and the trainer do, in the run's directory, removed after), its rate from this
+   * server's latest READY runs of the same trainer, model and method, or a prior. Throws when the plan cannot be
+   * made (the caller creates the run without one: an estimate never stands in the way of a run).
    */
-  private async plan(config: RunConfig, model: ModelRef, training: TrainingSet): Promise<RunPlan> {
+  private async plan(
+    runId: string,
+    userId: string,
+    datasetId: string,
+    config: RunConfig,
+    model: ModelRef,
+  ): Promise<RunPlan> {
     const trainer = trainerOf(config);
     const backend = trainers[trainer];
     const host = this.options.trainers.host;
     const cost = await readModelCost(model.path);
-    // The template's text around one pair (and the system prompt), its own text left empty.
-    const { sample } = await formatExample(model, config.systemPrompt, "", "", true);
-    const rendered = typeof sample === "string" ? sample : sample.map((segment) => segment.text).join("");
-    const validation = training.validation;
-    return planRun({
-      prior: backend.prior(host),
-      method: config.method,
-      model: cost,
-      train: { pairs: training.pairs, textBytes: training.textBytes },
-      validation: validation ? { pairs: validation.ioPairsCount, textBytes: textBytesOf(validation) } : null,
-      evalFraction: config.evalFraction,
-      minPairsForEval: DEFAULT_MIN_PAIRS_FOR_EVAL,
-      epochs: config.epochs,
-      steps: config.steps,
-      contextSize: config.contextSize,
-      templateTokens: templateTokens(rendered, cost.vocabSize),
-      threads: backend.threads(host.threads),
-      history: await this.runs.finishedRuns(
-        { trainer, baseModelName: config.baseModelName, method: config.method },
-        MEASURED_RUNS,
-      ),
-    });
+    const dir = this.blobs.pathOf(`runs/${runId}/plan`);
+    try {
+      const examples = await prepareSamples(
+        this.datasets,
+        { userId, datasetId, config },
+        model,
+        dir,
+        DEFAULT_MIN_PAIRS_FOR_EVAL,
+      );
+      const plan = await planTrainingData(model.path, {
+        ...planSettingsOf(config, null),
+        samples: [],
+        samplesFile: examples.train,
+        evalSamples: [],
+        evalSamplesFile: examples.validation,
+        workDir: dir,
+      });
+      return planRun({
+        prior: backend.prior(host),
+        method: config.method,
+        model: cost,
+        plan,
+        threads: backend.threads(host.threads),
+        history: await this.runs.finishedRuns(
+          { trainer, baseModelName: config.baseModelName, method: config.method },
+          MEASURED_RUNS,
+        ),
+      });
+    } finally {
+      await fsp.rm(this.blobs.pathOf(`runs/${runId}`), { recursive: true, force: true });
+    }
   }
 
   /** The base model's shape for auto settings; a file that cannot be read is the model's fault, a 400. */

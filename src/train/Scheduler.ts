@@ -9,6 +9,7 @@ import { isOutOfSpace, OUT_OF_SPACE_RUN } from "../errors.ts";
 import type { BlobStore } from "../store/BlobStore.ts";
 import { DatabaseHealth } from "../store/DatabaseHealth.ts";
 import type { RunRepository } from "../store/RunRepository.ts";
+import { timestamp } from "../store/time.ts";
 import { methodOf, trainerOf, type Run, type RunConfig, type TrainerName } from "../domain/runs.ts";
 import type { TrainerBackend, TrainerHost } from "./core/TrainerBackend.ts";
 import type { TrainerJob, TrainerProgress, TrainingStats } from "./core/trainerJob.ts";
@@ -16,6 +17,7 @@ import type { ModelCatalog } from "./RunService.ts";
 import type { RunEventBus } from "./runEvents.ts";
 import {
   DEFAULT_MIN_PAIRS_FOR_EVAL,
+  planSettingsOf,
   prepareSamples,
   writeExampleLosses,
   type SamplePreparer,
@@ -256,12 +258,17 @@ export class Scheduler {
     };
     try {
       await this.appendLog(run.id, `training started on ${this.workerId} (attempt ${run.attempts})`);
+      // The attempt's stats start afresh, with its start: the estimate counts down from it until the first step.
+      const attemptStartedAt = timestamp();
+      await this.runs
+        .updateStats(run.id, this.workerId, { startedAt: attemptStartedAt })
+        .catch((error: unknown) => this.health.saw(error));
       const base = this.models.resolve(config.baseModelName);
       if (!base) throw new Error(`base model "${config.baseModelName}" is no longer available`);
       const examples = await this.prepareSamples(run, base, files.workDir);
       await this.logExamples(run, examples, base.id);
       const job = await this.trainerJob(run, lora, base.path, examples, files);
-      const progress = new ProgressRecorder(run.id, this.workerId, this.runs, this.events);
+      const progress = new ProgressRecorder(run.id, this.workerId, this.runs, this.events, attemptStartedAt);
       // Stopped while being prepared: no trainer to stop, and the run ends as a stopped trainer's would.
       const outcome = active.stopping
         ? ({ status: "cancelled" } as const)
@@ -271,7 +278,12 @@ export class Scheduler {
           });
       if (outcome.status === "completed") {
         if (!lora) await restoreContextLength(base.path, files.outputPath);
+        const writing = performance.now();
         await writeExampleLosses(this.blobs.pathOf(`${runDir}/examples.jsonl`), examples, files.lossesPath);
+        await this.appendLog(
+          run.id,
+          `saved each example's loss for the examples endpoint in ${((performance.now() - writing) / 1000).toFixed(1)} s`,
+        );
         // The whole attempt, not just the trainer's part: what a run's estimate plans.
         await this.persist(() => progress.writeFinal(outcome.stats, (performance.now() - startedAt) / 1000));
         if (!(await this.finishReady(run, outcome.stats.outputBytes, lora !== undefined, base.id, files)))
@@ -377,19 +389,14 @@ export class Scheduler {
       evalSamples: [],
       evalSamplesFile: examples.validation,
       lossesFile: files.lossesPath,
-      maxTrainTokens: this.options.maxRunTokens ?? null,
+      ...planSettingsOf(config, this.options.maxRunTokens ?? null),
       earlyStoppingPatience: config.earlyStoppingPatience ?? null,
       checkpointDir: this.blobs.pathOf(files.checkpointDir),
-      packing: true,
       optimizer: "adamw",
       learningRate: config.lr,
-      epochs: config.epochs,
-      maxSteps: config.steps ?? null,
       complexity: config.complexity,
-      contextSize: config.contextSize,
       threads: backend.threads(host.threads),
       outputType: config.outputType,
-      seed: config.seed,
       lrSchedule: { kind: config.lrSchedule, warmupSteps: 0, minFraction: config.lrMinFraction },
       weightDecay: 0,
     };
@@ -557,6 +564,8 @@ class ProgressRecorder {
     private readonly workerId: string,
     private readonly runs: RunRepository,
     private readonly events: RunEventBus,
+    /** When the attempt started (`stats.startedAt`), kept in every write. */
+    private readonly startedAt: string,
   ) {}
 
   record(progress: TrainerProgress): void {
@@ -587,6 +596,7 @@ class ProgressRecorder {
     if (!this.latest) return;
     this.lastStatsWrite = Date.now();
     await this.runs.updateStats(this.runId, this.workerId, {
+      startedAt: this.startedAt,
       ...this.latest,
       lossSeries: thin(this.lossSeries, 500),
       evalLossSeries: this.evalSeries,

@@ -3,7 +3,7 @@
  * `POST /conduit/finetuning`, the OpenAI face's `POST /v1/fine_tuning/jobs`) maps its body into these
  * and maps the service's errors (whose `param` names a field of the command) back to its own fields.
  */
-import type { LoraTarget, OpenAiJobRecord, TrainMethod } from "../contract/runs.ts";
+import type { LoraTarget, OpenAiJobRecord, TrainerName, TrainMethod } from "../contract/runs.ts";
 
 /**
  * Create a fine-tuning run. Every field but the dataset is optional; what is left out gets its default
@@ -18,6 +18,8 @@ export interface CreateRun {
   baseModelName?: string | undefined;
   /** Defaults to `runDefaults.method`. */
   method?: TrainMethod | undefined;
+  /** The trainer that trains the run. Defaults to the server's choice (`CONDUIT_TRAINER`). */
+  trainer?: TrainerName | undefined;
   /** Learning rate, or `"auto"`. Defaults to `"auto"`. */
   lr?: number | "auto" | undefined;
   /** Multiplies the learning rate, `"auto"`'s or the one given (OpenAI's `learning_rate_multiplier`). Defaults to `1`. */

@@ -6,12 +6,28 @@
 import fsp from "node:fs/promises";
 import type { DatasetService } from "../datasets/DatasetService.ts";
 import type { ModelRef } from "../model/types.ts";
-import type { Run } from "../domain/runs.ts";
+import type { Run, RunConfig } from "../domain/runs.ts";
+import type { PlanSettings } from "./core/trainingPlan.ts";
 import { fileLines, LineWriter, writeExampleFiles, type ExampleFiles } from "./exampleFiles.ts";
 import type { ExampleLoss } from "./core/trainerJob.ts";
 
 /** Pairs a dataset needs before `evalFraction` of them are held out for eval loss (the scheduler's default). */
 export const DEFAULT_MIN_PAIRS_FOR_EVAL = 50;
+
+/**
+ * What a run's plan reads of its config: the same when it is created (its estimate) and when its trainer job is
+ * built. Windows are always packed.
+ */
+export function planSettingsOf(config: RunConfig, maxTrainTokens: number | null): PlanSettings {
+  return {
+    seed: config.seed,
+    contextSize: config.contextSize,
+    packing: true,
+    epochs: config.epochs,
+    maxSteps: config.steps ?? null,
+    maxTrainTokens,
+  };
+}
 
 /** Writes a run's training (and validation) examples for `base` into `dir`; the scheduler's seam for tests. */
 export type SamplePreparer = (run: Run, base: ModelRef, dir: string) => Promise<ExampleFiles>;
@@ -19,7 +35,7 @@ export type SamplePreparer = (run: Run, base: ModelRef, dir: string) => Promise<
 /** The dataset's pairs of a run, formatted for its base model, in files under `dir`. Throws when none are left. */
 export async function prepareSamples(
   datasets: DatasetService,
-  run: Run,
+  run: Pick<Run, "userId" | "datasetId" | "config">,
   base: ModelRef,
   dir: string,
   /** Minimum pairs before some are held out for eval loss. */

@@ -1,6 +1,6 @@
 /**
- * Which trainer trains a run, decided when the run is created and kept in its `config.trainer`: the setting
- * (`CONDUIT_TRAINER`), which trainers are installed, and what the run needs (each trainer's `cannotTrain`: the
+ * Which trainer trains a run, decided when the run is created and kept in its `config.trainer`: the one the run
+ * asks for (its `trainer`), else the setting (`CONDUIT_TRAINER`); which trainers are installed, and what the run needs (each trainer's `cannotTrain`: the
  * method, the architecture, the LoRA targets). A run no trainer here can train is refused at creation with the
  * reason, never queued to fail later.
  */
@@ -11,6 +11,8 @@ import { trainersInOrder } from "./trainers.ts";
 
 export interface TrainerChoiceInput {
   setting: TrainerSetting;
+  /** The trainer the run asks for (its `trainer`); it overrides the setting. Defaults to none. */
+  asked?: TrainerName | undefined;
   request: TrainingRequest;
   /** The status of each trainer that may be chosen: the one the setting names, or every one with `auto`. */
   statuses: Partial<Record<TrainerName, TrainerStatus>>;
@@ -27,7 +29,7 @@ export interface TrainerChoice {
  * first of `backends` (the registry's order) that is available and can train the run gets it.
  */
 export function chooseTrainer(
-  { setting, request, statuses }: TrainerChoiceInput,
+  { setting, asked, request, statuses }: TrainerChoiceInput,
   backends: readonly TrainerBackend[] = trainersInOrder(),
 ): TrainerChoice {
   const statusOf = (backend: TrainerBackend): TrainerStatus =>
@@ -45,6 +47,30 @@ export function chooseTrainer(
     const status = statusOf(backend);
     return status.available && status.detail !== undefined ? `, ${status.detail}` : "";
   };
+
+  if (asked !== undefined) {
+    const backend = backends.find((candidate) => candidate.name === asked);
+    if (backend === undefined)
+      throw new ConduitError("invalid_request", `no trainer named "${asked}" here`, { param: "trainer" });
+    const refused = refusal(backend);
+    if (refused !== undefined) {
+      const others = backends
+        .filter((other) => other !== backend && other.cannotTrain(request) === undefined)
+        .map((other) => other.name);
+      throw new ConduitError(
+        "invalid_request",
+        `"trainer" is ${asked}, which cannot train this run: ${refused.why}` +
+          (others.length > 0
+            ? `; ${others.map((name) => `"${name}"`).join(" or ")} can, or leave "trainer" out`
+            : ""),
+        { param: "trainer" },
+      );
+    }
+    return {
+      trainer: backend.name,
+      reason: `trainer: ${backend.name} (the run's "trainer")${detail(backend)}`,
+    };
+  }
 
   if (setting !== "auto") {
     const backend = backends.find((candidate) => candidate.name === setting);

@@ -460,6 +460,37 @@ describe("the trainer a run gets through the API", () => {
       error.message,
       /cannot train gemma3 models: .*GEGLU.*torch trainer is not available.*npm run setup:torch/,
     );
+    // A run may name its trainer: one not installed here, or not a trainer, is a 400 naming the field.
+    for (const [trainer, message] of [
+      [
+        "torch",
+        /"trainer" is torch, which cannot train this run: the torch trainer is not available: .*"llama\.cpp" can/,
+      ],
+      ["pytorch", /trainer/],
+    ] as const) {
+      const asked = await as(app, KEY_A).post("/conduit/finetuning", {
+        datasetID,
+        baseModelName: "tiny",
+        trainer,
+      });
+      assert.equal(asked.statusCode, 400, asked.body);
+      const { error: named } = asked.json<{ error: { param: string; message: string } }>();
+      assert.equal(named.param, "trainer", asked.body);
+      assert.match(named.message, message);
+    }
+    const llamaCpp = await as(app, KEY_A).post("/conduit/finetuning", {
+      datasetID,
+      baseModelName: "tiny",
+      trainer: "llama.cpp",
+      steps: 1,
+    });
+    assert.equal(llamaCpp.statusCode, 200, llamaCpp.body);
+    const namedRun = llamaCpp.json<RunView>();
+    assert.equal(namedRun.config.trainer, "llama.cpp");
+    assert.ok(
+      namedRun.logs.some((line) => line.endsWith('trainer: llama.cpp (the run\'s "trainer")')),
+      namedRun.logs.join("\n"),
+    );
     const health = (await as(app, null).get("/healthz")).json<{
       trainers: { torch: { available: boolean }; "llama.cpp": { blas: { available: boolean } } };
     }>();
@@ -517,6 +548,9 @@ describe("the trainer a run gets through the API", () => {
         run.logs.join("\n"),
       );
       assert.equal(run.stats.final.epochs, 200);
+      // The estimate at creation planned the steps the torch trainer ran.
+      assert.equal(run.estimate?.planned?.steps, run.stats.final.steps);
+      assert.equal(run.estimate?.planned?.windowSize, run.stats.final.windowSize);
       const examples = (await as(app, KEY_A).get(`/conduit/finetuning/${id}/examples?limit=100`)).json<
         unknown[]
       >();
@@ -538,6 +572,64 @@ describe("the trainer a run gets through the API", () => {
       assert.ok(exact >= 18, `${exact}/20 exact`);
     },
   );
+});
+
+test("a torch trainer installed while the server runs is found without a restart", { skip }, async (t) => {
+  // CONDUIT_PYTHON names a venv that is not there yet; it is made, then given the worker's packages (a .pth
+  // file adding the test venv's site-packages, as an install adds packages), while the server runs.
+  const venv = path.join(dir, "late-venv");
+  const env = await testEnv(t, "sqlite", {
+    CONDUIT_TRAINER: "auto",
+    CONDUIT_PYTHON: path.join(venv, "bin", "python"),
+  });
+  const { app } = await buildTestApp(t, env);
+  type Torch = { available: boolean; checking?: boolean; reason?: string; detail?: string };
+  const torchHealth = async () =>
+    (await as(app, null).get("/healthz")).json<{ trainers: { torch: Torch } }>().trainers.torch;
+  const settled = (what: string, done: (torch: Torch) => boolean) =>
+    until(what, torchHealth, (torch) => torch.checking !== true && done(torch), {
+      timeoutMs: 40_000,
+      intervalMs: 250,
+    });
+  const missing = await settled("torch: no Python", () => true);
+  assert.equal(missing.available, false);
+  assert.match(missing.reason ?? "", /does not exist/);
+  const datasetID = await datasetOf(app, madeUpPairs().slice(0, 10));
+  const refused = await as(app, KEY_A).post("/conduit/finetuning", {
+    datasetID,
+    baseModelName: "tiny",
+    trainer: "torch",
+  });
+  assert.equal(refused.statusCode, 400, refused.body);
+
+  const made = spawnSync(python.ok ? python.python : "", ["-m", "venv", "--without-pip", venv], {
+    encoding: "utf8",
+  });
+  assert.equal(made.status, 0, made.stderr);
+  const bare = await settled("torch: a venv without its packages", (torch) =>
+    /cannot run/.test(torch.reason ?? ""),
+  );
+  assert.equal(bare.available, false);
+
+  const site = spawnSync(
+    python.ok ? python.python : "",
+    ["-c", "import site; print(site.getsitepackages()[0])"],
+    {
+      encoding: "utf8",
+    },
+  ).stdout.trim();
+  const lib = path.join(venv, "lib");
+  const version = fs.readdirSync(lib).find((entry) => entry.startsWith("python"))!;
+  fs.writeFileSync(path.join(lib, version, "site-packages", "conduit-test-torch.pth"), `${site}\n`);
+  const installed = await settled("torch: installed", (torch) => torch.available);
+  assert.match(installed.detail ?? "", /PyTorch .* PEFT/);
+  const created = await as(app, KEY_A).post("/conduit/finetuning", {
+    datasetID,
+    baseModelName: "tiny",
+    trainer: "torch",
+  });
+  assert.equal(created.statusCode, 200, created.body);
+  assert.equal(created.json<RunView>().config.trainer, "torch");
 });
 
 test("the worker's own unit tests pass (test/python, with the worker's Python)", { skip }, () => {

@@ -401,10 +401,13 @@ describe("runs that learn by default", () => {
     assert.equal(run.stats.stoppedEarly, true);
     assert.ok(final.epochs < 300);
     assert.equal(run.stats.bestEpoch, final.bestEpoch);
-    // Five evaluations without a drop beyond the noise margin; the served checkpoint is the latest within
-    // that margin of the lowest eval loss, before the last.
+    // Five evaluations without a drop beyond the noise margin; the served checkpoint is the one with the lowest
+    // eval loss, before the last.
     assert.ok(final.bestEpoch < final.epochs, JSON.stringify(final));
     assert.ok(final.finalEvalLoss > final.bestEvalLoss);
+    // The served checkpoint is the lowest eval loss the run measured, not a later one near it.
+    const evalLosses = (run.stats.evalLossSeries as { evalLoss: number }[]).map((e) => e.evalLoss);
+    assert.equal(final.bestEvalLoss, Math.min(...evalLosses), JSON.stringify(evalLosses));
     assert.ok(
       run.logs.some((line) => line.includes("stopping early")),
       run.logs.join("\n"),

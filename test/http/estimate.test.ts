@@ -177,6 +177,9 @@ test("a run trained on the tiny model: its estimate from creation to READY, and 
   }
   assert.equal(run.status, "READY");
   const final = run.stats.final as {
+    steps: number;
+    windowSize: number;
+    sampleTokens: number;
     trainTokens: number;
     trainSeconds: number;
     elapsedSeconds: number;
@@ -186,6 +189,11 @@ test("a run trained on the tiny model: its estimate from creation to READY, and 
   assert.equal(run.estimate?.seconds, final.runSeconds);
   assert.ok(final.runSeconds > final.elapsedSeconds, "the trainer's seconds are part of the run's");
   assert.deepEqual(run.estimate?.planned, first.estimate?.planned);
+  // The plan made at creation is the one the trainer ran.
+  assert.equal(first.estimate?.planned?.steps, final.steps);
+  assert.equal(first.estimate?.planned?.windowSize, final.windowSize);
+  assert.equal(first.estimate?.planned?.tokens, final.trainTokens);
+  assert.equal(first.estimate?.planned?.sampleTokens, final.sampleTokens);
 
   const next = await createRun(app, { datasetID: ds.id, baseModelName: "tiny", epochs: 3 });
   assert.equal(next.estimate?.basis, "measured");

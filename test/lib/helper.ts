@@ -10,6 +10,7 @@ import { createCore, type Core, type CoreOverrides } from "../../src/core.ts";
 import type { Engine } from "../../src/engine/Engine.ts";
 import type { GenerationRequest, GenerationResult } from "../../src/engine/types.ts";
 import { createTinyModel } from "../../src/model/tinyModel.ts";
+import type { RunEstimate } from "../../src/contract/estimate.ts";
 import { until } from "./wait.ts";
 
 /** Where cleanup is registered: a test's `t`, or `{ after }` from node:test for a whole suite. */
@@ -229,6 +230,7 @@ export interface RunView {
   config: Record<string, any>;
   // eslint-disable-next-line @typescript-eslint/no-explicit-any -- config and stats are free-form objects
   stats: Record<string, any>;
+  estimate: RunEstimate | null;
 }
 
 /** Whether a run has ended: READY, FAILED or CANCELLED. */

@@ -25,15 +25,21 @@ class PermuteRows(unittest.TestCase):
 
 
 class Best(unittest.TestCase):
-    def test_ties_within_noise_keep_the_later_weights_and_do_not_reset_patience(self) -> None:
-        tracker = worker.BestTracker(patience=2)
-        self.assertTrue(tracker.observe(1.0, 1, 10))
-        self.assertTrue(tracker.observe(0.995, 2, 20))  # within 1 %: a tie, the later weights are kept
-        self.assertEqual(tracker.evals_since_best, 1)
-        self.assertFalse(tracker.stopped)
-        self.assertFalse(tracker.observe(1.5, 3, 30))
-        self.assertTrue(tracker.stopped)
-        self.assertEqual(tracker.best, {"loss": 0.995, "epoch": 2, "step": 20})
+    def test_serves_the_lowest_eval_loss_as_conduit_does(self) -> None:
+        import json
+
+        with open(os.path.join(os.path.dirname(__file__), "best_cases.json"), encoding="utf8") as f:
+            cases = json.load(f)["cases"]
+        for case in cases:
+            with self.subTest(case["name"]):
+                tracker = worker.BestTracker(patience=case["patience"])
+                kept = [tracker.observe(loss, epoch, step) for loss, epoch, step in case["evals"]]
+                self.assertEqual(tracker.best, case["best"])
+                self.assertEqual(tracker.evals_since_best, case["evalsSinceBest"])
+                self.assertEqual(tracker.stopped, case["stopped"])
+                # The weights kept last are the served ones.
+                last_kept = max(i for i, k in enumerate(kept) if k)
+                self.assertEqual(case["evals"][last_kept][2], case["best"]["step"])
 
     def test_state_round_trips(self) -> None:
         tracker = worker.BestTracker(patience=None)

@@ -115,3 +115,42 @@ test("chooseTrainer: the setting, the install and the run decide; what nothing c
       );
   }
 });
+
+test("chooseTrainer: a run that names its trainer gets it, whatever the setting; one that cannot is a 400 on trainer", () => {
+  const choose = (
+    asked: "torch" | "llama.cpp",
+    setting: TrainerSetting,
+    torch: TrainerStatus,
+    method: TrainMethod,
+  ) =>
+    chooseTrainer(
+      {
+        setting,
+        asked,
+        request: { method, architecture: "llama", loraTargets: undefined },
+        statuses: { torch, "llama.cpp": { available: true } },
+      },
+      [trainers.torch, trainers["llama.cpp"]],
+    );
+  const named = choose("llama.cpp", "torch", installed, "lora");
+  assert.equal(named.trainer, "llama.cpp");
+  assert.match(named.reason, /the run's "trainer"/);
+  assert.equal(choose("torch", "llama.cpp", installed, "lora").trainer, "torch");
+  for (const [torch, method, message] of [
+    [
+      missing,
+      "lora",
+      /"trainer" is torch, which cannot train this run: the torch trainer is not available: no venv; "llama\.cpp" can/,
+    ],
+    [
+      installed,
+      "full",
+      /"trainer" is torch, which cannot train this run: the torch trainer trains LoRA adapters only/,
+    ],
+  ] as const)
+    assert.throws(
+      () => choose("torch", "auto", torch, method),
+      (error: { code?: string; param?: string; message: string }) =>
+        error.code === "invalid_request" && error.param === "trainer" && message.test(error.message),
+    );
+});

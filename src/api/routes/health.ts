@@ -99,7 +99,11 @@ const Health = Type.Object({
         {
           available: Type.Boolean(),
           checking: Type.Optional(
-            Type.Boolean({ description: "The first check (importing PyTorch) is still running." }),
+            Type.Boolean({
+              description:
+                "A check (importing PyTorch) is running: the first, or one after its Python's packages changed " +
+                "(`npm run setup:torch` while the server runs); the other fields are the last check's.",
+            }),
           ),
           python: Type.Union([Type.String(), Type.Null()], {
             description: "The Python it runs with (`CONDUIT_PYTHON`).",
@@ -124,16 +128,17 @@ function mib(bytes: number): string {
   return `${Math.floor(bytes / 2 ** 20)} MiB`;
 }
 
-/** The torch trainer as last checked; the first check is started here when nothing started it, never awaited. */
+/**
+ * The torch trainer as last checked; a check is started here (never awaited) when there was none, or when the
+ * Python's install changed since the last one: `checking` says one is running.
+ */
 function torchHealth(core: Core) {
-  const status = core.torch.current();
-  if (status === undefined) {
-    void core.torch.check();
-    return { available: false, checking: true, python: core.torch.python };
-  }
+  const { status, checking } = core.torch.peek();
+  const running = checking ? { checking: true } : {};
+  if (status === undefined) return { available: false, checking: true, python: core.torch.python };
   return status.available
-    ? { available: true, python: status.python, detail: describeTorch(status.probe) }
-    : { available: false, python: status.python, reason: status.reason };
+    ? { available: true, ...running, python: status.python, detail: describeTorch(status.probe) }
+    : { available: false, ...running, python: status.python, reason: status.reason };
 }
 
 /** Liveness and readiness without auth: the database answers, and the data directory's disk has room. */

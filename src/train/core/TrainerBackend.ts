@@ -72,7 +72,7 @@ export interface TrainingRequest {
 
 /** Why a trainer cannot train a run: one sentence, and the field of the run to blame (the domain's name). */
 export interface Refusal {
-  param: "method" | "baseModelName" | "loraTargets";
+  param: "method" | "baseModelName" | "loraTargets" | "trainer";
   why: string;
 }
 

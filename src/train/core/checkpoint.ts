@@ -20,7 +20,7 @@ export interface CheckpointState {
   step: number;
   best: { loss: number; epoch: number; step: number } | null;
   evalsSinceBest: number;
-  /** The lowest eval loss so far (the best checkpoint may be a later one within noise of it). */
+  /** The lowest eval loss so far (the best checkpoint's; early stopping measures drops from it). */
   lowestEvalLoss?: number;
   /** Names of the tensors in `best.f32`, in order (LoRA). */
   bestTensors: string[];

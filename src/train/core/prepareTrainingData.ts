@@ -9,7 +9,11 @@ import type { TokenStore } from "./sampleStore.ts";
 import { tokenizeSamples } from "./tokenizeSample.ts";
 import type { TrainingHooks } from "./TrainerBackend.ts";
 import type { TrainerJob } from "./trainerJob.ts";
-import { TrainingPlan } from "./trainingPlan.ts";
+import { TrainingPlan, type PlanSettings } from "./trainingPlan.ts";
+
+/** What the preparation reads of a job: its samples, its work directory and the plan's settings. */
+export type TrainingDataJob = PlanSettings &
+  Pick<TrainerJob, "samples" | "samplesFile" | "evalSamples" | "evalSamplesFile" | "workDir">;
 
 export interface TrainingData {
   /** The windows of every epoch, the eval windows, the steps (its `train` and `evalSet` hold the tokens). */
@@ -27,7 +31,7 @@ export interface TrainingData {
 export async function prepareTrainingData(
   lib: LlamaLib,
   model: Pointer,
-  job: TrainerJob,
+  job: TrainingDataJob,
   hooks: Pick<TrainingHooks, "isCancelled" | "yieldToEventLoop">,
   stores: TokenStore[],
 ): Promise<TrainingData | undefined> {

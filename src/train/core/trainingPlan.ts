@@ -14,6 +14,28 @@ const WINDOW_MULTIPLE = 256;
 /** Epochs longer than this many steps are also evaluated and checkpointed every quarter. */
 const LONG_EPOCH_STEPS = 100;
 
+/** What a plan reads of a job: the same at a run's creation (its estimate) as in its trainer. */
+export type PlanSettings = Pick<
+  TrainerJob,
+  "seed" | "contextSize" | "packing" | "epochs" | "maxSteps" | "maxTrainTokens"
+>;
+
+/** A plan in numbers: what a run's estimate counts, and what its trainer will run. */
+export interface PlanSummary {
+  windowSize: number;
+  stepsPerEpoch: number[];
+  /** Optimizer steps in all (one window each). */
+  steps: number;
+  /** Sample tokens trained on, padding excluded (`stats.final.sampleTokens` of a whole run). */
+  sampleTokens: number;
+  /** Windows of the eval set, evaluated at every evaluation point. */
+  evalWindows: number;
+  /** Evaluation points (epoch ends, and quarters of long epochs). */
+  evaluations: number;
+  /** Windows the per-example losses are measured on once training ends (training and eval samples in order). */
+  lossWindows: number;
+}
+
 /** One epoch's order of the training samples and the windows it packs into. */
 export interface EpochPlan {
   epoch: number;
@@ -50,7 +72,7 @@ export class TrainingPlan {
    * more tokens than `maxTrainTokens`, with the numbers.
    */
   static create(
-    job: TrainerJob,
+    job: PlanSettings,
     train: TokenStore,
     evalSet: TokenStore,
     modelContext: number,
@@ -114,10 +136,24 @@ export class TrainingPlan {
         this.packing,
       );
       const steps = Math.min(windows.length, this.stepsPerEpoch[epoch] ?? 0);
-      // Long epochs are evaluated (and checkpointed) every quarter too.
-      const evaluationInterval = steps > LONG_EPOCH_STEPS ? Math.ceil(steps / 4) : steps;
-      yield { epoch, order, windows, steps, evaluationInterval };
+      yield { epoch, order, windows, steps, evaluationInterval: evaluationInterval(steps) };
     }
+  }
+
+  /** The plan in numbers. */
+  summary(): PlanSummary {
+    return {
+      windowSize: this.windowSize,
+      stepsPerEpoch: [...this.stepsPerEpoch],
+      steps: this.totalSteps,
+      sampleTokens: this.plannedTokens,
+      evalWindows: this.evalWindows.length,
+      evaluations: this.stepsPerEpoch.reduce(
+        (sum, steps) => sum + (steps > 0 ? Math.ceil(steps / evaluationInterval(steps)) : 0),
+        0,
+      ),
+      lossWindows: this.inOrder(this.train).windows.length + this.inOrder(this.evalSet).windows.length,
+    };
   }
 
   /** Whether the window at `index` of an epoch is followed by an evaluation point. */
@@ -172,6 +208,11 @@ export class TrainingPlan {
     for (const span of window.spans) span.sample = indices[span.sample]!;
     return window;
   }
+}
+
+/** Long epochs are evaluated (and checkpointed) every quarter too; others at their end. */
+function evaluationInterval(steps: number): number {
+  return steps > LONG_EPOCH_STEPS ? Math.ceil(steps / 4) : steps;
 }
 
 /**

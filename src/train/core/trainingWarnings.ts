@@ -4,9 +4,9 @@
 const HIGH_FINAL_LOSS = 1.0;
 
 /**
- * Eval-loss differences below this are noise (a small eval set, nats per token): `max(0.001, 1%)`. On
- * SmolLM2's date task the eval loss went 0.0009 → 0.0012 over three more epochs, and the strict minimum
- * served the checkpoint of the first epoch, trained on a quarter of the run.
+ * Eval-loss differences below this are noise (a small eval set, nats per token): `max(0.001, 1%)`. Early stopping
+ * counts only drops beyond it as improvements, and the overfitting warning only rises beyond it; the served
+ * checkpoint is still the lowest eval loss (`bestCheckpoint.ts`).
  */
 export function evalNoise(loss: number): number {
   return Math.max(0.001, 0.01 * loss);

@@ -245,6 +245,10 @@ export interface LlamaLib {
   llama_vocab_bos(vocab: Pointer): number;
   llama_vocab_eos(vocab: Pointer): number;
   llama_vocab_get_add_bos(vocab: Pointer): boolean;
+  /** The process's llama.cpp log callback and its user data (`out` arrays of one pointer each). */
+  llama_log_get(callback: [Pointer | null], userData: [Pointer | null]): void;
+  /** Sets the process's llama.cpp log callback (a pointer from `llama_log_get`, or a registered callback). */
+  llama_log_set(callback: unknown, userData: Pointer | null): void;
   llama_tokenize(
     vocab: Pointer,
     text: string,
@@ -506,6 +510,8 @@ export function loadLlamaLib(options: { binDir?: string; gpu?: ComputeDevice } =
     llama_vocab_bos: llama.func("int32_t llama_vocab_bos(void *vocab)"),
     llama_vocab_eos: llama.func("int32_t llama_vocab_eos(void *vocab)"),
     llama_vocab_get_add_bos: llama.func("bool llama_vocab_get_add_bos(void *vocab)"),
+    llama_log_get: llama.func("void llama_log_get(_Out_ void **callback, _Out_ void **user_data)"),
+    llama_log_set: llama.func("void llama_log_set(void *callback, void *user_data)"),
     llama_tokenize: llama.func(
       "int32_t llama_tokenize(void *vocab, const char *text, int32_t text_len, _Out_ int32_t *tokens, " +
         "int32_t n_tokens_max, bool add_special, bool parse_special)",
@@ -615,4 +621,37 @@ export function tensorNb(tensor: Pointer, index: number): number {
 /** Reads `tensor->type`. */
 export function tensorType(tensor: Pointer): number {
   return koffi.decode(tensor, 0, "int32_t") as number;
+}
+
+/** ggml's log levels (`ggml_log_level`): warnings and errors are kept by {@link withQuietLog}. */
+const GGML_LOG_LEVEL_WARN = 3;
+const GGML_LOG_LEVEL_CONT = 5;
+const LogCallback = koffi.proto(
+  "void conduit_ggml_log_callback(int level, const char *text, void *user_data)",
+);
+let quietLines: string[] | undefined;
+let quietCallback: unknown;
+
+/**
+ * Runs `fn` (synchronous llama.cpp calls, such as reading a model's vocabulary) with llama.cpp's log caught
+ * instead of printed, and puts back whatever log callback the process had (node-llama-cpp's, in a server):
+ * `fn` gets the warnings and errors logged so far, to name in an error.
+ */
+export function withQuietLog<T>(lib: LlamaLib, fn: (warnings: () => string) => T): T {
+  quietCallback ??= koffi.register((level: number, text: string | null) => {
+    if (quietLines !== undefined && level >= GGML_LOG_LEVEL_WARN && level !== GGML_LOG_LEVEL_CONT && text)
+      quietLines.push(text.trim());
+  }, koffi.pointer(LogCallback));
+  const callback: [Pointer | null] = [null];
+  const userData: [Pointer | null] = [null];
+  lib.llama_log_get(callback, userData);
+  const lines: string[] = [];
+  quietLines = lines;
+  lib.llama_log_set(quietCallback, null);
+  try {
+    return fn(() => lines.slice(-4).join(" | "));
+  } finally {
+    lib.llama_log_set(callback[0], userData[0]);
+    quietLines = undefined;
+  }
 }

@@ -41,7 +41,8 @@ import {
 import type { TrainingWindow } from "../core/packWindows.ts";
 import type { TokenStore } from "../core/sampleStore.ts";
 import { TrainingPlan } from "../core/trainingPlan.ts";
-import { evalNoise, trainingWarnings } from "../core/trainingWarnings.ts";
+import { trainingWarnings } from "../core/trainingWarnings.ts";
+import { BestCheckpoint } from "../core/bestCheckpoint.ts";
 import { CheckpointDir, jobFingerprint, type CheckpointState } from "../core/checkpoint.ts";
 import { deviceMemory, GpuMemoryWatch, gpuDevices, OffloadAudit, type GpuDevice } from "./devices.ts";
 import { writeHeadroomAdapter } from "./graphHeadroom.ts";
@@ -171,12 +172,20 @@ export async function runTraining(job: LlamaCppJob, hooks: TrainingHooks): Promi
     if (!(await loop.train())) return { status: "cancelled" };
     await hooks.yieldToEventLoop();
     if (hooks.isCancelled()) return { status: "cancelled" };
+    // The phases after the last step, each logged with its time: a large model spends minutes here.
     const servesBest = loop.restoreBest();
+    const phaseStart = performance.now();
+    hooks.log(
+      `trainer: measuring each example's loss with the weights written (${loop.lossWindows} windows)`,
+    );
     const examples = await loop.exampleLosses(servesBest);
     if (examples === undefined) return { status: "cancelled" };
+    hooks.log(`trainer: measured each example's loss in ${secondsSince(phaseStart)}`);
     const warnings = trainingWarnings(loop.finalTrainLoss, loop.evalHistory, loop.best);
     for (const warning of warnings) hooks.log(`trainer: warning: ${warning}`);
+    const writeStart = performance.now();
     const outputBytes = await writeTrained(compute.lib, job, hooks, loop, lora, files, scope, servesBest);
+    hooks.log(`trainer: written in ${secondsSince(writeStart)}`);
     compute.lib.llama_backend_free();
     return {
       status: "completed",
@@ -438,6 +447,7 @@ async function writeTrained(
   }
   const values = loop.adapterValues();
   scope.dispose();
+  hooks.log(`trainer: writing the LoRA adapter (${lora.weights.length} weights, F16)`);
   const outputBytes = await writeTrainedAdapter(
     loop.baseInfo,
     job.outputPath,
@@ -459,9 +469,8 @@ async function writeTrained(
 class TrainingLoop {
   step: number;
   readonly resumedFromStep: number;
-  best: CheckpointState["best"];
-  private evalsSinceBest: number;
-  private lowestEvalLoss: number | undefined;
+  /** The best evaluation (the weights served) and early stopping. */
+  private readonly tracker: BestCheckpoint;
   private bestValues: Map<string, Float32Array> | undefined;
   private trainTokens = 0;
   private sampleTokens = 0;
@@ -475,7 +484,6 @@ class TrainingLoop {
   private finalEvalLoss: number | undefined;
   private epochsDone: number;
   private learningRate: number;
-  private stoppedEarly = false;
   private lastCheckpointAt: number | undefined;
   readonly evalHistory: { epoch: number; step: number; trainLoss: number; evalLoss: number }[] = [];
   private readonly lib: LlamaLib;
@@ -493,9 +501,7 @@ class TrainingLoop {
     const resume = checkpoints.resume;
     this.step = resume?.step ?? 0;
     this.resumedFromStep = this.step;
-    this.best = resume?.best ?? null;
-    this.evalsSinceBest = resume?.evalsSinceBest ?? 0;
-    this.lowestEvalLoss = resume?.lowestEvalLoss ?? undefined;
+    this.tracker = new BestCheckpoint(job.earlyStoppingPatience, resume);
     this.epochsDone = resume?.epoch ?? 0;
     this.learningRate = job.learningRate;
     if (resume !== undefined) {
@@ -506,6 +512,20 @@ class TrainingLoop {
           "the optimizer's moments start again from zero",
       );
     }
+  }
+
+  get best(): CheckpointState["best"] {
+    return this.tracker.best;
+  }
+
+  private get stoppedEarly(): boolean {
+    return this.tracker.stopped;
+  }
+
+  /** Windows the per-example losses are measured on (training and eval samples in order). */
+  get lossWindows(): number {
+    const { plan, trainSamples, evalSamples } = this.session;
+    return plan.inOrder(trainSamples).windows.length + plan.inOrder(evalSamples).windows.length;
   }
 
   get model(): Pointer {
@@ -710,7 +730,7 @@ class TrainingLoop {
     if (this.stoppedEarly)
       this.hooks.log(
         `trainer: stopping early: the eval loss has not improved on ${this.best!.loss.toFixed(4)} (epoch ${this.best!.epoch}) ` +
-          `for ${this.evalsSinceBest} evaluations`,
+          `for ${this.tracker.evalsSinceBest} evaluations`,
       );
     return true;
   }
@@ -719,18 +739,7 @@ class TrainingLoop {
   private async keepBest(epoch: number, trainLoss: number, evalLoss: number): Promise<void> {
     this.finalEvalLoss = evalLoss;
     this.evalHistory.push({ epoch: epoch + 1, step: this.step, trainLoss, evalLoss });
-    // Eval losses within NOISE of the lowest so far count as equal: the later (more trained) checkpoint
-    // is kept, and only a drop beyond it counts as an improvement for early stopping.
-    const lowest = this.lowestEvalLoss;
-    if (lowest === undefined || evalLoss < lowest - evalNoise(lowest)) this.evalsSinceBest = 0;
-    else {
-      this.evalsSinceBest += 1;
-      const patience = this.job.earlyStoppingPatience;
-      if (patience !== null && this.evalsSinceBest >= patience) this.stoppedEarly = true;
-    }
-    this.lowestEvalLoss = Math.min(lowest ?? evalLoss, evalLoss);
-    if (this.best === null || evalLoss <= this.lowestEvalLoss + evalNoise(this.lowestEvalLoss)) {
-      this.best = { loss: evalLoss, epoch: epoch + 1, step: this.step };
+    if (this.tracker.observe(evalLoss, epoch + 1, this.step)) {
       if (this.lora !== undefined) {
         this.bestValues = this.adapterValues();
         await this.checkpoints.dir?.writeBestValues(this.bestValues);
@@ -761,9 +770,7 @@ class TrainingLoop {
         epoch,
         window,
         step: this.step,
-        best: this.best,
-        evalsSinceBest: this.evalsSinceBest,
-        ...(this.lowestEvalLoss === undefined ? {} : { lowestEvalLoss: this.lowestEvalLoss }),
+        ...this.tracker.state(),
         bestTensors: this.bestValues === undefined ? [] : [...this.bestValues.keys()],
       },
       this.saveWeights,
@@ -778,6 +785,10 @@ class TrainingLoop {
   restoreBest(): boolean {
     const best = this.best;
     const servesBest = best !== null && best.step !== this.step;
+    if (best !== null && !servesBest)
+      this.hooks.log(
+        `trainer: the last step is the best checkpoint (epoch ${best.epoch}, step ${best.step}, eval loss ${best.loss.toFixed(4)})`,
+      );
     if (!servesBest || this.lora === undefined) return servesBest;
     if (this.bestValues === undefined) throw new Error("trainer: the best checkpoint's weights are missing");
     for (const [name, data] of this.bestValues) {
@@ -1298,4 +1309,9 @@ class LossTap {
       );
     return { vocab, stride };
   }
+}
+
+/** Seconds since `start` (a `performance.now()`), for the log: `4.2 s`. */
+function secondsSince(start: number): string {
+  return `${((performance.now() - start) / 1000).toFixed(1)} s`;
 }

@@ -106,6 +106,7 @@ export async function runTorchTraining(job: TorchJob, hooks: TrainingHooks): Pro
     const outcome = await runWorker(job.options, workerJob, job.workDir, hooks);
     if (outcome.type === "cancelled") return { status: "cancelled" };
 
+    hooks.log(`trainer: writing the LoRA adapter (${weights.length} weights, F16)`);
     const values = readAdapterValues(workerJob.adapterFile, weights, lora.rank);
     const outputBytes = await writeTrainedAdapter(baseInfo, job.outputPath, weights, lora, values, "F16");
     hooks.log(

@@ -1,11 +1,13 @@
 /**
  * Whether the torch trainer can run here: the configured Python (`CONDUIT_PYTHON`, else the project's own
  * venv from `npm run setup:torch`) imports the worker's packages. Asked once at start in the background
- * (importing PyTorch takes seconds); an unavailable answer is asked again at most once a minute, so a venv
- * made while the server runs is found without a restart.
+ * (importing PyTorch takes seconds), and again as soon as the Python's install changes (the venv made, a package
+ * installed or removed: its `site-packages` folders' times), so a venv made while the server runs is found
+ * without a restart; an unavailable answer is also asked again at most once a minute.
  */
 import { spawn } from "node:child_process";
 import fs from "node:fs";
+import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { TORCH_WORKER } from "./runTorchTraining.ts";
 
@@ -50,6 +52,9 @@ export class TorchTrainerStatus {
   private pending: Promise<TorchStatus> | undefined;
   private settled: TorchStatus | undefined;
   private checkedAt = 0;
+  /** The install the pending (or last) check looked at (`installStamp`). */
+  private checkedStamp = "";
+  private checking = false;
 
   /** @param configured `CONDUIT_PYTHON`; unset means the project's venv when it exists. */
   constructor(private readonly configured: string | undefined) {}
@@ -65,16 +70,64 @@ export class TorchTrainerStatus {
     return this.settled;
   }
 
-  /** The answer, checking (again) when there is none yet or the last one is a stale "unavailable". */
+  /**
+   * The last answer without waiting, and whether a check is running; starts one in the background when the
+   * answer is stale (`/healthz`: a venv made while the server runs shows there without a run being created).
+   */
+  peek(): { status: TorchStatus | undefined; checking: boolean } {
+    if (this.isStale()) void this.check();
+    return { status: this.settled, checking: this.checking };
+  }
+
+  /**
+   * The answer, checking (again) when there is none yet, when the Python's install changed since the last check,
+   * or when the last one is an "unavailable" older than a minute.
+   */
   check(): Promise<TorchStatus> {
-    const stale =
-      this.settled !== undefined && !this.settled.available && Date.now() - this.checkedAt > RECHECK_MS;
-    if (this.pending === undefined || stale) {
+    if (this.pending === undefined || (!this.checking && this.isStale())) {
+      const python = this.python;
       this.checkedAt = Date.now();
-      this.pending = probeTorch(this.python).then((status) => (this.settled = status));
+      this.checkedStamp = installStamp(python);
+      this.checking = true;
+      this.pending = probeTorch(python).then((status) => {
+        this.checking = false;
+        return (this.settled = status);
+      });
     }
     return this.pending;
   }
+
+  private isStale(): boolean {
+    if (this.pending === undefined) return true;
+    if (this.checking) return false;
+    if (installStamp(this.python) !== this.checkedStamp) return true;
+    return this.settled !== undefined && !this.settled.available && Date.now() - this.checkedAt > RECHECK_MS;
+  }
+}
+
+/**
+ * What changes when a Python's packages do: the executable's and its `lib/python3.*\/site-packages` folders'
+ * modification times (pip adds and removes folders there). Reads a few directory entries; "" for no Python.
+ */
+export function installStamp(python: string | null): string {
+  if (python === null) return "";
+  const parts: string[] = [];
+  const time = (file: string) => {
+    try {
+      parts.push(`${file}:${fs.statSync(file).mtimeMs}`);
+    } catch {
+      parts.push(`${file}:-`);
+    }
+  };
+  time(python);
+  const lib = path.join(path.dirname(python), "..", "lib");
+  try {
+    for (const entry of fs.readdirSync(lib))
+      if (entry.startsWith("python")) time(path.join(lib, entry, "site-packages"));
+  } catch {
+    // not a venv's layout: the executable alone
+  }
+  return parts.join("|");
 }
 
 /** Runs `worker.py --probe` with `python`. */

@@ -112,18 +112,20 @@ def eval_noise(loss: float) -> float:
 
 
 class BestTracker:
-    """The best evaluation so far and early stopping, with `eval_noise` as the tie band."""
+    """The best evaluation so far and early stopping: the same rule as Conduit's `BestCheckpoint`
+    (src/train/core/bestCheckpoint.ts). The best is the lowest eval loss, and it is what is served; early stopping
+    counts the evaluations in a row that did not drop beyond `eval_noise` of the lowest."""
 
     def __init__(self, patience: Optional[int], state: Optional[dict[str, Any]] = None) -> None:
         self.patience = patience
         state = state or {}
         self.best: Optional[dict[str, Any]] = state.get("best")
         self.evals_since_best: int = state.get("evalsSinceBest", 0)
-        self.lowest: Optional[float] = state.get("lowestEvalLoss")
+        self.lowest: Optional[float] = state.get("lowestEvalLoss", self.best["loss"] if self.best else None)
         self.stopped = False
 
     def observe(self, loss: float, epoch: int, step: int) -> bool:
-        """Records an evaluation; returns True when its weights are the new best to keep."""
+        """Records an evaluation; returns True when its weights are the new best to keep (and serve)."""
         if self.lowest is None or loss < self.lowest - eval_noise(self.lowest):
             self.evals_since_best = 0
         else:
@@ -131,10 +133,10 @@ class BestTracker:
             if self.patience is not None and self.evals_since_best >= self.patience:
                 self.stopped = True
         self.lowest = loss if self.lowest is None else min(self.lowest, loss)
-        if self.best is None or loss <= self.lowest + eval_noise(self.lowest):
-            self.best = {"loss": loss, "epoch": epoch, "step": step}
-            return True
-        return False
+        if self.best is not None and loss > self.best["loss"]:
+            return False
+        self.best = {"loss": loss, "epoch": epoch, "step": step}
+        return True
 
     def state(self) -> dict[str, Any]:
         out: dict[str, Any] = {"best": self.best, "evalsSinceBest": self.evals_since_best}
@@ -762,15 +764,26 @@ class Trainer:
             # The leader writes everything that outlives the run: the per-example losses, the adapter, the stats.
             return None
 
+        # The phases after the last step, each logged with its time: a large model spends minutes here.
         best = tracker.best
         if best is not None and best["step"] != step and best_state is not None:
             self.load_adapter_state(best_state)
             self.log(
                 f"writing the best checkpoint (epoch {best['epoch']}, step {best['step']}, eval loss {best['loss']:.4f})"
             )
+        elif best is not None:
+            self.log(
+                f"the last step is the best checkpoint (epoch {best['epoch']}, step {best['step']}, eval loss {best['loss']:.4f})"
+            )
 
+        loss_windows = sum(len(Windows(part["file"], window_size)) for part in job["examples"])
+        self.log(f"measuring each example's loss with the weights written ({loss_windows} windows)")
+        phase = time.perf_counter()
         examples = self.example_losses()
+        self.log(f"measured each example's loss in {time.perf_counter() - phase:.1f} s")
+        phase = time.perf_counter()
         adapter_bytes = self.write_adapter(job["adapterFile"])
+        self.log(f"saved the adapter's tensors in {time.perf_counter() - phase:.1f} s")
         if job.get("probe"):
             self.write_probe(job["probe"]["tokens"], job["probe"]["file"])
         stats: dict[str, Any] = {
