@@ -1,7 +1,9 @@
 /**
  * Wire types of generation, by face: `generation/conduit.ts` (the Conduit API's chat and completions),
- * `generation/openai.ts` (the OpenAI-compatible routes) and `generation/common.ts` (what both use).
+ * `generation/openai.ts` (the OpenAI-compatible routes), `generation/embeddings.ts` (both faces' embeddings) and
+ * `generation/common.ts` (what both use).
  */
 export * from "./generation/common.ts";
 export * from "./generation/conduit.ts";
 export * from "./generation/openai.ts";
+export * from "./generation/embeddings.ts";

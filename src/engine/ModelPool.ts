@@ -18,6 +18,7 @@ import {
 import { keepFreedMemoryReturnable } from "./heap.ts";
 import { loadAdapter } from "./nativeBatch.ts";
 import { BatcherGroup } from "./BatcherGroup.ts";
+import { Embedder } from "./Embedder.ts";
 import type { BatchAdapter, SequenceBatcher } from "./SequenceBatcher.ts";
 import type { ModelRef } from "./types.ts";
 
@@ -87,6 +88,8 @@ interface LoadedBase {
   batcher: BatcherGroup;
   /** The chat template the base is served with (its own, its family's, or the fallback). */
   template: ChatTemplate;
+  /** Its embedding context, created by the first embedding request and freed with the base. */
+  embedder: Promise<Embedder> | undefined;
 }
 
 /**
@@ -250,7 +253,9 @@ export class ModelPool {
       logLevel: LlamaLogLevel.warn,
       logger: (level, message) => {
         const text = message.trim();
-        if (text === "") return;
+        // Every embedding decode says so (node-llama-cpp asks for the last token's output only): not news.
+        if (text === "" || text.startsWith("init: embeddings required but some input tokens were not marked"))
+          return;
         if (level === LlamaLogLevel.error || level === LlamaLogLevel.fatal)
           this.options.logger("error", text);
         else if (level === LlamaLogLevel.warn) this.options.logger("warn", text);
@@ -396,6 +401,7 @@ export class ModelPool {
               contexts,
               batcher,
               template,
+              embedder: undefined,
             };
             this.bases.set(path, loaded);
             return loaded;
@@ -423,10 +429,7 @@ export class ModelPool {
     identity: string,
   ): Promise<{ contexts: LlamaContext[]; batcher: BatcherGroup; template: ChatTemplate }> {
     const { options } = this;
-    const contextSize = Math.max(
-      16,
-      Math.min(options.contextSize, model.trainContextSize || options.contextSize),
-    );
+    const contextSize = this.contextSizeOf(model);
     const count = Math.max(1, Math.min(options.contexts, options.parallel));
     const contexts: LlamaContext[] = [];
     try {
@@ -462,6 +465,71 @@ export class ModelPool {
     }
   }
 
+  /** Tokens per sequence on `model`: `contextSize`, capped at the model's training context. */
+  private contextSizeOf(model: LlamaModel): number {
+    const { contextSize } = this.options;
+    return Math.max(16, Math.min(contextSize, model.trainContextSize || contextSize));
+  }
+
+  /**
+   * The embedding context of `m`'s base (shared by the base and its adapters), created on first use with the
+   * base's context size and one sequence, and kept until the base is unloaded. Its memory (node-llama-cpp's
+   * estimate: KV cache and compute buffers) is counted with the base against the budgets: idle models are
+   * unloaded first to make room. The caller holds `m` (its `users`) meanwhile.
+   */
+  embedder(m: LoadedModel): Promise<Embedder> {
+    const base = m.base;
+    if (base.embedder === undefined) {
+      const creating = this.createEmbedder(base);
+      base.embedder = creating;
+      creating.catch(() => {
+        if (base.embedder === creating) base.embedder = undefined;
+      });
+    }
+    return base.embedder;
+  }
+
+  private async createEmbedder(base: LoadedBase): Promise<Embedder> {
+    const { model } = base;
+    const contextSize = this.contextSizeOf(model);
+    // Every token of an input in one decode: a pooled (non-causal) model needs the whole input in one batch.
+    const estimate = model.fileInsights.estimateContextResourceRequirements({
+      contextSize,
+      modelGpuLayers: model.gpuLayers,
+      batchSize: contextSize,
+      sequences: 1,
+      isEmbeddingContext: true,
+    });
+    const memory = { host: estimate.cpuRam, gpu: estimate.gpuVram };
+    await this.makeRoomFor(memory);
+    if (this.closed) throw new ConduitError("unavailable", "The inference engine is shutting down.");
+    let context;
+    try {
+      context = await model.createEmbeddingContext({
+        contextSize,
+        batchSize: contextSize,
+        threads: this.options.threads,
+      });
+    } catch (error) {
+      this.options.logger(
+        "error",
+        `creating the embedding context of ${base.path} failed: ${error instanceof Error ? error.message : error}`,
+      );
+      throw new ConduitError("unavailable", "The model's embedding context could not be created.", {
+        cause: error,
+      });
+    }
+    base.sizeBytes += memory.host;
+    base.gpuBytes += memory.gpu;
+    return new Embedder(context, model, contextSize, memory);
+  }
+
+  /** Marks `m` used now (after an embedding request); a model past the budgets may be idle now. */
+  used(m: LoadedModel): void {
+    m.lastUsed = Date.now();
+    this.enforceBudget();
+  }
+
   /** One user fewer; the contexts and weights are freed with the last. */
   private async releaseBase(base: LoadedBase): Promise<void> {
     base.users--;
@@ -469,6 +537,8 @@ export class ModelPool {
     // A base whose file changed may already have been replaced by its new version.
     if (this.bases.get(base.path) === base) this.bases.delete(base.path);
     await base.batcher.idle();
+    const embedder = await base.embedder?.catch(() => undefined);
+    await embedder?.dispose().catch(() => {});
     for (const context of base.contexts) await context.dispose().catch(() => {});
     await base.model.dispose().catch(() => {});
   }

@@ -281,6 +281,10 @@ export function endlessEngine(): Engine {
           reject(request.signal?.reason);
         });
       }),
+    embed: (request) =>
+      new Promise((_resolve, reject) =>
+        request.signal?.addEventListener("abort", () => reject(request.signal?.reason)),
+      ),
     load: async () => undefined,
     unload: () => undefined,
     loaded: () => [],
