@@ -253,9 +253,7 @@ export class ModelPool {
       logLevel: LlamaLogLevel.warn,
       logger: (level, message) => {
         const text = message.trim();
-        // Every embedding decode says so (node-llama-cpp asks for the last token's output only): not news.
-        if (text === "" || text.startsWith("init: embeddings required but some input tokens were not marked"))
-          return;
+        if (text === "") return;
         if (level === LlamaLogLevel.error || level === LlamaLogLevel.fatal)
           this.options.logger("error", text);
         else if (level === LlamaLogLevel.warn) this.options.logger("warn", text);
