@@ -29,6 +29,8 @@ export class Embedder {
   /** The end of the last request's turn: the next one starts after it. */
   private tail: Promise<void> = Promise.resolve();
   private holders = 0;
+  /** Set by {@link close}: the error every input after it fails with. */
+  private closedBy: (() => Error) | undefined;
 
   constructor(
     private readonly context: LlamaEmbeddingContext,
@@ -93,10 +95,16 @@ export class Embedder {
     const vectors: number[][] = [];
     for (const tokens of inputs) {
       signal?.throwIfAborted();
+      if (this.closedBy) throw this.closedBy();
       const embedding = await this.context.getEmbeddingFor(tokens as Token[]);
       vectors.push(embedding.vector as number[]);
     }
     return vectors;
+  }
+
+  /** Fails the requests under way at their next input, and every later one, with `reason()` (shutting down). */
+  close(reason: () => Error): void {
+    this.closedBy = reason;
   }
 
   /** Waits for the requests under way, then frees the context. */

@@ -43,6 +43,8 @@ export interface EngineStats {
   /** Of `promptTokens`, those found in a sequence's KV cache (prefix reuse) rather than evaluated. */
   cachedPromptTokens: number;
   completionTokens: number;
+  /** Tokens evaluated by finished embedding requests (BOS and end tokens included). */
+  embeddingTokens: number;
 }
 
 /**

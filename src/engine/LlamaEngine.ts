@@ -135,6 +135,7 @@ class LlamaEngine implements Engine {
     promptTokens: 0,
     cachedPromptTokens: 0,
     completionTokens: 0,
+    embeddingTokens: 0,
   };
 
   constructor(options: LlamaEngineOptions) {
@@ -275,7 +276,7 @@ class LlamaEngine implements Engine {
       const started = Date.now();
       try {
         const vectors = await embedder.embed(inputs.tokens, m.adapter, signal);
-        this.counters.promptTokens += inputs.count;
+        this.counters.embeddingTokens += inputs.count;
         this.admission.recordGeneration(Date.now() - started);
         return { vectors, dimensions: embedder.dimensions, promptTokens: inputs.count };
       } finally {
@@ -368,6 +369,7 @@ class LlamaEngine implements Engine {
       promptTokens: this.counters.promptTokens,
       cachedPromptTokens: this.counters.cachedPromptTokens,
       completionTokens: this.counters.completionTokens,
+      embeddingTokens: this.counters.embeddingTokens,
     };
   }
 
@@ -381,6 +383,7 @@ class LlamaEngine implements Engine {
     const shuttingDown = () => new ConduitError("unavailable", "The inference engine is shutting down.");
     // Queued and running generations fail at once; models still loading are refused by the pool.
     for (const m of [...this.pool.loaded(), ...this.pool.retired()]) m.batcher.close(shuttingDown);
+    this.pool.closeEmbedders(shuttingDown);
     await Promise.all([this.pool.dispose(), this.grammars.dispose(), this.tokenizer.dispose()]);
   }
 

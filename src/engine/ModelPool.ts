@@ -522,6 +522,19 @@ export class ModelPool {
     return new Embedder(context, model, contextSize, memory);
   }
 
+  /** Fails embedding requests under way at their next input (the engine is shutting down). */
+  closeEmbedders(reason: () => Error): void {
+    const bases = new Set([
+      ...this.bases.values(),
+      ...[...this.models.values(), ...this.retiring.keys()].map((m) => m.base),
+    ]);
+    for (const base of bases)
+      void base.embedder?.then(
+        (e) => e.close(reason),
+        () => {},
+      );
+  }
+
   /** Marks `m` used now (after an embedding request); a model past the budgets may be idle now. */
   used(m: LoadedModel): void {
     m.lastUsed = Date.now();

@@ -300,6 +300,7 @@ export function endlessEngine(): Engine {
       rejectedRequests: 0,
       promptTokens: 0,
       completionTokens: 0,
+      embeddingTokens: 0,
     }),
     dispose: async () => undefined,
   };

@@ -97,6 +97,12 @@ describe("embeddings on the engine", () => {
       assert.equal(engine.stats().loadedBases, 1);
       assert.equal(results[1].dimensions, 64);
       assert.ok(results[1].promptTokens > TEXTS.length);
+      const embedded = [0, 1, 3, 4].reduce(
+        (sum, i) => sum + (results[i] as { promptTokens: number }).promptTokens,
+        0,
+      );
+      assert.equal(engine.stats().embeddingTokens, embedded);
+      assert.equal(engine.stats().promptTokens, results[2].promptTokens, "generations' prompts only");
     } finally {
       await engine.dispose();
     }
@@ -156,6 +162,22 @@ describe("embeddings on the engine", () => {
     } finally {
       await queued.dispose();
     }
+  });
+
+  test("shutting down fails a request under way at its next input", async () => {
+    const engine = createLlamaEngine({ llama, ...engineOptions });
+    const many = Array.from({ length: 400 }, (_, i) => `${TEXTS[1]} ${i}`);
+    await engine.embed({ model: base, inputs: ["warm"] });
+    const running = engine.embed({ model: base, inputs: many }).then(
+      () => undefined,
+      (error: unknown) => error,
+    );
+    await new Promise((resolve) => setTimeout(resolve, 20));
+    const started = Date.now();
+    await engine.dispose();
+    const error = await running;
+    assert.ok(error instanceof ConduitError && error.code === "unavailable", String(error));
+    assert.ok(Date.now() - started < 5_000);
   });
 
   test("an aborted request stops between inputs and frees its turn", async () => {
