@@ -3,7 +3,7 @@
 # tree under .cache/node24-tree, so that the two builds of the native module better-sqlite3 (one per Node
 # ABI) never overwrite each other: this tree keeps working on the system Node meanwhile. The copy takes the
 # tracked and untracked (not ignored) files, the dashboard's build, node_modules (hard links, except
-# better-sqlite3, rebuilt there for Node 24 against .cache/node24/include when its build is for another Node, and
+# better-sqlite3, rebuilt there for Node 24 against Node 24.18.1's headers (.cache/node24-headers), and
 # npm's and the tools' own files at its top, copied) and links to the other .cache entries (the trainers' and
 # clients' virtual environments). Node 24 comes from bin/setup-node.sh; npm is the
 # one on PATH, run by Node 24. Examples: `bash bin/node24.sh`, `bash bin/node24.sh npm run test:unit`.
@@ -24,10 +24,9 @@ git ls-files -z --deleted | (cd "$tree" && xargs -0 -r rm -f --)
 if [ -d ui/dist ]; then rsync -a --delete ui/dist/ "$tree/ui/dist/"; fi
 
 # node_modules: hard links, fresh each time so an `npm install` here shows there; better-sqlite3 is a real
-# copy whose build is kept between runs when this tree's copy of it has not changed.
+# copy whose build is kept between runs while its version is the same.
 keep=""
-if [ -f "$tree/node_modules/better-sqlite3/.node24-build" ] &&
-  cmp -s node_modules/better-sqlite3/package.json "$tree/node_modules/better-sqlite3/package.json"; then
+if cmp -s node_modules/better-sqlite3/package.json "$tree/node_modules/better-sqlite3/package.json"; then
   keep=$(mktemp -d) && mv "$tree/node_modules/better-sqlite3" "$keep/"
 fi
 rm -rf "$tree/node_modules"
@@ -54,13 +53,9 @@ done
 
 export PATH="$node24/bin:$PATH"
 cd "$tree"
-if ! node -e 'new (require("better-sqlite3"))(":memory:").close()' 2>/dev/null; then
-  say "building better-sqlite3 for Node $(node -v) (~90 s)"
-  npm_config_nodedir="$node24" npm rebuild better-sqlite3 >/dev/null
-  node -e 'new (require("better-sqlite3"))(":memory:").close()'
-  touch node_modules/better-sqlite3/.node24-build
-fi
+# Against Node 24.18.1's headers: later ones make better-sqlite3 12 abort the process (see bin/setup-node.sh).
+bash bin/sqlite-node24.sh
 say "Node $(node -v), npm $(npm -v), in $tree"
 if [ $# -eq 0 ]; then set -- npm test; fi
-export npm_config_nodedir="$node24"
+export npm_config_nodedir="$root/.cache/node24-headers"
 exec "$@"
