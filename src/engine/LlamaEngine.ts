@@ -290,8 +290,9 @@ class LlamaEngine implements Engine {
 
   /**
    * The inputs' tokens, and how many the embedding context evaluates (with the BOS and end tokens it adds). A
-   * text with more bytes than the context's tokens can stand for is refused before it is tokenized; a long one
-   * is tokenized off the event loop.
+   * text with more bytes than the context's tokens can stand for is refused before it is tokenized; texts past the
+   * first {@link INLINE_PROMPT_BYTES} bytes of the request are tokenized off the event loop (2,048 short texts
+   * add up).
    */
   private async embeddingTokens(
     m: LoadedModel,
@@ -304,6 +305,7 @@ class LlamaEngine implements Engine {
     const refuse = (message: string) => new ConduitError("invalid_request", message, { param: "input" });
     const tokens: number[][] = [];
     let count = 0;
+    let inlineBytes = 0;
     for (const [i, input] of inputs.entries()) {
       const at = inputs.length === 1 ? "input" : `input[${i}]`;
       let ids: number[];
@@ -312,8 +314,9 @@ class LlamaEngine implements Engine {
         if (bytes === 0) throw refuse(`${at} is empty.`);
         if (Math.ceil(bytes / maxTokenBytes) > most)
           throw refuse(`${at} is ${bytes} bytes, more than the ${most} tokens this model embeds at once.`);
+        inlineBytes += bytes;
         ids =
-          (bytes > INLINE_PROMPT_BYTES
+          (inlineBytes > INLINE_PROMPT_BYTES
             ? await this.tokenizer.tokenize(m.base.path, m.base.identity, { text: input, special: false })
             : undefined) ?? (model.tokenize(input, false) as number[]);
       } else {

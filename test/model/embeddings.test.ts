@@ -164,6 +164,20 @@ describe("embeddings on the engine", () => {
     }
   });
 
+  test("many texts: those past the first 8 KiB are tokenized off the event loop, to the same tokens", async () => {
+    const engine = createLlamaEngine({ llama, ...engineOptions });
+    try {
+      const texts = Array.from({ length: 300 }, (_, i) => `${TEXTS[0]}, and then ${i} more apples fell.`);
+      assert.ok(Buffer.byteLength(texts.join("")) > 16 * 1024);
+      const all = await engine.embed({ model: base, inputs: texts });
+      const last = await engine.embed({ model: base, inputs: [texts.at(-1)!] });
+      assert.deepEqual(all.vectors.at(-1), last.vectors[0]);
+      assert.equal(all.vectors.length, texts.length);
+    } finally {
+      await engine.dispose();
+    }
+  });
+
   test("shutting down fails a request under way at its next input", async () => {
     const engine = createLlamaEngine({ llama, ...engineOptions });
     const many = Array.from({ length: 400 }, (_, i) => `${TEXTS[1]} ${i}`);
