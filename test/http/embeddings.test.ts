@@ -1,6 +1,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import OpenAI from "openai";
+import { ConduitClient } from "../../src/client/ConduitClient.ts";
 import { MAX_EMBEDDING_INPUTS } from "../../src/contract/generation.ts";
 import { as, build, KEY_A, KEY_B } from "../lib/helper.ts";
 import { runScenarios, type ApiScenario } from "../lib/scenario.ts";
@@ -77,6 +78,11 @@ test("the official openai client: embeddings.create, float and base64 alike, usa
     client.embeddings.create({ model: "nope", input: "hi" }),
     (e: InstanceType<typeof OpenAI.NotFoundError>) => e.status === 404 && e.code === "model_not_found",
   );
+
+  // Conduit's own client, on the Conduit twin: the same vectors.
+  const conduit = new ConduitClient({ baseUrl: address, key: KEY_A });
+  const twin = await conduit.embed({ model: "tiny", input, encoding_format: "float" });
+  assert.deepEqual(twin, floats);
 });
 
 test("token ids embed like their text; the Conduit twin answers the same vectors", async (t) => {
