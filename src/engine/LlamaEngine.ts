@@ -307,6 +307,7 @@ class LlamaEngine implements Engine {
     let count = 0;
     let inlineBytes = 0;
     for (const [i, input] of inputs.entries()) {
+      this.ensureOpen();
       const at = inputs.length === 1 ? "input" : `input[${i}]`;
       let ids: number[];
       if (typeof input === "string") {
