@@ -17,7 +17,7 @@ export interface EmbeddingMemory {
  * of a request are evaluated one after another, each in one decode. Requests take turns in arrival order.
  */
 export class Embedder {
-  /** Tokens one input may have, the BOS and an end token the vocabulary appends included. */
+  /** The context's tokens: an input may have one fewer, with its BOS and end tokens. */
   readonly contextSize: number;
   /** Length of the vectors. */
   readonly dimensions: number;
@@ -83,7 +83,7 @@ export class Embedder {
   }
 
   /**
-   * Embeds `inputs` (token ids, BOS included) in order under `adapter` (absent: the bare base). Call it in the
+   * Embeds `inputs` (token ids; the context adds the BOS and end tokens) in order under `adapter` (absent: the bare base). Call it in the
    * request's {@link turn}. Checks `signal` between inputs.
    */
   async embed(
