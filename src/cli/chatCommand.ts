@@ -97,6 +97,10 @@ export function chatCommand(program: Command, ctx: CliContext): void {
         output: ctx.json ? process.stderr : process.stdout,
       });
       console.error("Type a message; an empty line or Ctrl-D ends the chat.");
+      // Piped input closes the interface once it is read, while its lines are still being answered; a prompt
+      // then throws on Node 24 ("readline was closed"; Node 20 ignored it).
+      let closed = false;
+      rl.once("close", () => (closed = true));
       try {
         // Iterating the lines (not `question()`) queues what arrives while an answer streams, so
         // piped input is read in full.
@@ -106,7 +110,7 @@ export function chatCommand(program: Command, ctx: CliContext): void {
           if (prompt.trim() === "") break;
           const answer = await askWithin(ctx, base, prompt, history);
           history.push(prompt, answer);
-          rl.prompt();
+          if (!closed) rl.prompt();
         }
       } finally {
         rl.close();

@@ -1,6 +1,8 @@
 import type {
   ChatRequest,
   ChatResultWire,
+  EmbeddingListWire,
+  EmbeddingsRequest,
   IoPairPreviewWire,
   LoadedModelEntryWire,
   MessageWire,
@@ -368,6 +370,11 @@ export class ConduitClient {
   /** One chat answer, whole. */
   chat(body: ChatRequest, signal?: AbortSignal): Promise<ChatResultWire> {
     return this.json("POST", "/conduit/v1/chat", { ...body, stream: false }, signal);
+  }
+
+  /** One vector per input (`POST /conduit/v1/embeddings`), in order. */
+  embed(body: EmbeddingsRequest, signal?: AbortSignal): Promise<EmbeddingListWire> {
+    return this.json("POST", "/conduit/v1/embeddings", body, signal);
   }
 
   /** One chat answer as it is generated: the text of each chunk, in order. An error mid-stream throws. */

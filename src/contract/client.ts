@@ -1,5 +1,12 @@
 import type { Static } from "@sinclair/typebox";
-import type { ChatBodyWire, ChatResult, LoadedModelEntry, ModelEntry } from "./generation.ts";
+import type {
+  ChatBodyWire,
+  ChatResult,
+  EmbeddingListWire,
+  EmbeddingsBodyWire,
+  LoadedModelEntry,
+  ModelEntry,
+} from "./generation.ts";
 import type { ErrorBody, IoPairPreview, Message, PageQuery } from "./schemas.ts";
 
 /**
@@ -14,6 +21,11 @@ export type IoPairPreviewWire = Static<typeof IoPairPreview>;
 export type ModelEntryWire = Static<typeof ModelEntry>;
 export type LoadedModelEntryWire = Static<typeof LoadedModelEntry>;
 export type ChatResultWire = Static<typeof ChatResult>;
+
+/** `POST /conduit/v1/embeddings`'s body as a client writes it: the input, and whichever fields it sets. */
+export type EmbeddingsRequest = Pick<EmbeddingsBodyWire, "input"> &
+  Partial<Omit<EmbeddingsBodyWire, "input">>;
+export type { EmbeddingListWire };
 
 /** `POST /conduit/v1/chat`'s body as a client writes it: the prompt, and whichever fields it sets. */
 export type ChatRequest = Pick<ChatBodyWire, "prompt"> & Partial<Omit<ChatBodyWire, "prompt" | "stream">>;

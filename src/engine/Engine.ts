@@ -1,5 +1,11 @@
 import type { AcceleratorInfo } from "./accelerator.ts";
-import type { GenerationRequest, GenerationResult, ModelRef } from "./types.ts";
+import type {
+  EmbeddingRequest,
+  EmbeddingResult,
+  GenerationRequest,
+  GenerationResult,
+  ModelRef,
+} from "./types.ts";
 
 /** A model the engine holds in memory. */
 export interface LoadedModelInfo {
@@ -37,6 +43,8 @@ export interface EngineStats {
   /** Of `promptTokens`, those found in a sequence's KV cache (prefix reuse) rather than evaluated. */
   cachedPromptTokens: number;
   completionTokens: number;
+  /** Tokens evaluated by finished embedding requests (BOS and end tokens included). */
+  embeddingTokens: number;
 }
 
 /**
@@ -51,6 +59,14 @@ export interface Engine {
    * signal's reason when `request.signal` aborts.
    */
   generate(request: GenerationRequest): Promise<GenerationResult>;
+  /**
+   * Embeds each input with the model's embedding context (one per loaded base, shared by its adapters, created
+   * on first use and counted against the memory budgets). Requests take turns on it, waiting in the same bounded
+   * queue as generations. Throws `ConduitError` `invalid_request` naming `input` (an empty input, one past the
+   * context, more than `MAX_EMBEDDING_TOKENS` tokens in all, a token id outside the vocabulary),
+   * `rate_limited` and `unavailable` as `generate` does.
+   */
+  embed(request: EmbeddingRequest): Promise<EmbeddingResult>;
   /** Loads a model (if it is not loaded) and keeps it warm; `generate` does this on first use. */
   load(model: ModelRef): Promise<void>;
   /**

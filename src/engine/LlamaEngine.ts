@@ -4,12 +4,22 @@ import { Admission, abortable } from "./Admission.ts";
 import type { AcceleratorInfo } from "./accelerator.ts";
 import type { AdapterBatchingSetting, GpuLayers, GpuSetting } from "../contract/accelerator.ts";
 import type { Engine, EngineStats, LoadedModelInfo } from "./Engine.ts";
+import { MAX_EMBEDDING_TOKENS } from "../contract/generation/embeddings.ts";
+import type { Embedder } from "./Embedder.ts";
+import { INLINE_PROMPT_BYTES } from "./promptTokens.ts";
 import { GrammarCache } from "./grammars.ts";
 import { ModelPool, type LoadedModel } from "./ModelPool.ts";
 import { TokenizerThread } from "./TokenizerThread.ts";
 import type { SequenceTicket } from "./BatcherGroup.ts";
 import { SequenceBatcher } from "./SequenceBatcher.ts";
-import type { GenerationRequest, GenerationResult, ModelRef, SamplingOptions } from "./types.ts";
+import type {
+  EmbeddingRequest,
+  EmbeddingResult,
+  GenerationRequest,
+  GenerationResult,
+  ModelRef,
+  SamplingOptions,
+} from "./types.ts";
 
 export { chatTokens } from "./promptTokens.ts";
 export { PROMPT_BATCH_TOKENS } from "./SequenceBatcher.ts";
@@ -131,6 +141,7 @@ class LlamaEngine implements Engine {
     promptTokens: 0,
     cachedPromptTokens: 0,
     completionTokens: 0,
+    embeddingTokens: 0,
   };
 
   constructor(options: LlamaEngineOptions) {
@@ -241,6 +252,99 @@ class LlamaEngine implements Engine {
     }
   }
 
+  async embed(request: EmbeddingRequest): Promise<EmbeddingResult> {
+    this.ensureOpen();
+    const { signal } = request;
+    if (request.inputs.length === 0)
+      throw new ConduitError("invalid_request", "input must hold at least one text.", { param: "input" });
+    signal?.throwIfAborted();
+    let m = this.pool.get(request.model);
+    while (!m) {
+      const next = await this.admission.whileLoading(() => this.pool.load(request.model), signal);
+      this.ensureOpen();
+      if (this.pool.isCurrent(next)) m = next;
+    }
+    // Held until the vectors are out: the model (and its embedding context) is not unloaded meanwhile.
+    m.users++;
+    try {
+      const embedder = await abortable(this.pool.embedder(m), signal);
+      if (request.dimensions !== undefined && request.dimensions !== embedder.dimensions)
+        throw new ConduitError(
+          "invalid_request",
+          `dimensions is ${request.dimensions}; this model's vectors have ${embedder.dimensions} (they are never shortened).`,
+          { param: "dimensions" },
+        );
+      const inputs = await this.embeddingTokens(m, embedder, request.inputs);
+      this.ensureOpen();
+      signal?.throwIfAborted();
+      const end = embedder.busy
+        ? await this.admission.whileQueued(() => embedder.turn(signal))
+        : await embedder.turn(signal);
+      const started = Date.now();
+      try {
+        const vectors = await embedder.embed(inputs.tokens, m.adapter, signal);
+        this.counters.embeddingTokens += inputs.count;
+        this.admission.recordGeneration(Date.now() - started);
+        return { vectors, dimensions: embedder.dimensions, promptTokens: inputs.count };
+      } finally {
+        end();
+      }
+    } finally {
+      m.users--;
+      this.pool.used(m);
+    }
+  }
+
+  /**
+   * The inputs' tokens, and how many the embedding context evaluates (with the BOS and end tokens it adds). A
+   * text with more bytes than the context's tokens can stand for is refused before it is tokenized; texts past the
+   * first {@link INLINE_PROMPT_BYTES} bytes of the request are tokenized off the event loop (2,048 short texts
+   * add up).
+   */
+  private async embeddingTokens(
+    m: LoadedModel,
+    embedder: Embedder,
+    inputs: (string | number[])[],
+  ): Promise<{ tokens: number[][]; count: number }> {
+    const { model } = m.base;
+    const most = embedder.contextSize - 1;
+    const { vocabularySize: vocabulary, maxTokenBytes } = embedder;
+    const refuse = (message: string) => new ConduitError("invalid_request", message, { param: "input" });
+    const tokens: number[][] = [];
+    let count = 0;
+    let inlineBytes = 0;
+    for (const [i, input] of inputs.entries()) {
+      this.ensureOpen();
+      const at = inputs.length === 1 ? "input" : `input[${i}]`;
+      let ids: number[];
+      if (typeof input === "string") {
+        const bytes = Buffer.byteLength(input);
+        if (bytes === 0) throw refuse(`${at} is empty.`);
+        if (Math.ceil(bytes / maxTokenBytes) > most)
+          throw refuse(`${at} is ${bytes} bytes, more than the ${most} tokens this model embeds at once.`);
+        inlineBytes += bytes;
+        ids =
+          (inlineBytes > INLINE_PROMPT_BYTES
+            ? await this.tokenizer.tokenize(m.base.path, m.base.identity, { text: input, special: false })
+            : undefined) ?? (model.tokenize(input, false) as number[]);
+      } else {
+        if (input.length === 0) throw refuse(`${at} is empty.`);
+        const bad = input.find((t) => !Number.isInteger(t) || t < 0 || t >= vocabulary);
+        if (bad !== undefined)
+          throw refuse(`${at} holds token ${bad}, outside this model's vocabulary (0 to ${vocabulary - 1}).`);
+        ids = input;
+      }
+      const length = embedder.inputLength(ids);
+      if (length > most)
+        throw refuse(`${at} is ${length} tokens; this model embeds at most ${most} tokens at once.`);
+      count += length;
+      if (count > MAX_EMBEDDING_TOKENS)
+        throw refuse(`The inputs are more than ${MAX_EMBEDDING_TOKENS} tokens in all; send fewer at once.`);
+      tokens.push(ids);
+    }
+    return { tokens, count };
+  }
+
   async load(model: ModelRef): Promise<void> {
     this.ensureOpen();
     await this.pool.load(model);
@@ -276,6 +380,7 @@ class LlamaEngine implements Engine {
       promptTokens: this.counters.promptTokens,
       cachedPromptTokens: this.counters.cachedPromptTokens,
       completionTokens: this.counters.completionTokens,
+      embeddingTokens: this.counters.embeddingTokens,
     };
   }
 
@@ -289,6 +394,7 @@ class LlamaEngine implements Engine {
     const shuttingDown = () => new ConduitError("unavailable", "The inference engine is shutting down.");
     // Queued and running generations fail at once; models still loading are refused by the pool.
     for (const m of [...this.pool.loaded(), ...this.pool.retired()]) m.batcher.close(shuttingDown);
+    this.pool.closeEmbedders(shuttingDown);
     await Promise.all([this.pool.dispose(), this.grammars.dispose(), this.tokenizer.dispose()]);
   }
 

@@ -25,6 +25,7 @@ import {
 } from "./mixedAdapterBuild.ts";
 import { loadAdapter } from "./nativeBatch.ts";
 import { BatcherGroup } from "./BatcherGroup.ts";
+import { Embedder } from "./Embedder.ts";
 import type { BatchAdapter, SequenceBatcher } from "./SequenceBatcher.ts";
 import type { ModelRef } from "./types.ts";
 
@@ -96,6 +97,8 @@ interface LoadedBase {
   batcher: BatcherGroup;
   /** The chat template the base is served with (its own, its family's, or the fallback). */
   template: ChatTemplate;
+  /** Its embedding context, created by the first embedding request and freed with the base. */
+  embedder: Promise<Embedder> | undefined;
 }
 
 /**
@@ -457,6 +460,7 @@ export class ModelPool {
               contexts,
               batcher,
               template,
+              embedder: undefined,
             };
             this.bases.set(path, loaded);
             return loaded;
@@ -484,10 +488,7 @@ export class ModelPool {
     identity: string,
   ): Promise<{ contexts: LlamaContext[]; batcher: BatcherGroup; template: ChatTemplate }> {
     const { options } = this;
-    const contextSize = Math.max(
-      16,
-      Math.min(options.contextSize, model.trainContextSize || options.contextSize),
-    );
+    const contextSize = this.contextSizeOf(model);
     const count = Math.max(1, Math.min(options.contexts, options.parallel));
     const contexts: LlamaContext[] = [];
     try {
@@ -523,6 +524,84 @@ export class ModelPool {
     }
   }
 
+  /** Tokens per sequence on `model`: `contextSize`, capped at the model's training context. */
+  private contextSizeOf(model: LlamaModel): number {
+    const { contextSize } = this.options;
+    return Math.max(16, Math.min(contextSize, model.trainContextSize || contextSize));
+  }
+
+  /**
+   * The embedding context of `m`'s base (shared by the base and its adapters), created on first use with the
+   * base's context size and one sequence, and kept until the base is unloaded. Its memory (node-llama-cpp's
+   * estimate: KV cache and compute buffers) is counted with the base against the budgets: idle models are
+   * unloaded first to make room. The caller holds `m` (its `users`) meanwhile.
+   */
+  embedder(m: LoadedModel): Promise<Embedder> {
+    const base = m.base;
+    if (base.embedder === undefined) {
+      const creating = this.createEmbedder(base);
+      base.embedder = creating;
+      creating.catch(() => {
+        if (base.embedder === creating) base.embedder = undefined;
+      });
+    }
+    return base.embedder;
+  }
+
+  private async createEmbedder(base: LoadedBase): Promise<Embedder> {
+    const { model } = base;
+    const contextSize = this.contextSizeOf(model);
+    // Every token of an input in one decode: a pooled (non-causal) model needs the whole input in one batch.
+    const estimate = model.fileInsights.estimateContextResourceRequirements({
+      contextSize,
+      modelGpuLayers: model.gpuLayers,
+      batchSize: contextSize,
+      sequences: 1,
+      isEmbeddingContext: true,
+    });
+    const memory = { host: estimate.cpuRam, gpu: estimate.gpuVram };
+    await this.makeRoomFor(memory);
+    if (this.closed) throw new ConduitError("unavailable", "The inference engine is shutting down.");
+    let context;
+    try {
+      context = await model.createEmbeddingContext({
+        contextSize,
+        batchSize: contextSize,
+        threads: this.options.threads,
+      });
+    } catch (error) {
+      this.options.logger(
+        "error",
+        `creating the embedding context of ${base.path} failed: ${error instanceof Error ? error.message : error}`,
+      );
+      throw new ConduitError("unavailable", "The model's embedding context could not be created.", {
+        cause: error,
+      });
+    }
+    base.sizeBytes += memory.host;
+    base.gpuBytes += memory.gpu;
+    return new Embedder(context, model, contextSize, memory);
+  }
+
+  /** Fails embedding requests under way at their next input (the engine is shutting down). */
+  closeEmbedders(reason: () => Error): void {
+    const bases = new Set([
+      ...this.bases.values(),
+      ...[...this.models.values(), ...this.retiring.keys()].map((m) => m.base),
+    ]);
+    for (const base of bases)
+      void base.embedder?.then(
+        (e) => e.close(reason),
+        () => {},
+      );
+  }
+
+  /** Marks `m` used now (after an embedding request); a model past the budgets may be idle now. */
+  used(m: LoadedModel): void {
+    m.lastUsed = Date.now();
+    this.enforceBudget();
+  }
+
   /** One user fewer; the contexts and weights are freed with the last. */
   private async releaseBase(base: LoadedBase): Promise<void> {
     base.users--;
@@ -530,6 +609,8 @@ export class ModelPool {
     // A base whose file changed may already have been replaced by its new version.
     if (this.bases.get(base.path) === base) this.bases.delete(base.path);
     await base.batcher.idle();
+    const embedder = await base.embedder?.catch(() => undefined);
+    await embedder?.dispose().catch(() => {});
     for (const context of base.contexts) await context.dispose().catch(() => {});
     await base.model.dispose().catch(() => {});
   }

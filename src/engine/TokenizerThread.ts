@@ -21,8 +21,11 @@ export class TokenizerThread {
   private worker: Worker | undefined;
   private readonly pending = new Map<number, (answer: TokenizeAnswer | undefined) => void>();
   private nextId = 0;
+  private disposed = false;
 
   async tokenize(path: string, identity: string, job: TokenizeJob): Promise<number[] | undefined> {
+    // Disposed: the caller tokenizes itself (a worker started now would outlive the engine).
+    if (this.disposed) return undefined;
     const worker = this.worker ?? this.start();
     const id = this.nextId++;
     const answer = await new Promise<TokenizeAnswer | undefined>((resolve) => {
@@ -36,8 +39,9 @@ export class TokenizerThread {
     return Array.from(answer.tokens);
   }
 
-  /** Stops the worker; tokenizations under way answer `undefined`. */
+  /** Stops the worker for good; tokenizations under way and later ones answer `undefined`. */
   async dispose(): Promise<void> {
+    this.disposed = true;
     const worker = this.worker;
     this.worker = undefined;
     this.settleAll();

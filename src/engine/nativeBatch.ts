@@ -1,4 +1,4 @@
-import type { Llama, LlamaContext, LlamaGrammar, LlamaModel } from "node-llama-cpp";
+import type { Llama, LlamaContext, LlamaEmbeddingContext, LlamaGrammar, LlamaModel } from "node-llama-cpp";
 
 /**
  * The one place that reaches under node-llama-cpp's public API (pinned to exactly 3.22.1 in package.json).
@@ -185,6 +185,20 @@ export function bindNative(llama: Llama, model: LlamaModel, context: LlamaContex
       return new GrammarState(nativeModel, nativeGrammar);
     },
   };
+}
+
+/**
+ * The native context under an embedding context (node-llama-cpp creates it with llama.cpp's `embeddings` on), for
+ * the one thing its public API lacks: applying a LoRA adapter loaded by {@link loadAdapter} (its `lora` option
+ * loads adapters for the model's lifetime). Between two `getEmbeddingFor` calls only.
+ */
+export function embeddingNative(context: LlamaEmbeddingContext): Pick<NativeContext, "setLoras"> {
+  const ctx = (context as unknown as { _llamaContext?: { _ctx?: Partial<NativeContext> } })._llamaContext
+    ?._ctx;
+  const setLoras = ctx?.setLoras;
+  if (typeof setLoras !== "function")
+    throw new Error(nativeApiChanged("embeddingContext._llamaContext._ctx.setLoras"));
+  return { setLoras: (adapters, scales) => setLoras.call(ctx, adapters, scales) };
 }
 
 type AdapterConstructor = new (model: unknown, filePath: string) => NativeAdapter;

@@ -10,8 +10,11 @@ import type { RenderedSegments } from "../model/chatTemplate.ts";
 import { fileIdentity } from "../model/fileIdentity.ts";
 import { chatTokens } from "./promptTokens.ts";
 
-/** What to tokenize: a chat prompt's rendered segments, or a raw prompt (special tokens parsed). */
-export type TokenizeJob = { rendered: RenderedSegments } | { text: string };
+/**
+ * What to tokenize: a chat prompt's rendered segments, or a raw prompt (special tokens parsed unless `special` is
+ * `false`, as for a text to embed).
+ */
+export type TokenizeJob = { rendered: RenderedSegments } | { text: string; special?: boolean };
 
 export interface TokenizeRequest {
   id: number;
@@ -64,7 +67,8 @@ async function answer({ id, path, identity, job }: TokenizeRequest): Promise<Tok
     const model = await vocabulary(path, identity);
     if (model === undefined) return { id, unavailable: `${path} changed since it was loaded` };
     const tokenize = (text: string, special: boolean) => model.tokenize(text, special) as number[];
-    const tokens = "rendered" in job ? chatTokens(job.rendered, tokenize) : tokenize(job.text, true);
+    const tokens =
+      "rendered" in job ? chatTokens(job.rendered, tokenize) : tokenize(job.text, job.special ?? true);
     return { id, tokens: Uint32Array.from(tokens) };
   } catch (error) {
     if (error instanceof ConduitError) return { id, refused: { message: error.message, param: error.param } };

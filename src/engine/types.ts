@@ -88,3 +88,25 @@ export interface GenerationResult {
    */
   logprobs?: TokenLogprob[];
 }
+
+/** Embeds texts (or token ids) with a model: one vector per input, in order. */
+export interface EmbeddingRequest {
+  model: ModelRef;
+  /**
+   * Texts (tokenized without parsing special tokens) or token ids; the model's BOS token is added in front of
+   * each, and the end token its vocabulary wants (a BERT-style SEP) after it. At least one; none empty.
+   */
+  inputs: (string | number[])[];
+  /** The vectors' length the caller expects: another than the model's is an `invalid_request`. Defaults to any. */
+  dimensions?: number;
+  /** Aborting stops between two inputs. */
+  signal?: AbortSignal;
+}
+
+export interface EmbeddingResult {
+  /** One vector per input, in order, each {@link dimensions} long. */
+  vectors: number[][];
+  dimensions: number;
+  /** Tokens evaluated, BOS and end tokens included. */
+  promptTokens: number;
+}

@@ -6,6 +6,7 @@ import type { ModelInfo, ModelRegistry } from "../model/ModelRegistry.ts";
 import { readModelFileInfo } from "../model/modelFileInfo.ts";
 import type {
   ChatMessage,
+  EmbeddingResult,
   GenerationResult,
   ModelRef,
   ResponseFormat,
@@ -48,6 +49,20 @@ export interface InferenceRequest {
   /** Streamed text of choice `index`, with its tokens' log probabilities when `logprobs` is set. */
   onText?: (index: number, text: string, logprobs?: TokenLogprob[]) => void;
 }
+
+/** What to embed (see {@link InferenceService.embed}). */
+export interface EmbeddingInput {
+  /** As in {@link InferenceRequest.model}. */
+  model?: string | undefined;
+  /** Texts or token ids, one vector each. */
+  inputs: (string | number[])[];
+  /** The vectors' length the caller expects; another than the model's is an `invalid_request`. */
+  dimensions?: number | undefined;
+  signal?: AbortSignal;
+}
+
+/** The vectors, and the model that made them (its id: a run's, for a fine-tune). */
+export type EmbeddingOutput = EmbeddingResult & { model: string };
 
 /** A choice: with tools, `text` is the answer outside its calls and `finishReason` `tool_calls` when it made some. */
 export type InferenceChoice = Omit<GenerationResult, "finishReason"> & {
@@ -208,6 +223,21 @@ export class InferenceService {
       cachedTokens: choices.reduce((sum, c) => sum + (c.index % n === 0 ? c.cachedTokens : 0), 0),
       completionTokens: choices.reduce((sum, c) => sum + c.completionTokens, 0),
     };
+  }
+
+  /**
+   * Embeds `request.inputs` with a model the user may use (a registry model, or one of their READY runs: a LoRA
+   * run with its adapter applied): one vector per input, in order.
+   */
+  async embed(userId: string, request: EmbeddingInput): Promise<EmbeddingOutput> {
+    const ref = await this.resolve(userId, request.model);
+    const result = await this.engine.embed({
+      model: ref,
+      inputs: request.inputs,
+      ...(request.dimensions !== undefined ? { dimensions: request.dimensions } : {}),
+      ...(request.signal ? { signal: request.signal } : {}),
+    });
+    return { model: ref.id, ...result };
   }
 
   /**

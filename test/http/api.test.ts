@@ -56,6 +56,8 @@ function generationWithRun(run: string) {
     { method: "POST", url: "/v1/chat/completions", payload: { model: run, messages } },
     { method: "POST", url: "/v1/completions", payload: { model: run, prompt: "hi" } },
     { method: "POST", url: "/v1/responses", payload: { model: run, input: "hi" } },
+    { method: "POST", url: "/v1/embeddings", payload: { model: run, input: "hi" } },
+    { method: "POST", url: "/conduit/v1/embeddings", payload: { model: run, input: "hi" } },
   ] as const;
 }
 

@@ -283,6 +283,10 @@ export function endlessEngine(): Engine {
           reject(request.signal?.reason);
         });
       }),
+    embed: (request) =>
+      new Promise((_resolve, reject) =>
+        request.signal?.addEventListener("abort", () => reject(request.signal?.reason)),
+      ),
     load: async () => undefined,
     unload: () => undefined,
     loaded: () => [],
@@ -298,6 +302,7 @@ export function endlessEngine(): Engine {
       rejectedRequests: 0,
       promptTokens: 0,
       completionTokens: 0,
+      embeddingTokens: 0,
     }),
     dispose: async () => undefined,
   };

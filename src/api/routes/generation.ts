@@ -14,11 +14,15 @@ import {
   ChatResult,
   CompletionResult,
   CompletionsBody,
+  EmbeddingList,
+  EmbeddingsBody,
   LoadedModelList,
   ModelEntry,
   ModelList,
 } from "../../contract/generation.ts";
 import { jsonOrEvents, noControlCharacters, responses } from "../../contract/schemas.ts";
+import { fromEmbeddingsBody, toEmbeddingList } from "../generation/embeddings.ts";
+import { disconnectSignal } from "../sse.ts";
 
 /** API document 4.1: generation. */
 export default async function generationRoutes(app: FastifyInstance, { core }: { core: Core }) {
@@ -72,6 +76,28 @@ export default async function generationRoutes(app: FastifyInstance, { core }: {
         stream: request.body.stream,
         shape: conduitCompletionShape(),
       }),
+  );
+
+  r.post(
+    "/conduit/v1/embeddings",
+    {
+      schema: {
+        tags,
+        summary: "Embed texts with a model",
+        description:
+          "`POST /v1/embeddings` with the Conduit API's conventions, as `/conduit/v1/chat` is to chat completions: " +
+          "`model` defaults to `CONDUIT_DEFAULT_MODEL` and other fields are ignored. One vector per input, from a " +
+          "base model or one of your READY runs (a LoRA fine-tune with its adapter applied).",
+        body: EmbeddingsBody,
+        response: responses({ 200: EmbeddingList }, errors),
+      },
+    },
+    async (request, reply) => {
+      const { signal } = disconnectSignal(reply);
+      const body = request.body;
+      const result = await core.inference.embed(request.userId, { ...fromEmbeddingsBody(body), signal });
+      return toEmbeddingList(body.model ?? result.model, result, body.encoding_format);
+    },
   );
 
   r.get(

@@ -130,6 +130,12 @@ async function metricsPlugin(app: FastifyInstance, { core }: { core: Core }) {
   );
   mirroredCounter(
     registry,
+    "conduit_embedding_tokens_total",
+    "Tokens evaluated by finished embedding requests",
+    () => stats().embeddingTokens,
+  );
+  mirroredCounter(
+    registry,
     "conduit_cached_prompt_tokens_total",
     "Prompt tokens reused from the KV cache (a prefix shared with an earlier request) instead of evaluated",
     () => stats().cachedPromptTokens,

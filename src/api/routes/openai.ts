@@ -11,8 +11,11 @@ import {
   openAiCompletionShape,
 } from "../generation/openai.ts";
 import { chatEvents } from "../generation/conduit.ts";
+import { fromEmbeddingsBody, toEmbeddingList } from "../generation/embeddings.ts";
+import { disconnectSignal } from "../sse.ts";
 import {
   CompletionResult,
+  EmbeddingList,
   ModelEntry,
   ModelList,
   OpenAiChatBody,
@@ -22,6 +25,7 @@ import {
   OpenAiResponsesBody,
   responsesEvents,
   type OpenAiResponsesBodyWire,
+  OpenAiEmbeddingsBody,
 } from "../../contract/generation.ts";
 import { dropNulls } from "../nullable.ts";
 import { jsonOrEvents, noControlCharacters, responses } from "../../contract/schemas.ts";
@@ -125,6 +129,30 @@ export default async function openAiRoutes(app: FastifyInstance, { core }: { cor
         stream: body.stream,
         settings: responseSettings(body),
       });
+    },
+  );
+
+  r.post(
+    "/v1/embeddings",
+    {
+      schema: {
+        tags,
+        summary: "OpenAI-compatible embeddings",
+        description:
+          "One vector per input, from any model you can chat with: a base model, or one of your READY runs (a " +
+          "LoRA fine-tune with its adapter applied). A model without pooling (a chat model) gives its last token's " +
+          `hidden state. Inputs are evaluated one after another on the model's embedding context. ${refused}`,
+        body: OpenAiEmbeddingsBody,
+        response: responses({ 200: EmbeddingList }, generationErrors),
+      },
+      preValidation: dropNulls(OpenAiEmbeddingsBody),
+    },
+    async (request, reply) => {
+      const body = request.body;
+      logEndUser(request, body);
+      const { signal } = disconnectSignal(reply);
+      const result = await core.inference.embed(request.userId, { ...fromEmbeddingsBody(body), signal });
+      return toEmbeddingList(body.model ?? result.model, result, body.encoding_format);
     },
   );
 

@@ -1,0 +1,115 @@
+import type { LlamaEmbeddingContext, LlamaModel, Token } from "node-llama-cpp";
+import { abortable } from "./Admission.ts";
+import { longestTokenBytes } from "./promptTokens.ts";
+import { embeddingNative, type NativeAdapter } from "./nativeBatch.ts";
+
+/** What an embedding context costs: host and GPU memory, as node-llama-cpp estimates it. */
+export interface EmbeddingMemory {
+  host: number;
+  gpu: number;
+}
+
+/**
+ * The embedding context of one loaded base (node-llama-cpp's `LlamaEmbeddingContext`: a context created with
+ * llama.cpp's `embeddings` on, one sequence), shared by the base and its LoRA adapters, one request at a time:
+ * llama.cpp applies adapters per context, and node-llama-cpp reads the embedding of sequence 0 (the pooled
+ * vector, or the last token's hidden state for a model without pooling, such as a chat model), so the inputs
+ * of a request are evaluated one after another, each in one decode. Requests take turns in arrival order.
+ */
+export class Embedder {
+  /** The context's tokens: an input may have one fewer, with its BOS and end tokens. */
+  readonly contextSize: number;
+  /** Length of the vectors. */
+  readonly dimensions: number;
+  /** Tokens in the vocabulary, from the GGUF header; `Infinity` when it does not list them (llama.cpp checks then). */
+  readonly vocabularySize: number;
+  /** Most bytes of text one token stands for ({@link longestTokenBytes}). */
+  readonly maxTokenBytes: number;
+  private readonly native: ReturnType<typeof embeddingNative>;
+  /** The end of the last request's turn: the next one starts after it. */
+  private tail: Promise<void> = Promise.resolve();
+  private holders = 0;
+  /** Set by {@link close}: the error every input after it fails with. */
+  private closedBy: (() => Error) | undefined;
+
+  constructor(
+    private readonly context: LlamaEmbeddingContext,
+    model: LlamaModel,
+    contextSize: number,
+    /** Bytes it holds, counted with its base against the memory budgets. */
+    readonly memory: EmbeddingMemory,
+  ) {
+    this.contextSize = contextSize;
+    this.dimensions = model.embeddingVectorSize;
+    const tokens: unknown = model.fileInfo.metadata.tokenizer?.ggml?.tokens;
+    this.vocabularySize = Array.isArray(tokens) && tokens.length > 0 ? tokens.length : Infinity;
+    this.maxTokenBytes = longestTokenBytes(model);
+    this.native = embeddingNative(context);
+  }
+
+  /** Tokens the context evaluates for `tokens`: with the BOS and the end token the vocabulary wants added. */
+  inputLength(tokens: number[]): number {
+    return this.context.calculateInputLength(tokens as Token[]);
+  }
+
+  /** Whether a request evaluates or waits for its turn: a new one would wait. */
+  get busy(): boolean {
+    return this.holders > 0;
+  }
+
+  /**
+   * Waits for this request's turn (the requests before it are done) and returns what ends it; given up with the
+   * signal's reason when `signal` aborts (the turns after it then wait for the ones before it only).
+   */
+  async turn(signal: AbortSignal | undefined): Promise<() => void> {
+    const previous = this.tail;
+    let release!: () => void;
+    this.tail = new Promise<void>((resolve) => (release = resolve));
+    this.holders++;
+    let ended = false;
+    const end = () => {
+      if (ended) return;
+      ended = true;
+      this.holders--;
+      release();
+    };
+    try {
+      await abortable(previous, signal);
+    } catch (error) {
+      void previous.then(end);
+      throw error;
+    }
+    return end;
+  }
+
+  /**
+   * Embeds `inputs` (token ids; the context adds the BOS and end tokens) in order under `adapter` (absent: the bare base). Call it in the
+   * request's {@link turn}. Checks `signal` between inputs.
+   */
+  async embed(
+    inputs: number[][],
+    adapter: { native: NativeAdapter; scale: number } | undefined,
+    signal: AbortSignal | undefined,
+  ): Promise<number[][]> {
+    this.native.setLoras(adapter ? [adapter.native] : [], adapter ? [adapter.scale] : []);
+    const vectors: number[][] = [];
+    for (const tokens of inputs) {
+      signal?.throwIfAborted();
+      if (this.closedBy) throw this.closedBy();
+      const embedding = await this.context.getEmbeddingFor(tokens as Token[]);
+      vectors.push(embedding.vector as number[]);
+    }
+    return vectors;
+  }
+
+  /** Fails the requests under way at their next input, and every later one, with `reason()` (shutting down). */
+  close(reason: () => Error): void {
+    this.closedBy = reason;
+  }
+
+  /** Waits for the requests under way, then frees the context. */
+  async dispose(): Promise<void> {
+    await this.tail;
+    await this.context.dispose();
+  }
+}
