@@ -81,7 +81,11 @@ describe("the torch trainer backend", { skip }, () => {
     assert.equal(outcome.status, "completed", JSON.stringify(outcome));
     if (outcome.status !== "completed") return;
     assert.ok(outcome.stats.finalTrainLoss < 6, `it learned something (${outcome.stats.finalTrainLoss})`);
-    const torchLogits = new Float32Array(fs.readFileSync(probe).buffer.slice(0));
+    // The file's own bytes: a Buffer may be a view into a larger pooled ArrayBuffer (Node 24 reads small files so).
+    const bytes = fs.readFileSync(probe);
+    const torchLogits = new Float32Array(
+      bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.byteLength),
+    );
     const llama = llamaCppLogits(model, outcome.outputPath, tokens);
     const vocab = llama[0]!.length;
     assert.equal(torchLogits.length, tokens.length * vocab);
