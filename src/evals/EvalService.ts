@@ -578,26 +578,47 @@ export class EvalService {
         ? [{ role: "system" as const, content: systemPrompt }, ...item.messages]
         : item.messages;
     const started = performance.now();
+    try {
+      const result = await this.generate(
+        run.userId,
+        { messages, sampling: greedy(run.config.maxTokens), signal },
+        ref,
+      );
+      const answer = result.choices[0]?.text ?? "";
+      return {
+        answer,
+        scores: await this.scores(run, item, answer, stopped, signal),
+        latencyMs: performance.now() - started,
+        promptTokens: result.promptTokens,
+        completionTokens: result.completionTokens,
+        error: null,
+      };
+    } catch (error) {
+      if (signal.aborted) throw signal.reason;
+      return {
+        answer: "",
+        scores: run.config.graders.map((grader) => ({ name: grader.name, score: 0, passed: false })),
+        latencyMs: performance.now() - started,
+        promptTokens: 0,
+        completionTokens: 0,
+        error: error instanceof ConduitError ? error.message : "generation failed (see the server log)",
+      };
+    }
+  }
+
+  /**
+   * A generation of an eval (an answer, a judge's verdict). A queue full of other users' requests: wait as told
+   * and try again (up to 30 times). The database away (a fine-tune's lookup): wait for it, the item is not the
+   * model's failure. Anything else, or an abort, is thrown.
+   */
+  private async generate(
+    ...[userId, input, model]: Parameters<InferenceService["generate"]>
+  ): ReturnType<InferenceService["generate"]> {
     for (let attempt = 0; ; attempt++) {
       try {
-        const result = await this.inference.generate(
-          run.userId,
-          { messages, sampling: greedy(run.config.maxTokens), signal },
-          ref,
-        );
-        const answer = result.choices[0]?.text ?? "";
-        return {
-          answer,
-          scores: await this.scores(run, item, answer, stopped, signal),
-          latencyMs: performance.now() - started,
-          promptTokens: result.promptTokens,
-          completionTokens: result.completionTokens,
-          error: null,
-        };
+        return await this.inference.generate(userId, input, model);
       } catch (error) {
-        if (signal.aborted) throw signal.reason;
-        // A queue full of other users' requests: wait as told and try again. The database away (a fine-tune's
-        // lookup): wait for it, the item is not the model's failure.
+        if (input.signal?.aborted) throw error;
         if (error instanceof ConduitError && error.code === "rate_limited" && attempt < 30) {
           await new Promise((resolve) => setTimeout(resolve, 1000 * (error.retryAfter ?? 1)));
           continue;
@@ -606,14 +627,7 @@ export class EvalService {
           await new Promise((resolve) => setTimeout(resolve, 1000));
           continue;
         }
-        return {
-          answer: "",
-          scores: run.config.graders.map((grader) => ({ name: grader.name, score: 0, passed: false })),
-          latencyMs: performance.now() - started,
-          promptTokens: 0,
-          completionTokens: 0,
-          error: error instanceof ConduitError ? error.message : "generation failed (see the server log)",
-        };
+        throw error;
       }
     }
   }
@@ -662,38 +676,28 @@ export class EvalService {
     const fields = { input: lastUser, expected: item.expected, messages: item.messages, ...(item.raw ?? {}) };
     const prompt = judgePrompt(grader, { item: fields, sample: { output_text: answer } });
     if ("error" in prompt) return { name: grader.name, score: 0, passed: false, error: prompt.error };
-    for (let attempt = 0; ; attempt++) {
-      try {
-        const result = await this.inference.generate(userId, {
-          model: grader.model,
-          messages: prompt.messages,
-          sampling: {
-            ...greedy(grader.maxTokens),
-            ...(grader.temperature > 0 ? { temperature: grader.temperature, topK: 0 } : {}),
-          },
-          responseFormat: { kind: "json_schema", schema: judgeSchema(grader) },
-          signal,
-        });
-        return readVerdict(grader, result.choices[0]?.text ?? "");
-      } catch (error) {
-        if (signal.aborted) throw signal.reason;
-        if (error instanceof ConduitError && error.code === "rate_limited" && attempt < 30) {
-          await new Promise((resolve) => setTimeout(resolve, 1000 * (error.retryAfter ?? 1)));
-          continue;
-        }
-        if (this.health.saw(error) && !this.closed) {
-          await new Promise((resolve) => setTimeout(resolve, 1000));
-          continue;
-        }
-        if (!(error instanceof ConduitError))
-          this.log.error({ err: error, judge: grader.model }, "judge failed");
-        return {
-          name: grader.name,
-          score: 0,
-          passed: false,
-          error: `the judge failed: ${error instanceof ConduitError ? error.message : "see the server log"}`,
-        };
-      }
+    try {
+      const result = await this.generate(userId, {
+        model: grader.model,
+        messages: prompt.messages,
+        sampling: {
+          ...greedy(grader.maxTokens),
+          ...(grader.temperature > 0 ? { temperature: grader.temperature, topK: 0 } : {}),
+        },
+        responseFormat: { kind: "json_schema", schema: judgeSchema(grader) },
+        signal,
+      });
+      return readVerdict(grader, result.choices[0]?.text ?? "");
+    } catch (error) {
+      if (signal.aborted) throw signal.reason;
+      if (!(error instanceof ConduitError))
+        this.log.error({ err: error, judge: grader.model }, "judge failed");
+      return {
+        name: grader.name,
+        score: 0,
+        passed: false,
+        error: `the judge failed: ${error instanceof ConduitError ? error.message : "see the server log"}`,
+      };
     }
   }
 
