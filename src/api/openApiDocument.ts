@@ -1,16 +1,6 @@
 import { MAX_GRAMMAR_COUNT, SCHEMA_BOUNDS } from "../engine/schemaBounds.ts";
 import { OWN_FORMATS } from "../engine/ownRules.ts";
-import {
-  ContainsGrader,
-  evalLimits,
-  ExactMatchGrader,
-  JsonSchemaGrader,
-  judgeLimits,
-  LabelModelGrader,
-  RegexGrader,
-  ScoreModelGrader,
-  SimilarityGrader,
-} from "../contract/evals.ts";
+import { evalLimits, Grader, judgeLimits } from "../contract/evals.ts";
 import { noControlCharacters, noNul } from "../contract/schemas.ts";
 
 /**
@@ -258,18 +248,7 @@ const ITEM_REFERENCE = "^\\{\\{\\s*item\\.[A-Za-z0-9_.]+\\s*\\}\\}$";
 function describeEvalBodies(document: Json): void {
   const graders = jsonBody(document, "/conduit/evals", "post");
   const graderList = isObject(graders?.properties) ? graders.properties.graders : undefined;
-  if (isObject(graderList))
-    graderList.items = {
-      oneOf: [
-        ExactMatchGrader,
-        ContainsGrader,
-        RegexGrader,
-        JsonSchemaGrader,
-        SimilarityGrader,
-        ScoreModelGrader,
-        LabelModelGrader,
-      ].map(plain),
-    };
+  if (isObject(graderList)) graderList.items = { oneOf: Grader.anyOf.map(plain) };
   // A name that is not a string, or is empty, is no name (the grader's type names it).
   const name = {
     anyOf: [{ not: { type: "string" } }, { type: "string", maxLength: 64, pattern: noControlCharacters }],
