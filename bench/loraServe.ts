@@ -17,7 +17,7 @@
  *    and the bare base (one context).
  *
  *   node --import tsx bench/loraServe.ts [smollm2-135m|qwen2.5-coder-0.5b|stories260K|file.gguf …] [--rank 32]
- *     [--tokens 64] [--rounds 3] [--stream-counts 8,32] [--pool 2] [--speed-only | --memory-only] [--no-llama-server]
+ *     [--adapter-type F16|Q8_0] [--tokens 64] [--rounds 3] [--stream-counts 8,32] [--pool 2] [--speed-only | --memory-only] [--no-llama-server]
  *
  * Several models run one after the other, each in a process of its own.
  *
@@ -50,6 +50,7 @@ const { values, positionals } = parseArgs({
   allowPositionals: true,
   options: {
     rank: { type: "string", default: "32" },
+    "adapter-type": { type: "string", default: "F16" },
     tokens: { type: "string", default: "64" },
     rounds: { type: "string", default: "3" },
     streams: { type: "string", default: "8" },
@@ -318,16 +319,18 @@ process.on("exit", () => fs.rmSync(dir, { recursive: true, force: true }));
 fs.copyFileSync(source, path.join(dir, "base.gguf"));
 const info = readModelFile(loadLlamaLib(), source);
 const rank = Number(values.rank);
+const adapterType = values["adapter-type"].toUpperCase();
+if (adapterType !== "F16" && adapterType !== "Q8_0") throw new Error("--adapter-type is F16 or Q8_0");
 const spec = { rank, alpha: 2 * rank, targets: [...LLAMA_CPP_LORA_TARGETS], complexity: 1 };
 const weights = loraWeights(info, spec);
 for (let i = 0; i < ADAPTERS; i++)
-  await writeInitialAdapter(info, path.join(dir, `adapter-${i}.gguf`), weights, spec, i, "F16");
+  await writeInitialAdapter(info, path.join(dir, `adapter-${i}.gguf`), weights, spec, i, adapterType);
 for (let i = 0; i < FULL; i++) fs.copyFileSync(source, path.join(dir, `full-${i}.gguf`));
 const adapterMb = fs.statSync(path.join(dir, "adapter-0.gguf")).size / 2 ** 20;
 const baseMb = fs.statSync(source).size / 2 ** 20;
 const load = () => os.loadavg()[0]!.toFixed(1);
 console.log(
-  `base ${path.basename(source)} (${baseMb.toFixed(1)} MiB), adapters of rank ${rank} on every target, F16 ` +
+  `base ${path.basename(source)} (${baseMb.toFixed(1)} MiB), adapters of rank ${rank} on every target, ${adapterType} ` +
     `(${adapterMb.toFixed(2)} MiB each); engine defaults, 1 thread; ${os.cpus().length} cores, load ${load()}`,
 );
 

@@ -19,9 +19,11 @@ import {
 } from "./autoSettings.ts";
 import type { LoraTarget } from "../contract/runs.ts";
 import {
+  adapterOutputType,
   AUTO_SETTINGS,
   runDefaults,
   trainerOf,
+  type AdapterTypeSetting,
   type AutoSetting,
   type RunConfig,
   type TrainerName,
@@ -154,6 +156,8 @@ export class RunService {
        * installed, their threads, for the choice and the estimate).
        */
       trainers: { setting: TrainerSetting; host: TrainerHost };
+      /** How a LoRA run's adapter is stored (`CONDUIT_ADAPTER_TYPE`). Defaults to `q8_0`. */
+      adapterType?: AdapterTypeSetting;
     },
   ) {}
 
@@ -290,7 +294,10 @@ export class RunService {
       contextSize: runDefaults.contextSize,
       lrSchedule: runDefaults.lrSchedule,
       lrMinFraction: runDefaults.lrMinFraction,
-      outputType: runDefaults.outputType,
+      outputType:
+        method.method === "lora"
+          ? adapterOutputType(this.options.adapterType ?? "q8_0")
+          : runDefaults.outputType,
       evalFraction: runDefaults.evalFraction,
       seed: command.seed ?? runDefaults.seed,
       trainOnInputs: command.trainOnInputs ?? false,
