@@ -122,7 +122,10 @@ describe("GgufWriter", () => {
     assert.equal(q0[17], 8);
     q0.forEach((q, i) => assert.ok(Math.abs(q * scale0 - (values[i] as number)) <= scale0 / 2 + 1e-6));
     const q1 = [...bytes.subarray(data + 36, data + 68)].map((b) => (b << 24) >> 24);
-    assert.deepEqual(q1, Array.from({ length: 32 }, (_, i) => (i === 3 ? -127 : 0)));
+    assert.deepEqual(
+      q1,
+      Array.from({ length: 32 }, (_, i) => (i === 3 ? -127 : 0)),
+    );
     await assert.rejects(
       writeGguf(path.join(dir, "q8-bad.gguf"), {}, [
         { name: "q", dims: [48, 1], type: "Q8_0", data: new Float32Array(48) },

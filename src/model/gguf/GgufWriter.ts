@@ -202,7 +202,9 @@ function layoutTensors(tensors: readonly GgufTensor[], alignment: number): Tenso
     if (!Number.isSafeInteger(elements)) throw new Error(`gguf: tensor ${tensor.name} is too large`);
     if (!(tensor.type in GgmlType)) throw new Error(`gguf: unsupported tensor type ${tensor.type}`);
     if (tensor.type === "Q8_0" && (tensor.dims[0] as number) % Q8_0_BLOCK !== 0) {
-      throw new Error(`gguf: tensor ${tensor.name} is Q8_0, so its rows must be a multiple of ${Q8_0_BLOCK} long`);
+      throw new Error(
+        `gguf: tensor ${tensor.name} is Q8_0, so its rows must be a multiple of ${Q8_0_BLOCK} long`,
+      );
     }
     offset = alignUp(offset, alignment);
     const entry = { tensor, offset, elements };
