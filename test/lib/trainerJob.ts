@@ -36,6 +36,7 @@ function common(input: JobInput): Omit<TrainerJob, "trainer" | "options"> {
     outputType: runDefaults.outputType,
     seed: runDefaults.seed,
     weightDecay: 0,
+    preference: null,
     ...input,
     lrSchedule: {
       kind: runDefaults.lrSchedule,

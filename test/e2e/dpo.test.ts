@@ -1,0 +1,119 @@
+/**
+ * Preference tuning (`"method": "dpo"`) through the API on the torch trainer, on the 1.2 MB stories260K model of
+ * ../shared/models: a run from the base and one on top of a supervised run reach READY, and the preferred answers'
+ * log-probability margin over the non-preferred ones grows on the training examples (each example's DPO loss,
+ * -log σ(margin), falls below log 2, its value at the reference). Needs the worker's venv (`npm run setup:torch`);
+ * skipped with a message without it.
+ */
+import assert from "node:assert/strict";
+import fs from "node:fs";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { test } from "node:test";
+import { as, buildTestApp, createDataset, KEY_A, runEnded, testEnv, waitForRun } from "../lib/helper.ts";
+import { torchPythonForTests } from "../lib/torchPython.ts";
+
+const python = torchPythonForTests();
+const stories = fileURLToPath(new URL("../../../shared/models/stories260Ktok512.gguf", import.meta.url));
+const skip = !python.ok ? python.reason : !fs.existsSync(stories) ? `${stories} is not here` : false;
+
+/** Eight preference examples in OpenAI's DPO shape: the preferred answer is kind, the other curt. */
+export const preferenceLines = Array.from({ length: 8 }, (_, i) =>
+  JSON.stringify({
+    input: { messages: [{ role: "user", content: `Tell me about the cat number ${i}.` }] },
+    preferred_output: [{ role: "assistant", content: `The cat ${i} is happy and likes to play.` }],
+    non_preferred_output: [{ role: "assistant", content: "No." }],
+  }),
+);
+
+test(
+  "a DPO run from the base and one after a supervised run: READY, the preferred answers' margin grows",
+  { skip, timeout: 600_000 },
+  async (t) => {
+    const env = await testEnv(t, "sqlite", {
+      CONDUIT_TRAINER: "auto",
+      CONDUIT_PYTHON: python.ok ? python.python : "",
+      CONDUIT_TRAIN_THREADS: "1",
+    });
+    fs.copyFileSync(stories, path.join(env.dataDir, "models", "stories.gguf"));
+    const { app, core } = await buildTestApp(t, env, { scheduler: { pollMs: 200, concurrency: 1 } });
+    core.scheduler.start();
+    const alice = as(app, KEY_A);
+    const ds = await createDataset(app, "preferences");
+    const up = await alice.post(`/conduit/dataset/${ds.id}/upload`, {
+      name: "preferences.jsonl",
+      content: preferenceLines.join("\n"),
+    });
+    assert.equal(up.statusCode, 200, up.body);
+
+    /** Each training example's DPO loss with the served weights (the examples endpoint). */
+    const exampleLosses = async (id: string) =>
+      (await alice.get(`/conduit/finetuning/${id}/examples?sort=index&limit=100`))
+        .json<{ loss: number | null }[]>()
+        .map((example) => example.loss ?? Number.NaN);
+
+    const settings = { datasetID: ds.id, baseModelName: "stories", loraRank: 8, lr: 0.01, epochs: 4 };
+    const created = await alice.post("/conduit/finetuning", { ...settings, method: "dpo" });
+    assert.equal(created.statusCode, 200, created.body);
+    const fromBase = await waitForRun(app, created.json<{ id: string }>().id, runEnded, {
+      timeoutMs: 300_000,
+    });
+    assert.equal(fromBase.status, "READY", fromBase.logs.join("\n"));
+    assert.equal(fromBase.config.method, "lora");
+    assert.equal(fromBase.config.trainer, "torch");
+    assert.deepEqual(fromBase.config.dpo, { beta: 0.1, fromRunID: null });
+    // One step per example and epoch.
+    assert.equal(fromBase.stats.final?.steps, 8 * 4);
+    assert.ok(
+      fromBase.logs.some((line) =>
+        /DPO \(beta 0\.1\): the reference model's log-probabilities of 8 examples/.test(line),
+      ),
+      fromBase.logs.join("\n"),
+    );
+    // At the reference the margin is 0 and the loss log 2: training moved every example's margin up.
+    const losses = await exampleLosses(fromBase.id);
+    assert.equal(losses.length, 8);
+    t.diagnostic(`DPO from the base: example losses ${losses.map((l) => l.toFixed(3)).join(" ")}`);
+    for (const loss of losses) assert.ok(loss < Math.log(2) - 0.05, `example loss ${loss} < log 2`);
+    assert.ok((fromBase.stats.rewardMargin ?? 0) > 0, JSON.stringify(fromBase.stats));
+    assert.ok((fromBase.stats.rewardAccuracy ?? 0) >= 0.75, JSON.stringify(fromBase.stats));
+    // It is served like any LoRA run.
+    const chat = await alice.post("/conduit/v1/chat", {
+      model: fromBase.id,
+      prompt: "Tell me",
+      max_tokens: 4,
+    });
+    assert.equal(chat.statusCode, 200, chat.body);
+
+    // SFT, then DPO from its adapter: the reference is the supervised model, and the margin grows over it.
+    const sft = await alice.post("/conduit/finetuning", { ...settings, epochs: 2 });
+    assert.equal(sft.statusCode, 200, sft.body);
+    const supervised = await waitForRun(app, sft.json<{ id: string }>().id, runEnded, {
+      timeoutMs: 300_000,
+    });
+    assert.equal(supervised.status, "READY", supervised.logs.join("\n"));
+    const onTop = await alice.post("/conduit/finetuning", {
+      datasetID: ds.id,
+      method: "dpo",
+      beta: 0.5,
+      fromRunID: supervised.id,
+      lr: 0.01,
+      epochs: 2,
+    });
+    assert.equal(onTop.statusCode, 200, onTop.body);
+    const continued = await waitForRun(app, onTop.json<{ id: string }>().id, runEnded, {
+      timeoutMs: 300_000,
+    });
+    assert.equal(continued.status, "READY", continued.logs.join("\n"));
+    assert.deepEqual(continued.config.dpo, { beta: 0.5, fromRunID: supervised.id });
+    assert.equal(continued.config.loraRank, 8);
+    assert.ok(
+      continued.logs.some((line) => /the adapter starts from /.test(line)),
+      continued.logs.join("\n"),
+    );
+    t.diagnostic(continued.logs.filter((line) => /trainer: (epoch|DPO|the adapter)/.test(line)).join("\n"));
+    const after = await exampleLosses(continued.id);
+    t.diagnostic(`DPO after SFT: example losses ${after.map((l) => l.toFixed(3)).join(" ")}`);
+    for (const loss of after) assert.ok(loss < Math.log(2) - 0.05, `example loss ${loss} < log 2`);
+  },
+);
