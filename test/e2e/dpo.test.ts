@@ -12,19 +12,11 @@ import { fileURLToPath } from "node:url";
 import { test } from "node:test";
 import { as, buildTestApp, createDataset, KEY_A, runEnded, testEnv, waitForRun } from "../lib/helper.ts";
 import { torchPythonForTests } from "../lib/torchPython.ts";
+import { preferenceLines } from "../lib/preferences.ts";
 
 const python = torchPythonForTests();
 const stories = fileURLToPath(new URL("../../../shared/models/stories260Ktok512.gguf", import.meta.url));
 const skip = !python.ok ? python.reason : !fs.existsSync(stories) ? `${stories} is not here` : false;
-
-/** Eight preference examples in OpenAI's DPO shape: the preferred answer is kind, the other curt. */
-export const preferenceLines = Array.from({ length: 8 }, (_, i) =>
-  JSON.stringify({
-    input: { messages: [{ role: "user", content: `Tell me about the cat number ${i}.` }] },
-    preferred_output: [{ role: "assistant", content: `The cat ${i} is happy and likes to play.` }],
-    non_preferred_output: [{ role: "assistant", content: "No." }],
-  }),
-);
 
 test(
   "a DPO run from the base and one after a supervised run: READY, the preferred answers' margin grows",
