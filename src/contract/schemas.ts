@@ -102,9 +102,16 @@ export const IoPairPreview = Type.Object({
       }),
       {
         description:
-          "A chat example's whole conversation (`developer` turns shown as `system`); absent for an IO pair.",
+          "A chat example's whole conversation (`developer` turns shown as `system`); absent for an IO pair. " +
+          "A preference example's prompt, when it is a conversation, closed by its preferred answer.",
       },
     ),
+  ),
+  rejected: Type.Optional(
+    Type.String({
+      description:
+        "A preference example's non-preferred answer (`output` is its preferred one); absent otherwise.",
+    }),
   ),
 });
 

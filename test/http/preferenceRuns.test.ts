@@ -27,6 +27,18 @@ test("a DPO run is refused at creation, naming the field: the llama.cpp trainer,
   });
   assert.equal(up.statusCode, 200, up.body);
   assert.equal(up.json<{ ioPairsCount: number }>().ioPairsCount, 2);
+  const preview = await alice.get(
+    `/conduit/dataset/${preferences.id}/file/${up.json<{ id: string }>().id}/pairs`,
+  );
+  assert.deepEqual(
+    preview
+      .json<{ input: string; output: string; rejected: string }[]>()
+      .map((p) => [p.input, p.output, p.rejected]),
+    [
+      ["Hi", "Hello!", "Go away."],
+      ["Hey", "Hello there.", "What?"],
+    ],
+  );
   const pairs = await createDataset(app, "pairs");
   await alice.post(`/conduit/dataset/${pairs.id}/upload`, {
     name: "a.jsonl",
