@@ -37,15 +37,34 @@ test(
       content: preferenceLines.join("\n"),
     });
     assert.equal(up.statusCode, 200, up.body);
+    // Two held-out examples of the same kind, in a dataset of their own: the run's validation set.
+    const heldOut = await createDataset(app, "held-out preferences");
+    const validation = await alice.post(`/conduit/dataset/${heldOut.id}/upload`, {
+      name: "held-out.jsonl",
+      content: [8, 9]
+        .map((i) =>
+          JSON.stringify({
+            input: `Tell me about the cat number ${i}.`,
+            preferred: `The cat ${i} is happy and likes to play.`,
+            non_preferred: "No.",
+          }),
+        )
+        .join("\n"),
+    });
+    assert.equal(validation.statusCode, 200, validation.body);
 
     /** Each training example's DPO loss with the served weights (the examples endpoint). */
     const exampleLosses = async (id: string) =>
-      (await alice.get(`/conduit/finetuning/${id}/examples?sort=index&limit=100`))
+      (await alice.get(`/conduit/finetuning/${id}/examples?sort=index&split=train&limit=100`))
         .json<{ loss: number | null }[]>()
         .map((example) => example.loss ?? Number.NaN);
 
     const settings = { datasetID: ds.id, baseModelName: "stories", loraRank: 8, lr: 0.01, epochs: 4 };
-    const created = await alice.post("/conduit/finetuning", { ...settings, method: "dpo" });
+    const created = await alice.post("/conduit/finetuning", {
+      ...settings,
+      method: "dpo",
+      validationFileID: validation.json<{ id: string }>().id,
+    });
     assert.equal(created.statusCode, 200, created.body);
     const fromBase = await waitForRun(app, created.json<{ id: string }>().id, runEnded, {
       timeoutMs: 300_000,
@@ -69,6 +88,19 @@ test(
     for (const loss of losses) assert.ok(loss < Math.log(2) - 0.05, `example loss ${loss} < log 2`);
     assert.ok((fromBase.stats.rewardMargin ?? 0) > 0, JSON.stringify(fromBase.stats));
     assert.ok((fromBase.stats.rewardAccuracy ?? 0) >= 0.75, JSON.stringify(fromBase.stats));
+    // The held-out pairs are evaluated with the DPO loss, their margin and accuracy reported with it.
+    const { evalLoss, evalRewardMargin, evalRewardAccuracy } = fromBase.stats;
+    t.diagnostic(
+      `held out: DPO loss ${evalLoss}, margin ${evalRewardMargin}, accuracy ${evalRewardAccuracy}`,
+    );
+    assert.ok(Number.isFinite(evalLoss) && Number.isFinite(evalRewardMargin), JSON.stringify(fromBase.stats));
+    assert.ok(evalRewardAccuracy >= 0 && evalRewardAccuracy <= 1, JSON.stringify(fromBase.stats));
+    assert.equal(fromBase.stats.evalLossSeries.length, 4, "an evaluation after every epoch");
+    const heldOutLosses = (
+      await alice.get(`/conduit/finetuning/${fromBase.id}/examples?split=validation`)
+    ).json<{ loss: number | null }[]>();
+    assert.equal(heldOutLosses.length, 2);
+    assert.ok(heldOutLosses.every((example) => Number.isFinite(example.loss)));
     // It is served like any LoRA run.
     const chat = await alice.post("/conduit/v1/chat", {
       model: fromBase.id,
@@ -103,7 +135,6 @@ test(
       continued.logs.some((line) => /the adapter starts from /.test(line)),
       continued.logs.join("\n"),
     );
-    t.diagnostic(continued.logs.filter((line) => /trainer: (epoch|DPO|the adapter)/.test(line)).join("\n"));
     const after = await exampleLosses(continued.id);
     t.diagnostic(`DPO after SFT: example losses ${after.map((l) => l.toFixed(3)).join(" ")}`);
     for (const loss of after) assert.ok(loss < Math.log(2) - 0.05, `example loss ${loss} < log 2`);

@@ -661,9 +661,12 @@ class Trainer:
             for split in ("train", "eval"):
                 if dpo.get(split) is not None:
                     reference[split] = self.reference_logps(dpo[split], from_base=not dpo.get("initAdapter"))
+            held = int(reference["eval"].shape[0]) if "eval" in reference else 0
             self.log(
                 f"DPO (beta {dpo['beta']}): the reference model's log-probabilities of "
-                f"{sum(int(v.shape[0]) for v in reference.values())} examples' answers in {time.perf_counter() - t0:.1f} s"
+                f"{int(reference['train'].shape[0])} examples' answers"
+                + (f" (and {held} held out)" if held > 0 else "")
+                + f" in {time.perf_counter() - t0:.1f} s"
             )
             dpo_chosen = Windows(dpo["train"]["chosen"], window_size)
             dpo_rejected = Windows(dpo["train"]["rejected"], window_size)
