@@ -560,7 +560,7 @@ export class RunService {
         dir,
         DEFAULT_MIN_PAIRS_FOR_EVAL,
       );
-      const plan = await planTrainingData(model.path, {
+      const summary = await planTrainingData(model.path, {
         ...planSettingsOf(config, null),
         samples: [],
         samplesFile: examples.train,
@@ -568,6 +568,7 @@ export class RunService {
         evalSamplesFile: examples.validation,
         workDir: dir,
       });
+      const plan = config.dpo === undefined ? summary : { ...summary, pairs: true as const };
       return planRun({
         prior: backend.prior(host),
         method: config.method,

@@ -75,6 +75,9 @@ test(
     assert.deepEqual(fromBase.config.dpo, { beta: 0.1, fromRunID: null });
     // One step per example and epoch.
     assert.equal(fromBase.stats.final?.steps, 8 * 4);
+    // The estimate planned those steps, and the two windows each trains through.
+    assert.equal(fromBase.estimate?.planned?.steps, 8 * 4);
+    assert.equal(fromBase.estimate?.planned?.tokens, fromBase.stats.final.trainTokens);
     assert.ok(
       fromBase.logs.some((line) =>
         /DPO \(beta 0\.1\): the reference model's log-probabilities of 8 examples/.test(line),

@@ -844,6 +844,12 @@ class Trainer:
                 loss_tokens += masked
                 train_tokens += window_size * len(trained)
                 sample_tokens += sum(int(train[k]["sampleTokens"]) for k in trained)
+                if dpo is not None:
+                    # Each example trains through its non-preferred window too.
+                    examples = [dpo["steps"][k] for k in trained]
+                    loss_tokens += sum(int(dpo_rejected[e]["mask"].sum()) for e in examples)
+                    train_tokens += window_size * len(trained)
+                    sample_tokens += sum(int(dpo_rejected[e]["sampleTokens"]) for e in examples)
                 clock.step_done()
             step = end
             if step in evaluate_after:
