@@ -217,7 +217,8 @@ function hyperparametersOf(body: OpenAiJobCreateBodyWire): OpenAiDpoHyperparamet
       `"method.${other}" does not go with "method.type": "${type}"; give "method.${type}"`,
       { param: `method.${other}` },
     );
-  const nested = type === "dpo" ? body.method?.dpo?.hyperparameters : body.method?.supervised?.hyperparameters;
+  const nested =
+    type === "dpo" ? body.method?.dpo?.hyperparameters : body.method?.supervised?.hyperparameters;
   if (nested !== undefined && body.hyperparameters !== undefined)
     throw new ConduitError(
       "invalid_request",

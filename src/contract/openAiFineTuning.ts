@@ -117,7 +117,7 @@ export const OpenAiHyperparameters = Type.Object(
 
 const Beta = Type.Union([Auto, Type.Number({ exclusiveMinimum: 0, maximum: 100 })], {
   description:
-    'DPO\'s β, in (0, 100]: how far the trained model may move from the reference (higher keeps it closer), or ' +
+    "DPO's β, in (0, 100]: how far the trained model may move from the reference (higher keeps it closer), or " +
     '`"auto"` (`0.1`). Defaults to `"auto"`.',
 });
 

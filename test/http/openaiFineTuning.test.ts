@@ -337,7 +337,10 @@ for (const backend of backends())
           "method.dpo",
           /does not go with "method.type": "supervised"/,
         ],
-        [{ method: { type: "dpo", dpo: { hyperparameters: { beta: 0 } } } }, "method.dpo.hyperparameters.beta"],
+        [
+          { method: { type: "dpo", dpo: { hyperparameters: { beta: 0 } } } },
+          "method.dpo.hyperparameters.beta",
+        ],
         [
           {
             hyperparameters: { n_epochs: 2 },
