@@ -6,13 +6,18 @@
  * skipped with a message without it.
  */
 import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
 import fs from "node:fs";
+import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { test } from "node:test";
 import { as, buildTestApp, createDataset, KEY_A, runEnded, testEnv, waitForRun } from "../lib/helper.ts";
 import { torchPythonForTests } from "../lib/torchPython.ts";
 import { preferenceLines } from "../lib/preferences.ts";
+import { torchJob } from "../lib/trainerJob.ts";
+import { createTinyModel } from "../../src/model/tinyModel.ts";
+import { startTrainer } from "../../src/train/trainer.ts";
 
 const python = torchPythonForTests();
 const stories = fileURLToPath(new URL("../../../shared/models/stories260Ktok512.gguf", import.meta.url));
@@ -141,5 +146,91 @@ test(
     const after = await exampleLosses(continued.id);
     t.diagnostic(`DPO after SFT: example losses ${after.map((l) => l.toFixed(3)).join(" ")}`);
     for (const loss of after) assert.ok(loss < Math.log(2) - 0.05, `example loss ${loss} < log 2`);
+  },
+);
+
+/** The largest difference between two adapter GGUFs' tensors, as a share of the largest value of that tensor in `b`. */
+function adapterDifference(pythonPath: string, a: string, b: string): number {
+  const script = [
+    "import sys, numpy as np",
+    "from gguf import GGUFReader",
+    "read = lambda p: {t.name: np.array(t.data, dtype=np.float32) for t in GGUFReader(p).tensors}",
+    "a, b = read(sys.argv[1]), read(sys.argv[2])",
+    "assert a.keys() == b.keys() and len(a) > 0, (sorted(a), sorted(b))",
+    "print(max(float(np.abs(a[n] - b[n]).max() / max(np.abs(b[n]).max(), 1e-12)) for n in a))",
+  ].join("\n");
+  const result = spawnSync(pythonPath, ["-c", script, a, b], { encoding: "utf8" });
+  assert.equal(result.status, 0, result.stderr);
+  return Number(result.stdout.trim());
+}
+
+test(
+  "a DPO job started from an adapter reads it back as it was written: barely trained, it exports the same adapter",
+  { skip: python.ok ? false : python.reason, timeout: 300_000 },
+  async (t) => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "conduit-dpo-"));
+    t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
+    const model = path.join(dir, "tiny-gqa.gguf");
+    // Llama with grouped-query attention: the Q and K rows of lora_b are permuted differently in llama.cpp's layout.
+    await createTinyModel(model, { seed: 3, embeddingLength: 128, headCount: 4, headCountKv: 2 });
+    const samplesFile = path.join(dir, "samples.jsonl");
+    const turn = (i: number, answer: string) => [
+      { text: `<|im_start|>user\nitem ${i}<|im_end|>\n<|im_start|>assistant\n`, train: false },
+      { text: `${answer}<|im_end|>`, train: true },
+    ];
+    fs.writeFileSync(
+      samplesFile,
+      Array.from({ length: 4 }, (_, i) =>
+        JSON.stringify({ sample: turn(i, `value ${i}`), rejected: turn(i, "no") }),
+      ).join("\n"),
+    );
+    const common = {
+      method: "lora" as const,
+      lora: {
+        rank: 4,
+        alpha: 8,
+        targets: ["attn_q" as const, "attn_k" as const, "attn_v" as const, "ffn_down" as const],
+      },
+      baseModelPath: model,
+      samplesFile,
+      seed: 0,
+      lrSchedule: { kind: "constant" as const },
+      options: { python: python.ok ? python.python : "" },
+    };
+    const supervised = path.join(dir, "supervised.gguf");
+    const sft = await startTrainer(
+      torchJob({
+        ...common,
+        outputPath: supervised,
+        workDir: path.join(dir, "sft"),
+        learningRate: 0.01,
+        epochs: 2,
+      }),
+    ).done;
+    assert.equal(sft.status, "completed", JSON.stringify(sft));
+    const continued = path.join(dir, "dpo.gguf");
+    const logs: string[] = [];
+    const dpo = await startTrainer(
+      torchJob({
+        ...common,
+        outputPath: continued,
+        workDir: path.join(dir, "dpo"),
+        // A step too small to move the weights: what is written is what was read.
+        optimizer: "sgd",
+        learningRate: 1e-9,
+        epochs: 1,
+        packing: false,
+        preference: { beta: 0.1, initAdapterPath: supervised },
+      }),
+      { onLog: (line) => logs.push(line) },
+    ).done;
+    assert.equal(dpo.status, "completed", `${JSON.stringify(dpo)}\n${logs.join("\n")}`);
+    assert.ok(
+      logs.some((line) => line.includes("the adapter starts from supervised.gguf")),
+      logs.join("\n"),
+    );
+    const worst = adapterDifference(common.options.python, continued, supervised);
+    // F16 both ways: a permutation read back wrong would differ by the tensor's whole size.
+    assert.ok(worst < 1e-2, `the exported adapter differs from the one it started from by ${worst}`);
   },
 );
