@@ -372,6 +372,7 @@ export class RunService {
       autoSettings.length > 0
         ? chooseAutoSettings({
             method: method.method,
+            objective: command.method === "dpo" ? "dpo" : "sft",
             pairs: training.pairs,
             characters: training.characters,
             model: await this.modelShape(baseModelName, model.path),
