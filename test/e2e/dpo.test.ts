@@ -108,6 +108,15 @@ test(
       await alice.get(`/conduit/finetuning/${fromBase.id}/examples?split=validation`)
     ).json<{ loss: number | null }[]>();
     assert.equal(heldOutLosses.length, 2);
+    // The log (OpenAI's job events) says it too, at each epoch.
+    assert.ok(
+      fromBase.logs.some((line) =>
+        /trainer: epoch 4\/4 train loss .*; reward margin [\d.]+, preferred wins [\d.]+% \(held out: /.test(
+          line,
+        ),
+      ),
+      fromBase.logs.join("\n"),
+    );
     assert.ok(heldOutLosses.every((example) => Number.isFinite(example.loss)));
     // It is served like any LoRA run.
     const chat = await alice.post("/conduit/v1/chat", {

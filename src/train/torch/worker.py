@@ -556,6 +556,16 @@ class Trainer:
 
         return torch.stack([self.answer_logp(chosen[k]), self.answer_logp(rejected[k])])
 
+    def dpo_rewards(self, reward_sum: Any, count: int, held: Optional[tuple[float, float]]) -> str:
+        """A DPO run's reward margin and share of preferred wins for its log line (empty for a supervised run)."""
+        if self.job.get("dpo") is None or count == 0:
+            return ""
+        margin, wins = (float(v) for v in reward_sum.tolist())
+        line = f"; reward margin {margin / count:.4f}, preferred wins {100 * wins / count:.1f}%"
+        if held is not None:
+            line += f" (held out: {held[0]:.4f}, {100 * held[1]:.1f}%)"
+        return line
+
     def load_init_adapter(self, path: str) -> None:
         """Starts the trained adapter from a LoRA adapter GGUF of the same base, rank, alpha and targets (a supervised
         run's): its tensors in llama.cpp's layout, `lora_b` of a llama model's Q/K rows permuted back."""
@@ -883,6 +893,7 @@ class Trainer:
                         else f" eval loss {eval_loss:.4f}" + (" (best)" if best is not None and best["step"] == step else "")
                     )
                     + f" lr {learning_rate:.2e}"
+                    + (self.dpo_rewards(reward_sum, loss_count, last_eval_rewards if eval_loss is not None else None))
                 )
                 now = time.perf_counter()
                 if (
