@@ -92,7 +92,7 @@ export function openAiJob(run: Run): OpenAiJobWire {
         ? { code: "training_failed", message: run.error ?? "the run failed", param: null }
         : null,
     fine_tuned_model: run.status === "READY" ? servedModelName(run) : null,
-    model: String(run.config.baseModelName),
+    model: record.model ?? String(run.config.baseModelName),
     organization_id: run.userId,
     result_files: [],
     seed: Number(run.config.seed),
@@ -277,6 +277,7 @@ export async function createOpenAiJob(
     suffix: body.suffix ?? null,
     metadata: body.metadata ?? null,
     learning_rate_multiplier: multiplier,
+    ...(fineTuned ? { model: body.model } : {}),
   };
   const command: CreateRun = {
     datasetID: file.datasetId,

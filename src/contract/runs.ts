@@ -90,6 +90,8 @@ export interface OpenAiJobRecord {
   suffix: string | null;
   metadata: Record<string, string> | null;
   learning_rate_multiplier: number | null;
+  /** The fine-tuned model (`ft:` name) a DPO job continues, as it was asked; absent for a job on a base model. */
+  model?: string;
 }
 
 /** A point of a run's loss curves. */

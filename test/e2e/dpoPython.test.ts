@@ -56,7 +56,7 @@ answer = client.chat.completions.create(model=dpo.fine_tuned_model, max_tokens=4
                                         messages=[{"role": "user", "content": "Tell me about the cat number 1."}])
 print(json.dumps({
     "supervised": {"status": supervised.status, "model": supervised.fine_tuned_model, "error": str(supervised.error)},
-    "dpo": {"status": dpo.status, "model": dpo.fine_tuned_model, "method": dpo.method.model_dump(),
+    "dpo": {"status": dpo.status, "model": dpo.fine_tuned_model, "method": dpo.method.model_dump(), "from": dpo.model,
             "error": str(dpo.error)},
     "events": events,
     "refused": refused,
@@ -97,7 +97,7 @@ test(
     assert.equal(result.status, 0, result.stderr);
     const out = JSON.parse(result.stdout) as {
       supervised: { status: string; model: string; error: string };
-      dpo: { status: string; model: string; method: Record<string, unknown>; error: string };
+      dpo: { status: string; model: string; from: string; method: Record<string, unknown>; error: string };
       events: string[];
       refused: { status: number; param: string } | null;
       answer: string;
@@ -106,6 +106,7 @@ test(
     assert.match(out.supervised.model, /^ft:stories:sft:ft_/);
     assert.equal(out.dpo.status, "succeeded", `${out.dpo.error}\n${out.events.join("\n")}`);
     assert.match(out.dpo.model, /^ft:stories:dpo:ft_/);
+    assert.equal(out.dpo.from, out.supervised.model, "the job's model is the one it was created on");
     assert.equal(out.dpo.method.type, "dpo");
     assert.deepEqual(
       (out.dpo.method.dpo as { hyperparameters: { beta: number; n_epochs: number } }).hyperparameters.beta,
