@@ -15,14 +15,15 @@
  *    per-request `lora` field; `bash bench/setup.sh` builds it), with the cores each used.
  * 3. Time to the first token of a request on a cold adapter (never used: its load included) against a warm one
  *    and the bare base (one context).
+ * 4. What Q8_0 adapters cost in quality: llama.cpp's logits with one adapter in F16 and in Q8_0.
  *
  *   node --import tsx bench/loraServe.ts [smollm2-135m|qwen2.5-coder-0.5b|stories260K|file.gguf …] [--rank 32]
- *     [--tokens 64] [--rounds 3] [--stream-counts 8,32] [--pool 2] [--speed-only | --memory-only] [--no-llama-server]
+ *     [--adapter-type Q8_0|F16] [--tokens 64] [--rounds 3] [--stream-counts 8,32] [--pool 2] [--speed-only | --memory-only] [--no-llama-server]
  *
  * Several models run one after the other, each in a process of its own.
  *
- * Adapter contents do not change their cost, so the adapters are freshly initialised ones in F16 (what a run
- * writes; B = 0 still runs both adapter products) and the "full fine-tunes" are copies of the base file. Every
+ * Adapter contents do not change their cost, so the adapters are freshly initialised ones in Q8_0 (what a run
+ * writes by default; `--adapter-type F16` for the other type; B = 0 still runs both adapter products) and the "full fine-tunes" are copies of the base file. Every
  * stream has a prompt of its own, so no request reuses another's KV cache.
  */
 import { execFileSync, spawn, type ChildProcess } from "node:child_process";
@@ -39,7 +40,8 @@ import { SequenceBatcher } from "../src/engine/SequenceBatcher.ts";
 import type { GenerationRequest, ModelRef } from "../src/engine/types.ts";
 import { loadChatTemplate } from "../src/model/chatTemplate.ts";
 import { LLAMA_CPP_LORA_TARGETS } from "../src/train/native/llamaCppTrainer.ts";
-import { loraWeights, writeInitialAdapter } from "../src/train/core/loraAdapter.ts";
+import { loraWeights, writeInitialAdapter, writeTrainedAdapter } from "../src/train/core/loraAdapter.ts";
+import { llamaCppLogits } from "../src/train/native/probeLogits.ts";
 import { loadLlamaLib } from "../src/train/libllama/llamaLib.ts";
 import { readModelFile } from "../src/train/core/modelFile.ts";
 import { describeBackend } from "../src/engine/accelerator.ts";
@@ -50,6 +52,7 @@ const { values, positionals } = parseArgs({
   allowPositionals: true,
   options: {
     rank: { type: "string", default: "32" },
+    "adapter-type": { type: "string", default: "Q8_0" },
     tokens: { type: "string", default: "64" },
     rounds: { type: "string", default: "3" },
     streams: { type: "string", default: "8" },
@@ -318,16 +321,18 @@ process.on("exit", () => fs.rmSync(dir, { recursive: true, force: true }));
 fs.copyFileSync(source, path.join(dir, "base.gguf"));
 const info = readModelFile(loadLlamaLib(), source);
 const rank = Number(values.rank);
+const adapterType = values["adapter-type"].toUpperCase();
+if (adapterType !== "F16" && adapterType !== "Q8_0") throw new Error("--adapter-type is F16 or Q8_0");
 const spec = { rank, alpha: 2 * rank, targets: [...LLAMA_CPP_LORA_TARGETS], complexity: 1 };
 const weights = loraWeights(info, spec);
 for (let i = 0; i < ADAPTERS; i++)
-  await writeInitialAdapter(info, path.join(dir, `adapter-${i}.gguf`), weights, spec, i, "F16");
+  await writeInitialAdapter(info, path.join(dir, `adapter-${i}.gguf`), weights, spec, i, adapterType);
 for (let i = 0; i < FULL; i++) fs.copyFileSync(source, path.join(dir, `full-${i}.gguf`));
 const adapterMb = fs.statSync(path.join(dir, "adapter-0.gguf")).size / 2 ** 20;
 const baseMb = fs.statSync(source).size / 2 ** 20;
 const load = () => os.loadavg()[0]!.toFixed(1);
 console.log(
-  `base ${path.basename(source)} (${baseMb.toFixed(1)} MiB), adapters of rank ${rank} on every target, F16 ` +
+  `base ${path.basename(source)} (${baseMb.toFixed(1)} MiB), adapters of rank ${rank} on every target, ${adapterType} ` +
     `(${adapterMb.toFixed(2)} MiB each); engine defaults, 1 thread; ${os.cpus().length} cores, load ${load()}`,
 );
 
@@ -439,14 +444,16 @@ for (const count of streamCounts) {
   console.log(
     `\ngeneration, ${count} concurrent streams of ${tokens} tokens, aggregate tokens/s (best of ${rounds} interleaved rounds; load ${loadBefore} → ${load()}):`,
   );
-  console.log("| | tok/s | vs its bare base | cores used | tok per CPU-s |\n|---|---|---|---|---|");
+  console.log(
+    "| | tok/s | vs its bare base | cores used | tok per CPU-s | per CPU-s vs its bare base |\n|---|---|---|---|---|---|",
+  );
   const rows: { label: string; rate: { rate: number; cores: number } }[] = [];
   for (const [i, [label]] of setups.entries()) {
     const b = best(rates[i]!);
     const bare = best(rates[i - (i % 3)]!);
     rows.push({ label, rate: b });
     console.log(
-      `| ${label} | ${b.rate.toFixed(1)} | ${(b.rate / bare.rate).toFixed(2)} | ${b.cores.toFixed(2)} | ${(b.rate / b.cores).toFixed(1)} |`,
+      `| ${label} | ${b.rate.toFixed(1)} | ${(b.rate / bare.rate).toFixed(2)} | ${b.cores.toFixed(2)} | ${(b.rate / b.cores).toFixed(1)} | ${(b.rate / b.cores / (bare.rate / bare.cores)).toFixed(2)} |`,
     );
   }
   speed.push(rows);
@@ -478,3 +485,70 @@ for (const [label, xs] of [
   ["cold adapter (loaded by the request)", ttft.cold],
 ] as const)
   console.log(`| ${label} | ${median(xs).toFixed(0)} |`);
+
+// 4. What Q8_0 costs in quality: llama.cpp's logits over a text with the same adapter in F16 and in Q8_0 against
+// the base's. B is drawn at the size a fine-tune's B reaches (±0.02), so the adapter moves the answers.
+const qualityText =
+  "The quick brown fox jumps over the lazy dog. In 1969 the first people walked on the moon, and the " +
+  "world watched. def add(a, b):\n    return a + b\n\nQuestion: what is the capital of France? Answer: Paris.";
+const textModel = await (
+  await getLlama({ gpu: false, logLevel: LlamaLogLevel.error })
+).loadModel({
+  modelPath: source,
+});
+const textTokens = [...textModel.tokenize(qualityText)];
+await textModel.dispose();
+const random = (seed: number) => {
+  let s = seed >>> 0;
+  return () => ((s = (s * 1664525 + 1013904223) >>> 0) / 2 ** 32) * 2 - 1;
+};
+const draw = random(7);
+const trained = new Map<string, Float32Array>();
+for (const w of weights) {
+  const a = new Float32Array(w.inputs * rank).map(() => draw() / Math.sqrt(w.inputs));
+  trained.set(`${w.name}.lora_a`, a);
+  trained.set(
+    `${w.name}.lora_b`,
+    new Float32Array(rank * w.outputs).map(() => draw() * 0.02),
+  );
+}
+const logitsOf = async (type: "F32" | "F16" | "Q8_0" | null) => {
+  if (type === null) return llamaCppLogits(source, null, textTokens);
+  const file = path.join(dir, `quality-${type}.gguf`);
+  await writeTrainedAdapter(info, file, weights, spec, trained, type);
+  return llamaCppLogits(source, file, textTokens);
+};
+const plain = await logitsOf(null);
+const exact = await logitsOf("F32");
+const top = (row: Float32Array) => row.reduce((best, v, i) => (v > row[best]! ? i : best), 0);
+/** Largest and mean logit difference from `b`, and at how many positions the top token is the same. */
+const compare = (a: Float32Array[], b: Float32Array[]) => {
+  let worst = 0;
+  let sum = 0;
+  let count = 0;
+  let same = 0;
+  for (let p = 0; p < a.length; p++) {
+    for (let v = 0; v < a[p]!.length; v++) {
+      const d = Math.abs(a[p]![v]! - b[p]![v]!);
+      worst = Math.max(worst, d);
+      sum += d;
+      count++;
+    }
+    if (top(a[p]!) === top(b[p]!)) same++;
+  }
+  return { worst, mean: sum / count, same };
+};
+const rows: [string, ReturnType<typeof compare>][] = [
+  ["the bare base", compare(plain, exact)],
+  ["the adapter in F16", compare(await logitsOf("F16"), exact)],
+  ["the adapter in Q8_0", compare(await logitsOf("Q8_0"), exact)],
+];
+console.log(
+  `
+the same adapter (rank ${rank}) stored in F16 and in Q8_0, against it in F32: llama.cpp's logits over ${textTokens.length} tokens`,
+);
+console.log("| | largest logit difference | mean | same top token |\n|---|---|---|---|");
+for (const [label, r] of rows)
+  console.log(
+    `| ${label} | ${r.worst.toFixed(4)} | ${r.mean.toFixed(5)} | ${r.same} of ${textTokens.length} |`,
+  );

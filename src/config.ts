@@ -1,6 +1,11 @@
 import net from "node:net";
 import path from "node:path";
-import { TRAINER_SETTINGS, type TrainerSetting } from "./domain/runs.ts";
+import {
+  ADAPTER_TYPE_SETTINGS,
+  TRAINER_SETTINGS,
+  type AdapterTypeSetting,
+  type TrainerSetting,
+} from "./domain/runs.ts";
 import {
   ADAPTER_BATCHING_SETTINGS,
   GPU_SETTINGS,
@@ -342,6 +347,20 @@ export const settings = {
           `CONDUIT_ADAPTER_BATCHING must be one of ${ADAPTER_BATCHING_SETTINGS.join(", ")}, got "${raw}"`,
         );
       return value as AdapterBatchingSetting;
+    },
+  },
+  adapterType: {
+    env: "CONDUIT_ADAPTER_TYPE",
+    description:
+      "How a LoRA run's adapter is stored and served: `q8_0` (8-bit blocks, a quarter of F32; a tensor whose rows are not a multiple of 32 long stays F16) or `f16`. Many adapters served at once cost what their bytes cost to read each token, so `q8_0` serves them faster; `f16` keeps the trained values to 3 digits. Set when a run is created (its `config.outputType`).",
+    defaultText: "q8_0",
+    parse: (raw): AdapterTypeSetting => {
+      const value = text("q8_0")(raw).toLowerCase();
+      if (!(ADAPTER_TYPE_SETTINGS as readonly string[]).includes(value))
+        throw new ConfigError(
+          `CONDUIT_ADAPTER_TYPE must be one of ${ADAPTER_TYPE_SETTINGS.join(", ")}, got "${raw}"`,
+        );
+      return value as AdapterTypeSetting;
     },
   },
   gpuLayers: {

@@ -167,6 +167,7 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
     trackerUrl: (id) => `${base}/ui/runs/${id}`,
     limits: { maxPairs: config.maxRunPairs, maxBytes: config.maxRunBytes },
     trainers: { setting: config.trainer, host: trainerHost },
+    adapterType: config.adapterType,
   });
   const scheduler = new Scheduler(runRepository, runEvents, datasets, registry, blobs, log, {
     concurrency: config.trainConcurrency,

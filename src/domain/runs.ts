@@ -57,6 +57,19 @@ export const TRAINER_OUTPUT_TYPES = [
 ] as const;
 export type TrainerOutputType = (typeof TRAINER_OUTPUT_TYPES)[number];
 
+/**
+ * `CONDUIT_ADAPTER_TYPE`: how a LoRA run's served adapter is stored. `q8_0` reads a quarter of F32's bytes per
+ * token, which is what serving many adapters at once costs (bench/README.md §Serving many adapters); `f16` is
+ * the half-size float. A LoRA run keeps it as its `outputType`.
+ */
+export const ADAPTER_TYPE_SETTINGS = ["q8_0", "f16"] as const;
+export type AdapterTypeSetting = (typeof ADAPTER_TYPE_SETTINGS)[number];
+
+/** The `outputType` of a LoRA run created with `CONDUIT_ADAPTER_TYPE` `setting`. */
+export function adapterOutputType(setting: AdapterTypeSetting): TrainerOutputType {
+  return setting === "f16" ? "F16" : "Q8_0";
+}
+
 /** The settings that accept `"auto"`. */
 export const AUTO_SETTINGS = ["epochs", "lr", "loraRank"] as const;
 export type AutoSetting = (typeof AUTO_SETTINGS)[number];

@@ -21,9 +21,11 @@ import {
 import type { LoraTarget, TrainObjective } from "../contract/runs.ts";
 import { isPreference, type IoPair } from "../datasets/ioPairs.ts";
 import {
+  adapterOutputType,
   AUTO_SETTINGS,
   runDefaults,
   trainerOf,
+  type AdapterTypeSetting,
   type AutoSetting,
   type RunConfig,
   type TrainerName,
@@ -192,6 +194,8 @@ export class RunService {
        * installed, their threads, for the choice and the estimate).
        */
       trainers: { setting: TrainerSetting; host: TrainerHost };
+      /** How a LoRA run's adapter is stored (`CONDUIT_ADAPTER_TYPE`). Defaults to `q8_0`. */
+      adapterType?: AdapterTypeSetting;
     },
   ) {}
 
@@ -407,7 +411,10 @@ export class RunService {
       contextSize: runDefaults.contextSize,
       lrSchedule: runDefaults.lrSchedule,
       lrMinFraction: runDefaults.lrMinFraction,
-      outputType: runDefaults.outputType,
+      outputType:
+        method.method === "lora"
+          ? adapterOutputType(this.options.adapterType ?? "q8_0")
+          : runDefaults.outputType,
       evalFraction: runDefaults.evalFraction,
       seed: command.seed ?? runDefaults.seed,
       trainOnInputs: command.trainOnInputs ?? false,

@@ -158,12 +158,16 @@ test(
   },
 );
 
-/** The largest difference between two adapter GGUFs' tensors, as a share of the largest value of that tensor in `b`. */
+/**
+ * The largest difference between two adapter GGUFs' tensors (F32, F16 or Q8_0), as a share of the largest value of
+ * that tensor in `b`.
+ */
 function adapterDifference(pythonPath: string, a: string, b: string): number {
   const script = [
     "import sys, numpy as np",
     "from gguf import GGUFReader",
-    "read = lambda p: {t.name: np.array(t.data, dtype=np.float32) for t in GGUFReader(p).tensors}",
+    "from gguf.quants import dequantize",
+    "read = lambda p: {t.name: dequantize(t.data, t.tensor_type).astype(np.float32) for t in GGUFReader(p).tensors}",
     "a, b = read(sys.argv[1]), read(sys.argv[2])",
     "assert a.keys() == b.keys() and len(a) > 0, (sorted(a), sorted(b))",
     "print(max(float(np.abs(a[n] - b[n]).max() / max(np.abs(b[n]).max(), 1e-12)) for n in a))",
@@ -214,6 +218,8 @@ test(
         workDir: path.join(dir, "sft"),
         learningRate: 0.01,
         epochs: 2,
+        // Served adapters are Q8_0 by default (CONDUIT_ADAPTER_TYPE): it is read back dequantized.
+        outputType: "Q8_0",
       }),
     ).done;
     assert.equal(sft.status, "completed", JSON.stringify(sft));
@@ -239,7 +245,7 @@ test(
       logs.join("\n"),
     );
     const worst = adapterDifference(common.options.python, continued, supervised);
-    // F16 both ways: a permutation read back wrong would differ by the tensor's whole size.
+    // Q8_0 read, F16 written: a permutation read back wrong would differ by the tensor's whole size.
     assert.ok(worst < 1e-2, `the exported adapter differs from the one it started from by ${worst}`);
   },
 );

@@ -19,6 +19,8 @@ import {
   KEY_B,
 } from "../lib/helper.ts";
 import { waitForRun } from "../lib/helper.ts";
+import { readGgufFileInfo } from "node-llama-cpp";
+import { GgmlType } from "../../src/model/gguf/GgufWriter.ts";
 import { loadConfig } from "../../src/config.ts";
 import { createCore, type CoreOverrides } from "../../src/core.ts";
 import { chooseAutoSettings, readModelShape } from "../../src/train/autoSettings.ts";
@@ -832,6 +834,36 @@ test("artifact: a full run trained on the tiny model downloads as <run id>.gguf,
   assert.equal(stored.sizeBytes, expected.length);
   assert.equal(res.rawPayload.subarray(0, 4).toString(), "GGUF");
   assert.ok(res.rawPayload.equals(expected), "the downloaded bytes are the stored model");
+});
+
+test("a LoRA run's adapter is Q8_0 (rows not a multiple of 32 stay F16), or F16 with CONDUIT_ADAPTER_TYPE=f16", async (t) => {
+  for (const setting of ["", "f16"]) {
+    const env = await testEnv(t, "sqlite", setting ? { CONDUIT_ADAPTER_TYPE: setting } : {});
+    const { app, core } = await buildTestApp(t, env, { scheduler: { pollMs: 200, concurrency: 1 } });
+    core.scheduler.start();
+    const ds = await datasetWithPairs(app);
+    const run = await createRun(app, { datasetID: ds.id, baseModelName: "tiny", epochs: 1, loraRank: 8 });
+    assert.equal(run.config.outputType, setting ? "F16" : "Q8_0");
+    const ended = await waitForRun(app, run.id);
+    assert.equal(ended.status, "READY", ended.logs.join("\n"));
+    const info = await readGgufFileInfo((await core.runs.artifact("alice", run.id)).path, {
+      logWarnings: false,
+    });
+    const types = new Map<string, Set<number>>();
+    for (const tensor of info.fullTensorInfo ?? []) {
+      const side = tensor.name.endsWith(".lora_a") ? "A" : "B";
+      types.set(side, (types.get(side) ?? new Set()).add(tensor.ggmlType));
+    }
+    // The tiny model is 64 wide: A's rows (64 long) are whole Q8_0 blocks, B's (rank 8) are not.
+    assert.deepEqual(
+      Object.fromEntries([...types].map(([side, set]) => [side, [...set]])),
+      setting ? { A: [GgmlType.F16], B: [GgmlType.F16] } : { A: [GgmlType.Q8_0], B: [GgmlType.F16] },
+    );
+    assert.ok(
+      ended.logs.some((line) => line.includes(`weights, ${setting ? "F16" : "Q8_0"})`)),
+      ended.logs.join("\n"),
+    );
+  }
 });
 
 test("run lists are summaries; each stats event carries only the loss points the stream has not sent", async (t) => {

@@ -33,7 +33,9 @@ function common(input: JobInput): Omit<TrainerJob, "trainer" | "options"> {
     complexity: runDefaults.complexity,
     contextSize: runDefaults.contextSize,
     threads: 1,
-    outputType: runDefaults.outputType,
+    // A LoRA run's adapter is Q8_0 by default (CONDUIT_ADAPTER_TYPE); the trainers' own tests compare trained
+    // values to F16's rounding, so their adapters are F16 unless a test asks otherwise.
+    outputType: method === "lora" ? "F16" : runDefaults.outputType,
     seed: runDefaults.seed,
     weightDecay: 0,
     preference: null,

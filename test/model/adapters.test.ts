@@ -57,15 +57,15 @@ after(async () => {
 });
 
 /** The values of a random adapter: A and B uniform in ±`size`/√in (big enough to change greedy answers). */
-function randomValues(seed: number, size = 3): Map<string, Float32Array> {
+function randomValues(seed: number, size = 3, rank = spec.rank): Map<string, Float32Array> {
   const random = seededRandom(seed);
   const values = new Map<string, Float32Array>();
   for (const w of weights) {
-    const a = new Float32Array(w.inputs * spec.rank);
-    const b = new Float32Array(spec.rank * w.outputs);
+    const a = new Float32Array(w.inputs * rank);
+    const b = new Float32Array(rank * w.outputs);
     for (const [t, fan] of [
       [a, w.inputs],
-      [b, spec.rank],
+      [b, rank],
     ] as const)
       for (let i = 0; i < t.length; i++) t[i] = ((random() * 2 - 1) * size) / Math.sqrt(fan);
     values.set(`${w.name}.lora_a`, a);
@@ -74,9 +74,14 @@ function randomValues(seed: number, size = 3): Map<string, Float32Array> {
   return values;
 }
 
-async function writeAdapter(name: string, seed: number, type: AdapterTensorType = "F16"): Promise<ModelRef> {
+async function writeAdapter(
+  name: string,
+  seed: number,
+  type: AdapterTensorType = "F16",
+  rank = spec.rank,
+): Promise<ModelRef> {
   const file = path.join(dir, `${name}.gguf`);
-  await writeTrainedAdapter(info, file, weights, spec, randomValues(seed), type);
+  await writeTrainedAdapter(info, file, weights, { ...spec, rank }, randomValues(seed, 3, rank), type);
   return { id: name, path: base.path, lora: { path: file } };
 }
 
@@ -309,6 +314,22 @@ describe("LoRA adapters on a base's shared contexts", () => {
       assert.equal(half, wide, prompt);
     }
   });
+
+  test("Q8_0 adapters: 8-bit blocks on disk where rows allow, about half F16's bytes, loaded by llama.cpp", async () => {
+    const f16 = await writeAdapter("q8-f16", 9, "F16", 32);
+    const q8 = await writeAdapter("q8-q8", 9, "Q8_0", 32);
+    const types = async (file: string) =>
+      new Set(
+        ((await readGgufFileInfo(file, { logWarnings: false })).fullTensorInfo ?? []).map((t) => t.ggmlType),
+      );
+    // Every row of the tiny model's weights and of a rank-32 B is whole 32-value blocks.
+    assert.deepEqual(await types(q8.lora!.path), new Set([GgmlType.Q8_0]));
+    const ratio = fs.statSync(q8.lora!.path).size / fs.statSync(f16.lora!.path).size;
+    assert.ok(ratio < 0.6, `Q8_0 is ${ratio} of F16`);
+    // llama.cpp loads it and it changes the answers (how close Q8_0 stays to F16 on a real model: bench/README.md).
+    const [bare, eighth] = await alone([base, q8]);
+    assert.notEqual(eighth, bare, "the adapter changes the answer");
+  });
 });
 
 const mixedBuild = mixedAdapterBuildStatus("auto");
@@ -331,7 +352,12 @@ describe(
     });
 
     test("every sequence of a mixed batch answers as its adapter served alone on the prebuilt binaries", async () => {
-      const adapters = await Promise.all([1, 2, 3, 4, 5, 6, 7].map((i) => writeAdapter(`seq-${i}`, 40 + i)));
+      // Ranks and types differ: F16 at rank 4, Q8_0 at rank 4 (B stays F16) and at rank 32 (B Q8_0 too).
+      const adapters = await Promise.all(
+        [1, 2, 3, 4, 5, 6, 7].map((i) =>
+          writeAdapter(`seq-${i}`, 40 + i, i < 6 ? "F16" : "Q8_0", i === 7 ? 32 : spec.rank),
+        ),
+      );
       const models = [base, ...adapters];
       const prompts = [PROMPT, "The capital of the moon is"];
       const expected = new Map<string, string[]>();

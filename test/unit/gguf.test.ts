@@ -101,6 +101,36 @@ describe("GgufWriter", () => {
     assert.equal(float32ToFloat16(1 + 3 * 2 ** -11), 0x3c02);
   });
 
+  test("writes Q8_0 blocks as ggml's reference quantizer does: a scale of the largest magnitude / 127, rounded quotients", async () => {
+    const file = path.join(dir, "q8.gguf");
+    const values = new Float32Array(64);
+    for (let i = 0; i < 32; i++) values[i] = (i - 16) / 8; // -2 … 1.875: the scale is 2/127
+    values[32 + 3] = -0.5; // a block with one value: it becomes -127
+    await writeGguf(file, { "general.architecture": { type: "string", value: "llama" } }, [
+      { name: "q", dims: [32, 2], type: "Q8_0", data: values },
+    ]);
+    const info = await readGgufFileInfo(file, { readTensorInfo: true });
+    assert.equal(info.fullTensorInfo?.[0]?.ggmlType, 8);
+    const bytes = fs.readFileSync(file);
+    const data = bytes.length - 2 * 34 - ((32 - ((2 * 34) % 32)) % 32);
+    const scale0 = float16ToFloat32(bytes.readUInt16LE(data));
+    assert.equal(scale0, float16ToFloat32(float32ToFloat16(2 / 127)));
+    const q0 = [...bytes.subarray(data + 2, data + 34)].map((b) => (b << 24) >> 24);
+    assert.equal(q0[0], -127);
+    assert.equal(q0[16], 0);
+    // 0.125 · 127/2 = 7.94 → 8; every value comes back within half a step
+    assert.equal(q0[17], 8);
+    q0.forEach((q, i) => assert.ok(Math.abs(q * scale0 - (values[i] as number)) <= scale0 / 2 + 1e-6));
+    const q1 = [...bytes.subarray(data + 36, data + 68)].map((b) => (b << 24) >> 24);
+    assert.deepEqual(q1, Array.from({ length: 32 }, (_, i) => (i === 3 ? -127 : 0)));
+    await assert.rejects(
+      writeGguf(path.join(dir, "q8-bad.gguf"), {}, [
+        { name: "q", dims: [48, 1], type: "Q8_0", data: new Float32Array(48) },
+      ]),
+      /multiple of 32/,
+    );
+  });
+
   test("leaves no file behind, and the old file intact, when a tensor fails", async () => {
     const file = path.join(dir, "atomic", "model.gguf");
     fs.mkdirSync(path.dirname(file), { recursive: true });

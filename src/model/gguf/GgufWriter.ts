@@ -5,7 +5,7 @@ import path from "node:path";
 import { float32ToFloat16 } from "./float16.ts";
 
 /**
- * A small GGUF v3 writer: metadata key/values and F32/F16 tensors, little-endian, written atomically.
+ * A small GGUF v3 writer: metadata key/values and F32/F16/Q8_0 tensors, little-endian, written atomically.
  * Format reference: ggml's `docs/gguf.md` and `ggml/src/gguf.cpp` (llama.cpp v0.5.0, the one node-llama-cpp ships).
  */
 
@@ -61,10 +61,18 @@ export const gguf = {
 };
 
 /** Tensor element types this writer can encode, numbered as `enum ggml_type`. */
-export const GgmlType = { F32: 0, F16: 1 } as const;
+export const GgmlType = { F32: 0, F16: 1, Q8_0: 8 } as const;
 export type GgmlTensorType = keyof typeof GgmlType;
 
-const BYTES_PER_ELEMENT: Record<GgmlTensorType, number> = { F32: 4, F16: 2 };
+/** Q8_0: blocks of 32 values, each an F16 scale and 32 signed bytes (ggml's `block_q8_0`). */
+export const Q8_0_BLOCK = 32;
+const Q8_0_BLOCK_BYTES = 2 + Q8_0_BLOCK;
+
+/** Bytes of `elements` values of `type` (for Q8_0 a multiple of its block). */
+export function tensorBytes(type: GgmlTensorType, elements: number): number {
+  if (type === "Q8_0") return (elements / Q8_0_BLOCK) * Q8_0_BLOCK_BYTES;
+  return elements * (type === "F32" ? 4 : 2);
+}
 // GGML_MAX_NAME includes the terminating NUL.
 const MAX_TENSOR_NAME_BYTES = 63;
 const MAX_DIMS = 4;
@@ -193,9 +201,12 @@ function layoutTensors(tensors: readonly GgufTensor[], alignment: number): Tenso
     }
     if (!Number.isSafeInteger(elements)) throw new Error(`gguf: tensor ${tensor.name} is too large`);
     if (!(tensor.type in GgmlType)) throw new Error(`gguf: unsupported tensor type ${tensor.type}`);
+    if (tensor.type === "Q8_0" && (tensor.dims[0] as number) % Q8_0_BLOCK !== 0) {
+      throw new Error(`gguf: tensor ${tensor.name} is Q8_0, so its rows must be a multiple of ${Q8_0_BLOCK} long`);
+    }
     offset = alignUp(offset, alignment);
     const entry = { tensor, offset, elements };
-    offset += elements * BYTES_PER_ELEMENT[tensor.type];
+    offset += tensorBytes(tensor.type, elements);
     return entry;
   });
 }
@@ -294,8 +305,34 @@ function encodeValues(values: Float32Array, type: GgmlTensorType): Buffer {
     for (let i = 0; i < values.length; i++) buf.writeFloatLE(values[i] as number, i * 4);
     return buf;
   }
+  if (type === "Q8_0") return encodeQ8_0(values);
   const buf = Buffer.allocUnsafe(values.length * 2);
   for (let i = 0; i < values.length; i++) buf.writeUInt16LE(float32ToFloat16(values[i] as number), i * 2);
+  return buf;
+}
+
+/**
+ * Q8_0 blocks as ggml's reference quantizer writes them (`quantize_row_q8_0_ref`): the scale is the block's
+ * largest magnitude over 127, each value its rounded quotient (halves away from zero, as `roundf`).
+ */
+function encodeQ8_0(values: Float32Array): Buffer {
+  if (values.length % Q8_0_BLOCK !== 0) {
+    throw new Error(`gguf: Q8_0 values must come in whole blocks of ${Q8_0_BLOCK}, got ${values.length}`);
+  }
+  const buf = Buffer.allocUnsafe(tensorBytes("Q8_0", values.length));
+  for (let block = 0; block * Q8_0_BLOCK < values.length; block++) {
+    const start = block * Q8_0_BLOCK;
+    let amax = 0;
+    for (let i = start; i < start + Q8_0_BLOCK; i++) amax = Math.max(amax, Math.abs(values[i] as number));
+    const d = Math.fround(amax / 127);
+    const id = d !== 0 ? Math.fround(1 / d) : 0;
+    const at = block * Q8_0_BLOCK_BYTES;
+    buf.writeUInt16LE(float32ToFloat16(d), at);
+    for (let i = 0; i < Q8_0_BLOCK; i++) {
+      const x = Math.fround((values[start + i] as number) * id);
+      buf.writeInt8(Math.sign(x) * Math.round(Math.abs(x)), at + 2 + i);
+    }
+  }
   return buf;
 }
 

@@ -5,8 +5,9 @@
  * `scale × alpha / rank × B·(A·x)` to `W·x`, so an adapter whose B is zero changes nothing: training starts
  * exactly at the base model (as PEFT does: A random, B zero).
  */
-import { gguf, writeGguf, type GgufTensor } from "../../model/gguf/GgufWriter.ts";
+import { gguf, Q8_0_BLOCK, writeGguf, type GgufTensor } from "../../model/gguf/GgufWriter.ts";
 import { type LoraTarget } from "../../contract/runs.ts";
+import type { TrainerOutputType } from "../../domain/runs.ts";
 import { trainableBlocks, type ModelFileInfo } from "./modelFile.ts";
 import { seededRandom } from "../../random.ts";
 
@@ -68,10 +69,25 @@ function adapterMetadata(model: ModelFileInfo, alpha: number) {
 
 /**
  * How an adapter's tensors are stored: the trainer trains F32 tensors (only those train) and keeps its
- * checkpoints in F32; the adapter it hands to serving is F16, half the size on disk and in memory, which
- * llama.cpp loads as it is (bench/README.md §Serving many adapters).
+ * checkpoints in F32; the adapter it hands to serving is F16, half the size on disk and in memory, or Q8_0,
+ * a quarter (`CONDUIT_ADAPTER_TYPE`), which llama.cpp loads as they are (bench/README.md §Serving many
+ * adapters). Q8_0 stores rows in blocks of 32, so a tensor whose rows are not (B at a rank below 32, or not a
+ * multiple of it) stays F16.
  */
-export type AdapterTensorType = "F32" | "F16";
+export type AdapterTensorType = "F32" | "F16" | "Q8_0";
+
+/**
+ * The type a LoRA run's adapter is written as, from its `outputType`: F32, F16 and Q8_0 as they are; runs
+ * stored with another type (none is created so) get F16, what every adapter was before Q8_0.
+ */
+export function servedAdapterType(outputType: TrainerOutputType): AdapterTensorType {
+  return outputType === "F32" || outputType === "Q8_0" ? outputType : "F16";
+}
+
+/** The type a tensor of rows `rowLength` long is written as, for an adapter of `type`. */
+export function adapterTensorType(type: AdapterTensorType, rowLength: number): AdapterTensorType {
+  return type === "Q8_0" && rowLength % Q8_0_BLOCK !== 0 ? "F16" : type;
+}
 
 /**
  * Writes the starting adapter: A uniform in ±1/√in (PEFT's Kaiming-uniform default), B zero. Seeded, so a
@@ -92,11 +108,16 @@ export async function writeInitialAdapter(
     const bound = 1 / Math.sqrt(weight.inputs);
     for (let i = 0; i < a.length; i++) a[i] = (random() * 2 - 1) * bound;
     tensors.push(
-      { name: `${weight.name}.lora_a`, dims: [weight.inputs, spec.rank], type, data: a },
+      {
+        name: `${weight.name}.lora_a`,
+        dims: [weight.inputs, spec.rank],
+        type: adapterTensorType(type, weight.inputs),
+        data: a,
+      },
       {
         name: `${weight.name}.lora_b`,
         dims: [spec.rank, weight.outputs],
-        type,
+        type: adapterTensorType(type, spec.rank),
         data: new Float32Array(spec.rank * weight.outputs),
       },
     );
@@ -122,8 +143,18 @@ export async function writeTrainedAdapter(
     const b = values.get(`${weight.name}.lora_b`);
     if (!a || !b) throw new Error(`trainer: the trained adapter has no tensors for ${weight.name}`);
     tensors.push(
-      { name: `${weight.name}.lora_a`, dims: [weight.inputs, spec.rank], type, data: a },
-      { name: `${weight.name}.lora_b`, dims: [spec.rank, weight.outputs], type, data: b },
+      {
+        name: `${weight.name}.lora_a`,
+        dims: [weight.inputs, spec.rank],
+        type: adapterTensorType(type, weight.inputs),
+        data: a,
+      },
+      {
+        name: `${weight.name}.lora_b`,
+        dims: [spec.rank, weight.outputs],
+        type: adapterTensorType(type, spec.rank),
+        data: b,
+      },
     );
   }
   const result = await writeGguf(adapterPath, adapterMetadata(model, spec.alpha), tensors);

@@ -141,7 +141,7 @@ export interface TrainerJob<Options = unknown> {
   contextSize: number;
   /** Compute threads. */
   threads: number;
-  /** Type of the written model (`"full"`; a LoRA adapter is written in F16). */
+  /** Type of the written model (`"full"`), or of the LoRA adapter (F32, F16 or Q8_0; see `servedAdapterType`). */
   outputType: TrainerOutputType;
   /** Seeds the order in which samples are packed into windows each epoch, and the adapter's initial A. */
   seed: number;

@@ -48,6 +48,7 @@ import { deviceMemory, GpuMemoryWatch, gpuDevices, OffloadAudit, type GpuDevice 
 import { writeHeadroomAdapter } from "./graphHeadroom.ts";
 import {
   loraWeights,
+  servedAdapterType,
   writeInitialAdapter,
   writeTrainedAdapter,
   type LoraSpec,
@@ -452,14 +453,15 @@ async function writeTrained(
   }
   const values = loop.adapterValues();
   scope.dispose();
-  hooks.log(`trainer: writing the LoRA adapter (${lora.weights.length} weights, F16)`);
+  const type = servedAdapterType(job.outputType);
+  hooks.log(`trainer: writing the LoRA adapter (${lora.weights.length} weights, ${type})`);
   const outputBytes = await writeTrainedAdapter(
     loop.baseInfo,
     job.outputPath,
     lora.weights,
     lora,
     values,
-    "F16",
+    type,
   );
   hooks.log(
     `trainer: wrote the LoRA adapter (${(outputBytes / 2 ** 20).toFixed(2)} MiB) to ${job.outputPath}`,

@@ -24,7 +24,13 @@ import { prepareTrainingData } from "../core/prepareTrainingData.ts";
 import type { TorchOptions } from "./torchTrainer.ts";
 import { learningRateAt } from "../core/learningRate.ts";
 import { loadLlamaLib, type LlamaLib, type Pointer } from "../libllama/llamaLib.ts";
-import { loraWeights, writeTrainedAdapter, type LoraSpec, type LoraWeight } from "../core/loraAdapter.ts";
+import {
+  loraWeights,
+  servedAdapterType,
+  writeTrainedAdapter,
+  type LoraSpec,
+  type LoraWeight,
+} from "../core/loraAdapter.ts";
 import { readModelFile } from "../core/modelFile.ts";
 import type { TrainingWindow, WindowSpan } from "../core/packWindows.ts";
 import { jobFingerprint } from "../core/checkpoint.ts";
@@ -116,9 +122,10 @@ export async function runTorchTraining(job: TorchJob, hooks: TrainingHooks): Pro
     const outcome = await runWorker(job.options, workerJob, job.workDir, hooks);
     if (outcome.type === "cancelled") return { status: "cancelled" };
 
-    hooks.log(`trainer: writing the LoRA adapter (${weights.length} weights, F16)`);
+    const type = servedAdapterType(job.outputType);
+    hooks.log(`trainer: writing the LoRA adapter (${weights.length} weights, ${type})`);
     const values = readAdapterValues(workerJob.adapterFile, weights, lora.rank);
-    const outputBytes = await writeTrainedAdapter(baseInfo, job.outputPath, weights, lora, values, "F16");
+    const outputBytes = await writeTrainedAdapter(baseInfo, job.outputPath, weights, lora, values, type);
     hooks.log(
       `trainer: wrote the LoRA adapter (${(outputBytes / 2 ** 20).toFixed(2)} MiB) to ${job.outputPath}`,
     );

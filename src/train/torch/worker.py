@@ -568,10 +568,12 @@ class Trainer:
 
     def load_init_adapter(self, path: str) -> None:
         """Starts the trained adapter from a LoRA adapter GGUF of the same base, rank, alpha and targets (a supervised
-        run's): its tensors in llama.cpp's layout, `lora_b` of a llama model's Q/K rows permuted back."""
+        run's): its tensors in llama.cpp's layout and any of the types adapters are served in, `lora_b` of a llama
+        model's Q/K rows permuted back."""
         import numpy as np
         import torch
         from gguf import GGUFReader
+        from gguf.quants import dequantize
 
         reader = GGUFReader(path)
         tensors = {t.name: t for t in reader.tensors}
@@ -581,8 +583,9 @@ class Trainer:
                 found = [tensors.get(f"{name}.lora_a"), tensors.get(f"{name}.lora_b")]
                 if found[0] is None or found[1] is None:
                     raise RuntimeError(f"trainer: the adapter to start from ({path}) has no {name}; it is of another shape")
-                a_rows = np.asarray(found[0].data, dtype=np.float32).reshape(tuple(a.shape))
-                b_rows = np.asarray(found[1].data, dtype=np.float32).reshape(tuple(b.shape))
+                # F32, F16 or Q8_0 (`CONDUIT_ADAPTER_TYPE`), as served.
+                a_rows = dequantize(found[0].data, found[0].tensor_type).astype(np.float32).reshape(tuple(a.shape))
+                b_rows = dequantize(found[1].data, found[1].tensor_type).astype(np.float32).reshape(tuple(b.shape))
                 target = name.split(".")[2] if name.startswith("blk.") else ""
                 if self.architecture == "llama" and target == "attn_q":
                     b_rows = unpermute_rows(b_rows, self.n_head, self.n_head)
