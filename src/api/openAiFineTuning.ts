@@ -14,7 +14,7 @@ import { servedModelName } from "../domain/modelNames.ts";
 import type { CreateRun } from "../train/commands.ts";
 import { runEstimate } from "./wire.ts";
 import type {
-  OpenAiHyperparametersWire,
+  OpenAiDpoHyperparametersWire,
   OpenAiJobCreateBodyWire,
   OpenAiJobEventWire,
   OpenAiJobWire,
@@ -92,7 +92,7 @@ export function openAiJob(run: Run): OpenAiJobWire {
         ? { code: "training_failed", message: run.error ?? "the run failed", param: null }
         : null,
     fine_tuned_model: run.status === "READY" ? servedModelName(run) : null,
-    model: String(run.config.baseModelName),
+    model: record.model ?? String(run.config.baseModelName),
     organization_id: run.userId,
     result_files: [],
     seed: Number(run.config.seed),
@@ -101,7 +101,10 @@ export function openAiJob(run: Run): OpenAiJobWire {
     training_file: record.training_file ?? run.datasetId,
     validation_file: typeof run.config.validationFileID === "string" ? run.config.validationFileID : null,
     hyperparameters,
-    method: { type: "supervised", supervised: { hyperparameters } },
+    method:
+      run.config.dpo === undefined
+        ? { type: "supervised", supervised: { hyperparameters } }
+        : { type: "dpo", dpo: { hyperparameters: { ...hyperparameters, beta: run.config.dpo.beta } } },
     integrations: [],
     metadata: record.metadata ?? null,
     user_provided_suffix: record.suffix ?? null,
@@ -192,19 +195,34 @@ const jobParams: Partial<Record<keyof CreateRun, string>> = {
   datasetName: "training_file",
   validationFileID: "validation_file",
   baseModelName: "model",
+  fromRunID: "model",
+  method: "method.type",
+  beta: "method.dpo.hyperparameters.beta",
   epochs: "hyperparameters.n_epochs",
   lrMultiplier: "hyperparameters.learning_rate_multiplier",
   seed: "seed",
   name: "suffix",
 };
 
-/** The hyperparameters, from `method.supervised` or the older top-level field (not both). */
-function hyperparametersOf(body: OpenAiJobCreateBodyWire): OpenAiHyperparametersWire {
-  const nested = body.method?.supervised?.hyperparameters;
+/**
+ * The hyperparameters, from `method.supervised` (or `method.dpo`) or the older top-level field (not both); the
+ * method's object must be the one `method.type` names.
+ */
+function hyperparametersOf(body: OpenAiJobCreateBodyWire): OpenAiDpoHyperparametersWire {
+  const type = body.method?.type ?? "supervised";
+  const other = type === "dpo" ? "supervised" : "dpo";
+  if (body.method?.[other] !== undefined && body.method[other] !== null)
+    throw new ConduitError(
+      "invalid_request",
+      `"method.${other}" does not go with "method.type": "${type}"; give "method.${type}"`,
+      { param: `method.${other}` },
+    );
+  const nested =
+    type === "dpo" ? body.method?.dpo?.hyperparameters : body.method?.supervised?.hyperparameters;
   if (nested !== undefined && body.hyperparameters !== undefined)
     throw new ConduitError(
       "invalid_request",
-      'give the hyperparameters once: in "method.supervised.hyperparameters" (or the older "hyperparameters")',
+      `give the hyperparameters once: in "method.${type}.hyperparameters" (or the older "hyperparameters")`,
       { param: "hyperparameters" },
     );
   return nested ?? body.hyperparameters ?? {};
@@ -230,10 +248,13 @@ export async function createOpenAiJob(
           param: "metadata",
         },
       );
-  if (body.model.startsWith("ft:") || body.model.startsWith("ft_"))
+  const dpo = body.method?.type === "dpo";
+  const fineTuned = body.model.startsWith("ft:") || body.model.startsWith("ft_");
+  if (fineTuned && !dpo)
     throw new ConduitError(
       "invalid_request",
-      `"${body.model}" is a fine-tuned model; fine-tuning one further is not supported: fine-tune its base model`,
+      `"${body.model}" is a fine-tuned model; only preference tuning ("method": {"type": "dpo"}) continues one: ` +
+        "fine-tune its base model",
       { param: "model" },
     );
   const file = await core.datasets.getUserFile(userId, body.training_file, "training_file");
@@ -256,10 +277,18 @@ export async function createOpenAiJob(
     suffix: body.suffix ?? null,
     metadata: body.metadata ?? null,
     learning_rate_multiplier: multiplier,
+    ...(fineTuned ? { model: body.model } : {}),
   };
   const command: CreateRun = {
     datasetID: file.datasetId,
-    baseModelName: body.model,
+    // Preference tuning of a fine-tuned model continues its adapter, on its base.
+    ...(fineTuned ? { fromRunID: body.model } : { baseModelName: body.model }),
+    ...(dpo
+      ? {
+          method: "dpo" as const,
+          beta: typeof hyperparameters.beta === "number" ? hyperparameters.beta : undefined,
+        }
+      : {}),
     epochs: hyperparameters.n_epochs ?? "auto",
     validationFileID: body.validation_file,
     name: body.suffix,

@@ -214,7 +214,13 @@ function createCommand(runs: Command, ctx: CliContext): void {
     .option("--steps <n>", "cap on optimizer steps", number("steps"))
     .option(
       "--method <method>",
-      'how to fine-tune: "lora" (an adapter, the default) or "full" (every weight)',
+      'how to fine-tune: "lora" (an adapter, the default), "full" (every weight) or "dpo" (an adapter, by ' +
+        "preference tuning on preference examples; the torch trainer)",
+    )
+    .option("--beta <beta>", "DPO's beta, in (0, 100] (dpo only; default 0.1)", number("beta"))
+    .option(
+      "--from-run <id>",
+      "a READY supervised LoRA run whose adapter a dpo run continues (its model is the reference)",
     )
     .option(
       "--trainer <name>",
@@ -266,6 +272,8 @@ function createCommand(runs: Command, ctx: CliContext): void {
           epochs: opts.epochs,
           steps: opts.steps,
           method: opts.method,
+          beta: opts.beta,
+          fromRunID: opts.fromRun,
           trainer: opts.trainer,
           loraRank: opts.loraRank,
           loraAlpha: opts.loraAlpha,

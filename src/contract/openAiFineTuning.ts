@@ -78,7 +78,9 @@ export const OpenAiFileUpload = {
             format: "binary",
             description:
               'JSONL of chat examples (`{"messages": [...]}`, OpenAI\'s format) or IO pairs (`{"input","output"}`), ' +
-              "a JSON array of them, or CSV with `input,output` columns.",
+              "a JSON array of them, or CSV with `input,output` columns; for a DPO job, preference examples in " +
+              'OpenAI\'s format (`{"input": {"messages"}, "preferred_output", "non_preferred_output"}`) or ' +
+              "Conduit's (`input`, `preferred`, `non_preferred`).",
           }),
           purpose: Type.Literal("fine-tune", { description: 'Only `"fine-tune"`.' }),
         },
@@ -113,6 +115,22 @@ export const OpenAiHyperparameters = Type.Object(
   { additionalProperties: false },
 );
 
+const Beta = Type.Union([Auto, Type.Number({ exclusiveMinimum: 0, maximum: 100 })], {
+  description:
+    "DPO's β, in (0, 100]: how far the trained model may move from the reference (higher keeps it closer), or " +
+    '`"auto"` (`0.1`). Defaults to `"auto"`.',
+});
+
+export const OpenAiDpoHyperparameters = Type.Object(
+  {
+    beta: Nullable(Beta),
+    n_epochs: Nullable(Epochs),
+    learning_rate_multiplier: Nullable(Multiplier),
+    batch_size: Nullable(BatchSize),
+  },
+  { additionalProperties: false },
+);
+
 const Unsupported = (reason: string) => Type.Optional(Type.Null({ description: reason, [REASON]: reason }));
 
 export const OpenAiJobCreateBody = Type.Object(
@@ -121,7 +139,9 @@ export const OpenAiJobCreateBody = Type.Object(
       minLength: 1,
       maxLength: 256,
       pattern: noControlCharacters,
-      description: "A base model (see `/v1/models`); a fine-tuned model cannot be trained further.",
+      description:
+        "A base model (see `/v1/models`); a fine-tuned model (its `ft:` name, a LoRA run of yours) only with " +
+        '`method.type` `"dpo"`: preference tuning continues its adapter.',
     }),
     training_file: Id,
     validation_file: Nullable(Id),
@@ -139,8 +159,11 @@ export const OpenAiJobCreateBody = Type.Object(
     method: Nullable(
       Type.Object(
         {
-          type: Type.Literal("supervised", {
-            [REASON]: 'must be "supervised": DPO and reinforcement fine-tuning are not supported',
+          type: Type.Union([Type.Literal("supervised"), Type.Literal("dpo")], {
+            description:
+              '`"supervised"`, or `"dpo"`: preference tuning on a file of preference examples, of the base ' +
+              "`model` or on top of a fine-tuned one (`model` its `ft:` name).",
+            [REASON]: 'must be "supervised" or "dpo": reinforcement fine-tuning is not supported',
           }),
           supervised: Nullable(
             Type.Object(
@@ -148,7 +171,12 @@ export const OpenAiJobCreateBody = Type.Object(
               { additionalProperties: false },
             ),
           ),
-          dpo: Unsupported("is not supported: DPO fine-tuning is not implemented"),
+          dpo: Nullable(
+            Type.Object(
+              { hyperparameters: Nullable(OpenAiDpoHyperparameters) },
+              { additionalProperties: false },
+            ),
+          ),
           reinforcement: Unsupported("is not supported: reinforcement fine-tuning is not implemented"),
         },
         { additionalProperties: false },
@@ -179,6 +207,7 @@ export const OpenAiJobCreateBody = Type.Object(
 );
 export type OpenAiJobCreateBodyWire = Static<typeof OpenAiJobCreateBody>;
 export type OpenAiHyperparametersWire = Static<typeof OpenAiHyperparameters>;
+export type OpenAiDpoHyperparametersWire = Static<typeof OpenAiDpoHyperparameters>;
 
 export const OpenAiJobStatus = Type.Union(
   ["queued", "running", "succeeded", "failed", "cancelled", "validating_files"].map((s) => Type.Literal(s)),
@@ -225,10 +254,21 @@ export const OpenAiJob = Type.Object(
     }),
     validation_file: Nullish(Type.String()),
     hyperparameters: ResolvedHyperparameters,
-    method: Type.Object({
-      type: Type.Literal("supervised"),
-      supervised: Type.Object({ hyperparameters: ResolvedHyperparameters }),
-    }),
+    method: Type.Union([
+      Type.Object({
+        type: Type.Literal("supervised"),
+        supervised: Type.Object({ hyperparameters: ResolvedHyperparameters }),
+      }),
+      Type.Object({
+        type: Type.Literal("dpo"),
+        dpo: Type.Object({
+          hyperparameters: Type.Object({
+            ...ResolvedHyperparameters.properties,
+            beta: Type.Number({ description: "DPO's β (`0.1` when auto)." }),
+          }),
+        }),
+      }),
+    ]),
     integrations: Nullish(Type.Array(Type.Unknown())),
     metadata: Nullish(Type.Record(Type.String(), Type.String())),
     user_provided_suffix: Nullish(Type.String()),

@@ -27,6 +27,17 @@ export const TRAIN_METHODS = ["lora", "full"] as const;
 export type TrainMethod = (typeof TRAIN_METHODS)[number];
 
 /**
+ * What a run may ask for as its `method`: a way of training the weights (`TRAIN_METHODS`, supervised on
+ * pairs), or `dpo`, preference tuning (Direct Preference Optimization) of a LoRA adapter on preference
+ * examples. A `dpo` run is stored as `method: "lora"` with its `dpo` settings.
+ */
+export const RUN_METHODS = [...TRAIN_METHODS, "dpo"] as const;
+export type RunMethod = (typeof RUN_METHODS)[number];
+
+/** What a run's training optimises: the answers' likelihood (`sft`), or the preferred answers' margin (`dpo`). */
+export type TrainObjective = "sft" | "dpo";
+
+/**
  * The trainers, by the name a run's `config.trainer` keeps (and a run may ask for): llama.cpp's own training API,
  * shipped with node-llama-cpp (no install), and the PyTorch + PEFT worker (`npm run setup:torch`). Each is a
  * backend of `src/train/trainers.ts`, whose registry the compiler holds to this list.
@@ -79,6 +90,8 @@ export interface OpenAiJobRecord {
   suffix: string | null;
   metadata: Record<string, string> | null;
   learning_rate_multiplier: number | null;
+  /** The fine-tuned model (`ft:` name) a DPO job continues, as it was asked; absent for a job on a base model. */
+  model?: string;
 }
 
 /** A point of a run's loss curves. */
@@ -129,6 +142,17 @@ export interface RunStats {
   stoppedEarly?: boolean;
   /** What may have gone wrong, one plain sentence each. */
   warnings?: string[];
+  /**
+   * A `dpo` run's reward margin: β × how much more the trained model prefers the preferred answer over the
+   * non-preferred one than the reference does, averaged over the current epoch so far (`trainLoss` is the DPO loss).
+   */
+  rewardMargin?: number;
+  /** A `dpo` run's share of examples, over the current epoch so far, whose preferred answer wins (margin > 0). */
+  rewardAccuracy?: number;
+  /** A `dpo` run's reward margin on the validation pairs at the latest evaluation (`evalLoss` is their DPO loss). */
+  evalRewardMargin?: number;
+  /** A `dpo` run's share of validation pairs whose preferred answer wins, at the latest evaluation. */
+  evalRewardAccuracy?: number;
   /** The trainer's totals, once the run is READY. */
   final?: RunTotals;
 }

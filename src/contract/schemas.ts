@@ -2,7 +2,7 @@ import { Type, type Static, type TSchema } from "@sinclair/typebox";
 import { errorCatalog } from "../errors.ts";
 import { ESTIMATE_BASES } from "./estimate.ts";
 import type { RunEvaluation } from "./evals.ts";
-import { LORA_TARGETS, loraLimits, runStatuses, TRAIN_METHODS, TRAINERS, type RunStats } from "./runs.ts";
+import { LORA_TARGETS, loraLimits, RUN_METHODS, runStatuses, TRAINERS, type RunStats } from "./runs.ts";
 
 /**
  * One schema per wire type. Routes validate with these, the OpenAPI document is generated
@@ -102,9 +102,16 @@ export const IoPairPreview = Type.Object({
       }),
       {
         description:
-          "A chat example's whole conversation (`developer` turns shown as `system`); absent for an IO pair.",
+          "A chat example's whole conversation (`developer` turns shown as `system`); absent for an IO pair. " +
+          "A preference example's prompt, when it is a conversation, closed by its preferred answer.",
       },
     ),
+  ),
+  rejected: Type.Optional(
+    Type.String({
+      description:
+        "A preference example's non-preferred answer (`output` is its preferred one); absent otherwise.",
+    }),
   ),
 });
 
@@ -373,13 +380,35 @@ export const RunConfigFields = {
   ),
   method: Type.Optional(
     Type.Union(
-      TRAIN_METHODS.map((m) => Type.Literal(m)),
+      RUN_METHODS.map((m) => Type.Literal(m)),
       {
         description:
-          "`lora` trains a LoRA adapter on the frozen base model; `full` trains the model's weights themselves. " +
+          "`lora` trains a LoRA adapter on the frozen base model; `full` trains the model's weights themselves; " +
+          "`dpo` trains a LoRA adapter by preference tuning (Direct Preference Optimization) on a dataset of " +
+          "preference examples, on the torch trainer only (`config.method` is `lora`, with `config.dpo`). " +
           "Defaults to `lora`.",
       },
     ),
+  ),
+  beta: Type.Optional(
+    Type.Number({
+      exclusiveMinimum: 0,
+      maximum: 100,
+      description:
+        "DPO's β, in (0, 100]: how far the trained model may move from the reference model (higher keeps it " +
+        "closer); `dpo` only. Defaults to `0.1`.",
+    }),
+  ),
+  fromRunID: Type.Optional(
+    Type.String({
+      minLength: 1,
+      maxLength: 128,
+      pattern: noControlCharacters,
+      description:
+        "A READY supervised LoRA run of yours, by id or `ft:` name, whose adapter a `dpo` run starts from: " +
+        "its base model, rank, alpha, targets and blocks are taken, and its model is the reference. `dpo` only. " +
+        "Defaults to none: a new adapter on `baseModelName`, the base model being the reference.",
+    }),
   ),
   trainer: Type.Optional(
     Type.Union(

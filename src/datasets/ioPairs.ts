@@ -9,7 +9,10 @@ import type { ChatRole } from "../model/types.ts";
  * IO-pair files: JSONL (one object a line), a JSON array of objects, or CSV with a header.
  * Objects carry `input`/`output` (or `prompt`/`completion`), or a chat example as OpenAI's
  * fine-tuning takes it, `{"messages": [{role, content}, ...]}`; CSV has `input,output` (or
- * `prompt,completion`) columns. Files are read as streams, so validation and training never
+ * `prompt,completion`) columns. A preference example (what preference tuning, DPO, trains on) has a
+ * prompt and two answers: OpenAI's `{"input": {"messages"}, "preferred_output": [message],
+ * "non_preferred_output": [message]}`, or Conduit's `{"input" (or "prompt") or "messages", "preferred"
+ * (or "chosen"), "non_preferred" (or "rejected")}`, with CSV columns `input,preferred,non_preferred`. Files are read as streams, so validation and training never
  * hold a whole file in memory (a JSON array's items are cut out and parsed one at a time).
  */
 export type IoFormat = "jsonl" | "json" | "csv";
@@ -32,6 +35,16 @@ export interface IoPair {
   line: number;
   /** A chat example's whole conversation (every assistant turn of weight 1 is trained); absent for an IO pair. */
   messages?: ChatTurn[];
+  /**
+   * A preference example's non-preferred answer; `output` is its preferred one (and `messages`, when the prompt
+   * is a conversation, ends with the preferred answer). Absent for an IO pair or a chat example.
+   */
+  rejected?: string;
+}
+
+/** Whether a pair is a preference example (has a non-preferred answer). */
+export function isPreference(pair: IoPair): pair is IoPair & { rejected: string } {
+  return pair.rejected !== undefined;
 }
 
 /** A bad pair or a syntax error, with the line it is on. */
@@ -81,6 +94,9 @@ function toPair(value: unknown, line: number): IoPair {
   if (typeof value !== "object" || value === null || Array.isArray(value))
     throw new IoPairError(line, 'expected an object with "input" and "output" (or "messages")');
   const record = value as Record<string, unknown>;
+  if (record.preferred_output !== undefined || record.non_preferred_output !== undefined)
+    return toOpenAiPreference(record, line);
+  if (preferenceFields.some((name) => record[name] !== undefined)) return toPreference(record, line);
   if (record.messages !== undefined) return toChatExample(record, line);
   return {
     input: field(record, ["input", "prompt"], line),
@@ -129,44 +145,146 @@ function turnContent(value: unknown, at: string, line: number): string {
 function toChatExample(record: Record<string, unknown>, line: number): IoPair {
   if (record.input !== undefined || record.output !== undefined)
     throw new IoPairError(line, 'an example has either "messages" or "input" and "output", not both');
-  for (const key of ["tools", "functions"])
-    if (record[key] !== undefined && !(Array.isArray(record[key]) && record[key].length === 0))
-      throw new IoPairError(line, `"${key}": tool and function calls cannot be trained on`);
-  const messages = record.messages;
-  if (!Array.isArray(messages) || messages.length === 0)
-    throw new IoPairError(line, '"messages" must be a non-empty array of {role, content}');
-  const turns: ChatTurn[] = [];
-  for (const [index, message] of (messages as unknown[]).entries()) {
-    const at = `messages[${index}]`;
-    if (typeof message !== "object" || message === null || Array.isArray(message))
-      throw new IoPairError(line, `${at} must be an object with "role" and "content"`);
-    const m = message as Record<string, unknown>;
-    const role = typeof m.role === "string" ? chatRoles[m.role] : undefined;
-    if (role === undefined)
-      throw new IoPairError(
-        line,
-        `${at}.role must be "system", "developer", "user" or "assistant"` +
-          (m.role === "tool" || m.role === "function"
-            ? " (tool and function calls cannot be trained on)"
-            : ""),
-      );
-    for (const key of ["tool_calls", "function_call", "name"])
-      if (m[key] !== undefined && !(key === "tool_calls" && Array.isArray(m[key]) && m[key].length === 0))
-        throw new IoPairError(line, `${at}.${key} is not supported`);
-    const turn: ChatTurn = { role, content: turnContent(m.content, at, line) };
-    if (m.weight !== undefined) {
-      if (role !== "assistant") throw new IoPairError(line, `${at}.weight is only for assistant turns`);
-      if (m.weight !== 0 && m.weight !== 1) throw new IoPairError(line, `${at}.weight must be 0 or 1`);
-      turn.weight = m.weight;
-    }
-    turns.push(turn);
-  }
+  const turns = chatTurns(record, "", line);
   const last = turns.findLastIndex((turn) => turn.role === "assistant" && turn.weight !== 0);
   if (last < 0) throw new IoPairError(line, '"messages" has no assistant turn to train on (of weight 1)');
   const answer = turns[last] as ChatTurn;
   if (answer.content.length === 0) throw new IoPairError(line, `messages[${last}].content is empty`);
   const question = turns.slice(0, last).findLast((turn) => turn.role === "user");
   return { input: question?.content ?? "", output: answer.content, line, messages: turns };
+}
+
+/**
+ * The `messages` of `record` (at `prefix`, as the file spells the path: `""` or `"input."`) as turns: roles
+ * `system` (or `developer`), `user` and `assistant`, text contents, an assistant turn's `weight` 0 or 1. Tool
+ * calls, function calls and tool definitions cannot be trained here and are refused, naming them.
+ */
+function chatTurns(record: Record<string, unknown>, prefix: string, line: number): ChatTurn[] {
+  for (const key of ["tools", "functions"])
+    if (record[key] !== undefined && !(Array.isArray(record[key]) && record[key].length === 0))
+      throw new IoPairError(line, `"${prefix}${key}": tool and function calls cannot be trained on`);
+  const messages = record.messages;
+  if (!Array.isArray(messages) || messages.length === 0)
+    throw new IoPairError(line, `"${prefix}messages" must be a non-empty array of {role, content}`);
+  return (messages as unknown[]).map((message, index) =>
+    chatTurn(message, `${prefix}messages[${index}]`, line),
+  );
+}
+
+function chatTurn(message: unknown, at: string, line: number): ChatTurn {
+  if (typeof message !== "object" || message === null || Array.isArray(message))
+    throw new IoPairError(line, `${at} must be an object with "role" and "content"`);
+  const m = message as Record<string, unknown>;
+  const role = typeof m.role === "string" ? chatRoles[m.role] : undefined;
+  if (role === undefined)
+    throw new IoPairError(
+      line,
+      `${at}.role must be "system", "developer", "user" or "assistant"` +
+        (m.role === "tool" || m.role === "function" ? " (tool and function calls cannot be trained on)" : ""),
+    );
+  for (const key of ["tool_calls", "function_call", "name"])
+    if (m[key] !== undefined && !(key === "tool_calls" && Array.isArray(m[key]) && m[key].length === 0))
+      throw new IoPairError(line, `${at}.${key} is not supported`);
+  const turn: ChatTurn = { role, content: turnContent(m.content, at, line) };
+  if (m.weight !== undefined) {
+    if (role !== "assistant") throw new IoPairError(line, `${at}.weight is only for assistant turns`);
+    if (m.weight !== 0 && m.weight !== 1) throw new IoPairError(line, `${at}.weight must be 0 or 1`);
+    turn.weight = m.weight;
+  }
+  return turn;
+}
+
+/** Conduit's names of a preference example's answers, each with its alias. */
+const preferenceNames: [[string, string], [string, string]] = [
+  ["preferred", "chosen"],
+  ["non_preferred", "rejected"],
+];
+const preferenceFields = preferenceNames.flat();
+
+/**
+ * A preference example from its prompt (the context turns, ending with the user's) and its two answers: the
+ * preferred answer closes `messages` as the assistant's turn, so that a supervised run on the same file trains
+ * the preferred answers. Two equal answers teach nothing and are refused.
+ */
+function preference(
+  context: ChatTurn[] | undefined,
+  input: string,
+  preferred: string,
+  rejected: string,
+  names: [string, string],
+  line: number,
+): IoPair {
+  if (preferred === rejected)
+    throw new IoPairError(
+      line,
+      `"${names[0]}" and "${names[1]}" are the same answer; a preference needs two`,
+    );
+  if (context !== undefined && context.at(-1)?.role === "assistant")
+    throw new IoPairError(
+      line,
+      `the prompt's messages end with an assistant turn; they end with the turn the answers reply to`,
+    );
+  const pair: IoPair = { input, output: preferred, rejected, line };
+  if (context !== undefined) pair.messages = [...context, { role: "assistant", content: preferred }];
+  return pair;
+}
+
+/** The last user turn of a prompt's turns (what previews show as the input). */
+function lastUserTurn(turns: readonly ChatTurn[]): string {
+  return turns.findLast((turn) => turn.role === "user")?.content ?? "";
+}
+
+/** Conduit's preference example: `input` (or `prompt`) or `messages`, `preferred` and `non_preferred`. */
+function toPreference(record: Record<string, unknown>, line: number): IoPair {
+  const [preferredNames, rejectedNames] = preferenceNames;
+  const preferred = field(record, preferredNames, line);
+  const rejected = field(record, rejectedNames, line);
+  if (record.output !== undefined || record.completion !== undefined)
+    throw new IoPairError(
+      line,
+      'a preference example has "preferred" and "non_preferred" answers, not "output" (or "completion")',
+    );
+  const names: [string, string] = [preferredNames[0], rejectedNames[0]];
+  if (record.messages !== undefined) {
+    if (record.input !== undefined || record.prompt !== undefined)
+      throw new IoPairError(line, 'a preference example has either "messages" or "input", not both');
+    const turns = chatTurns(record, "", line);
+    return preference(turns, lastUserTurn(turns), preferred, rejected, names, line);
+  }
+  return preference(undefined, field(record, ["input", "prompt"], line), preferred, rejected, names, line);
+}
+
+/**
+ * OpenAI's preference example (its DPO fine-tuning format): `input` holds `messages` (and optionally empty
+ * `tools`, `parallel_tool_calls`), `preferred_output` and `non_preferred_output` each one assistant message.
+ */
+function toOpenAiPreference(record: Record<string, unknown>, line: number): IoPair {
+  const input = record.input;
+  if (input === undefined || input === null)
+    throw new IoPairError(line, 'missing "input" (an object with "messages")');
+  if (typeof input !== "object" || Array.isArray(input))
+    throw new IoPairError(line, '"input" must be an object with "messages"');
+  const turns = chatTurns(input as Record<string, unknown>, "input.", line);
+  const answer = (name: string): string => {
+    const value = record[name];
+    if (value === undefined || value === null) throw new IoPairError(line, `missing "${name}"`);
+    if (!Array.isArray(value) || value.length !== 1)
+      throw new IoPairError(line, `"${name}" must be a list of one assistant message`);
+    const turn = chatTurn(value[0], `${name}[0]`, line);
+    if (turn.role !== "assistant") throw new IoPairError(line, `${name}[0].role must be "assistant"`);
+    if (turn.content.length === 0) throw new IoPairError(line, `${name}[0].content is empty`);
+    return turn.content;
+  };
+  const preferred = answer("preferred_output");
+  const rejected = answer("non_preferred_output");
+  return preference(
+    turns,
+    lastUserTurn(turns),
+    preferred,
+    rejected,
+    ["preferred_output", "non_preferred_output"],
+    line,
+  );
 }
 
 /**
@@ -420,10 +538,15 @@ async function* readCsv(filePath: string, options: ReadOptions): AsyncGenerator<
       if (!checkedHeader) {
         checkedHeader = true;
         const columns = Object.keys(record);
-        const hasPairs =
-          (columns.includes("input") || columns.includes("prompt")) &&
-          (columns.includes("output") || columns.includes("completion"));
-        if (!hasPairs) throw new IoPairError(1, 'the CSV header must have "input" and "output" columns');
+        const has = (names: readonly string[]) => names.some((name) => columns.includes(name));
+        const hasInput = has(["input", "prompt"]);
+        const hasPairs = hasInput && has(["output", "completion"]);
+        const hasPreferences = hasInput && preferenceNames.every(has);
+        if (!hasPairs && !hasPreferences)
+          throw new IoPairError(
+            1,
+            'the CSV header must have "input" and "output" columns (or "input", "preferred" and "non_preferred")',
+          );
       }
       yield toPair(record, info.lines);
     }

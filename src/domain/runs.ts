@@ -125,7 +125,20 @@ type RunConfigFields = {
   trainer?: TrainerName;
   /** What a run created through the OpenAI face was asked (`/v1/fine_tuning/jobs`); absent otherwise. */
   openai?: OpenAiJobRecord;
+  /** A preference-tuning run's settings (`"method": "dpo"`, stored as a LoRA run with these); absent otherwise. */
+  dpo?: DpoConfig;
 };
+
+/** The settings of a `dpo` run. */
+export interface DpoConfig {
+  /** How far the trained model may move from the reference: DPO's β (higher keeps it closer). */
+  beta: number;
+  /**
+   * The READY supervised LoRA run whose adapter it starts from (its reference model is that run's model);
+   * `null`: a new adapter on the base model (the reference is the base).
+   */
+  fromRunID: string | null;
+}
 
 /**
  * Defaults of the settings that are not `"auto"` (epochs, lr and loraRank are chosen per run), applied once, by
@@ -143,6 +156,8 @@ export const runDefaults = {
   outputType: "Q8_0" as TrainerOutputType,
   evalFraction: 0.1,
   seed: 42,
+  /** DPO's β of a `dpo` run (as OpenAI and TRL default it). */
+  beta: 0.1,
 };
 
 /**

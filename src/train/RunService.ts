@@ -9,6 +9,7 @@ import { newId } from "../store/ids.ts";
 import type { DatasetFile, Page } from "../domain/datasets.ts";
 import type { RunRepository } from "../store/RunRepository.ts";
 import { methodOf, type Run } from "../domain/runs.ts";
+import { runIdOfModelName } from "../domain/modelNames.ts";
 import { FollowCursor, type RunFollowEvent } from "./FollowCursor.ts";
 import { RunFeed } from "./RunFeed.ts";
 import {
@@ -17,7 +18,8 @@ import {
   readModelShape,
   type ModelShape,
 } from "./autoSettings.ts";
-import type { LoraTarget } from "../contract/runs.ts";
+import type { LoraTarget, TrainObjective } from "../contract/runs.ts";
+import { isPreference, type IoPair } from "../datasets/ioPairs.ts";
 import {
   adapterOutputType,
   AUTO_SETTINGS,
@@ -60,8 +62,27 @@ type MethodRequest =
  * The method and its settings, with defaults filled in; LoRA settings with method `full` are a 400. The targets'
  * shape (known names, at least one, none twice) is the request schema's to check.
  */
-function methodRequest(command: CreateRun): MethodRequest {
-  const method = command.method ?? runDefaults.method;
+function methodRequest(command: CreateRun, from: Run | undefined): MethodRequest {
+  const asked = command.method ?? runDefaults.method;
+  if (from !== undefined) {
+    // The adapter it starts from has its shape: the same base, rank, alpha, targets and blocks.
+    for (const field of ["loraRank", "loraAlpha", "loraTargets", "complexity"] as const)
+      if (command[field] !== undefined)
+        throw new ConduitError(
+          "invalid_request",
+          `"${field}" is taken from the run the adapter starts from ("fromRunID": ${from.id}); leave it out`,
+          { param: field },
+        );
+    const config = from.config as Extract<RunConfig, { method: "lora" }>;
+    return {
+      method: "lora",
+      loraRank: config.loraRank,
+      loraAlpha: config.loraAlpha,
+      loraTargets: [...config.loraTargets],
+    };
+  }
+  // A `dpo` run trains a LoRA adapter; what differs is its loss (`dpoRequest`).
+  const method = asked === "dpo" ? "lora" : asked;
   if (method === "full") {
     for (const field of ["loraRank", "loraAlpha", "loraTargets"] as const)
       if (command[field] !== undefined)
@@ -78,6 +99,23 @@ function methodRequest(command: CreateRun): MethodRequest {
     loraAlpha: command.loraAlpha,
     loraTargets: command.loraTargets === undefined ? undefined : [...command.loraTargets],
   };
+}
+
+/**
+ * A `dpo` run's β and the run it starts from (unchecked); `undefined` for any other method, which may not give
+ * them (a 400 naming the field).
+ */
+function dpoRequest(command: CreateRun): { beta: number; fromRunID: string | undefined } | undefined {
+  if (command.method === "dpo")
+    return { beta: command.beta ?? runDefaults.beta, fromRunID: command.fromRunID };
+  for (const field of ["beta", "fromRunID"] as const)
+    if (command[field] !== undefined)
+      throw new ConduitError(
+        "invalid_request",
+        `"${field}" is a preference-tuning setting; it needs "method": "dpo"`,
+        { param: field },
+      );
+  return undefined;
 }
 
 /**
@@ -166,14 +204,25 @@ export class RunService {
    * settings (each defaulted once, here), its estimate; then it is stored QUEUED and the scheduler told.
    */
   async create(userId: string, command: CreateRun): Promise<Run> {
-    const method = methodRequest(command);
+    const dpo = dpoRequest(command);
+    const from = dpo?.fromRunID === undefined ? undefined : await this.startingRun(userId, dpo.fromRunID);
+    const method = methodRequest(command, from);
     const { dataset, param } = await this.datasetOf(userId, command);
-    const { baseModelName, model } = this.baseModelOf(command);
-    const trainer = await this.trainerFor(method, baseModelName, model.path, command.trainer);
+    const { baseModelName, model } = this.baseModelOf(
+      from === undefined ? command : { ...command, baseModelName: this.baseOfStart(command, from) },
+    );
     const training = await this.trainingSet(userId, dataset, command.validationFileID);
     this.checkLimits(training, param);
-    const { config, logs } = await this.settings(
-      command,
+    if (dpo !== undefined) await this.checkPreferences(userId, dataset.id, training, param);
+    const trainer = await this.trainerFor(
+      method,
+      dpo === undefined ? "sft" : "dpo",
+      baseModelName,
+      model.path,
+      command.trainer,
+    );
+    const settings = await this.settings(
+      from === undefined ? command : { ...command, complexity: from.config.complexity },
       method,
       dataset,
       baseModelName,
@@ -181,6 +230,13 @@ export class RunService {
       trainer,
       training,
     );
+    const logs = settings.logs;
+    const config: RunConfig =
+      dpo === undefined
+        ? settings.config
+        : { ...settings.config, dpo: { beta: dpo.beta, fromRunID: from?.id ?? null } };
+    if (from !== undefined)
+      logs.push(`preference tuning starts from run ${from.id}'s adapter; its model is the reference`);
     const id = newId("ft");
     const estimate = await this.plan(id, userId, dataset.id, config, model).catch((error: unknown) => {
       logs.push(`no estimate of the run's duration: ${(error as Error).message}`);
@@ -201,6 +257,66 @@ export class RunService {
     this.events.emit("created", run);
     this.events.emit("changed", id);
     return run;
+  }
+
+  /**
+   * The run a `dpo` run starts from: one of the user's (else a 404), READY, a LoRA adapter trained with the
+   * supervised loss.
+   */
+  private async startingRun(userId: string, name: string): Promise<Run> {
+    const id = runIdOfModelName(name) ?? name;
+    const run = await this.runs.get(userId, id);
+    if (!run) throw new ConduitError("not_found", `run ${id} not found`, { param: "fromRunID" });
+    const refuse = (why: string) =>
+      new ConduitError("invalid_request", `run ${id} ${why}; "fromRunID" names a READY supervised LoRA run`, {
+        param: "fromRunID",
+      });
+    if (run.status !== "READY" || !run.modelPath) throw refuse(`is ${run.status}, not READY`);
+    if (methodOf(run.config) !== "lora") throw refuse('trained every weight ("method": "full")');
+    if (run.config.dpo !== undefined) throw refuse("is itself a preference-tuning run");
+    return run;
+  }
+
+  /** The base model of a run that starts from `from`'s adapter: `from`'s (naming another is a 400). */
+  private baseOfStart(command: CreateRun, from: Run): string {
+    const base = from.config.baseModelName;
+    if (command.baseModelName !== undefined && command.baseModelName !== base)
+      throw new ConduitError(
+        "invalid_request",
+        `"baseModelName" is ${command.baseModelName}, but run ${from.id}'s adapter is for ${base}; leave it out`,
+        { param: "baseModelName" },
+      );
+    return base;
+  }
+
+  /**
+   * A `dpo` run trains on preference examples only: the first pair of its dataset (or validation file) that is
+   * not one is a 400 naming its file and line. Reads every pair once (the estimate reads them again).
+   */
+  private async checkPreferences(
+    userId: string,
+    datasetId: string,
+    training: TrainingSet,
+    param: string,
+  ): Promise<void> {
+    const sources: [string, AsyncIterable<IoPair>, string][] = [
+      [`dataset ${datasetId}`, this.datasets.pairs(userId, datasetId, training.validation?.id), param],
+    ];
+    if (training.validation !== undefined)
+      sources.push([
+        `file ${training.validation.id}`,
+        this.datasets.filePairs(userId, training.validation.id),
+        "validationFileID",
+      ]);
+    for (const [what, pairs, field] of sources)
+      for await (const pair of pairs)
+        if (!isPreference(pair))
+          throw new ConduitError(
+            "invalid_request",
+            `${what} holds a pair that is not a preference example (line ${pair.line} of its file has no ` +
+              'non-preferred answer); "method": "dpo" trains on preference examples only (docs/fine-tuning.md)',
+            { param: field },
+          );
   }
 
   /** The run's dataset, by id or name, with pairs to train on; `param` is the field that named it. */
@@ -260,6 +376,7 @@ export class RunService {
       autoSettings.length > 0
         ? chooseAutoSettings({
             method: method.method,
+            objective: command.method === "dpo" ? "dpo" : "sft",
             pairs: training.pairs,
             characters: training.characters,
             model: await this.modelShape(baseModelName, model.path),
@@ -385,6 +502,7 @@ export class RunService {
   /** The run's trainer (see `chooseTrainer`); a run no trainer here can train is a 400. */
   private async trainerFor(
     method: MethodRequest,
+    objective: TrainObjective,
     name: string,
     modelPath: string,
     asked: TrainerName | undefined,
@@ -415,7 +533,12 @@ export class RunService {
       setting,
       asked,
       statuses,
-      request: { method: method.method, architecture, loraTargets: method.loraTargets ?? undefined },
+      request: {
+        method: method.method,
+        objective,
+        architecture,
+        loraTargets: method.loraTargets ?? undefined,
+      },
     });
   }
 
@@ -445,7 +568,7 @@ export class RunService {
         dir,
         DEFAULT_MIN_PAIRS_FOR_EVAL,
       );
-      const plan = await planTrainingData(model.path, {
+      const summary = await planTrainingData(model.path, {
         ...planSettingsOf(config, null),
         samples: [],
         samplesFile: examples.train,
@@ -453,6 +576,7 @@ export class RunService {
         evalSamplesFile: examples.validation,
         workDir: dir,
       });
+      const plan = config.dpo === undefined ? summary : { ...summary, pairs: true as const };
       return planRun({
         prior: backend.prior(host),
         method: config.method,

@@ -12,7 +12,7 @@ import type { RunRepository } from "../store/RunRepository.ts";
 import { timestamp } from "../store/time.ts";
 import { methodOf, trainerOf, type Run, type RunConfig, type TrainerName } from "../domain/runs.ts";
 import type { TrainerBackend, TrainerHost } from "./core/TrainerBackend.ts";
-import type { TrainerJob, TrainerProgress, TrainingStats } from "./core/trainerJob.ts";
+import type { PreferenceJobOptions, TrainerJob, TrainerProgress, TrainingStats } from "./core/trainerJob.ts";
 import type { ModelCatalog } from "./RunService.ts";
 import type { RunEventBus } from "./runEvents.ts";
 import {
@@ -399,7 +399,25 @@ export class Scheduler {
       outputType: config.outputType,
       lrSchedule: { kind: config.lrSchedule, warmupSteps: 0, minFraction: config.lrMinFraction },
       weightDecay: 0,
+      preference: await this.preferenceOf(config),
     };
+  }
+
+  /**
+   * A `dpo` run's preference settings: its β and the adapter it starts from (its starting run's, which must
+   * still be READY with its file); `null` for a supervised run.
+   */
+  private async preferenceOf(config: RunConfig): Promise<PreferenceJobOptions | null> {
+    const dpo = config.dpo;
+    if (dpo === undefined) return null;
+    if (dpo.fromRunID === null) return { beta: dpo.beta, initAdapterPath: null };
+    const from = await this.runs.getById(dpo.fromRunID);
+    if (from?.status !== "READY" || !from.modelPath)
+      throw new Error(
+        `run ${dpo.fromRunID}, whose adapter this run starts from, is ${from ? from.status : "deleted"}: ` +
+          "its adapter is gone",
+      );
+    return { beta: dpo.beta, initAdapterPath: from.modelPath };
   }
 
   /**

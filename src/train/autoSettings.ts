@@ -7,7 +7,7 @@
  * need many passes at a high rate; wide models need a lower rate; more data needs fewer passes.
  */
 import { readGgufFileInfo } from "node-llama-cpp";
-import type { TrainMethod } from "../contract/runs.ts";
+import type { TrainMethod, TrainObjective } from "../contract/runs.ts";
 import type { AutoSetting } from "../domain/runs.ts";
 
 /** What the choice looks at in the model. */
@@ -20,6 +20,8 @@ export interface ModelShape {
 
 export interface AutoSettingsInput {
   method: TrainMethod;
+  /** Preference tuning (`dpo`) takes fewer passes at a lower rate. Defaults to `"sft"`. */
+  objective?: TrainObjective;
   /** Training pairs (after any validation split). */
   pairs: number;
   /** Characters of the training pairs' inputs and outputs together. */
@@ -48,13 +50,19 @@ const MAX_PAIR_VISITS = 10_000;
 /** LoRA learning rate of a 576-wide model (SmolLM2-135M, measured); it scales with 1/√width. */
 const LORA_LR_AT_576 = 1e-3;
 const FULL_LR_AT_576 = 2e-4;
+/**
+ * Preference tuning refines a model rather than teaching it answers: the supervised default of passes, and a tenth
+ * of the supervised rate (TRL's DPO default rate is a twentieth of its SFT one).
+ */
+const DPO_LR_SHARE = 0.1;
 
 /** Epochs, learning rate and LoRA rank for a dataset and model, with the reason for each. */
 export function chooseAutoSettings(input: AutoSettingsInput): AutoChoice {
   const pairs = Math.max(1, input.pairs);
+  const dpo = input.objective === "dpo";
   let epochs = DEFAULT_EPOCHS;
-  let epochsWhy = `${DEFAULT_EPOCHS} epochs for ${pairs} pairs`;
-  const small = Math.min(MAX_EPOCHS, Math.ceil(SMALL_DATA_EPOCHS / pairs ** 1.5));
+  let epochsWhy = `${DEFAULT_EPOCHS} epochs for ${pairs} ${dpo ? "preference examples" : "pairs"}`;
+  const small = dpo ? 0 : Math.min(MAX_EPOCHS, Math.ceil(SMALL_DATA_EPOCHS / pairs ** 1.5));
   if (small > DEFAULT_EPOCHS) {
     epochs = small;
     epochsWhy = `${epochs} epochs: a small dataset (${pairs} pair${pairs === 1 ? "" : "s"}) needs many passes to be learned`;
@@ -65,11 +73,14 @@ export function chooseAutoSettings(input: AutoSettingsInput): AutoChoice {
 
   const width = Math.max(1, input.model.embeddingLength);
   const scale = Math.sqrt(576 / width);
-  const lr =
+  const supervised =
     input.method === "lora"
-      ? roundRate(clamp(LORA_LR_AT_576 * scale, 1e-4, 3e-3))
-      : roundRate(clamp(FULL_LR_AT_576 * scale, 1e-5, 1e-3));
-  const lrWhy = `learning rate ${lr} for a ${width}-wide model (${input.method === "lora" ? "LoRA" : "full"})`;
+      ? clamp(LORA_LR_AT_576 * scale, 1e-4, 3e-3)
+      : clamp(FULL_LR_AT_576 * scale, 1e-5, 1e-3);
+  const lr = roundRate(dpo ? supervised * DPO_LR_SHARE : supervised);
+  const lrWhy =
+    `learning rate ${lr} for a ${width}-wide model (${input.method === "lora" ? "LoRA" : "full"}` +
+    `${dpo ? `, DPO: ${DPO_LR_SHARE} × the supervised rate` : ""})`;
 
   // More distinct text to absorb wants a larger update; the rank never exceeds a quarter of the width.
   const tokens = input.characters / 4;

@@ -3,7 +3,7 @@
  * `POST /conduit/finetuning`, the OpenAI face's `POST /v1/fine_tuning/jobs`) maps its body into these
  * and maps the service's errors (whose `param` names a field of the command) back to its own fields.
  */
-import type { LoraTarget, OpenAiJobRecord, TrainerName, TrainMethod } from "../contract/runs.ts";
+import type { LoraTarget, OpenAiJobRecord, RunMethod, TrainerName } from "../contract/runs.ts";
 
 /**
  * Create a fine-tuning run. Every field but the dataset is optional; what is left out gets its default
@@ -17,7 +17,11 @@ export interface CreateRun {
   /** The base model's id. Defaults to the server's default model (`CONDUIT_DEFAULT_MODEL`). */
   baseModelName?: string | undefined;
   /** Defaults to `runDefaults.method`. */
-  method?: TrainMethod | undefined;
+  method?: RunMethod | undefined;
+  /** DPO's β (`dpo` only). Defaults to `runDefaults.beta`. */
+  beta?: number | undefined;
+  /** A READY supervised LoRA run of the user's whose adapter a `dpo` run starts from. Defaults to none (the base). */
+  fromRunID?: string | undefined;
   /** The trainer that trains the run. Defaults to the server's choice (`CONDUIT_TRAINER`). */
   trainer?: TrainerName | undefined;
   /** Learning rate, or `"auto"`. Defaults to `"auto"`. */

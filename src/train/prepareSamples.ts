@@ -16,13 +16,14 @@ export const DEFAULT_MIN_PAIRS_FOR_EVAL = 50;
 
 /**
  * What a run's plan reads of its config: the same when it is created (its estimate) and when its trainer job is
- * built. Windows are always packed.
+ * built. Windows are packed, but for preference tuning.
  */
 export function planSettingsOf(config: RunConfig, maxTrainTokens: number | null): PlanSettings {
   return {
     seed: config.seed,
     contextSize: config.contextSize,
-    packing: true,
+    // Preference tuning compares two whole answers: each example is a window of its own.
+    packing: config.dpo === undefined,
     epochs: config.epochs,
     maxSteps: config.steps ?? null,
     maxTrainTokens,
@@ -56,6 +57,7 @@ export async function prepareSamples(
         evalFraction: config.evalFraction,
         minPairsForEval,
         seed: config.seed,
+        preference: config.dpo !== undefined,
       },
       dir,
     );

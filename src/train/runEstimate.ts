@@ -119,12 +119,14 @@ export function measured(
 
 /** The window positions a plan trains, evaluates during training and measures per-example losses on. */
 export function planTokens(plan: PlanSummary) {
+  // A preference pair is two windows; its reference pass is a forward pass more of each, once.
+  const windows = plan.pairs ? 2 : 1;
   return {
-    tokens: plan.steps * plan.windowSize,
+    tokens: plan.steps * plan.windowSize * windows,
     /** Window positions evaluated (forward only) during training. */
-    evalTokens: plan.evalWindows * plan.windowSize * plan.evaluations,
-    /** Window positions of the per-example losses measured once training ends (forward only). */
-    lossTokens: plan.lossWindows * plan.windowSize,
+    evalTokens: plan.evalWindows * plan.windowSize * plan.evaluations * windows,
+    /** Window positions of the per-example losses (and of a preference run's reference pass), forward only. */
+    lossTokens: plan.lossWindows * plan.windowSize * windows * windows,
   };
 }
 

@@ -11,8 +11,13 @@ import type { SampleSegment, TrainingSample } from "./core/trainerJob.ts";
 
 export interface PreparedExample {
   input: string;
+  /** The answer trained on; a preference example's preferred answer. */
   output: string;
   sample: TrainingSample;
+  /** A preference example's non-preferred answer, with `preference` (absent otherwise). */
+  rejectedOutput?: string;
+  /** The conversation ending with the non-preferred answer, formatted as `sample` is. */
+  rejected?: TrainingSample;
 }
 
 export interface SampleOptions {
@@ -26,6 +31,11 @@ export interface SampleOptions {
   evalFraction: number;
   minPairsForEval: number;
   seed: number;
+  /**
+   * Preference tuning: every pair must be a preference example, and its non-preferred answer is formatted too
+   * (`rejected`). Otherwise a preference example trains its preferred answer. Defaults to `false`.
+   */
+  preference?: boolean;
 }
 
 /** The system prompt (if any), the user's input, and, for training, the answer. */
@@ -44,13 +54,42 @@ export function conversation(systemPrompt: string, input: string, output?: strin
  */
 export async function prepareExample(
   base: ModelRef,
-  options: Pick<SampleOptions, "systemPrompt" | "trainOnInputs">,
-  pair: Pick<IoPair, "input" | "output" | "messages">,
+  options: Pick<SampleOptions, "systemPrompt" | "trainOnInputs" | "preference">,
+  pair: Pick<IoPair, "input" | "output" | "messages" | "rejected" | "line">,
 ): Promise<{ example: PreparedExample; split: boolean }> {
-  const { sample, split } = pair.messages
-    ? await formatChatExample(base, options.systemPrompt, pair.messages, options.trainOnInputs)
-    : await formatExample(base, options.systemPrompt, pair.input, pair.output, options.trainOnInputs);
-  return { example: { input: pair.input, output: pair.output, sample }, split };
+  const format = (output: string) =>
+    pair.messages
+      ? formatChatExample(
+          base,
+          options.systemPrompt,
+          [...pair.messages.slice(0, -1), { role: "assistant", content: output }],
+          options.trainOnInputs,
+        )
+      : formatExample(base, options.systemPrompt, pair.input, output, options.trainOnInputs);
+  if (!options.preference) {
+    const { sample, split } = pair.messages
+      ? await formatChatExample(base, options.systemPrompt, pair.messages, options.trainOnInputs)
+      : await formatExample(base, options.systemPrompt, pair.input, pair.output, options.trainOnInputs);
+    return { example: { input: pair.input, output: pair.output, sample }, split };
+  }
+  if (pair.rejected === undefined)
+    throw new Error(
+      `line ${pair.line} of its file is not a preference example (it has no non-preferred answer); ` +
+        "preference tuning trains on preference examples only",
+    );
+  // A preference example's messages end with its preferred answer (`ioPairs.ts`).
+  const chosen = await format(pair.output);
+  const rejected = await format(pair.rejected);
+  return {
+    example: {
+      input: pair.input,
+      output: pair.output,
+      sample: chosen.sample,
+      rejectedOutput: pair.rejected,
+      rejected: rejected.sample,
+    },
+    split: chosen.split && rejected.split,
+  };
 }
 
 /**

@@ -825,3 +825,24 @@ test("a first start on a port in use makes no key (none to lose); the next start
   assert.match(started.output(), /not shown again[\s\S]*cnd_/);
   await started.stop();
 });
+
+test("runs create sends a DPO run's method, beta and the run it continues", async (t) => {
+  // The test server's trainer is llama.cpp, which refuses preference tuning, naming the method: the options arrived.
+  const { core, env } = await cliServer(t);
+  const dataset = await core.datasets.create("alice", "preferences");
+  await core.datasets.upload("alice", dataset.id, {
+    name: "p.jsonl",
+    source: Readable.from([JSON.stringify({ input: "Hi", preferred: "Hello!", non_preferred: "No." })]),
+  });
+  const help = await conduit(env, "runs", "create", "--help");
+  for (const option of ["--beta", "--from-run"])
+    assert.match(help.stdout, new RegExp(`${option}\\b`), option);
+  const refused = await runsCreate(env, dataset.id, ["--method", "dpo", "--beta", "0.5"]);
+  assert.notEqual(refused.code, 0);
+  assert.match(refused.stderr, /llama\.cpp trainer cannot do preference tuning/);
+  const missing = await runsCreate(env, dataset.id, ["--method", "dpo", "--from-run", "ft_missing"]);
+  assert.notEqual(missing.code, 0);
+  assert.match(missing.stderr, /run ft_missing not found/);
+  const stray = await runsCreate(env, dataset.id, ["--beta", "0.5"]);
+  assert.match(stray.stderr, /"beta" is a preference-tuning setting; it needs "method": "dpo"/);
+});

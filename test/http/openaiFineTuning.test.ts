@@ -330,7 +330,17 @@ for (const backend of backends())
         ],
         [{ hyperparameters: { n_epochs: 0 } }, "hyperparameters.n_epochs"],
         [{ hyperparameters: { learning_rate_multiplier: -1 } }, "hyperparameters.learning_rate_multiplier"],
-        [{ method: { type: "dpo" } }, "method.type", /DPO and reinforcement/],
+        [{ method: { type: "reinforcement" } }, "method.type", /reinforcement fine-tuning is not supported/],
+        [{ method: { type: "dpo" } }, "training_file", /not a preference example/],
+        [
+          { method: { type: "supervised", dpo: { hyperparameters: { beta: 0.2 } } } },
+          "method.dpo",
+          /does not go with "method.type": "supervised"/,
+        ],
+        [
+          { method: { type: "dpo", dpo: { hyperparameters: { beta: 0 } } } },
+          "method.dpo.hyperparameters.beta",
+        ],
         [
           {
             hyperparameters: { n_epochs: 2 },
@@ -350,6 +360,30 @@ for (const backend of backends())
         assert.equal(response.json().error.param, param, JSON.stringify(body));
         if (message) assert.match(response.json().error.message, message);
       }
+      // DPO: on a preference file, the llama.cpp trainer (the tests' server's) cannot; a fine-tuned model to
+      // continue must be one of the user's.
+      const preferences = (
+        await upload(
+          app,
+          "preferences.jsonl",
+          JSON.stringify({
+            input: { messages: [{ role: "user", content: "Hi" }] },
+            preferred_output: [{ role: "assistant", content: "Hello!" }],
+            non_preferred_output: [{ role: "assistant", content: "Go away." }],
+          }),
+        )
+      ).json();
+      const onLlamaCpp = await create({ training_file: preferences.id, method: { type: "dpo" } });
+      assert.equal(onLlamaCpp.statusCode, 400, onLlamaCpp.body);
+      assert.equal(onLlamaCpp.json().error.param, "method.type");
+      assert.match(onLlamaCpp.json().error.message, /llama\.cpp trainer cannot do preference tuning/);
+      const noSuchModel = await create({
+        training_file: preferences.id,
+        model: "ft:tiny::ft_01",
+        method: { type: "dpo" },
+      });
+      assert.equal(noSuchModel.statusCode, 404, noSuchModel.body);
+      assert.equal(noSuchModel.json().error.param, "model");
       const missing = await create({ training_file: "file_nope" });
       assert.equal(missing.statusCode, 404);
       assert.equal(missing.json().error.param, "training_file");

@@ -38,6 +38,7 @@ function common(input: JobInput): Omit<TrainerJob, "trainer" | "options"> {
     outputType: method === "lora" ? "F16" : runDefaults.outputType,
     seed: runDefaults.seed,
     weightDecay: 0,
+    preference: null,
     ...input,
     lrSchedule: {
       kind: runDefaults.lrSchedule,

@@ -24,6 +24,32 @@ class PermuteRows(unittest.TestCase):
             np.testing.assert_array_equal(back, llama_cpp)
 
 
+class UnpermuteRows(unittest.TestCase):
+    def test_reads_back_what_permute_rows_wrote(self) -> None:
+        for n_head, n_head_kv, rows in ((4, 4, 128), (32, 4, 256), (9, 3, 192)):
+            hf = np.random.default_rng(n_head).standard_normal((rows, 5)).astype(np.float32)
+            written = worker.permute_rows(hf, n_head, n_head_kv)
+            np.testing.assert_array_equal(worker.unpermute_rows(written, n_head, n_head_kv), hf)
+            if rows > 2 * n_head:
+                self.assertFalse(np.array_equal(written, hf))
+
+
+class DpoTerms(unittest.TestCase):
+    def test_loss_and_margin_as_the_dpo_paper_and_trl_write_them(self) -> None:
+        import math
+
+        import torch
+
+        # Log-probabilities (preferred, non-preferred) of two examples under the trained and the reference model.
+        policy = torch.tensor([[-1.0, -5.0], [-4.0, -2.0]])
+        reference = torch.tensor([[-2.0, -3.0], [-4.0, -2.0]])
+        loss, margin = worker.dpo_terms(0.5, policy, reference)
+        # margin = beta * ((pi_c - ref_c) - (pi_r - ref_r)): 0.5 * ((1) - (-2)) = 1.5; the second is at the reference.
+        self.assertEqual(margin.tolist(), [1.5, 0.0])
+        self.assertAlmostEqual(loss[0].item(), math.log1p(math.exp(-1.5)), places=6)
+        self.assertAlmostEqual(loss[1].item(), math.log(2), places=6)
+
+
 class Best(unittest.TestCase):
     def test_serves_the_lowest_eval_loss_as_conduit_does(self) -> None:
         import json

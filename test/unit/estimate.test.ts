@@ -76,6 +76,12 @@ describe("planning a run", () => {
     const tokens = planTokens(plan3x25);
     assert.equal(tokens.evalTokens, 3 * 256 * 3, "the eval windows at every evaluation point");
     assert.equal(tokens.lossTokens, 28 * 256);
+    // Preference tuning: every window is one of a pair, and the reference pass measures each pair once more.
+    const pairs = planTokens({ ...plan3x25, pairs: true });
+    assert.equal(pairs.tokens, 2 * 75 * 256);
+    assert.equal(pairs.evalTokens, 2 * tokens.evalTokens);
+    assert.equal(pairs.lossTokens, 4 * tokens.lossTokens);
+    assert.equal(planRun(input({ plan: { ...plan3x25, pairs: true } })).tokens, 2 * plan.tokens);
   });
 
   test("the prior: slower on a bigger model, faster with more threads, per trainer; overheads counted", () => {

@@ -102,3 +102,120 @@ test("a lone UTF-16 surrogate spelled by a JSON escape is refused, naming the li
     ["\u{1F600}", "b", 1],
   ]);
 });
+
+/** A file's preference examples as `[input, preferred, non-preferred, turns]`, or the error as `line: message`. */
+async function preferences(content: string, format: "json" | "jsonl" | "csv") {
+  const file = path.join(os.tmpdir(), `conduit-preferences-${process.pid}-${Math.random()}.${format}`);
+  fs.writeFileSync(file, content);
+  const read: [string, string, string | undefined, number | undefined][] = [];
+  try {
+    for await (const pair of readIoPairs(file, format))
+      read.push([pair.input, pair.output, pair.rejected, pair.messages?.length]);
+    return read;
+  } catch (error) {
+    return (error as Error).message;
+  } finally {
+    fs.rmSync(file);
+  }
+}
+
+test("preference examples: OpenAI's DPO shape and Conduit's, in JSONL, JSON and CSV", async () => {
+  const openAi = {
+    input: { messages: [{ role: "user", content: "Hi" }], tools: [], parallel_tool_calls: true },
+    preferred_output: [{ role: "assistant", content: "Hello!" }],
+    non_preferred_output: [{ role: "assistant", content: "Go away." }],
+  };
+  assert.deepEqual(await preferences(JSON.stringify(openAi), "jsonl"), [["Hi", "Hello!", "Go away.", 2]]);
+  const conduit = [
+    { input: "Hi", preferred: "Hello!", non_preferred: "Go away." },
+    { prompt: "Hi", chosen: "Hello!", rejected: "Go away." },
+    {
+      messages: [
+        { role: "system", content: "Be kind." },
+        { role: "user", content: "Hi" },
+      ],
+      preferred: "Hello!",
+      non_preferred: "Go away.",
+    },
+  ];
+  assert.deepEqual(await preferences(JSON.stringify(conduit), "json"), [
+    ["Hi", "Hello!", "Go away.", undefined],
+    ["Hi", "Hello!", "Go away.", undefined],
+    ["Hi", "Hello!", "Go away.", 3],
+  ]);
+  assert.deepEqual(await preferences('input,preferred,non_preferred\nHi,Hello!,"Go away."\n', "csv"), [
+    ["Hi", "Hello!", "Go away.", undefined],
+  ]);
+  assert.deepEqual(await preferences("prompt,chosen,rejected\nHi,Hello!,No\n", "csv"), [
+    ["Hi", "Hello!", "No", undefined],
+  ]);
+  // An IO pair is not a preference example.
+  assert.deepEqual(await preferences('{"input":"a","output":"b"}', "jsonl"), [
+    ["a", "b", undefined, undefined],
+  ]);
+});
+
+test("a bad preference example is refused, naming the line and the field", async () => {
+  const openAi = (change: Record<string, unknown>) =>
+    JSON.stringify({
+      input: { messages: [{ role: "user", content: "Hi" }] },
+      preferred_output: [{ role: "assistant", content: "Hello!" }],
+      non_preferred_output: [{ role: "assistant", content: "Go away." }],
+      ...change,
+    });
+  const refused: [string, "jsonl" | "csv", string][] = [
+    [openAi({ non_preferred_output: undefined }), "jsonl", 'line 1: missing "non_preferred_output"'],
+    [openAi({ input: undefined }), "jsonl", 'line 1: missing "input" (an object with "messages")'],
+    [openAi({ input: "Hi" }), "jsonl", 'line 1: "input" must be an object with "messages"'],
+    [
+      openAi({ input: { messages: [] } }),
+      "jsonl",
+      'line 1: "input.messages" must be a non-empty array of {role, content}',
+    ],
+    [
+      openAi({ preferred_output: [{ role: "assistant", content: "" }] }),
+      "jsonl",
+      "line 1: preferred_output[0].content is empty",
+    ],
+    [
+      openAi({ preferred_output: { role: "assistant", content: "x" } }),
+      "jsonl",
+      'line 1: "preferred_output" must be a list of one assistant message',
+    ],
+    [
+      openAi({ non_preferred_output: [{ role: "user", content: "x" }] }),
+      "jsonl",
+      'line 1: non_preferred_output[0].role must be "assistant"',
+    ],
+    [
+      openAi({ non_preferred_output: [{ role: "assistant", content: "Hello!" }] }),
+      "jsonl",
+      'line 1: "preferred_output" and "non_preferred_output" are the same answer; a preference needs two',
+    ],
+    [
+      openAi({ input: { messages: [{ role: "user", content: "Hi" }], tools: [{ type: "function" }] } }),
+      "jsonl",
+      'line 1: "input.tools": tool and function calls cannot be trained on',
+    ],
+    ['\n{"input":"Hi","preferred":"Hello!"}', "jsonl", 'line 2: missing "non_preferred" (or "rejected")'],
+    ['{"input":"Hi","preferred":"","non_preferred":"x"}', "jsonl", 'line 1: "preferred" is empty'],
+    [
+      '{"input":"Hi","output":"x","preferred":"a","non_preferred":"b"}',
+      "jsonl",
+      'line 1: a preference example has "preferred" and "non_preferred" answers, not "output" (or "completion")',
+    ],
+    [
+      '{"messages":[{"role":"user","content":"Hi"},{"role":"assistant","content":"a"}],"preferred":"a","non_preferred":"b"}',
+      "jsonl",
+      "line 1: the prompt's messages end with an assistant turn; they end with the turn the answers reply to",
+    ],
+    ["input,preferred,non_preferred\nHi,Hello!,\n", "csv", 'line 2: "non_preferred" is empty'],
+    [
+      "input,preferred\nHi,Hello!\n",
+      "csv",
+      'line 1: the CSV header must have "input" and "output" columns (or "input", "preferred" and "non_preferred")',
+    ],
+  ];
+  for (const [content, format, error] of refused)
+    assert.equal(await preferences(content, format), error, content);
+});

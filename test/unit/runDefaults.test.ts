@@ -14,6 +14,7 @@ test("the request schema states the defaults the run service applies", () => {
   assert.match(described("method"), new RegExp(`Defaults to \`${runDefaults.method}\``));
   assert.match(described("loraAlpha"), new RegExp(`Defaults to \`${runDefaults.loraAlphaPerRank}\` ×`));
   assert.match(described("complexity"), new RegExp(`Defaults to \`${runDefaults.complexity}\``));
+  assert.match(described("beta"), new RegExp(`Defaults to \`${runDefaults.beta}\``));
 });
 
 test("the request schema names the LoRA targets each trainer cannot train", () => {

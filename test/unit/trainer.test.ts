@@ -118,6 +118,22 @@ describe("trainer building blocks", () => {
     assert.equal(choose(10, 64).loraRank, 16);
     assert.equal(choose(1_000_000).loraRank, 64);
     assert.match(choose(10).reasons.epochs, /200 epochs: a small dataset \(10 pairs\)/);
+    // Preference tuning: the default passes however few the examples, at a tenth of the supervised rate.
+    const dpo = (pairs: number, width = 576) =>
+      chooseAutoSettings({
+        method: "lora",
+        objective: "dpo",
+        pairs,
+        characters: pairs * 40,
+        model: { embeddingLength: width, contextLength: 2048 },
+      });
+    assert.deepEqual(
+      [10, 300, 5000].map((pairs) => dpo(pairs).epochs),
+      [3, 3, 2],
+    );
+    assert.equal(dpo(10).lr, 0.0001);
+    assert.equal(dpo(10, 128).lr, 0.00021);
+    assert.match(dpo(10).reasons.lr, /DPO: 0\.1 × the supervised rate/);
   });
 
   test("complexity selects the top blocks; the head always trains, token_embd never", () => {

@@ -5,7 +5,7 @@ import type { TrainerStatus } from "../../src/train/core/TrainerBackend.ts";
 import { chooseTrainer } from "../../src/train/trainerChoice.ts";
 import { trainers } from "../../src/train/trainers.ts";
 import { describeTorch } from "../../src/train/torch/torchStatus.ts";
-import type { TrainMethod } from "../../src/contract/runs.ts";
+import type { TrainMethod, TrainObjective } from "../../src/contract/runs.ts";
 import type { TrainerSetting } from "../../src/domain/runs.ts";
 
 const installed: TrainerStatus = {
@@ -28,6 +28,7 @@ interface Case {
   setting: TrainerSetting;
   torch: TrainerStatus;
   method: TrainMethod;
+  objective: TrainObjective;
   architecture: string;
   targets: ("attn_q" | "attn_k")[] | undefined;
 }
@@ -38,10 +39,11 @@ test("every trainer is registered under its own name", () => {
 
 test("chooseTrainer: the setting, the install and the run decide; what nothing can train is a 400 with the reason", () => {
   const run = (over: Partial<Case>) => {
-    const { setting, torch, method, architecture, targets }: Case = {
+    const { setting, torch, method, objective, architecture, targets }: Case = {
       setting: "auto",
       torch: installed,
       method: "lora",
+      objective: "sft",
       architecture: "llama",
       targets: undefined,
       ...over,
@@ -49,7 +51,7 @@ test("chooseTrainer: the setting, the install and the run decide; what nothing c
     return chooseTrainer(
       {
         setting,
-        request: { method, architecture, loraTargets: targets },
+        request: { method, objective, architecture, loraTargets: targets },
         statuses: { torch, "llama.cpp": { available: true } },
       },
       [trainers.torch, trainers["llama.cpp"]],
@@ -90,6 +92,18 @@ test("chooseTrainer: the setting, the install and the run decide; what nothing c
       /param:method/,
       /LoRA adapters only .*CONDUIT_TRAINER is torch; the llama\.cpp trainer can: CONDUIT_TRAINER=auto\)/,
     ],
+    // Preference tuning is the torch trainer's alone.
+    [{ objective: "dpo" }, "torch", /auto: it is installed/],
+    [
+      { objective: "dpo", torch: missing },
+      /param:method/,
+      /llama\.cpp trainer cannot do preference tuning \("method": "dpo"\).*torch trainer is not available: no venv/,
+    ],
+    [
+      { objective: "dpo", setting: "llama.cpp" },
+      /param:method/,
+      /preference tuning.*CONDUIT_TRAINER is llama\.cpp; the torch trainer can: npm run setup:torch/,
+    ],
     // llama.cpp trains full runs, the torch trainer does not: nothing here trains a full run of Gemma 3.
     [
       { architecture: "gemma3", method: "full", setting: "llama.cpp" },
@@ -127,7 +141,7 @@ test("chooseTrainer: a run that names its trainer gets it, whatever the setting;
       {
         setting,
         asked,
-        request: { method, architecture: "llama", loraTargets: undefined },
+        request: { method, objective: "sft", architecture: "llama", loraTargets: undefined },
         statuses: { torch, "llama.cpp": { available: true } },
       },
       [trainers.torch, trainers["llama.cpp"]],

@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { configRows, formatConfigValue, formatScores, judgeNotes } from "../../ui/src/format.ts";
+import { configRows, formatConfigValue, formatScores, formatShare, judgeNotes } from "../../ui/src/format.ts";
 
 test("a run's configuration shows the OpenAI face's record field by field, never [object Object]", () => {
   const rows = configRows({
@@ -38,4 +38,11 @@ test("an answer's scores show a label model's label, a grader that could not sco
   assert.equal(formatScores(scores), "exact_match 1 · similarity 0.82 · tone polite · quality ?");
   assert.equal(judgeNotes(scores), 'tone: {"label":"polite"}\nquality: {"sco\nquality: the judge failed');
   assert.equal(judgeNotes(scores.slice(0, 2)), "");
+});
+
+test("a DPO run's share of preferred wins shows as a percentage, none as a dash", () => {
+  assert.equal(formatShare(0.875), "87.5 %");
+  assert.equal(formatShare(1), "100 %");
+  assert.equal(formatShare(2 / 3), "66.7 %");
+  assert.equal(formatShare(undefined), "—");
 });

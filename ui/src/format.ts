@@ -28,6 +28,12 @@ export function formatNumber(value: number | undefined, digits = 4): string {
   return Number(value.toPrecision(digits)).toString();
 }
 
+/** A share in [0, 1] as a percentage (`87.5 %`); `—` when there is none. */
+export function formatShare(value: number | undefined): string {
+  if (value === undefined || !Number.isFinite(value)) return "—";
+  return `${Number((value * 100).toPrecision(3))} %`;
+}
+
 /** `2026-11-22 18:30:00.000` (UTC) in the reader's local time. */
 export function formatTime(timestamp: string): string {
   const date = new Date(`${timestamp.replace(" ", "T")}Z`);

@@ -6,7 +6,7 @@
  * of the registry (`src/train/trainers.ts`), keyed by its name.
  */
 import type { GpuLayers, GpuSetting } from "../../contract/accelerator.ts";
-import type { LoraTarget, TrainMethod } from "../../contract/runs.ts";
+import type { LoraTarget, TrainMethod, TrainObjective } from "../../contract/runs.ts";
 import type { TrainerName } from "../../domain/runs.ts";
 import type { ComputeDevice } from "../libllama/llamaLib.ts";
 import type { ExampleLoss, TrainerJob, TrainerProgress, TrainingStats } from "./trainerJob.ts";
@@ -64,6 +64,8 @@ export type TrainerStatus =
 /** What a trainer is asked to train, as far as its ability goes. */
 export interface TrainingRequest {
   method: TrainMethod;
+  /** What it optimises: the supervised loss, or DPO's on preference examples. */
+  objective: TrainObjective;
   /** The base model's `general.architecture`. */
   architecture: string;
   /** The LoRA targets the run named; `undefined` when it named none (the trainer's own). */

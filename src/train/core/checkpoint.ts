@@ -128,6 +128,12 @@ export async function jobFingerprint(job: TrainerJob): Promise<string> {
   hash.update("\u0000eval");
   for await (const sample of jobSamples(job.evalSamplesFile ?? job.evalSamples))
     hash.update(JSON.stringify(sample));
+  if (job.preference !== null)
+    for (const file of [job.samplesFile, job.evalSamplesFile]) {
+      hash.update("\u0000rejected");
+      if (file !== null)
+        for await (const sample of jobSamples(file, "rejected")) hash.update(JSON.stringify(sample));
+    }
   return hash.digest("hex");
 }
 

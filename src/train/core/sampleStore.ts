@@ -10,9 +10,13 @@ import readline from "node:readline";
 import type { TrainingSample } from "./trainerJob.ts";
 import type { TokenizedSample } from "./packWindows.ts";
 
-/** The samples of a list, or of a JSONL file of `{"sample": …}` objects (read line by line). */
+/**
+ * The samples of a list, or of a JSONL file of `{"sample": …}` objects (read line by line); `field` reads
+ * another field of the lines instead (a preference example's `rejected`). Defaults to `"sample"`.
+ */
 export async function* jobSamples(
   source: readonly TrainingSample[] | string,
+  field: "sample" | "rejected" = "sample",
 ): AsyncGenerator<TrainingSample> {
   if (typeof source !== "string") {
     yield* source;
@@ -24,9 +28,9 @@ export async function* jobSamples(
     for await (const text of readline.createInterface({ input: stream, crlfDelay: Infinity })) {
       line += 1;
       if (text === "") continue;
-      const sample = (JSON.parse(text) as { sample?: TrainingSample }).sample;
+      const sample = (JSON.parse(text) as Partial<Record<typeof field, TrainingSample>>)[field];
       if (typeof sample !== "string" && !Array.isArray(sample))
-        throw new Error(`trainer: line ${line} of ${source} has no "sample"`);
+        throw new Error(`trainer: line ${line} of ${source} has no "${field}"`);
       yield sample;
     }
   } finally {

@@ -20,11 +20,13 @@ export async function tokenizeSamples(
   name: string,
   hooks: { isCancelled(): boolean; yieldToEventLoop(): Promise<void> },
   stores: TokenStore[],
+  /** The lines' field to read, when `source` is a file (see `jobSamples`). Defaults to `"sample"`. */
+  field: "sample" | "rejected" = "sample",
 ): Promise<{ store: TokenStore; trained: number } | undefined> {
   const store = new TokenStore(dir, name);
   stores.push(store);
   let trained = 0;
-  for await (const sample of jobSamples(source)) {
+  for await (const sample of jobSamples(source, field)) {
     const tokenized = tokenizeSample(lib, vocab, sample);
     store.append(tokenized);
     for (const flag of tokenized.trained) trained += flag;

@@ -149,6 +149,23 @@ export interface TrainerJob<Options = unknown> {
   lrSchedule: LearningRateSchedule;
   /** AdamW decoupled weight decay, in [0, 1]. */
   weightDecay: number;
+  /**
+   * Preference tuning (DPO) instead of the supervised loss: every line of `samplesFile` and `evalSamplesFile`
+   * also has `rejected`, the conversation ending with the non-preferred answer; each example is a window of its
+   * own (`packing` is false). `null`: the supervised loss.
+   */
+  preference: PreferenceJobOptions | null;
+}
+
+/** A preference-tuning job's settings. */
+export interface PreferenceJobOptions {
+  /** DPO's β. */
+  beta: number;
+  /**
+   * A LoRA adapter GGUF of the same base, rank, alpha and targets that the trained adapter starts from (its
+   * model is the reference); `null`: a new adapter (the base is the reference).
+   */
+  initAdapterPath: string | null;
 }
 
 export interface TrainerProgress {
@@ -163,6 +180,11 @@ export interface TrainerProgress {
   trainLoss: number;
   /** Mean loss per trained token on `evalSamples`, present on the progress report of an evaluation. */
   evalLoss?: number;
+  /** Preference tuning (`trainLoss` and `evalLoss` are then DPO losses per example): see `RunStats`. */
+  rewardMargin?: number;
+  rewardAccuracy?: number;
+  evalRewardMargin?: number;
+  evalRewardAccuracy?: number;
   /** The learning rate of the last step. */
   learningRate: number;
   /** Training tokens (whole windows, padding included) per second of training so far. */

@@ -34,6 +34,12 @@ export interface PlanSummary {
   evaluations: number;
   /** Windows the per-example losses are measured on once training ends (training and eval samples in order). */
   lossWindows: number;
+  /**
+   * Preference tuning: every window is one of a pair (the preferred and the non-preferred conversation), both
+   * trained, evaluated and measured, and the pairs' reference log-probabilities take one more forward pass of each
+   * before training. Absent: the supervised loss.
+   */
+  pairs?: true;
 }
 
 /** One epoch's order of the training samples and the windows it packs into. */

@@ -125,7 +125,14 @@ export const llamaCppTrainer: TrainerBackend<LlamaCppOptions> = {
   name: "llama.cpp",
   setupCommand: null,
   status: () => Promise.resolve({ available: true }),
-  cannotTrain({ architecture, loraTargets }) {
+  cannotTrain({ architecture, loraTargets, objective }) {
+    if (objective === "dpo")
+      return {
+        param: "method",
+        why:
+          'the llama.cpp trainer cannot do preference tuning ("method": "dpo"): its training API optimises ' +
+          "next-token cross-entropy only, and DPO needs each answer's summed log-probability under two models",
+      };
     const untrainable = LLAMA_CPP_UNTRAINABLE_ARCHITECTURES[architecture];
     if (untrainable !== undefined)
       return {

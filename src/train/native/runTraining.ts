@@ -139,6 +139,11 @@ interface TrainingSession {
  * best weights, measure each example's loss, write the output.
  */
 export async function runTraining(job: LlamaCppJob, hooks: TrainingHooks): Promise<TrainingResult> {
+  // The run service never gives it one (`cannotTrain`); a job built by hand is refused, not trained as SFT.
+  if (job.preference !== null)
+    throw new Error(
+      "trainer: the llama.cpp trainer cannot do preference tuning (DPO); the torch trainer does",
+    );
   const startedAt = performance.now();
   const compute = openCompute(job, hooks);
   fs.mkdirSync(job.workDir, { recursive: true });

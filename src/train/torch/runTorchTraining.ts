@@ -12,12 +12,18 @@ import path from "node:path";
 import readline from "node:readline";
 import { fileURLToPath } from "node:url";
 import { killedBy } from "../core/killedBy.ts";
-import type { ExampleLoss, TrainerJob, TrainerProgress, TrainingStats } from "../core/trainerJob.ts";
+import type {
+  ExampleLoss,
+  PreferenceJobOptions,
+  TrainerJob,
+  TrainerProgress,
+  TrainingStats,
+} from "../core/trainerJob.ts";
 import type { TrainingHooks, TrainingResult } from "../core/TrainerBackend.ts";
 import { prepareTrainingData } from "../core/prepareTrainingData.ts";
 import type { TorchOptions } from "./torchTrainer.ts";
 import { learningRateAt } from "../core/learningRate.ts";
-import { loadLlamaLib, type Pointer } from "../libllama/llamaLib.ts";
+import { loadLlamaLib, type LlamaLib, type Pointer } from "../libllama/llamaLib.ts";
 import {
   loraWeights,
   servedAdapterType,
@@ -31,6 +37,8 @@ import { jobFingerprint } from "../core/checkpoint.ts";
 import type { TokenStore } from "../core/sampleStore.ts";
 import { TrainingPlan } from "../core/trainingPlan.ts";
 import { trainingWarnings } from "../core/trainingWarnings.ts";
+import { tokenizeSamples } from "../core/tokenizeSample.ts";
+import { preferenceWindow, writePreferenceInputs, type PreferenceWorkerJob } from "./preferenceInputs.ts";
 
 /** A job of the torch trainer. */
 type TorchJob = TrainerJob<TorchOptions>;
@@ -72,6 +80,8 @@ export interface TorchWorkerJob {
   cacheDir: string | null;
   /** Windows one optimizer step averages (`TorchOptions.windowsPerStep`). */
   windowsPerStep: number;
+  /** Preference tuning (`preferenceInputs.ts`): each step's window is an example's preferred conversation. */
+  dpo: PreferenceWorkerJob | null;
 }
 
 /** The worker's `done` message. */
@@ -177,13 +187,96 @@ export async function prepare(
         `windows of ${plan.windowSize} tokens, ${plan.epochs} epochs, ${plan.totalSteps} steps` +
         (plan.evalWindows.length > 0 ? `, ${plan.evalSet.size} eval samples` : ""),
     );
-    const workerJob = await writeWorkerInputs(job, plan, weights, hooks);
+    const workerJob =
+      job.preference === null
+        ? await writeWorkerInputs(job, plan, weights, hooks)
+        : await writePreferenceJob(job, job.preference, lib, model, plan, weights, hooks, stores);
     if (workerJob === undefined) return undefined;
     return { workerJob, baseInfo, weights };
   } finally {
     if (model !== null) lib.llama_model_free(model);
     lib.llama_backend_free();
   }
+}
+
+/**
+ * A preference job's worker inputs: the non-preferred conversations tokenized as the preferred ones were, and
+ * the windows of both (`preferenceInputs.ts`); the worker measures its per-example losses on those.
+ */
+async function writePreferenceJob(
+  job: TorchJob,
+  preference: PreferenceJobOptions,
+  lib: LlamaLib,
+  model: Pointer,
+  plan: TrainingPlan,
+  weights: LoraWeight[],
+  hooks: Pick<TrainingHooks, "log" | "isCancelled" | "yieldToEventLoop">,
+  stores: TokenStore[],
+): Promise<TorchWorkerJob | undefined> {
+  if (job.samplesFile === null)
+    throw new Error("trainer: a preference job reads its examples from a file (samplesFile)");
+  const vocab = lib.llama_model_get_vocab(model);
+  const rejectedOf = async (source: string | null, name: string) =>
+    source === null
+      ? tokenizeSamples(lib, vocab, [], job.workDir, name, hooks, stores)
+      : tokenizeSamples(lib, vocab, source, job.workDir, name, hooks, stores, "rejected");
+  const train = await rejectedOf(job.samplesFile, "train-rejected");
+  const held = train && (await rejectedOf(job.evalSamplesFile, "eval-rejected"));
+  if (train === undefined || held === undefined) return undefined;
+  const rejected = { train: train.store, eval: held.store };
+  const window = preferenceWindow(plan, rejected, job.contextSize, lib.llama_model_n_ctx_train(model));
+  const write = (file: string, windows: Iterable<TrainingWindow>) => {
+    const out = new WindowFile(file, window.size);
+    try {
+      for (const w of windows) out.write(w);
+      out.close();
+    } finally {
+      out.dispose();
+    }
+  };
+  const inputs = await writePreferenceInputs({ ...job, preference }, plan, rejected, window, write, hooks);
+  if (inputs === undefined) return undefined;
+  hooks.log(
+    `trainer: preference tuning (DPO, beta ${preference.beta}) on ${plan.train.size} examples` +
+      (plan.evalSet.size > 0 ? ` (${plan.evalSet.size} held out)` : "") +
+      `, windows of ${window.size} tokens, starting from ` +
+      (preference.initAdapterPath === null ? "the base model" : "the adapter of the run it continues"),
+  );
+  return {
+    ...(await workerJobFields(job, plan, weights)),
+    windowSize: window.size,
+    train: { file: inputs.trainFile },
+    eval: null,
+    evaluationPoints: inputs.evaluationPoints,
+    examples: [],
+    dpo: inputs.dpo,
+  };
+}
+
+/** The worker job's fields that do not depend on the windows. */
+async function workerJobFields(job: TorchJob, plan: TrainingPlan, weights: LoraWeight[]) {
+  return {
+    baseModelPath: job.baseModelPath,
+    stepsPerEpoch: plan.stepsPerEpoch,
+    learningRates: Array.from({ length: plan.totalSteps }, (_, step) =>
+      learningRateAt(job.learningRate, job.lrSchedule, step, plan.totalSteps),
+    ),
+    lossesFile: job.lossesFile,
+    lora: { rank: job.lora!.rank, alpha: job.lora!.alpha, targets: job.lora!.targets, weights },
+    optimizer: job.optimizer,
+    weightDecay: job.weightDecay,
+    earlyStoppingPatience: job.earlyStoppingPatience,
+    checkpointDir: job.checkpointDir,
+    fingerprint: await jobFingerprint(job),
+    seed: job.seed,
+    threads: job.threads,
+    device: job.options.device,
+    dtype: job.options.dtype,
+    adapterFile: path.join(job.workDir, "trained.adapter.f32"),
+    probe: job.options.probe,
+    cacheDir: job.options.cacheDir,
+    windowsPerStep: job.options.windowsPerStep,
+  };
 }
 
 /** Writes every window of the plan (training in step order, eval, per-example passes) and returns the worker's job. */
@@ -251,33 +344,14 @@ async function writeWorkerInputs(
     fs.writeFileSync(spansFile, JSON.stringify(spans));
     examples.push({ split, file: windowsFile, spansFile, count: store.size });
   }
-  const learningRates = Array.from({ length: plan.totalSteps }, (_, step) =>
-    learningRateAt(job.learningRate, job.lrSchedule, step, plan.totalSteps),
-  );
   return {
-    baseModelPath: job.baseModelPath,
+    ...(await workerJobFields(job, plan, weights)),
     windowSize: plan.windowSize,
     train: { file: file("train.windows") },
     eval: evalFile === null ? null : { file: evalFile },
-    stepsPerEpoch: plan.stepsPerEpoch,
-    learningRates,
     evaluationPoints,
     examples,
-    lossesFile: job.lossesFile,
-    lora: { rank: job.lora!.rank, alpha: job.lora!.alpha, targets: job.lora!.targets, weights },
-    optimizer: job.optimizer,
-    weightDecay: job.weightDecay,
-    earlyStoppingPatience: job.earlyStoppingPatience,
-    checkpointDir: job.checkpointDir,
-    fingerprint: await jobFingerprint(job),
-    seed: job.seed,
-    threads: job.threads,
-    device: job.options.device,
-    dtype: job.options.dtype,
-    adapterFile: file("trained.adapter.f32"),
-    probe: job.options.probe,
-    cacheDir: job.options.cacheDir,
-    windowsPerStep: job.options.windowsPerStep,
+    dpo: null,
   };
 }
 

@@ -106,6 +106,24 @@ def permute_rows(rows: Any, n_head: int, n_head_kv: Optional[int] = None) -> Any
     return rows.reshape(n_head, 2, shape[0] // n_head // 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
 
 
+def unpermute_rows(rows: Any, n_head: int, n_head_kv: Optional[int] = None) -> Any:
+    """The inverse of `permute_rows`: llama.cpp's Q/K row order back to transformers' (an adapter read from a GGUF)."""
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    shape = rows.shape
+    return rows.reshape(n_head, shape[0] // n_head // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
+
+
+def dpo_terms(beta: float, policy: Any, reference: Any) -> tuple[Any, Any]:
+    """DPO's loss and reward margin of examples from their answers' summed log-probabilities, `[..., 2]` (the
+    preferred answer's, the non-preferred one's) under the trained model and the reference:
+    margin = beta * ((pi_c - ref_c) - (pi_r - ref_r)), loss = -log sigmoid(margin)."""
+    import torch.nn.functional as F
+
+    margin = beta * ((policy[..., 0] - reference[..., 0]) - (policy[..., 1] - reference[..., 1]))
+    return -F.logsigmoid(margin), margin
+
+
 def eval_noise(loss: float) -> float:
     """Eval-loss differences below this are noise (the same rule as the llama.cpp trainer)."""
     return max(0.001, 0.01 * loss)
@@ -520,6 +538,96 @@ class Trainer:
         logits = self.model(input_ids=ids.unsqueeze(0), logits_to_keep=0 if whole else keep, use_cache=False).logits[0]
         return F.cross_entropy(logits.float(), labels, reduction="none")
 
+    # -- preference tuning (DPO) -------------------------------------------------------------------------
+
+    def answer_logp(self, record: Any) -> Any:
+        """The summed log-probability of a window's trained tokens (its answer): a scalar, with the gradient when
+        grad mode is on."""
+        import torch
+
+        losses = self.window_losses(record)
+        if losses is None:
+            return torch.zeros((), device=self.device, dtype=torch.float32)
+        return -losses.sum()
+
+    def pair_logps(self, chosen: Any, rejected: Any, k: int) -> Any:
+        """Example k's answers' summed log-probabilities, `[2]` (preferred, non-preferred)."""
+        import torch
+
+        return torch.stack([self.answer_logp(chosen[k]), self.answer_logp(rejected[k])])
+
+    def dpo_rewards(self, reward_sum: Any, count: int, held: Optional[tuple[float, float]]) -> str:
+        """A DPO run's reward margin and share of preferred wins for its log line (empty for a supervised run)."""
+        if self.job.get("dpo") is None or count == 0:
+            return ""
+        margin, wins = (float(v) for v in reward_sum.tolist())
+        line = f"; reward margin {margin / count:.4f}, preferred wins {100 * wins / count:.1f}%"
+        if held is not None:
+            line += f" (held out: {held[0]:.4f}, {100 * held[1]:.1f}%)"
+        return line
+
+    def load_init_adapter(self, path: str) -> None:
+        """Starts the trained adapter from a LoRA adapter GGUF of the same base, rank, alpha and targets (a supervised
+        run's): its tensors in llama.cpp's layout and any of the types adapters are served in, `lora_b` of a llama
+        model's Q/K rows permuted back."""
+        import numpy as np
+        import torch
+        from gguf import GGUFReader
+        from gguf.quants import dequantize
+
+        reader = GGUFReader(path)
+        tensors = {t.name: t for t in reader.tensors}
+        with torch.no_grad():
+            for weight, a, b in self.adapter:
+                name = weight["name"]
+                found = [tensors.get(f"{name}.lora_a"), tensors.get(f"{name}.lora_b")]
+                if found[0] is None or found[1] is None:
+                    raise RuntimeError(f"trainer: the adapter to start from ({path}) has no {name}; it is of another shape")
+                # F32, F16 or Q8_0 (`CONDUIT_ADAPTER_TYPE`), as served.
+                a_rows = dequantize(found[0].data, found[0].tensor_type).astype(np.float32).reshape(tuple(a.shape))
+                b_rows = dequantize(found[1].data, found[1].tensor_type).astype(np.float32).reshape(tuple(b.shape))
+                target = name.split(".")[2] if name.startswith("blk.") else ""
+                if self.architecture == "llama" and target == "attn_q":
+                    b_rows = unpermute_rows(b_rows, self.n_head, self.n_head)
+                elif self.architecture == "llama" and target == "attn_k":
+                    b_rows = unpermute_rows(b_rows, self.n_head, self.n_head_kv)
+                a.copy_(torch.from_numpy(np.ascontiguousarray(a_rows)).to(a.device, a.dtype))
+                b.copy_(torch.from_numpy(np.ascontiguousarray(b_rows)).to(b.device, b.dtype))
+        self.log(f"the adapter starts from {os.path.basename(path)} ({len(self.adapter)} weights)")
+
+    def reference_logps(self, part: dict[str, Any], from_base: bool) -> Any:
+        """Each example's answers' summed log-probabilities under the reference model, `[count, 2]`, computed once:
+        the base with the adapter off, or the starting adapter's model (the weights before the first step)."""
+        import contextlib
+
+        import torch
+
+        chosen = Windows(part["chosen"], self.job["windowSize"])
+        rejected = Windows(part["rejected"], self.job["windowSize"])
+        values = torch.zeros((part["count"], 2), device=self.device, dtype=torch.float32)
+        self.model.eval()
+        with torch.inference_mode(), (self.model.disable_adapter() if from_base else contextlib.nullcontext()):
+            for k in range(part["count"]):
+                self.check_cancel()
+                values[k] = self.pair_logps(chosen, rejected, k)
+        self.model.train()
+        # A copy made outside inference mode: the training steps' graphs take it in.
+        return values.clone()
+
+    def dpo_measure(self, part: dict[str, Any], reference: Any) -> tuple[Any, Any]:
+        """Every example's DPO loss and reward margin with the current weights, `[count]` each."""
+        import torch
+
+        dpo = self.job["dpo"]
+        chosen = Windows(part["chosen"], self.job["windowSize"])
+        rejected = Windows(part["rejected"], self.job["windowSize"])
+        policy = torch.zeros((part["count"], 2), device=self.device, dtype=torch.float32)
+        with torch.inference_mode():
+            for k in range(part["count"]):
+                self.check_cancel()
+                policy[k] = self.pair_logps(chosen, rejected, k)
+        return dpo_terms(dpo["beta"], policy, reference)
+
     def adapter_state(self) -> dict[str, Any]:
         return {name: p.detach().to("cpu", copy=True) for name, p in self.model.named_parameters() if p.requires_grad}
 
@@ -556,6 +664,25 @@ class Trainer:
         fingerprint = job.get("fingerprint", "")
         # The leader's checkpoint, on every rank (the other machines of a run may not have its files).
         ranks = self.ranks
+        dpo: Optional[dict[str, Any]] = job.get("dpo")
+        reference: dict[str, Any] = {}
+        if dpo is not None:
+            # The reference is the model before the first step, its log-probabilities computed once per example.
+            if dpo.get("initAdapter"):
+                self.load_init_adapter(dpo["initAdapter"])
+            t0 = time.perf_counter()
+            for split in ("train", "eval"):
+                if dpo.get(split) is not None:
+                    reference[split] = self.reference_logps(dpo[split], from_base=not dpo.get("initAdapter"))
+            held = int(reference["eval"].shape[0]) if "eval" in reference else 0
+            self.log(
+                f"DPO (beta {dpo['beta']}): the reference model's log-probabilities of "
+                f"{int(reference['train'].shape[0])} examples' answers"
+                + (f" (and {held} held out)" if held > 0 else "")
+                + f" in {time.perf_counter() - t0:.1f} s"
+            )
+            dpo_chosen = Windows(dpo["train"]["chosen"], window_size)
+            dpo_rejected = Windows(dpo["train"]["rejected"], window_size)
         resume = ranks.from_leader(self.read_checkpoint(checkpoint_dir, fingerprint) if ranks.leader else None)
         step = 0
         tracker = BestTracker(job.get("earlyStoppingPatience"))
@@ -602,6 +729,9 @@ class Trainer:
         # The epoch's summed loss stays on the device until it is reported (no sync per step).
         loss_sum = torch.zeros((), device=self.device, dtype=torch.float32)
         loss_count = 0
+        # DPO: the epoch's summed reward margins and wins (examples whose preferred answer wins).
+        reward_sum = torch.zeros(2, device=self.device, dtype=torch.float32)
+        last_eval_rewards: Optional[tuple[float, float]] = None
 
         def epoch_of(s: int) -> int:
             for e in range(epochs):
@@ -629,6 +759,12 @@ class Trainer:
             }
             if eval_loss is not None:
                 message["evalLoss"] = eval_loss
+            if dpo is not None and loss_count > 0:
+                margin, wins = (float(v) for v in reward_sum.tolist())
+                message["rewardMargin"] = margin / loss_count
+                message["rewardAccuracy"] = wins / loss_count
+            if dpo is not None and eval_loss is not None and last_eval_rewards is not None:
+                message["evalRewardMargin"], message["evalRewardAccuracy"] = last_eval_rewards
             self.channel.send(message)
 
         def current_train_loss() -> float:
@@ -638,7 +774,13 @@ class Trainer:
             return value
 
         def evaluate() -> float:
-            """The eval set's mean loss per trained token; each rank computes a shard of its windows."""
+            """The eval set's mean loss per trained token; each rank computes a shard of its windows. DPO: the mean DPO
+            loss per held-out example (on the leader; its margin and accuracy kept for the report)."""
+            nonlocal last_eval_rewards
+            if dpo is not None:
+                losses, margins = self.dpo_measure(dpo["eval"], reference["eval"])
+                last_eval_rewards = (float(margins.mean().item()), float((margins > 0).float().mean().item()))
+                return float(losses.mean().item())
             assert evals is not None
             total = torch.zeros((), device=self.device, dtype=torch.float32)
             count = 0
@@ -661,25 +803,37 @@ class Trainer:
             if not trained:
                 return None
             step_loss = torch.zeros((), device=self.device, dtype=torch.float32)
+            # DPO: the step's summed reward margins and wins.
+            rewards = torch.zeros(2, device=self.device, dtype=torch.float32)
             for k in shard(start, end, ranks.world, ranks.rank):
+                if dpo is not None:
+                    # Each example weighs the same: its DPO loss, over its two answers' summed log-probabilities.
+                    example = dpo["steps"][k]
+                    policy = self.pair_logps(dpo_chosen, dpo_rejected, example)
+                    loss, margin = dpo_terms(dpo["beta"], policy, reference["train"][example])
+                    (loss / len(trained)).backward()
+                    step_loss += loss.detach()
+                    rewards += torch.stack([margin.detach(), (margin.detach() > 0).float()])
+                    continue
                 losses = self.window_losses(train[k])
                 if losses is not None:
                     (losses.mean() / len(trained)).backward()
                     step_loss += losses.detach().sum()
             if ranks.distributed:
                 grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.parameters]
-                flat = ranks.sum(torch.cat([g.reshape(-1) for g in grads] + [step_loss.reshape(1)]))
+                flat = ranks.sum(torch.cat([g.reshape(-1) for g in grads] + [step_loss.reshape(1), rewards]))
                 at = 0
                 for p in self.parameters:
                     p.grad = flat[at : at + p.numel()].view_as(p)
                     at += p.numel()
                 step_loss = flat[at]
+                rewards = flat[at + 1 : at + 3]
             lr = rates[start]
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-            return step_loss, trained
+            return step_loss, trained, rewards
 
         self.model.train()
         while step < total_steps:
@@ -687,19 +841,28 @@ class Trainer:
             epoch = epoch_of(step)
             if step == epoch_starts[epoch] or step == resumed_from:
                 loss_sum.zero_()
+                reward_sum.zero_()
                 loss_count = 0
             learning_rate = rates[step]
             end = group_end(step, self.windows_per_step, epoch_starts[epoch] + steps_per_epoch[epoch], evaluate_after)
             done = train_step(step, end)
             if done is not None:
-                step_loss, trained = done
+                step_loss, trained, rewards = done
                 # Every rank counts every window of the step (each reads them all): only the loss travelled.
                 masked = sum(int(train[k]["mask"].sum()) for k in trained)
                 loss_sum += step_loss
-                loss_count += masked
+                # DPO's loss is per example, the supervised loss per trained token.
+                loss_count += len(trained) if dpo is not None else masked
+                reward_sum += rewards
                 loss_tokens += masked
                 train_tokens += window_size * len(trained)
                 sample_tokens += sum(int(train[k]["sampleTokens"]) for k in trained)
+                if dpo is not None:
+                    # Each example trains through its non-preferred window too.
+                    examples = [dpo["steps"][k] for k in trained]
+                    loss_tokens += sum(int(dpo_rejected[e]["mask"].sum()) for e in examples)
+                    train_tokens += window_size * len(trained)
+                    sample_tokens += sum(int(dpo_rejected[e]["sampleTokens"]) for e in examples)
                 clock.step_done()
             step = end
             if step in evaluate_after:
@@ -707,7 +870,7 @@ class Trainer:
                     torch.cuda.synchronize()
                 final_train_loss = current_train_loss()
                 eval_loss: Optional[float] = None
-                if evals is not None and len(evals) > 0:
+                if (evals is not None and len(evals) > 0) or (dpo is not None and "eval" in reference):
                     self.model.eval()
                     with clock.paused() as paused:
                         eval_loss = evaluate()
@@ -733,6 +896,7 @@ class Trainer:
                         else f" eval loss {eval_loss:.4f}" + (" (best)" if best is not None and best["step"] == step else "")
                     )
                     + f" lr {learning_rate:.2e}"
+                    + (self.dpo_rewards(reward_sum, loss_count, last_eval_rewards if eval_loss is not None else None))
                 )
                 now = time.perf_counter()
                 if (
@@ -777,9 +941,13 @@ class Trainer:
             )
 
         loss_windows = sum(len(Windows(part["file"], window_size)) for part in job["examples"])
-        self.log(f"measuring each example's loss with the weights written ({loss_windows} windows)")
         phase = time.perf_counter()
-        examples = self.example_losses()
+        if dpo is not None:
+            self.log("measuring each example's DPO loss with the weights written")
+            examples = self.dpo_example_losses(reference)
+        else:
+            self.log(f"measuring each example's loss with the weights written ({loss_windows} windows)")
+            examples = self.example_losses()
         self.log(f"measured each example's loss in {time.perf_counter() - phase:.1f} s")
         phase = time.perf_counter()
         adapter_bytes = self.write_adapter(job["adapterFile"])
@@ -875,6 +1043,32 @@ class Trainer:
         finally:
             if sink is not None:
                 sink.close()
+        return result
+
+    def dpo_example_losses(self, reference: dict[str, Any]) -> dict[str, list[Any]]:
+        """Each preference example's DPO loss with the written weights (training examples, then held-out ones), and
+        its preferred answer's trained tokens; in the losses file when the job names one."""
+        job = self.job
+        dpo = job["dpo"]
+        result: dict[str, list[Any]] = {"train": [], "eval": []}
+        self.model.eval()
+        for split in ("train", "eval"):
+            part = dpo.get(split)
+            if part is None:
+                continue
+            losses, _ = self.dpo_measure(part, reference[split])
+            chosen = Windows(part["chosen"], job["windowSize"])
+            for k, loss in enumerate(losses.tolist()):
+                result[split].append({"loss": loss, "tokens": int(chosen[k]["mask"].sum())})
+        out_file = job.get("lossesFile")
+        if out_file:
+            with open(out_file, "w", encoding="utf8") as sink:
+                for split in ("train", "eval"):
+                    for value in result[split]:
+                        sink.write(json.dumps(value) + "\n")
+                sink.flush()
+                os.fsync(sink.fileno())
+            return {"train": [], "eval": []}
         return result
 
     # -- adapter and checkpoints -------------------------------------------------------------------------------

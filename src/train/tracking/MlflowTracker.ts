@@ -129,6 +129,11 @@ export class MlflowTracker {
       ["learning_rate", progress.learningRate],
       ["tokens_per_second", progress.tokensPerSecond],
       ["epoch", progress.epoch],
+      // Preference tuning: train_loss and eval_loss are DPO losses.
+      ["reward_margin", progress.rewardMargin],
+      ["reward_accuracy", progress.rewardAccuracy],
+      ["eval_reward_margin", progress.evalRewardMargin],
+      ["eval_reward_accuracy", progress.evalRewardAccuracy],
     ];
     for (const [key, value] of points)
       // JSON has no NaN or Infinity; MLflow would refuse the whole batch.

@@ -14,7 +14,7 @@ import {
 import { ErrorNote, Loading, StatusBadge } from "../components/common.tsx";
 import { LossChart } from "../components/LossChart.tsx";
 import { Table, type Column } from "../components/Table.tsx";
-import { configRows, formatDuration, formatNumber, formatTime } from "../format.ts";
+import { configRows, formatDuration, formatNumber, formatShare, formatTime } from "../format.ts";
 import { messageOf, useAction } from "../hooks.ts";
 import { Link, navigate } from "../router.tsx";
 
@@ -233,6 +233,18 @@ export function RunPage({ id }: { id: string }) {
         <Stat label="Epoch" value={of(stats.epoch, stats.epochs)} />
         <Stat label="Train loss" value={formatNumber(stats.trainLoss)} />
         <Stat label="Eval loss" value={formatNumber(stats.evalLoss)} />
+        {stats.rewardMargin !== undefined ? (
+          <>
+            <Stat label="Reward margin" value={formatNumber(stats.rewardMargin)} />
+            <Stat label="Preferred wins" value={formatShare(stats.rewardAccuracy)} />
+          </>
+        ) : null}
+        {stats.evalRewardMargin !== undefined ? (
+          <>
+            <Stat label="Eval reward margin" value={formatNumber(stats.evalRewardMargin)} />
+            <Stat label="Eval preferred wins" value={formatShare(stats.evalRewardAccuracy)} />
+          </>
+        ) : null}
         <Stat label="Tokens / s" value={formatNumber(stats.tokensPerSecond, 3)} />
         <Stat label="Elapsed" value={formatDuration(stats.elapsedSeconds)} />
         <Stat
