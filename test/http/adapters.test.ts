@@ -329,6 +329,44 @@ for (const backend of backends()) {
       assert.equal((await as(app, KEY_A).get("/conduit/models/adapters")).json().length, 1);
     });
 
+    test("a LoRA run downloads merged into its base: one GGUF that answers as the run, kept with the run", async (t) => {
+      const { app, config, core } = await storiesApp(t, backend);
+      const built = await trainedRun(app, core);
+      const url = `/conduit/finetuning/${built.runId}/artifact?format=merged`;
+      const merged = await as(app, KEY_A).get(url);
+      assert.equal(merged.statusCode, 200, merged.body);
+      assert.equal(
+        merged.headers["content-disposition"],
+        `attachment; filename="${built.runId}-merged.gguf"`,
+      );
+      assert.equal(
+        merged.headers["content-length"],
+        String(fs.statSync(stories).size),
+        "the base's types and size",
+      );
+      const log = (await as(app, KEY_A).get(`/conduit/finetuning/${built.runId}`)).json().logs.join("\n");
+      assert.match(log, /merged the adapter into stories: 25 weights, [\d.]+ MiB in [\d.]+ s/);
+      // Built once: the second download is the kept file.
+      const again = await as(app, KEY_A).get(url);
+      assert.ok(again.rawPayload.equals(merged.rawPayload));
+      assert.equal((await as(app, KEY_B).get(url)).statusCode, 404);
+      assert.equal(
+        (await as(app, KEY_A).get(`/conduit/finetuning/${built.runId}/artifact?format=whole`)).statusCode,
+        400,
+      );
+
+      // Served as a base model of its own, it answers as the run does.
+      fs.writeFileSync(path.join(config.dataDir, "models", "stories-merged.gguf"), merged.rawPayload);
+      const runAnswers = await Promise.all(PROMPTS.map((p) => answer(app, built.runId, p)));
+      assert.deepEqual(await Promise.all(PROMPTS.map((p) => answer(app, "stories-merged", p))), runAnswers);
+
+      // Deleted with the run.
+      const kept = path.join(config.dataDir, "blobs", "runs", built.runId, "merged.gguf");
+      assert.ok(fs.existsSync(kept));
+      assert.equal((await as(app, KEY_A).delete(`/conduit/finetuning/${built.runId}`)).statusCode, 200);
+      assert.ok(!fs.existsSync(kept));
+    });
+
     test("Q and K rows in Hugging Face's order (grouped-query attention) convert to llama.cpp's: PEFT answers as GGUF", async (t) => {
       const { app } = await storiesApp(t, backend);
       const tensors: [string, number[]][] = [];
