@@ -260,9 +260,17 @@ export class ConduitClient {
     };
   }
 
-  /** A READY run's result (its LoRA adapter, or the model of a full run), to stream to disk. */
-  async downloadArtifact(id: string, signal?: AbortSignal): Promise<Artifact> {
-    const response = await this.send("GET", `/conduit/finetuning/${enc(id)}/artifact`, { signal });
+  /**
+   * A READY run's result (its LoRA adapter, or the model of a full run), to stream to disk; with `format`
+   * `merged`, a LoRA run's adapter merged into its base.
+   */
+  async downloadArtifact(
+    id: string,
+    signal?: AbortSignal,
+    format: "adapter" | "merged" = "adapter",
+  ): Promise<Artifact> {
+    const suffix = format === "merged" ? "?format=merged" : "";
+    const response = await this.send("GET", `/conduit/finetuning/${enc(id)}/artifact${suffix}`, { signal });
     const length = response.headers.get("content-length");
     return {
       body: this.bodyOf(response),
@@ -360,6 +368,11 @@ export class ConduitClient {
   /** The models you can name: the server's base models and your READY runs. */
   async listModels(): Promise<ModelEntryWire[]> {
     return (await this.json<{ data: ModelEntryWire[] }>("GET", "/conduit/v1/models")).data;
+  }
+
+  /** One model you can name, as the list shows it. */
+  async getModel(id: string): Promise<ModelEntryWire> {
+    return this.json<ModelEntryWire>("GET", `/conduit/v1/models/${enc(id)}`);
   }
 
   /** The models in the server's memory now that you may see (base models and your fine-tunes). */
