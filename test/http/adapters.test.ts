@@ -12,6 +12,9 @@ import path from "node:path";
 import { describe, test } from "node:test";
 import { readGgufFileInfo } from "node-llama-cpp";
 import type { FastifyInstance } from "fastify";
+import { startTrainer } from "../../src/train/trainer.ts";
+import { torchPythonForTests } from "../lib/torchPython.ts";
+import { torchJob } from "../lib/trainerJob.ts";
 import { gguf, writeGguf, type GgufTensor } from "../../src/model/gguf/GgufWriter.ts";
 import { float16ToFloat32, float32ToFloat16 } from "../../src/model/gguf/float16.ts";
 import {
@@ -29,6 +32,13 @@ import {
 
 const stories = path.resolve(import.meta.dirname, "../../../shared/models/stories260Ktok512.gguf");
 const skip = !fs.existsSync(stories) && "../shared/models/stories260Ktok512.gguf is not here (a fresh clone)";
+
+/** Why the torch worker's test skips: no test model, or no Python with the torch trainer's packages. */
+function torchSkip(): string | false {
+  if (skip) return skip;
+  const python = torchPythonForTests();
+  return python.ok ? false : python.reason;
+}
 
 const BOUNDARY = "----conduit-adapter";
 
@@ -366,6 +376,67 @@ for (const backend of backends()) {
       assert.equal((await as(app, KEY_A).delete(`/conduit/finetuning/${built.runId}`)).statusCode, 200);
       assert.ok(!fs.existsSync(kept));
     });
+
+    test(
+      "a PEFT adapter the torch worker saved (save_pretrained), imported, answers as the worker's own GGUF adapter",
+      { skip: torchSkip() },
+      async (t) => {
+        const python = torchPythonForTests();
+        assert.ok(python.ok);
+        const dir = fs.mkdtempSync(path.join(os.tmpdir(), "conduit-peft-"));
+        t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
+        const peftDir = path.join(dir, "peft");
+        const outcome = await startTrainer(
+          torchJob({
+            method: "lora",
+            lora: {
+              rank: 4,
+              alpha: 8,
+              targets: ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"],
+            },
+            baseModelPath: stories,
+            outputPath: path.join(dir, "adapter.gguf"),
+            workDir: path.join(dir, "work"),
+            samples: Array.from({ length: 12 }, (_, i) => [
+              { text: `Once upon a time there was item ${i}.`, train: false },
+              { text: ` It was ${(i * 7) % 10} apples.`, train: true },
+            ]),
+            learningRate: 2e-2,
+            epochs: 3,
+            seed: 0,
+            lrSchedule: { kind: "constant" },
+            options: { python: python.python, peftDir },
+          }),
+        ).done;
+        assert.equal(outcome.status, "completed", JSON.stringify(outcome));
+        const { app } = await storiesApp(t, backend);
+        const viaGguf = await importAdapter(app, { base_model: "stories" }, [
+          ["file", "adapter.gguf", fs.readFileSync(path.join(dir, "adapter.gguf"))],
+        ]);
+        assert.equal(viaGguf.statusCode, 200, viaGguf.body);
+        const viaPeft = await importAdapter(app, { base_model: "stories" }, [
+          [
+            "adapter_model",
+            "adapter_model.safetensors",
+            fs.readFileSync(path.join(peftDir, "adapter_model.safetensors")),
+          ],
+          [
+            "adapter_config",
+            "adapter_config.json",
+            fs.readFileSync(path.join(peftDir, "adapter_config.json")),
+          ],
+        ]);
+        assert.equal(viaPeft.statusCode, 200, viaPeft.body);
+        assert.equal(viaPeft.json().weights, 7 * 5);
+        const ggufAnswers = await Promise.all(PROMPTS.map((p) => answer(app, viaGguf.json().id, p)));
+        const baseAnswers = await Promise.all(PROMPTS.map((p) => answer(app, "stories", p)));
+        assert.notDeepEqual(ggufAnswers, baseAnswers, "the adapter changes the answers (the test can tell)");
+        assert.deepEqual(
+          await Promise.all(PROMPTS.map((p) => answer(app, viaPeft.json().id, p))),
+          ggufAnswers,
+        );
+      },
+    );
 
     test("Q and K rows in Hugging Face's order (grouped-query attention) convert to llama.cpp's: PEFT answers as GGUF", async (t) => {
       const { app } = await storiesApp(t, backend);

@@ -63,6 +63,8 @@ export interface TorchWorkerJob {
   /** Where the trained adapter's tensors are written raw. */
   adapterFile: string;
   probe: { tokens: number[]; file: string } | null;
+  /** Where the adapter is also saved as PEFT files; `null`: not. */
+  peftDir: string | null;
   cacheDir: string | null;
   /** Windows one optimizer step averages (`TorchOptions.windowsPerStep`). */
   windowsPerStep: number;
@@ -269,6 +271,7 @@ async function writeWorkerInputs(
     dtype: job.options.dtype,
     adapterFile: file("trained.adapter.f32"),
     probe: job.options.probe,
+    peftDir: job.options.peftDir ?? null,
     cacheDir: job.options.cacheDir,
     windowsPerStep: job.options.windowsPerStep,
   };
