@@ -107,9 +107,7 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
   const runRepository = new RunRepository(db.kysely, db.dialect, db.readCommitted);
   // Writes of other servers sharing a PostgreSQL database wake this one's run followers.
   const stopListening = await runRepository.listen(db);
-  const sweeper = new Sweeper(blobs, runRepository, datasetRepository, log, {
-    intervalMs: config.sweepInterval,
-  });
+
   const registry = new ModelRegistry({ modelsDir: config.modelsDir });
   const base = publicUrl(config);
   const runEvents = createRunEventBus();
@@ -145,6 +143,10 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
       logger: (level, message) => log[level]({ source: "llama.cpp" }, message),
     });
   const adapterRepository = new AdapterRepository(db.kysely);
+  const sweeper = new Sweeper(blobs, runRepository, datasetRepository, log, {
+    intervalMs: config.sweepInterval,
+    adapters: adapterRepository,
+  });
   const inference = new InferenceService(
     engine,
     registry,

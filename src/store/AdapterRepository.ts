@@ -81,6 +81,13 @@ export class AdapterRepository {
     return rows.map(toAdapter);
   }
 
+  /** Of `ids`, those that have a row (whoever owns them): the sweeper keeps their files. */
+  async recordedIds(ids: readonly string[]): Promise<Set<string>> {
+    if (ids.length === 0) return new Set();
+    const rows = await this.db.selectFrom("adapters").select("id").where("id", "in", ids).execute();
+    return new Set(rows.map((row) => row.id));
+  }
+
   /** Deletes the user's adapter; `undefined` when there was none. */
   async delete(userId: string, id: string): Promise<Adapter | undefined> {
     const row = await this.db
