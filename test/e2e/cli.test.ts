@@ -224,6 +224,40 @@ test("the conduit CLI drives the whole loop against a real server", async (t) =>
   const mergedModelfile = fs.readFileSync(path.join(mergedFolder, "Modelfile"), "utf8");
   assert.match(mergedModelfile, new RegExp(`^FROM \\./${runId}-merged\\.gguf$`, "m"));
   assert.doesNotMatch(mergedModelfile, /^ADAPTER/m);
+  // The downloaded adapter comes back in as an imported adapter, answers as the run, and goes.
+  const imported = await conduit(
+    env,
+    "--json",
+    "models",
+    "import-adapter",
+    result,
+    "--base",
+    "tiny",
+    "--name",
+    "back",
+  );
+  assert.equal(imported.code, 0, imported.stderr);
+  const adapter = JSON.parse(imported.stdout) as {
+    id: string;
+    name: string;
+    format: string;
+    base_model: string;
+  };
+  assert.match(adapter.id, /^ad_/);
+  assert.deepEqual([adapter.name, adapter.format, adapter.base_model], ["back", "gguf", "tiny"]);
+  const adapterChat = await conduit(env, "--json", ...askOnce.map((a) => (a === runId ? adapter.id : a)));
+  assert.equal(adapterChat.code, 0, adapterChat.stderr);
+  assert.equal(
+    JSON.parse(adapterChat.stdout).choices[0].text,
+    chatJson.choices[0].text,
+    "same greedy answer",
+  );
+  const adapters = await conduit(env, "models", "adapters");
+  assert.match(adapters.stdout, new RegExp(`^${adapter.id}\\s+back\\s+tiny\\s+gguf\\s+`, "m"));
+  const wrongBase = await conduit(env, "models", "import-adapter", result, "--base", "nope");
+  assert.equal(wrongBase.code, 3, wrongBase.stderr);
+  assert.equal((await conduit(env, "models", "delete-adapter", adapter.id)).code, 0);
+  assert.deepEqual(JSON.parse((await conduit(env, "--json", "models", "adapters")).stdout), []);
   const nothing = path.join(environment.dataDir, "nothing.gguf");
   assert.equal((await conduit(env, "runs", "download", "ft_missing", "-o", nothing)).code, 3);
   assert.equal(fs.existsSync(nothing) || fs.existsSync(`${nothing}.part`), false);
