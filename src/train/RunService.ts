@@ -515,10 +515,6 @@ export class RunService {
   private async merged(run: Run, adapterPath: string): Promise<RunArtifact> {
     const path = this.blobs.pathOf(`runs/${run.id}/merged.gguf`);
     const fileName = `${run.id}-merged.gguf`;
-    const kept = await fsp.stat(path).catch(() => undefined);
-    if (kept?.isFile()) return { path, fileName, sizeBytes: kept.size };
-    const pending = this.merging.get(run.id);
-    if (pending) return pending;
     const baseName = String(run.config.baseModelName);
     const base = this.models.resolve(baseName);
     if (!base)
@@ -526,6 +522,15 @@ export class RunService {
         "conflict",
         `run ${run.id} is a LoRA adapter of base model "${baseName}", which is no longer in the models directory`,
       );
+    // Kept until the base file changes (an operator replacing it): then merged again.
+    const [kept, baseStat] = await Promise.all([
+      fsp.stat(path).catch(() => undefined),
+      fsp.stat(base.path).catch(() => undefined),
+    ]);
+    if (kept?.isFile() && baseStat !== undefined && kept.mtimeMs >= baseStat.mtimeMs)
+      return { path, fileName, sizeBytes: kept.size };
+    const pending = this.merging.get(run.id);
+    if (pending) return pending;
     const merge = (async () => {
       const started = performance.now();
       let result;

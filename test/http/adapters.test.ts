@@ -359,6 +359,16 @@ for (const backend of backends()) {
       // Built once: the second download is the kept file.
       const again = await as(app, KEY_A).get(url);
       assert.ok(again.rawPayload.equals(merged.rawPayload));
+      // A base file replaced since (newer than the merge): merged again.
+      const logLines = async () =>
+        (await as(app, KEY_A).get(`/conduit/finetuning/${built.runId}`))
+          .json()
+          .logs.filter((line: string) => line.includes("merged the adapter")).length;
+      assert.equal(await logLines(), 1);
+      const later = new Date(Date.now() + 60_000);
+      fs.utimesSync(path.join(config.dataDir, "models", "stories.gguf"), later, later);
+      assert.equal((await as(app, KEY_A).get(url)).statusCode, 200);
+      assert.equal(await logLines(), 2);
       assert.equal((await as(app, KEY_B).get(url)).statusCode, 404);
       assert.equal(
         (await as(app, KEY_A).get(`/conduit/finetuning/${built.runId}/artifact?format=whole`)).statusCode,
