@@ -250,6 +250,14 @@ async function handmadeAdapter(
   }
 }
 
+/** `adapter` with the data offset of its 2-D tensor `name` moved 32 bytes on (its tensor info patched). */
+function misplaced(adapter: Buffer, name: string): Buffer {
+  const bytes = Buffer.from(adapter);
+  const at = bytes.indexOf(Buffer.from(name)) + name.length + 4 + 2 * 8 + 4;
+  bytes.writeBigUInt64LE(bytes.readBigUInt64LE(at) + 32n, at);
+  return bytes;
+}
+
 for (const backend of backends()) {
   describe(`imported adapters (${backend})`, { skip }, () => {
     test("a run's GGUF adapter and the same adapter as PEFT files, imported, answer as the run; owner-only; deletable", async (t) => {
@@ -532,6 +540,13 @@ for (const backend of backends()) {
           files: [["file", "a.gguf", good.subarray(0, good.length - 100)]],
           param: "file",
           message: /the file is truncated: tensor "blk\.4\.ffn_down\.weight\.lora_b" ends at byte/,
+        },
+        {
+          name: "a tensor's data where GGUF does not put it",
+          files: [["file", "a.gguf", misplaced(good, "blk.4.attn_q.weight.lora_b")]],
+          param: "file",
+          message:
+            /tensor "blk\.4\.attn_q\.weight\.lora_b"'s data is at offset 1056 of the data section, where GGUF puts it at 1024/,
         },
         {
           name: "a file cut inside its header",

@@ -187,6 +187,19 @@ export async function checkGgufAdapter(
   const alpha = typeof adapterMeta.lora?.alpha === "number" ? adapterMeta.lora.alpha : Number.NaN;
   const tensors = info.tensorInfo ?? [];
   if (tensors.length === 0) throw new AdapterFileError("file", "the adapter holds no tensors");
+  const alignment = (info.metadata.general as { alignment?: unknown } | undefined)?.alignment ?? 32;
+  if (
+    typeof alignment !== "number" ||
+    !Number.isInteger(alignment) ||
+    alignment <= 0 ||
+    (alignment & (alignment - 1)) !== 0
+  )
+    throw new AdapterFileError(
+      "file",
+      `general.alignment is ${JSON.stringify(alignment)}; GGUF needs a power of two`,
+    );
+  // ggml's reader wants every tensor's data right after the previous one's, padded to the alignment.
+  let expectedOffset = 0;
   const halves = new Map<string, { a?: number[]; b?: number[] }>();
   for (const tensor of tensors) {
     const name = tensor.name.slice(0, MAX_NAME_LENGTH);
@@ -210,6 +223,13 @@ export async function checkGgufAdapter(
         "file",
         `tensor "${name}" is of ggml type ${Number(tensor.ggmlType)}; an adapter's tensors are ${ADAPTER_TYPES}`,
       );
+    if (Number(tensor.offset) !== expectedOffset)
+      throw new AdapterFileError(
+        "file",
+        `tensor "${name}"'s data is at offset ${Number(tensor.offset)} of the data section, where GGUF puts it at ` +
+          `${expectedOffset}`,
+      );
+    expectedOffset += Math.ceil(bytes / alignment) * alignment;
     const end = Number(tensor.fileOffset) + bytes;
     if (end > size)
       throw new AdapterFileError(
