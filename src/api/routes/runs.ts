@@ -164,7 +164,7 @@ function runFileRoutes(app: FastifyInstance, core: Core) {
           "With `format=merged`, a LoRA run's adapter merged into its base (`<run id>-merged.gguf`, in the base's " +
           "types, loads without `--lora`), built on the first request and kept with the run; a full run's model " +
           "as it is. A run that is not READY answers 409; a READY run whose file is not on this server's disk, 404; " +
-          "a merge into a quantized base, 400.",
+          "a merge into a base quantized with a K-quant (Q4_K, Q6_K, …), 400.",
         params: RunParams,
         querystring: Type.Object({
           format: Type.Optional(
