@@ -137,6 +137,13 @@ export const settings = {
     defaultText: "104857600 (100 MiB)",
     parse: integer("CONDUIT_MAX_UPLOAD_BYTES", 100 * MB, 1),
   },
+  maxAdapterBytes: {
+    env: "CONDUIT_MAX_ADAPTER_BYTES",
+    description:
+      "Largest file of an adapter import (`POST /conduit/models/adapters`: a GGUF LoRA, or a PEFT adapter's safetensors) in bytes; a bigger one is refused with 413.",
+    defaultText: "536870912 (512 MiB)",
+    parse: integer("CONDUIT_MAX_ADAPTER_BYTES", 512 * MB, 1024),
+  },
   maxPairBytes: {
     env: "CONDUIT_MAX_PAIR_BYTES",
     description:

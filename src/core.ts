@@ -13,6 +13,8 @@ import { openDatabase, type Db } from "./store/database.ts";
 import { DatasetRepository } from "./store/DatasetRepository.ts";
 import { KeyRepository } from "./store/KeyRepository.ts";
 import { RunRepository } from "./store/RunRepository.ts";
+import { AdapterRepository } from "./store/AdapterRepository.ts";
+import { AdapterService } from "./train/AdapterService.ts";
 import { EvalRepository } from "./store/EvalRepository.ts";
 import { EvalService } from "./evals/EvalService.ts";
 import { Sweeper } from "./store/Sweeper.ts";
@@ -35,6 +37,8 @@ export interface Core {
   datasets: DatasetService;
   runRepository: RunRepository;
   runs: RunService;
+  /** LoRA adapters imported for a base model (trained elsewhere). */
+  adapters: AdapterService;
   /** What happens to runs in this process: the run service and the scheduler emit, the scheduler and trackers listen. */
   runEvents: RunEventBus;
   registry: ModelRegistry;
@@ -103,9 +107,7 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
   const runRepository = new RunRepository(db.kysely, db.dialect, db.readCommitted);
   // Writes of other servers sharing a PostgreSQL database wake this one's run followers.
   const stopListening = await runRepository.listen(db);
-  const sweeper = new Sweeper(blobs, runRepository, datasetRepository, log, {
-    intervalMs: config.sweepInterval,
-  });
+
   const registry = new ModelRegistry({ modelsDir: config.modelsDir });
   const base = publicUrl(config);
   const runEvents = createRunEventBus();
@@ -140,7 +142,24 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
       ...(config.gpuMemoryBudget === undefined ? {} : { gpuMemoryBudgetBytes: config.gpuMemoryBudget }),
       logger: (level, message) => log[level]({ source: "llama.cpp" }, message),
     });
-  const inference = new InferenceService(engine, registry, runRepository, config.defaultModel);
+  const adapterRepository = new AdapterRepository(db.kysely);
+  const sweeper = new Sweeper(blobs, runRepository, datasetRepository, log, {
+    intervalMs: config.sweepInterval,
+    adapters: adapterRepository,
+  });
+  const inference = new InferenceService(
+    engine,
+    registry,
+    runRepository,
+    config.defaultModel,
+    adapterRepository,
+  );
+  // A deleted adapter leaves memory with its file.
+  const adapters = new AdapterService(adapterRepository, registry, blobs, {
+    maxBytes: config.maxAdapterBytes,
+    adapterType: config.adapterType,
+    onDeleted: (adapter) => engine.unload(adapter.path),
+  });
   // A deleted run's model (its adapter, for a LoRA run) leaves memory with its files.
   runEvents.on("deleted", (run) => {
     if (run.modelPath) engine.unload(run.modelPath);
@@ -200,6 +219,7 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
     datasets,
     runRepository,
     runs,
+    adapters,
     runEvents,
     registry,
     engine,

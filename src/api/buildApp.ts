@@ -18,6 +18,7 @@ import { registerStreamLimit } from "./streamLimit.ts";
 import datasetRoutes from "./routes/datasets.ts";
 import healthRoutes from "./routes/health.ts";
 import runRoutes from "./routes/runs.ts";
+import adapterRoutes from "./routes/adapters.ts";
 import evalRoutes from "./routes/evals.ts";
 import openAiEvalRoutes from "./routes/openaiEvals.ts";
 import generationRoutes from "./routes/generation.ts";
@@ -56,6 +57,7 @@ export async function buildApp(core: Core): Promise<FastifyInstance> {
   await app.register(datasetRoutes, { core });
   await app.register(runRoutes, { core });
   await app.register(generationRoutes, { core });
+  await app.register(adapterRoutes, { core });
   await app.register(openAiRoutes, { core });
   await app.register(openAiFileRoutes, { core });
   await app.register(openAiFineTuningRoutes, { core });

@@ -1,3 +1,4 @@
+import fs from "node:fs";
 import path from "node:path";
 import { SingleBar } from "cli-progress";
 import type { Command } from "commander";
@@ -48,6 +49,65 @@ export function modelsCommand(program: Command, ctx: CliContext): void {
           ]),
         ),
       );
+    });
+
+  models
+    .command("import-adapter")
+    .description(
+      "import a LoRA adapter trained elsewhere for a base model: a GGUF adapter file, or a PEFT folder " +
+        "(adapter_model.safetensors + adapter_config.json); prints its id, a model name",
+    )
+    .argument("<path>", "a GGUF LoRA adapter, or a folder holding a PEFT adapter")
+    .requiredOption("--base <model>", "the model of the server's models directory the adapter was trained on")
+    .option("--name <name>", "a label for listings (default: its id)")
+    .action(async (where: string, opts: { base: string; name?: string }) => {
+      const stat = fs.statSync(where, { throwIfNoEntry: false });
+      if (!stat) throw new CliError(`${where} does not exist`, exitCodes.usage);
+      const files = stat.isDirectory()
+        ? {
+            adapterModel: await fs.openAsBlob(path.join(where, "adapter_model.safetensors")),
+            adapterConfig: await fs.openAsBlob(path.join(where, "adapter_config.json")),
+          }
+        : { file: await fs.openAsBlob(where) };
+      const adapter = await ctx.client().importAdapter(opts.base, files, opts.name);
+      ctx.print(adapter, () =>
+        console.log(
+          `${adapter.id} (${adapter.format}, rank ${adapter.rank}, ${adapter.weights} weights of ${adapter.base_model})`,
+        ),
+      );
+    });
+
+  models
+    .command("adapters")
+    .description("your imported adapters")
+    .action(async () => {
+      const list = await ctx.client().listAdapters();
+      ctx.print(list, () =>
+        console.log(
+          table([
+            ["ID", "NAME", "BASE", "FORMAT", "RANK", "ALPHA", "SIZE", "CREATED"],
+            ...list.map((a) => [
+              a.id,
+              a.name,
+              a.base_model,
+              a.format,
+              String(a.rank),
+              String(a.alpha),
+              size(a.size_bytes),
+              a.created_at,
+            ]),
+          ]),
+        ),
+      );
+    });
+
+  models
+    .command("delete-adapter")
+    .description("delete an imported adapter and its file")
+    .argument("<adapter-id>")
+    .action(async (id: string) => {
+      const result = await ctx.client().deleteAdapter(id);
+      ctx.print(result, () => console.log(`deleted ${id}`));
     });
 
   models

@@ -1,3 +1,4 @@
+import { ollamaModelfile } from "../model/ollamaModelfile.ts";
 import fs from "node:fs";
 import fsp from "node:fs/promises";
 import path from "node:path";
@@ -43,9 +44,15 @@ function formatSeconds(seconds: unknown): string {
 }
 
 /** Streams a READY run's artifact to `file` (through `<file>.part`, so a failed download leaves nothing). */
-async function download(ctx: CliContext, id: string, output: string | undefined) {
-  const artifact = await ctx.client().downloadArtifact(id);
-  const file = output ?? artifact.fileName ?? `${id}.gguf`;
+async function download(
+  ctx: CliContext,
+  id: string,
+  output: string | undefined,
+  format: "adapter" | "merged" = "adapter",
+  dir = ".",
+) {
+  const artifact = await ctx.client().downloadArtifact(id, undefined, format);
+  const file = output ?? path.join(dir, artifact.fileName ?? `${id}.gguf`);
   const total = artifact.sizeBytes ?? 0;
   const mb = (n: number) => Math.round(n / 1024 / 1024);
   const bar =
@@ -77,6 +84,39 @@ async function download(ctx: CliContext, id: string, output: string | undefined)
     bar?.stop();
   }
   return { id, path: path.resolve(file), sizeBytes: received };
+}
+
+/**
+ * `runs download --ollama`: a folder holding the run's GGUF (its adapter, or with `--merged` the merged model) and
+ * a Modelfile naming it, with the chat template the run was trained with in Ollama's form. Without `--merged`
+ * `FROM` names the base's GGUF beside it (`./<base>.gguf`), which the server does not serve: `needs` says to copy it.
+ */
+async function ollamaFolder(ctx: CliContext, id: string, dir: string, format: "adapter" | "merged") {
+  const model = await ctx.client().getModel(id);
+  await fsp.mkdir(dir, { recursive: true });
+  const gguf = await download(ctx, id, undefined, format, dir);
+  const name = path.basename(gguf.path);
+  const base = model.base_model;
+  const adapter = format === "adapter" && name.endsWith("-lora.gguf");
+  const from = adapter && base !== null ? `./${base}.gguf` : `./${name}`;
+  const modelfile = ollamaModelfile({
+    from,
+    adapter: adapter ? `./${name}` : undefined,
+    chatTemplate: model.chat_template,
+    comments: [
+      `Run ${id}${base !== null ? `, fine-tuned from ${base}` : ""}: ollama create <name> -f Modelfile`,
+      ...(adapter
+        ? [`FROM: the base model's GGUF, ${base}.gguf from the server's models directory, beside this file`]
+        : []),
+    ],
+  });
+  await fsp.writeFile(path.join(dir, "Modelfile"), modelfile);
+  return {
+    id,
+    path: path.resolve(dir),
+    files: [name, "Modelfile"],
+    needs: adapter ? `copy the base model ${base}.gguf into ${path.resolve(dir)} before ollama create` : null,
+  };
 }
 
 /**
@@ -403,10 +443,26 @@ function controlCommands(runs: Command, ctx: CliContext): void {
     .command("download")
     .description("download a READY run's result: its LoRA adapter, or the model of a full run")
     .argument("<run-id>")
-    .option("-o, --output <file>", "file to write (default: <run id>-lora.gguf or <run id>.gguf, here)")
-    .action(async (id: string, opts: { output?: string }) => {
-      const result = await download(ctx, id, opts.output);
-      ctx.print(result, () => console.log(`${result.path} (${result.sizeBytes} bytes)`));
+    .option(
+      "-o, --output <path>",
+      "file to write (default: <run id>-lora.gguf, <run id>-merged.gguf or <run id>.gguf, here); with --ollama, the folder (default: <run id>-ollama)",
+    )
+    .option("--merged", "a LoRA run's adapter merged into its base: one GGUF that needs no adapter")
+    .option(
+      "--ollama",
+      "a folder for `ollama create`: the GGUF and a Modelfile (FROM, ADAPTER, TEMPLATE, stop)",
+    )
+    .action(async (id: string, opts: { output?: string; merged?: boolean; ollama?: boolean }) => {
+      const format = opts.merged ? "merged" : "adapter";
+      if (!opts.ollama) {
+        const result = await download(ctx, id, opts.output, format);
+        ctx.print(result, () => console.log(`${result.path} (${result.sizeBytes} bytes)`));
+        return;
+      }
+      const result = await ollamaFolder(ctx, id, opts.output ?? `${id}-ollama`, format);
+      ctx.print(result, () =>
+        console.log(`${result.path}: ${result.files.join(", ")}${result.needs ? `\n${result.needs}` : ""}`),
+      );
     });
 
   runs

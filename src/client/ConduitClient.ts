@@ -25,6 +25,7 @@ import type {
   EvalRunWire,
   EvalWire,
 } from "../contract/evals.ts";
+import type { AdapterWire } from "../contract/adapters.ts";
 import { ApiError, errorOfAnswer, unreachable } from "./ApiError.ts";
 import { chatChunkText } from "./chatChunk.ts";
 import { followRunEvents, type RunEvent, type RunEventsOptions } from "./runEvents.ts";
@@ -260,9 +261,17 @@ export class ConduitClient {
     };
   }
 
-  /** A READY run's result (its LoRA adapter, or the model of a full run), to stream to disk. */
-  async downloadArtifact(id: string, signal?: AbortSignal): Promise<Artifact> {
-    const response = await this.send("GET", `/conduit/finetuning/${enc(id)}/artifact`, { signal });
+  /**
+   * A READY run's result (its LoRA adapter, or the model of a full run), to stream to disk; with `format`
+   * `merged`, a LoRA run's adapter merged into its base.
+   */
+  async downloadArtifact(
+    id: string,
+    signal?: AbortSignal,
+    format: "adapter" | "merged" = "adapter",
+  ): Promise<Artifact> {
+    const suffix = format === "merged" ? "?format=merged" : "";
+    const response = await this.send("GET", `/conduit/finetuning/${enc(id)}/artifact${suffix}`, { signal });
     const length = response.headers.get("content-length");
     return {
       body: this.bodyOf(response),
@@ -360,6 +369,42 @@ export class ConduitClient {
   /** The models you can name: the server's base models and your READY runs. */
   async listModels(): Promise<ModelEntryWire[]> {
     return (await this.json<{ data: ModelEntryWire[] }>("GET", "/conduit/v1/models")).data;
+  }
+
+  /**
+   * Imports a LoRA adapter for `baseModel`: a GGUF adapter (`file`), or a PEFT adapter's
+   * `adapter_model.safetensors` and `adapter_config.json`. The server checks it against the base first.
+   */
+  async importAdapter(
+    baseModel: string,
+    files: { file: Blob } | { adapterModel: Blob; adapterConfig: Blob },
+    name?: string,
+  ): Promise<AdapterWire> {
+    const form = new FormData();
+    form.append("base_model", baseModel);
+    if (name !== undefined) form.append("name", name);
+    if ("file" in files) form.append("file", files.file, "adapter.gguf");
+    else {
+      form.append("adapter_model", files.adapterModel, "adapter_model.safetensors");
+      form.append("adapter_config", files.adapterConfig, "adapter_config.json");
+    }
+    const response = await this.send("POST", "/conduit/models/adapters", { body: form });
+    return (await response.json()) as AdapterWire;
+  }
+
+  /** Your imported adapters, oldest first. */
+  listAdapters(): Promise<AdapterWire[]> {
+    return this.json("GET", "/conduit/models/adapters");
+  }
+
+  /** Deletes an imported adapter and its file. */
+  deleteAdapter(id: string): Promise<MessageWire> {
+    return this.json("DELETE", `/conduit/models/adapters/${enc(id)}`);
+  }
+
+  /** One model you can name, as the list shows it. */
+  async getModel(id: string): Promise<ModelEntryWire> {
+    return this.json<ModelEntryWire>("GET", `/conduit/v1/models/${enc(id)}`);
   }
 
   /** The models in the server's memory now that you may see (base models and your fine-tunes). */

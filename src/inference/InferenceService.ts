@@ -16,14 +16,15 @@ import type {
   ToolDefinition,
 } from "../engine/types.ts";
 import type { RunRepository } from "../store/RunRepository.ts";
+import type { Adapter, AdapterRepository } from "../store/AdapterRepository.ts";
 import { methodOf, type Run } from "../domain/runs.ts";
 import { runIdOfModelName, servedModelName } from "../domain/modelNames.ts";
 import { parseTimestamp } from "../store/time.ts";
 
 export interface InferenceRequest {
   /**
-   * A model id from the registry, or one of the user's READY runs by id or by its `ft:` name. Defaults to
-   * `CONDUIT_DEFAULT_MODEL`.
+   * A model id from the registry, one of the user's READY runs by id or by its `ft:` name, or one of their imported
+   * adapters by id (`ad_…`). Defaults to `CONDUIT_DEFAULT_MODEL`.
    */
   model?: string | undefined;
   messages?: ChatMessage[];
@@ -85,8 +86,8 @@ export interface ServableModel {
   object: "model";
   created: number;
   owned_by: string;
-  /** `base` for models in the models directory, `fine-tuned` for READY runs. */
-  kind: "base" | "fine-tuned";
+  /** `base` for models in the models directory, `fine-tuned` for READY runs, `adapter` for imported adapters. */
+  kind: "base" | "fine-tuned" | "adapter";
   /** Tokens of the model's training context, from its GGUF header (a LoRA fine-tune: its base's); `null` when unknown. */
   context_length: number | null;
   /** Bytes of the model's own file (a LoRA fine-tune: its adapter's); `null` when the file is not on this server. */
@@ -113,7 +114,7 @@ async function chatTemplateOf(id: string, path: string | undefined): Promise<Ser
 /** A model held in memory, as `GET /conduit/v1/models/loaded` shows it. */
 export interface LoadedModel {
   id: string;
-  kind: "base" | "fine-tuned";
+  kind: "base" | "fine-tuned" | "adapter";
   base_model: string | null;
   /** Bytes of model file held: the weights of a base or full fine-tune, the adapter of a LoRA one. */
   memory_bytes: number;
@@ -135,6 +136,7 @@ export class InferenceService {
     private readonly registry: ModelRegistry,
     private readonly runs: RunRepository,
     private readonly defaultModel: string | undefined,
+    private readonly adapters?: AdapterRepository,
   ) {}
 
   /**
@@ -149,6 +151,8 @@ export class InferenceService {
       });
     const run = await this.runNamed(userId, name);
     if (run) return this.refOfRun(run, param);
+    const adapter = await this.adapterNamed(userId, name);
+    if (adapter) return this.refOfAdapter(adapter, param);
     const model = this.registry.resolve(name);
     if (!model) throw new ConduitError("model_not_found", `model "${name}" not found`, { param });
     return model;
@@ -175,6 +179,18 @@ export class InferenceService {
         param === undefined ? {} : { param },
       );
     return { id: run.id, path: base.path, lora: { path: run.modelPath } };
+  }
+
+  /** What serves an imported adapter: its base model plus the adapter, as for a LoRA run. */
+  refOfAdapter(adapter: Adapter, param?: string): ModelRef {
+    const base = this.registry.resolve(adapter.baseModel);
+    if (!base)
+      throw new ConduitError(
+        "conflict",
+        `adapter ${adapter.id} is for base model "${adapter.baseModel}", which is no longer in the models directory`,
+        param === undefined ? {} : { param },
+      );
+    return { id: adapter.id, path: base.path, lora: { path: adapter.path } };
   }
 
   async generate(userId: string, request: InferenceRequest, model?: ModelRef): Promise<InferenceResult> {
@@ -296,12 +312,14 @@ export class InferenceService {
     };
   }
 
-  /** Models this user can name: the registry's and their READY runs. */
+  /** Models this user can name: the registry's, their READY runs and their imported adapters. */
   async list(userId: string): Promise<ServableModel[]> {
     const base = await Promise.all(this.registry.list().map((m) => this.describeBase(m)));
     const runs = await this.runs.listReady(userId);
     const tuned = await Promise.all(runs.map((r) => this.describeRun(userId, r)));
-    return [...base, ...tuned];
+    const adapters = (await this.adapters?.list(userId)) ?? [];
+    const imported = await Promise.all(adapters.map((a) => this.describeAdapter(userId, a)));
+    return [...base, ...tuned, ...imported];
   }
 
   /**
@@ -311,6 +329,8 @@ export class InferenceService {
   async get(userId: string, id: string): Promise<ServableModel> {
     const run = await this.runNamed(userId, id);
     if (run?.status === "READY") return this.describeRun(userId, run);
+    const adapter = await this.adapterNamed(userId, id);
+    if (adapter) return this.describeAdapter(userId, adapter);
     const info = this.registry.info(id);
     if (!info) throw new ConduitError("model_not_found", `model "${id}" not found`, { param: "model" });
     return this.describeBase(info);
@@ -322,6 +342,28 @@ export class InferenceService {
     if (id === undefined) return undefined;
     const run = await this.runs.get(userId, id);
     return run && (name === run.id || name === servedModelName(run)) ? run : undefined;
+  }
+
+  /** The user's imported adapter named by its id; `undefined` when none is. */
+  private async adapterNamed(userId: string, name: string): Promise<Adapter | undefined> {
+    return name.startsWith("ad_") ? this.adapters?.get(userId, name) : undefined;
+  }
+
+  private async describeAdapter(userId: string, adapter: Adapter): Promise<ServableModel> {
+    const basePath = this.registry.resolve(adapter.baseModel)?.path;
+    const weights = basePath ? await readModelFileInfo(basePath) : undefined;
+    return {
+      id: adapter.id,
+      object: "model",
+      created: Math.floor(parseTimestamp(adapter.createdAt) / 1000),
+      owned_by: userId,
+      kind: "adapter",
+      context_length: weights?.contextLength ?? null,
+      size_bytes: adapter.sizeBytes,
+      quantization: weights?.quantization ?? null,
+      base_model: adapter.baseModel,
+      chat_template: await chatTemplateOf(adapter.id, basePath),
+    };
   }
 
   private async describeBase(m: ModelInfo): Promise<ServableModel> {
@@ -380,11 +422,15 @@ export class InferenceService {
         const run = await this.runs.get(userId, m.id);
         if (!run) continue;
         baseModel = typeof run.config.baseModelName === "string" ? run.config.baseModelName : null;
+      } else if (m.id.startsWith("ad_")) {
+        const adapter = await this.adapters?.get(userId, m.id);
+        if (!adapter) continue;
+        baseModel = adapter.baseModel;
       } else if (m.lora !== undefined || this.registry.resolve(m.id)?.path !== m.path) continue;
       const lastUsed = m.lastUsedAt.getTime();
       out.push({
         id: m.id,
-        kind: m.id.startsWith("ft_") ? "fine-tuned" : "base",
+        kind: m.id.startsWith("ft_") ? "fine-tuned" : m.id.startsWith("ad_") ? "adapter" : "base",
         base_model: baseModel,
         memory_bytes: m.sizeBytes,
         context_size: m.contextSize,

@@ -4,6 +4,7 @@ import path from "node:path";
 import type { BlobStore } from "./BlobStore.ts";
 import type { DatasetRepository } from "./DatasetRepository.ts";
 import type { RunRepository } from "./RunRepository.ts";
+import type { AdapterRepository } from "./AdapterRepository.ts";
 
 /** What one sweep removed. */
 export interface SweepReport {
@@ -14,8 +15,8 @@ export interface SweepReport {
   /** `work` and `checkpoint` directories of runs that do not need them. */
   workDirs: string[];
   /**
-   * Dataset file blobs no file record holds: a crash between storing an upload and recording it, or
-   * between deleting a file's record and its blob.
+   * Dataset file blobs no file record holds, and imported adapters' files no adapter record holds: a crash
+   * between storing an upload and recording it, or between deleting a record and its blob.
    */
   orphanBlobs: string[];
 }
@@ -28,6 +29,8 @@ export interface SweeperOptions {
    * may be another server's upload in progress). Defaults to an hour.
    */
   tempMaxAgeMs?: number;
+  /** Imported adapters' records, whose files (`adapters/{id}.gguf`) are kept. Defaults to sweeping no adapter files. */
+  adapters?: Pick<AdapterRepository, "recordedIds">;
 }
 
 /**
@@ -57,7 +60,7 @@ export class Sweeper {
       tempFiles: await this.blobs.sweepTemp(this.options.tempMaxAgeMs),
       runDirs: [],
       workDirs: [],
-      orphanBlobs: await this.sweepOrphanBlobs(),
+      orphanBlobs: [...(await this.sweepOrphanBlobs()), ...(await this.sweepOrphanAdapters())],
     };
     const runsDir = this.blobs.pathOf("runs");
     const ids = (await fsp.readdir(runsDir, { withFileTypes: true }).catch(() => []))
@@ -124,6 +127,28 @@ export class Sweeper {
       const stat = await fsp.stat(full).catch(() => undefined);
       if (stat && stat.mtimeMs < cutoff) await fsp.rmdir(full).catch(() => undefined);
     }
+    return removed;
+  }
+
+  /**
+   * Removes `adapters/{id}.gguf` files that no adapter record holds and that are older than the temp files'
+   * limit (an import stores the file, then writes its record; a delete removes the record first).
+   */
+  private async sweepOrphanAdapters(): Promise<string[]> {
+    const adapters = this.options.adapters;
+    if (!adapters) return [];
+    const cutoff = Date.now() - (this.options.tempMaxAgeMs ?? 60 * 60 * 1000);
+    const dir = this.blobs.pathOf("adapters");
+    const old: string[] = [];
+    for (const name of await fsp.readdir(dir).catch(() => [] as string[])) {
+      const id = /^(ad_[A-Za-z0-9]+)\.gguf$/.exec(name)?.[1];
+      if (id === undefined) continue;
+      const stat = await fsp.stat(path.join(dir, name)).catch(() => undefined);
+      if (stat?.isFile() && stat.mtimeMs < cutoff) old.push(id);
+    }
+    const recorded = await adapters.recordedIds(old);
+    const removed = old.filter((id) => !recorded.has(id)).map((id) => `adapters/${id}.gguf`);
+    for (const key of removed) await this.blobs.remove(key);
     return removed;
   }
 

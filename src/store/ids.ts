@@ -8,6 +8,6 @@ const nextUlid = monotonicFactory();
  * even for rows made in the same millisecond (the run queue is first in, first out): the next id
  * in a millisecond is the previous one plus one. Ids are not secrets; every access checks the owner.
  */
-export function newId(prefix: "ds" | "file" | "ft" | "key" | "eval" | "evalrun"): string {
+export function newId(prefix: "ds" | "file" | "ft" | "key" | "eval" | "evalrun" | "ad"): string {
   return `${prefix}_${nextUlid()}`;
 }

@@ -165,6 +165,30 @@ const migrations: Record<string, Migration> = {
         .execute();
     },
   },
+  // LoRA adapters imported for a base model (trained elsewhere).
+  "0006_adapters": {
+    async up(db: Kysely<unknown>) {
+      await db.schema
+        .createTable("adapters")
+        .addColumn("id", "text", (c) => c.primaryKey())
+        .addColumn("user_id", "text", (c) => c.notNull())
+        .addColumn("name", "text", (c) => c.notNull())
+        .addColumn("base_model", "text", (c) => c.notNull())
+        .addColumn("format", "text", (c) => c.notNull())
+        .addColumn("rank", "integer", (c) => c.notNull())
+        .addColumn("alpha", "double precision", (c) => c.notNull())
+        .addColumn("weights", "integer", (c) => c.notNull())
+        .addColumn("size_bytes", "bigint", (c) => c.notNull())
+        .addColumn("path", "text", (c) => c.notNull())
+        .addColumn("created_at", "text", (c) => c.notNull())
+        .execute();
+      await db.schema
+        .createIndex("adapters_user")
+        .on("adapters")
+        .columns(["user_id", "created_at"])
+        .execute();
+    },
+  },
 };
 
 export const migrationProvider: MigrationProvider = {

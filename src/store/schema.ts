@@ -125,6 +125,26 @@ export interface EvalResultTable {
   created_at: string;
 }
 
+/** A LoRA adapter imported for a base model (not trained here): `POST /conduit/models/adapters`. */
+export interface AdapterTable {
+  id: string;
+  user_id: string;
+  name: string;
+  /** The models-directory model it applies to. */
+  base_model: string;
+  /** What was uploaded: `gguf` (a llama.cpp LoRA) or `peft` (safetensors + adapter_config.json, converted). */
+  format: string;
+  rank: number;
+  alpha: number;
+  /** Base weights it adapts. */
+  weights: number;
+  /** Bytes of the stored GGUF adapter. */
+  size_bytes: number;
+  /** Absolute path of the stored GGUF adapter (under the data dir's blobs, a generated name). */
+  path: string;
+  created_at: string;
+}
+
 export interface Database {
   api_keys: ApiKeyTable;
   datasets: DatasetTable;
@@ -134,4 +154,5 @@ export interface Database {
   evals: EvalTable;
   eval_runs: EvalRunTable;
   eval_results: EvalResultTable;
+  adapters: AdapterTable;
 }

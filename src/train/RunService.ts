@@ -5,6 +5,7 @@ import type { DatasetService } from "../datasets/DatasetService.ts";
 import type { BlobStore } from "../store/BlobStore.ts";
 import type { ModelRef } from "../model/types.ts";
 import { ConduitError } from "../errors.ts";
+import { mergeLora, MergeUnsupportedError } from "../model/gguf/mergeLora.ts";
 import { newId } from "../store/ids.ts";
 import type { DatasetFile, Page } from "../domain/datasets.ts";
 import type { RunRepository } from "../store/RunRepository.ts";
@@ -614,17 +615,20 @@ export class RunService {
   }
 
   /**
-   * What a READY run produced, for download: its adapter (`lora`) or its model (`full`). A run that
-   * is not READY is a 409; a READY run whose file is not on this server's disk a 404.
+   * What a READY run produced, to download: as `adapter` (the default) its own file (a LoRA run's adapter, a full
+   * run's model); as `merged`, one GGUF that needs no adapter: a LoRA run's adapter merged into its base
+   * (`mergeLora`, in the base's types), built on the first request and kept with the run (its size and time in the
+   * run's log), or a full run's model as it is.
    */
-  async artifact(userId: string, id: string): Promise<RunArtifact> {
+  async artifact(userId: string, id: string, format: "adapter" | "merged" = "adapter"): Promise<RunArtifact> {
     const run = await this.get(userId, id);
     if (run.status !== "READY" || !run.modelPath)
       throw new ConduitError(
         "conflict",
         `run ${run.id} is ${run.status}, not READY; only a READY run has a file to download`,
       );
-    const fileName = methodOf(run.config) === "lora" ? `${run.id}-lora.gguf` : `${run.id}.gguf`;
+    const lora = methodOf(run.config) === "lora";
+    const fileName = lora ? `${run.id}-lora.gguf` : `${run.id}.gguf`;
     const stat = await fsp.stat(run.modelPath).catch(() => undefined);
     if (!stat?.isFile())
       throw new ConduitError(
@@ -632,7 +636,58 @@ export class RunService {
         `run ${run.id} is READY but its file ${fileName} is not in this server's storage ` +
           "(removed from disk, or trained by a server that does not share this one's data directory)",
       );
-    return { path: run.modelPath, fileName, sizeBytes: stat.size };
+    if (format === "adapter" || !lora) return { path: run.modelPath, fileName, sizeBytes: stat.size };
+    return this.merged(run, run.modelPath);
+  }
+
+  /** Merges made now, by run id: a second request for the same run waits for the first's. */
+  private readonly merging = new Map<string, Promise<RunArtifact>>();
+
+  private async merged(run: Run, adapterPath: string): Promise<RunArtifact> {
+    const path = this.blobs.pathOf(`runs/${run.id}/merged.gguf`);
+    const fileName = `${run.id}-merged.gguf`;
+    const baseName = String(run.config.baseModelName);
+    const base = this.models.resolve(baseName);
+    if (!base)
+      throw new ConduitError(
+        "conflict",
+        `run ${run.id} is a LoRA adapter of base model "${baseName}", which is no longer in the models directory`,
+      );
+    // Kept until the base file changes (an operator replacing it): then merged again.
+    const [kept, baseStat] = await Promise.all([
+      fsp.stat(path).catch(() => undefined),
+      fsp.stat(base.path).catch(() => undefined),
+    ]);
+    if (kept?.isFile() && baseStat !== undefined && kept.mtimeMs >= baseStat.mtimeMs)
+      return { path, fileName, sizeBytes: kept.size };
+    const pending = this.merging.get(run.id);
+    if (pending) return pending;
+    const merge = (async () => {
+      const started = performance.now();
+      let result;
+      try {
+        result = await mergeLora(base.path, adapterPath, path);
+      } catch (error) {
+        if (error instanceof MergeUnsupportedError)
+          throw new ConduitError("invalid_request", `run ${run.id} cannot be merged: ${error.message}`, {
+            param: "format",
+          });
+        throw error;
+      }
+      const seconds = (performance.now() - started) / 1000;
+      await this.runs.appendLog(
+        run.id,
+        `merged the adapter into ${baseName}: ${result.weights} weights, ` +
+          `${(result.bytes / 2 ** 20).toFixed(2)} MiB in ${seconds.toFixed(1)} s (${fileName})`,
+      );
+      return { path, fileName, sizeBytes: result.bytes };
+    })();
+    this.merging.set(run.id, merge);
+    try {
+      return await merge;
+    } finally {
+      this.merging.delete(run.id);
+    }
   }
 
   /**

@@ -191,6 +191,73 @@ test("the conduit CLI drives the whole loop against a real server", async (t) =>
   const stored = await core.runs.artifact("carol", runId);
   assert.deepEqual(JSON.parse(downloaded.stdout), { id: runId, path: result, sizeBytes: stored.sizeBytes });
   assert.ok(fs.readFileSync(result).equals(fs.readFileSync(stored.path)));
+  // --merged: one GGUF, the adapter merged into the base; --ollama: a folder with the GGUF and a Modelfile.
+  const mergedFile = path.join(environment.dataDir, "merged.gguf");
+  const merged = await conduit(env, "--json", "runs", "download", runId, "--merged", "-o", mergedFile);
+  assert.equal(merged.code, 0, merged.stderr);
+  assert.equal(
+    fs.statSync(mergedFile).size,
+    fs.statSync(path.join(environment.dataDir, "models", "tiny.gguf")).size,
+  );
+  const folder = path.join(environment.dataDir, "for-ollama");
+  const ollama = await conduit(env, "--json", "runs", "download", runId, "--ollama", "-o", folder);
+  assert.equal(ollama.code, 0, ollama.stderr);
+  assert.deepEqual(JSON.parse(ollama.stdout).files, [`${runId}-lora.gguf`, "Modelfile"]);
+  assert.ok(fs.readFileSync(path.join(folder, `${runId}-lora.gguf`)).equals(fs.readFileSync(stored.path)));
+  const modelfile = fs.readFileSync(path.join(folder, "Modelfile"), "utf8");
+  assert.match(modelfile, /^FROM \.\/tiny\.gguf$/m);
+  assert.match(modelfile, new RegExp(`^ADAPTER \\./${runId}-lora\\.gguf$`, "m"));
+  assert.match(modelfile, /^TEMPLATE """/m);
+  assert.match(modelfile, /^PARAMETER stop "/m);
+  const mergedFolder = path.join(environment.dataDir, "for-ollama-merged");
+  const ollamaMerged = await conduit(
+    env,
+    "runs",
+    "download",
+    runId,
+    "--ollama",
+    "--merged",
+    "-o",
+    mergedFolder,
+  );
+  assert.equal(ollamaMerged.code, 0, ollamaMerged.stderr);
+  const mergedModelfile = fs.readFileSync(path.join(mergedFolder, "Modelfile"), "utf8");
+  assert.match(mergedModelfile, new RegExp(`^FROM \\./${runId}-merged\\.gguf$`, "m"));
+  assert.doesNotMatch(mergedModelfile, /^ADAPTER/m);
+  // The downloaded adapter comes back in as an imported adapter, answers as the run, and goes.
+  const imported = await conduit(
+    env,
+    "--json",
+    "models",
+    "import-adapter",
+    result,
+    "--base",
+    "tiny",
+    "--name",
+    "back",
+  );
+  assert.equal(imported.code, 0, imported.stderr);
+  const adapter = JSON.parse(imported.stdout) as {
+    id: string;
+    name: string;
+    format: string;
+    base_model: string;
+  };
+  assert.match(adapter.id, /^ad_/);
+  assert.deepEqual([adapter.name, adapter.format, adapter.base_model], ["back", "gguf", "tiny"]);
+  const adapterChat = await conduit(env, "--json", ...askOnce.map((a) => (a === runId ? adapter.id : a)));
+  assert.equal(adapterChat.code, 0, adapterChat.stderr);
+  assert.equal(
+    JSON.parse(adapterChat.stdout).choices[0].text,
+    chatJson.choices[0].text,
+    "same greedy answer",
+  );
+  const adapters = await conduit(env, "models", "adapters");
+  assert.match(adapters.stdout, new RegExp(`^${adapter.id}\\s+back\\s+tiny\\s+gguf\\s+`, "m"));
+  const wrongBase = await conduit(env, "models", "import-adapter", result, "--base", "nope");
+  assert.equal(wrongBase.code, 3, wrongBase.stderr);
+  assert.equal((await conduit(env, "models", "delete-adapter", adapter.id)).code, 0);
+  assert.deepEqual(JSON.parse((await conduit(env, "--json", "models", "adapters")).stdout), []);
   const nothing = path.join(environment.dataDir, "nothing.gguf");
   assert.equal((await conduit(env, "runs", "download", "ft_missing", "-o", nothing)).code, 3);
   assert.equal(fs.existsSync(nothing) || fs.existsSync(`${nothing}.part`), false);

@@ -7,6 +7,7 @@ import { test, type TestContext } from "node:test";
 import { loadConfig } from "../../src/config.ts";
 import { createCore, type Core } from "../../src/core.ts";
 import { startServer } from "../../src/server.ts";
+import { AdapterRepository } from "../../src/store/AdapterRepository.ts";
 import { DatasetRepository } from "../../src/store/DatasetRepository.ts";
 import { Sweeper } from "../../src/store/Sweeper.ts";
 import { testEnv, type TestEnv } from "../lib/helper.ts";
@@ -218,4 +219,50 @@ test("a killed upload's temp file is swept at the next start, however new; anoth
   fs.writeFileSync(own, "mine");
   assert.deepEqual((await core.blobs.sweepTemp()).length, 0);
   assert.equal(fs.existsSync(own), true);
+});
+
+test("an imported adapter's file without its record (a crash in an import or a delete) is swept once old", async (t) => {
+  const env = await testEnv(t, "sqlite");
+  const core = await createCore(loadConfig(env.env));
+  t.after(() => core.close());
+  const twoHoursAgo = new Date(Date.now() - 2 * 60 * 60 * 1000);
+  const file = (id: string, old: boolean) => {
+    const full = core.blobs.pathOf(`adapters/${id}.gguf`);
+    fs.mkdirSync(path.dirname(full), { recursive: true });
+    fs.writeFileSync(full, "GGUF");
+    if (old) fs.utimesSync(full, twoHoursAgo, twoHoursAgo);
+    return full;
+  };
+  const repository = new AdapterRepository(core.db.kysely);
+  const recorded = file("ad_01AAAAAAAAAAAAAAAAAAAAAAAA", true);
+  await repository.insert({
+    id: "ad_01AAAAAAAAAAAAAAAAAAAAAAAA",
+    userId: "alice",
+    name: "kept",
+    baseModel: "tiny",
+    format: "gguf",
+    rank: 4,
+    alpha: 8,
+    weights: 1,
+    sizeBytes: 4,
+    path: recorded,
+    createdAt: "2026-01-01 00:00:00.000",
+  });
+  const orphan = file("ad_01BBBBBBBBBBBBBBBBBBBBBBBB", true);
+  const young = file("ad_01CCCCCCCCCCCCCCCCCCCCCCCC", false);
+  const sweeper = new Sweeper(
+    core.blobs,
+    core.runRepository,
+    new DatasetRepository(core.db.kysely),
+    core.log,
+    {
+      intervalMs: 60_000,
+      adapters: repository,
+    },
+  );
+  const report = await sweeper.sweep();
+  assert.deepEqual(report.orphanBlobs, ["adapters/ad_01BBBBBBBBBBBBBBBBBBBBBBBB.gguf"]);
+  assert.equal(fs.existsSync(orphan), false);
+  assert.equal(fs.existsSync(recorded), true, "a recorded adapter's file stays, however old");
+  assert.equal(fs.existsSync(young), true, "a young file may be an import being recorded");
 });

@@ -161,8 +161,18 @@ function runFileRoutes(app: FastifyInstance, core: Core) {
         description:
           "Streams the run's GGUF file: for `method` `lora` its adapter (`<run id>-lora.gguf`, use it with the base " +
           "model: `llama-server -m base.gguf --lora adapter.gguf`), for `full` the whole model (`<run id>.gguf`). " +
-          "A run that is not READY answers 409; a READY run whose file is not on this server's disk, 404.",
+          "With `format=merged`, a LoRA run's adapter merged into its base (`<run id>-merged.gguf`, in the base's " +
+          "types, loads without `--lora`), built on the first request and kept with the run; a full run's model " +
+          "as it is. A run that is not READY answers 409; a READY run whose file is not on this server's disk, 404; " +
+          "a merge into a base quantized with a K-quant (Q4_K, Q6_K, …), 400.",
         params: RunParams,
+        querystring: Type.Object({
+          format: Type.Optional(
+            Type.Union([Type.Literal("adapter"), Type.Literal("merged")], {
+              description: "`adapter` (the run's own file) or `merged` (one GGUF). Defaults to `adapter`.",
+            }),
+          ),
+        }),
         response: {
           200: {
             description: "The GGUF file, as an attachment.",
@@ -170,7 +180,7 @@ function runFileRoutes(app: FastifyInstance, core: Core) {
               "content-disposition": {
                 type: "string",
                 description:
-                  '`attachment; filename="<run id>-lora.gguf"` (LoRA) or `"<run id>.gguf"` (full).',
+                  '`attachment; filename="<run id>-lora.gguf"` (LoRA), `"<run id>-merged.gguf"` (LoRA, merged) or `"<run id>.gguf"` (full).',
               },
               "content-length": { type: "integer", description: "The file's size in bytes." },
             },
@@ -183,7 +193,7 @@ function runFileRoutes(app: FastifyInstance, core: Core) {
       },
     },
     async (request, reply) => {
-      const artifact = await runs.artifact(request.userId, request.params.finetune_id);
+      const artifact = await runs.artifact(request.userId, request.params.finetune_id, request.query.format);
       return reply
         .header("content-type", "application/octet-stream")
         .header("content-length", String(artifact.sizeBytes))

@@ -121,8 +121,10 @@ export const ModelEntry = Type.Object({
   object: Type.Literal("model"),
   created: Type.Integer({ description: "Unix seconds: the file's time, or when the run became READY." }),
   owned_by: Type.String({ description: "`conduit` for base models, your user id for your runs." }),
-  kind: Type.Union([Type.Literal("base"), Type.Literal("fine-tuned")], {
-    description: "`base`: a model in the models directory; `fine-tuned`: one of your READY runs.",
+  kind: Type.Union([Type.Literal("base"), Type.Literal("fine-tuned"), Type.Literal("adapter")], {
+    description:
+      "`base`: a model in the models directory; `fine-tuned`: one of your READY runs; `adapter`: a LoRA adapter " +
+      "you imported (`POST /conduit/models/adapters`).",
   }),
   context_length: Nullish(
     Type.Integer(),
@@ -159,7 +161,7 @@ export const ModelList = Type.Object({ object: Type.Literal("list"), data: Type.
 /** A model held in memory now, as `GET /conduit/v1/models/loaded` shows it. */
 export const LoadedModelEntry = Type.Object({
   id: Type.String({ description: "The model's id: a base model, or one of your runs." }),
-  kind: Type.Union([Type.Literal("base"), Type.Literal("fine-tuned")]),
+  kind: Type.Union([Type.Literal("base"), Type.Literal("fine-tuned"), Type.Literal("adapter")]),
   base_model: Nullish(Type.String(), "The base model a fine-tune runs on; `null` for a base model."),
   memory_bytes: Type.Integer({
     description:

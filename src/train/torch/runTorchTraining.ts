@@ -77,6 +77,8 @@ export interface TorchWorkerJob {
   /** Where the trained adapter's tensors are written raw. */
   adapterFile: string;
   probe: { tokens: number[]; file: string } | null;
+  /** Where the adapter is also saved as PEFT files; `null`: not. */
+  peftDir: string | null;
   cacheDir: string | null;
   /** Windows one optimizer step averages (`TorchOptions.windowsPerStep`). */
   windowsPerStep: number;
@@ -274,6 +276,7 @@ async function workerJobFields(job: TorchJob, plan: TrainingPlan, weights: LoraW
     dtype: job.options.dtype,
     adapterFile: path.join(job.workDir, "trained.adapter.f32"),
     probe: job.options.probe,
+    peftDir: job.options.peftDir ?? null,
     cacheDir: job.options.cacheDir,
     windowsPerStep: job.options.windowsPerStep,
   };

@@ -24,6 +24,11 @@ export interface TorchOptions {
    */
   probe: { tokens: number[]; file: string } | null;
   /**
+   * For exports and tests: a folder where the worker also saves the trained adapter as PEFT writes it
+   * (`save_pretrained`: `adapter_model.safetensors` + `adapter_config.json`, Hugging Face's layout). `null`: none.
+   */
+  peftDir?: string | null;
+  /**
    * Where the worker keeps a dequantized copy of each base it loads (transformers parses and dequantizes a GGUF
    * in Python on every load: 15–40 s for small models), so that the next run on the same file loads in about
    * a second. `null`: every run loads the GGUF.

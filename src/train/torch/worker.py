@@ -954,6 +954,10 @@ class Trainer:
         self.log(f"saved the adapter's tensors in {time.perf_counter() - phase:.1f} s")
         if job.get("probe"):
             self.write_probe(job["probe"]["tokens"], job["probe"]["file"])
+        if job.get("peftDir"):
+            # PEFT's own files (Hugging Face's layout, Q/K rows as transformers holds them), as PEFT users have them.
+            self.model.save_pretrained(job["peftDir"], safe_serialization=True)
+            self.log(f"saved the adapter as PEFT files in {job['peftDir']}")
         stats: dict[str, Any] = {
             "steps": step,
             "epochs": epochs_done,
@@ -1374,7 +1378,7 @@ def exit_when_stdin_ends() -> None:
     os._exit(1)
 
 
-PATH_FIELDS = ("baseModelPath", "file", "spansFile", "lossesFile", "checkpointDir", "adapterFile", "cacheDir")
+PATH_FIELDS = ("baseModelPath", "file", "spansFile", "lossesFile", "checkpointDir", "adapterFile", "cacheDir", "peftDir")
 
 
 def resolve_paths(value: Any, base: str) -> Any:

@@ -147,6 +147,7 @@ export function Playground({ model: initialModel }: { model: string | null }) {
   const kinds = [
     { kind: "base", label: "Base models" },
     { kind: "fine-tuned", label: "Fine-tuned runs" },
+    { kind: "adapter", label: "Imported adapters" },
   ] as const;
   const modelGroups = kinds.map(({ kind, label }) => {
     const models = (options.data ?? []).filter((m) => m.kind === kind);
