@@ -21,12 +21,13 @@ import type {
 } from "../contract/openAiFineTuning.ts";
 import { parseTimestamp } from "../store/time.ts";
 
-type OpenAiStatus = OpenAiJobWire["status"];
+type OpenAiStatus = Exclude<OpenAiJobWire["status"], "pausing">;
 
-/** Run status → OpenAI job status. */
+/** Run status → OpenAI job status (a PAUSED run whose trainer is still stopping is `pausing`). */
 export const openAiStatus: Record<RunStatus, OpenAiStatus> = {
   QUEUED: "queued",
   RUNNING: "running",
+  PAUSED: "paused",
   READY: "succeeded",
   FAILED: "failed",
   CANCELLED: "cancelled",
@@ -96,7 +97,7 @@ export function openAiJob(run: Run): OpenAiJobWire {
     organization_id: run.userId,
     result_files: [],
     seed: Number(run.config.seed),
-    status: openAiStatus[run.status],
+    status: run.pausing ? "pausing" : openAiStatus[run.status],
     trained_tokens: typeof stats.final?.sampleTokens === "number" ? stats.final.sampleTokens : null,
     training_file: record.training_file ?? run.datasetId,
     validation_file: typeof run.config.validationFileID === "string" ? run.config.validationFileID : null,

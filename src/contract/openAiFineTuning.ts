@@ -181,10 +181,13 @@ export type OpenAiJobCreateBodyWire = Static<typeof OpenAiJobCreateBody>;
 export type OpenAiHyperparametersWire = Static<typeof OpenAiHyperparameters>;
 
 export const OpenAiJobStatus = Type.Union(
-  ["queued", "running", "succeeded", "failed", "cancelled", "validating_files"].map((s) => Type.Literal(s)),
+  ["queued", "running", "pausing", "paused", "succeeded", "failed", "cancelled", "validating_files"].map(
+    (s) => Type.Literal(s),
+  ),
   {
     description:
-      "QUEUED → `queued`, RUNNING → `running`, READY → `succeeded`, FAILED → `failed`, CANCELLED → `cancelled`. " +
+      "QUEUED → `queued`, RUNNING → `running`, PAUSED → `pausing` while its trainer stops and `paused` once it " +
+      "has, READY → `succeeded`, FAILED → `failed`, CANCELLED → `cancelled`. " +
       "`validating_files` never shows: files are validated when uploaded and when the job is created.",
   },
 );

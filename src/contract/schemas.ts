@@ -110,7 +110,11 @@ export const IoPairPreview = Type.Object({
 
 export const RunStatus = Type.Union(
   runStatuses.map((s) => Type.Literal(s)),
-  { description: "QUEUED → RUNNING → READY | FAILED | CANCELLED (QUEUED can be CANCELLED too)." },
+  {
+    description:
+      "QUEUED → RUNNING → READY | FAILED | CANCELLED (QUEUED can be CANCELLED too). QUEUED or RUNNING → PAUSED " +
+      "(`pause`), PAUSED → QUEUED (`resume`: it goes on from its checkpoint) or CANCELLED.",
+  },
 );
 
 const EstimateSeconds = (description: string) => Type.Number({ minimum: 0, description });

@@ -23,6 +23,8 @@ export interface Run {
   error: string | null;
   modelPath: string | null;
   attempts: number;
+  /** PAUSED while its worker is still stopping its trainer (OpenAI's `pausing`). */
+  pausing: boolean;
   /** The estimate made when the run was created; null for runs created before estimates (or none could be made). */
   estimate: RunPlan | null;
   createdAt: string;

@@ -17,7 +17,7 @@ import {
   readModelShape,
   type ModelShape,
 } from "./autoSettings.ts";
-import type { LoraTarget } from "../contract/runs.ts";
+import { activeStatuses, type LoraTarget } from "../contract/runs.ts";
 import {
   AUTO_SETTINGS,
   runDefaults,
@@ -565,15 +565,54 @@ export class RunService {
     return this.runs.list(userId, page);
   }
 
-  /** Cancels a QUEUED or RUNNING run; a finished one is a 409. */
+  /** Cancels a QUEUED, RUNNING or PAUSED run; a finished one is a 409. */
   async cancel(userId: string, id: string): Promise<void> {
     const previous = await this.runs.cancel(userId, id);
     if (previous === undefined)
       throw new ConduitError("not_found", `run ${id} not found`, { param: "finetune_id" });
-    if (previous !== "QUEUED" && previous !== "RUNNING")
+    if (!activeStatuses.includes(previous))
       throw new ConduitError("conflict", `run ${id} is ${previous} and cannot be cancelled`);
     this.events.emit("ended", id, "CANCELLED");
     this.events.emit("changed", id);
+  }
+
+  /**
+   * Pauses a QUEUED or RUNNING run: a RUNNING run's trainer stops at a step boundary (its worker frees it for
+   * the next run) and its checkpoint is kept for {@link resume}. Any other status is a 409. Returns the run.
+   */
+  async pause(userId: string, id: string): Promise<Run> {
+    const previous = await this.runs.pause(userId, id);
+    if (previous === undefined)
+      throw new ConduitError("not_found", `run ${id} not found`, { param: "finetune_id" });
+    if (previous !== "QUEUED" && previous !== "RUNNING")
+      throw new ConduitError(
+        "conflict",
+        `run ${id} is ${previous} and cannot be paused: only a QUEUED or RUNNING run can`,
+      );
+    this.events.emit("changed", id);
+    return this.get(userId, id);
+  }
+
+  /**
+   * Queues a PAUSED run again; it goes on from its checkpoint. A run whose trainer is still stopping, or that is
+   * not PAUSED, is a 409. Returns the run.
+   */
+  async resume(userId: string, id: string): Promise<Run> {
+    const previous = await this.runs.resume(userId, id);
+    if (previous === undefined)
+      throw new ConduitError("not_found", `run ${id} not found`, { param: "finetune_id" });
+    if (previous === "PAUSING")
+      throw new ConduitError(
+        "conflict",
+        `run ${id} is still pausing (its trainer is stopping): resume it once it is PAUSED`,
+      );
+    if (previous !== "PAUSED")
+      throw new ConduitError(
+        "conflict",
+        `run ${id} is ${previous} and cannot be resumed: only a PAUSED run can`,
+      );
+    this.events.emit("changed", id);
+    return this.get(userId, id);
   }
 
   /**
@@ -636,16 +675,18 @@ export class RunService {
   /** Deletes a run; a running one is cancelled first so its trainer stops. */
   async delete(userId: string, id: string): Promise<Run> {
     const run = await this.get(userId, id);
-    if (run.status === "QUEUED" || run.status === "RUNNING") {
+    if (activeStatuses.includes(run.status)) {
       const previous = await this.runs.cancel(userId, id);
-      if (previous === "QUEUED" || previous === "RUNNING") this.events.emit("ended", id, "CANCELLED");
+      if (previous !== undefined && activeStatuses.includes(previous))
+        this.events.emit("ended", id, "CANCELLED");
       this.events.emit("changed", id);
     }
     if (!(await this.runs.delete(userId, id)))
       throw new ConduitError("not_found", `run ${id} not found`, { param: "finetune_id" });
-    // A live run's files are removed by its worker once the trainer has stopped.
+    // A live run's files are removed by its worker once the trainer has stopped (a pausing run's too).
     this.events.emit("deleted", run);
-    if (run.status !== "QUEUED" && run.status !== "RUNNING") await this.blobs.remove(`runs/${id}`);
+    if (run.status !== "QUEUED" && run.status !== "RUNNING" && !run.pausing)
+      await this.blobs.remove(`runs/${id}`);
     return run;
   }
 }

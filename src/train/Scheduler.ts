@@ -62,6 +62,8 @@ export interface SchedulerOptions {
   health?: DatabaseHealth;
 }
 
+type StopReason = "cancel" | "pause" | "shutdown" | "lost";
+
 /** A LoRA run's config. */
 type LoraConfig = Extract<RunConfig, { method: "lora" }>;
 
@@ -69,11 +71,12 @@ interface ActiveRun {
   run: Run;
   handle?: TrainerHandle;
   /**
-   * Why the run is being stopped: cancelled (or deleted) by a user, the server shutting down, or `lost`: this
-   * worker no longer holds the run's lease (its heartbeat failed, or the run was re-queued), so the run and its
-   * files now belong to another attempt and are left alone.
+   * Why the run is being stopped: cancelled (or deleted) by a user, paused by a user (its checkpoint is kept for
+   * when it is resumed), the server shutting down, or `lost`: this worker no longer holds the run's lease (its
+   * heartbeat failed, or the run was re-queued), so the run and its files now belong to another attempt and are
+   * left alone.
    */
-  stopping?: "cancel" | "shutdown" | "lost";
+  stopping?: StopReason;
   /** Settles once `train` is done with the run, trainer or not. */
   done?: Promise<void>;
 }
@@ -194,19 +197,21 @@ export class Scheduler {
   private async checkCancelled(active: ActiveRun): Promise<void> {
     const run = await this.runs.getById(active.run.id);
     if (!run || run.status === "CANCELLED") this.stop(active, "cancel");
+    else if (run.status === "PAUSED") this.stop(active, "pause");
     else if (run.status !== "RUNNING") this.stop(active, "lost");
   }
 
-  /** Why a run this worker held is no longer its own: cancelled or deleted by a user, or taken over. */
-  private async whyGone(runId: string): Promise<"cancel" | "lost"> {
+  /** Why a run this worker held is no longer its own: cancelled, deleted or paused by a user, or taken over. */
+  private async whyGone(runId: string): Promise<"cancel" | "pause" | "lost"> {
     const run = await this.runs.getById(runId);
-    return !run || run.status === "CANCELLED" ? "cancel" : "lost";
+    return !run || run.status === "CANCELLED" ? "cancel" : run.status === "PAUSED" ? "pause" : "lost";
   }
 
-  private stop(active: ActiveRun, why: "cancel" | "shutdown" | "lost"): void {
+  private stop(active: ActiveRun, why: StopReason): void {
     if (active.stopping) return;
     active.stopping = why;
-    if (why === "cancel") active.handle?.cancel();
+    // A user's stop waits for a step boundary; the others do not wait.
+    if (why === "cancel" || why === "pause") active.handle?.cancel();
     else active.handle?.kill();
   }
 
@@ -292,6 +297,8 @@ export class Scheduler {
         await leaveToTheNewAttempt();
       } else if (active.stopping === "shutdown") {
         // The run is released back to the queue by close(); its checkpoint stays for the next attempt.
+      } else if (active.stopping === "pause") {
+        await this.endPaused(active, files);
       } else if (outcome.status === "cancelled" || active.stopping === "cancel") {
         await this.endCancelled(active, runDir);
       } else {
@@ -447,6 +454,25 @@ export class Scheduler {
       this.events.emit("ended", run.id, "CANCELLED");
   }
 
+  /**
+   * A run paused by a user, its trainer stopped: its checkpoint stays for when it is resumed, and the run is let
+   * go (the next queued run takes the trainer). A run cancelled or deleted while it was pausing loses its files.
+   */
+  private async endPaused(active: ActiveRun, files: RunFiles): Promise<void> {
+    const run = active.run;
+    const step = await checkpointStep(this.blobs.pathOf(files.checkpointDir));
+    const message =
+      step === undefined
+        ? "run paused: its trainer stopped before it had written a checkpoint; once resumed it starts again from the base model"
+        : `run paused: its trainer stopped; once resumed it goes on from its checkpoint at step ${step}`;
+    if (await this.persist(() => this.runs.settlePaused(run.id, this.workerId, message))) return;
+    const now = await this.persist(() => this.runs.getById(run.id));
+    if (!now || now.status === "CANCELLED") {
+      await this.blobs.remove(files.runDir);
+      if (now) this.events.emit("ended", run.id, "CANCELLED");
+    }
+  }
+
   /** Starts the run's trainer and waits for it; a stop that came while it was starting reaches it. */
   private async runTrainer(
     active: ActiveRun,
@@ -455,7 +481,7 @@ export class Scheduler {
   ): Promise<TrainerOutcome> {
     const handle = this.startTrainer(job, handlers);
     active.handle = handle;
-    if (active.stopping === "cancel") handle.cancel();
+    if (active.stopping === "cancel" || active.stopping === "pause") handle.cancel();
     else if (active.stopping !== undefined) handle.kill();
     return handle.done;
   }

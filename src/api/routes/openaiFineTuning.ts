@@ -99,6 +99,38 @@ export default async function openAiFineTuningRoutes(app: FastifyInstance, { cor
     },
   );
 
+  r.post(
+    "/v1/fine_tuning/jobs/:fine_tuning_job_id/pause",
+    {
+      schema: {
+        tags,
+        summary: "OpenAI-compatible job pause",
+        description:
+          "A queued job is `paused` at once; a running one is `pausing` until its trainer stops at a step boundary " +
+          "(its checkpoint kept), then `paused`. Any other job answers 409.",
+        params: OpenAiJobParams,
+        response: responses({ 200: OpenAiJob }, [400, 401, 404, 409]),
+      },
+    },
+    async (request) => openAiJob(await runs.pause(request.userId, request.params.fine_tuning_job_id)),
+  );
+
+  r.post(
+    "/v1/fine_tuning/jobs/:fine_tuning_job_id/resume",
+    {
+      schema: {
+        tags,
+        summary: "OpenAI-compatible job resume",
+        description:
+          "A `paused` job is `queued` again and goes on from its checkpoint. A job still `pausing`, or not paused, " +
+          "answers 409.",
+        params: OpenAiJobParams,
+        response: responses({ 200: OpenAiJob }, [400, 401, 404, 409]),
+      },
+    },
+    async (request) => openAiJob(await runs.resume(request.userId, request.params.fine_tuning_job_id)),
+  );
+
   r.get(
     "/v1/fine_tuning/jobs/:fine_tuning_job_id/events",
     {

@@ -126,6 +126,44 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
     },
   );
 
+  r.post(
+    "/conduit/finetuning/:finetune_id/pause",
+    {
+      schema: {
+        tags,
+        summary: "Pause a queued or running run",
+        description:
+          "The run is PAUSED: a running run's trainer stops at a step boundary and frees its worker for the next run; " +
+          "its checkpoint is kept. Any other status answers 409.",
+        params: RunParams,
+        response: responses({ 200: Run }, [400, 401, 404, 409]),
+      },
+    },
+    async (request) => {
+      const run = await runs.pause(request.userId, request.params.finetune_id);
+      return runWire(run, await core.evals.evaluationOf(request.userId, run.id));
+    },
+  );
+
+  r.post(
+    "/conduit/finetuning/:finetune_id/resume",
+    {
+      schema: {
+        tags,
+        summary: "Resume a paused run",
+        description:
+          "The run is QUEUED again and goes on from its checkpoint, with the optimizer's state where its trainer keeps " +
+          "it (docs/fine-tuning.md). A run whose trainer is still stopping, or that is not PAUSED, answers 409.",
+        params: RunParams,
+        response: responses({ 200: Run }, [400, 401, 404, 409]),
+      },
+    },
+    async (request) => {
+      const run = await runs.resume(request.userId, request.params.finetune_id);
+      return runWire(run, await core.evals.evaluationOf(request.userId, run.id));
+    },
+  );
+
   r.delete(
     "/conduit/finetuning/:finetune_id",
     {
