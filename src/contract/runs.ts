@@ -133,6 +133,21 @@ export interface RunStats {
   warnings?: string[];
   /** The trainer's totals, once the run is READY. */
   final?: RunTotals;
+  /** The checkpoints kept of a READY run (its last epochs' ends), oldest first; each is servable. */
+  checkpoints?: RunCheckpoint[];
+}
+
+/** A kept checkpoint: the weights at an epoch's end, served as `<the run's model name>:ckpt-step-<step>`. */
+export interface RunCheckpoint {
+  step: number;
+  /** The epoch that ended there (1-based). */
+  epoch: number;
+  /** Mean loss per trained token over that epoch. */
+  trainLoss: number;
+  /** The eval loss there; absent without an eval set. */
+  evalLoss?: number;
+  /** When it was written (`YYYY-MM-DD HH:MM:SS.mmm`, UTC). */
+  createdAt: string;
 }
 
 /** A READY run's totals (`stats.final`). */

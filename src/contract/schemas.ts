@@ -265,6 +265,22 @@ export const PageQuery = Type.Object(
 export const DatasetParams = Type.Object({ dataset_id: Id });
 export const FileParams = Type.Object({ dataset_id: Id, file_id: Id });
 export const RunParams = Type.Object({ finetune_id: Id });
+export const RunCheckpointParams = Type.Object({
+  finetune_id: Id,
+  step: Type.Integer({ minimum: 1, maximum: 999_999_999, description: "The checkpoint's step." }),
+});
+
+export const RunCheckpoint = Type.Object({
+  step: Type.Integer({ description: "The optimizer step it was written at (an epoch's end)." }),
+  epoch: Type.Integer({ description: "The epoch that ended there (1-based)." }),
+  trainLoss: Type.Number({ description: "Mean loss per trained token over that epoch." }),
+  evalLoss: Type.Union([Type.Number(), Type.Null()], {
+    description: "The eval loss there; null without an eval set.",
+  }),
+  model: Type.String({ description: "Its model name: the run's, then `:ckpt-step-<step>`." }),
+  createdAt: Type.String(),
+});
+export const RunCheckpointList = Type.Array(RunCheckpoint);
 
 export const CreateDatasetBody = Type.Object({ name: Name }, { additionalProperties: false });
 export const RenameDatasetBody = Type.Object({ name: Name }, { additionalProperties: false });

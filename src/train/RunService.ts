@@ -8,7 +8,7 @@ import { ConduitError } from "../errors.ts";
 import { newId } from "../store/ids.ts";
 import type { DatasetFile, Page } from "../domain/datasets.ts";
 import type { RunRepository } from "../store/RunRepository.ts";
-import { methodOf, type Run } from "../domain/runs.ts";
+import { keptCheckpointPath, methodOf, type Run } from "../domain/runs.ts";
 import { FollowCursor, type RunFollowEvent } from "./FollowCursor.ts";
 import { RunFeed } from "./RunFeed.ts";
 import {
@@ -17,7 +17,7 @@ import {
   readModelShape,
   type ModelShape,
 } from "./autoSettings.ts";
-import { activeStatuses, type LoraTarget } from "../contract/runs.ts";
+import { activeStatuses, type LoraTarget, type RunCheckpoint } from "../contract/runs.ts";
 import {
   AUTO_SETTINGS,
   runDefaults,
@@ -502,6 +502,33 @@ export class RunService {
           "(removed from disk, or trained by a server that does not share this one's data directory)",
       );
     return { path: run.modelPath, fileName, sizeBytes: stat.size };
+  }
+
+  /**
+   * A run's kept checkpoints, newest first: a READY run's (its last epochs' ends); none for a run of any other
+   * status, or one whose trainer keeps none (a full run, the torch trainer).
+   */
+  async checkpoints(userId: string, id: string): Promise<{ run: Run; checkpoints: RunCheckpoint[] }> {
+    const run = await this.get(userId, id);
+    const checkpoints = run.status === "READY" ? [...(run.stats.checkpoints ?? [])].reverse() : [];
+    return { run, checkpoints };
+  }
+
+  /** A READY run's kept checkpoint's adapter, to download; a step it did not keep is a 404. */
+  async checkpointArtifact(userId: string, id: string, step: number): Promise<RunArtifact> {
+    const { run, checkpoints } = await this.checkpoints(userId, id);
+    if (run.status !== "READY")
+      throw new ConduitError(
+        "conflict",
+        `run ${run.id} is ${run.status}, not READY; its checkpoints are kept once it is READY`,
+      );
+    const file = checkpoints.some((c) => c.step === step) ? keptCheckpointPath(run, step) : undefined;
+    const stat = file === undefined ? undefined : await fsp.stat(file).catch(() => undefined);
+    if (file === undefined || !stat?.isFile())
+      throw new ConduitError("not_found", `run ${run.id} kept no checkpoint at step ${step}`, {
+        param: "step",
+      });
+    return { path: file, fileName: `${run.id}-step-${step}-lora.gguf`, sizeBytes: stat.size };
   }
 
   /**

@@ -1,6 +1,7 @@
 import { randomBytes } from "node:crypto";
 import fsp from "node:fs/promises";
 import os from "node:os";
+import path from "node:path";
 import type { Logger } from "pino";
 import type { DatasetService } from "../datasets/DatasetService.ts";
 import { readGgufFileInfo } from "node-llama-cpp";
@@ -12,6 +13,8 @@ import type { RunRepository } from "../store/RunRepository.ts";
 import { timestamp } from "../store/time.ts";
 import { methodOf, trainerOf, type Run, type RunConfig, type TrainerName } from "../domain/runs.ts";
 import type { TrainerBackend, TrainerHost } from "./core/TrainerBackend.ts";
+import { CheckpointDir, keptSteps, type KeptCheckpoint } from "./core/checkpoint.ts";
+import type { RunCheckpoint } from "../contract/runs.ts";
 import type { TrainerJob, TrainerProgress, TrainingStats } from "./core/trainerJob.ts";
 import type { ModelCatalog } from "./RunService.ts";
 import type { RunEventBus } from "./runEvents.ts";
@@ -289,8 +292,11 @@ export class Scheduler {
           run.id,
           `saved each example's loss for the examples endpoint in ${((performance.now() - writing) / 1000).toFixed(1)} s`,
         );
+        const checkpoints = await keepCheckpoints(this.blobs.pathOf(files.checkpointDir), files.outputPath);
         // The whole attempt, not just the trainer's part: what a run's estimate plans.
-        await this.persist(() => progress.writeFinal(outcome.stats, (performance.now() - startedAt) / 1000));
+        await this.persist(() =>
+          progress.writeFinal(outcome.stats, (performance.now() - startedAt) / 1000, checkpoints),
+        );
         if (!(await this.finishReady(run, outcome.stats.outputBytes, lora !== undefined, base.id, files)))
           await leaveToTheNewAttempt();
       } else if (active.stopping === "lost") {
@@ -541,6 +547,38 @@ async function restoreContextLength(basePath: string, outputPath: string): Promi
   if (typeof base === "number") await writeGgufUint32(outputPath, `${architecture}.context_length`, base);
 }
 
+/**
+ * Moves a trained run's kept epoch-end checkpoints out of its checkpoint directory (removed once it is READY) to
+ * `checkpoints/` beside its output, and returns them, oldest first. A checkpoint whose files are not both
+ * there is left out.
+ */
+async function keepCheckpoints(checkpointDir: string, outputPath: string): Promise<RunCheckpoint[]> {
+  const from = new CheckpointDir(checkpointDir).keptDir;
+  const steps = keptSteps(from);
+  if (steps.length === 0) return [];
+  const to = path.join(path.dirname(outputPath), "checkpoints");
+  await fsp.rm(to, { recursive: true, force: true });
+  await fsp.rename(from, to);
+  const kept: RunCheckpoint[] = [];
+  for (const step of steps) {
+    const json = path.join(to, `step-${step}.json`);
+    const weights = await fsp.stat(path.join(to, `step-${step}.gguf`)).catch(() => undefined);
+    const meta = await fsp
+      .readFile(json, "utf8")
+      .then((text) => JSON.parse(text) as KeptCheckpoint)
+      .catch(() => undefined);
+    if (!weights?.isFile() || meta === undefined) continue;
+    kept.push({
+      step: meta.step,
+      epoch: meta.epoch,
+      trainLoss: meta.trainLoss,
+      ...(meta.evalLoss === undefined ? {} : { evalLoss: meta.evalLoss }),
+      createdAt: timestamp(weights.mtime),
+    });
+  }
+  return kept;
+}
+
 /** The step of a run's latest checkpoint (either trainer's), if it wrote one. */
 async function checkpointStep(dir: string): Promise<number | undefined> {
   for (const name of ["latest.json", "torch-latest.json"]) {
@@ -605,11 +643,12 @@ class ProgressRecorder {
       void this.write().catch(() => undefined);
   }
 
-  /** The trainer's totals, with the whole attempt's seconds, and the best evaluation's in the stats. */
-  writeFinal(stats: TrainingStats, runSeconds: number): Promise<void> {
+  /** The trainer's totals, with the whole attempt's seconds, the best evaluation's and the kept checkpoints. */
+  writeFinal(stats: TrainingStats, runSeconds: number, checkpoints: RunCheckpoint[]): Promise<void> {
     const { bestEpoch, bestStep, bestEvalLoss, warnings, stoppedEarly } = stats;
     return this.write({
       final: { ...stats, runSeconds },
+      checkpoints,
       bestEpoch,
       bestStep,
       bestEvalLoss,

@@ -133,4 +133,78 @@ test("a running job pauses (freeing its trainer), stays paused across a restart,
   // A pause is no failed attempt: the resumed one is still the first.
   assert.match(done.logs.filter((l) => l.includes("training started")).at(-1)!, /\(attempt 1\)$/);
   assert.equal((await conduit(second.app).post(`/conduit/finetuning/${long.id}/resume`)).statusCode, 409);
+
+  // Its last 3 epochs' ends are kept, each served under its own ft: name and downloadable.
+  const secondAddress = await second.app.listen({ port: 0, host: "127.0.0.1" });
+  const again = new OpenAI({ baseURL: `${secondAddress}/v1`, apiKey: KEY_A, maxRetries: 0 });
+  const listed = await conduit(second.app).get(`/conduit/finetuning/${long.id}/checkpoints`);
+  assert.equal(listed.statusCode, 200, listed.body);
+  const kept = listed.json<{ step: number; epoch: number; trainLoss: number; model: string }[]>();
+  assert.equal(kept.length, 3, listed.body);
+  assert.deepEqual(
+    kept.map((c) => c.epoch),
+    [150, 149, 148],
+  );
+  const model = `ft:tiny128::${long.id}`;
+  assert.equal(kept[0]!.model, `${model}:ckpt-step-${kept[0]!.step}`);
+  const page = await again.fineTuning.jobs.checkpoints.list(long.id, { limit: 2 });
+  assert.equal(page.has_more, true);
+  assert.deepEqual(
+    page.data.map((c) => [c.object, c.step_number, c.fine_tuned_model_checkpoint, c.fine_tuning_job_id]),
+    kept.slice(0, 2).map((c) => ["fine_tuning.job.checkpoint", c.step, c.model, long.id]),
+  );
+  assert.equal(page.data[0]!.metrics.train_loss, kept[0]!.trainLoss);
+  const rest = await again.fineTuning.jobs.checkpoints.list(long.id, { after: page.data[1]!.id });
+  assert.deepEqual(
+    rest.data.map((c) => c.step_number),
+    [kept[2]!.step],
+  );
+  // Each checkpoint answers as a model; the oldest is not the final weights.
+  const ask = (name: string) =>
+    again.chat.completions.create({
+      model: name,
+      messages: [{ role: "user", content: "apple river" }],
+      temperature: 0,
+      max_tokens: 4,
+    });
+  const oldest = kept[2]!.model;
+  const answer = await ask(oldest);
+  assert.equal(answer.model, oldest);
+  assert.ok((answer.choices[0]!.message.content ?? "").length > 0);
+  assert.equal((await again.models.retrieve(oldest)).id, oldest);
+  await assert.rejects(ask(`${model}:ckpt-step-1`), { status: 404 });
+  const download = await conduit(second.app).get(
+    `/conduit/finetuning/${long.id}/checkpoints/${kept[2]!.step}/artifact`,
+  );
+  assert.equal(download.statusCode, 200);
+  assert.equal(download.rawPayload.subarray(0, 4).toString(), "GGUF");
+  assert.equal(
+    (await conduit(second.app).get(`/conduit/finetuning/${long.id}/checkpoints/1/artifact`)).statusCode,
+    404,
+  );
+  // Owner-only: another user sees neither the list nor the model.
+  assert.equal(
+    (await as(second.app, KEY_B).get(`/conduit/finetuning/${long.id}/checkpoints`)).statusCode,
+    404,
+  );
+  assert.equal(
+    (await as(second.app, KEY_B).get(`/v1/fine_tuning/jobs/${long.id}/checkpoints`)).statusCode,
+    404,
+  );
+  const theirs = await as(second.app, KEY_B).post("/v1/chat/completions", {
+    model: oldest,
+    messages: [{ role: "user", content: "hi" }],
+  });
+  assert.equal(theirs.statusCode, 404, theirs.body);
+  // Deleted with its run.
+  assert.equal((await conduit(second.app).delete(`/conduit/finetuning/${long.id}`)).statusCode, 200);
+  await assert.rejects(ask(oldest), { status: 404 });
+  assert.equal((await conduit(second.app).get(`/conduit/finetuning/${long.id}/checkpoints`)).statusCode, 404);
+  // A two-epoch job keeps both epochs' ends.
+  assert.deepEqual(
+    (await again.fineTuning.jobs.checkpoints.list(short.id)).data.map(
+      (c) => c.metrics.step === c.step_number,
+    ),
+    [true, true],
+  );
 });
