@@ -6,7 +6,7 @@ import { as, buildTestApp, KEY_A, testEnv } from "../lib/helper.ts";
 import { openAiPython, runPython, skipWithoutOpenAiPython } from "../lib/openAiPython.ts";
 import { until } from "../lib/wait.ts";
 
-/** A fine-tuning job paused and resumed by the official Python client, as OpenAI's guides write it. */
+/** A fine-tuning job paused, resumed and its checkpoints listed by the official Python client, as OpenAI's guides write it. */
 
 const python = openAiPython();
 
@@ -36,14 +36,20 @@ except Exception as e:
 resumed = client.fine_tuning.jobs.resume(job_id)
 done, _ = wait_for("succeeded", "failed", "cancelled")
 events = [e.message for e in client.fine_tuning.jobs.list_events(job_id, limit=1000)]
+checkpoints = client.fine_tuning.jobs.checkpoints.list(job_id)
+answer = client.chat.completions.create(model=checkpoints.data[-1].fine_tuned_model_checkpoint, max_tokens=4,
+                                        temperature=0, messages=[{"role": "user", "content": "apple river"}])
 print(json.dumps({
+    "checkpoints": [{"object": c.object, "step": c.step_number, "model": c.fine_tuned_model_checkpoint,
+                     "train_loss": c.metrics.train_loss, "job": c.fine_tuning_job_id} for c in checkpoints.data],
+    "checkpoint_answer": answer.model,
     "paused": paused.status, "stopped": stopped.status, "again": again, "resumed": resumed.status,
     "done": done.status, "model": done.fine_tuned_model, "events": events,
 }))
 `;
 
 test(
-  "the official Python client: jobs.pause, jobs.resume",
+  "the official Python client: jobs.pause, jobs.resume, jobs.checkpoints.list",
   { skip: skipWithoutOpenAiPython(python) },
   async (t) => {
     const env = await testEnv(t);
