@@ -8,25 +8,28 @@
 import type { Core } from "../core.ts";
 import { ConduitError } from "../errors.ts";
 import type { DatasetFile } from "../domain/datasets.ts";
-import type { OpenAiJobRecord, RunStatus } from "../contract/runs.ts";
+import type { OpenAiJobRecord, RunCheckpoint, RunStatus } from "../contract/runs.ts";
 import type { Run } from "../domain/runs.ts";
-import { servedModelName } from "../domain/modelNames.ts";
+import { checkpointModelName, servedModelName } from "../domain/modelNames.ts";
 import type { CreateRun } from "../train/commands.ts";
 import { runEstimate } from "./wire.ts";
 import type {
   OpenAiDpoHyperparametersWire,
+  OpenAiCheckpointListWire,
+  OpenAiHyperparametersWire,
   OpenAiJobCreateBodyWire,
   OpenAiJobEventWire,
   OpenAiJobWire,
 } from "../contract/openAiFineTuning.ts";
 import { parseTimestamp } from "../store/time.ts";
 
-type OpenAiStatus = OpenAiJobWire["status"];
+type OpenAiStatus = Exclude<OpenAiJobWire["status"], "pausing">;
 
-/** Run status → OpenAI job status. */
+/** Run status → OpenAI job status (a PAUSED run whose trainer is still stopping is `pausing`). */
 export const openAiStatus: Record<RunStatus, OpenAiStatus> = {
   QUEUED: "queued",
   RUNNING: "running",
+  PAUSED: "paused",
   READY: "succeeded",
   FAILED: "failed",
   CANCELLED: "cancelled",
@@ -96,7 +99,7 @@ export function openAiJob(run: Run): OpenAiJobWire {
     organization_id: run.userId,
     result_files: [],
     seed: Number(run.config.seed),
-    status: openAiStatus[run.status],
+    status: run.pausing ? "pausing" : openAiStatus[run.status],
     trained_tokens: typeof stats.final?.sampleTokens === "number" ? stats.final.sampleTokens : null,
     training_file: record.training_file ?? run.datasetId,
     validation_file: typeof run.config.validationFileID === "string" ? run.config.validationFileID : null,
@@ -307,4 +310,44 @@ export async function createOpenAiJob(
       throw new ConduitError(error.code, error.message, { param, cause: error });
     throw error;
   }
+}
+
+/** A kept checkpoint's id on OpenAI's face: `ftckpt_<run id without ft_>_<step>`. */
+export function openAiCheckpointId(run: Pick<Run, "id">, step: number): string {
+  return `ftckpt_${run.id.replace(/^ft_/, "")}_${step}`;
+}
+
+/** A job's kept checkpoints on OpenAI's face, newest first, paged with `after` (a checkpoint id) and `limit`. */
+export function checkpointPage(
+  run: Run,
+  checkpoints: RunCheckpoint[],
+  after: string | undefined,
+  limit: number,
+): OpenAiCheckpointListWire {
+  const all = checkpoints.map((c) => ({
+    id: openAiCheckpointId(run, c.step),
+    object: "fine_tuning.job.checkpoint" as const,
+    created_at: unixSeconds(c.createdAt),
+    fine_tuned_model_checkpoint: checkpointModelName(run, c.step),
+    fine_tuning_job_id: run.id,
+    metrics: {
+      step: c.step,
+      train_loss: c.trainLoss,
+      ...(c.evalLoss === undefined ? {} : { valid_loss: c.evalLoss, full_valid_loss: c.evalLoss }),
+    },
+    step_number: c.step,
+  }));
+  const start = after === undefined ? 0 : all.findIndex((c) => c.id === after) + 1;
+  if (after !== undefined && start === 0)
+    throw new ConduitError("invalid_request", `after: job ${run.id} has no checkpoint ${after}`, {
+      param: "after",
+    });
+  const data = all.slice(start, start + limit);
+  return {
+    object: "list",
+    data,
+    first_id: data[0]?.id ?? null,
+    last_id: data.at(-1)?.id ?? null,
+    has_more: start + limit < all.length,
+  };
 }

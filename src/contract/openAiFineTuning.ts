@@ -210,10 +210,13 @@ export type OpenAiHyperparametersWire = Static<typeof OpenAiHyperparameters>;
 export type OpenAiDpoHyperparametersWire = Static<typeof OpenAiDpoHyperparameters>;
 
 export const OpenAiJobStatus = Type.Union(
-  ["queued", "running", "succeeded", "failed", "cancelled", "validating_files"].map((s) => Type.Literal(s)),
+  ["queued", "running", "pausing", "paused", "succeeded", "failed", "cancelled", "validating_files"].map(
+    (s) => Type.Literal(s),
+  ),
   {
     description:
-      "QUEUED → `queued`, RUNNING → `running`, READY → `succeeded`, FAILED → `failed`, CANCELLED → `cancelled`. " +
+      "QUEUED → `queued`, RUNNING → `running`, PAUSED → `pausing` while its trainer stops and `paused` once it " +
+      "has, READY → `succeeded`, FAILED → `failed`, CANCELLED → `cancelled`. " +
       "`validating_files` never shows: files are validated when uploaded and when the job is created.",
   },
 );
@@ -337,3 +340,50 @@ export const OpenAiJobEventList = Type.Object({
   data: Type.Array(OpenAiJobEvent),
   has_more: Type.Boolean(),
 });
+
+export const OpenAiCheckpoint = Type.Object({
+  id: Type.String({ description: "`ftckpt_<job id without ft_>_<step>`." }),
+  object: Type.Literal("fine_tuning.job.checkpoint"),
+  created_at: Type.Integer(),
+  fine_tuned_model_checkpoint: Type.String({
+    description: "Its model name: the job's `fine_tuned_model`, then `:ckpt-step-<step>`.",
+  }),
+  fine_tuning_job_id: Type.String(),
+  metrics: Type.Object(
+    {
+      step: Type.Integer(),
+      train_loss: Type.Number(),
+      valid_loss: Type.Optional(Type.Number()),
+      full_valid_loss: Type.Optional(Type.Number()),
+    },
+    {
+      description:
+        "`train_loss`: the epoch's mean loss per trained token; `valid_loss` and `full_valid_loss`: the eval loss " +
+        "over the whole eval set, when there is one. No token accuracy is measured.",
+    },
+  ),
+  step_number: Type.Integer(),
+});
+
+export const OpenAiCheckpointQuery = Type.Object(
+  {
+    after: Type.Optional(
+      Type.String({ maxLength: 200, description: "A checkpoint id: the page starts after it." }),
+    ),
+    limit: Type.Integer({
+      minimum: 1,
+      default: 10,
+      description: "Defaults to `10`. A run keeps at most 3 checkpoints, so one page holds them all.",
+    }),
+  },
+  { additionalProperties: false },
+);
+
+export const OpenAiCheckpointList = Type.Object({
+  object: Type.Literal("list"),
+  data: Type.Array(OpenAiCheckpoint),
+  first_id: Type.Union([Type.String(), Type.Null()]),
+  last_id: Type.Union([Type.String(), Type.Null()]),
+  has_more: Type.Boolean(),
+});
+export type OpenAiCheckpointListWire = Static<typeof OpenAiCheckpointList>;

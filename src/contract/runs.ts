@@ -8,9 +8,11 @@ import { ConduitError } from "../errors.ts";
 
 /**
  * Run states. QUEUED → RUNNING → READY | FAILED | CANCELLED; QUEUED → CANCELLED; a RUNNING run
- * whose worker stopped heartbeating goes back to QUEUED (or FAILED after `maxAttempts`).
+ * whose worker stopped heartbeating goes back to QUEUED (or FAILED after `maxAttempts`). QUEUED or RUNNING →
+ * PAUSED by a user (a RUNNING run's trainer stops, its checkpoint kept), PAUSED → QUEUED when resumed (it
+ * resumes from its checkpoint), PAUSED → CANCELLED.
  */
-export const runStatuses = ["QUEUED", "RUNNING", "READY", "FAILED", "CANCELLED"] as const;
+export const runStatuses = ["QUEUED", "RUNNING", "PAUSED", "READY", "FAILED", "CANCELLED"] as const;
 export type RunStatus = (typeof runStatuses)[number];
 /**
  * An event id of a run's events stream, `<log seq>.<last train step>.<last eval step>.<stats hash>.<status>`
@@ -19,8 +21,8 @@ export type RunStatus = (typeof runStatuses)[number];
 export const RUN_EVENT_ID_PATTERN =
   "^$|^(-1|\\d{1,15})\\.(-1|\\d{1,15})\\.(-1|\\d{1,15})\\.([0-9a-z]{0,16})\\.([A-Z]{0,16})$";
 
-/** The statuses of a run that has not ended. */
-export const activeStatuses: readonly RunStatus[] = ["QUEUED", "RUNNING"];
+/** The statuses of a run that has not ended (a PAUSED run goes on once resumed). */
+export const activeStatuses: readonly RunStatus[] = ["QUEUED", "RUNNING", "PAUSED"];
 
 /** How a run fine-tunes: `lora` trains an adapter on the frozen base model, `full` the weights themselves. */
 export const TRAIN_METHODS = ["lora", "full"] as const;
@@ -155,6 +157,21 @@ export interface RunStats {
   evalRewardAccuracy?: number;
   /** The trainer's totals, once the run is READY. */
   final?: RunTotals;
+  /** The checkpoints kept of a READY run (its last epochs' ends), oldest first; each is servable. */
+  checkpoints?: RunCheckpoint[];
+}
+
+/** A kept checkpoint: the weights at an epoch's end, served as `<the run's model name>:ckpt-step-<step>`. */
+export interface RunCheckpoint {
+  step: number;
+  /** The epoch that ended there (1-based). */
+  epoch: number;
+  /** Mean loss per trained token over that epoch. */
+  trainLoss: number;
+  /** The eval loss there; absent without an eval set. */
+  evalLoss?: number;
+  /** When it was written (`YYYY-MM-DD HH:MM:SS.mmm`, UTC). */
+  createdAt: string;
 }
 
 /** A READY run's totals (`stats.final`). */

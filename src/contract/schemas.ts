@@ -117,7 +117,11 @@ export const IoPairPreview = Type.Object({
 
 export const RunStatus = Type.Union(
   runStatuses.map((s) => Type.Literal(s)),
-  { description: "QUEUED → RUNNING → READY | FAILED | CANCELLED (QUEUED can be CANCELLED too)." },
+  {
+    description:
+      "QUEUED → RUNNING → READY | FAILED | CANCELLED (QUEUED can be CANCELLED too). QUEUED or RUNNING → PAUSED " +
+      "(`pause`), PAUSED → QUEUED (`resume`: it goes on from its checkpoint) or CANCELLED.",
+  },
 );
 
 const EstimateSeconds = (description: string) => Type.Number({ minimum: 0, description });
@@ -268,6 +272,22 @@ export const PageQuery = Type.Object(
 export const DatasetParams = Type.Object({ dataset_id: Id });
 export const FileParams = Type.Object({ dataset_id: Id, file_id: Id });
 export const RunParams = Type.Object({ finetune_id: Id });
+export const RunCheckpointParams = Type.Object({
+  finetune_id: Id,
+  step: Type.Integer({ minimum: 1, maximum: 999_999_999, description: "The checkpoint's step." }),
+});
+
+export const RunCheckpoint = Type.Object({
+  step: Type.Integer({ description: "The optimizer step it was written at (an epoch's end)." }),
+  epoch: Type.Integer({ description: "The epoch that ended there (1-based)." }),
+  trainLoss: Type.Number({ description: "Mean loss per trained token over that epoch." }),
+  evalLoss: Type.Union([Type.Number(), Type.Null()], {
+    description: "The eval loss there; null without an eval set.",
+  }),
+  model: Type.String({ description: "Its model name: the run's, then `:ckpt-step-<step>`." }),
+  createdAt: Type.String(),
+});
+export const RunCheckpointList = Type.Array(RunCheckpoint);
 
 export const CreateDatasetBody = Type.Object({ name: Name }, { additionalProperties: false });
 export const RenameDatasetBody = Type.Object({ name: Name }, { additionalProperties: false });

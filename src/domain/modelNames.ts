@@ -18,3 +18,16 @@ export function runIdOfModelName(name: string): string | undefined {
   const id = name.slice(name.lastIndexOf(":") + 1);
   return id.startsWith("ft_") ? id : undefined;
 }
+
+const CHECKPOINT_SUFFIX = /^(.{1,300}):ckpt-step-([1-9][0-9]{0,8})$/;
+
+/** The name a READY run's kept checkpoint is served under: the run's name and `:ckpt-step-<step>`, as OpenAI's. */
+export function checkpointModelName(run: Pick<Run, "id" | "config">, step: number): string {
+  return `${servedModelName(run)}:ckpt-step-${step}`;
+}
+
+/** The run's name (an id or an `ft:` name) and the step in a checkpoint's model name; `undefined` when not one. */
+export function checkpointOfModelName(name: string): { runName: string; step: number } | undefined {
+  const match = CHECKPOINT_SUFFIX.exec(name);
+  return match ? { runName: match[1]!, step: Number(match[2]) } : undefined;
+}

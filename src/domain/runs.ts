@@ -4,6 +4,7 @@
  * (`src/train`) and serving (`src/inference`) both import this module and neither imports the other. What the
  * wire checks of a request (methods, targets, limits) is `src/contract/runs.ts`.
  */
+import path from "node:path";
 import type { LoraTarget, OpenAiJobRecord, RunStats, RunStatus, TrainMethod } from "../contract/runs.ts";
 import { TRAINERS, type TrainerName } from "../contract/runs.ts";
 import type { RunPlan } from "../contract/estimate.ts";
@@ -23,6 +24,8 @@ export interface Run {
   error: string | null;
   modelPath: string | null;
   attempts: number;
+  /** PAUSED while its worker is still stopping its trainer (OpenAI's `pausing`). */
+  pausing: boolean;
   /** The estimate made when the run was created; null for runs created before estimates (or none could be made). */
   estimate: RunPlan | null;
   createdAt: string;
@@ -171,4 +174,14 @@ export function methodOf(config: { method?: string }): TrainMethod {
 /** A run's trainer from its stored config. Runs created before there was a choice have none: llama.cpp trained them. */
 export function trainerOf(config: { trainer?: TrainerName | undefined }): TrainerName {
   return config.trainer ?? "llama.cpp";
+}
+
+/**
+ * Where a READY run's kept checkpoint `step` is (a LoRA adapter): `checkpoints/step-<step>.gguf` beside the run's
+ * model file. `undefined` when the run has no model file.
+ */
+export function keptCheckpointPath(run: Pick<Run, "modelPath">, step: number): string | undefined {
+  return run.modelPath === null
+    ? undefined
+    : path.join(path.dirname(run.modelPath), "checkpoints", `step-${step}.gguf`);
 }

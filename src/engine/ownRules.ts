@@ -3,10 +3,10 @@ import { numberRangeGbnf, type Bound } from "./numberRanges.ts";
 
 /**
  * The schema keywords node-llama-cpp's JSON-schema grammar does not honour but this project writes its own
- * GBNF for: number and integer ranges (`minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum`) and
- * string formats past `date-time`, `date` and `time`. Each such subschema is swapped for a `const` placeholder
- * before node-llama-cpp translates the schema, and the placeholder's literal in its GBNF is then replaced by
- * this project's rule (`spliceOwnRules`).
+ * GBNF for: every `number` and `integer`, with or without a range (`minimum`, `maximum`, `exclusiveMinimum`,
+ * `exclusiveMaximum`), and string formats past `date-time`, `date` and `time`. Each such subschema is swapped
+ * for a `const` placeholder before node-llama-cpp translates the schema, and the placeholder's literal in its
+ * GBNF is then replaced by this project's rule (`spliceOwnRules`).
  */
 
 /** String formats written here (node-llama-cpp writes `date-time`, `date` and `time`). */
@@ -92,10 +92,12 @@ export function withOwnRules(schema: unknown): WithOwnRules {
     if (!isObject(s)) return s;
     const types = Array.isArray(s.type) ? (s.type as unknown[]) : s.type === undefined ? [] : [s.type];
     const numeric = types.includes("number") ? "number" : types.includes("integer") ? "integer" : undefined;
-    const { min, max } = boundsOf(s);
     let replaced: unknown;
     let rest: string[] = [];
-    if (numeric && (min || max)) {
+    if (numeric) {
+      // Every number goes through this project's grammar, bounded or not: node-llama-cpp's lets the model write
+      // exponents (`-2666E8206`), which JSON parsers read as an infinity or a rounded value.
+      const { min, max } = withSafeDefaults(boundsOf(s));
       const range = numberRangeGbnf(`cdt-own-${rules.length}`, numeric === "integer", min, max);
       // An empty range is refused before (`emptyRange`); a number type stays for its other types.
       if (range) replaced = own(range.expression, range.rules);
@@ -131,6 +133,19 @@ export function withOwnRules(schema: unknown): WithOwnRules {
     );
   };
   return { schema: walk(schema), rules };
+}
+
+/**
+ * A side a schema leaves unbounded is bounded at ±`Number.MAX_SAFE_INTEGER` (9007199254740991), the integers a
+ * JSON parser keeps exact, so that the model cannot write a number of thousands of digits; a side whose other
+ * bound lies past it stays unbounded.
+ */
+function withSafeDefaults({ min, max }: { min?: Bound; max?: Bound }): { min?: Bound; max?: Bound } {
+  const limit = Number.MAX_SAFE_INTEGER;
+  return {
+    min: min ?? (max !== undefined && max.value < -limit ? undefined : { value: -limit, exclusive: false }),
+    max: max ?? (min !== undefined && min.value > limit ? undefined : { value: limit, exclusive: false }),
+  };
 }
 
 const clearedRange = Object.fromEntries(RANGE_KEYWORDS.map((key) => [key, undefined]));

@@ -1,3 +1,4 @@
+import fsp from "node:fs/promises";
 import { ConduitError } from "../errors.ts";
 import { loadChatTemplate, type ChatTemplateSource } from "../model/chatTemplate.ts";
 import { forcedToolCall, parseToolCalls, type ToolChoice } from "./toolCalls.ts";
@@ -17,8 +18,13 @@ import type {
 } from "../engine/types.ts";
 import type { RunRepository } from "../store/RunRepository.ts";
 import type { Adapter, AdapterRepository } from "../store/AdapterRepository.ts";
-import { methodOf, type Run } from "../domain/runs.ts";
-import { runIdOfModelName, servedModelName } from "../domain/modelNames.ts";
+import { keptCheckpointPath, methodOf, type Run } from "../domain/runs.ts";
+import {
+  checkpointModelName,
+  checkpointOfModelName,
+  runIdOfModelName,
+  servedModelName,
+} from "../domain/modelNames.ts";
 import { parseTimestamp } from "../store/time.ts";
 
 export interface InferenceRequest {
@@ -153,6 +159,8 @@ export class InferenceService {
     if (run) return this.refOfRun(run, param);
     const adapter = await this.adapterNamed(userId, name);
     if (adapter) return this.refOfAdapter(adapter, param);
+    const checkpoint = await this.checkpointNamed(userId, name);
+    if (checkpoint) return this.refOfCheckpoint(checkpoint.run, checkpoint.step, param);
     const model = this.registry.resolve(name);
     if (!model) throw new ConduitError("model_not_found", `model "${name}" not found`, { param });
     return model;
@@ -191,6 +199,24 @@ export class InferenceService {
         param === undefined ? {} : { param },
       );
     return { id: adapter.id, path: base.path, lora: { path: adapter.path } };
+  }
+
+  /**
+   * What serves a READY run's kept checkpoint: its base model plus the checkpoint's adapter. Throws
+   * `model_not_found` when the run kept no such checkpoint.
+   */
+  private refOfCheckpoint(run: Run, step: number, param: string): ModelRef {
+    const ref = this.refOfRun(run, param);
+    const file = run.stats.checkpoints?.some((c) => c.step === step)
+      ? keptCheckpointPath(run, step)
+      : undefined;
+    if (file === undefined || ref.lora === undefined)
+      throw new ConduitError(
+        "model_not_found",
+        `model "${checkpointModelName(run, step)}" not found: run ${run.id} kept no checkpoint at step ${step}`,
+        { param },
+      );
+    return { id: `${run.id}:ckpt-step-${step}`, path: ref.path, lora: { path: file } };
   }
 
   async generate(userId: string, request: InferenceRequest, model?: ModelRef): Promise<InferenceResult> {
@@ -331,6 +357,19 @@ export class InferenceService {
     if (run?.status === "READY") return this.describeRun(userId, run);
     const adapter = await this.adapterNamed(userId, id);
     if (adapter) return this.describeAdapter(userId, adapter);
+    const checkpoint = await this.checkpointNamed(userId, id);
+    if (
+      checkpoint?.run.status === "READY" &&
+      checkpoint.run.stats.checkpoints?.some((c) => c.step === checkpoint.step)
+    )
+      return {
+        ...(await this.describeRun(userId, checkpoint.run)),
+        id: checkpointModelName(checkpoint.run, checkpoint.step),
+        size_bytes: await fsp
+          .stat(keptCheckpointPath(checkpoint.run, checkpoint.step) ?? "")
+          .then((s) => s.size)
+          .catch(() => null),
+      };
     const info = this.registry.info(id);
     if (!info) throw new ConduitError("model_not_found", `model "${id}" not found`, { param: "model" });
     return this.describeBase(info);
@@ -364,6 +403,17 @@ export class InferenceService {
       base_model: adapter.baseModel,
       chat_template: await chatTemplateOf(adapter.id, basePath),
     };
+  }
+
+  /** The user's run and step a checkpoint's model name names (`<run name>:ckpt-step-<step>`); `undefined` when none. */
+  private async checkpointNamed(
+    userId: string,
+    name: string,
+  ): Promise<{ run: Run; step: number } | undefined> {
+    const parsed = checkpointOfModelName(name);
+    if (parsed === undefined) return undefined;
+    const run = await this.runNamed(userId, parsed.runName);
+    return run && { run, step: parsed.step };
   }
 
   private async describeBase(m: ModelInfo): Promise<ServableModel> {

@@ -71,6 +71,7 @@ function toRun(row: RunTable, logs: string[]): Run {
     error: row.error,
     modelPath: row.model_path,
     attempts: row.attempts,
+    pausing: isPausing(row),
     estimate: row.estimate === null ? null : (JSON.parse(row.estimate) as RunPlan),
     createdAt: row.created_at,
     updatedAt: row.updated_at,
@@ -104,6 +105,16 @@ async function insertLine(tx: Kysely<Database>, runId: string, line: string, now
 /** PostgreSQL's driver parses JSON columns; SQLite returns the text. */
 function parseLines(value: string | string[]): string[] {
   return typeof value === "string" ? (JSON.parse(value) as string[]) : value;
+}
+
+/** A PAUSED run whose worker still holds its lease: its trainer is stopping. */
+function isPausing(row: Pick<RunTable, "status" | "lease_owner" | "lease_expires_at">): boolean {
+  return (
+    row.status === "PAUSED" &&
+    row.lease_owner !== null &&
+    row.lease_expires_at !== null &&
+    row.lease_expires_at >= timestamp()
+  );
 }
 
 function later(ms: number): string {
@@ -473,6 +484,122 @@ export class RunRepository {
     }
   }
 
+  /**
+   * Moves a QUEUED or RUNNING run to PAUSED. A RUNNING run keeps its lease: its worker stops the trainer and then
+   * lets go ({@link settlePaused}); until then the run is `pausing`. Returns the status it had, or, when it could
+   * not be paused, the status it has (the caller answers 409); undefined if the user has no such run.
+   */
+  async pause(userId: string, id: string): Promise<RunStatus | undefined> {
+    return this.moveByUser(userId, id, ["QUEUED", "RUNNING"], (status) => ({
+      to: "PAUSED",
+      message:
+        status === "RUNNING"
+          ? "run paused by the user (was RUNNING); its trainer stops at a step boundary and its checkpoint is kept"
+          : "run paused by the user (was QUEUED)",
+    }));
+  }
+
+  /**
+   * Moves a PAUSED run whose trainer has stopped back to QUEUED (the scheduler resumes it from its checkpoint).
+   * Returns `"PAUSED"` when resumed, the status it has otherwise (`"PAUSING"`: its trainer is still stopping);
+   * undefined if the user has no such run.
+   */
+  async resume(userId: string, id: string): Promise<RunStatus | "PAUSING" | undefined> {
+    let pausing = false;
+    const previous = await this.moveByUser(userId, id, ["PAUSED"], (_status, row) => {
+      pausing = isPausing(row);
+      return pausing ? undefined : { to: "QUEUED", message: "run resumed by the user: it is queued again" };
+    });
+    return pausing ? "PAUSING" : previous;
+  }
+
+  /**
+   * The user's status change `from` one of `from` to what `change` says (nothing when it says nothing), with its
+   * log line in the same commit and the lease cleared unless the run is paused while running. Conditional on the
+   * status just read, so a run that moves in between is read again. Returns the status read.
+   */
+  private async moveByUser(
+    userId: string,
+    id: string,
+    from: RunStatus[],
+    change: (
+      status: RunStatus,
+      row: Pick<RunTable, "status" | "lease_owner" | "lease_expires_at">,
+    ) => { to: RunStatus; message: string } | undefined,
+  ): Promise<RunStatus | undefined> {
+    for (;;) {
+      const row = await this.db
+        .selectFrom("runs")
+        .select(["status", "lease_owner", "lease_expires_at"])
+        .where("id", "=", id)
+        .where("user_id", "=", userId)
+        .executeTakeFirst();
+      if (!row) return undefined;
+      const status = row.status as RunStatus;
+      if (!from.includes(status)) return status;
+      const next = change(status, row);
+      if (!next) return status;
+      await this.appending.get(id);
+      const now = timestamp();
+      const keepLease = status === "RUNNING" && next.to === "PAUSED";
+      const moved = await this.db.transaction().execute(async (tx) => {
+        const result = await tx
+          .updateTable("runs")
+          .set({
+            status: next.to,
+            ...(keepLease ? {} : { lease_owner: null, lease_expires_at: null }),
+            updated_at: now,
+          })
+          .where("id", "=", id)
+          .where("status", "=", status)
+          .where((eb) =>
+            row.lease_owner === null
+              ? eb("lease_owner", "is", null)
+              : eb("lease_owner", "=", row.lease_owner),
+          )
+          .executeTakeFirst();
+        if (Number(result.numUpdatedRows) === 0) return false;
+        await insertLine(tx, id, logLine(now, next.message), now);
+        await this.changed(id, tx);
+        return true;
+      });
+      if (moved) {
+        this.changes.changed(id);
+        return status;
+      }
+    }
+  }
+
+  /**
+   * A worker whose paused run's trainer has stopped lets the run go: the lease is cleared (the run can be resumed)
+   * and the attempt does not count (a pause is no failed attempt). False when the run is no longer this worker's
+   * PAUSED run (cancelled, deleted or resumed meanwhile).
+   */
+  async settlePaused(id: string, owner: string, message: string): Promise<boolean> {
+    await this.appending.get(id);
+    const now = timestamp();
+    const settled = await this.db.transaction().execute(async (tx) => {
+      const result = await tx
+        .updateTable("runs")
+        .set((eb) => ({
+          lease_owner: null,
+          lease_expires_at: null,
+          attempts: eb("attempts", "-", 1),
+          updated_at: now,
+        }))
+        .where("id", "=", id)
+        .where("status", "=", "PAUSED")
+        .where("lease_owner", "=", owner)
+        .executeTakeFirst();
+      if (Number(result.numUpdatedRows) === 0) return false;
+      await insertLine(tx, id, logLine(now, message), now);
+      await this.changed(id, tx);
+      return true;
+    });
+    if (settled) this.changes.changed(id);
+    return settled;
+  }
+
   async delete(userId: string, id: string): Promise<boolean> {
     const deleted = await this.db.transaction().execute(async (tx) => {
       await tx
@@ -621,7 +748,8 @@ export class RunRepository {
           updated_at: now,
         })
         .where("id", "=", id)
-        .where("status", "=", "RUNNING")
+        // A run paused after its trainer had finished ends as its trainer did.
+        .where("status", "in", ["RUNNING", "PAUSED"])
         .where("lease_owner", "=", owner)
         .executeTakeFirst();
       if (Number(result.numUpdatedRows) === 0) return false;

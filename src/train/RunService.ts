@@ -9,7 +9,7 @@ import { mergeLora, MergeUnsupportedError } from "../model/gguf/mergeLora.ts";
 import { newId } from "../store/ids.ts";
 import type { DatasetFile, Page } from "../domain/datasets.ts";
 import type { RunRepository } from "../store/RunRepository.ts";
-import { methodOf, type Run } from "../domain/runs.ts";
+import { keptCheckpointPath, methodOf, type Run } from "../domain/runs.ts";
 import { runIdOfModelName } from "../domain/modelNames.ts";
 import { FollowCursor, type RunFollowEvent } from "./FollowCursor.ts";
 import { RunFeed } from "./RunFeed.ts";
@@ -19,7 +19,12 @@ import {
   readModelShape,
   type ModelShape,
 } from "./autoSettings.ts";
-import type { LoraTarget, TrainObjective } from "../contract/runs.ts";
+import {
+  activeStatuses,
+  type LoraTarget,
+  type RunCheckpoint,
+  type TrainObjective,
+} from "../contract/runs.ts";
 import { isPreference, type IoPair } from "../datasets/ioPairs.ts";
 import {
   adapterOutputType,
@@ -691,6 +696,33 @@ export class RunService {
   }
 
   /**
+   * A run's kept checkpoints, newest first: a READY run's (its last epochs' ends); none for a run of any other
+   * status, or one whose trainer keeps none (a full run, the torch trainer).
+   */
+  async checkpoints(userId: string, id: string): Promise<{ run: Run; checkpoints: RunCheckpoint[] }> {
+    const run = await this.get(userId, id);
+    const checkpoints = run.status === "READY" ? [...(run.stats.checkpoints ?? [])].reverse() : [];
+    return { run, checkpoints };
+  }
+
+  /** A READY run's kept checkpoint's adapter, to download; a step it did not keep is a 404. */
+  async checkpointArtifact(userId: string, id: string, step: number): Promise<RunArtifact> {
+    const { run, checkpoints } = await this.checkpoints(userId, id);
+    if (run.status !== "READY")
+      throw new ConduitError(
+        "conflict",
+        `run ${run.id} is ${run.status}, not READY; its checkpoints are kept once it is READY`,
+      );
+    const file = checkpoints.some((c) => c.step === step) ? keptCheckpointPath(run, step) : undefined;
+    const stat = file === undefined ? undefined : await fsp.stat(file).catch(() => undefined);
+    if (file === undefined || !stat?.isFile())
+      throw new ConduitError("not_found", `run ${run.id} kept no checkpoint at step ${step}`, {
+        param: "step",
+      });
+    return { path: file, fileName: `${run.id}-step-${step}-lora.gguf`, sizeBytes: stat.size };
+  }
+
+  /**
    * A READY run's examples with their loss (the scheduler writes `runs/{id}/examples.jsonl` when
    * the run ends), of one split or both, sorted and paged. The file is streamed; at most
    * `offset + limit` examples are held, the best candidates for the page so far. A run that is not
@@ -751,15 +783,54 @@ export class RunService {
     return this.runs.list(userId, page);
   }
 
-  /** Cancels a QUEUED or RUNNING run; a finished one is a 409. */
+  /** Cancels a QUEUED, RUNNING or PAUSED run; a finished one is a 409. */
   async cancel(userId: string, id: string): Promise<void> {
     const previous = await this.runs.cancel(userId, id);
     if (previous === undefined)
       throw new ConduitError("not_found", `run ${id} not found`, { param: "finetune_id" });
-    if (previous !== "QUEUED" && previous !== "RUNNING")
+    if (!activeStatuses.includes(previous))
       throw new ConduitError("conflict", `run ${id} is ${previous} and cannot be cancelled`);
     this.events.emit("ended", id, "CANCELLED");
     this.events.emit("changed", id);
+  }
+
+  /**
+   * Pauses a QUEUED or RUNNING run: a RUNNING run's trainer stops at a step boundary (its worker frees it for
+   * the next run) and its checkpoint is kept for {@link resume}. Any other status is a 409. Returns the run.
+   */
+  async pause(userId: string, id: string): Promise<Run> {
+    const previous = await this.runs.pause(userId, id);
+    if (previous === undefined)
+      throw new ConduitError("not_found", `run ${id} not found`, { param: "finetune_id" });
+    if (previous !== "QUEUED" && previous !== "RUNNING")
+      throw new ConduitError(
+        "conflict",
+        `run ${id} is ${previous} and cannot be paused: only a QUEUED or RUNNING run can`,
+      );
+    this.events.emit("changed", id);
+    return this.get(userId, id);
+  }
+
+  /**
+   * Queues a PAUSED run again; it goes on from its checkpoint. A run whose trainer is still stopping, or that is
+   * not PAUSED, is a 409. Returns the run.
+   */
+  async resume(userId: string, id: string): Promise<Run> {
+    const previous = await this.runs.resume(userId, id);
+    if (previous === undefined)
+      throw new ConduitError("not_found", `run ${id} not found`, { param: "finetune_id" });
+    if (previous === "PAUSING")
+      throw new ConduitError(
+        "conflict",
+        `run ${id} is still pausing (its trainer is stopping): resume it once it is PAUSED`,
+      );
+    if (previous !== "PAUSED")
+      throw new ConduitError(
+        "conflict",
+        `run ${id} is ${previous} and cannot be resumed: only a PAUSED run can`,
+      );
+    this.events.emit("changed", id);
+    return this.get(userId, id);
   }
 
   /**
@@ -822,16 +893,18 @@ export class RunService {
   /** Deletes a run; a running one is cancelled first so its trainer stops. */
   async delete(userId: string, id: string): Promise<Run> {
     const run = await this.get(userId, id);
-    if (run.status === "QUEUED" || run.status === "RUNNING") {
+    if (activeStatuses.includes(run.status)) {
       const previous = await this.runs.cancel(userId, id);
-      if (previous === "QUEUED" || previous === "RUNNING") this.events.emit("ended", id, "CANCELLED");
+      if (previous !== undefined && activeStatuses.includes(previous))
+        this.events.emit("ended", id, "CANCELLED");
       this.events.emit("changed", id);
     }
     if (!(await this.runs.delete(userId, id)))
       throw new ConduitError("not_found", `run ${id} not found`, { param: "finetune_id" });
-    // A live run's files are removed by its worker once the trainer has stopped.
+    // A live run's files are removed by its worker once the trainer has stopped (a pausing run's too).
     this.events.emit("deleted", run);
-    if (run.status !== "QUEUED" && run.status !== "RUNNING") await this.blobs.remove(`runs/${id}`);
+    if (run.status !== "QUEUED" && run.status !== "RUNNING" && !run.pausing)
+      await this.blobs.remove(`runs/${id}`);
     return run;
   }
 }

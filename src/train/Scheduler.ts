@@ -1,6 +1,7 @@
 import { randomBytes } from "node:crypto";
 import fsp from "node:fs/promises";
 import os from "node:os";
+import path from "node:path";
 import type { Logger } from "pino";
 import type { DatasetService } from "../datasets/DatasetService.ts";
 import { readGgufFileInfo } from "node-llama-cpp";
@@ -12,6 +13,8 @@ import type { RunRepository } from "../store/RunRepository.ts";
 import { timestamp } from "../store/time.ts";
 import { methodOf, trainerOf, type Run, type RunConfig, type TrainerName } from "../domain/runs.ts";
 import type { TrainerBackend, TrainerHost } from "./core/TrainerBackend.ts";
+import { CheckpointDir, keptSteps, type KeptCheckpoint } from "./core/checkpoint.ts";
+import type { RunCheckpoint } from "../contract/runs.ts";
 import type { PreferenceJobOptions, TrainerJob, TrainerProgress, TrainingStats } from "./core/trainerJob.ts";
 import type { ModelCatalog } from "./RunService.ts";
 import type { RunEventBus } from "./runEvents.ts";
@@ -62,6 +65,8 @@ export interface SchedulerOptions {
   health?: DatabaseHealth;
 }
 
+type StopReason = "cancel" | "pause" | "shutdown" | "lost";
+
 /** A LoRA run's config. */
 type LoraConfig = Extract<RunConfig, { method: "lora" }>;
 
@@ -69,11 +74,12 @@ interface ActiveRun {
   run: Run;
   handle?: TrainerHandle;
   /**
-   * Why the run is being stopped: cancelled (or deleted) by a user, the server shutting down, or `lost`: this
-   * worker no longer holds the run's lease (its heartbeat failed, or the run was re-queued), so the run and its
-   * files now belong to another attempt and are left alone.
+   * Why the run is being stopped: cancelled (or deleted) by a user, paused by a user (its checkpoint is kept for
+   * when it is resumed), the server shutting down, or `lost`: this worker no longer holds the run's lease (its
+   * heartbeat failed, or the run was re-queued), so the run and its files now belong to another attempt and are
+   * left alone.
    */
-  stopping?: "cancel" | "shutdown" | "lost";
+  stopping?: StopReason;
   /** Settles once `train` is done with the run, trainer or not. */
   done?: Promise<void>;
 }
@@ -194,19 +200,21 @@ export class Scheduler {
   private async checkCancelled(active: ActiveRun): Promise<void> {
     const run = await this.runs.getById(active.run.id);
     if (!run || run.status === "CANCELLED") this.stop(active, "cancel");
+    else if (run.status === "PAUSED") this.stop(active, "pause");
     else if (run.status !== "RUNNING") this.stop(active, "lost");
   }
 
-  /** Why a run this worker held is no longer its own: cancelled or deleted by a user, or taken over. */
-  private async whyGone(runId: string): Promise<"cancel" | "lost"> {
+  /** Why a run this worker held is no longer its own: cancelled, deleted or paused by a user, or taken over. */
+  private async whyGone(runId: string): Promise<"cancel" | "pause" | "lost"> {
     const run = await this.runs.getById(runId);
-    return !run || run.status === "CANCELLED" ? "cancel" : "lost";
+    return !run || run.status === "CANCELLED" ? "cancel" : run.status === "PAUSED" ? "pause" : "lost";
   }
 
-  private stop(active: ActiveRun, why: "cancel" | "shutdown" | "lost"): void {
+  private stop(active: ActiveRun, why: StopReason): void {
     if (active.stopping) return;
     active.stopping = why;
-    if (why === "cancel") active.handle?.cancel();
+    // A user's stop waits for a step boundary; the others do not wait.
+    if (why === "cancel" || why === "pause") active.handle?.cancel();
     else active.handle?.kill();
   }
 
@@ -284,14 +292,19 @@ export class Scheduler {
           run.id,
           `saved each example's loss for the examples endpoint in ${((performance.now() - writing) / 1000).toFixed(1)} s`,
         );
+        const checkpoints = await keepCheckpoints(this.blobs.pathOf(files.checkpointDir), files.outputPath);
         // The whole attempt, not just the trainer's part: what a run's estimate plans.
-        await this.persist(() => progress.writeFinal(outcome.stats, (performance.now() - startedAt) / 1000));
+        await this.persist(() =>
+          progress.writeFinal(outcome.stats, (performance.now() - startedAt) / 1000, checkpoints),
+        );
         if (!(await this.finishReady(run, outcome.stats.outputBytes, lora !== undefined, base.id, files)))
           await leaveToTheNewAttempt();
       } else if (active.stopping === "lost") {
         await leaveToTheNewAttempt();
       } else if (active.stopping === "shutdown") {
         // The run is released back to the queue by close(); its checkpoint stays for the next attempt.
+      } else if (active.stopping === "pause") {
+        await this.endPaused(active, files);
       } else if (outcome.status === "cancelled" || active.stopping === "cancel") {
         await this.endCancelled(active, runDir);
       } else {
@@ -465,6 +478,25 @@ export class Scheduler {
       this.events.emit("ended", run.id, "CANCELLED");
   }
 
+  /**
+   * A run paused by a user, its trainer stopped: its checkpoint stays for when it is resumed, and the run is let
+   * go (the next queued run takes the trainer). A run cancelled or deleted while it was pausing loses its files.
+   */
+  private async endPaused(active: ActiveRun, files: RunFiles): Promise<void> {
+    const run = active.run;
+    const step = await checkpointStep(this.blobs.pathOf(files.checkpointDir));
+    const message =
+      step === undefined
+        ? "run paused: its trainer stopped before it had written a checkpoint; once resumed it starts again from the base model"
+        : `run paused: its trainer stopped; once resumed it goes on from its checkpoint at step ${step}`;
+    if (await this.persist(() => this.runs.settlePaused(run.id, this.workerId, message))) return;
+    const now = await this.persist(() => this.runs.getById(run.id));
+    if (!now || now.status === "CANCELLED") {
+      await this.blobs.remove(files.runDir);
+      if (now) this.events.emit("ended", run.id, "CANCELLED");
+    }
+  }
+
   /** Starts the run's trainer and waits for it; a stop that came while it was starting reaches it. */
   private async runTrainer(
     active: ActiveRun,
@@ -473,7 +505,7 @@ export class Scheduler {
   ): Promise<TrainerOutcome> {
     const handle = this.startTrainer(job, handlers);
     active.handle = handle;
-    if (active.stopping === "cancel") handle.cancel();
+    if (active.stopping === "cancel" || active.stopping === "pause") handle.cancel();
     else if (active.stopping !== undefined) handle.kill();
     return handle.done;
   }
@@ -531,6 +563,38 @@ async function restoreContextLength(basePath: string, outputPath: string): Promi
   const base = (metadata as unknown as Record<string, { context_length?: unknown } | undefined>)[architecture]
     ?.context_length;
   if (typeof base === "number") await writeGgufUint32(outputPath, `${architecture}.context_length`, base);
+}
+
+/**
+ * Moves a trained run's kept epoch-end checkpoints out of its checkpoint directory (removed once it is READY) to
+ * `checkpoints/` beside its output, and returns them, oldest first. A checkpoint whose files are not both
+ * there is left out.
+ */
+async function keepCheckpoints(checkpointDir: string, outputPath: string): Promise<RunCheckpoint[]> {
+  const from = new CheckpointDir(checkpointDir).keptDir;
+  const steps = keptSteps(from);
+  if (steps.length === 0) return [];
+  const to = path.join(path.dirname(outputPath), "checkpoints");
+  await fsp.rm(to, { recursive: true, force: true });
+  await fsp.rename(from, to);
+  const kept: RunCheckpoint[] = [];
+  for (const step of steps) {
+    const json = path.join(to, `step-${step}.json`);
+    const weights = await fsp.stat(path.join(to, `step-${step}.gguf`)).catch(() => undefined);
+    const meta = await fsp
+      .readFile(json, "utf8")
+      .then((text) => JSON.parse(text) as KeptCheckpoint)
+      .catch(() => undefined);
+    if (!weights?.isFile() || meta === undefined) continue;
+    kept.push({
+      step: meta.step,
+      epoch: meta.epoch,
+      trainLoss: meta.trainLoss,
+      ...(meta.evalLoss === undefined ? {} : { evalLoss: meta.evalLoss }),
+      createdAt: timestamp(weights.mtime),
+    });
+  }
+  return kept;
 }
 
 /** The step of a run's latest checkpoint (either trainer's), if it wrote one. */
@@ -597,11 +661,12 @@ class ProgressRecorder {
       void this.write().catch(() => undefined);
   }
 
-  /** The trainer's totals, with the whole attempt's seconds, and the best evaluation's in the stats. */
-  writeFinal(stats: TrainingStats, runSeconds: number): Promise<void> {
+  /** The trainer's totals, with the whole attempt's seconds, the best evaluation's and the kept checkpoints. */
+  writeFinal(stats: TrainingStats, runSeconds: number, checkpoints: RunCheckpoint[]): Promise<void> {
     const { bestEpoch, bestStep, bestEvalLoss, warnings, stoppedEarly } = stats;
     return this.write({
       final: { ...stats, runSeconds },
+      checkpoints,
       bestEpoch,
       bestStep,
       bestEvalLoss,

@@ -72,6 +72,34 @@ describe("structured output on the tiny model", () => {
     assert.ok(seen.size > 3, [...seen].join("\n"));
   });
 
+  test("a plain integer or number is written without an exponent, within the safe integers", async () => {
+    const properties = {
+      count: { type: "integer" },
+      amount: { type: "number" },
+      maybe: { type: ["integer", "null"] },
+    };
+    const schema = {
+      type: "object",
+      properties,
+      required: Object.keys(properties),
+      additionalProperties: false,
+    };
+    for (const temperature of [0, 1, 2])
+      for (const seed of [1, 2, 3]) {
+        const res = await app.inject(
+          chat({ max_tokens: 200, temperature, seed, response_format: schemaFormat(schema) }),
+        );
+        assert.equal(res.statusCode, 200, res.body);
+        const choice = res.json().choices[0];
+        assert.equal(choice.finish_reason, "stop", choice.text);
+        assert.doesNotMatch(choice.text, /[0-9.][eE]/, choice.text);
+        const value = JSON.parse(choice.text) as Record<string, number | null>;
+        assert.ok(Number.isSafeInteger(value.count), `count = ${value.count}`);
+        assert.ok(Math.abs(value.amount!) <= Number.MAX_SAFE_INTEGER, `amount = ${value.amount}`);
+        assert.ok(value.maybe === null || Number.isSafeInteger(value.maybe), `maybe = ${value.maybe}`);
+      }
+  });
+
   test("string formats the grammar writes are valid", async () => {
     const properties = {
       id: { type: "string", format: "uuid" },

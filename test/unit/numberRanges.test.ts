@@ -1,6 +1,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { numberRangeGbnf, type Bound } from "../../src/engine/numberRanges.ts";
+import { withOwnRules } from "../../src/engine/ownRules.ts";
 
 /**
  * The range grammars, checked exhaustively against the range itself: each GBNF is turned into a JavaScript
@@ -151,4 +152,38 @@ test("number ranges: the decimals in the range and nothing else, fractions bound
   }
   assert.equal(numberRangeGbnf("r", false, b(1), b(1, true)), undefined);
   assert.equal(numberRangeGbnf("r", false, b(2), b(1)), undefined);
+});
+
+test("a plain integer or number in a schema gets this project's grammar: no exponent, within the safe integers", () => {
+  const { schema, rules } = withOwnRules({
+    type: "object",
+    properties: { n: { type: "integer" }, x: { type: ["number", "null"] }, s: { type: "string" } },
+  });
+  const properties = (schema as { properties: Record<string, unknown> }).properties;
+  assert.deepEqual(properties.n, { const: rules[0]!.placeholder });
+  assert.deepEqual(properties.x, { oneOf: [{ const: rules[1]!.placeholder }, { type: ["null"] }] });
+  assert.deepEqual(properties.s, { type: "string" });
+  assert.equal(rules.length, 2);
+  const integer = gbnfRegex(rules[0]!.expression, rules[0]!.rules);
+  for (const text of ["0", "-2666", "42", "9007199254740991", "-9007199254740991"])
+    assert.equal(integer.test(text), true, text);
+  for (const text of ["-2666E8206", "1e2", "2E+3", "9007199254740992", "12345678901234567890", "1.5", "-0"])
+    assert.equal(integer.test(text), false, text);
+  const number = gbnfRegex(rules[1]!.expression, rules[1]!.rules);
+  for (const text of ["0", "-0.5", "3.25", "-2666", "9007199254740991"])
+    assert.equal(number.test(text), true, text);
+  for (const text of ["-2666E8206", "1.5e3", "2E-3", "9007199254740992", "1e2"])
+    assert.equal(number.test(text), false, text);
+});
+
+test("a one-sided range is bounded at the safe integers on its other side, unless its bound lies past them", () => {
+  const [below] = withOwnRules({ type: "integer", minimum: 5 }).rules;
+  const regex = gbnfRegex(below!.expression, below!.rules);
+  for (const text of ["5", "9007199254740991"]) assert.equal(regex.test(text), true, text);
+  for (const text of ["4", "9007199254740992", "-1"]) assert.equal(regex.test(text), false, text);
+  const [far] = withOwnRules({ type: "integer", minimum: 1e17 }).rules;
+  const farRegex = gbnfRegex(far!.expression, far!.rules);
+  assert.equal(farRegex.test("100000000000000000"), true);
+  assert.equal(farRegex.test("1000000000000000000000"), true);
+  assert.equal(farRegex.test("99999999999999999"), false);
 });

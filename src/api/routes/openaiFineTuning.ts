@@ -2,8 +2,10 @@ import type { FastifyInstance } from "fastify";
 import type { TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
 import type { Core } from "../../core.ts";
 import { dropNulls } from "../nullable.ts";
-import { createOpenAiJob, eventPage, listJobs, openAiJob } from "../openAiFineTuning.ts";
+import { checkpointPage, createOpenAiJob, eventPage, listJobs, openAiJob } from "../openAiFineTuning.ts";
 import {
+  OpenAiCheckpointList,
+  OpenAiCheckpointQuery,
   OpenAiJob,
   OpenAiJobCreateBody,
   OpenAiJobEventList,
@@ -96,6 +98,59 @@ export default async function openAiFineTuningRoutes(app: FastifyInstance, { cor
     async (request) => {
       await runs.cancel(request.userId, request.params.fine_tuning_job_id);
       return openAiJob(await runs.get(request.userId, request.params.fine_tuning_job_id));
+    },
+  );
+
+  r.post(
+    "/v1/fine_tuning/jobs/:fine_tuning_job_id/pause",
+    {
+      schema: {
+        tags,
+        summary: "OpenAI-compatible job pause",
+        description:
+          "A queued job is `paused` at once; a running one is `pausing` until its trainer stops at a step boundary " +
+          "(its checkpoint kept), then `paused`. Any other job answers 409.",
+        params: OpenAiJobParams,
+        response: responses({ 200: OpenAiJob }, [400, 401, 404, 409]),
+      },
+    },
+    async (request) => openAiJob(await runs.pause(request.userId, request.params.fine_tuning_job_id)),
+  );
+
+  r.post(
+    "/v1/fine_tuning/jobs/:fine_tuning_job_id/resume",
+    {
+      schema: {
+        tags,
+        summary: "OpenAI-compatible job resume",
+        description:
+          "A `paused` job is `queued` again and goes on from its checkpoint. A job still `pausing`, or not paused, " +
+          "answers 409.",
+        params: OpenAiJobParams,
+        response: responses({ 200: OpenAiJob }, [400, 401, 404, 409]),
+      },
+    },
+    async (request) => openAiJob(await runs.resume(request.userId, request.params.fine_tuning_job_id)),
+  );
+
+  r.get(
+    "/v1/fine_tuning/jobs/:fine_tuning_job_id/checkpoints",
+    {
+      schema: {
+        tags,
+        summary: "OpenAI-compatible job checkpoints, newest first",
+        description:
+          "A succeeded LoRA job on the llama.cpp trainer keeps its adapter at its last 3 epochs' ends; each " +
+          "`fine_tuned_model_checkpoint` works as a model. Empty for any other job. Paged with `after` (a checkpoint id) " +
+          "and `limit` (a limit over 100 is taken as 100).",
+        params: OpenAiJobParams,
+        querystring: OpenAiCheckpointQuery,
+        response: responses({ 200: OpenAiCheckpointList }),
+      },
+    },
+    async (request) => {
+      const { run, checkpoints } = await runs.checkpoints(request.userId, request.params.fine_tuning_job_id);
+      return checkpointPage(run, checkpoints, request.query.after, Math.min(request.query.limit, 100));
     },
   );
 

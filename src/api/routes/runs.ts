@@ -16,6 +16,8 @@ import {
   Message,
   PageQuery,
   Run,
+  RunCheckpointList,
+  RunCheckpointParams,
   RunExample,
   RunParams,
   RunSummary,
@@ -26,6 +28,7 @@ import {
 import { checkLoraTargets, RUN_EVENT_ID_PATTERN } from "../../contract/runs.ts";
 import { disconnectSignal, encodeShared, encodeSseEvent, openSse } from "../sse.ts";
 import { runSummaryWire, runWire, SUCCESS } from "../wire.ts";
+import { checkpointModelName } from "../../domain/modelNames.ts";
 import {
   chatEvents,
   chatMessages,
@@ -126,6 +129,44 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
     },
   );
 
+  r.post(
+    "/conduit/finetuning/:finetune_id/pause",
+    {
+      schema: {
+        tags,
+        summary: "Pause a queued or running run",
+        description:
+          "The run is PAUSED: a running run's trainer stops at a step boundary and frees its worker for the next run; " +
+          "its checkpoint is kept. Any other status answers 409.",
+        params: RunParams,
+        response: responses({ 200: Run }, [400, 401, 404, 409]),
+      },
+    },
+    async (request) => {
+      const run = await runs.pause(request.userId, request.params.finetune_id);
+      return runWire(run, await core.evals.evaluationOf(request.userId, run.id));
+    },
+  );
+
+  r.post(
+    "/conduit/finetuning/:finetune_id/resume",
+    {
+      schema: {
+        tags,
+        summary: "Resume a paused run",
+        description:
+          "The run is QUEUED again and goes on from its checkpoint, with the optimizer's state where its trainer keeps " +
+          "it (docs/fine-tuning.md). A run whose trainer is still stopping, or that is not PAUSED, answers 409.",
+        params: RunParams,
+        response: responses({ 200: Run }, [400, 401, 404, 409]),
+      },
+    },
+    async (request) => {
+      const run = await runs.resume(request.userId, request.params.finetune_id);
+      return runWire(run, await core.evals.evaluationOf(request.userId, run.id));
+    },
+  );
+
   r.delete(
     "/conduit/finetuning/:finetune_id",
     {
@@ -194,6 +235,64 @@ function runFileRoutes(app: FastifyInstance, core: Core) {
     },
     async (request, reply) => {
       const artifact = await runs.artifact(request.userId, request.params.finetune_id, request.query.format);
+      return reply
+        .header("content-type", "application/octet-stream")
+        .header("content-length", String(artifact.sizeBytes))
+        .header("content-disposition", `attachment; filename="${artifact.fileName}"`)
+        .send(fs.createReadStream(artifact.path));
+    },
+  );
+
+  r.get(
+    "/conduit/finetuning/:finetune_id/checkpoints",
+    {
+      schema: {
+        tags,
+        summary: "A READY run's kept checkpoints, newest first",
+        description:
+          "A LoRA run on the llama.cpp trainer keeps its adapter at its last 3 epochs' ends; each is served under its " +
+          "`model` name and downloadable. Empty for a run that is not READY or kept none.",
+        params: RunParams,
+        response: responses({ 200: RunCheckpointList }),
+      },
+    },
+    async (request) => {
+      const { run, checkpoints } = await runs.checkpoints(request.userId, request.params.finetune_id);
+      return checkpoints.map((c) => ({
+        step: c.step,
+        epoch: c.epoch,
+        trainLoss: c.trainLoss,
+        evalLoss: c.evalLoss ?? null,
+        model: checkpointModelName(run, c.step),
+        createdAt: c.createdAt,
+      }));
+    },
+  );
+
+  r.get(
+    "/conduit/finetuning/:finetune_id/checkpoints/:step/artifact",
+    {
+      schema: {
+        tags,
+        summary: "Download a kept checkpoint's LoRA adapter",
+        description:
+          "Streams the checkpoint's adapter (`<run id>-step-<step>-lora.gguf`). A run that is not READY answers 409, " +
+          "a step it did not keep 404.",
+        params: RunCheckpointParams,
+        response: {
+          200: {
+            description: "The GGUF file, as an attachment.",
+            content: {
+              "application/octet-stream": { schema: Type.Unsafe({ type: "string", format: "binary" }) },
+            },
+          },
+          ...responses({}, [400, 401, 404, 409]),
+        },
+      },
+    },
+    async (request, reply) => {
+      const { finetune_id, step } = request.params;
+      const artifact = await runs.checkpointArtifact(request.userId, finetune_id, step);
       return reply
         .header("content-type", "application/octet-stream")
         .header("content-length", String(artifact.sizeBytes))

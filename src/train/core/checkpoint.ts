@@ -26,8 +26,40 @@ export interface CheckpointState {
   bestTensors: string[];
 }
 
+/** How many epoch-end checkpoints a run keeps (the newest), as OpenAI keeps its jobs' last three epochs. */
+export const KEPT_CHECKPOINTS = 3;
+
+/** What a kept checkpoint's JSON says (its weights are `step-<step>.gguf` beside it). */
+export interface KeptCheckpoint {
+  step: number;
+  epoch: number;
+  trainLoss: number;
+  evalLoss?: number;
+}
+
 export class CheckpointDir {
   constructor(readonly dir: string) {}
+
+  /** Where the kept epoch-end checkpoints are (`step-<n>.gguf` and `step-<n>.json`). */
+  get keptDir(): string {
+    return path.join(this.dir, "kept");
+  }
+
+  /**
+   * Keeps the weights at an epoch's end (written with `save`, the JSON last) and removes the oldest past
+   * {@link KEPT_CHECKPOINTS}. A resumed run that trains the same step again writes it again.
+   */
+  async writeKept(checkpoint: KeptCheckpoint, save: (file: string) => Promise<void> | void): Promise<void> {
+    fs.mkdirSync(this.keptDir, { recursive: true });
+    const base = path.join(this.keptDir, `step-${checkpoint.step}`);
+    await atomically(`${base}.gguf`, save);
+    await atomically(`${base}.json`, (file) => fs.writeFileSync(file, JSON.stringify(checkpoint)));
+    for (const old of keptSteps(this.keptDir).slice(0, -KEPT_CHECKPOINTS)) {
+      const name = path.join(this.keptDir, `step-${old}`);
+      fs.rmSync(`${name}.json`, { force: true });
+      fs.rmSync(`${name}.gguf`, { force: true });
+    }
+  }
 
   get latestWeights(): string {
     return path.join(this.dir, "latest.gguf");
@@ -102,6 +134,21 @@ export class CheckpointDir {
     }
     return offset === bytes.length ? values : undefined;
   }
+}
+
+/** The steps of the kept checkpoints in `dir` (those whose JSON was written), oldest first. */
+export function keptSteps(dir: string): number[] {
+  let names: string[];
+  try {
+    names = fs.readdirSync(dir);
+  } catch {
+    return [];
+  }
+  return names
+    .map((name) => /^step-(\d{1,9})\.json$/.exec(name)?.[1])
+    .filter((step): step is string => step !== undefined)
+    .map(Number)
+    .sort((a, b) => a - b);
 }
 
 /**

@@ -734,6 +734,12 @@ class TrainingLoop {
         ` lr ${this.learningRate.toExponential(2)}`,
     );
     await this.writeLatestCheckpoint(done ? epoch + 1 : epoch, done ? 0 : window);
+    // A LoRA run keeps its adapter at each epoch's end (the last few), each servable once the run is READY.
+    if (done && this.lora !== undefined)
+      await this.checkpoints.dir?.writeKept(
+        { step: this.step, epoch: epoch + 1, trainLoss, ...(evalLoss === undefined ? {} : { evalLoss }) },
+        this.saveWeights,
+      );
     if (this.stoppedEarly)
       this.hooks.log(
         `trainer: stopping early: the eval loss has not improved on ${this.best!.loss.toFixed(4)} (epoch ${this.best!.epoch}) ` +
