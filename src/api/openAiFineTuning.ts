@@ -16,7 +16,6 @@ import { runEstimate } from "./wire.ts";
 import type {
   OpenAiDpoHyperparametersWire,
   OpenAiCheckpointListWire,
-  OpenAiHyperparametersWire,
   OpenAiJobCreateBodyWire,
   OpenAiJobEventWire,
   OpenAiJobWire,
