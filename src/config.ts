@@ -416,7 +416,7 @@ export const settings = {
   trainThreads: {
     env: "CONDUIT_TRAIN_THREADS",
     description:
-      "Compute threads of each trainer, or `auto`: every core for the torch trainer (2 threads trained SmolLM2 1.35× faster than 1 on 2 cores), 1 for the llama.cpp trainer's own ops (more do not pay there), with every core for the matrix products of its BLAS backend (`npm run setup:trainer`: 80 pairs on SmolLM2 READY in 159 s instead of 229 s on 2 cores). A number gives both that many.",
+      "Compute threads of each trainer, or `auto`: every core but one for the torch trainer (the other stays the server's: on 2 busy cores 2 torch threads trained SmolLM2 8× slower than one, on 2 idle ones 1.35× faster), 1 for the llama.cpp trainer's own ops (more do not pay there), with every core for the matrix products of its BLAS backend (`npm run setup:trainer`: 80 pairs on SmolLM2 READY in 159 s instead of 229 s on 2 cores). A number gives both that many.",
     defaultText: "auto",
     parse: (raw): number | "auto" => {
       const value = text("auto")(raw).toLowerCase();

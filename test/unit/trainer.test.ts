@@ -9,8 +9,15 @@ import { checkAbi, EXPECTED_STRUCT_SIZES, localBuildDir } from "../../src/train/
 import { countWindows, lossPositions, packWindows } from "../../src/train/core/packWindows.ts";
 import { trainableBlocks } from "../../src/train/core/modelFile.ts";
 import { isTrainableTensor } from "../../src/train/native/trainableTensor.ts";
+import { torchAutoThreads, torchTrainer } from "../../src/train/torch/torchTrainer.ts";
 
 describe("trainer building blocks", () => {
+  test("the torch trainer's automatic threads leave one core to the server, and a count is taken as it is", () => {
+    assert.deepEqual([1, 2, 4, 16].map(torchAutoThreads), [1, 1, 3, 15]);
+    assert.equal(torchTrainer.threads("auto"), torchAutoThreads(os.availableParallelism()));
+    assert.equal(torchTrainer.threads(2), 2);
+  });
+
   test("a finished local node-llama-cpp build is found, a half-written one is not", (t) => {
     const root = fs.mkdtempSync(path.join(os.tmpdir(), "conduit-nlc-"));
     t.after(() => fs.rmSync(root, { recursive: true, force: true }));

@@ -67,6 +67,15 @@ const RATE = {
   threadExponent: Math.log2(1.35),
 } as const;
 
+/**
+ * `CONDUIT_TRAIN_THREADS=auto` for the torch trainer: every core but one, which stays the server's (generation,
+ * evals, the API). A torch thread that finds its core busy stalls every step's barrier: on 2 cores at load 7–13,
+ * 2 threads trained SmolLM2 at 5.4 tok/s and one at 41–44 (on an idle machine 2 are 1.35× one).
+ */
+export function torchAutoThreads(cores: number): number {
+  return Math.max(1, cores - 1);
+}
+
 export const torchTrainer: TrainerBackend<TorchOptions> = {
   name: "torch",
   setupCommand: TORCH_SETUP_COMMAND,
@@ -81,7 +90,7 @@ export const torchTrainer: TrainerBackend<TorchOptions> = {
       ? undefined
       : { param: "method", why: 'the torch trainer trains LoRA adapters only ("method": "lora")' },
   loraTargets: LORA_TARGETS,
-  threads: (setting) => (setting === "auto" ? os.availableParallelism() : setting),
+  threads: (setting) => (setting === "auto" ? torchAutoThreads(os.availableParallelism()) : setting),
   prior: () => ({
     tokensPerSecond(_method, model, threads) {
       const scale = model.parameters > 0 ? model.parameters / RATE.referenceParameters : 1;
