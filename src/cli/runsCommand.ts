@@ -226,7 +226,9 @@ async function watch(
 }
 
 export function runsCommand(program: Command, ctx: CliContext): void {
-  const runs = program.command("runs").description("start, follow, cancel and delete fine-tuning runs");
+  const runs = program
+    .command("runs")
+    .description("start, follow, pause, resume, cancel and delete fine-tuning runs");
 
   createCommand(runs, ctx);
   readCommands(runs, ctx);
@@ -428,7 +430,7 @@ function readCommands(runs: Command, ctx: CliContext): void {
     });
 }
 
-/** `runs watch`, `download`, `cancel` and `delete`: following and acting on a run. */
+/** `runs watch`, `download`, `cancel`, `pause`, `resume`, `checkpoints` and `delete`: following and acting on a run. */
 function controlCommands(runs: Command, ctx: CliContext): void {
   runs
     .command("watch")
@@ -472,6 +474,48 @@ function controlCommands(runs: Command, ctx: CliContext): void {
     .action(async (id: string) => {
       const result = await ctx.client().cancelRun(id);
       ctx.print(result, () => console.log(`cancelled ${id}`));
+    });
+
+  runs
+    .command("pause")
+    .description(
+      "pause a queued or running run: its trainer stops, its checkpoint is kept (resume goes on from it)",
+    )
+    .argument("<run-id>")
+    .action(async (id: string) => {
+      const run = await ctx.client().pauseRun(id);
+      ctx.print(run, () => console.log(`${id}: ${run.status}`));
+    });
+
+  runs
+    .command("resume")
+    .description("resume a paused run from its checkpoint")
+    .argument("<run-id>")
+    .action(async (id: string) => {
+      const run = await ctx.client().resumeRun(id);
+      ctx.print(run, () => console.log(`${id}: ${run.status}`));
+    });
+
+  runs
+    .command("checkpoints")
+    .description("list a READY run's kept checkpoints, newest first, with the model name that serves each")
+    .argument("<run-id>")
+    .action(async (id: string) => {
+      const list = await ctx.client().listCheckpoints(id);
+      ctx.print(list, () =>
+        console.log(
+          table([
+            ["STEP", "EPOCH", "TRAIN LOSS", "EVAL LOSS", "MODEL"],
+            ...list.map((c) => [
+              String(c.step),
+              String(c.epoch),
+              c.trainLoss.toFixed(4),
+              c.evalLoss === null ? "-" : c.evalLoss.toFixed(4),
+              c.model,
+            ]),
+          ]),
+        ),
+      );
     });
 
   runs

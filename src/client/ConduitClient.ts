@@ -14,6 +14,7 @@ import type {
   DatasetFileWire,
   DatasetWire,
   ExamplesQueryWire,
+  RunCheckpointWire,
   RunExampleWire,
   RunSummaryWire,
   RunWire,
@@ -242,6 +243,21 @@ export class ConduitClient {
 
   cancelRun(id: string): Promise<MessageWire> {
     return this.json("POST", `/conduit/finetuning/${enc(id)}/cancel`);
+  }
+
+  /** Pauses a queued or running run (`PAUSED`); its trainer stops and its checkpoint is kept. */
+  pauseRun(id: string): Promise<RunWire> {
+    return this.json("POST", `/conduit/finetuning/${enc(id)}/pause`);
+  }
+
+  /** Resumes a paused run from its checkpoint (`QUEUED` again). */
+  resumeRun(id: string): Promise<RunWire> {
+    return this.json("POST", `/conduit/finetuning/${enc(id)}/resume`);
+  }
+
+  /** A READY run's kept checkpoints, newest first, each with the model name that serves it. */
+  listCheckpoints(id: string): Promise<RunCheckpointWire[]> {
+    return this.json("GET", `/conduit/finetuning/${enc(id)}/checkpoints`);
   }
 
   deleteRun(id: string): Promise<MessageWire> {

@@ -576,6 +576,7 @@ export const ExamplesQuery = Type.Object(
 export type DatasetWire = Static<typeof Dataset>;
 export type DatasetFileWire = Static<typeof DatasetFile>;
 export type RunWire = Static<typeof Run>;
+export type RunCheckpointWire = Static<typeof RunCheckpoint>;
 export type RunSummaryWire = Static<typeof RunSummary>;
 export type CreateRunBodyWire = Static<typeof CreateRunBody>;
 export type UploadJsonBodyWire = Static<typeof UploadJsonBody>;

@@ -266,7 +266,21 @@ test("the conduit CLI drives the whole loop against a real server", async (t) =>
   assert.equal(loraWithFull.code, 2);
   assert.match(loraWithFull.stderr, /"loraRank" is a LoRA setting/);
 
+  // Its kept checkpoints (2 epochs: both), each a model name that answers.
+  const checkpoints = JSON.parse((await conduit(env, "--json", "runs", "checkpoints", runId)).stdout);
+  assert.deepEqual(
+    checkpoints.map((c: { epoch: number }) => c.epoch),
+    [2, 1],
+  );
+  assert.match((await conduit(env, "runs", "checkpoints", runId)).stdout, /^STEP\s+EPOCH/);
+  const fromCheckpoint = await conduit(env, "chat", "--model", checkpoints[1].model, "--prompt", "hi");
+  assert.equal(fromCheckpoint.code, 0, fromCheckpoint.stderr);
+
   // Exit codes that mean something.
+  for (const verb of ["pause", "resume"]) {
+    const done = await conduit(env, "runs", verb, runId);
+    assert.equal(done.code, 5, `a READY run cannot ${verb}: conflict`);
+  }
   const ended = await conduit(env, "runs", "cancel", runId);
   assert.equal(ended.code, 5, "a finished run cannot be cancelled: conflict");
   assert.match(ended.stderr, /READY and cannot be cancelled/);
