@@ -89,6 +89,30 @@ export function adapterTensorType(type: AdapterTensorType, rowLength: number): A
   return type === "Q8_0" && rowLength % Q8_0_BLOCK !== 0 ? "F16" : type;
 }
 
+/** A weight's A (`[inputs, rank]`) and B (`[rank, outputs]`) as GGUF tensors of an adapter of `type`. */
+function loraPair(
+  weight: LoraWeight,
+  rank: number,
+  type: AdapterTensorType,
+  a: Float32Array,
+  b: Float32Array,
+): GgufTensor[] {
+  return [
+    {
+      name: `${weight.name}.lora_a`,
+      dims: [weight.inputs, rank],
+      type: adapterTensorType(type, weight.inputs),
+      data: a,
+    },
+    {
+      name: `${weight.name}.lora_b`,
+      dims: [rank, weight.outputs],
+      type: adapterTensorType(type, rank),
+      data: b,
+    },
+  ];
+}
+
 /**
  * Writes the starting adapter: A uniform in ±1/√in (PEFT's Kaiming-uniform default), B zero. Seeded, so a
  * run's retry starts from the same point. `type` defaults to `"F32"` (what the trainer trains).
@@ -107,27 +131,14 @@ export async function writeInitialAdapter(
     const a = new Float32Array(weight.inputs * spec.rank);
     const bound = 1 / Math.sqrt(weight.inputs);
     for (let i = 0; i < a.length; i++) a[i] = (random() * 2 - 1) * bound;
-    tensors.push(
-      {
-        name: `${weight.name}.lora_a`,
-        dims: [weight.inputs, spec.rank],
-        type: adapterTensorType(type, weight.inputs),
-        data: a,
-      },
-      {
-        name: `${weight.name}.lora_b`,
-        dims: [spec.rank, weight.outputs],
-        type: adapterTensorType(type, spec.rank),
-        data: new Float32Array(spec.rank * weight.outputs),
-      },
-    );
+    tensors.push(...loraPair(weight, spec.rank, type, a, new Float32Array(spec.rank * weight.outputs)));
   }
   await writeGguf(adapterPath, adapterMetadata(model, spec.alpha), tensors);
 }
 
 /**
- * Writes the trained adapter (atomically): the same layout with the trained values, as `type` (`"F16"` for
- * the adapter a run serves, `"F32"` for a checkpoint training resumes from).
+ * Writes the trained adapter (atomically): the same layout with the trained values, as `type` (the run's
+ * `servedAdapterType` for the adapter it serves, `"F32"` for a checkpoint training resumes from).
  */
 export async function writeTrainedAdapter(
   model: ModelFileInfo,
@@ -142,20 +153,7 @@ export async function writeTrainedAdapter(
     const a = values.get(`${weight.name}.lora_a`);
     const b = values.get(`${weight.name}.lora_b`);
     if (!a || !b) throw new Error(`trainer: the trained adapter has no tensors for ${weight.name}`);
-    tensors.push(
-      {
-        name: `${weight.name}.lora_a`,
-        dims: [weight.inputs, spec.rank],
-        type: adapterTensorType(type, weight.inputs),
-        data: a,
-      },
-      {
-        name: `${weight.name}.lora_b`,
-        dims: [spec.rank, weight.outputs],
-        type: adapterTensorType(type, spec.rank),
-        data: b,
-      },
-    );
+    tensors.push(...loraPair(weight, spec.rank, type, a, b));
   }
   const result = await writeGguf(adapterPath, adapterMetadata(model, spec.alpha), tensors);
   return result.bytes;
