@@ -92,16 +92,19 @@ export async function openDatabase(options: OpenDatabaseOptions): Promise<Db> {
     pool.on("connect", (client) => client.on("error", () => undefined));
     // A connection that cannot be opened fails before any query (Kysely's log does not see it).
     const connect = pool.connect.bind(pool);
+    const opened = () =>
+      connect().catch((error: unknown) => {
+        health.saw(error);
+        throw error;
+      });
+    const checkOut = reopeningDeadConnections(opened);
     pool.connect = ((callback?: Parameters<typeof connect>[0]) => {
       if (callback)
         return connect((error, client, done) => {
           if (error) health.saw(error);
           callback(error, client, done);
         });
-      return connect().catch((error: unknown) => {
-        health.saw(error);
-        throw error;
-      });
+      return checkOut();
     }) as typeof pool.connect;
     kysely = new Kysely<Database>({ dialect: new PostgresDialect({ pool }), log });
   } else {
@@ -162,6 +165,62 @@ export async function openDatabase(options: OpenDatabaseOptions): Promise<Db> {
       committedReads?.close();
       await kysely.destroy();
     },
+  };
+}
+
+/**
+ * Whether a statement failed because its connection was already gone (the server ended the backend, the socket was
+ * closed under it, or the client had heard so and refuses to send), not because of anything the statement did.
+ */
+function isDeadConnection(error: unknown): boolean {
+  if (!(error instanceof Error)) return false;
+  const code = (error as { code?: unknown }).code;
+  if (code === "57P01" || code === "57P02" || code === "ECONNRESET" || code === "EPIPE") return true;
+  return /^(Connection terminated unexpectedly|Client has encountered a connection error and is not queryable)/.test(
+    error.message,
+  );
+}
+
+/**
+ * Wraps the pool's checkout so that a connection which died while it sat idle (every backend ended by
+ * `pg_terminate_backend`, a server restart, a proxy reaping idle connections) costs the request nothing: when the
+ * first statement on a connection that was idle in the pool fails with {@link isDeadConnection}, the connection is
+ * dropped and the statement runs once more on a fresh one. Only the first statement after a checkout is tried again:
+ * that connection had done nothing for this caller yet (in a transaction it is the `begin`), and a backend ended
+ * before or while running it has committed nothing of it. A new connection's failure, or a second one, is the
+ * caller's (a 503 with Retry-After at the edge). The pool by itself drops an idle connection only once its socket
+ * reports the end, which a request arriving at the same moment can beat.
+ */
+function reopeningDeadConnections(connect: () => Promise<pg.PoolClient>): () => Promise<pg.PoolClient> {
+  const used = new WeakSet<pg.PoolClient>();
+  return async () => {
+    const client = await connect();
+    if (!used.has(client)) {
+      used.add(client);
+      return client;
+    }
+    let current = client;
+    let first = true;
+    const query = (...args: unknown[]): unknown => {
+      const run = () => (current.query as (...a: unknown[]) => unknown)(...args);
+      if (!first || typeof args[0] !== "string") {
+        first = false;
+        return run();
+      }
+      first = false;
+      return (run() as Promise<unknown>).catch(async (error: unknown) => {
+        if (!isDeadConnection(error)) throw error;
+        current.release(error instanceof Error ? error : true);
+        current = await connect();
+        used.add(current);
+        return run();
+      });
+    };
+    // What Kysely's Postgres driver uses of a pooled client: query (a string, or a cursor for streams) and release.
+    return {
+      query,
+      release: (error?: Error | boolean) => current.release(error),
+    } as unknown as pg.PoolClient;
   };
 }
 
