@@ -175,3 +175,36 @@ class Steps(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+@unittest.skipUnless(os.environ.get("CONDUIT_GGML_LIBRARY"), "CONDUIT_GGML_LIBRARY (node-llama-cpp's libggml-base) not set")
+class NativeDequantizer(unittest.TestCase):
+    """ggml's dequantization gives what gguf-py's does, on the block types real bases use."""
+
+    def blocks(self, qtype: "object", rows: int, row_blocks: int, scale_offsets: list[int]) -> "np.ndarray":
+        import gguf
+
+        _, size = gguf.GGML_QUANT_SIZES[qtype]
+        rng = np.random.default_rng(7)
+        data = rng.integers(0, 256, size=(rows, row_blocks, size), dtype=np.uint8)
+        for offset in scale_offsets:  # finite fp16 scales (random bits would make NaNs and infinities)
+            scale = rng.uniform(-0.05, 0.05, size=(rows, row_blocks)).astype(np.float16)
+            data[:, :, offset : offset + 2] = scale.view(np.uint8).reshape(rows, row_blocks, 2)
+        return data.reshape(rows, row_blocks * size)
+
+    def test_equals_gguf_py(self) -> None:
+        import gguf
+
+        native = worker.native_dequantizer(os.environ["CONDUIT_GGML_LIBRARY"], 2)
+        Q = gguf.GGMLQuantizationType
+        cases = {Q.Q4_0: [0], Q.Q4_1: [0, 2], Q.Q8_0: [0], Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208]}
+        for qtype, offsets in cases.items():
+            with self.subTest(qtype.name):
+                data = self.blocks(qtype, rows=5, row_blocks=3, scale_offsets=offsets)
+                expected = gguf.quants.dequantize(data, qtype)
+                got = native(data, qtype)
+                self.assertEqual(got.shape, expected.shape)
+                np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+        # F16 is not a quantized type: gguf-py's own path.
+        half = np.arange(6, dtype=np.float16).reshape(2, 3)
+        np.testing.assert_array_equal(native(half.view(np.uint8), Q.F16), half.astype(np.float32))

@@ -23,7 +23,7 @@ import type { TrainingHooks, TrainingResult } from "../core/TrainerBackend.ts";
 import { prepareTrainingData } from "../core/prepareTrainingData.ts";
 import type { TorchOptions } from "./torchTrainer.ts";
 import { learningRateAt } from "../core/learningRate.ts";
-import { loadLlamaLib, type LlamaLib, type Pointer } from "../libllama/llamaLib.ts";
+import { findBinDir, findLibrary, loadLlamaLib, type LlamaLib, type Pointer } from "../libllama/llamaLib.ts";
 import {
   loraWeights,
   servedAdapterType,
@@ -80,6 +80,8 @@ export interface TorchWorkerJob {
   /** Where the adapter is also saved as PEFT files; `null`: not. */
   peftDir: string | null;
   cacheDir: string | null;
+  /** ggml's base library, whose dequantization the worker uses to read a quantized GGUF base; `null`: gguf-py's. */
+  ggmlLibrary: string | null;
   /** Windows one optimizer step averages (`TorchOptions.windowsPerStep`). */
   windowsPerStep: number;
   /** Preference tuning (`preferenceInputs.ts`): each step's window is an example's preferred conversation. */
@@ -255,6 +257,15 @@ async function writePreferenceJob(
   };
 }
 
+/** node-llama-cpp's prebuilt libggml-base (the one that serves the base), or null where there is none. */
+function ggmlBaseLibrary(): string | null {
+  try {
+    return findLibrary(findBinDir("cpu"), /^libggml-base\.so$/);
+  } catch {
+    return null;
+  }
+}
+
 /** The worker job's fields that do not depend on the windows. */
 async function workerJobFields(job: TorchJob, plan: TrainingPlan, weights: LoraWeight[]) {
   return {
@@ -278,6 +289,7 @@ async function workerJobFields(job: TorchJob, plan: TrainingPlan, weights: LoraW
     probe: job.options.probe,
     peftDir: job.options.peftDir ?? null,
     cacheDir: job.options.cacheDir,
+    ggmlLibrary: ggmlBaseLibrary(),
     windowsPerStep: job.options.windowsPerStep,
   };
 }
