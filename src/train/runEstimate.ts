@@ -59,6 +59,7 @@ export async function readModelCost(file: string): Promise<ModelCost> {
         contextLength: typeof context === "number" ? context : 0,
         fileType: name === null ? null : name.replace(/^(MOSTLY|ALL)_/, ""),
         sizeBytes: stat.size,
+        file,
       };
     })();
     cost.catch(() => costs.delete(key));

@@ -1,4 +1,7 @@
 import assert from "node:assert/strict";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
 import { describe, test } from "node:test";
 import {
   aboutDuration,
@@ -23,6 +26,7 @@ const smollm2: ModelCost = {
   contextLength: 8192,
   fileType: "Q4_1",
   sizeBytes: 94 * 2 ** 20,
+  file: "/models/SmolLM2-135M-Instruct.Q4_1.gguf",
 };
 
 /** A plan as its trainer will run it: 3 epochs of 25 windows of 256 tokens, 3 eval windows. */
@@ -84,6 +88,23 @@ describe("planning a run", () => {
     assert.equal(planRun(input({ plan: { ...plan3x25, pairs: true } })).tokens, 2 * plan.tokens);
   });
 
+  test("the torch trainer's prior counts converting the base the first time, not once its copy is kept", (t) => {
+    const cache = fs.mkdtempSync(path.join(os.tmpdir(), "conduit-estimate-"));
+    t.after(() => fs.rmSync(cache, { recursive: true, force: true }));
+    const modelFile = path.join(cache, "qwen2.5-coder-1.5b-instruct.gguf");
+    fs.writeFileSync(modelFile, "");
+    const qwen = { ...smollm2, parameters: 1_543_714_304, sizeBytes: 1_117_320_768, file: modelFile };
+    const torchHost = { ...host, cacheDir: cache };
+    const first = planRun(input({ model: qwen, prior: trainers.torch.prior(torchHost) })).overheadSeconds;
+    // The worker's copy: `<file name>-<16 hex digits>/config.json` under the cache's torch/ folder.
+    fs.mkdirSync(path.join(cache, "torch", "qwen2.5-coder-1.5b-instruct-0123456789abcdef"), { recursive: true });
+    const unfinished = planRun(input({ model: qwen, prior: trainers.torch.prior(torchHost) })).overheadSeconds;
+    assert.equal(unfinished, first, "a copy being written (no config.json yet) is not a copy");
+    fs.writeFileSync(path.join(cache, "torch", "qwen2.5-coder-1.5b-instruct-0123456789abcdef", "config.json"), "{}");
+    const next = planRun(input({ model: qwen, prior: trainers.torch.prior(torchHost) })).overheadSeconds;
+    assert.ok(first - next > 25 && first - next < 60, `the 1.5B conversion: ${first - next} s`);
+  });
+
   test("the prior: slower on a bigger model, faster with more threads, per trainer; overheads counted", () => {
     const small = planRun(input());
     assert.equal(small.basis, "prior");
@@ -99,7 +120,10 @@ describe("planning a run", () => {
     assert.ok(planRun(input({ threads: 2 })).tokensPerSecond > small.tokensPerSecond);
     const torch = planRun(input({ prior: trainers.torch.prior(host) }));
     assert.ok(torch.tokensPerSecond > 4 * small.tokensPerSecond, "the torch trainer is the faster one");
-    assert.ok(torch.overheadSeconds > small.overheadSeconds, "Python starts and loads the GGUF");
+    assert.ok(
+      trainers.torch.prior(host).overheadSeconds(smollm2) > llamaCppPrior(false).overheadSeconds(smollm2),
+      "Python starts and loads the GGUF",
+    );
     assert.ok(
       planRun(input({ model: { ...smollm2, fileType: "F32" } })).tokensPerSecond > small.tokensPerSecond,
       "llama.cpp trains LoRA on an F32 base faster than through Q8_0",

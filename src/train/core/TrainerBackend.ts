@@ -85,6 +85,8 @@ export interface ModelSize {
   /** llama.cpp's name of the file type (`F32`, `Q8_0`, `Q4_K_M` …); `null` when the header has none. */
   fileType: string | null;
   sizeBytes: number;
+  /** The model's file. */
+  file: string;
 }
 
 /** How fast a trainer is expected to be before it was measured on this server: its benches, scaled. */

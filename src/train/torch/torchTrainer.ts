@@ -2,6 +2,7 @@
  * The torch trainer: the PyTorch + PEFT worker (`worker.py`, `npm run setup:torch`), fed by the trainer child
  * process (`runTorchTraining.ts`) with the windows Conduit tokenized and planned. LoRA only; every LoRA target.
  */
+import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { LORA_TARGETS } from "../../contract/runs.ts";
@@ -72,6 +73,33 @@ const RATE = {
  * evals, the API). A torch thread that finds its core busy stalls every step's barrier: on 2 cores at load 7–13,
  * 2 threads trained SmolLM2 at 5.4 tok/s and one at 41–44 (on an idle machine 2 are 1.35× one).
  */
+/** Where the worker keeps its dequantized copies of base models, with everything else the server keeps. */
+function torchCacheDir(serverCacheDir: string): string {
+  return path.join(serverCacheDir, "torch");
+}
+
+/**
+ * Whether the worker kept a copy of this base already (worker.py's `base_cache_dir`: a folder named after the file,
+ * then a key of its path, size, time, weight type and transformers' version), so its next load converts nothing.
+ * A copy of an older version of the file counts too: rare, and then the estimate is short by one conversion.
+ */
+export function hasBaseCopy(cacheDir: string, modelFile: string): boolean {
+  let name: string;
+  try {
+    name = path.basename(fs.realpathSync(modelFile)).replace(/\.gguf$/, "");
+    return fs
+      .readdirSync(cacheDir)
+      .some(
+        (entry) =>
+          entry.startsWith(`${name}-`) &&
+          /^[0-9a-f]{16}$/.test(entry.slice(name.length + 1)) &&
+          fs.existsSync(path.join(cacheDir, entry, "config.json")),
+      );
+  } catch {
+    return false;
+  }
+}
+
 export function torchAutoThreads(cores: number): number {
   return Math.max(1, cores - 1);
 }
@@ -91,14 +119,17 @@ export const torchTrainer: TrainerBackend<TorchOptions> = {
       : { param: "method", why: 'the torch trainer trains LoRA adapters only ("method": "lora")' },
   loraTargets: LORA_TARGETS,
   threads: (setting) => (setting === "auto" ? torchAutoThreads(os.availableParallelism()) : setting),
-  prior: () => ({
+  prior: (host) => ({
     tokensPerSecond(_method, model, threads) {
       const scale = model.parameters > 0 ? model.parameters / RATE.referenceParameters : 1;
       const perThread = Math.min(RATE.most, RATE.lora * scale ** -RATE.exponent);
       return perThread * Math.max(1, threads) ** RATE.threadExponent;
     },
-    // Starting Python and loading the base, the first time dequantizing it (18 s for SmolLM2, docs/trainers.md).
-    overheadSeconds: (model) => 8 + 0.2 * (model.sizeBytes / 2 ** 20),
+    // Starting Python and loading the base; the first time, reading the GGUF and dequantizing it into the copy
+    // the next runs load (bench/README.md: SmolLM2's 94 MiB 9 s, Qwen2.5-Coder-1.5B's 1,066 MiB 31 s, one thread).
+    overheadSeconds: (model) =>
+      8 +
+      (hasBaseCopy(torchCacheDir(host.cacheDir), model.file) ? 0 : 7 + 0.023 * (model.sizeBytes / 2 ** 20)),
     // A forward pass costs about a third of a training step in PyTorch.
     forwardShare: 1 / 3,
   }),
@@ -111,7 +142,7 @@ export const torchTrainer: TrainerBackend<TorchOptions> = {
       dtype: "auto",
       probe: null,
       // The worker's dequantized copies of base models live with everything else the server keeps.
-      cacheDir: path.join(host.cacheDir, "torch"),
+      cacheDir: torchCacheDir(host.cacheDir),
       ranks: host.ranks,
       nodes: host.nodes,
       rendezvous: host.rendezvous,
