@@ -620,6 +620,18 @@ class TrainingLoop {
       );
   };
 
+  /** Writes the adapter as the run serves it (its `servedAdapterType`), for a kept checkpoint served and downloaded as it is. */
+  private readonly saveServedAdapter = async (file: string): Promise<void> => {
+    await writeTrainedAdapter(
+      this.session.baseInfo,
+      file,
+      this.lora!.weights,
+      this.lora!,
+      this.adapterValues(),
+      servedAdapterType(this.job.outputType),
+    );
+  };
+
   private report(epoch: number, trainLoss: number, evalLoss: number | undefined, force: boolean): void {
     const now = performance.now();
     if (!force && now - this.lastProgressAt < PROGRESS_INTERVAL_MS) return;
@@ -738,7 +750,7 @@ class TrainingLoop {
     if (done && this.lora !== undefined)
       await this.checkpoints.dir?.writeKept(
         { step: this.step, epoch: epoch + 1, trainLoss, ...(evalLoss === undefined ? {} : { evalLoss }) },
-        this.saveWeights,
+        this.saveServedAdapter,
       );
     if (this.stoppedEarly)
       this.hooks.log(
