@@ -225,6 +225,25 @@ describe("the torch trainer backend's job", { skip }, () => {
         ),
       );
       assert.equal(second.stats.epochs, 60);
+      // The last 3 epochs' adapters are kept as GGUF adapters of the served type (the run's own adapter's size),
+      // their raw tensors from the worker removed once written.
+      const kept = path.join(checkpointDir, "kept");
+      const steps = fs
+        .readdirSync(kept)
+        .filter((name) => name.endsWith(".json"))
+        .map(
+          (name) =>
+            JSON.parse(fs.readFileSync(path.join(kept, name), "utf8")) as { step: number; epoch: number },
+        )
+        .sort((a, b) => a.step - b.step);
+      assert.deepEqual(
+        steps.map((c) => c.epoch),
+        [58, 59, 60],
+      );
+      assert.equal(steps.at(-1)!.step, second.stats.steps);
+      for (const { step } of steps)
+        assert.equal(fs.statSync(path.join(kept, `step-${step}.gguf`)).size, second.stats.outputBytes);
+      assert.deepEqual(fs.readdirSync(path.join(checkpointDir, "torch-kept")), []);
     },
   );
 });
@@ -575,6 +594,31 @@ describe("the trainer a run gets through the API", () => {
       }
       t.diagnostic(`torch trainer: ${exact}/20 exact; final loss ${run.stats.final.finalTrainLoss}`);
       assert.ok(exact >= 18, `${exact}/20 exact`);
+      // Its last 3 epochs are kept, listed, served under their own names and downloadable, as the run's adapter.
+      const listed = await as(app, KEY_A).get(`/conduit/finetuning/${id}/checkpoints`);
+      assert.equal(listed.statusCode, 200, listed.body);
+      const kept = listed.json<{ step: number; epoch: number; model: string }[]>();
+      assert.deepEqual(
+        kept.map((c) => c.epoch),
+        [200, 199, 198],
+      );
+      assert.equal(kept[0]!.step, run.stats.final.steps);
+      const oldest = kept[2]!;
+      assert.equal(oldest.model, `${id}:ckpt-step-${oldest.step}`);
+      const answer = await as(app, KEY_A).post("/v1/chat/completions", {
+        model: oldest.model,
+        messages: [{ role: "user", content: pairs[0]!.input }],
+        temperature: 0,
+        max_tokens: 8,
+      });
+      assert.equal(answer.statusCode, 200, answer.body);
+      assert.equal(answer.json<{ model: string }>().model, oldest.model);
+      const download = await as(app, KEY_A).get(
+        `/conduit/finetuning/${id}/checkpoints/${oldest.step}/artifact`,
+      );
+      assert.equal(download.statusCode, 200);
+      const adapter = await as(app, KEY_A).get(`/conduit/finetuning/${id}/artifact`);
+      assert.equal(download.rawPayload.length, adapter.rawPayload.length);
     },
   );
 });
