@@ -187,6 +187,7 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
     limits: { maxPairs: config.maxRunPairs, maxBytes: config.maxRunBytes },
     trainers: { setting: config.trainer, host: trainerHost },
     adapterType: config.adapterType,
+    checkModel: async (userId, model, param) => void (await inference.resolve(userId, model, param)),
   });
   const scheduler = new Scheduler(runRepository, runEvents, datasets, registry, blobs, log, {
     concurrency: config.trainConcurrency,

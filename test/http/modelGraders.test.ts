@@ -177,6 +177,11 @@ describe("model graders on the tiny model", () => {
       done.per_testing_criteria_results.map((r) => r.testing_criteria),
       ["helpful", "on_topic"],
     );
+    // tiny answered twice and judged each answer twice: one entry, both counted.
+    assert.deepEqual(
+      done.per_model_usage.map((u) => [u.model_name, u.invocation_count]),
+      [["tiny", 2 + 4]],
+    );
     const items = [];
     for await (const item of client.evals.runs.outputItems.list(run.id, { eval_id: created.id }))
       items.push(item);
