@@ -623,6 +623,58 @@ describe("the trainer a run gets through the API", () => {
   );
 });
 
+test(
+  "a torch run paused through the API resumes from its checkpoint with the optimizer's state and keeps its last epochs",
+  { skip, timeout: 600_000 },
+  async (t) => {
+    const env = await testEnv(t, "sqlite", {
+      CONDUIT_TRAINER: "torch",
+      CONDUIT_PYTHON: python.ok ? python.python : "",
+    });
+    await createTinyModel(path.join(env.dataDir, "models", "tiny128.gguf"), {
+      seed: 1,
+      embeddingLength: 128,
+    });
+    const { app, core } = await buildTestApp(t, env, { scheduler: { pollMs: 200, concurrency: 1 } });
+    core.scheduler.start();
+    const datasetID = await datasetOf(app, madeUpPairs(8));
+    const created = await as(app, KEY_A).post("/conduit/finetuning", {
+      datasetID,
+      baseModelName: "tiny128",
+      loraRank: 8,
+      epochs: 300,
+    });
+    assert.equal(created.statusCode, 200, created.body);
+    const id = created.json<{ id: string }>().id;
+    await waitForRun(app, id, (r) => r.logs.some((line) => /trainer: .*epoch 5\/300/.test(line)), {
+      timeoutMs: 300_000,
+    });
+    const paused = await as(app, KEY_A).post(`/conduit/finetuning/${id}/pause`);
+    assert.equal(paused.statusCode, 200, paused.body);
+    const stopped = await waitForRun(app, id, (r) => r.logs.some((line) => line.includes("run paused: ")), {
+      timeoutMs: 60_000,
+    });
+    const step = /goes on from its checkpoint at step (\d+)/.exec(stopped.logs.join("\n"))?.[1];
+    assert.ok(step !== undefined, stopped.logs.join("\n"));
+    assert.equal((await as(app, KEY_A).post(`/conduit/finetuning/${id}/resume`)).statusCode, 200);
+    const done = await waitForRun(app, id, runEnded, { timeoutMs: 300_000 });
+    assert.equal(done.status, "READY", done.logs.join("\n"));
+    assert.ok(
+      done.logs.some((line) =>
+        line.includes(`resuming from the checkpoint at step ${step}, with the optimizer's state`),
+      ),
+      done.logs.join("\n"),
+    );
+    const kept = (await as(app, KEY_A).get(`/conduit/finetuning/${id}/checkpoints`)).json<
+      { epoch: number }[]
+    >();
+    assert.deepEqual(
+      kept.map((c) => c.epoch),
+      [300, 299, 298],
+    );
+  },
+);
+
 test("a torch trainer installed while the server runs is found without a restart", { skip }, async (t) => {
   // CONDUIT_PYTHON names a venv that is not there yet; it is made, then given the worker's packages (a .pth
   // file adding the test venv's site-packages, as an install adds packages), while the server runs.
