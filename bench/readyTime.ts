@@ -6,7 +6,12 @@
  * are measured on the runs before them).
  *
  *   node --import tsx bench/readyTime.ts [smollm2-135m|tinyllama-1b|file.gguf] [--pairs 200] [--runs 1]
- *     [--epochs N] [--trainer auto|llama.cpp|torch]
+ *     [--epochs N] [--trainer auto|llama.cpp|torch] [--busy [--chat-model smollm2-135m]]
+ *
+ * For each run it also prints the peak memory of the server and its trainer (every process of the server's tree,
+ * RSS sampled twice a second) and the run's own before/after on its held-out pairs (the automatic evaluation,
+ * waited for). `--busy`: another user chats meanwhile, 4 streams of 32-token answers on `--chat-model`: 30 s of
+ * that chat alone first, then through the run and its evaluation; its per-answer p50/p99 are printed for both.
  *
  * `--epochs` and `--trainer` leave a default for a shorter or a particular run. The pairs are the dates task of
  * bench/quality.ts (a random-weight model learns nothing from them: time only). `tinyllama-1b` is
@@ -22,6 +27,86 @@ import { datesTask } from "./lib/qualityTasks.ts";
 import { modelPath, modelsDir, requireFile, type BenchModel } from "./lib/reference.ts";
 import { SHAPES } from "./makeModel.ts";
 
+/** The peak RSS of a process and all its descendants, sampled every 500 ms from /proc until `stop`. */
+function peakMemory(root: number): { stop(): number } {
+  let peak = 0;
+  const sample = () => {
+    const children = new Map<number, number[]>();
+    const rss = new Map<number, number>();
+    for (const entry of fs.readdirSync("/proc")) {
+      if (!/^\d+$/.test(entry)) continue;
+      try {
+        const stat = fs.readFileSync(`/proc/${entry}/stat`, "utf8");
+        const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+        const parent = Number(fields[1]);
+        children.set(parent, [...(children.get(parent) ?? []), Number(entry)]);
+        rss.set(Number(entry), Number(fields[21]) * 4096);
+      } catch {
+        // Gone meanwhile.
+      }
+    }
+    let total = 0;
+    for (const queue = [root]; queue.length > 0;) {
+      const pid = queue.pop()!;
+      total += rss.get(pid) ?? 0;
+      queue.push(...(children.get(pid) ?? []));
+    }
+    peak = Math.max(peak, total);
+  };
+  const timer = setInterval(sample, 500);
+  sample();
+  return {
+    stop() {
+      clearInterval(timer);
+      return peak;
+    },
+  };
+}
+
+/** Another user's chat: 4 streams, each asking for a 32-token answer again and again; answer times per phase. */
+function chatLoad(url: string) {
+  let stopped = false;
+  let times: number[] = [];
+  const phases: { name: string; times: number[] }[] = [];
+  const stream = async () => {
+    while (!stopped) {
+      const started = performance.now();
+      const response = await fetch(`${url}/conduit/v1/chat`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${BENCH_KEY}`, "content-type": "application/json" },
+        body: JSON.stringify({
+          model: "chat",
+          prompt: "Write a short note about the sea.",
+          max_tokens: 32,
+          temperature: 0,
+        }),
+      });
+      await response.text();
+      if (response.ok) times.push(performance.now() - started);
+    }
+  };
+  const streams = Array.from({ length: 4 }, stream);
+  const percentile = (values: number[], p: number) =>
+    [...values].sort((a, b) => a - b)[Math.min(values.length - 1, Math.floor(p * values.length))] ?? NaN;
+  return {
+    mark(name: string) {
+      phases.push({ name, times });
+      times = [];
+    },
+    async stop() {
+      stopped = true;
+      await Promise.all(streams);
+    },
+    report: () =>
+      phases
+        .map(
+          ({ name, times: t }) =>
+            `${name}: ${t.length} answers, p50 ${percentile(t, 0.5).toFixed(0)} ms, p99 ${percentile(t, 0.99).toFixed(0)} ms`,
+        )
+        .join("; "),
+  };
+}
+
 const { values, positionals } = parseArgs({
   allowPositionals: true,
   options: {
@@ -29,6 +114,8 @@ const { values, positionals } = parseArgs({
     runs: { type: "string", default: "1" },
     epochs: { type: "string" },
     trainer: { type: "string" },
+    busy: { type: "boolean", default: false },
+    "chat-model": { type: "string", default: "smollm2-135m" },
   },
 });
 const name = positionals[0] ?? "smollm2-135m";
@@ -40,8 +127,9 @@ if (name === "tinyllama-1b") {
 
 const pairs = datesTask.pairs(Number(values.pairs));
 const csv = "input,output\n" + pairs.map((p) => `${p.input},${p.output}`).join("\n") + "\n";
+const chatModel = values.busy ? requireFile(modelPath(values["chat-model"] as BenchModel)) : undefined;
 const server = await startConduit(
-  { base: model },
+  { base: model, ...(chatModel ? { chat: chatModel } : {}) },
   values.trainer === undefined ? {} : { CONDUIT_TRAINER: values.trainer },
 );
 try {
@@ -66,8 +154,15 @@ try {
     config: Record<string, unknown>;
     stats: Record<string, number> & { final?: Record<string, number> };
     estimate: Estimate | null;
+    evaluation: { status: string; summary: string } | null;
   };
   for (let round = 1; round <= Number(values.runs); round++) {
+    const chat = values.busy ? chatLoad(server.url) : undefined;
+    if (chat) {
+      await new Promise((resolve) => setTimeout(resolve, 30_000));
+      chat.mark("alone");
+    }
+    const memory = peakMemory(server.child.pid!);
     const loadStart = os.loadavg()[0]!;
     const created = Date.now();
     const run = await call<RunView>(server, "POST", "/conduit/finetuning", {
@@ -90,6 +185,17 @@ try {
       await new Promise((resolve) => setTimeout(resolve, 1000));
     }
     const seconds = (Date.now() - created) / 1000;
+    // The automatic before/after (base vs fine-tune on the held-out pairs), queued when the run became READY.
+    let evaluation: RunView["evaluation"] = null;
+    for (const until = Date.now() + 3_600_000; view.status === "READY" && Date.now() < until;) {
+      evaluation = (await call<RunView>(server, "GET", `/conduit/finetuning/${run.id}`)).evaluation;
+      if (evaluation && !["QUEUED", "RUNNING"].includes(evaluation.status)) break;
+      await new Promise((resolve) => setTimeout(resolve, 2000));
+    }
+    const evaluated = (Date.now() - created) / 1000;
+    const peak = memory.stop();
+    chat?.mark("with the run");
+    await chat?.stop();
     if (round === 1)
       for (const line of view.logs.filter((l) =>
         /trainer: (torch|llama|PyTorch|loaded|LoRA)|auto settings|READY|failed/.test(l),
@@ -109,6 +215,11 @@ try {
           `(${final.steps} steps, ${final.trainTokens} tokens at ${final.tokensPerSecond?.toFixed(1)} tok/s; the trainer ` +
           `${final.elapsedSeconds?.toFixed(1)} s): ${(planned.seconds / (final.runSeconds ?? Number.NaN)).toFixed(2)}× the actual`,
       );
+    console.log(
+      `  peak memory of the server and its trainer ${(peak / 2 ** 30).toFixed(2)} GiB; before/after: ${evaluation?.summary ?? "none"} (done ${evaluated.toFixed(0)} s from creation)`,
+    );
+    if (chat)
+      console.log(`  the other user's chat (4 streams, ${path.basename(chatModel!)}): ${chat.report()}`);
     if (view.status !== "READY") {
       process.exitCode = 1;
       break;

@@ -5,7 +5,7 @@
  * on CUDA).
  *
  *   node --import tsx bench/trainTorch.ts [smollm2-135m|tinyllama-1b|file.gguf] [--steps 16] [--ctx 256]
- *     [--threads 1] [--rank 16] [--targets attn_q,...] [--device auto|cpu|cuda]
+ *     [--threads 1] [--blas-threads N] [--rank 16] [--targets attn_q,...] [--device auto|cpu|cuda]
  *     [--skip peft,peft-f32,torch,llama.cpp,llama.cpp+blas]
  *   node --import tsx bench/trainTorch.ts smollm2-135m --export DIR [--steps 200]   # a job for worker.py --job
  *   node --import tsx bench/trainTorch.ts smollm2-135m --export DIR --task dates [--epochs 3] [--lr 1e-3]
@@ -56,6 +56,7 @@ const { values, positionals } = parseArgs({
     steps: { type: "string" },
     ctx: { type: "string" },
     threads: { type: "string", default: "1" },
+    "blas-threads": { type: "string" },
     rank: { type: "string", default: "16" },
     targets: { type: "string", default: LLAMA_CPP_LORA_TARGETS.filter((t) => t !== "output").join(",") },
     device: { type: "string", default: "cpu" },
@@ -146,7 +147,12 @@ function job(
     ? torchJob({ ...input, options: { python, device, dtype: "auto" } })
     : llamaCppJob({
         ...input,
-        options: { blasLibrary, ...(device === "cuda" ? { device: "cuda", gpuLayers: "all" } : {}) },
+        options: {
+          blasLibrary,
+          // `--blas-threads`: OpenBLAS's threads apart from ggml's (the server's `auto` gives it every core).
+          ...(values["blas-threads"] === undefined ? {} : { blasThreads: Number(values["blas-threads"]) }),
+          ...(device === "cuda" ? { device: "cuda", gpuLayers: "all" } : {}),
+        },
       });
 }
 

@@ -65,6 +65,8 @@ export interface CoreOverrides {
   scheduler?: Partial<SchedulerOptions>;
   /** MLflow tracker timings (tests retry fast). */
   tracking?: Partial<MlflowTrackerOptions>;
+  /** The memory a run's trainer is checked against at creation (tests make it small). */
+  memory?: { total?: () => number; inUse?: () => number };
   log?: Logger;
 }
 
@@ -188,6 +190,15 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
     trainers: { setting: config.trainer, host: trainerHost },
     adapterType: config.adapterType,
     checkModel: async (userId, model, param) => void (await inference.resolve(userId, model, param)),
+    memory: {
+      // The models the engine holds: each base once, and each adapter's own tensors.
+      inUse: () => {
+        const held = new Map<string, number>();
+        for (const m of engine.loaded()) held.set(`${m.path}\0${m.lora ?? ""}`, m.sizeBytes);
+        return [...held.values()].reduce((sum, bytes) => sum + bytes, 0);
+      },
+      ...overrides.memory,
+    },
   });
   const scheduler = new Scheduler(runRepository, runEvents, datasets, registry, blobs, log, {
     concurrency: config.trainConcurrency,

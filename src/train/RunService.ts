@@ -23,6 +23,7 @@ import {
   activeStatuses,
   type LoraTarget,
   type RunCheckpoint,
+  type TrainMethod,
   type TrainObjective,
 } from "../contract/runs.ts";
 import { isPreference, type IoPair } from "../datasets/ioPairs.ts";
@@ -38,7 +39,12 @@ import {
   type TrainerSetting,
   type TrainMethodConfig,
 } from "../domain/runs.ts";
-import type { TrainerBackend, TrainerHost, TrainerStatus } from "./core/TrainerBackend.ts";
+import {
+  totalMemory,
+  type TrainerBackend,
+  type TrainerHost,
+  type TrainerStatus,
+} from "./core/TrainerBackend.ts";
 import { chooseTrainer, type TrainerChoice } from "./trainerChoice.ts";
 import { trainers } from "./trainers.ts";
 import { DEFAULT_MIN_PAIRS_FOR_EVAL, planSettingsOf, prepareSamples } from "./prepareSamples.ts";
@@ -177,6 +183,8 @@ interface TrainingSet {
 
 /** The latest READY runs of a trainer, model and method whose rate an estimate is measured on. */
 const MEASURED_RUNS = 5;
+/** Memory kept for the server itself when a run's trainer is checked to fit (its own heap, requests, an upload). */
+const MEMORY_RESERVE_BYTES = 2 ** 30;
 
 /** Fine-tuning runs: creation with validated config, reads, cancel and delete. */
 export class RunService {
@@ -207,6 +215,11 @@ export class RunService {
        * taking every name.
        */
       checkModel?: (userId: string, model: string, param: string) => Promise<void>;
+      /**
+       * The memory a run's trainer must fit in at creation: the machine's (or its container's), less what the
+       * server holds now (the models its engine has loaded). Defaults to the machine's, and nothing held.
+       */
+      memory?: { total?: () => number; inUse?: () => number };
     },
   ) {}
 
@@ -244,6 +257,7 @@ export class RunService {
       model.path,
       command.trainer,
     );
+    await this.checkMemory(trainer.trainer, method.method, baseModelName, model.path);
     const settings = await this.settings(
       from === undefined ? command : { ...command, complexity: from.config.complexity },
       method,
@@ -565,6 +579,28 @@ export class RunService {
         loraTargets: method.loraTargets ?? undefined,
       },
     });
+  }
+
+  /**
+   * Refuses a run whose trainer would not fit in memory beside what the server holds now: its measured peak for
+   * this base and method (`TrainerBackend.memoryNeed`) against the machine's memory less the loaded models and a
+   * reserve for the server itself, the numbers named.
+   */
+  private async checkMemory(trainer: TrainerName, method: TrainMethod, name: string, modelPath: string) {
+    const backend = trainers[trainer];
+    const need = await backend.memoryNeed(method, await readModelCost(modelPath), this.options.trainers.host);
+    const total = this.options.memory?.total?.() ?? totalMemory();
+    const inUse = this.options.memory?.inUse?.() ?? 0;
+    const room = total - inUse - MEMORY_RESERVE_BYTES;
+    if (need <= room) return;
+    const gib = (bytes: number) => `${(bytes / 2 ** 30).toFixed(1)} GiB`;
+    throw new ConduitError(
+      "invalid_request",
+      `the ${trainer} trainer needs about ${gib(need)} of memory to train "${name}" (${method}); this server has ` +
+        `${gib(total)}, ${gib(inUse)} of it held by the models loaded now and ${gib(MEMORY_RESERVE_BYTES)} kept for ` +
+        `the server: ${gib(Math.max(0, room))} free for a trainer`,
+      { param: "baseModelName" },
+    );
   }
 
   /**

@@ -85,7 +85,9 @@ describe("the database goes away and comes back", () => {
     assert.ok(pairs.length >= 4);
     const answers = await Promise.all([
       ...[1, 2, 3, 4, 5].map(() => count()),
-      db.kysely.transaction().execute(async (trx) => (await sql<{ n: number }>`select 2 as n`.execute(trx)).rows[0]),
+      db.kysely
+        .transaction()
+        .execute(async (trx) => (await sql<{ n: number }>`select 2 as n`.execute(trx)).rows[0]),
     ]);
     assert.deepEqual(answers[5], { n: 2 });
     // A statement's own error is not tried again.
@@ -127,7 +129,9 @@ describe("the database goes away and comes back", () => {
     assert.ok((await postgres.terminateAll()) >= 2);
     for (const app of [a.app, b.app]) {
       // A statement that meets a killed pooled connection runs again on a fresh one: no request notices.
-      const again = await Promise.all([1, 2, 3].map(() => as(app, KEY_A).get(`/conduit/finetuning/${runId}`)));
+      const again = await Promise.all(
+        [1, 2, 3].map(() => as(app, KEY_A).get(`/conduit/finetuning/${runId}`)),
+      );
       for (const response of again) assert.equal(response.statusCode, 200, response.body);
     }
 

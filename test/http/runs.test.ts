@@ -531,6 +531,29 @@ for (const backend of backends()) {
       assert.equal(runs.length, 1);
     });
 
+    test("a run whose trainer would not fit in memory beside the loaded models is a 400 naming the numbers; nothing is queued", async (t) => {
+      let inUse = 0;
+      // The tiny model's llama.cpp LoRA needs about half a GiB: 2 GiB leave it room after the 1 GiB reserve.
+      const { app } = await buildTestApp(t, await testEnv(t, backend), {
+        ...models,
+        memory: { total: () => 2 * 2 ** 30, inUse: () => inUse },
+      });
+      const ds = await createDataset(app, "train");
+      await upload(app, ds.id, "three.jsonl", 3);
+      const payload = { datasetID: ds.id, baseModelName: "tiny", trainer: "llama.cpp", epochs: 1 };
+      await createRun(app, payload);
+      inUse = 0.8 * 2 ** 30;
+      const res = await as(app, KEY_A).post("/conduit/finetuning", payload);
+      assert.equal(res.statusCode, 400, res.body);
+      assert.equal(res.json().error.param, "baseModelName", res.body);
+      assert.match(
+        res.json().error.message,
+        /^the llama\.cpp trainer needs about 0\.\d GiB of memory to train "tiny" \(lora\); this server has 2\.0 GiB, 0\.8 GiB of it held by the models loaded now and 1\.0 GiB kept for the server: 0\.2 GiB free for a trainer$/,
+      );
+      const runs = (await as(app, KEY_A).get("/conduit/finetuning")).json() as unknown[];
+      assert.equal(runs.length, 1);
+    });
+
     test("examples: a READY run's examples with their loss, worst first, by split, paged; 409 before READY or without them, 404 for others", async (t) => {
       const { app, core } = await build(t, backend, models);
       const ds = await datasetWithPairs(app);

@@ -97,10 +97,17 @@ describe("planning a run", () => {
     const torchHost = { ...host, cacheDir: cache };
     const first = planRun(input({ model: qwen, prior: trainers.torch.prior(torchHost) })).overheadSeconds;
     // The worker's copy: `<file name>-<16 hex digits>/config.json` under the cache's torch/ folder.
-    fs.mkdirSync(path.join(cache, "torch", "qwen2.5-coder-1.5b-instruct-0123456789abcdef"), { recursive: true });
-    const unfinished = planRun(input({ model: qwen, prior: trainers.torch.prior(torchHost) })).overheadSeconds;
+    fs.mkdirSync(path.join(cache, "torch", "qwen2.5-coder-1.5b-instruct-0123456789abcdef"), {
+      recursive: true,
+    });
+    const unfinished = planRun(
+      input({ model: qwen, prior: trainers.torch.prior(torchHost) }),
+    ).overheadSeconds;
     assert.equal(unfinished, first, "a copy being written (no config.json yet) is not a copy");
-    fs.writeFileSync(path.join(cache, "torch", "qwen2.5-coder-1.5b-instruct-0123456789abcdef", "config.json"), "{}");
+    fs.writeFileSync(
+      path.join(cache, "torch", "qwen2.5-coder-1.5b-instruct-0123456789abcdef", "config.json"),
+      "{}",
+    );
     const next = planRun(input({ model: qwen, prior: trainers.torch.prior(torchHost) })).overheadSeconds;
     assert.ok(first - next > 25 && first - next < 60, `the 1.5B conversion: ${first - next} s`);
   });

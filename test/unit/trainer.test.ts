@@ -10,12 +10,32 @@ import { countWindows, lossPositions, packWindows } from "../../src/train/core/p
 import { trainableBlocks } from "../../src/train/core/modelFile.ts";
 import { isTrainableTensor } from "../../src/train/native/trainableTensor.ts";
 import { torchAutoThreads, torchTrainer } from "../../src/train/torch/torchTrainer.ts";
+import { llamaCppTrainer } from "../../src/train/native/llamaCppTrainer.ts";
+import type { TrainerHost } from "../../src/train/core/TrainerBackend.ts";
 
 describe("trainer building blocks", () => {
   test("the torch trainer's automatic threads leave one core to the server, and a count is taken as it is", () => {
     assert.deepEqual([1, 2, 4, 16].map(torchAutoThreads), [1, 1, 3, 15]);
     assert.equal(torchTrainer.threads("auto"), torchAutoThreads(os.availableParallelism()));
     assert.equal(torchTrainer.threads(2), 2);
+  });
+
+  test("a trainer's memory need grows with the base, and full fine-tuning needs several times LoRA's", async () => {
+    const host = { blas: "off" } as TrainerHost;
+    const model = (parameters: number) => ({
+      parameters,
+      fileType: "Q4_K_M",
+      sizeBytes: parameters / 2,
+      file: "",
+    });
+    const need = (method: "lora" | "full", parameters: number) =>
+      llamaCppTrainer.memoryNeed(method, model(parameters), host);
+    const gb = (bytes: number) => bytes / 1e9;
+    // The measured points the lines go through (bench/README.md): SmolLM2 Q8_0 LoRA 0.87 GB, full 2.42 GB.
+    assert.ok(Math.abs(gb(await need("lora", 134.5e6)) - 0.87) < 0.05);
+    assert.ok(Math.abs(gb(await need("full", 134.5e6)) - 2.42) < 0.05);
+    assert.ok((await need("full", 1.5e9)) > 4 * (await need("lora", 1.5e9)));
+    assert.ok((await need("lora", 1.5e9)) > 2 * (await need("lora", 0.5e9)));
   });
 
   test("a finished local node-llama-cpp build is found, a half-written one is not", (t) => {

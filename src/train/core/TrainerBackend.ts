@@ -5,6 +5,7 @@
  * Each trainer is one folder (`native/` for llama.cpp, `torch/`) exporting one `TrainerBackend`, and one line
  * of the registry (`src/train/trainers.ts`), keyed by its name.
  */
+import os from "node:os";
 import type { GpuLayers, GpuSetting } from "../../contract/accelerator.ts";
 import type { LoraTarget, TrainMethod, TrainObjective } from "../../contract/runs.ts";
 import type { TrainerName } from "../../domain/runs.ts";
@@ -29,6 +30,11 @@ export interface TrainerBackend<Options = unknown> {
   threads(setting: number | "auto"): number;
   /** Its speed before any run of it was measured on this server, for a run's estimate. */
   prior(host: TrainerHost): EstimatePrior;
+  /**
+   * The host memory its process needs at its peak to train `method` on `model` (bytes, measured: bench/README.md),
+   * for the check at creation that a run fits beside what the server has loaded.
+   */
+  memoryNeed(method: TrainMethod, model: ModelSize, host: TrainerHost): Promise<number>;
   /** Its settings for a job on this worker (where it computes, the libraries it loads); needs it available. */
   jobOptions(host: TrainerHost): Promise<Options>;
   /** Trains a job; runs in the trainer child process. */
@@ -87,6 +93,23 @@ export interface ModelSize {
   sizeBytes: number;
   /** The model's file. */
   file: string;
+}
+
+/** A trainer's peak memory as a line of the base's parameters: `fixed` bytes plus `perParameter` bytes each. */
+export interface MemoryLine {
+  fixed: number;
+  perParameter: number;
+}
+
+/** This machine's memory, or the container's limit when that is less (cgroups: `process.constrainedMemory`). */
+export function totalMemory(): number {
+  const limit = process.constrainedMemory();
+  return limit > 0 ? Math.min(os.totalmem(), limit) : os.totalmem();
+}
+
+/** The bytes a {@link MemoryLine} gives for `parameters`. */
+export function memoryOf(line: MemoryLine, parameters: number): number {
+  return line.fixed + line.perParameter * parameters;
 }
 
 /** How fast a trainer is expected to be before it was measured on this server: its benches, scaled. */

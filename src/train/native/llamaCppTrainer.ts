@@ -6,9 +6,15 @@
 import os from "node:os";
 import type { LoraTarget } from "../../contract/runs.ts";
 import type { ComputeDevice } from "../libllama/llamaLib.ts";
-import type { EstimatePrior, TrainerBackend } from "../core/TrainerBackend.ts";
+import {
+  memoryOf,
+  totalMemory,
+  type EstimatePrior,
+  type MemoryLine,
+  type TrainerBackend,
+} from "../core/TrainerBackend.ts";
 import { blasStatus } from "./blasBackend.ts";
-import { runTraining } from "./runTraining.ts";
+import { F32_BASE_MEMORY_FRACTION, runTraining } from "./runTraining.ts";
 
 /** The llama.cpp trainer's settings for a job. */
 export interface LlamaCppOptions {
@@ -121,6 +127,17 @@ export function llamaCppPrior(blas: boolean): EstimatePrior {
   };
 }
 
+/**
+ * The trainer's peak RSS (bench/README.md, `lora.ts` and `trainTorch.ts`): SmolLM2-135M full 2.42 GB, LoRA on an F32
+ * base 1.24 GB, through Q8_0 0.87 GB; ~1.1B of TinyLlama's shape LoRA F32 6.04 GB, Q8_0 3.32 GB; lines through
+ * those points (full: F32 weights, gradients and AdamW's two moments, 16 bytes a parameter, and the graph's).
+ */
+const LLAMA_CPP_MEMORY = {
+  full: { fixed: 0.57e9, perParameter: 13.7 },
+  loraF32: { fixed: 0.57e9, perParameter: 4.97 },
+  loraQ8: { fixed: 0.53e9, perParameter: 2.54 },
+} satisfies Record<string, MemoryLine>;
+
 export const llamaCppTrainer: TrainerBackend<LlamaCppOptions> = {
   name: "llama.cpp",
   setupCommand: null,
@@ -153,6 +170,16 @@ export const llamaCppTrainer: TrainerBackend<LlamaCppOptions> = {
   // More threads do not pay for ggml's own ops here (bench/README.md); the BLAS backend's products take every core.
   threads: (setting) => (setting === "auto" ? 1 : setting),
   prior: (host) => llamaCppPrior(blasStatus(host.blas).available),
+  memoryNeed(method, model, host) {
+    if (method === "full") return Promise.resolve(memoryOf(LLAMA_CPP_MEMORY.full, model.parameters));
+    // A LoRA base is trained in F32 when its BLAS backend is there and the F32 copy fits its budget
+    // (`loraBase.ts`), else through Q8_0.
+    const f32 =
+      blasStatus(host.blas).available && 4 * model.parameters <= F32_BASE_MEMORY_FRACTION * totalMemory();
+    return Promise.resolve(
+      memoryOf(f32 ? LLAMA_CPP_MEMORY.loraF32 : LLAMA_CPP_MEMORY.loraQ8, model.parameters),
+    );
+  },
   async jobOptions(host) {
     const blas = blasStatus(host.blas);
     const { device, gpuLayers } = await host.accelerator();

@@ -4,11 +4,10 @@
  * optimizer step, sets process-global llama.cpp state, and a native crash must not take the API down.
  */
 import fs from "node:fs";
-import os from "node:os";
 import path from "node:path";
 import koffi from "koffi";
 import type { ExampleLoss, TrainerJob, TrainingStats } from "../core/trainerJob.ts";
-import type { TrainingHooks, TrainingResult } from "../core/TrainerBackend.ts";
+import { totalMemory, type TrainingHooks, type TrainingResult } from "../core/TrainerBackend.ts";
 import { prepareTrainingData } from "../core/prepareTrainingData.ts";
 import type { LlamaCppOptions } from "./llamaCppTrainer.ts";
 import { learningRateAt } from "../core/learningRate.ts";
@@ -66,7 +65,7 @@ type LlamaCppJob = TrainerJob<LlamaCppOptions>;
 const CHECKPOINT_INTERVAL_MS = 10_000;
 const PROGRESS_INTERVAL_MS = 500;
 /** With a BLAS backend, LoRA trains on an F32 copy of the base when it takes at most this share of the memory. */
-const F32_BASE_MEMORY_FRACTION = 0.25;
+export const F32_BASE_MEMORY_FRACTION = 0.25;
 
 /** Native handles, freed in reverse order whatever happens. */
 class NativeScope {
@@ -276,7 +275,7 @@ async function prepareBase(
     // when it fits a quarter of the memory (see loraBase.ts).
     const conversion = loraBaseConversion(readModelFile(lib, job.baseModelPath), {
       blas: blas !== undefined,
-      f32Budget: F32_BASE_MEMORY_FRACTION * os.totalmem(),
+      f32Budget: F32_BASE_MEMORY_FRACTION * totalMemory(),
     });
     if (conversion === undefined) basePath = job.baseModelPath;
     else {

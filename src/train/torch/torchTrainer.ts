@@ -6,7 +6,7 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { LORA_TARGETS } from "../../contract/runs.ts";
-import type { TrainerBackend } from "../core/TrainerBackend.ts";
+import { memoryOf, type MemoryLine, type TrainerBackend } from "../core/TrainerBackend.ts";
 import { runTorchTraining } from "./runTorchTraining.ts";
 import { describeTorch, TORCH_SETUP_COMMAND, torchStatus } from "./torchStatus.ts";
 
@@ -73,6 +73,19 @@ const RATE = {
  * evals, the API). A torch thread that finds its core busy stalls every step's barrier: on 2 cores at load 7–13,
  * 2 threads trained SmolLM2 at 5.4 tok/s and one at 41–44 (on an idle machine 2 are 1.35× one).
  */
+const GIB = 2 ** 30;
+
+/**
+ * The worker's peak RSS (bench/README.md, `trainTorch.ts` and `readyTime.ts`): bf16, SmolLM2-135M 1.31 GB and
+ * Qwen2.5-Coder-1.5B 7.96 GB (its first run: converting the GGUF, 256-token windows, rank 32 on every target and the
+ * output head of a 151,936-token vocabulary); F32, SmolLM2-135M 1.90 GB and ~1.1B of TinyLlama's shape 7.98 GB.
+ * Lines through those points.
+ */
+const TORCH_MEMORY = {
+  bf16: { fixed: 0.67e9, perParameter: 4.73 },
+  f32: { fixed: 1.05e9, perParameter: 6.3 },
+} satisfies Record<string, MemoryLine>;
+
 /** Where the worker keeps its dequantized copies of base models, with everything else the server keeps. */
 function torchCacheDir(serverCacheDir: string): string {
   return path.join(serverCacheDir, "torch");
@@ -133,6 +146,14 @@ export const torchTrainer: TrainerBackend<TorchOptions> = {
     // A forward pass costs about a third of a training step in PyTorch.
     forwardShare: 1 / 3,
   }),
+  async memoryNeed(_method, model, host) {
+    const status = await torchStatus(host.python).check();
+    const bf16 = status.available && status.probe.bf16;
+    // The worker holds the base in bf16 where the CPU computes it natively, else in F32; on a GPU the weights
+    // live there, and the host holds about what the first load of the GGUF takes.
+    if (status.available && status.probe.cuda && host.gpu !== "off") return GIB + 2 * model.sizeBytes;
+    return memoryOf(bf16 ? TORCH_MEMORY.bf16 : TORCH_MEMORY.f32, model.parameters);
+  },
   async jobOptions(host) {
     const status = await torchStatus(host.python).check();
     if (!status.available) throw new Error(status.reason);
