@@ -217,7 +217,8 @@ test(
         assert.equal(await page.getByLabel("Eval run").inputValue(), "all");
         const items = page.getByRole("region", { name: "Items" });
         const header = await items.locator("thead").innerText();
-        assert.ok(header.includes("tiny128") && header.includes(run.id), header);
+        // In the order the runs were made: the base's, then the fine-tune's.
+        assert.ok(header.includes("tiny128") && header.indexOf("tiny128") < header.indexOf(run.id), header);
         const rows = items.locator("tbody tr");
         await page.waitForFunction(
           () => !document.querySelector('[aria-label="Items"] tbody')?.textContent?.includes("…"),

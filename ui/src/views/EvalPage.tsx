@@ -48,9 +48,13 @@ function oneModelPerRun(runs: EvalRun[]): boolean {
 
 /**
  * Several runs as one, each run's model a column: labelled by the model's name, with the run's name after it
- * when two runs scored the same model. Its status is a live run's, else the first that did not complete.
+ * when two runs scored the same model, in the order the runs were made (a base's run, then its fine-tune's, say). Its
+ * status is a live run's, else the first that did not complete.
  */
-export function sideBySide(runs: EvalRun[]): { run: EvalRun; labelOf: (runId: string) => string[] } {
+export function sideBySide(newestFirst: EvalRun[]): { run: EvalRun; labelOf: (runId: string) => string[] } {
+  const runs = [...newestFirst].sort(
+    (a, b) => a.createdAt.localeCompare(b.createdAt) || a.id.localeCompare(b.id),
+  );
   const count = new Map<string, number>();
   for (const r of runs) for (const model of r.models) count.set(model, (count.get(model) ?? 0) + 1);
   const labels = new Map(
