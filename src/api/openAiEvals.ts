@@ -474,13 +474,23 @@ export function openAiOutputItem(run: EvalRun, result: EvalResult, createdAt: st
       type: run.config.graders[i]?.type ?? null,
       score: s.score,
       passed: s.passed,
-      // A model grader's judge and what it answered.
+      // A model grader's judge, what it answered and the tokens that took.
       sample:
         s.judgeAnswer === undefined
           ? null
           : {
               output: [{ role: "assistant", content: s.judgeAnswer }],
               model: judgeOf(run.config.graders[i]),
+              ...(s.usage
+                ? {
+                    usage: {
+                      prompt_tokens: s.usage.promptTokens,
+                      completion_tokens: s.usage.completionTokens,
+                      total_tokens: s.usage.promptTokens + s.usage.completionTokens,
+                      cached_tokens: 0,
+                    },
+                  }
+                : {}),
             },
       ...(s.label !== undefined ? { label: s.label } : {}),
       ...(s.error !== undefined ? { error: s.error } : {}),

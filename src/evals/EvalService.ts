@@ -33,8 +33,8 @@ import {
   type EvalSourceWire,
   type GraderScore,
   type GraderWire,
-  type ModelGrader,
   type JudgeUsage,
+  type ModelGrader,
   type ModelTotals,
   type RunEvaluation,
 } from "../contract/evals.ts";
