@@ -4,9 +4,8 @@
  * an output item is one result. A field Conduit cannot honour is a 400 naming it.
  */
 import { ConduitError } from "../errors.ts";
-import { evalLimits, type EvalGrader, type GraderWire } from "../contract/evals.ts";
-import type { Eval, EvalResult, EvalRun, ResolvedItem } from "../store/EvalRepository.ts";
-import { settleGraders } from "../evals/graders.ts";
+import { evalLimits, type EvalGrader, type GraderSpec } from "../contract/evals.ts";
+import type { Eval, EvalResult, EvalRun, ResolvedItem } from "../domain/evals.ts";
 import { questionOf } from "./evalWire.ts";
 import { parseTimestamp } from "../store/time.ts";
 
@@ -34,11 +33,11 @@ const SAMPLE_OUTPUT = /^\{\{\s*sample\.output_text\s*\}\}$/;
  * not `{{item.*}}`, the reference itself is looked for); `text_similarity` is the similarity grader.
  */
 export function gradersOfCriteria(criteria: readonly Json[]): {
-  graders: EvalGrader[];
+  graders: GraderSpec[];
   expectedField: string | null;
 } {
   let expectedField: string | null = null;
-  const wires: GraderWire[] = criteria.map((criterion, i) => {
+  const graders: GraderSpec[] = criteria.map((criterion, i) => {
     const at = `testing_criteria[${i}]`;
     const name = typeof criterion.name === "string" && criterion.name !== "" ? criterion.name : undefined;
     const { type } = criterion;
@@ -97,22 +96,19 @@ export function gradersOfCriteria(criteria: readonly Json[]): {
       `${at}.operation`,
     );
   });
-  try {
-    return { graders: settleGraders(wires, "testing_criteria"), expectedField };
-  } catch (error) {
-    throw openAiGraderError(error);
-  }
+  return { graders, expectedField };
 }
 
-/** The Conduit names of a model grader's fields → OpenAI's, in a 400 from checking it. */
+/** The eval command's grader fields (`graders[1].passThreshold`) → OpenAI's, in an error of the eval service. */
 const openAiGraderFields: [RegExp, string][] = [
+  [/\bgraders\[/g, "testing_criteria["],
   [/\.passThreshold\b/g, ".pass_threshold"],
   [/\.passingLabels\b/g, ".passing_labels"],
   [/\.maxTokens\b/g, ".sampling_params.max_completions_tokens"],
   [/\.temperature\b/g, ".sampling_params.temperature"],
 ];
 
-function openAiGraderError(error: unknown): unknown {
+export function openAiGraderError(error: unknown): unknown {
   if (!(error instanceof ConduitError) || error.param === null) return error;
   const rename = (text: string) => openAiGraderFields.reduce((t, [from, to]) => t.replace(from, to), text);
   return new ConduitError(error.code, rename(error.message), { param: rename(error.param) });
@@ -123,7 +119,7 @@ function openAiGraderError(error: unknown): unknown {
  * judge's template (messages; `developer` is a system turn), `sampling_params` its `temperature` and
  * `max_completions_tokens`. The item and the answer reach the judge through the template only.
  */
-function modelGraderOf(criterion: Json, at: string): GraderWire {
+function modelGraderOf(criterion: Json, at: string): GraderSpec {
   if (typeof criterion.model !== "string")
     throw bad(`"${at}.model" is required: the judge model`, `${at}.model`);
   if (!Array.isArray(criterion.input) || criterion.input.length === 0)

@@ -4,7 +4,7 @@
  * summary a fine-tuning run carries. Each is defined here once.
  */
 import { Type, type Static } from "@sinclair/typebox";
-import { noControlCharacters, noNul, REASON } from "./schemas.ts";
+import { noControlCharacters, noNul, REASON } from "./patterns.ts";
 
 /** Eval run states: QUEUED → RUNNING → COMPLETED | FAILED | CANCELLED; QUEUED → CANCELLED. */
 export const evalRunStatuses = ["QUEUED", "RUNNING", "COMPLETED", "FAILED", "CANCELLED"] as const;
@@ -262,7 +262,8 @@ export const Grader = Type.Union(
     description: "How each answer is scored.",
   },
 );
-export type GraderWire = Static<typeof Grader>;
+/** A grader as asked, before its defaults are filled in and its name settled (`settleGraders`); both faces ask in it. */
+export type GraderSpec = Static<typeof Grader>;
 
 /** A grader with its defaults filled in and its name settled, as stored. */
 export type EvalGrader =
@@ -368,7 +369,7 @@ export const CreateEvalBody = Type.Object(
     ),
     source: Type.Optional(EvalSource),
     graders: Type.Array(
-      Type.Unsafe<GraderWire>(
+      Type.Unsafe<GraderSpec>(
         Type.Object(
           {
             type: Type.String({

@@ -8,15 +8,8 @@ import type { InferenceService } from "../inference/InferenceService.ts";
 import type { BlobStore } from "../store/BlobStore.ts";
 import { DatabaseHealth } from "../store/DatabaseHealth.ts";
 import type { Page } from "../store/DatasetRepository.ts";
-import type {
-  Eval,
-  EvalConfig,
-  EvalRepository,
-  EvalResult,
-  EvalRun,
-  EvalRunConfig,
-  ResolvedItem,
-} from "../store/EvalRepository.ts";
+import type { Eval, EvalItem, EvalResult, EvalRun, EvalSource, ResolvedItem } from "../domain/evals.ts";
+import type { EvalRepository } from "../store/EvalRepository.ts";
 import { newId } from "../store/ids.ts";
 import type { Run, RunRepository } from "../store/RunRepository.ts";
 import { fileLines } from "../train/exampleFiles.ts";
@@ -24,15 +17,11 @@ import type { RunEventBus } from "../train/runEvents.ts";
 import {
   evalDefaults,
   evalLimits,
-  type CreateEvalBodyWire,
-  type CreateEvalRunBodyWire,
   type EvalGrader,
-  type EvalItemWire,
   type EvalRunProgress,
   type EvalRunStatus,
-  type EvalSourceWire,
   type GraderScore,
-  type GraderWire,
+  type GraderSpec,
   type ModelGrader,
   type ModelTotals,
   type RunEvaluation,
@@ -41,6 +30,7 @@ import { grade, gradesInline, isModelGrader, settleGraders } from "./graders.ts"
 import { judgePrompt, judgeSchema, readVerdict } from "./judge.ts";
 import { GraderThread } from "./GraderThread.ts";
 import { describeEvaluation } from "./runEvaluation.ts";
+import type { CreateEval, CreateEvalRun } from "./commands.ts";
 import { EvalRunFeed, type EvalRunEvent } from "./EvalRunFeed.ts";
 
 export type { EvalRunEvent } from "./EvalRunFeed.ts";
@@ -66,7 +56,7 @@ function greedy(maxTokens: number): SamplingOptions {
 const AFTER_RUN_MAX_ITEMS = 200;
 
 /** Graders of the automatic before/after of a fine-tuning run. */
-const AFTER_RUN_GRADERS: GraderWire[] = [{ type: "exact_match" }, { type: "similarity" }];
+const AFTER_RUN_GRADERS: GraderSpec[] = [{ type: "exact_match" }, { type: "similarity" }];
 
 export interface EvalServiceOptions {
   /** Answers in flight at once when a run does not say (`CONDUIT_EVAL_PARALLEL`). Defaults to `8`. */
@@ -184,43 +174,32 @@ export class EvalService {
 
   // --- evals ---
 
-  async create(
-    userId: string,
-    body: CreateEvalBodyWire,
-    extras: {
-      runId?: string;
-      openai?: EvalConfig["openai"];
-      graders?: EvalGrader[];
-      /** The field that holds the graders, for errors. Defaults to `graders`. */
-      gradersParam?: string;
-    } = {},
-  ): Promise<Eval> {
-    const graders = extras.graders ?? settleGraders(body.graders);
+  async create(userId: string, command: CreateEval): Promise<Eval> {
+    const graders = settleGraders(command.graders);
     // A judge must be a model this user can name now: a typo is a 400 here, not an error on every item later.
     for (const [i, grader] of graders.entries())
       if (isModelGrader(grader))
-        await this.inference
-          .resolve(userId, grader.model, `${extras.gradersParam ?? "graders"}[${i}].model`)
-          .catch((error: unknown) => {
-            if (error instanceof ConduitError && error.code === "model_not_found")
-              throw new ConduitError("invalid_request", error.message.replace(/^model/, "judge model"), {
-                param: error.param,
-              });
-            throw error;
-          });
+        await this.inference.resolve(userId, grader.model, `graders[${i}].model`).catch((error: unknown) => {
+          if (error instanceof ConduitError && error.code === "model_not_found")
+            throw new ConduitError("invalid_request", error.message.replace(/^model/, "judge model"), {
+              param: error.param,
+            });
+          throw error;
+        });
     // The source is checked now (a file or run of someone else is a 404 here, not when a run starts).
-    if (body.source && body.source.type !== "items") await this.resolveItems(userId, body.source, "source");
+    const source = command.source ?? null;
+    if (source && source.type !== "items") await this.resolveItems(userId, source, "source");
     return this.evals.create({
       id: newId("eval"),
       userId,
-      name: body.name ?? "eval",
+      name: command.name ?? "eval",
       config: {
         graders,
-        source: body.source ?? null,
-        systemPrompt: body.systemPrompt ?? "",
-        ...(extras.openai ? { openai: extras.openai } : {}),
+        source,
+        systemPrompt: command.systemPrompt ?? "",
+        ...(command.openai ? { openai: command.openai } : {}),
       },
-      runId: extras.runId ?? null,
+      runId: command.runId ?? null,
     });
   }
 
@@ -259,7 +238,7 @@ export class EvalService {
   // --- items ---
 
   /** The items of a source, read now (a file or run of another user is a 404 naming `param`). */
-  async resolveItems(userId: string, source: EvalSourceWire, param: string): Promise<ResolvedItem[]> {
+  async resolveItems(userId: string, source: EvalSource, param: string): Promise<ResolvedItem[]> {
     let items: ResolvedItem[];
     if (source.type === "items") items = source.items.map((item, i) => itemOf(item, `${param}.items[${i}]`));
     else if (source.type === "file")
@@ -317,18 +296,13 @@ export class EvalService {
 
   // --- eval runs ---
 
-  async createRun(
-    userId: string,
-    evalId: string,
-    body: CreateEvalRunBodyWire,
-    extras: { openai?: EvalRunConfig["openai"]; items?: ResolvedItem[] } = {},
-  ): Promise<EvalRun> {
+  async createRun(userId: string, evalId: string, command: CreateEvalRun): Promise<EvalRun> {
     const found = await this.get(userId, evalId);
     // Each model must be one this user can name: another user's fine-tune is a 404, as on the chat route.
-    for (const [i, model] of body.models.entries())
+    for (const [i, model] of command.models.entries())
       await this.inference.resolve(userId, model, `models[${i}]`);
-    const source = body.source ?? found.config.source;
-    let items = extras.items;
+    const source = command.source ?? found.config.source;
+    let items = command.items;
     if (!items) {
       if (!source)
         throw new ConduitError("invalid_request", `eval ${evalId} has no items of its own; send "source"`, {
@@ -340,17 +314,17 @@ export class EvalService {
       id: newId("evalrun"),
       evalId,
       userId,
-      name: body.name ?? `${found.name} on ${body.models.join(", ")}`,
-      models: [...body.models],
+      name: command.name ?? `${found.name} on ${command.models.join(", ")}`,
+      models: [...command.models],
       items,
       config: {
         graders: found.config.graders,
         systemPrompt: found.config.systemPrompt,
-        maxTokens: body.maxTokens ?? evalDefaults.maxTokens,
-        parallel: body.parallel ?? this.parallel,
-        ...(extras.openai ? { openai: extras.openai } : {}),
+        maxTokens: command.maxTokens ?? evalDefaults.maxTokens,
+        parallel: command.parallel ?? this.parallel,
+        ...(command.openai ? { openai: command.openai } : {}),
       },
-      progress: { completed: 0, total: items.length * body.models.length, model: null },
+      progress: { completed: 0, total: items.length * command.models.length, model: null },
     });
     this.wake();
     return run;
@@ -717,28 +691,21 @@ export class EvalService {
       if (error instanceof ConduitError && error.code === "conflict") return undefined;
       throw error;
     }
-    const created = await this.create(
-      run.userId,
-      {
-        name: `${run.name}: base vs fine-tune`,
-        source: { type: "run", runId: run.id },
-        graders: AFTER_RUN_GRADERS,
-        systemPrompt: run.config.systemPrompt,
-      },
-      { runId: run.id },
-    );
+    const created = await this.create(run.userId, {
+      name: `${run.name}: base vs fine-tune`,
+      source: { type: "run", runId: run.id },
+      graders: AFTER_RUN_GRADERS,
+      systemPrompt: run.config.systemPrompt,
+      runId: run.id,
+    });
     // Room for the longest expected answer (a token is rarely shorter than a character), and a little more.
     const longest = Math.max(...items.map((item) => item.expected.length));
-    const evalRun = await this.createRun(
-      run.userId,
-      created.id,
-      {
-        models: [run.config.baseModelName, run.id],
-        name: "before/after",
-        maxTokens: Math.min(evalLimits.maxTokens, Math.max(16, longest + 16)),
-      },
-      { items },
-    );
+    const evalRun = await this.createRun(run.userId, created.id, {
+      models: [run.config.baseModelName, run.id],
+      name: "before/after",
+      maxTokens: Math.min(evalLimits.maxTokens, Math.max(16, longest + 16)),
+      items,
+    });
     await this.runRepository.appendLog(
       run.id,
       `evaluation queued: base ${run.config.baseModelName} and the fine-tune on ${items.length} held-out pairs (eval ${created.id})`,
@@ -817,7 +784,7 @@ function addTo(
 }
 
 /** An item given in a request: its prompt turns (or input) and expected answer. */
-function itemOf(item: EvalItemWire, param: string): ResolvedItem {
+function itemOf(item: EvalItem, param: string): ResolvedItem {
   if (item.messages && item.input !== undefined)
     throw new ConduitError("invalid_request", `"${param}" has both "input" and "messages"; send one`, {
       param,

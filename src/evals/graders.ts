@@ -20,7 +20,7 @@ import {
   judgeLimits,
   type EvalGrader,
   type GraderScore,
-  type GraderWire,
+  type GraderSpec,
   type JudgeSettings,
   type ModelGrader,
   type Normalization,
@@ -163,7 +163,7 @@ function schemaValidator(schema: Record<string, unknown>): ValidateFunction {
  * The request's graders, checked, with defaults filled in and names settled (a name given twice is a 400). `param`
  * is the field that holds them (`graders`, `testing_criteria`).
  */
-export function settleGraders(graders: readonly GraderWire[], param = "graders"): EvalGrader[] {
+export function settleGraders(graders: readonly GraderSpec[], param = "graders"): EvalGrader[] {
   const names = new Map<string, number>();
   return graders
     .map((grader, i) => {
@@ -190,7 +190,7 @@ export function settleGraders(graders: readonly GraderWire[], param = "graders")
     });
 }
 
-const graderSchemas: Record<GraderWire["type"], TSchema> = {
+const graderSchemas: Record<GraderSpec["type"], TSchema> = {
   exact_match: ExactMatchGrader,
   contains: ContainsGrader,
   regex: RegexGrader,
@@ -201,7 +201,7 @@ const graderSchemas: Record<GraderWire["type"], TSchema> = {
 };
 
 /** Checks one grader against its type's schema; the first problem is a 400 naming the field (`graders[1].pattern`). */
-export function checkGrader(grader: unknown, at: string): GraderWire {
+export function checkGrader(grader: unknown, at: string): GraderSpec {
   const type = (grader as { type?: unknown } | null)?.type;
   if (typeof type !== "string" || !(type in graderSchemas))
     throw new ConduitError(
@@ -209,7 +209,7 @@ export function checkGrader(grader: unknown, at: string): GraderWire {
       `"${at}.type" must be one of ${Object.keys(graderSchemas).join(", ")}`,
       { param: `${at}.type` },
     );
-  const schema = graderSchemas[type as GraderWire["type"]];
+  const schema = graderSchemas[type as GraderSpec["type"]];
   const [first] = Value.Errors(schema, grader);
   if (first) {
     const field = first.path
@@ -231,7 +231,7 @@ export function checkGrader(grader: unknown, at: string): GraderWire {
       { param },
     );
   }
-  return grader as GraderWire;
+  return grader as GraderSpec;
 }
 
 /** A schema error in words: `is required`, `must be one of case, whitespace, punctuation`, or TypeBox's own. */
@@ -242,7 +242,7 @@ function reasonOf(error: { type: ValueErrorType; schema: TSchema; message: strin
   return error.message.replace(/^expected /, "must be ").toLowerCase();
 }
 
-function settle(raw: GraderWire, name: string, at: string): EvalGrader {
+function settle(raw: GraderSpec, name: string, at: string): EvalGrader {
   const grader = checkGrader(raw, at);
   switch (grader.type) {
     case "exact_match":

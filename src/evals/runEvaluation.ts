@@ -1,5 +1,5 @@
 import type { EvaluationSide, ModelTotals, RunEvaluation } from "../contract/evals.ts";
-import type { RunEvalRun } from "../store/EvalRepository.ts";
+import type { RunEvalRun } from "../domain/evals.ts";
 
 function side(totals: ModelTotals | undefined, items: number): EvaluationSide | null {
   if (!totals) return null;

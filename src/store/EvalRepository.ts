@@ -1,82 +1,18 @@
 import type { Kysely } from "kysely";
 import type { ReadCommitted } from "./committedReads.ts";
 import { precompile } from "./precompiled.ts";
+import type { EvalRunProgress, EvalRunStatus, GraderScore, ModelTotals } from "../contract/evals.ts";
 import type {
-  EvalGrader,
-  EvalRunProgress,
-  EvalRunStatus,
-  EvalSourceWire,
-  GraderScore,
-  ModelTotals,
-} from "../contract/evals.ts";
+  Eval,
+  EvalConfig,
+  EvalResult,
+  EvalRun,
+  EvalRunConfig,
+  ResolvedItem,
+  RunEvalRun,
+} from "../domain/evals.ts";
 import type { Database, EvalResultTable, EvalRunTable, EvalTable } from "./schema.ts";
 import { timestamp } from "./time.ts";
-
-/** What an eval holds besides its name. */
-export interface EvalConfig {
-  graders: EvalGrader[];
-  /** Where its items come from; null: each run names them (OpenAI's evals). */
-  source: EvalSourceWire | null;
-  systemPrompt: string;
-  /** What the OpenAI face was asked (`/v1/evals`), returned as it was sent. Absent otherwise. */
-  openai?: {
-    data_source_config: unknown;
-    testing_criteria: unknown;
-    metadata: Record<string, string> | null;
-    /** The item field the criteria's references name (`{{item.expected}}`): each item's expected answer. */
-    expectedField: string | null;
-  };
-}
-
-export interface Eval {
-  id: string;
-  userId: string;
-  name: string;
-  config: EvalConfig;
-  runId: string | null;
-  createdAt: string;
-  updatedAt: string;
-}
-
-/** An item as an eval run answers it: the prompt turns and the expected answer. */
-export interface ResolvedItem {
-  messages: { role: "system" | "user" | "assistant"; content: string }[];
-  expected: string;
-  /** The item as given (OpenAI's `datasource_item`), when it came through the OpenAI face. */
-  raw?: Record<string, unknown>;
-}
-
-/** What an eval run was asked, besides its models and items. */
-export interface EvalRunConfig {
-  graders: EvalGrader[];
-  systemPrompt: string;
-  maxTokens: number;
-  parallel: number;
-  /** What the OpenAI face was asked (`/v1/evals/{id}/runs`): its `data_source` and `metadata`. Absent otherwise. */
-  openai?: { data_source: unknown; metadata: Record<string, string> | null };
-}
-
-export interface EvalRun {
-  id: string;
-  evalId: string;
-  userId: string;
-  name: string;
-  status: EvalRunStatus;
-  models: string[];
-  items: ResolvedItem[];
-  config: EvalRunConfig;
-  progress: EvalRunProgress;
-  results: ModelTotals[];
-  error: string | null;
-  createdAt: string;
-  updatedAt: string;
-}
-
-/** What a run's before/after is told from: the latest eval made for it, and that eval's latest run. */
-export type RunEvalRun = Pick<
-  EvalRun,
-  "id" | "evalId" | "status" | "models" | "progress" | "results" | "error"
->;
 
 type RunEvalRunRow = Pick<
   EvalRunTable,
@@ -93,19 +29,6 @@ function toRunEvalRun(row: RunEvalRunRow): RunEvalRun {
     results: JSON.parse(row.results) as ModelTotals[],
     error: row.error,
   };
-}
-
-export interface EvalResult {
-  runId: string;
-  modelIndex: number;
-  itemIndex: number;
-  model: string;
-  answer: string;
-  scores: GraderScore[];
-  latencyMs: number;
-  promptTokens: number;
-  completionTokens: number;
-  error: string | null;
 }
 
 function toEval(row: EvalTable): Eval {

@@ -1,10 +1,25 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { gradersOfCriteria, resolveOpenAiItems, runRequest } from "../../src/api/openAiEvals.ts";
+import {
+  gradersOfCriteria,
+  openAiGraderError,
+  resolveOpenAiItems,
+  runRequest,
+} from "../../src/api/openAiEvals.ts";
 import { fuzzyMatch, grade, normalize, settleGraders, tokenF1 } from "../../src/evals/graders.ts";
 import { describeEvaluation } from "../../src/evals/runEvaluation.ts";
-import type { EvalRun } from "../../src/store/EvalRepository.ts";
+import type { EvalRun } from "../../src/domain/evals.ts";
 import { beforeAfterTotals } from "../lib/evalTotals.ts";
+
+/** The OpenAI face's criteria as the eval service settles them, its errors in OpenAI's names (as `POST /v1/evals`). */
+function settledCriteria(criteria: Parameters<typeof gradersOfCriteria>[0]) {
+  const { graders, expectedField } = gradersOfCriteria(criteria);
+  try {
+    return { graders: settleGraders(graders), expectedField };
+  } catch (error) {
+    throw openAiGraderError(error);
+  }
+}
 
 test("normalisation: case, whitespace, punctuation at the ends", () => {
   assert.equal(normalize("  Billing.\n", ["case", "whitespace", "punctuation"]), "billing");
@@ -108,7 +123,7 @@ test("a run's before/after says whether the fine-tune improved, and says so when
 });
 
 test("OpenAI testing criteria become graders; what Conduit cannot honour is refused by field", () => {
-  const { graders, expectedField } = gradersOfCriteria([
+  const { graders, expectedField } = settledCriteria([
     {
       type: "string_check",
       name: "exact",
@@ -140,7 +155,7 @@ test("OpenAI testing criteria become graders; what Conduit cannot honour is refu
   ]);
   const refused = (criteria: Record<string, unknown>[]) => {
     try {
-      gradersOfCriteria(criteria);
+      settledCriteria(criteria);
     } catch (error) {
       return (error as { param: string }).param;
     }

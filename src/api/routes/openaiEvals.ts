@@ -17,12 +17,14 @@ import {
   OpenAiOutputItem,
   OpenAiOutputItemParams,
 } from "../../contract/openAiEvals.ts";
-import { REASON, responses } from "../../contract/schemas.ts";
-import type { Eval, ResolvedItem } from "../../store/EvalRepository.ts";
+import { REASON } from "../../contract/patterns.ts";
+import { responses } from "../../contract/schemas.ts";
+import type { Eval, ResolvedItem } from "../../domain/evals.ts";
 import { questionOf } from "../evalWire.ts";
 import {
   checkDataSourceConfig,
   gradersOfCriteria,
+  openAiGraderError,
   openAiEval,
   openAiEvalRun,
   openAiOutputItem,
@@ -70,20 +72,20 @@ export default async function openAiEvalRoutes(app: FastifyInstance, { core }: {
       const body = request.body;
       checkDataSourceConfig(body.data_source_config);
       const { graders, expectedField } = gradersOfCriteria(body.testing_criteria);
-      const created = await evals.create(
-        request.userId,
-        { name: body.name ?? "eval", graders: [] },
-        {
+      const created = await evals
+        .create(request.userId, {
+          name: body.name ?? "eval",
           graders,
-          gradersParam: "testing_criteria",
           openai: {
             data_source_config: body.data_source_config,
             testing_criteria: body.testing_criteria,
             metadata: body.metadata ?? null,
             expectedField,
           },
-        },
-      );
+        })
+        .catch((error: unknown) => {
+          throw openAiGraderError(error);
+        });
       return openAiEval(created);
     },
   );
@@ -184,16 +186,13 @@ function openAiEvalRunRoutes(app: FastifyInstance, core: Core) {
       const found = await evals.get(request.userId, request.params.eval_id);
       const asked = runRequest(request.body.data_source);
       const items = await openAiRunItems(core, request.userId, found, asked);
-      const run = await evals.createRun(
-        request.userId,
-        found.id,
-        {
-          models: [asked.model],
-          ...(request.body.name ? { name: request.body.name } : { name: `${found.name} on ${asked.model}` }),
-          ...(asked.maxTokens === undefined ? {} : { maxTokens: asked.maxTokens }),
-        },
-        { items, openai: { data_source: request.body.data_source, metadata: request.body.metadata ?? null } },
-      );
+      const run = await evals.createRun(request.userId, found.id, {
+        models: [asked.model],
+        name: request.body.name || `${found.name} on ${asked.model}`,
+        maxTokens: asked.maxTokens,
+        items,
+        openai: { data_source: request.body.data_source, metadata: request.body.metadata ?? null },
+      });
       return openAiEvalRun(run, reportUrl(core, found.id, run.id));
     },
   );
