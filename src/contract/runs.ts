@@ -86,16 +86,6 @@ export function checkLoraTargets(targets: unknown): void {
   }
 }
 
-/** What the OpenAI face keeps in a run's `config.openai`. */
-export interface OpenAiJobRecord {
-  training_file: string;
-  suffix: string | null;
-  metadata: Record<string, string> | null;
-  learning_rate_multiplier: number | null;
-  /** The fine-tuned model (`ft:` name) a DPO job continues, as it was asked; absent for a job on a base model. */
-  model?: string;
-}
-
 /** A point of a run's loss curves. */
 export interface LossPoint {
   step: number;

@@ -270,7 +270,7 @@ export class RunService {
       name: config.name,
       ioPairsCount: dataset.ioPairsCount,
       trackerUrl: this.options.trackerUrl(id),
-      config: { ...config, ...(command.openai ? { openai: command.openai } : {}) },
+      config: { ...config, ...(command.jobRequest ? { jobRequest: command.jobRequest } : {}) },
       logs,
       estimate,
     });
