@@ -4,7 +4,7 @@
  * an output item is one result. A field Conduit cannot honour is a 400 naming it.
  */
 import { ConduitError } from "../errors.ts";
-import { evalLimits, type EvalGrader, type GraderSpec } from "../contract/evals.ts";
+import { evalLimits, type EvalGrader, type GraderSpec, type ScoringGraderSpec } from "../contract/evals.ts";
 import type { Eval, EvalResult, EvalRun, ResolvedItem } from "../domain/evals.ts";
 import { questionOf } from "./evalWire.ts";
 import { parseTimestamp } from "../store/time.ts";
@@ -37,14 +37,14 @@ export function gradersOfCriteria(criteria: readonly Json[]): {
   expectedField: string | null;
 } {
   let expectedField: string | null = null;
-  const graders: GraderSpec[] = criteria.map((criterion, i) => {
-    const at = `testing_criteria[${i}]`;
+  const graderOf = (criterion: Json, at: string): GraderSpec => {
     const name = typeof criterion.name === "string" && criterion.name !== "" ? criterion.name : undefined;
     const { type } = criterion;
     if (type === "score_model" || type === "label_model") return modelGraderOf(criterion, at);
+    if (type === "multi") return multiGraderOf(criterion, at);
     if (type !== "string_check" && type !== "text_similarity")
       throw bad(
-        `"${at}.type" ${JSON.stringify(type)} is not supported; Conduit grades with string_check, text_similarity, score_model and label_model`,
+        `"${at}.type" ${JSON.stringify(type)} is not supported; Conduit grades with string_check, text_similarity, multi, score_model and label_model`,
         `${at}.type`,
       );
     if (typeof criterion.input !== "string" || !SAMPLE_OUTPUT.test(criterion.input))
@@ -95,13 +95,37 @@ export function gradersOfCriteria(criteria: readonly Json[]): {
       `"${at}.operation" ${JSON.stringify(operation)} is not supported; use eq, like or ilike`,
       `${at}.operation`,
     );
-  });
+  };
+  /** OpenAI's `multi`: its `graders` (string checks and similarities) by name, and `calculate_output`. */
+  const multiGraderOf = (criterion: Json, at: string): GraderSpec => {
+    if (!isObject(criterion.graders))
+      throw bad(`"${at}.graders" must be an object of graders by name`, `${at}.graders`);
+    const graders = Object.fromEntries(
+      Object.entries(criterion.graders).map(([key, part]): [string, ScoringGraderSpec] => {
+        const partAt = `${at}.graders.${key}`;
+        if (!isObject(part) || (part.type !== "string_check" && part.type !== "text_similarity"))
+          throw bad(`"${partAt}.type" must be string_check or text_similarity`, `${partAt}.type`);
+        // A part is named by its key (the formula's name for it).
+        const { name: _name, ...spec } = graderOf(part, partAt) as ScoringGraderSpec;
+        return [key, spec];
+      }),
+    );
+    if (typeof criterion.calculate_output !== "string")
+      throw bad(
+        `"${at}.calculate_output" is required: a formula of its graders' names`,
+        `${at}.calculate_output`,
+      );
+    const name = typeof criterion.name === "string" && criterion.name !== "" ? { name: criterion.name } : {};
+    return { type: "multi", ...name, graders, calculateOutput: criterion.calculate_output };
+  };
+  const graders = criteria.map((criterion, i) => graderOf(criterion, `testing_criteria[${i}]`));
   return { graders, expectedField };
 }
 
 /** The eval command's grader fields (`graders[1].passThreshold`) → OpenAI's, in an error of the eval service. */
 const openAiGraderFields: [RegExp, string][] = [
   [/\bgraders\[/g, "testing_criteria["],
+  [/\.calculateOutput\b/g, ".calculate_output"],
   [/\.passThreshold\b/g, ".pass_threshold"],
   [/\.passingLabels\b/g, ".passing_labels"],
   [/\.maxTokens\b/g, ".sampling_params.max_completions_tokens"],

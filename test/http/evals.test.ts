@@ -24,6 +24,12 @@ for (const backend of backends())
           { type: "regex", pattern: "." },
           { type: "json_schema", schema: { type: "object" } },
           { type: "contains", value: "zzz-never" },
+          {
+            type: "multi",
+            graders: { any: { type: "regex", pattern: "." }, exact: { type: "exact_match" } },
+            calculateOutput: "any - exact",
+            passThreshold: 1,
+          },
         ],
       });
       assert.equal(created.statusCode, 200, created.body);
@@ -61,6 +67,8 @@ for (const backend of backends())
       );
       // The regex grader's count is what the answers say.
       assert.equal(byName.regex?.passed, results.filter((r) => /./.test(r.answer)).length);
+      // The multi grader's formula of the same regex and the exact match (never) passes where the regex does.
+      assert.equal(byName.multi?.passed, byName.regex?.passed);
       assert.equal((await alice.post(`/conduit/evals/${evalId}/runs/${runId}/cancel`)).statusCode, 409);
 
       const listed = await alice.get("/v1/evals");
