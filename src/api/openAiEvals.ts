@@ -214,8 +214,8 @@ export function checkDataSourceConfig(config: Json): void {
 }
 
 export function openAiEval(e: Eval) {
-  const openai = e.config.openai;
-  const itemSchema = isObject(openai?.data_source_config) ? openai.data_source_config.item_schema : undefined;
+  const asked = e.config.faceRequest?.face === "openai" ? e.config.faceRequest : undefined;
+  const itemSchema = isObject(asked?.dataSourceConfig) ? asked.dataSourceConfig.item_schema : undefined;
   return {
     object: "eval" as const,
     id: e.id,
@@ -229,10 +229,10 @@ export function openAiEval(e: Eval) {
         required: ["item"],
       },
     },
-    testing_criteria: Array.isArray(openai?.testing_criteria)
-      ? (openai.testing_criteria as Json[])
+    testing_criteria: Array.isArray(asked?.testingCriteria)
+      ? (asked.testingCriteria as Json[])
       : e.config.graders.map((g) => ({ ...g })),
-    metadata: openai?.metadata ?? null,
+    metadata: asked?.metadata ?? null,
   };
 }
 
@@ -397,6 +397,7 @@ export function openAiEvalRun(run: EvalRun, reportUrl: string) {
   const answered = totals.reduce((sum, t) => sum + t.answered, 0);
   const passed = totals.reduce((sum, t) => sum + t.passed, 0);
   const errored = totals.reduce((sum, t) => sum + t.errored, 0);
+  const asked = run.config.faceRequest?.face === "openai" ? run.config.faceRequest : undefined;
   return {
     object: "eval.run" as const,
     id: run.id,
@@ -405,12 +406,12 @@ export function openAiEvalRun(run: EvalRun, reportUrl: string) {
     model: run.models[0] ?? "",
     status: STATUS[run.status],
     created_at: seconds(run.createdAt),
-    data_source: isObject(run.config.openai?.data_source)
-      ? run.config.openai.data_source
+    data_source: isObject(asked?.dataSource)
+      ? asked.dataSource
       : { type: "completions", model: run.models[0] },
     error:
       run.error === null ? null : { code: run.status === "FAILED" ? "failed" : "error", message: run.error },
-    metadata: run.config.openai?.metadata ?? null,
+    metadata: asked?.metadata ?? null,
     result_counts: { total: run.progress.completed, errored, failed: answered - passed, passed },
     per_model_usage: totals.map((t) => ({
       model_name: t.model,

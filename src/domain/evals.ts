@@ -35,14 +35,23 @@ export interface EvalConfig {
   /** Where its items come from; null: each run names them (OpenAI's evals). */
   source: EvalSource | null;
   systemPrompt: string;
-  /** What the OpenAI face was asked (`/v1/evals`), returned as it was sent. Absent otherwise. */
-  openai?: {
-    data_source_config: unknown;
-    testing_criteria: unknown;
-    metadata: Record<string, string> | null;
-    /** The item field the criteria's references name (`{{item.expected}}`): each item's expected answer. */
-    expectedField: string | null;
-  };
+  /** What a compatibility face was asked besides the eval's graders and items; absent otherwise. */
+  faceRequest?: EvalFaceRequest;
+}
+
+/**
+ * What the OpenAI face was asked (`/v1/evals`), returned as it was sent. Evals stored before it have `openai` with
+ * OpenAI's field names; the store reads them as this.
+ */
+export interface EvalFaceRequest {
+  face: "openai";
+  /** Its `data_source_config`, as sent. */
+  dataSourceConfig: unknown;
+  /** Its `testing_criteria`, as sent. */
+  testingCriteria: unknown;
+  metadata: Record<string, string> | null;
+  /** The item field the criteria's references name (`{{item.expected}}`): each item's expected answer. */
+  expectedField: string | null;
 }
 
 export interface Eval {
@@ -69,8 +78,19 @@ export interface EvalRunConfig {
   systemPrompt: string;
   maxTokens: number;
   parallel: number;
-  /** What the OpenAI face was asked (`/v1/evals/{id}/runs`): its `data_source` and `metadata`. Absent otherwise. */
-  openai?: { data_source: unknown; metadata: Record<string, string> | null };
+  /** What a compatibility face was asked besides the run's models and items; absent otherwise. */
+  faceRequest?: EvalRunFaceRequest;
+}
+
+/**
+ * What the OpenAI face was asked (`/v1/evals/{id}/runs`): its `data_source` and `metadata`. Runs stored before it
+ * have `openai` with OpenAI's field names; the store reads them as this.
+ */
+export interface EvalRunFaceRequest {
+  face: "openai";
+  /** Its `data_source`, as sent. */
+  dataSource: unknown;
+  metadata: Record<string, string> | null;
 }
 
 export interface EvalRun {

@@ -197,7 +197,7 @@ export class EvalService {
         graders,
         source,
         systemPrompt: command.systemPrompt ?? "",
-        ...(command.openai ? { openai: command.openai } : {}),
+        ...(command.faceRequest ? { faceRequest: command.faceRequest } : {}),
       },
       runId: command.runId ?? null,
     });
@@ -322,7 +322,7 @@ export class EvalService {
         systemPrompt: found.config.systemPrompt,
         maxTokens: command.maxTokens ?? evalDefaults.maxTokens,
         parallel: command.parallel ?? this.parallel,
-        ...(command.openai ? { openai: command.openai } : {}),
+        ...(command.faceRequest ? { faceRequest: command.faceRequest } : {}),
       },
       progress: { completed: 0, total: items.length * command.models.length, model: null },
     });

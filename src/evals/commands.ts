@@ -18,8 +18,8 @@ export interface CreateEval {
   systemPrompt?: string | undefined;
   /** The fine-tuning run it is made for (the automatic before/after). Defaults to none. */
   runId?: string | undefined;
-  /** What the OpenAI face was asked, kept to be returned as it was sent. Defaults to none. */
-  openai?: EvalConfig["openai"];
+  /** What a compatibility face was asked, kept to be returned as it was sent. Defaults to none. */
+  faceRequest?: EvalConfig["faceRequest"];
 }
 
 /** Score models on every item of an eval. */
@@ -36,6 +36,6 @@ export interface CreateEvalRun {
   maxTokens?: number | undefined;
   /** Answers in flight at once. Defaults to the service's `parallel` (`CONDUIT_EVAL_PARALLEL`). */
   parallel?: number | undefined;
-  /** What the OpenAI face was asked, kept to be returned as it was sent. Defaults to none. */
-  openai?: EvalRunConfig["openai"];
+  /** What a compatibility face was asked, kept to be returned as it was sent. Defaults to none. */
+  faceRequest?: EvalRunConfig["faceRequest"];
 }

@@ -31,12 +31,47 @@ function toRunEvalRun(row: RunEvalRunRow): RunEvalRun {
   };
 }
 
+/** A stored eval's config: one stored before `faceRequest` keeps the OpenAI face's under `openai`, in its names. */
+export function evalConfigOf(stored: string): EvalConfig {
+  const { openai, ...config } = JSON.parse(stored) as EvalConfig & {
+    openai?: {
+      data_source_config: unknown;
+      testing_criteria: unknown;
+      metadata: Record<string, string> | null;
+      expectedField: string | null;
+    };
+  };
+  if (openai === undefined || config.faceRequest !== undefined) return config;
+  return {
+    ...config,
+    faceRequest: {
+      face: "openai",
+      dataSourceConfig: openai.data_source_config,
+      testingCriteria: openai.testing_criteria,
+      metadata: openai.metadata,
+      expectedField: openai.expectedField,
+    },
+  };
+}
+
+/** A stored eval run's config: one stored before `faceRequest` keeps the OpenAI face's under `openai`. */
+export function evalRunConfigOf(stored: string): EvalRunConfig {
+  const { openai, ...config } = JSON.parse(stored) as EvalRunConfig & {
+    openai?: { data_source: unknown; metadata: Record<string, string> | null };
+  };
+  if (openai === undefined || config.faceRequest !== undefined) return config;
+  return {
+    ...config,
+    faceRequest: { face: "openai", dataSource: openai.data_source, metadata: openai.metadata },
+  };
+}
+
 function toEval(row: EvalTable): Eval {
   return {
     id: row.id,
     userId: row.user_id,
     name: row.name,
-    config: JSON.parse(row.config) as EvalConfig,
+    config: evalConfigOf(row.config),
     runId: row.run_id,
     createdAt: row.created_at,
     updatedAt: row.updated_at,
@@ -52,7 +87,7 @@ function toEvalRun(row: EvalRunTable): EvalRun {
     status: row.status as EvalRunStatus,
     models: JSON.parse(row.models) as string[],
     items: JSON.parse(row.items) as ResolvedItem[],
-    config: JSON.parse(row.config) as EvalRunConfig,
+    config: evalRunConfigOf(row.config),
     progress: JSON.parse(row.progress) as EvalRunProgress,
     results: JSON.parse(row.results) as ModelTotals[],
     error: row.error,
@@ -165,8 +200,8 @@ export class EvalRepository {
     const found = await this.get(userId, id);
     if (!found) return undefined;
     const config =
-      metadata !== undefined && found.config.openai
-        ? { ...found.config, openai: { ...found.config.openai, metadata } }
+      metadata !== undefined && found.config.faceRequest
+        ? { ...found.config, faceRequest: { ...found.config.faceRequest, metadata } }
         : found.config;
     await this.db
       .updateTable("evals")

@@ -76,9 +76,10 @@ export default async function openAiEvalRoutes(app: FastifyInstance, { core }: {
         .create(request.userId, {
           name: body.name ?? "eval",
           graders,
-          openai: {
-            data_source_config: body.data_source_config,
-            testing_criteria: body.testing_criteria,
+          faceRequest: {
+            face: "openai",
+            dataSourceConfig: body.data_source_config,
+            testingCriteria: body.testing_criteria,
             metadata: body.metadata ?? null,
             expectedField,
           },
@@ -191,7 +192,11 @@ function openAiEvalRunRoutes(app: FastifyInstance, core: Core) {
         name: request.body.name || `${found.name} on ${asked.model}`,
         maxTokens: asked.maxTokens,
         items,
-        openai: { data_source: request.body.data_source, metadata: request.body.metadata ?? null },
+        faceRequest: {
+          face: "openai",
+          dataSource: request.body.data_source,
+          metadata: request.body.metadata ?? null,
+        },
       });
       return openAiEvalRun(run, reportUrl(core, found.id, run.id));
     },
@@ -370,7 +375,7 @@ async function openAiRunItems(
   asked: ReturnType<typeof runRequest>,
 ): Promise<ResolvedItem[]> {
   // `null`: no criterion compares with an item field (model graders read the items through their templates).
-  const stored = found.config.openai?.expectedField;
+  const stored = found.config.faceRequest?.expectedField;
   const expectedField = stored === undefined ? "expected" : stored;
   if (asked.items) return resolveOpenAiItems(asked.items, asked.template, expectedField);
   const fromFile = await core.evals.resolveItems(
