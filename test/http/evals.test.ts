@@ -4,6 +4,7 @@ import path from "node:path";
 import { describe, test } from "node:test";
 import type { EvalResultWire, EvalRunWire } from "../../src/contract/evals.ts";
 import { as, backends, build, buildTestApp, KEY_A, KEY_B, testEnv } from "../lib/helper.ts";
+import { runScenarios, type ApiScenario } from "../lib/scenario.ts";
 
 /** Evals on each storage backend, with the tiny model answering (no training): the store and both API faces. */
 for (const backend of backends())
@@ -161,17 +162,25 @@ for (const backend of backends())
       ];
       const created = await alice.post("/conduit/evals", { graders: [{ type: "exact_match" }] });
       const evalId = created.json<{ id: string }>().id;
-      for (const [source, param, message] of cases)
-        for (const [url, body] of [
-          ["/conduit/evals", { source, graders: [{ type: "exact_match" }] }],
-          [`/conduit/evals/${evalId}/runs`, { source, models: ["tiny"] }],
-        ] as const) {
-          const refused = await alice.post(url, body);
-          assert.equal(refused.statusCode, 400, refused.body);
-          const { error } = refused.json<{ error: { param: string; message: string } }>();
-          assert.equal(error.param, param, `${url} ${JSON.stringify(source).slice(0, 80)}: ${error.message}`);
-          assert.match(error.message, message);
-        }
+      await runScenarios(
+        t,
+        app,
+        cases.flatMap(([source, param, message]): ApiScenario[] =>
+          (
+            [
+              ["/conduit/evals", { source, graders: [{ type: "exact_match" }] }],
+              [`/conduit/evals/${evalId}/runs`, { source, models: ["tiny"] }],
+            ] as const
+          ).map(([url, body]) => ({
+            name: `${url} ${JSON.stringify(source).slice(0, 80)} → 400 ${param}`,
+            method: "POST",
+            url,
+            body,
+            status: 400,
+            error: { param, message },
+          })),
+        ),
+      );
     });
 
     test("a model that is not there, a source without items and a run that is not READY are refused by name", async (t) => {

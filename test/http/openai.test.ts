@@ -339,7 +339,7 @@ describe("response_format: answers held to a schema, and what the grammar cannot
     );
   });
 
-  test("a response_format just over each of the grammar's bounds is a 400 naming it and the count", async () => {
+  test("a response_format just over each of the grammar's bounds is a 400 naming it and the count", async (t) => {
     const strings = (n: number, length = 0) =>
       Array.from({ length: n }, (_, i) => `v${i}`.padEnd(length, "x"));
     const properties = (n: number, schema: unknown) => ({
@@ -365,18 +365,28 @@ describe("response_format: answers held to a schema, and what the grammar cannot
         "has 121000 characters of enum and const strings and property names; at most 120000 are allowed",
       ],
     ];
-    for (const [schema, reason] of cases) {
-      const res = await post(chatUrl, {
-        messages,
-        max_tokens: 2,
-        response_format: { type: "json_schema", json_schema: { name: "x", schema } },
-      });
-      assert.equal(res.statusCode, 400, `${reason}: ${res.body.slice(0, 300)}`);
-      const error = res.json().error;
-      assert.equal(error.param, "response_format");
-      assert.ok(error.message.startsWith('field "response_format": its JSON schema '), error.message);
-      assert.ok(error.message.includes(reason), error.message);
-    }
+    await runScenarios(
+      t,
+      built.app,
+      cases.map(([schema, reason]) => ({
+        name: reason,
+        method: "POST",
+        url: chatUrl,
+        body: {
+          model: "tiny",
+          messages,
+          max_tokens: 2,
+          response_format: { type: "json_schema", json_schema: { name: "x", schema } },
+        },
+        status: 400,
+        error: { param: "response_format" },
+        check: (res) => {
+          const { message } = res.json().error;
+          assert.ok(message.startsWith('field "response_format": its JSON schema '), message);
+          assert.ok(message.includes(reason), message);
+        },
+      })),
+    );
   });
 
   test("an enum at the bound is compiled and the answer is one of its values", async () => {
@@ -898,7 +908,7 @@ describe("tool calls on a tiny model whose template supports tools", () => {
     );
   });
 
-  test("tool_choice naming a function not in tools, or a call without tools, is a 400 naming it", async () => {
+  test("tool_choice naming a function not in tools, or a call without tools, is a 400 naming it", async (t) => {
     const cases: [Record<string, unknown>, string][] = [
       [{ tools: [weather], tool_choice: { type: "function", function: { name: "nope" } } }, "tool_choice"],
       [{ tool_choice: "required" }, "tool_choice"],
@@ -930,11 +940,17 @@ describe("tool calls on a tiny model whose template supports tools", () => {
         "messages",
       ],
     ];
-    for (const [payload, param] of cases) {
-      const res = await chat({ messages: ask, max_tokens: 4, ...payload });
-      assert.equal(res.statusCode, 400, `${JSON.stringify(payload)} → ${res.body}`);
-      assert.equal(res.json().error.param, param, res.body);
-    }
+    await runScenarios(
+      t,
+      app,
+      cases.map(([payload, param]) => ({
+        method: "POST",
+        url: chatUrl,
+        body: { model: "tools", messages: ask, max_tokens: 4, ...payload },
+        status: 400,
+        error: { param },
+      })),
+    );
   });
 });
 
