@@ -152,6 +152,9 @@ export interface JobRequest {
   model?: string;
 }
 
+/** What a run's training optimises: the answers' likelihood (`sft`), or the preferred answers' margin (`dpo`). */
+export type TrainObjective = "sft" | "dpo";
+
 /** The settings of a `dpo` run. */
 export interface DpoConfig {
   /** How far the trained model may move from the reference: DPO's β (higher keeps it closer). */

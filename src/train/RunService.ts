@@ -19,13 +19,7 @@ import {
   readModelShape,
   type ModelShape,
 } from "./autoSettings.ts";
-import {
-  activeStatuses,
-  type LoraTarget,
-  type RunCheckpoint,
-  type TrainMethod,
-  type TrainObjective,
-} from "../contract/runs.ts";
+import { activeStatuses, type LoraTarget, type RunCheckpoint, type TrainMethod } from "../contract/runs.ts";
 import { isPreference, type IoPair } from "../datasets/ioPairs.ts";
 import {
   adapterOutputType,
@@ -38,6 +32,7 @@ import {
   type TrainerName,
   type TrainerSetting,
   type TrainMethodConfig,
+  type TrainObjective,
 } from "../domain/runs.ts";
 import {
   totalMemory,
