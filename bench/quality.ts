@@ -16,9 +16,13 @@
  * `--rank` default to `auto`: nothing is sent and the service chooses (the chosen numbers are read back
  * from the run's `config`). Prints held-out accuracy before and after, and one summary row for a table.
  *
- *   node --import tsx bench/quality.ts [smollm2-135m|file.gguf] [--task dates|classify]
+ * `--task preference`: what preference tuning (DPO) moves, base vs SFT vs SFT+DPO on held-out messages: how often
+ * greedy answers take the preferred form, and the preferred answer's log-probability margin gain over the other
+ * (bench/lib/preferenceQuality.ts; `--epochs` and `--beta` apply, the DPO run needs the torch trainer).
+ *
+ *   node --import tsx bench/quality.ts [smollm2-135m|file.gguf] [--task dates|classify|preference]
  *     [--epochs auto|N] [--lr auto|X] [--rank auto|N] [--method lora|full] [--train-on-inputs]
- *     [--hold-out random|unseen] [--threads 1|auto] [--pairs N] [--complexity 1]
+ *     [--hold-out random|unseen] [--threads 1|auto] [--pairs N] [--complexity 1] [--beta 0.1]
  */
 import os from "node:os";
 import path from "node:path";
@@ -26,6 +30,7 @@ import { parseArgs } from "node:util";
 import { call, startConduit } from "./lib/conduitServer.ts";
 import { TASKS, type HoldOut, type Pair } from "./lib/qualityTasks.ts";
 import { modelPath, requireFile, type BenchModel } from "./lib/reference.ts";
+import { preferenceQuality } from "./lib/preferenceQuality.ts";
 import type { EvalResultWire, EvalRunWire } from "../src/contract/evals.ts";
 
 const { values, positionals } = parseArgs({
@@ -41,8 +46,22 @@ const { values, positionals } = parseArgs({
     complexity: { type: "string", default: "1" },
     threads: { type: "string", default: "1" },
     pairs: { type: "string" },
+    beta: { type: "string", default: "0.1" },
   },
 });
+if (values.task === "preference") {
+  const positional = positionals[0] ?? "smollm2-135m";
+  const epochs = values.epochs === "auto" ? undefined : Number(values.epochs);
+  if (epochs !== undefined && !(Number.isInteger(epochs) && epochs > 0))
+    throw new Error(`--epochs ${values.epochs}: "auto" or a positive integer`);
+  await preferenceQuality(
+    requireFile(
+      positional.endsWith(".gguf") ? path.resolve(positional) : modelPath(positional as BenchModel),
+    ),
+    { threads: values.threads, pairs: Number(values.pairs ?? 150), epochs, beta: Number(values.beta) },
+  );
+  process.exit(0);
+}
 if (!(values.task in TASKS))
   throw new Error(`--task ${values.task}: one of ${Object.keys(TASKS).join(", ")}`);
 const task = TASKS[values.task as keyof typeof TASKS];

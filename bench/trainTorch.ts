@@ -5,7 +5,7 @@
  * on CUDA).
  *
  *   node --import tsx bench/trainTorch.ts [smollm2-135m|tinyllama-1b|file.gguf] [--steps 16] [--ctx 256]
- *     [--threads 1] [--rank 16] [--targets attn_q,...] [--device auto|cpu|cuda]
+ *     [--threads 1] [--blas-threads N|auto] [--rank 16] [--targets attn_q,...] [--device auto|cpu|cuda]
  *     [--skip peft,peft-f32,torch,llama.cpp,llama.cpp+blas]
  *   node --import tsx bench/trainTorch.ts smollm2-135m --export DIR [--steps 200]   # a job for worker.py --job
  *   node --import tsx bench/trainTorch.ts smollm2-135m --export DIR --task dates [--epochs 3] [--lr 1e-3]
@@ -56,6 +56,7 @@ const { values, positionals } = parseArgs({
     steps: { type: "string" },
     ctx: { type: "string" },
     threads: { type: "string", default: "1" },
+    "blas-threads": { type: "string" },
     rank: { type: "string", default: "16" },
     targets: { type: "string", default: LLAMA_CPP_LORA_TARGETS.filter((t) => t !== "output").join(",") },
     device: { type: "string", default: "cpu" },
@@ -146,7 +147,17 @@ function job(
     ? torchJob({ ...input, options: { python, device, dtype: "auto" } })
     : llamaCppJob({
         ...input,
-        options: { blasLibrary, ...(device === "cuda" ? { device: "cuda", gpuLayers: "all" } : {}) },
+        options: {
+          blasLibrary,
+          // `--blas-threads`: OpenBLAS's threads apart from ggml's; `auto` as the server's CONDUIT_TRAIN_THREADS=auto:
+          // every core to start with, one fewer when steps time faster so.
+          ...(values["blas-threads"] === undefined
+            ? {}
+            : values["blas-threads"] === "auto"
+              ? { blasThreads: os.availableParallelism(), tuneBlasThreads: true }
+              : { blasThreads: Number(values["blas-threads"]) }),
+          ...(device === "cuda" ? { device: "cuda", gpuLayers: "all" } : {}),
+        },
       });
 }
 
@@ -234,6 +245,8 @@ async function conduit(
   }).done;
   if (outcome.status !== "completed")
     throw new Error(`${trainer}: ${JSON.stringify(outcome)}\n${logs.join("\n")}`);
+  // What the thread tuner chose (`--blas-threads auto`).
+  for (const line of logs.filter((l) => /OpenBLAS on/.test(l))) console.log(line);
   const where = logs.find((line) => /PyTorch|converting the base|LoRA rank/.test(line)) ?? "";
   const label = `Conduit ${trainer}${blasLibrary === null ? "" : " + BLAS"}`;
   return fromStats(label, outcome.stats, where.replace(/^trainer: /, "").slice(0, 90));

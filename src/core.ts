@@ -189,6 +189,7 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
     limits: { maxPairs: config.maxRunPairs, maxBytes: config.maxRunBytes },
     trainers: { setting: config.trainer, host: trainerHost },
     adapterType: config.adapterType,
+    checkModel: async (userId, model, param) => void (await inference.resolve(userId, model, param)),
     memory: {
       // The models the engine holds: each base once, and each adapter's own tensors.
       inUse: () => {

@@ -4,7 +4,13 @@
  * an output item is one result. A field Conduit cannot honour is a 400 naming it.
  */
 import { ConduitError } from "../errors.ts";
-import { evalLimits, type EvalGrader, type GraderSpec, type ScoringGraderSpec } from "../contract/evals.ts";
+import {
+  evalLimits,
+  type EvalGrader,
+  type GraderSpec,
+  type ModelTotals,
+  type ScoringGraderSpec,
+} from "../contract/evals.ts";
 import type { Eval, EvalResult, EvalRun, ResolvedItem } from "../domain/evals.ts";
 import { questionOf } from "./evalWire.ts";
 import { parseTimestamp } from "../store/time.ts";
@@ -391,6 +397,33 @@ const STATUS = {
   CANCELLED: "canceled",
 } as const;
 
+/**
+ * OpenAI's `per_model_usage`: each model's tokens, its answers' and, for a model that judged (a model grader's),
+ * its verdicts'; a model that both answered and judged is one entry.
+ */
+export function perModelUsage(totals: readonly ModelTotals[]) {
+  const usage = new Map<string, { invocations: number; promptTokens: number; completionTokens: number }>();
+  const add = (model: string, invocations: number, promptTokens: number, completionTokens: number) => {
+    const entry = usage.get(model) ?? { invocations: 0, promptTokens: 0, completionTokens: 0 };
+    entry.invocations += invocations;
+    entry.promptTokens += promptTokens;
+    entry.completionTokens += completionTokens;
+    usage.set(model, entry);
+  };
+  for (const t of totals) add(t.model, t.answered + t.errored, t.promptTokens, t.completionTokens);
+  for (const t of totals)
+    for (const judge of t.judgeUsage ?? [])
+      add(judge.model, judge.invocations ?? 0, judge.promptTokens, judge.completionTokens);
+  return [...usage].map(([model, u]) => ({
+    model_name: model,
+    invocation_count: u.invocations,
+    prompt_tokens: u.promptTokens,
+    completion_tokens: u.completionTokens,
+    total_tokens: u.promptTokens + u.completionTokens,
+    cached_tokens: 0,
+  }));
+}
+
 export function openAiEvalRun(run: EvalRun, reportUrl: string) {
   const totals = run.results;
   const graders = run.config.graders;
@@ -413,14 +446,7 @@ export function openAiEvalRun(run: EvalRun, reportUrl: string) {
       run.error === null ? null : { code: run.status === "FAILED" ? "failed" : "error", message: run.error },
     metadata: asked?.metadata ?? null,
     result_counts: { total: run.progress.completed, errored, failed: answered - passed, passed },
-    per_model_usage: totals.map((t) => ({
-      model_name: t.model,
-      invocation_count: t.answered + t.errored,
-      prompt_tokens: t.promptTokens,
-      completion_tokens: t.completionTokens,
-      total_tokens: t.promptTokens + t.completionTokens,
-      cached_tokens: 0,
-    })),
+    per_model_usage: perModelUsage(totals),
     per_testing_criteria_results: graders.map((g, i) => ({
       testing_criteria: g.name,
       passed: totals.reduce((sum, t) => sum + (t.graders[i]?.passed ?? 0), 0),
@@ -475,13 +501,23 @@ export function openAiOutputItem(run: EvalRun, result: EvalResult, createdAt: st
       type: run.config.graders[i]?.type ?? null,
       score: s.score,
       passed: s.passed,
-      // A model grader's judge and what it answered.
+      // A model grader's judge, what it answered and the tokens that took.
       sample:
         s.judgeAnswer === undefined
           ? null
           : {
               output: [{ role: "assistant", content: s.judgeAnswer }],
               model: judgeOf(run.config.graders[i]),
+              ...(s.usage
+                ? {
+                    usage: {
+                      prompt_tokens: s.usage.promptTokens,
+                      completion_tokens: s.usage.completionTokens,
+                      total_tokens: s.usage.promptTokens + s.usage.completionTokens,
+                      cached_tokens: 0,
+                    },
+                  }
+                : {}),
             },
       ...(s.label !== undefined ? { label: s.label } : {}),
       ...(s.error !== undefined ? { error: s.error } : {}),

@@ -298,6 +298,10 @@ function createCommand(runs: Command, ctx: CliContext): void {
       number("early-stopping"),
     )
     .option("--system-prompt <text>", "system prompt to train and serve with")
+    .option(
+      "--judge-model <model>",
+      "a model that also grades the run's automatic before/after, scoring each answer from 0 to 1 (default: none)",
+    )
     .option("--name <name>", "run name")
     .option("--tracker-project <name>", "experiment tracker project")
     .option("--tracker-entity <name>", "experiment tracker entity")
@@ -325,6 +329,7 @@ function createCommand(runs: Command, ctx: CliContext): void {
           validationFileID: opts.validationFile,
           earlyStoppingPatience: opts.earlyStopping,
           systemPrompt: opts.systemPrompt,
+          judgeModel: opts.judgeModel,
           name: opts.name,
           trackerProject: opts.trackerProject,
           trackerEntity: opts.trackerEntity,

@@ -260,6 +260,14 @@ export class ConduitClient {
     return this.json("GET", `/conduit/finetuning/${enc(id)}/checkpoints`);
   }
 
+  /** A kept checkpoint's LoRA adapter (`<run id>-step-<step>-lora.gguf`), to stream to disk. */
+  async downloadCheckpoint(id: string, step: number, signal?: AbortSignal): Promise<Artifact> {
+    const response = await this.send("GET", `/conduit/finetuning/${enc(id)}/checkpoints/${step}/artifact`, {
+      signal,
+    });
+    return this.artifactOf(response);
+  }
+
   deleteRun(id: string): Promise<MessageWire> {
     return this.json("DELETE", `/conduit/finetuning/${enc(id)}`);
   }
@@ -288,6 +296,10 @@ export class ConduitClient {
   ): Promise<Artifact> {
     const suffix = format === "merged" ? "?format=merged" : "";
     const response = await this.send("GET", `/conduit/finetuning/${enc(id)}/artifact${suffix}`, { signal });
+    return this.artifactOf(response);
+  }
+
+  private artifactOf(response: Response): Artifact {
     const length = response.headers.get("content-length");
     return {
       body: this.bodyOf(response),

@@ -517,6 +517,8 @@ export interface ModelTotals {
   completionTokens: number;
   /** Mean seconds per answer (each answer's own time, batched with others). */
   meanLatencySeconds: number;
+  /** The tokens model graders' judges took to grade this model's answers, by judge. Absent: none. */
+  judgeUsage?: JudgeUsage[];
 }
 
 /** Progress and totals of an eval run. */
@@ -587,6 +589,16 @@ export interface GraderScore {
   judgeAnswer?: string;
   /** A label model's label. */
   label?: string;
+  /** A model grader's judge and the tokens its verdict took. */
+  usage?: JudgeUsage;
+}
+
+/** A judge's tokens: of one verdict, or summed over a run's verdicts (`invocations` of them). */
+export interface JudgeUsage {
+  model: string;
+  promptTokens: number;
+  completionTokens: number;
+  invocations?: number;
 }
 
 export const EvalResult = Type.Object(
@@ -614,6 +626,8 @@ export interface EvaluationSide {
   exact: number;
   /** Mean token-F1 similarity, 0 to 1. */
   similarity: number;
+  /** The judge's mean score, 0 to 1, when the run has a `judgeModel`. */
+  judge?: number;
 }
 
 /**

@@ -511,6 +511,17 @@ export const RunConfigFields = {
       description: "System prompt trained with and served with. Defaults to none.",
     }),
   ),
+  judgeModel: Type.Optional(
+    Type.String({
+      minLength: 1,
+      maxLength: 256,
+      pattern: noControlCharacters,
+      description:
+        "A model this server serves you (a base model, a run id or an `ft:` name) that also grades the automatic " +
+        "before/after: a `score_model` grader named `judge` scores each answer from 0 to 1 against the expected " +
+        "one (docs/evals.md). One that does not exist is a 400. Defaults to none: exact match and similarity only.",
+    }),
+  ),
   name: Type.Optional(Name),
   trackerProject: Type.Optional(Type.String({ maxLength: 256, pattern: noControlCharacters })),
   trackerEntity: Type.Optional(Type.String({ maxLength: 256, pattern: noControlCharacters })),

@@ -128,6 +128,8 @@ type RunConfigFields = {
   trainer?: TrainerName;
   /** What a run created through a compatibility face was asked besides its settings; absent otherwise. */
   jobRequest?: JobRequest;
+  /** The model that also grades the automatic before/after (a `score_model` grader); absent: none. */
+  judgeModel?: string;
   /** A preference-tuning run's settings (`"method": "dpo"`, stored as a LoRA run with these); absent otherwise. */
   dpo?: DpoConfig;
 };

@@ -22,6 +22,7 @@ import {
   type EvalRunStatus,
   type GraderScore,
   type GraderSpec,
+  type JudgeUsage,
   type ModelGrader,
   type ModelTotals,
   type RunEvaluation,
@@ -29,7 +30,7 @@ import {
 import { grade, gradesInline, isModelGrader, settleGraders } from "./graders.ts";
 import { judgePrompt, judgeSchema, readVerdict } from "./judge.ts";
 import { GraderThread } from "./GraderThread.ts";
-import { describeEvaluation } from "./runEvaluation.ts";
+import { AFTER_RUN_JUDGE, describeEvaluation } from "./runEvaluation.ts";
 import type { CreateEval, CreateEvalRun } from "./commands.ts";
 import { EvalRunFeed, type EvalRunEvent } from "./EvalRunFeed.ts";
 
@@ -57,6 +58,30 @@ const AFTER_RUN_MAX_ITEMS = 200;
 
 /** Graders of the automatic before/after of a fine-tuning run. */
 const AFTER_RUN_GRADERS: GraderSpec[] = [{ type: "exact_match" }, { type: "similarity" }];
+
+/** The before/after's grader for a run's `judgeModel`: the judge scores each answer against the expected one. */
+function afterRunJudge(model: string): GraderSpec {
+  return {
+    type: "score_model",
+    name: AFTER_RUN_JUDGE,
+    model,
+    input: [
+      {
+        role: "system",
+        content:
+          "You grade an assistant's answer against a reference answer. Score 1 when it says what the reference " +
+          "says, 0 when it is wrong or unrelated, and in between for a partly right answer.",
+      },
+      {
+        role: "user",
+        content:
+          "Question:\n{{item.input}}\n\nReference answer:\n{{item.expected}}\n\nAnswer to grade:\n{{sample.output_text}}",
+      },
+    ],
+    range: [0, 1],
+    passThreshold: 0.5,
+  };
+}
 
 export interface EvalServiceOptions {
   /** Answers in flight at once when a run does not say (`CONDUIT_EVAL_PARALLEL`). Defaults to `8`. */
@@ -661,7 +686,14 @@ export class EvalService {
         responseFormat: { kind: "json_schema", schema: judgeSchema(grader) },
         signal,
       });
-      return readVerdict(grader, result.choices[0]?.text ?? "");
+      return {
+        ...readVerdict(grader, result.choices[0]?.text ?? ""),
+        usage: {
+          model: grader.model,
+          promptTokens: result.promptTokens,
+          completionTokens: result.completionTokens,
+        },
+      };
     } catch (error) {
       if (signal.aborted) throw signal.reason;
       if (!(error instanceof ConduitError))
@@ -691,13 +723,27 @@ export class EvalService {
       if (error instanceof ConduitError && error.code === "conflict") return undefined;
       throw error;
     }
-    const created = await this.create(run.userId, {
-      name: `${run.name}: base vs fine-tune`,
-      source: { type: "run", runId: run.id },
-      graders: AFTER_RUN_GRADERS,
-      systemPrompt: run.config.systemPrompt,
-      runId: run.id,
-    });
+    const judge = run.config.judgeModel;
+    const evalOf = (graders: GraderSpec[]) =>
+      this.create(run.userId, {
+        name: `${run.name}: base vs fine-tune`,
+        source: { type: "run", runId: run.id },
+        graders,
+        systemPrompt: run.config.systemPrompt,
+        runId: run.id,
+      });
+    // A judge deleted since the run was created: the before/after goes on without it, and the log says so.
+    const created =
+      judge === undefined
+        ? await evalOf(AFTER_RUN_GRADERS)
+        : await evalOf([...AFTER_RUN_GRADERS, afterRunJudge(judge)]).catch(async (error: unknown) => {
+            if (!(error instanceof ConduitError && error.code === "invalid_request")) throw error;
+            await this.runRepository.appendLog(
+              run.id,
+              `evaluation: the judge ${judge} cannot grade it (${error.message}); scoring without a judge`,
+            );
+            return evalOf(AFTER_RUN_GRADERS);
+          });
     // Room for the longest expected answer (a token is rarely shorter than a character), and a little more.
     const longest = Math.max(...items.map((item) => item.expected.length));
     const evalRun = await this.createRun(run.userId, created.id, {
@@ -706,9 +752,11 @@ export class EvalService {
       maxTokens: Math.min(evalLimits.maxTokens, Math.max(16, longest + 16)),
       items,
     });
+    const judged = created.config.graders.some((g) => g.name === AFTER_RUN_JUDGE && isModelGrader(g));
     await this.runRepository.appendLog(
       run.id,
-      `evaluation queued: base ${run.config.baseModelName} and the fine-tune on ${items.length} held-out pairs (eval ${created.id})`,
+      `evaluation queued: base ${run.config.baseModelName} and the fine-tune on ${items.length} held-out pairs` +
+        `${judged ? `, judged by ${judge}` : ""} (eval ${created.id})`,
     );
     const started = performance.now();
     const ended = await this.waitFor(run.userId, created.id, evalRun.id);
@@ -773,6 +821,7 @@ function addTo(
   if (result.error !== null) total.errored++;
   else total.answered++;
   if (result.error === null && result.scores.every((s) => s.passed)) total.passed++;
+  for (const score of result.scores) if (score.usage) addJudgeUsage(total, score.usage);
   for (const [g, grader] of graders.entries()) {
     const score = result.scores[g];
     const sum = total.graders[g];
@@ -781,6 +830,17 @@ function addTo(
     if (score.passed) sum.passed++;
     else sum.failed++;
   }
+}
+
+/** Counts one verdict's tokens in its judge's usage of `total`. */
+function addJudgeUsage(total: ModelTotals, usage: JudgeUsage): void {
+  const usages = (total.judgeUsage ??= []);
+  let entry = usages.find((u) => u.model === usage.model);
+  if (!entry)
+    usages.push((entry = { model: usage.model, promptTokens: 0, completionTokens: 0, invocations: 0 }));
+  entry.promptTokens += usage.promptTokens;
+  entry.completionTokens += usage.completionTokens;
+  entry.invocations = (entry.invocations ?? 0) + 1;
 }
 
 /** An item given in a request: its prompt turns (or input) and expected answer. */

@@ -206,12 +206,28 @@ export class RunService {
       /** How a LoRA run's adapter is stored (`CONDUIT_ADAPTER_TYPE`). Defaults to `q8_0`. */
       adapterType?: AdapterTypeSetting;
       /**
+       * Throws a `model_not_found` error when `userId` cannot name `model` (a run's `judgeModel`). Defaults to
+       * taking every name.
+       */
+      checkModel?: (userId: string, model: string, param: string) => Promise<void>;
+      /**
        * The memory a run's trainer must fit in at creation: the machine's (or its container's), less what the
        * server holds now (the models its engine has loaded). Defaults to the machine's, and nothing held.
        */
       memory?: { total?: () => number; inUse?: () => number };
     },
   ) {}
+
+  /** A judge must be a model this user can name now: a typo is a 400 at creation, not a judge error on every item. */
+  private async checkJudge(userId: string, model: string): Promise<void> {
+    await this.options.checkModel?.(userId, model, "judgeModel").catch((error: unknown) => {
+      if (error instanceof ConduitError && error.code === "model_not_found")
+        throw new ConduitError("invalid_request", error.message.replace(/^model/, "judge model"), {
+          param: "judgeModel",
+        });
+      throw error;
+    });
+  }
 
   /**
    * Creates a run, in phases: its dataset, base model and trainer, what it trains on (within the limits), its
@@ -227,6 +243,7 @@ export class RunService {
     );
     const training = await this.trainingSet(userId, dataset, command.validationFileID);
     this.checkLimits(training, param);
+    if (command.judgeModel !== undefined) await this.checkJudge(userId, command.judgeModel);
     if (dpo !== undefined) await this.checkPreferences(userId, dataset.id, training, param);
     const trainer = await this.trainerFor(
       method,
@@ -246,10 +263,12 @@ export class RunService {
       training,
     );
     const logs = settings.logs;
-    const config: RunConfig =
-      dpo === undefined
+    const trained: RunConfig =
+      command.judgeModel === undefined
         ? settings.config
-        : { ...settings.config, dpo: { beta: dpo.beta, fromRunID: from?.id ?? null } };
+        : { ...settings.config, judgeModel: command.judgeModel };
+    const config: RunConfig =
+      dpo === undefined ? trained : { ...trained, dpo: { beta: dpo.beta, fromRunID: from?.id ?? null } };
     if (from !== undefined)
       logs.push(`preference tuning starts from run ${from.id}'s adapter; its model is the reference`);
     const id = newId("ft");

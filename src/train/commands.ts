@@ -49,6 +49,8 @@ export interface CreateRun {
   earlyStoppingPatience?: number | undefined;
   /** Defaults to none. */
   systemPrompt?: string | undefined;
+  /** A model that also grades the automatic before/after (a `score_model` grader). Defaults to none. */
+  judgeModel?: string | undefined;
   /** Defaults to `<dataset name>-<base model>`. */
   name?: string | undefined;
   /** Defaults to none. */

@@ -927,3 +927,14 @@ test("runs create sends a DPO run's method, beta and the run it continues", asyn
   const stray = await runsCreate(env, dataset.id, ["--beta", "0.5"]);
   assert.match(stray.stderr, /"beta" is a preference-tuning setting; it needs "method": "dpo"/);
 });
+
+test("runs create sends the run's judge model; one that does not exist is refused by name", async (t) => {
+  const { core, env } = await cliServer(t);
+  const dataset = await onePairDataset(core);
+  const missing = await runsCreate(env, dataset.id, ["--judge-model", "no-such-model"]);
+  assert.notEqual(missing.code, 0);
+  assert.match(missing.stderr, /judge model "no-such-model" not found/);
+  const judged = await runsCreate(env, dataset.id, ["--judge-model", "tiny"]);
+  assert.equal(judged.code, 0, judged.stderr);
+  assert.equal((await core.runRepository.getById(judged.stdout.trim()))?.config.judgeModel, "tiny");
+});

@@ -1,4 +1,5 @@
 import assert from "node:assert/strict";
+import type { AddressInfo } from "node:net";
 import path from "node:path";
 import { after, before, describe, test } from "node:test";
 import type { FastifyInstance } from "fastify";
@@ -489,5 +490,73 @@ describe("evals: a run trained on pairs scores higher than its base on them", ()
       openai.json<{ error: { param: string } }>().error.param,
       "testing_criteria[1].evaluation_metric",
     );
+  });
+
+  test("a run with a judge: the before/after has the judge's scores, and OpenAI's usage counts its tokens", async () => {
+    const training = await datasetWithPairs(app, pairs.slice(0, 6), { name: "judged" });
+    const missing = await as(app, KEY_A).post("/conduit/finetuning", {
+      datasetID: training.id,
+      validationFileID: validationFileId,
+      baseModelName: "tiny128",
+      judgeModel: "no-such-model",
+    });
+    assert.equal(missing.statusCode, 400, missing.body);
+    assert.equal(missing.json().error.param, "judgeModel");
+    assert.match(missing.json().error.message, /judge model "no-such-model" not found/);
+    const judged = await startRun(app, {
+      datasetID: training.id,
+      validationFileID: validationFileId,
+      baseModelName: "tiny128",
+      epochs: 2,
+      judgeModel: "tiny128",
+    });
+    const run = await until(
+      async () =>
+        (await as(app, KEY_A).get(`/conduit/finetuning/${judged}`)).json<{
+          status: string;
+          logs: string[];
+          config: { judgeModel?: string };
+          evaluation?: RunEvaluation | null;
+        }>(),
+      (r) => ["FAILED", "CANCELLED"].includes(r.status) || TERMINAL.includes(r.evaluation?.status ?? ""),
+      "the judged run's evaluation",
+      600_000,
+    );
+    assert.equal(run.status, "READY", run.logs.join("\n"));
+    assert.equal(run.config.judgeModel, "tiny128");
+    const evaluation = run.evaluation!;
+    assert.equal(evaluation.status, "COMPLETED", evaluation.summary);
+    for (const side of [evaluation.base, evaluation.fineTuned]) {
+      assert.ok(side?.judge !== undefined && side.judge >= 0 && side.judge <= 1, JSON.stringify(side));
+    }
+    assert.match(evaluation.summary, /\(similarity \S+ → \S+, judge \d\.\d\d → \d\.\d\d\): /);
+    assert.ok(
+      run.logs.some((line) => /evaluation queued: .* judged by tiny128/.test(line)),
+      run.logs.join("\n"),
+    );
+    // Each answer has the judge's verdict, with its tokens.
+    const results = (
+      await as(app, KEY_A).get(
+        `/conduit/evals/${evaluation.evalId}/runs/${evaluation.evalRunId}/results?limit=100`,
+      )
+    ).json<EvalResultWire[]>();
+    assert.equal(results.length, 40);
+    const verdicts = results.map((r) => r.scores.find((s) => s.name === "judge"));
+    assert.ok(verdicts.every((v) => v?.usage?.model === "tiny128" && v.usage.promptTokens > 0));
+    // OpenAI's face: the judge's tokens count in per_model_usage, with tiny128's own answers (it is both).
+    // The suite's server may already listen (the openai client's test above).
+    const address = app.server.listening
+      ? `http://127.0.0.1:${(app.server.address() as AddressInfo).port}`
+      : await app.listen({ port: 0, host: "127.0.0.1" });
+    const client = new OpenAI({ baseURL: `${address}/v1`, apiKey: KEY_A, maxRetries: 0 });
+    const openAiRun = await client.evals.runs.retrieve(evaluation.evalRunId, { eval_id: evaluation.evalId });
+    const usage = Object.fromEntries(openAiRun.per_model_usage.map((u) => [u.model_name, u]));
+    assert.equal(usage[judged]?.invocation_count, 20);
+    assert.equal(usage.tiny128?.invocation_count, 20 + 40);
+    const answerTokens = results
+      .filter((r) => r.model === "tiny128")
+      .reduce((sum, r) => sum + r.promptTokens, 0);
+    const judgeTokens = verdicts.reduce((sum, v) => sum + (v?.usage?.promptTokens ?? 0), 0);
+    assert.equal(usage.tiny128?.prompt_tokens, answerTokens + judgeTokens);
   });
 });

@@ -3,6 +3,7 @@ import fs from "node:fs";
 import path from "node:path";
 import { test, type TestContext } from "node:test";
 import { fileURLToPath } from "node:url";
+import OpenAI from "openai";
 import { chromium, type Page } from "playwright-core";
 import { ConduitClient } from "../../src/client/ConduitClient.ts";
 import { createTinyModel } from "../../src/model/tinyModel.ts";
@@ -114,6 +115,124 @@ test(
       await page.getByLabel("Only items the models disagree on (first grader)").check();
       assert.ok((await rows.count()) >= 1);
     });
+
+    await t.test(
+      "the run page lists its checkpoints, each with its model and its adapter to download",
+      async () => {
+        const kept = await client.listCheckpoints(run.id);
+        assert.ok(kept.length > 0);
+        await page.goto(`${base}/ui/runs/${run.id}`);
+        const table = page.getByRole("region", { name: "Kept checkpoints" });
+        await table.waitFor();
+        const rows = table.locator("tbody tr");
+        assert.equal(await rows.count(), kept.length);
+        const newest = kept[0]!;
+        assert.equal(await rows.first().getByRole("link").innerText(), `${run.id}:ckpt-step-${newest.step}`);
+        const [download] = await Promise.all([
+          page.waitForEvent("download"),
+          page.getByRole("button", { name: `Download the adapter of step ${newest.step}` }).click(),
+        ]);
+        assert.equal(download.suggestedFilename(), `${run.id}-step-${newest.step}-lora.gguf`);
+        const saved = await download.path();
+        assert.equal(fs.readFileSync(saved).subarray(0, 4).toString(), "GGUF");
+        // A READY run is neither paused nor resumed.
+        assert.equal(await page.getByRole("button", { name: "Pause" }).count(), 0);
+        assert.equal(await page.getByRole("button", { name: "Resume" }).count(), 0);
+        await shot(page, "run-checkpoints");
+      },
+    );
+
+    await t.test("a queued or running run pauses and resumes from its page", async () => {
+      const long = await client.createRun({
+        datasetID: training.id,
+        baseModelName: "tiny128",
+        epochs: 1000,
+      });
+      await page.goto(`${base}/ui/runs/${long.id}`);
+      await page.getByRole("button", { name: "Pause" }).click();
+      await page.getByRole("button", { name: "Resume" }).waitFor({ timeout: 60_000 });
+      assert.equal((await client.getRun(long.id)).status, "PAUSED");
+      // Resumable once its trainer has stopped (a running run's stops at its next step).
+      await page.waitForSelector("button:has-text('Resume'):not([disabled])", { timeout: 60_000 });
+      assert.ok((await client.getRun(long.id)).logs.some((line) => line.includes("run paused")));
+      await page.getByRole("button", { name: "Resume" }).click();
+      await page.getByRole("button", { name: "Pause" }).waitFor({ timeout: 60_000 });
+      assert.ok(["QUEUED", "RUNNING"].includes((await client.getRun(long.id)).status));
+      await client.cancelRun(long.id);
+    });
+
+    await t.test(
+      "an eval made through OpenAI's API, one model per run, shows its runs side by side",
+      async () => {
+        const openai = new OpenAI({ baseURL: `${base}/v1`, apiKey: KEY_A, maxRetries: 0 });
+        const created = await openai.evals.create({
+          name: "openai side by side",
+          data_source_config: {
+            type: "custom",
+            item_schema: {
+              type: "object",
+              properties: { question: { type: "string" }, answer: { type: "string" } },
+            },
+            include_sample_schema: true,
+          },
+          testing_criteria: [
+            {
+              type: "string_check",
+              name: "exact",
+              input: "{{sample.output_text}}",
+              reference: "{{item.answer}}",
+              operation: "eq",
+            },
+          ],
+        });
+        const content = pairs.map((pair) => ({ item: { question: pair.input, answer: pair.output } }));
+        const evalRuns: string[] = [];
+        for (const model of ["tiny128", run.id]) {
+          const started = await openai.evals.runs.create(created.id, {
+            name: model,
+            data_source: {
+              type: "completions",
+              model,
+              source: { type: "file_content", content },
+              input_messages: {
+                type: "template",
+                template: [{ role: "user", content: "{{item.question}}" }],
+              },
+              sampling_params: { max_completion_tokens: 16, temperature: 0 },
+            },
+          });
+          evalRuns.push(started.id);
+          for (;;) {
+            const current = await openai.evals.runs.retrieve(started.id, { eval_id: created.id });
+            if (current.status !== "queued" && current.status !== "in_progress") break;
+            await new Promise((resolve) => setTimeout(resolve, 300));
+          }
+        }
+        await page.goto(`${base}/ui/evals/${created.id}`);
+        await page.getByRole("region", { name: "Scores of tiny128" }).first().waitFor();
+        await page
+          .getByRole("region", { name: `Scores of ${run.id}` })
+          .first()
+          .waitFor();
+        assert.equal(await page.getByLabel("Eval run").inputValue(), "all");
+        const items = page.getByRole("region", { name: "Items" });
+        const header = await items.locator("thead").innerText();
+        // In the order the runs were made: the base's, then the fine-tune's.
+        assert.ok(header.includes("tiny128") && header.indexOf("tiny128") < header.indexOf(run.id), header);
+        const rows = items.locator("tbody tr");
+        await page.waitForFunction(
+          () => !document.querySelector('[aria-label="Items"] tbody')?.textContent?.includes("…"),
+        );
+        assert.equal(await rows.count(), pairs.length);
+        const first = await rows.first().innerText();
+        assert.ok(first.includes(pairs[0]!.output), first);
+        await shot(page, "eval-openai-side-by-side");
+        // One run alone, as chosen.
+        await page.getByLabel("Eval run").selectOption(evalRuns[1]!);
+        await page.getByRole("region", { name: "Scores of tiny128" }).first().waitFor({ state: "detached" });
+        assert.ok(!(await items.locator("thead").innerText()).includes("tiny128"));
+      },
+    );
 
     await t.test("the playground compares two models on one prompt", async () => {
       await page.goto(`${base}/ui/playground?model=tiny128`);

@@ -225,6 +225,25 @@ describe("the torch trainer backend's job", { skip }, () => {
         ),
       );
       assert.equal(second.stats.epochs, 60);
+      // The last 3 epochs' adapters are kept as GGUF adapters of the served type (the run's own adapter's size),
+      // their raw tensors from the worker removed once written.
+      const kept = path.join(checkpointDir, "kept");
+      const steps = fs
+        .readdirSync(kept)
+        .filter((name) => name.endsWith(".json"))
+        .map(
+          (name) =>
+            JSON.parse(fs.readFileSync(path.join(kept, name), "utf8")) as { step: number; epoch: number },
+        )
+        .sort((a, b) => a.step - b.step);
+      assert.deepEqual(
+        steps.map((c) => c.epoch),
+        [58, 59, 60],
+      );
+      assert.equal(steps.at(-1)!.step, second.stats.steps);
+      for (const { step } of steps)
+        assert.equal(fs.statSync(path.join(kept, `step-${step}.gguf`)).size, second.stats.outputBytes);
+      assert.deepEqual(fs.readdirSync(path.join(checkpointDir, "torch-kept")), []);
     },
   );
 });
@@ -575,9 +594,86 @@ describe("the trainer a run gets through the API", () => {
       }
       t.diagnostic(`torch trainer: ${exact}/20 exact; final loss ${run.stats.final.finalTrainLoss}`);
       assert.ok(exact >= 18, `${exact}/20 exact`);
+      // Its last 3 epochs are kept, listed, served under their own names and downloadable, as the run's adapter.
+      const listed = await as(app, KEY_A).get(`/conduit/finetuning/${id}/checkpoints`);
+      assert.equal(listed.statusCode, 200, listed.body);
+      const kept = listed.json<{ step: number; epoch: number; model: string }[]>();
+      assert.deepEqual(
+        kept.map((c) => c.epoch),
+        [200, 199, 198],
+      );
+      assert.equal(kept[0]!.step, run.stats.final.steps);
+      const oldest = kept[2]!;
+      assert.equal(oldest.model, `${id}:ckpt-step-${oldest.step}`);
+      const answer = await as(app, KEY_A).post("/v1/chat/completions", {
+        model: oldest.model,
+        messages: [{ role: "user", content: pairs[0]!.input }],
+        temperature: 0,
+        max_tokens: 8,
+      });
+      assert.equal(answer.statusCode, 200, answer.body);
+      assert.equal(answer.json<{ model: string }>().model, oldest.model);
+      const download = await as(app, KEY_A).get(
+        `/conduit/finetuning/${id}/checkpoints/${oldest.step}/artifact`,
+      );
+      assert.equal(download.statusCode, 200);
+      const adapter = await as(app, KEY_A).get(`/conduit/finetuning/${id}/artifact`);
+      assert.equal(download.rawPayload.length, adapter.rawPayload.length);
     },
   );
 });
+
+test(
+  "a torch run paused through the API resumes from its checkpoint with the optimizer's state and keeps its last epochs",
+  { skip, timeout: 600_000 },
+  async (t) => {
+    const env = await testEnv(t, "sqlite", {
+      CONDUIT_TRAINER: "torch",
+      CONDUIT_PYTHON: python.ok ? python.python : "",
+    });
+    await createTinyModel(path.join(env.dataDir, "models", "tiny128.gguf"), {
+      seed: 1,
+      embeddingLength: 128,
+    });
+    const { app, core } = await buildTestApp(t, env, { scheduler: { pollMs: 200, concurrency: 1 } });
+    core.scheduler.start();
+    const datasetID = await datasetOf(app, madeUpPairs(8));
+    const created = await as(app, KEY_A).post("/conduit/finetuning", {
+      datasetID,
+      baseModelName: "tiny128",
+      loraRank: 8,
+      epochs: 300,
+    });
+    assert.equal(created.statusCode, 200, created.body);
+    const id = created.json<{ id: string }>().id;
+    await waitForRun(app, id, (r) => r.logs.some((line) => /trainer: .*epoch 5\/300/.test(line)), {
+      timeoutMs: 300_000,
+    });
+    const paused = await as(app, KEY_A).post(`/conduit/finetuning/${id}/pause`);
+    assert.equal(paused.statusCode, 200, paused.body);
+    const stopped = await waitForRun(app, id, (r) => r.logs.some((line) => line.includes("run paused: ")), {
+      timeoutMs: 60_000,
+    });
+    const step = /goes on from its checkpoint at step (\d+)/.exec(stopped.logs.join("\n"))?.[1];
+    assert.ok(step !== undefined, stopped.logs.join("\n"));
+    assert.equal((await as(app, KEY_A).post(`/conduit/finetuning/${id}/resume`)).statusCode, 200);
+    const done = await waitForRun(app, id, runEnded, { timeoutMs: 300_000 });
+    assert.equal(done.status, "READY", done.logs.join("\n"));
+    assert.ok(
+      done.logs.some((line) =>
+        line.includes(`resuming from the checkpoint at step ${step}, with the optimizer's state`),
+      ),
+      done.logs.join("\n"),
+    );
+    const kept = (await as(app, KEY_A).get(`/conduit/finetuning/${id}/checkpoints`)).json<
+      { epoch: number }[]
+    >();
+    assert.deepEqual(
+      kept.map((c) => c.epoch),
+      [300, 299, 298],
+    );
+  },
+);
 
 test("a torch trainer installed while the server runs is found without a restart", { skip }, async (t) => {
   // CONDUIT_PYTHON names a venv that is not there yet; it is made, then given the worker's packages (a .pth

@@ -228,6 +228,7 @@ test("dashboard end to end in Chromium", { timeout: 600_000 }, async (t) => {
     assert.equal(await page.getByLabel("LoRA alpha", { exact: true }).inputValue(), "");
     assert.equal(await page.getByLabel("Train on inputs", { exact: true }).isChecked(), false);
     assert.equal(await page.getByLabel("Early stopping", { exact: true }).inputValue(), "");
+    assert.equal(await page.getByLabel("Judge model", { exact: true }).inputValue(), "");
     // The LoRA settings are there for LoRA runs only.
     await page.getByLabel("Method", { exact: true }).selectOption("full");
     assert.equal(await page.getByLabel("LoRA rank", { exact: true }).count(), 0);
@@ -242,6 +243,7 @@ test("dashboard end to end in Chromium", { timeout: 600_000 }, async (t) => {
     await page.getByLabel("Epochs", { exact: true }).fill("40");
     await page.getByLabel("Learning rate", { exact: true }).fill("0.003");
     await page.getByLabel("Name", { exact: true }).fill("hello-run");
+    await page.getByLabel("Judge model", { exact: true }).selectOption("tiny");
     await shot(page, "runs");
     // Neither a number nor "auto": the browser asks again before anything is sent.
     await page.getByLabel("LoRA rank", { exact: true }).fill("big");
@@ -266,6 +268,7 @@ test("dashboard end to end in Chromium", { timeout: 600_000 }, async (t) => {
     await config.getByText("autoSettings").waitFor();
     assert.match(await config.innerText(), /autoSettings\s+loraRank/);
     assert.match(await config.innerText(), /loraRank\s+\d+/);
+    assert.match(await config.innerText(), /judgeModel\s+tiny/);
   });
 
   await t.test("training: the chart and log update live and the run becomes READY", async () => {

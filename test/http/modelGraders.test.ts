@@ -177,6 +177,11 @@ describe("model graders on the tiny model", () => {
       done.per_testing_criteria_results.map((r) => r.testing_criteria),
       ["helpful", "on_topic"],
     );
+    // tiny answered twice and judged each answer twice: one entry, both counted.
+    assert.deepEqual(
+      done.per_model_usage.map((u) => [u.model_name, u.invocation_count]),
+      [["tiny", 2 + 4]],
+    );
     const items = [];
     for await (const item of client.evals.runs.outputItems.list(run.id, { eval_id: created.id }))
       items.push(item);
@@ -186,10 +191,11 @@ describe("model graders on the tiny model", () => {
       const [helpful, onTopic] = item.results as unknown as (Record<string, unknown> & {
         score: number;
         passed: boolean;
-        sample: { output: { content: string }[]; model: string };
+        sample: { output: { content: string }[]; model: string; usage: { prompt_tokens: number } };
       })[];
       assert.equal(helpful!.type, "score_model");
       assert.equal(helpful!.sample.model, "tiny");
+      assert.ok(helpful!.sample.usage.prompt_tokens > 0, JSON.stringify(helpful!.sample));
       assert.deepEqual(JSON.parse(helpful!.sample.output[0]!.content), { score: helpful!.score });
       assert.equal(helpful!.passed, helpful!.score >= 4);
       assert.ok(["yes", "no"].includes(onTopic!.label as string));

@@ -178,6 +178,10 @@ test("a running job pauses (freeing its trainer), stays paused across a restart,
   );
   assert.equal(download.statusCode, 200);
   assert.equal(download.rawPayload.subarray(0, 4).toString(), "GGUF");
+  // Written as the run's adapter is (the served type, Q8_0 by default), not as the F32 the trainer trains.
+  const adapter = await conduit(second.app).get(`/conduit/finetuning/${long.id}/artifact`);
+  assert.equal(adapter.statusCode, 200);
+  assert.equal(download.rawPayload.length, adapter.rawPayload.length);
   assert.equal(
     (await conduit(second.app).get(`/conduit/finetuning/${long.id}/checkpoints/1/artifact`)).statusCode,
     404,

@@ -208,3 +208,26 @@ class NativeDequantizer(unittest.TestCase):
         # F16 is not a quantized type: gguf-py's own path.
         half = np.arange(6, dtype=np.float16).reshape(2, 3)
         np.testing.assert_array_equal(native(half.view(np.uint8), Q.F16), half.astype(np.float32))
+
+
+class KeepEpoch(unittest.TestCase):
+    def test_keeps_the_last_three_epochs_raw_with_their_json(self) -> None:
+        import json
+        import tempfile
+
+        class Writes:
+            def write_adapter(self, path: str) -> int:
+                with open(path, "wb") as f:
+                    f.write(b"\0" * 8)
+                return 8
+
+        with tempfile.TemporaryDirectory() as directory:
+            for epoch in range(1, 6):
+                worker.Trainer.keep_epoch(Writes(), directory, {"step": 10 * epoch, "epoch": epoch, "trainLoss": 1.0})
+            kept = os.path.join(directory, worker.KEPT_DIR)
+            self.assertEqual(
+                sorted(os.listdir(kept)),
+                sorted(f"step-{s}.{ext}" for s in (30, 40, 50) for ext in ("f32", "json")),
+            )
+            with open(os.path.join(kept, "step-50.json"), encoding="utf8") as f:
+                self.assertEqual(json.load(f), {"step": 50, "epoch": 5, "trainLoss": 1.0})

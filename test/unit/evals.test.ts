@@ -3,6 +3,7 @@ import { test } from "node:test";
 import {
   gradersOfCriteria,
   openAiGraderError,
+  perModelUsage,
   resolveOpenAiItems,
   runRequest,
 } from "../../src/api/openAiEvals.ts";
@@ -120,6 +121,69 @@ test("a run's before/after says whether the fine-tune improved, and says so when
   assert.equal(running.improved, null);
   assert.equal(running.fineTuned, null);
   assert.equal(running.summary, "20 held-out pairs: 7/40 answers");
+});
+
+test("a before/after with a judge: its scores in the line, and a tie on exact matches goes to the judge", () => {
+  const judged = (exact: [number, number], similarity: [number, number], judge: [number, number]) => {
+    const run = evalRun([
+      [exact[0], similarity[0]],
+      [exact[1], similarity[1]],
+    ]);
+    for (const [i, totals] of run.results.entries())
+      totals.graders.push({
+        name: "judge",
+        type: "score_model",
+        passed: 0,
+        failed: 20,
+        meanScore: judge[i]!,
+      });
+    return describeEvaluation(run);
+  };
+  const better = judged([0, 0], [0.6, 0.5], [0.1, 0.8]);
+  assert.equal(better.improved, true);
+  assert.equal(
+    better.summary,
+    "base 0/20 → fine-tune 0/20 exact match (similarity 0.60 → 0.50, judge 0.10 → 0.80): improved",
+  );
+  assert.deepEqual(better.fineTuned, { model: "ft_1", items: 20, exact: 0, similarity: 0.5, judge: 0.8 });
+  assert.equal(judged([0, 0], [0.2, 0.9], [0.8, 0.1]).improved, false);
+  // Exact matches still come first, and equal judges fall back to similarity.
+  assert.equal(judged([2, 5], [0.5, 0.5], [0.9, 0.1]).improved, true);
+  assert.equal(judged([3, 3], [0.2, 0.4], [0.5, 0.5]).improved, true);
+});
+
+test("OpenAI's per_model_usage: each model's answers and its verdicts as a judge, one entry per model", () => {
+  const base = beforeAfterTotals("base", 0, 0);
+  Object.assign(base, {
+    promptTokens: 100,
+    completionTokens: 10,
+    judgeUsage: [{ model: "judge", promptTokens: 300, completionTokens: 20, invocations: 20 }],
+  });
+  const tuned = beforeAfterTotals("ft_1", 0, 0);
+  Object.assign(tuned, {
+    promptTokens: 50,
+    completionTokens: 5,
+    judgeUsage: [
+      { model: "judge", promptTokens: 200, completionTokens: 20, invocations: 20 },
+      { model: "base", promptTokens: 40, completionTokens: 4, invocations: 2 },
+    ],
+  });
+  const usage = (model: string) => perModelUsage([base, tuned]).find((u) => u.model_name === model);
+  assert.deepEqual(
+    perModelUsage([base, tuned]).map((u) => u.model_name),
+    ["base", "ft_1", "judge"],
+  );
+  assert.deepEqual(usage("judge"), {
+    model_name: "judge",
+    invocation_count: 40,
+    prompt_tokens: 500,
+    completion_tokens: 40,
+    total_tokens: 540,
+    cached_tokens: 0,
+  });
+  assert.equal(usage("base")?.invocation_count, 22);
+  assert.equal(usage("base")?.prompt_tokens, 140);
+  assert.equal(usage("ft_1")?.total_tokens, 55);
 });
 
 test("OpenAI testing criteria become graders; what Conduit cannot honour is refused by field", () => {

@@ -6,6 +6,7 @@ import type {
   CreateRunBodyWire,
   DatasetFileWire,
   DatasetWire,
+  RunCheckpointWire,
   RunExampleWire,
   RunSummaryWire,
   RunWire,
@@ -34,6 +35,8 @@ export type RunSummary = RunSummaryWire;
 export type CreateRunBody = CreateRunBodyWire;
 /** A training or validation pair of a READY run, with its loss under the served weights. */
 export type RunExample = RunExampleWire;
+/** A READY run's kept checkpoint, with the model name that serves it. */
+export type RunCheckpoint = RunCheckpointWire;
 export type Model = ModelEntryWire;
 export type Eval = EvalWire;
 export type EvalRun = EvalRunWire;

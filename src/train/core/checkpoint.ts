@@ -29,7 +29,10 @@ export interface CheckpointState {
 /** How many epoch-end checkpoints a run keeps (the newest), as OpenAI keeps its jobs' last three epochs. */
 export const KEPT_CHECKPOINTS = 3;
 
-/** What a kept checkpoint's JSON says (its weights are `step-<step>.gguf` beside it). */
+/**
+ * What a kept checkpoint's JSON says (its weights are `step-<step>.gguf` beside it: the LoRA adapter in the type the
+ * run serves, so that it is served and downloaded as it is).
+ */
 export interface KeptCheckpoint {
   step: number;
   epoch: number;

@@ -68,8 +68,8 @@ function adapterMetadata(model: ModelFileInfo, alpha: number) {
 }
 
 /**
- * How an adapter's tensors are stored: the trainer trains F32 tensors (only those train) and keeps its
- * checkpoints in F32; the adapter it hands to serving is F16, half the size on disk and in memory, or Q8_0,
+ * How an adapter's tensors are stored: the trainer trains F32 tensors (only those train) and keeps the
+ * checkpoint it resumes from in F32; the adapter it hands to serving (and each kept epoch-end checkpoint) is F16, half the size on disk and in memory, or Q8_0,
  * a quarter (`CONDUIT_ADAPTER_TYPE`), which llama.cpp loads as they are (bench/README.md §Serving many
  * adapters). Q8_0 stores rows in blocks of 32, so a tensor whose rows are not (B at a rank below 32, or not a
  * multiple of it) stays F16.

@@ -5,6 +5,7 @@
  * `OUT_PROD` (the gradient to the activations of every frozen weight), which the CPU backend computes with
  * vector loops: LoRA on an F32 base then trains 2–2.5× faster (bench/README.md). Generation never loads it.
  */
+import koffi from "koffi";
 import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -89,6 +90,21 @@ export function loadBlasBackend(
   }
   log(`trainer: ${library} registered no BLAS device; training without it`);
   return undefined;
+}
+
+/**
+ * Sets OpenBLAS's threads between calls (`openblas_set_num_threads` of the libopenblas the backend loaded; the
+ * backend itself leaves them alone, bin/setup-trainer.sh), or `undefined` where that library is not OpenBLAS.
+ */
+export function openBlasThreads(): ((threads: number) => void) | undefined {
+  try {
+    const set = koffi.load("libopenblas.so.0").func("void openblas_set_num_threads(int)") as (
+      n: number,
+    ) => void;
+    return (threads) => set(threads);
+  } catch {
+    return undefined;
+  }
 }
 
 /** For the setup's check: loads the trainer's llama.cpp and `library` into this process; throws when it fails. */

@@ -35,6 +35,12 @@ export interface LlamaCppOptions {
    * CPU ops keep the job's `threads`.
    */
   blasThreads: number;
+  /**
+   * Whether OpenBLAS's threads are chosen between steps by timing them (`threadTuner.ts`: every core, or one
+   * fewer when another process takes a core), starting from `blasThreads`; `CONDUIT_TRAIN_THREADS=auto` does.
+   * Defaults to false.
+   */
+  tuneBlasThreads?: boolean;
 }
 
 /**
@@ -189,6 +195,7 @@ export const llamaCppTrainer: TrainerBackend<LlamaCppOptions> = {
       blasLibrary: blas.available ? blas.library : null,
       // auto: ggml's ops on one thread, OpenBLAS's products on every core (bench/README.md, #26).
       blasThreads: host.threads === "auto" ? os.availableParallelism() : host.threads,
+      tuneBlasThreads: host.threads === "auto",
     };
   },
   run: runTraining,

@@ -53,7 +53,8 @@ import {
   type LoraSpec,
   type LoraWeight,
 } from "../core/loraAdapter.ts";
-import { loadBlasBackend, TRAINER_SETUP_COMMAND } from "./blasBackend.ts";
+import { loadBlasBackend, openBlasThreads, TRAINER_SETUP_COMMAND } from "./blasBackend.ts";
+import { ThreadTuner } from "../core/threadTuner.ts";
 import { loraBaseConversion } from "./loraBase.ts";
 import { readModelFile, type ModelFileInfo } from "../core/modelFile.ts";
 import { isTrainableTensor } from "./trainableTensor.ts";
@@ -101,6 +102,8 @@ interface Compute {
   /** Layers offloaded: `0` on the CPU, `-1` for all. */
   gpuLayers: number;
   gpuMemory: GpuMemoryWatch | undefined;
+  /** Chooses OpenBLAS's threads between steps (`tuneBlasThreads`), and sets them; undefined when not tuned. */
+  blasThreads: { tuner: ThreadTuner; set: (threads: number) => void } | undefined;
 }
 
 /** Where a job keeps its checkpoints and best weights, and the checkpoint it resumes from. */
@@ -242,7 +245,20 @@ function openCompute(job: LlamaCppJob, hooks: TrainingHooks): Compute {
     );
   }
   const gpuMemory = gpus.length === 0 ? undefined : new GpuMemoryWatch(lib, gpus);
-  return { lib, blas, gpus, gpuLayers, gpuMemory };
+  return { lib, blas, gpus, gpuLayers, gpuMemory, blasThreads: blasThreadTuning(job, blas) };
+}
+
+/**
+ * OpenBLAS's threads chosen between steps: its pool spin-waits, so every core trains fastest on an idle machine and
+ * one fewer when another process takes a core (bench/README.md). Only when the job asks (`tuneBlasThreads`), the
+ * backend loaded, the environment sets no count of its own and OpenBLAS's setter is found.
+ */
+function blasThreadTuning(job: LlamaCppJob, blas: string | undefined): Compute["blasThreads"] {
+  const start = job.options.blasThreads;
+  if (!job.options.tuneBlasThreads || blas === undefined || start < 2) return undefined;
+  if (process.env.OPENBLAS_NUM_THREADS !== String(start)) return undefined;
+  const set = openBlasThreads();
+  return set === undefined ? undefined : { tuner: new ThreadTuner([start, start - 1]), set };
 }
 
 /**
@@ -491,6 +507,8 @@ class TrainingLoop {
   private epochsDone: number;
   private learningRate: number;
   private lastCheckpointAt: number | undefined;
+  /** OpenBLAS's threads now, when they are tuned between steps. */
+  private blasThreads: number | undefined;
   readonly evalHistory: { epoch: number; step: number; trainLoss: number; evalLoss: number }[] = [];
   private readonly lib: LlamaLib;
 
@@ -619,6 +637,18 @@ class TrainingLoop {
       );
   };
 
+  /** Writes the adapter as the run serves it (its `servedAdapterType`), for a kept checkpoint served and downloaded as it is. */
+  private readonly saveServedAdapter = async (file: string): Promise<void> => {
+    await writeTrainedAdapter(
+      this.session.baseInfo,
+      file,
+      this.lora!.weights,
+      this.lora!,
+      this.adapterValues(),
+      servedAdapterType(this.job.outputType),
+    );
+  };
+
   private report(epoch: number, trainLoss: number, evalLoss: number | undefined, force: boolean): void {
     const now = performance.now();
     if (!force && now - this.lastProgressAt < PROGRESS_INTERVAL_MS) return;
@@ -694,10 +724,18 @@ class TrainingLoop {
   /** One optimizer step on a window; returns its summed loss and counts its tokens and time. */
   private trainStep(window: TrainingWindow): number {
     this.setLearningRate();
+    const tuning = this.compute.blasThreads;
+    const threads = tuning?.tuner.threads();
+    if (threads !== undefined && threads !== this.blasThreads) {
+      tuning!.set(threads);
+      this.blasThreads = threads;
+    }
     const t0 = performance.now();
     const cpu0 = process.cpuUsage();
     const sum = this.runWindow(window, true);
     const stepSeconds = (performance.now() - t0) / 1000;
+    const chose = tuning?.tuner.observe(stepSeconds);
+    if (chose !== undefined) this.hooks.log(`trainer: OpenBLAS on ${chose}`);
     const { user, system } = process.cpuUsage(cpu0);
     this.trainSeconds += stepSeconds;
     this.trainCpuSeconds += (user + system) / 1e6;
@@ -737,7 +775,7 @@ class TrainingLoop {
     if (done && this.lora !== undefined)
       await this.checkpoints.dir?.writeKept(
         { step: this.step, epoch: epoch + 1, trainLoss, ...(evalLoss === undefined ? {} : { evalLoss }) },
-        this.saveWeights,
+        this.saveServedAdapter,
       );
     if (this.stoppedEarly)
       this.hooks.log(

@@ -28,12 +28,13 @@ import {
   loraWeights,
   servedAdapterType,
   writeTrainedAdapter,
+  type AdapterTensorType,
   type LoraSpec,
   type LoraWeight,
 } from "../core/loraAdapter.ts";
-import { readModelFile } from "../core/modelFile.ts";
+import { readModelFile, type ModelFileInfo } from "../core/modelFile.ts";
 import type { TrainingWindow, WindowSpan } from "../core/packWindows.ts";
-import { jobFingerprint } from "../core/checkpoint.ts";
+import { CheckpointDir, jobFingerprint, keptSteps, type KeptCheckpoint } from "../core/checkpoint.ts";
 import type { TokenStore } from "../core/sampleStore.ts";
 import { TrainingPlan } from "../core/trainingPlan.ts";
 import { trainingWarnings } from "../core/trainingWarnings.ts";
@@ -45,6 +46,9 @@ type TorchJob = TrainerJob<TorchOptions>;
 
 /** The worker program, next to this file. */
 export const TORCH_WORKER = fileURLToPath(new URL("./worker.py", import.meta.url));
+
+/** Where the worker keeps each epoch's adapter raw in the checkpoint directory (`KEPT_DIR` in worker.py). */
+const TORCH_KEPT_DIR = "torch-kept";
 
 /** How long a cancelled worker gets to stop before it is killed (it stops at once, mid-step). */
 const CANCEL_KILL_MS = 3_000;
@@ -127,6 +131,8 @@ export async function runTorchTraining(job: TorchJob, hooks: TrainingHooks): Pro
     if (outcome.type === "cancelled") return { status: "cancelled" };
 
     const type = servedAdapterType(job.outputType);
+    if (job.checkpointDir !== null)
+      await keepEpochAdapters(new CheckpointDir(job.checkpointDir), baseInfo, weights, lora, type, hooks);
     hooks.log(`trainer: writing the LoRA adapter (${weights.length} weights, ${type})`);
     const values = readAdapterValues(workerJob.adapterFile, weights, lora.rank);
     const outputBytes = await writeTrainedAdapter(baseInfo, job.outputPath, weights, lora, values, type);
@@ -417,6 +423,35 @@ class WindowFile {
     for (let done = 0; done < this.used;) done += fs.writeSync(this.fd, this.buffer, done, this.used - done);
     this.used = 0;
   }
+}
+
+/**
+ * Writes the epoch-end adapters the worker kept raw (`TORCH_KEPT_DIR`, across every attempt of the run) as the
+ * run's kept checkpoints, GGUF adapters of the type it serves, as the llama.cpp trainer keeps them; each raw file
+ * is removed once written.
+ */
+async function keepEpochAdapters(
+  dir: CheckpointDir,
+  baseInfo: ModelFileInfo,
+  weights: readonly LoraWeight[],
+  lora: LoraSpec,
+  type: AdapterTensorType,
+  hooks: Pick<TrainingHooks, "log">,
+): Promise<void> {
+  const raw = path.join(dir.dir, TORCH_KEPT_DIR);
+  const steps = keptSteps(raw);
+  for (const step of steps) {
+    const name = path.join(raw, `step-${step}`);
+    const checkpoint = JSON.parse(fs.readFileSync(`${name}.json`, "utf8")) as KeptCheckpoint;
+    const values = readAdapterValues(`${name}.f32`, weights, lora.rank);
+    await dir.writeKept(checkpoint, async (file) => {
+      await writeTrainedAdapter(baseInfo, file, weights, lora, values, type);
+    });
+    fs.rmSync(`${name}.f32`, { force: true });
+    fs.rmSync(`${name}.json`, { force: true });
+  }
+  if (steps.length > 0)
+    hooks.log(`trainer: kept the adapters of steps ${steps.join(", ")} (${type}) as the run's checkpoints`);
 }
 
 /** The worker's raw adapter file back as the tensors `writeTrainedAdapter` takes. */

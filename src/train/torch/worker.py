@@ -38,6 +38,11 @@ from typing import Any, Callable, Optional
 
 PROGRESS_INTERVAL_S = 0.5
 CHECKPOINT_INTERVAL_S = 10.0
+# How many epoch-end adapters a run keeps (the newest), as Conduit's `KEPT_CHECKPOINTS` (src/train/core/checkpoint.ts).
+KEPT_CHECKPOINTS = 3
+# Where the epoch-end adapters go in the checkpoint directory, raw (`step-<n>.f32` and `step-<n>.json`): the trainer
+# process writes each as a GGUF adapter of the run's served type once the worker is done (`TORCH_KEPT_DIR`).
+KEPT_DIR = "torch-kept"
 # The llama.cpp tensor name of each LoRA target, and the module that holds it in a transformers model.
 TARGET_MODULES = {
     "attn_q": "self_attn.q_proj",
@@ -994,6 +999,11 @@ class Trainer:
                     self.write_checkpoint(checkpoint_dir, fingerprint, step, tracker)
                 if epoch_done:
                     epochs_done = epoch + 1
+                    if checkpoint_dir is not None and ranks.leader:
+                        kept = {"step": step, "epoch": epoch + 1, "trainLoss": final_train_loss}
+                        if eval_loss is not None:
+                            kept["evalLoss"] = eval_loss
+                        self.keep_epoch(checkpoint_dir, kept)
                 if tracker.stopped:
                     assert best is not None
                     self.log(
@@ -1199,6 +1209,26 @@ class Trainer:
             logits = self.model(input_ids=ids, use_cache=False).logits[0].float().cpu().numpy()
         with open(path, "wb") as f:
             f.write(np.ascontiguousarray(logits, dtype="<f4").tobytes())
+
+    def keep_epoch(self, directory: str, checkpoint: dict[str, Any]) -> None:
+        """Keeps the adapter at an epoch's end (its tensors as `write_adapter` writes them, then the JSON) and removes
+        the oldest past KEPT_CHECKPOINTS. A resumed run that trains the same step again writes it again."""
+        kept = os.path.join(directory, KEPT_DIR)
+        os.makedirs(kept, exist_ok=True)
+        name = os.path.join(kept, f"step-{checkpoint['step']}")
+        self.write_adapter(f"{name}.f32")
+        atomic_write_text(f"{name}.json", json.dumps(checkpoint))
+        steps = sorted(
+            int(entry[5:-5])
+            for entry in os.listdir(kept)
+            if entry.startswith("step-") and entry.endswith(".json") and entry[5:-5].isdigit()
+        )
+        for old in steps[:-KEPT_CHECKPOINTS]:
+            for suffix in (".json", ".f32"):
+                try:
+                    os.remove(os.path.join(kept, f"step-{old}{suffix}"))
+                except FileNotFoundError:
+                    pass
 
     def write_checkpoint(self, directory: str, fingerprint: str, step: int, tracker: BestTracker) -> None:
         os.makedirs(directory, exist_ok=True)

@@ -35,14 +35,91 @@ function rowsOf(run: EvalRun, results: EvalResult[]): ItemRow[] {
   return [...byItem.values()].sort((a, b) => a.item - b.item);
 }
 
-/** An eval: its runs, a table per model (each grader's totals), and every item with each model's answer. */
+/** The choice of the run selector that shows every run of an eval side by side. */
+const ALL_RUNS = "all";
+
+/**
+ * Whether an eval's runs are best read side by side: several runs of one model each, as OpenAI's Evals API makes
+ * them (one `data_source` model per run), where Conduit's own runs score every model of the eval in one.
+ */
+function oneModelPerRun(runs: EvalRun[]): boolean {
+  return runs.length > 1 && runs.every((r) => r.models.length === 1);
+}
+
+/**
+ * Several runs as one, each run's model a column: labelled by the model's name, with the run's name after it
+ * when two runs scored the same model, in the order the runs were made (a base's run, then its fine-tune's, say). Its
+ * status is a live run's, else the first that did not complete.
+ */
+export function sideBySide(newestFirst: EvalRun[]): { run: EvalRun; labelOf: (runId: string) => string[] } {
+  const runs = [...newestFirst].sort(
+    (a, b) => a.createdAt.localeCompare(b.createdAt) || a.id.localeCompare(b.id),
+  );
+  const count = new Map<string, number>();
+  for (const r of runs) for (const model of r.models) count.set(model, (count.get(model) ?? 0) + 1);
+  const labels = new Map(
+    runs.map((r) => [r.id, r.models.map((m) => ((count.get(m) ?? 0) > 1 ? `${m} (${r.name})` : m))]),
+  );
+  const labelOf = (runId: string) => labels.get(runId) ?? [];
+  const first = runs[0]!;
+  const errors = runs.filter((r) => r.error).map((r) => `${r.name}: ${r.error}`);
+  return {
+    labelOf,
+    run: {
+      ...first,
+      id: ALL_RUNS,
+      name: `${runs.length} runs side by side`,
+      models: runs.flatMap((r) => labelOf(r.id)),
+      status: (runs.find(live) ?? runs.find((r) => r.status !== "COMPLETED") ?? first).status,
+      progress: {
+        model: runs.find(live)?.progress.model ?? null,
+        completed: runs.reduce((sum, r) => sum + r.progress.completed, 0),
+        total: runs.reduce((sum, r) => sum + r.progress.total, 0),
+      },
+      results: runs.flatMap((r) =>
+        r.results.map((totals) => ({
+          ...totals,
+          model: labelOf(r.id)[r.models.indexOf(totals.model)] ?? totals.model,
+        })),
+      ),
+      error: errors.length > 0 ? errors.join("; ") : null,
+    },
+  };
+}
+
+/** Every answer of `runs` (one run, or all side by side), each with its model's column label. */
+async function resultsOf(evalId: string, runs: EvalRun[], labelOf: (runId: string) => string[]) {
+  const lists = await Promise.all(
+    runs.map(async (r) =>
+      (await api.evalResults(evalId, r.id, { limit: 10_000 })).map((result) => ({
+        ...result,
+        model: labelOf(r.id)[r.models.indexOf(result.model)] ?? result.model,
+      })),
+    ),
+  );
+  return lists.flat();
+}
+
+/**
+ * An eval: its runs, a table per model (each grader's totals), and every item with each model's answer. An eval
+ * whose runs scored one model each (OpenAI's shape) shows them all side by side unless one is chosen.
+ */
 export function EvalPage({ id, runId }: { id: string; runId: string | null }) {
   const evaluation = useResource(() => api.getEval(id), [id]);
   const runs = useResource(() => api.listEvalRuns(id), [id]);
   const [chosen, setChosen] = useState(runId);
-  const run = runs.data?.find((r) => r.id === chosen) ?? runs.data?.[0];
+  const combinable = runs.data !== undefined && oneModelPerRun(runs.data);
+  const combined =
+    combinable && (chosen === null || chosen === ALL_RUNS) ? sideBySide(runs.data!) : undefined;
+  const run = combined?.run ?? runs.data?.find((r) => r.id === chosen) ?? runs.data?.[0];
+  const shownRuns = combined ? runs.data! : run ? [run] : [];
   const results = useResource(
-    () => (run ? api.evalResults(id, run.id, { limit: 10_000 }) : Promise.resolve([])),
+    () =>
+      resultsOf(
+        id,
+        shownRuns,
+        combined?.labelOf ?? ((runId) => shownRuns.find((r) => r.id === runId)?.models ?? []),
+      ),
     [id, run?.id, run?.progress.completed],
   );
   const [onlyDifferent, setOnlyDifferent] = useState(false);
@@ -84,6 +161,7 @@ export function EvalPage({ id, runId }: { id: string; runId: string | null }) {
         <label>
           {"Eval run "}
           <select value={run?.id} onChange={(event) => setChosen(event.currentTarget.value)}>
+            {combinable ? <option value={ALL_RUNS}>All runs side by side</option> : null}
             {runs.data.map((r) => (
               <option key={r.id} value={r.id}>{`${r.name} (${r.status}, ${formatTime(r.createdAt)})`}</option>
             ))}

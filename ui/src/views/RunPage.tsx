@@ -6,6 +6,7 @@ import {
   ApiError,
   isLive,
   type Run,
+  type RunCheckpoint,
   type RunEvaluation,
   type RunExample,
   type RunStats,
@@ -15,7 +16,7 @@ import { ErrorNote, Loading, StatusBadge } from "../components/common.tsx";
 import { LossChart } from "../components/LossChart.tsx";
 import { Table, type Column } from "../components/Table.tsx";
 import { configRows, formatDuration, formatNumber, formatShare, formatTime } from "../format.ts";
-import { messageOf, useAction } from "../hooks.ts";
+import { messageOf, useAction, useResource } from "../hooks.ts";
 import { Link, navigate } from "../router.tsx";
 
 /** Lines of log kept on the page; the run itself keeps them all. */
@@ -160,10 +161,13 @@ export function RunPage({ id }: { id: string }) {
     if (!confirm(`Cancel run "${run.name}"?`)) return;
     await action.run(() => api.cancelRun(run.id));
   };
+  const pause = () => action.run(() => api.pauseRun(run.id));
+  const resume = () => action.run(() => api.resumeRun(run.id));
   const remove = async () => {
     if (!confirm(`Delete run "${run.name}" and its model?`)) return;
     if (await action.run(() => api.deleteRun(run.id))) navigate("/ui/runs");
   };
+  const stopping = live.status === "PAUSED" && trainerStopping(live.logs);
   const stats = live.stats;
   const progress = stats.step !== undefined && stats.totalSteps ? stats.step / stats.totalSteps : undefined;
   const of = (value: number | undefined, total: number | undefined) =>
@@ -193,6 +197,21 @@ export function RunPage({ id }: { id: string }) {
           <Link href={`/ui/playground?model=${encodeURIComponent(run.id)}`} class="button primary">
             Chat with this model
           </Link>
+        ) : null}
+        {live.status === "QUEUED" || live.status === "RUNNING" ? (
+          <button type="button" onClick={pause} disabled={action.busy}>
+            Pause
+          </button>
+        ) : null}
+        {live.status === "PAUSED" ? (
+          <button
+            type="button"
+            onClick={resume}
+            disabled={action.busy || stopping}
+            title={stopping ? "Its trainer is stopping; the run resumes once it has" : undefined}
+          >
+            Resume
+          </button>
         ) : null}
         {isLive(live.status) ? (
           <button type="button" onClick={cancel} disabled={action.busy}>
@@ -268,6 +287,7 @@ export function RunPage({ id }: { id: string }) {
       ) : null}
       <h2>Loss</h2>
       <LossChart stats={stats} />
+      {live.status === "READY" && run.config.method === "lora" ? <Checkpoints runId={run.id} /> : null}
       {live.status === "READY" ? <WorstExamples runId={run.id} /> : null}
       <h2>Log</h2>
       <LogTail lines={live.logs} />
@@ -281,12 +301,87 @@ export function RunPage({ id }: { id: string }) {
   );
 }
 
+/**
+ * Whether a paused run's trainer is still stopping (OpenAI's `pausing`): the pause of a running run is logged, and
+ * the line its worker writes once the trainer has stopped (`run paused: …`) has not come yet.
+ */
+function trainerStopping(logs: string[]): boolean {
+  const asked = logs.findLastIndex((line) => line.includes("run paused by the user (was RUNNING)"));
+  return asked >= 0 && !logs.slice(asked).some((line) => line.includes("run paused: "));
+}
+
 function Stat({ label, value }: { label: string; value: string }) {
   return (
     <div>
       <dt>{label}</dt>
       <dd>{value}</dd>
     </div>
+  );
+}
+
+/** Saves a kept checkpoint's adapter through the browser's download, under the name the server gives it. */
+async function downloadCheckpoint(runId: string, step: number): Promise<void> {
+  const artifact = await api.downloadCheckpoint(runId, step);
+  const url = URL.createObjectURL(await new Response(artifact.body).blob());
+  try {
+    const link = document.createElement("a");
+    link.href = url;
+    link.download = artifact.fileName ?? `${runId}-step-${step}-lora.gguf`;
+    link.click();
+  } finally {
+    // The click has handed the blob to the download; the URL is no longer needed.
+    setTimeout(() => URL.revokeObjectURL(url), 0);
+  }
+}
+
+/**
+ * A READY LoRA run's kept checkpoints (its last epochs' ends), newest first: each one's losses, the model name that
+ * serves it (a link to chat with it) and its adapter to download.
+ */
+function Checkpoints({ runId }: { runId: string }) {
+  const checkpoints = useResource(() => api.listCheckpoints(runId), [runId]);
+  const action = useAction();
+  const columns: Column<RunCheckpoint>[] = [
+    { label: "Step", num: true, cell: (c) => c.step },
+    { label: "Epoch", num: true, cell: (c) => c.epoch },
+    { label: "Train loss", num: true, cell: (c) => formatNumber(c.trainLoss) },
+    { label: "Eval loss", num: true, cell: (c) => formatNumber(c.evalLoss ?? undefined) },
+    {
+      label: "Model",
+      cell: (c) => (
+        <Link href={`/ui/playground?model=${encodeURIComponent(c.model)}`}>
+          <code>{c.model}</code>
+        </Link>
+      ),
+    },
+    {
+      label: "Download",
+      actions: true,
+      cell: (c) => (
+        <button
+          type="button"
+          disabled={action.busy}
+          aria-label={`Download the adapter of step ${c.step}`}
+          onClick={() => void action.run(() => downloadCheckpoint(runId, c.step))}
+        >
+          Download
+        </button>
+      ),
+    },
+  ];
+  return (
+    <section aria-labelledby="checkpoints">
+      <h2 id="checkpoints">Checkpoints</h2>
+      <ErrorNote message={checkpoints.error ?? action.error} />
+      <Table
+        label="Kept checkpoints"
+        columns={columns}
+        rows={checkpoints.data}
+        rowKey={(c) => c.step}
+        loading={checkpoints.error ? undefined : "the checkpoints"}
+        empty="This run kept no checkpoints."
+      />
+    </section>
   );
 }
 

@@ -61,6 +61,7 @@ interface FormState {
   trainOnInputs: boolean;
   earlyStoppingPatience: string;
   systemPrompt: string;
+  judgeModel: string;
   name: string;
   trackerProject: string;
   trackerEntity: string;
@@ -108,6 +109,7 @@ function runBody(form: FormState): CreateRunBody {
   if (form.trainOnInputs) body.trainOnInputs = true;
   if (form.earlyStoppingPatience.trim()) body.earlyStoppingPatience = Number(form.earlyStoppingPatience);
   if (form.systemPrompt) body.systemPrompt = form.systemPrompt;
+  if (form.judgeModel) body.judgeModel = form.judgeModel;
   if (form.name.trim()) body.name = form.name.trim();
   if (form.trackerProject.trim()) body.trackerProject = form.trackerProject.trim();
   if (form.trackerEntity.trim()) body.trackerEntity = form.trackerEntity.trim();
@@ -117,12 +119,13 @@ function runBody(form: FormState): CreateRunBody {
 function RunForm({ datasetId }: { datasetId: string | null }) {
   const options = useResource(async () => {
     const [datasets, models] = await Promise.all([api.listDatasets({ limit: 1000 }), api.listModels()]);
-    return { datasets, models: models.filter((m) => m.kind === "base") };
+    return { datasets, models: models.filter((m) => m.kind === "base"), judges: models };
   }, []);
   const [form, setForm] = useState<FormState>({
     datasetID: datasetId ?? "",
     baseModelName: "",
     systemPrompt: "",
+    judgeModel: "",
     name: "",
     trackerProject: "",
     trackerEntity: "",
@@ -265,6 +268,19 @@ function RunForm({ datasetId }: { datasetId: string | null }) {
               setForm((f) => ({ ...f, trainOnInputs: checked }));
             }}
           />
+        </Field>
+        <Field
+          label="Judge model"
+          hint="Also grades the before/after once the run is READY, scoring each answer from 0 to 1. Default: none."
+        >
+          <select name="judgeModel" value={form.judgeModel} onChange={set("judgeModel")}>
+            <option value="">None</option>
+            {(options.data?.judges ?? []).map((m) => (
+              <option key={m.id} value={m.id}>
+                {m.id}
+              </option>
+            ))}
+          </select>
         </Field>
         <Field label="Name" hint="Default: <dataset>-<model>.">
           {text("name", { maxLength: 256, placeholder: "dataset-model" })}
