@@ -12,7 +12,7 @@ import path from "node:path";
 import { parseArgs } from "node:util";
 import { loadConfig } from "../src/config.ts";
 import { createCore } from "../src/core.ts";
-import type { EvalRun } from "../src/store/EvalRepository.ts";
+import type { EvalRun } from "../src/domain/evals.ts";
 import { modelPath, requireFile, type BenchModel } from "./lib/reference.ts";
 
 const { values, positionals } = parseArgs({

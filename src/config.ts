@@ -273,14 +273,14 @@ export const settings = {
   threads: {
     env: "CONDUIT_THREADS",
     description:
-      "llama.cpp compute threads per context for generation (a base has `CONDUIT_CONTEXTS` of them). Measured on 2 cores: 2 contexts of 1 thread beat 1 context of 2 threads (bench/loraServe.ts; bench/engineThreads.ts measures threads on one context).",
+      "llama.cpp compute threads per context for generation (a base has `CONDUIT_CONTEXTS` of them). On a small machine more contexts of 1 thread beat fewer contexts of more threads (bench/loraServe.ts; bench/engineThreads.ts measures threads on one context).",
     defaultText: "1",
     parse: (raw): number => threadsOf({ CONDUIT_THREADS: raw }),
   },
   promptThreads: {
     env: "CONDUIT_PROMPT_THREADS",
     description:
-      "llama.cpp compute threads for steps that evaluate a prompt (32 tokens or more). On an idle 2-core machine 2 evaluate prompts 1.75x faster; on shared cores keep 1.",
+      "llama.cpp compute threads for steps that evaluate a prompt (32 tokens or more). More evaluate prompts faster on idle cores; on shared cores keep 1.",
     defaultText: "`CONDUIT_THREADS`",
     parse: (raw, env): number => integer("CONDUIT_PROMPT_THREADS", threadsOf(env), 1, 256)(raw),
   },
@@ -416,7 +416,7 @@ export const settings = {
   trainThreads: {
     env: "CONDUIT_TRAIN_THREADS",
     description:
-      "Compute threads of each trainer, or `auto`: every core but one for the torch trainer (the other stays the server's: on 2 busy cores 2 torch threads trained SmolLM2 8× slower than one, on 2 idle ones 1.35× faster), 1 for the llama.cpp trainer's own ops (more do not pay there), with every core for the matrix products of its BLAS backend (`npm run setup:trainer`: 80 pairs on SmolLM2 READY in 159 s instead of 229 s on 2 cores). A number gives both that many.",
+      "Compute threads of each trainer, or `auto`: every core but one for the torch trainer (the other stays the server's: torch threads on busy cores train many times slower than one; bench/README.md), 1 for the llama.cpp trainer's own ops (more do not pay there), with every core for the matrix products of its BLAS backend (`npm run setup:trainer`). A number gives both that many.",
     defaultText: "auto",
     parse: (raw): number | "auto" => {
       const value = text("auto")(raw).toLowerCase();

@@ -1,5 +1,5 @@
 // The tasks of bench/quality.ts: deterministic IO pairs, a system prompt, and how an answer is scored.
-import type { GraderWire } from "../../src/contract/evals.ts";
+import type { GraderSpec } from "../../src/contract/evals.ts";
 
 export interface Pair {
   input: string;
@@ -26,7 +26,7 @@ export interface QualityTask {
   /** Whether `answer` (the model's, untrimmed) is right for `pair`. */
   correct(answer: string, pair: Pair): boolean;
   /** The same rule as the product's grader: what `bench/quality.ts` scores held-out answers with. */
-  grader: GraderWire;
+  grader: GraderSpec;
   defaultPairs: number;
 }
 

@@ -8,7 +8,7 @@ import {
   OUT_OF_SPACE,
   type ErrorCode,
 } from "../errors.ts";
-import { patternReasons, REASON } from "../contract/schemas.ts";
+import { patternReasons, REASON } from "../contract/patterns.ts";
 
 export function errorBody(error: ConduitError) {
   const entry = errorCatalog[error.code];

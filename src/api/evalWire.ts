@@ -1,7 +1,39 @@
-import type { EvalResultWire, EvalRunWire, EvalWire } from "../contract/evals.ts";
-import type { Eval, EvalResult, EvalRun } from "../store/EvalRepository.ts";
+import type {
+  CreateEvalBodyWire,
+  CreateEvalRunBodyWire,
+  EvalResultWire,
+  EvalRunWire,
+  EvalSourceWire,
+  EvalWire,
+} from "../contract/evals.ts";
+import type { Eval, EvalResult, EvalRun, EvalSource } from "../domain/evals.ts";
+import type { CreateEval, CreateEvalRun } from "../evals/commands.ts";
 
-/** Evals, eval runs and results → the Conduit API's wire shapes. */
+/** The Conduit API's eval bodies → the eval service's commands; evals, eval runs and results → its wire shapes. */
+
+function fromEvalSource(source: EvalSourceWire | undefined): EvalSource | undefined {
+  if (source?.type !== "items") return source && { ...source };
+  return { type: "items", items: source.items.map((item) => ({ ...item })) };
+}
+
+export function fromCreateEvalBody(body: CreateEvalBodyWire): CreateEval {
+  return {
+    name: body.name,
+    graders: body.graders,
+    source: fromEvalSource(body.source),
+    systemPrompt: body.systemPrompt,
+  };
+}
+
+export function fromCreateEvalRunBody(body: CreateEvalRunBodyWire): CreateEvalRun {
+  return {
+    models: body.models,
+    name: body.name,
+    source: fromEvalSource(body.source),
+    maxTokens: body.maxTokens,
+    parallel: body.parallel,
+  };
+}
 
 export function evalWire(e: Eval): EvalWire {
   const source = e.config.source;

@@ -4,9 +4,14 @@
  * an output item is one result. A field Conduit cannot honour is a 400 naming it.
  */
 import { ConduitError } from "../errors.ts";
-import { evalLimits, type EvalGrader, type GraderWire, type ModelTotals } from "../contract/evals.ts";
-import type { Eval, EvalResult, EvalRun, ResolvedItem } from "../store/EvalRepository.ts";
-import { settleGraders } from "../evals/graders.ts";
+import {
+  evalLimits,
+  type EvalGrader,
+  type GraderSpec,
+  type ModelTotals,
+  type ScoringGraderSpec,
+} from "../contract/evals.ts";
+import type { Eval, EvalResult, EvalRun, ResolvedItem } from "../domain/evals.ts";
 import { questionOf } from "./evalWire.ts";
 import { parseTimestamp } from "../store/time.ts";
 
@@ -34,18 +39,18 @@ const SAMPLE_OUTPUT = /^\{\{\s*sample\.output_text\s*\}\}$/;
  * not `{{item.*}}`, the reference itself is looked for); `text_similarity` is the similarity grader.
  */
 export function gradersOfCriteria(criteria: readonly Json[]): {
-  graders: EvalGrader[];
+  graders: GraderSpec[];
   expectedField: string | null;
 } {
   let expectedField: string | null = null;
-  const wires: GraderWire[] = criteria.map((criterion, i) => {
-    const at = `testing_criteria[${i}]`;
+  const graderOf = (criterion: Json, at: string): GraderSpec => {
     const name = typeof criterion.name === "string" && criterion.name !== "" ? criterion.name : undefined;
     const { type } = criterion;
     if (type === "score_model" || type === "label_model") return modelGraderOf(criterion, at);
+    if (type === "multi") return multiGraderOf(criterion, at);
     if (type !== "string_check" && type !== "text_similarity")
       throw bad(
-        `"${at}.type" ${JSON.stringify(type)} is not supported; Conduit grades with string_check, text_similarity, score_model and label_model`,
+        `"${at}.type" ${JSON.stringify(type)} is not supported; Conduit grades with string_check, text_similarity, multi, score_model and label_model`,
         `${at}.type`,
       );
     if (typeof criterion.input !== "string" || !SAMPLE_OUTPUT.test(criterion.input))
@@ -96,23 +101,44 @@ export function gradersOfCriteria(criteria: readonly Json[]): {
       `"${at}.operation" ${JSON.stringify(operation)} is not supported; use eq, like or ilike`,
       `${at}.operation`,
     );
-  });
-  try {
-    return { graders: settleGraders(wires, "testing_criteria"), expectedField };
-  } catch (error) {
-    throw openAiGraderError(error);
-  }
+  };
+  /** OpenAI's `multi`: its `graders` (string checks and similarities) by name, and `calculate_output`. */
+  const multiGraderOf = (criterion: Json, at: string): GraderSpec => {
+    if (!isObject(criterion.graders))
+      throw bad(`"${at}.graders" must be an object of graders by name`, `${at}.graders`);
+    const graders = Object.fromEntries(
+      Object.entries(criterion.graders).map(([key, part]): [string, ScoringGraderSpec] => {
+        const partAt = `${at}.graders.${key}`;
+        if (!isObject(part) || (part.type !== "string_check" && part.type !== "text_similarity"))
+          throw bad(`"${partAt}.type" must be string_check or text_similarity`, `${partAt}.type`);
+        // A part is named by its key (the formula's name for it).
+        const { name: _name, ...spec } = graderOf(part, partAt) as ScoringGraderSpec;
+        return [key, spec];
+      }),
+    );
+    if (typeof criterion.calculate_output !== "string")
+      throw bad(
+        `"${at}.calculate_output" is required: a formula of its graders' names`,
+        `${at}.calculate_output`,
+      );
+    const name = typeof criterion.name === "string" && criterion.name !== "" ? { name: criterion.name } : {};
+    return { type: "multi", ...name, graders, calculateOutput: criterion.calculate_output };
+  };
+  const graders = criteria.map((criterion, i) => graderOf(criterion, `testing_criteria[${i}]`));
+  return { graders, expectedField };
 }
 
-/** The Conduit names of a model grader's fields → OpenAI's, in a 400 from checking it. */
+/** The eval command's grader fields (`graders[1].passThreshold`) → OpenAI's, in an error of the eval service. */
 const openAiGraderFields: [RegExp, string][] = [
+  [/\bgraders\[/g, "testing_criteria["],
+  [/\.calculateOutput\b/g, ".calculate_output"],
   [/\.passThreshold\b/g, ".pass_threshold"],
   [/\.passingLabels\b/g, ".passing_labels"],
   [/\.maxTokens\b/g, ".sampling_params.max_completions_tokens"],
   [/\.temperature\b/g, ".sampling_params.temperature"],
 ];
 
-function openAiGraderError(error: unknown): unknown {
+export function openAiGraderError(error: unknown): unknown {
   if (!(error instanceof ConduitError) || error.param === null) return error;
   const rename = (text: string) => openAiGraderFields.reduce((t, [from, to]) => t.replace(from, to), text);
   return new ConduitError(error.code, rename(error.message), { param: rename(error.param) });
@@ -123,7 +149,7 @@ function openAiGraderError(error: unknown): unknown {
  * judge's template (messages; `developer` is a system turn), `sampling_params` its `temperature` and
  * `max_completions_tokens`. The item and the answer reach the judge through the template only.
  */
-function modelGraderOf(criterion: Json, at: string): GraderWire {
+function modelGraderOf(criterion: Json, at: string): GraderSpec {
   if (typeof criterion.model !== "string")
     throw bad(`"${at}.model" is required: the judge model`, `${at}.model`);
   if (!Array.isArray(criterion.input) || criterion.input.length === 0)
@@ -194,8 +220,8 @@ export function checkDataSourceConfig(config: Json): void {
 }
 
 export function openAiEval(e: Eval) {
-  const openai = e.config.openai;
-  const itemSchema = isObject(openai?.data_source_config) ? openai.data_source_config.item_schema : undefined;
+  const asked = e.config.faceRequest?.face === "openai" ? e.config.faceRequest : undefined;
+  const itemSchema = isObject(asked?.dataSourceConfig) ? asked.dataSourceConfig.item_schema : undefined;
   return {
     object: "eval" as const,
     id: e.id,
@@ -209,10 +235,10 @@ export function openAiEval(e: Eval) {
         required: ["item"],
       },
     },
-    testing_criteria: Array.isArray(openai?.testing_criteria)
-      ? (openai.testing_criteria as Json[])
+    testing_criteria: Array.isArray(asked?.testingCriteria)
+      ? (asked.testingCriteria as Json[])
       : e.config.graders.map((g) => ({ ...g })),
-    metadata: openai?.metadata ?? null,
+    metadata: asked?.metadata ?? null,
   };
 }
 
@@ -404,6 +430,7 @@ export function openAiEvalRun(run: EvalRun, reportUrl: string) {
   const answered = totals.reduce((sum, t) => sum + t.answered, 0);
   const passed = totals.reduce((sum, t) => sum + t.passed, 0);
   const errored = totals.reduce((sum, t) => sum + t.errored, 0);
+  const asked = run.config.faceRequest?.face === "openai" ? run.config.faceRequest : undefined;
   return {
     object: "eval.run" as const,
     id: run.id,
@@ -412,12 +439,12 @@ export function openAiEvalRun(run: EvalRun, reportUrl: string) {
     model: run.models[0] ?? "",
     status: STATUS[run.status],
     created_at: seconds(run.createdAt),
-    data_source: isObject(run.config.openai?.data_source)
-      ? run.config.openai.data_source
+    data_source: isObject(asked?.dataSource)
+      ? asked.dataSource
       : { type: "completions", model: run.models[0] },
     error:
       run.error === null ? null : { code: run.status === "FAILED" ? "failed" : "error", message: run.error },
-    metadata: run.config.openai?.metadata ?? null,
+    metadata: asked?.metadata ?? null,
     result_counts: { total: run.progress.completed, errored, failed: answered - passed, passed },
     per_model_usage: perModelUsage(totals),
     per_testing_criteria_results: graders.map((g, i) => ({

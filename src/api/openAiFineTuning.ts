@@ -8,8 +8,8 @@
 import type { Core } from "../core.ts";
 import { ConduitError } from "../errors.ts";
 import type { DatasetFile } from "../domain/datasets.ts";
-import type { OpenAiJobRecord, RunCheckpoint, RunStatus } from "../contract/runs.ts";
-import type { Run } from "../domain/runs.ts";
+import type { RunCheckpoint, RunStatus } from "../contract/runs.ts";
+import type { JobRequest, Run } from "../domain/runs.ts";
 import { checkpointModelName, servedModelName } from "../domain/modelNames.ts";
 import type { CreateRun } from "../train/commands.ts";
 import { runEstimate } from "./wire.ts";
@@ -54,8 +54,9 @@ export function openAiFile(file: DatasetFile) {
   };
 }
 
-function recordOf(run: Run): Partial<OpenAiJobRecord> {
-  return run.config.openai ?? {};
+function recordOf(run: Run): Partial<JobRequest> {
+  const request = run.config.jobRequest;
+  return request?.face === "openai" ? request : {};
 }
 
 const ended = (status: RunStatus) => status === "READY" || status === "FAILED" || status === "CANCELLED";
@@ -73,7 +74,7 @@ export function openAiJob(run: Run): OpenAiJobWire {
   const estimate = runEstimate(run);
   const hyperparameters = {
     n_epochs: Number(run.config.epochs),
-    learning_rate_multiplier: record.learning_rate_multiplier ?? 1,
+    learning_rate_multiplier: record.lrMultiplier ?? 1,
     batch_size: "auto" as const,
   };
   const finished = ended(run.status) ? Math.max(unixSeconds(run.updatedAt), lastLogSeconds(run) ?? 0) : null;
@@ -100,7 +101,7 @@ export function openAiJob(run: Run): OpenAiJobWire {
     seed: Number(run.config.seed),
     status: run.pausing ? "pausing" : openAiStatus[run.status],
     trained_tokens: typeof stats.final?.sampleTokens === "number" ? stats.final.sampleTokens : null,
-    training_file: record.training_file ?? run.datasetId,
+    training_file: record.trainingFileID ?? run.datasetId,
     validation_file: typeof run.config.validationFileID === "string" ? run.config.validationFileID : null,
     hyperparameters,
     method:
@@ -274,11 +275,12 @@ export async function createOpenAiJob(
     typeof hyperparameters.learning_rate_multiplier === "number"
       ? hyperparameters.learning_rate_multiplier
       : null;
-  const record: OpenAiJobRecord = {
-    training_file: file.id,
+  const jobRequest: JobRequest = {
+    face: "openai",
+    trainingFileID: file.id,
     suffix: body.suffix ?? null,
     metadata: body.metadata ?? null,
-    learning_rate_multiplier: multiplier,
+    lrMultiplier: multiplier,
     ...(fineTuned ? { model: body.model } : {}),
   };
   const command: CreateRun = {
@@ -296,7 +298,7 @@ export async function createOpenAiJob(
     name: body.suffix,
     seed: body.seed,
     lrMultiplier: multiplier ?? undefined,
-    openai: record,
+    jobRequest,
   };
   try {
     return await core.runs.create(userId, command);

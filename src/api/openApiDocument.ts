@@ -1,7 +1,7 @@
 import { MAX_GRAMMAR_COUNT, SCHEMA_BOUNDS } from "../engine/schemaBounds.ts";
 import { OWN_FORMATS } from "../engine/ownRules.ts";
 import { evalLimits, Grader, judgeLimits } from "../contract/evals.ts";
-import { noControlCharacters, noNul } from "../contract/schemas.ts";
+import { noControlCharacters, noNul } from "../contract/patterns.ts";
 
 /**
  * Corrections to the generated OpenAPI document, so that it says what the server does.

@@ -2,11 +2,11 @@ import fs from "node:fs";
 import path from "node:path";
 import type { Command } from "commander";
 import { SingleBar } from "cli-progress";
-import type { EvalRunWire, EvalSourceWire, GraderWire } from "../contract/evals.ts";
+import type { EvalRunWire, EvalSourceWire, GraderSpec } from "../contract/evals.ts";
 import { CliError, exitCodes, table, type CliContext } from "./context.ts";
 
 /** `--grader` names: the API's types, and `exact` for `exact_match`. */
-const GRADERS: Record<string, GraderWire> = {
+const GRADERS: Record<string, GraderSpec> = {
   exact: { type: "exact_match" },
   exact_match: { type: "exact_match" },
   exact_loose: { type: "exact_match", name: "exact_loose", normalize: ["case", "whitespace", "punctuation"] },
@@ -15,7 +15,7 @@ const GRADERS: Record<string, GraderWire> = {
   fuzzy: { type: "similarity", name: "fuzzy", metric: "fuzzy_match" },
 };
 
-function graders(list: string): GraderWire[] {
+function graders(list: string): GraderSpec[] {
   return list.split(",").map((name) => {
     const grader = GRADERS[name.trim()];
     if (!grader)

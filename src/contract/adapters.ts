@@ -1,5 +1,5 @@
 import { Type, type Static } from "@sinclair/typebox";
-import { noControlCharacters } from "./schemas.ts";
+import { noControlCharacters } from "./patterns.ts";
 
 /** Imported LoRA adapters: `POST/GET /conduit/models/adapters`, `GET/DELETE /conduit/models/adapters/{adapter_id}`. */
 

@@ -4,7 +4,7 @@
  * summary a fine-tuning run carries. Each is defined here once.
  */
 import { Type, type Static } from "@sinclair/typebox";
-import { noControlCharacters, noNul, REASON } from "./schemas.ts";
+import { noControlCharacters, noNul, REASON } from "./patterns.ts";
 
 /** Eval run states: QUEUED → RUNNING → COMPLETED | FAILED | CANCELLED; QUEUED → CANCELLED. */
 export const evalRunStatuses = ["QUEUED", "RUNNING", "COMPLETED", "FAILED", "CANCELLED"] as const;
@@ -141,6 +141,56 @@ export const SimilarityGrader = Type.Object(
   },
 );
 
+/** The grader types a `multi` grader combines: those that score an answer by themselves. */
+export const SCORING_GRADER_TYPES = [
+  "exact_match",
+  "contains",
+  "regex",
+  "json_schema",
+  "similarity",
+] as const;
+
+/** A grader that scores an answer by itself, as asked (a `multi` grader's parts). */
+export type ScoringGraderSpec =
+  | Static<typeof ExactMatchGrader>
+  | Static<typeof ContainsGrader>
+  | Static<typeof RegexGrader>
+  | Static<typeof JsonSchemaGrader>
+  | Static<typeof SimilarityGrader>;
+
+export const MultiGrader = Type.Object(
+  {
+    type: Type.Literal("multi"),
+    name: GraderName,
+    graders: Type.Record(
+      Type.String(),
+      Type.Unsafe<ScoringGraderSpec>(Type.Object({ type: Type.String() }, { additionalProperties: true })),
+      {
+        minProperties: 1,
+        maxProperties: evalLimits.maxGraders,
+        description:
+          "The graders it combines, by the name the formula gives each (a letter or `_`, then letters, digits or " +
+          "`_`): `exact_match`, `contains`, `regex`, `json_schema` or `similarity`, each with its own fields.",
+      },
+    ),
+    calculateOutput: Type.String({
+      minLength: 1,
+      maxLength: 1000,
+      description:
+        "The score, from its graders' scores by name: numbers, `+ - * / ^`, parentheses and `min max abs floor " +
+        "ceil exp sqrt log`, e.g. `(exact + similar) / 2`. A score that is not a finite number is 0.",
+    }),
+    passThreshold: Type.Optional(
+      Type.Number({ description: "A score at or above it passes. Defaults to `0.5`." }),
+    ),
+  },
+  {
+    additionalProperties: false,
+    description:
+      "A score computed from several graders' scores of the same answer (OpenAI's `multi` grader).",
+  },
+);
+
 /** Bounds of a model grader (a judge): its prompt template, the prompt it makes, and its answer. */
 export const judgeLimits = {
   /** Messages of a judge's template. */
@@ -255,6 +305,7 @@ export const Grader = Type.Union(
     RegexGrader,
     JsonSchemaGrader,
     SimilarityGrader,
+    MultiGrader,
     ScoreModelGrader,
     LabelModelGrader,
   ],
@@ -262,16 +313,28 @@ export const Grader = Type.Union(
     description: "How each answer is scored.",
   },
 );
-export type GraderWire = Static<typeof Grader>;
+/** A grader as asked, before its defaults are filled in and its name settled (`settleGraders`); both faces ask in it. */
+export type GraderSpec = Static<typeof Grader>;
 
 /** A grader with its defaults filled in and its name settled, as stored. */
-export type EvalGrader =
+export type EvalGrader = ScoringGrader | MultiEvalGrader | ModelGrader;
+
+/** A grader that scores an answer by itself, as stored. */
+export type ScoringGrader =
   | { type: "exact_match"; name: string; normalize: Normalization[] }
   | { type: "contains"; name: string; value: string | null; normalize: Normalization[] }
   | { type: "regex"; name: string; pattern: string; flags: string }
   | { type: "json_schema"; name: string; schema: Record<string, unknown> }
-  | { type: "similarity"; name: string; metric: SimilarityMetric; passThreshold: number }
-  | ModelGrader;
+  | { type: "similarity"; name: string; metric: SimilarityMetric; passThreshold: number };
+
+/** A `multi` grader as stored: its parts by the formula's names (each part's `name` is that name). */
+export interface MultiEvalGrader {
+  type: "multi";
+  name: string;
+  graders: Record<string, ScoringGrader>;
+  calculateOutput: string;
+  passThreshold: number;
+}
 
 /** A grader whose judge is a model (`score_model`, `label_model`), as stored. */
 export type ModelGrader =
@@ -368,12 +431,12 @@ export const CreateEvalBody = Type.Object(
     ),
     source: Type.Optional(EvalSource),
     graders: Type.Array(
-      Type.Unsafe<GraderWire>(
+      Type.Unsafe<GraderSpec>(
         Type.Object(
           {
             type: Type.String({
               description:
-                "`exact_match`, `contains`, `regex`, `json_schema`, `similarity`, `score_model` or `label_model`.",
+                "`exact_match`, `contains`, `regex`, `json_schema`, `similarity`, `multi`, `score_model` or `label_model`.",
             }),
           },
           { additionalProperties: true },
@@ -385,6 +448,7 @@ export const CreateEvalBody = Type.Object(
         description:
           "How each answer is scored, each from 0 to 1: `exact_match` (`normalize`), `contains` (`value`, `normalize`), " +
           "`regex` (`pattern`, `flags`), `json_schema` (`schema`), `similarity` (`metric`, `passThreshold`), " +
+          "`multi` (`graders`, `calculateOutput`, `passThreshold`), " +
           "`score_model` (`model`, `input`, `range`, `passThreshold`) and `label_model` (`model`, `input`, `labels`, " +
           "`passingLabels`), whose judge is a model. A bad " +
           "grader is a 400 naming its field (`graders[1].pattern`).",

@@ -1,5 +1,5 @@
 import { Type, type Static } from "@sinclair/typebox";
-import { noControlCharacters } from "./schemas.ts";
+import { noControlCharacters } from "./patterns.ts";
 
 /**
  * OpenAI's Evals API as Conduit speaks it (`/v1/evals`, `/v1/evals/{id}/runs`, output items). Bodies are checked

@@ -1,6 +1,6 @@
 import { Type, type Static, type TSchema } from "@sinclair/typebox";
 import { Nullable } from "./nullable.ts";
-import { noControlCharacters, REASON } from "./schemas.ts";
+import { noControlCharacters, REASON } from "./patterns.ts";
 
 /**
  * OpenAI's files and fine-tuning jobs, as Conduit speaks them (`/v1/files`, `/v1/fine_tuning/jobs`).

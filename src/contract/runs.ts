@@ -36,9 +36,6 @@ export type TrainMethod = (typeof TRAIN_METHODS)[number];
 export const RUN_METHODS = [...TRAIN_METHODS, "dpo"] as const;
 export type RunMethod = (typeof RUN_METHODS)[number];
 
-/** What a run's training optimises: the answers' likelihood (`sft`), or the preferred answers' margin (`dpo`). */
-export type TrainObjective = "sft" | "dpo";
-
 /**
  * The trainers, by the name a run's `config.trainer` keeps (and a run may ask for): llama.cpp's own training API,
  * shipped with node-llama-cpp (no install), and the PyTorch + PEFT worker (`npm run setup:torch`). Each is a
@@ -84,16 +81,6 @@ export function checkLoraTargets(targets: unknown): void {
       { param: "loraTargets" },
     );
   }
-}
-
-/** What the OpenAI face keeps in a run's `config.openai`. */
-export interface OpenAiJobRecord {
-  training_file: string;
-  suffix: string | null;
-  metadata: Record<string, string> | null;
-  learning_rate_multiplier: number | null;
-  /** The fine-tuned model (`ft:` name) a DPO job continues, as it was asked; absent for a job on a base model. */
-  model?: string;
 }
 
 /** A point of a run's loss curves. */

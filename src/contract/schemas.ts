@@ -2,6 +2,7 @@ import { Type, type Static, type TSchema } from "@sinclair/typebox";
 import { errorCatalog } from "../errors.ts";
 import { ESTIMATE_BASES } from "./estimate.ts";
 import type { RunEvaluation } from "./evals.ts";
+import { noControlCharacters, noNul, REASON } from "./patterns.ts";
 import { LORA_TARGETS, loraLimits, RUN_METHODS, runStatuses, TRAINERS, type RunStats } from "./runs.ts";
 
 /**
@@ -13,24 +14,6 @@ const Timestamp = Type.String({
   description: "UTC time, `YYYY-MM-DD HH:MM:SS.mmm`",
   examples: ["2026-11-22 18:30:00.000"],
 });
-/**
- * Names and ids are stored and listed, so they carry no control characters: PostgreSQL refuses
- * NUL in text, and the others only hide in listings and logs.
- */
-export const noControlCharacters = "^[^\\u0000-\\u001f\\u007f]*$";
-/** Free text (a system prompt) may span lines, but not hold NUL, which is never meaningful text. */
-export const noNul = "^[^\\u0000]*$";
-/** Why a value failed one of the patterns above, for the 400's message. */
-export const patternReasons: Record<string, string> = {
-  [noControlCharacters]: "must not contain control characters",
-  [noNul]: "must not contain NUL characters",
-};
-/**
- * A schema keyword: when a value fails anywhere inside a schema that has it, the 400 gives this
- * reason (and names the field that has it) instead of the validator's own words, e.g.
- * `is not supported yet; only false is accepted`.
- */
-export const REASON = "x-reason";
 
 const Id = Type.String({ minLength: 1, maxLength: 128, pattern: noControlCharacters });
 export const Name = Type.String({

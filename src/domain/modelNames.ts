@@ -2,13 +2,13 @@ import type { Run } from "./runs.ts";
 
 /**
  * The name a READY run is served under. A run created through OpenAI's fine-tuning API
- * (`config.openai`) is `ft:{base model}:{suffix}:{run id}` (the suffix may be empty), as OpenAI names
+ * (`config.jobRequest`) is `ft:{base model}:{suffix}:{run id}` (the suffix may be empty), as OpenAI names
  * fine-tuned models; any other run is its id. The run id works as a model name either way.
  */
 export function servedModelName(run: Pick<Run, "id" | "config">): string {
-  const openai = run.config.openai;
-  if (openai === undefined) return run.id;
-  const suffix = typeof openai.suffix === "string" ? openai.suffix : "";
+  const request = run.config.jobRequest;
+  if (request?.face !== "openai") return run.id;
+  const suffix = typeof request.suffix === "string" ? request.suffix : "";
   return `ft:${String(run.config.baseModelName)}:${suffix}:${run.id}`;
 }
 

@@ -5,7 +5,7 @@
  * wire checks of a request (methods, targets, limits) is `src/contract/runs.ts`.
  */
 import path from "node:path";
-import type { LoraTarget, OpenAiJobRecord, RunStats, RunStatus, TrainMethod } from "../contract/runs.ts";
+import type { LoraTarget, RunStats, RunStatus, TrainMethod } from "../contract/runs.ts";
 import { TRAINERS, type TrainerName } from "../contract/runs.ts";
 import type { RunPlan } from "../contract/estimate.ts";
 
@@ -126,13 +126,36 @@ type RunConfigFields = {
   autoSettings: AutoSetting[];
   /** Which trainer trains the run, chosen at creation (`CONDUIT_TRAINER`); see {@link trainerOf}. */
   trainer?: TrainerName;
-  /** What a run created through the OpenAI face was asked (`/v1/fine_tuning/jobs`); absent otherwise. */
-  openai?: OpenAiJobRecord;
+  /** What a run created through a compatibility face was asked besides its settings; absent otherwise. */
+  jobRequest?: JobRequest;
   /** The model that also grades the automatic before/after (a `score_model` grader); absent: none. */
   judgeModel?: string;
   /** A preference-tuning run's settings (`"method": "dpo"`, stored as a LoRA run with these); absent otherwise. */
   dpo?: DpoConfig;
 };
+
+/**
+ * What a run created through a compatibility face was asked that its settings do not hold, kept to show the run
+ * back as that face's job: the OpenAI face's `/v1/fine_tuning/jobs` (its training file, suffix, metadata). Runs
+ * stored before it have `openai` with OpenAI's field names; the store reads them as this.
+ */
+export interface JobRequest {
+  /** The face that was asked; its runs are served under its model names (`ft:…`, `servedModelName`). */
+  face: "openai";
+  /** The file the job named to train on, by the face's id. */
+  trainingFileID: string;
+  /** The suffix of the served model's name. */
+  suffix: string | null;
+  /** The job's metadata, returned as it was sent. */
+  metadata: Record<string, string> | null;
+  /** The learning-rate multiplier the job asked for; null when it did not say. */
+  lrMultiplier: number | null;
+  /** The fine-tuned model (`ft:` name) a DPO job continues, as it was asked; absent for a job on a base model. */
+  model?: string;
+}
+
+/** What a run's training optimises: the answers' likelihood (`sft`), or the preferred answers' margin (`dpo`). */
+export type TrainObjective = "sft" | "dpo";
 
 /** The settings of a `dpo` run. */
 export interface DpoConfig {

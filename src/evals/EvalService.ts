@@ -8,15 +8,8 @@ import type { InferenceService } from "../inference/InferenceService.ts";
 import type { BlobStore } from "../store/BlobStore.ts";
 import { DatabaseHealth } from "../store/DatabaseHealth.ts";
 import type { Page } from "../store/DatasetRepository.ts";
-import type {
-  Eval,
-  EvalConfig,
-  EvalRepository,
-  EvalResult,
-  EvalRun,
-  EvalRunConfig,
-  ResolvedItem,
-} from "../store/EvalRepository.ts";
+import type { Eval, EvalItem, EvalResult, EvalRun, EvalSource, ResolvedItem } from "../domain/evals.ts";
+import type { EvalRepository } from "../store/EvalRepository.ts";
 import { newId } from "../store/ids.ts";
 import type { Run, RunRepository } from "../store/RunRepository.ts";
 import { fileLines } from "../train/exampleFiles.ts";
@@ -24,15 +17,11 @@ import type { RunEventBus } from "../train/runEvents.ts";
 import {
   evalDefaults,
   evalLimits,
-  type CreateEvalBodyWire,
-  type CreateEvalRunBodyWire,
   type EvalGrader,
-  type EvalItemWire,
   type EvalRunProgress,
   type EvalRunStatus,
-  type EvalSourceWire,
   type GraderScore,
-  type GraderWire,
+  type GraderSpec,
   type JudgeUsage,
   type ModelGrader,
   type ModelTotals,
@@ -42,6 +31,7 @@ import { grade, gradesInline, isModelGrader, settleGraders } from "./graders.ts"
 import { judgePrompt, judgeSchema, readVerdict } from "./judge.ts";
 import { GraderThread } from "./GraderThread.ts";
 import { AFTER_RUN_JUDGE, describeEvaluation } from "./runEvaluation.ts";
+import type { CreateEval, CreateEvalRun } from "./commands.ts";
 import { EvalRunFeed, type EvalRunEvent } from "./EvalRunFeed.ts";
 
 export type { EvalRunEvent } from "./EvalRunFeed.ts";
@@ -67,10 +57,10 @@ function greedy(maxTokens: number): SamplingOptions {
 const AFTER_RUN_MAX_ITEMS = 200;
 
 /** Graders of the automatic before/after of a fine-tuning run. */
-const AFTER_RUN_GRADERS: GraderWire[] = [{ type: "exact_match" }, { type: "similarity" }];
+const AFTER_RUN_GRADERS: GraderSpec[] = [{ type: "exact_match" }, { type: "similarity" }];
 
 /** The before/after's grader for a run's `judgeModel`: the judge scores each answer against the expected one. */
-function afterRunJudge(model: string): GraderWire {
+function afterRunJudge(model: string): GraderSpec {
   return {
     type: "score_model",
     name: AFTER_RUN_JUDGE,
@@ -209,43 +199,32 @@ export class EvalService {
 
   // --- evals ---
 
-  async create(
-    userId: string,
-    body: CreateEvalBodyWire,
-    extras: {
-      runId?: string;
-      openai?: EvalConfig["openai"];
-      graders?: EvalGrader[];
-      /** The field that holds the graders, for errors. Defaults to `graders`. */
-      gradersParam?: string;
-    } = {},
-  ): Promise<Eval> {
-    const graders = extras.graders ?? settleGraders(body.graders);
+  async create(userId: string, command: CreateEval): Promise<Eval> {
+    const graders = settleGraders(command.graders);
     // A judge must be a model this user can name now: a typo is a 400 here, not an error on every item later.
     for (const [i, grader] of graders.entries())
       if (isModelGrader(grader))
-        await this.inference
-          .resolve(userId, grader.model, `${extras.gradersParam ?? "graders"}[${i}].model`)
-          .catch((error: unknown) => {
-            if (error instanceof ConduitError && error.code === "model_not_found")
-              throw new ConduitError("invalid_request", error.message.replace(/^model/, "judge model"), {
-                param: error.param,
-              });
-            throw error;
-          });
+        await this.inference.resolve(userId, grader.model, `graders[${i}].model`).catch((error: unknown) => {
+          if (error instanceof ConduitError && error.code === "model_not_found")
+            throw new ConduitError("invalid_request", error.message.replace(/^model/, "judge model"), {
+              param: error.param,
+            });
+          throw error;
+        });
     // The source is checked now (a file or run of someone else is a 404 here, not when a run starts).
-    if (body.source && body.source.type !== "items") await this.resolveItems(userId, body.source, "source");
+    const source = command.source ?? null;
+    if (source && source.type !== "items") await this.resolveItems(userId, source, "source");
     return this.evals.create({
       id: newId("eval"),
       userId,
-      name: body.name ?? "eval",
+      name: command.name ?? "eval",
       config: {
         graders,
-        source: body.source ?? null,
-        systemPrompt: body.systemPrompt ?? "",
-        ...(extras.openai ? { openai: extras.openai } : {}),
+        source,
+        systemPrompt: command.systemPrompt ?? "",
+        ...(command.faceRequest ? { faceRequest: command.faceRequest } : {}),
       },
-      runId: extras.runId ?? null,
+      runId: command.runId ?? null,
     });
   }
 
@@ -284,7 +263,7 @@ export class EvalService {
   // --- items ---
 
   /** The items of a source, read now (a file or run of another user is a 404 naming `param`). */
-  async resolveItems(userId: string, source: EvalSourceWire, param: string): Promise<ResolvedItem[]> {
+  async resolveItems(userId: string, source: EvalSource, param: string): Promise<ResolvedItem[]> {
     let items: ResolvedItem[];
     if (source.type === "items") items = source.items.map((item, i) => itemOf(item, `${param}.items[${i}]`));
     else if (source.type === "file")
@@ -342,18 +321,13 @@ export class EvalService {
 
   // --- eval runs ---
 
-  async createRun(
-    userId: string,
-    evalId: string,
-    body: CreateEvalRunBodyWire,
-    extras: { openai?: EvalRunConfig["openai"]; items?: ResolvedItem[] } = {},
-  ): Promise<EvalRun> {
+  async createRun(userId: string, evalId: string, command: CreateEvalRun): Promise<EvalRun> {
     const found = await this.get(userId, evalId);
     // Each model must be one this user can name: another user's fine-tune is a 404, as on the chat route.
-    for (const [i, model] of body.models.entries())
+    for (const [i, model] of command.models.entries())
       await this.inference.resolve(userId, model, `models[${i}]`);
-    const source = body.source ?? found.config.source;
-    let items = extras.items;
+    const source = command.source ?? found.config.source;
+    let items = command.items;
     if (!items) {
       if (!source)
         throw new ConduitError("invalid_request", `eval ${evalId} has no items of its own; send "source"`, {
@@ -365,17 +339,17 @@ export class EvalService {
       id: newId("evalrun"),
       evalId,
       userId,
-      name: body.name ?? `${found.name} on ${body.models.join(", ")}`,
-      models: [...body.models],
+      name: command.name ?? `${found.name} on ${command.models.join(", ")}`,
+      models: [...command.models],
       items,
       config: {
         graders: found.config.graders,
         systemPrompt: found.config.systemPrompt,
-        maxTokens: body.maxTokens ?? evalDefaults.maxTokens,
-        parallel: body.parallel ?? this.parallel,
-        ...(extras.openai ? { openai: extras.openai } : {}),
+        maxTokens: command.maxTokens ?? evalDefaults.maxTokens,
+        parallel: command.parallel ?? this.parallel,
+        ...(command.faceRequest ? { faceRequest: command.faceRequest } : {}),
       },
-      progress: { completed: 0, total: items.length * body.models.length, model: null },
+      progress: { completed: 0, total: items.length * command.models.length, model: null },
     });
     this.wake();
     return run;
@@ -750,17 +724,14 @@ export class EvalService {
       throw error;
     }
     const judge = run.config.judgeModel;
-    const evalOf = (graders: GraderWire[]) =>
-      this.create(
-        run.userId,
-        {
-          name: `${run.name}: base vs fine-tune`,
-          source: { type: "run", runId: run.id },
-          graders,
-          systemPrompt: run.config.systemPrompt,
-        },
-        { runId: run.id },
-      );
+    const evalOf = (graders: GraderSpec[]) =>
+      this.create(run.userId, {
+        name: `${run.name}: base vs fine-tune`,
+        source: { type: "run", runId: run.id },
+        graders,
+        systemPrompt: run.config.systemPrompt,
+        runId: run.id,
+      });
     // A judge deleted since the run was created: the before/after goes on without it, and the log says so.
     const created =
       judge === undefined
@@ -775,16 +746,12 @@ export class EvalService {
           });
     // Room for the longest expected answer (a token is rarely shorter than a character), and a little more.
     const longest = Math.max(...items.map((item) => item.expected.length));
-    const evalRun = await this.createRun(
-      run.userId,
-      created.id,
-      {
-        models: [run.config.baseModelName, run.id],
-        name: "before/after",
-        maxTokens: Math.min(evalLimits.maxTokens, Math.max(16, longest + 16)),
-      },
-      { items },
-    );
+    const evalRun = await this.createRun(run.userId, created.id, {
+      models: [run.config.baseModelName, run.id],
+      name: "before/after",
+      maxTokens: Math.min(evalLimits.maxTokens, Math.max(16, longest + 16)),
+      items,
+    });
     const judged = created.config.graders.some((g) => g.name === AFTER_RUN_JUDGE && isModelGrader(g));
     await this.runRepository.appendLog(
       run.id,
@@ -877,7 +844,7 @@ function addJudgeUsage(total: ModelTotals, usage: JudgeUsage): void {
 }
 
 /** An item given in a request: its prompt turns (or input) and expected answer. */
-function itemOf(item: EvalItemWire, param: string): ResolvedItem {
+function itemOf(item: EvalItem, param: string): ResolvedItem {
   if (item.messages && item.input !== undefined)
     throw new ConduitError("invalid_request", `"${param}" has both "input" and "messages"; send one`, {
       param,

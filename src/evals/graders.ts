@@ -14,17 +14,21 @@ import {
   JsonSchemaGrader,
   RegexGrader,
   SimilarityGrader,
+  MultiGrader,
+  SCORING_GRADER_TYPES,
   ScoreModelGrader,
   LabelModelGrader,
   evalDefaults,
   judgeLimits,
   type EvalGrader,
   type GraderScore,
-  type GraderWire,
+  type GraderSpec,
   type JudgeSettings,
   type ModelGrader,
   type Normalization,
+  type ScoringGrader,
 } from "../contract/evals.ts";
+import { evaluateFormula, FormulaError, isFormulaName, parseFormula, type Formula } from "./formula.ts";
 
 /** Applies the normalisations to a text: lower case, whitespace collapsed and trimmed, punctuation stripped at the ends. */
 export function normalize(text: string, options: readonly Normalization[]): string {
@@ -163,7 +167,7 @@ function schemaValidator(schema: Record<string, unknown>): ValidateFunction {
  * The request's graders, checked, with defaults filled in and names settled (a name given twice is a 400). `param`
  * is the field that holds them (`graders`, `testing_criteria`).
  */
-export function settleGraders(graders: readonly GraderWire[], param = "graders"): EvalGrader[] {
+export function settleGraders(graders: readonly GraderSpec[], param = "graders"): EvalGrader[] {
   const names = new Map<string, number>();
   return graders
     .map((grader, i) => {
@@ -190,18 +194,19 @@ export function settleGraders(graders: readonly GraderWire[], param = "graders")
     });
 }
 
-const graderSchemas: Record<GraderWire["type"], TSchema> = {
+const graderSchemas: Record<GraderSpec["type"], TSchema> = {
   exact_match: ExactMatchGrader,
   contains: ContainsGrader,
   regex: RegexGrader,
   json_schema: JsonSchemaGrader,
   similarity: SimilarityGrader,
+  multi: MultiGrader,
   score_model: ScoreModelGrader,
   label_model: LabelModelGrader,
 };
 
 /** Checks one grader against its type's schema; the first problem is a 400 naming the field (`graders[1].pattern`). */
-export function checkGrader(grader: unknown, at: string): GraderWire {
+export function checkGrader(grader: unknown, at: string): GraderSpec {
   const type = (grader as { type?: unknown } | null)?.type;
   if (typeof type !== "string" || !(type in graderSchemas))
     throw new ConduitError(
@@ -209,7 +214,7 @@ export function checkGrader(grader: unknown, at: string): GraderWire {
       `"${at}.type" must be one of ${Object.keys(graderSchemas).join(", ")}`,
       { param: `${at}.type` },
     );
-  const schema = graderSchemas[type as GraderWire["type"]];
+  const schema = graderSchemas[type as GraderSpec["type"]];
   const [first] = Value.Errors(schema, grader);
   if (first) {
     const field = first.path
@@ -231,7 +236,7 @@ export function checkGrader(grader: unknown, at: string): GraderWire {
       { param },
     );
   }
-  return grader as GraderWire;
+  return grader as GraderSpec;
 }
 
 /** A schema error in words: `is required`, `must be one of case, whitespace, punctuation`, or TypeBox's own. */
@@ -242,7 +247,7 @@ function reasonOf(error: { type: ValueErrorType; schema: TSchema; message: strin
   return error.message.replace(/^expected /, "must be ").toLowerCase();
 }
 
-function settle(raw: GraderWire, name: string, at: string): EvalGrader {
+function settle(raw: GraderSpec, name: string, at: string): EvalGrader {
   const grader = checkGrader(raw, at);
   switch (grader.type) {
     case "exact_match":
@@ -286,6 +291,44 @@ function settle(raw: GraderWire, name: string, at: string): EvalGrader {
         metric: grader.metric ?? evalDefaults.similarityMetric,
         passThreshold: grader.passThreshold ?? evalDefaults.passThreshold,
       };
+    case "multi": {
+      const graders: [string, ScoringGrader][] = [];
+      for (const [key, part] of Object.entries(grader.graders)) {
+        const partAt = `${at}.graders.${key}`;
+        if (!isFormulaName(key))
+          throw new ConduitError(
+            "invalid_request",
+            `"${partAt}": a grader's name in a formula is a letter or _, then letters, digits or _ (at most 64), and not a function's`,
+            { param: partAt },
+          );
+        if (!(SCORING_GRADER_TYPES as readonly string[]).includes(part.type))
+          throw new ConduitError(
+            "invalid_request",
+            `"${partAt}.type" must be one of ${SCORING_GRADER_TYPES.join(", ")}`,
+            { param: `${partAt}.type` },
+          );
+        graders.push([key, settle(part, key, partAt) as ScoringGrader]);
+      }
+      try {
+        formulaOf(
+          grader.calculateOutput,
+          graders.map(([key]) => key),
+        );
+      } catch (error) {
+        if (!(error instanceof FormulaError)) throw error;
+        throw new ConduitError("invalid_request", `"${at}.calculateOutput" ${error.message}`, {
+          param: `${at}.calculateOutput`,
+        });
+      }
+      return {
+        type: "multi",
+        name,
+        // Own properties whatever the names (`__proto__` included).
+        graders: Object.fromEntries(graders),
+        calculateOutput: grader.calculateOutput,
+        passThreshold: grader.passThreshold ?? evalDefaults.passThreshold,
+      };
+    }
     case "score_model": {
       const [min, max] = (grader.range ?? [0, 1]) as [number, number];
       const range: [number, number] = [min, max];
@@ -358,7 +401,22 @@ export function isModelGrader(grader: EvalGrader): grader is ModelGrader {
  * thread, with a deadline.
  */
 export function gradesInline(grader: EvalGrader): boolean {
+  if (grader.type === "multi") return Object.values(grader.graders).every(gradesInline);
   return grader.type === "exact_match" || grader.type === "contains";
+}
+
+/** Read formulas, by their text and names: an eval run scores every answer with the same few. */
+const formulas = new Map<string, Formula>();
+
+function formulaOf(text: string, names: readonly string[]): Formula {
+  const key = `${names.join(",")}/${text}`;
+  let formula = formulas.get(key);
+  if (!formula) {
+    formula = parseFormula(text, new Set(names));
+    if (formulas.size >= 256) formulas.clear();
+    formulas.set(key, formula);
+  }
+  return formula;
 }
 
 /** One grader's score of `answer` against `expected`. */
@@ -385,6 +443,14 @@ export function grade(grader: EvalGrader, answer: string, expected: string): Gra
     case "similarity": {
       const score =
         grader.metric === "fuzzy_match" ? fuzzyMatch(answer, expected) : tokenF1(answer, expected);
+      return { name: grader.name, score, passed: score >= grader.passThreshold };
+    }
+    case "multi": {
+      const scores = Object.fromEntries(
+        Object.entries(grader.graders).map(([key, part]) => [key, grade(part, answer, expected).score]),
+      );
+      const value = evaluateFormula(formulaOf(grader.calculateOutput, Object.keys(grader.graders)), scores);
+      const score = Number.isFinite(value) ? value : 0;
       return { name: grader.name, score, passed: score >= grader.passThreshold };
     }
     case "score_model":

@@ -1,5 +1,5 @@
 import type { EvaluationSide, ModelTotals, RunEvaluation } from "../contract/evals.ts";
-import type { RunEvalRun } from "../store/EvalRepository.ts";
+import type { RunEvalRun } from "../domain/evals.ts";
 
 /** The name of the automatic before/after's judge grader (EvalService's `afterRunJudge`), whose scores are read here. */
 export const AFTER_RUN_JUDGE = "judge";

@@ -1,82 +1,18 @@
 import type { Kysely } from "kysely";
 import type { ReadCommitted } from "./committedReads.ts";
 import { precompile } from "./precompiled.ts";
+import type { EvalRunProgress, EvalRunStatus, GraderScore, ModelTotals } from "../contract/evals.ts";
 import type {
-  EvalGrader,
-  EvalRunProgress,
-  EvalRunStatus,
-  EvalSourceWire,
-  GraderScore,
-  ModelTotals,
-} from "../contract/evals.ts";
+  Eval,
+  EvalConfig,
+  EvalResult,
+  EvalRun,
+  EvalRunConfig,
+  ResolvedItem,
+  RunEvalRun,
+} from "../domain/evals.ts";
 import type { Database, EvalResultTable, EvalRunTable, EvalTable } from "./schema.ts";
 import { timestamp } from "./time.ts";
-
-/** What an eval holds besides its name. */
-export interface EvalConfig {
-  graders: EvalGrader[];
-  /** Where its items come from; null: each run names them (OpenAI's evals). */
-  source: EvalSourceWire | null;
-  systemPrompt: string;
-  /** What the OpenAI face was asked (`/v1/evals`), returned as it was sent. Absent otherwise. */
-  openai?: {
-    data_source_config: unknown;
-    testing_criteria: unknown;
-    metadata: Record<string, string> | null;
-    /** The item field the criteria's references name (`{{item.expected}}`): each item's expected answer. */
-    expectedField: string | null;
-  };
-}
-
-export interface Eval {
-  id: string;
-  userId: string;
-  name: string;
-  config: EvalConfig;
-  runId: string | null;
-  createdAt: string;
-  updatedAt: string;
-}
-
-/** An item as an eval run answers it: the prompt turns and the expected answer. */
-export interface ResolvedItem {
-  messages: { role: "system" | "user" | "assistant"; content: string }[];
-  expected: string;
-  /** The item as given (OpenAI's `datasource_item`), when it came through the OpenAI face. */
-  raw?: Record<string, unknown>;
-}
-
-/** What an eval run was asked, besides its models and items. */
-export interface EvalRunConfig {
-  graders: EvalGrader[];
-  systemPrompt: string;
-  maxTokens: number;
-  parallel: number;
-  /** What the OpenAI face was asked (`/v1/evals/{id}/runs`): its `data_source` and `metadata`. Absent otherwise. */
-  openai?: { data_source: unknown; metadata: Record<string, string> | null };
-}
-
-export interface EvalRun {
-  id: string;
-  evalId: string;
-  userId: string;
-  name: string;
-  status: EvalRunStatus;
-  models: string[];
-  items: ResolvedItem[];
-  config: EvalRunConfig;
-  progress: EvalRunProgress;
-  results: ModelTotals[];
-  error: string | null;
-  createdAt: string;
-  updatedAt: string;
-}
-
-/** What a run's before/after is told from: the latest eval made for it, and that eval's latest run. */
-export type RunEvalRun = Pick<
-  EvalRun,
-  "id" | "evalId" | "status" | "models" | "progress" | "results" | "error"
->;
 
 type RunEvalRunRow = Pick<
   EvalRunTable,
@@ -95,17 +31,39 @@ function toRunEvalRun(row: RunEvalRunRow): RunEvalRun {
   };
 }
 
-export interface EvalResult {
-  runId: string;
-  modelIndex: number;
-  itemIndex: number;
-  model: string;
-  answer: string;
-  scores: GraderScore[];
-  latencyMs: number;
-  promptTokens: number;
-  completionTokens: number;
-  error: string | null;
+/** A stored eval's config: one stored before `faceRequest` keeps the OpenAI face's under `openai`, in its names. */
+export function evalConfigOf(stored: string): EvalConfig {
+  const { openai, ...config } = JSON.parse(stored) as EvalConfig & {
+    openai?: {
+      data_source_config: unknown;
+      testing_criteria: unknown;
+      metadata: Record<string, string> | null;
+      expectedField: string | null;
+    };
+  };
+  if (openai === undefined || config.faceRequest !== undefined) return config;
+  return {
+    ...config,
+    faceRequest: {
+      face: "openai",
+      dataSourceConfig: openai.data_source_config,
+      testingCriteria: openai.testing_criteria,
+      metadata: openai.metadata,
+      expectedField: openai.expectedField,
+    },
+  };
+}
+
+/** A stored eval run's config: one stored before `faceRequest` keeps the OpenAI face's under `openai`. */
+export function evalRunConfigOf(stored: string): EvalRunConfig {
+  const { openai, ...config } = JSON.parse(stored) as EvalRunConfig & {
+    openai?: { data_source: unknown; metadata: Record<string, string> | null };
+  };
+  if (openai === undefined || config.faceRequest !== undefined) return config;
+  return {
+    ...config,
+    faceRequest: { face: "openai", dataSource: openai.data_source, metadata: openai.metadata },
+  };
 }
 
 function toEval(row: EvalTable): Eval {
@@ -113,7 +71,7 @@ function toEval(row: EvalTable): Eval {
     id: row.id,
     userId: row.user_id,
     name: row.name,
-    config: JSON.parse(row.config) as EvalConfig,
+    config: evalConfigOf(row.config),
     runId: row.run_id,
     createdAt: row.created_at,
     updatedAt: row.updated_at,
@@ -129,7 +87,7 @@ function toEvalRun(row: EvalRunTable): EvalRun {
     status: row.status as EvalRunStatus,
     models: JSON.parse(row.models) as string[],
     items: JSON.parse(row.items) as ResolvedItem[],
-    config: JSON.parse(row.config) as EvalRunConfig,
+    config: evalRunConfigOf(row.config),
     progress: JSON.parse(row.progress) as EvalRunProgress,
     results: JSON.parse(row.results) as ModelTotals[],
     error: row.error,
@@ -242,8 +200,8 @@ export class EvalRepository {
     const found = await this.get(userId, id);
     if (!found) return undefined;
     const config =
-      metadata !== undefined && found.config.openai
-        ? { ...found.config, openai: { ...found.config.openai, metadata } }
+      metadata !== undefined && found.config.faceRequest
+        ? { ...found.config, faceRequest: { ...found.config.faceRequest, metadata } }
         : found.config;
     await this.db
       .updateTable("evals")

@@ -55,6 +55,35 @@ export interface NewRun {
   estimate?: RunPlan | null;
 }
 
+/** What runs stored before `jobRequest` keep of an OpenAI job, under OpenAI's names. */
+interface StoredOpenAiJob {
+  training_file: string;
+  suffix: string | null;
+  metadata: Record<string, string> | null;
+  learning_rate_multiplier: number | null;
+  model?: string;
+}
+
+/**
+ * A stored run's config: a run stored before `jobRequest` keeps its OpenAI job as `openai`, under OpenAI's field
+ * names, and is read as the same run with its `jobRequest`.
+ */
+export function runConfigOf(stored: string): RunConfig {
+  const { openai, ...config } = JSON.parse(stored) as RunConfig & { openai?: StoredOpenAiJob };
+  if (openai === undefined || config.jobRequest !== undefined) return config;
+  return {
+    ...config,
+    jobRequest: {
+      face: "openai",
+      trainingFileID: openai.training_file,
+      suffix: openai.suffix,
+      metadata: openai.metadata,
+      lrMultiplier: openai.learning_rate_multiplier,
+      ...(openai.model === undefined ? {} : { model: openai.model }),
+    },
+  };
+}
+
 function toRun(row: RunTable, logs: string[]): Run {
   return {
     id: row.id,
@@ -65,7 +94,7 @@ function toRun(row: RunTable, logs: string[]): Run {
     ioPairsCount: row.io_pairs_count,
     status: row.status as RunStatus,
     trackerUrl: row.tracker_url,
-    config: JSON.parse(row.config) as RunConfig,
+    config: runConfigOf(row.config),
     stats: JSON.parse(row.stats) as RunStats,
     logs,
     error: row.error,
@@ -303,7 +332,7 @@ export class RunRepository {
       id: r.id,
       name: r.name,
       updatedAt: r.updated_at,
-      config: JSON.parse(r.config) as RunConfig,
+      config: runConfigOf(r.config),
       modelPath: r.model_path,
     }));
   }

@@ -19,13 +19,7 @@ import {
   readModelShape,
   type ModelShape,
 } from "./autoSettings.ts";
-import {
-  activeStatuses,
-  type LoraTarget,
-  type RunCheckpoint,
-  type TrainMethod,
-  type TrainObjective,
-} from "../contract/runs.ts";
+import { activeStatuses, type LoraTarget, type RunCheckpoint, type TrainMethod } from "../contract/runs.ts";
 import { isPreference, type IoPair } from "../datasets/ioPairs.ts";
 import {
   adapterOutputType,
@@ -38,6 +32,7 @@ import {
   type TrainerName,
   type TrainerSetting,
   type TrainMethodConfig,
+  type TrainObjective,
 } from "../domain/runs.ts";
 import {
   totalMemory,
@@ -289,7 +284,7 @@ export class RunService {
       name: config.name,
       ioPairsCount: dataset.ioPairsCount,
       trackerUrl: this.options.trackerUrl(id),
-      config: { ...config, ...(command.openai ? { openai: command.openai } : {}) },
+      config: { ...config, ...(command.jobRequest ? { jobRequest: command.jobRequest } : {}) },
       logs,
       estimate,
     });

@@ -7,8 +7,8 @@
  * need many passes at a high rate; wide models need a lower rate; more data needs fewer passes.
  */
 import { readGgufFileInfo } from "node-llama-cpp";
-import type { TrainMethod, TrainObjective } from "../contract/runs.ts";
-import type { AutoSetting } from "../domain/runs.ts";
+import type { TrainMethod } from "../contract/runs.ts";
+import type { AutoSetting, TrainObjective } from "../domain/runs.ts";
 
 /** What the choice looks at in the model. */
 export interface ModelShape {

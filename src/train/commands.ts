@@ -3,7 +3,8 @@
  * `POST /conduit/finetuning`, the OpenAI face's `POST /v1/fine_tuning/jobs`) maps its body into these
  * and maps the service's errors (whose `param` names a field of the command) back to its own fields.
  */
-import type { LoraTarget, OpenAiJobRecord, RunMethod, TrainerName } from "../contract/runs.ts";
+import type { LoraTarget, RunMethod, TrainerName } from "../contract/runs.ts";
+import type { JobRequest } from "../domain/runs.ts";
 
 /**
  * Create a fine-tuning run. Every field but the dataset is optional; what is left out gets its default
@@ -58,8 +59,8 @@ export interface CreateRun {
   trackerEntity?: string | undefined;
   /** Seed of the run's sample order, held-out pairs and initial adapter. Defaults to `runDefaults.seed`. */
   seed?: number | undefined;
-  /** What the OpenAI face was asked (suffix, metadata, ...), kept in `config.openai`. Defaults to none. */
-  openai?: OpenAiJobRecord | undefined;
+  /** What a compatibility face was asked (suffix, metadata, ...), kept in `config.jobRequest`. Defaults to none. */
+  jobRequest?: JobRequest | undefined;
 }
 
 /** Which pairs an example belongs to. */

@@ -4,12 +4,13 @@ import path from "node:path";
 import { Readable } from "node:stream";
 import { describe, test } from "node:test";
 import { asAlice, asBob, backends, build, createDataset, KEY_A, as } from "../lib/helper.ts";
+import { runScenarios, type ApiScenario } from "../lib/scenario.ts";
 
 const jsonl = '{"input":"hi","output":"hello"}\n{"input":"bye","output":"goodbye"}\n';
 const boundary = "----conduit";
 
 for (const backend of backends()) {
-  describe(`datasets (${backend})`, () => {
+  describe(`datasets: create, list, rename, delete and bad bodies (${backend})`, () => {
     test("create, read, list, rename, delete", async (t) => {
       const { app } = await build(t, backend);
       const created = await as(app, KEY_A).post("/conduit/dataset", { name: "greetings" });
@@ -69,44 +70,37 @@ for (const backend of backends()) {
 
     test("bad bodies are 4xx naming the field", async (t) => {
       const { app } = await build(t, backend);
-      const cases: {
-        payload: string;
-        contentType?: string;
-        status: number;
-        param?: string | null;
-        code?: string;
-      }[] = [
-        { payload: "{}", status: 400, param: "name" },
-        { payload: '{"name":""}', status: 400, param: "name" },
-        { payload: '{"name":42}', status: 400, param: "name" },
-        { payload: '{"name":"x","color":"red"}', status: 400, param: "color" },
-        { payload: '{"name":', status: 400, code: "invalid_json" },
-        { payload: "[1,2]", status: 400, param: null },
-        {
-          payload: "name=x",
-          contentType: "application/x-www-form-urlencoded",
-          status: 415,
-          code: "unsupported_media_type",
-        },
-        { payload: JSON.stringify({ name: "x".repeat(2_000_000) }), status: 413, code: "payload_too_large" },
-      ];
-      for (const c of cases) {
-        const res = await app.inject({
-          method: "POST",
-          url: "/conduit/dataset",
-          headers: { ...asAlice, "content-type": c.contentType ?? "application/json" },
-          payload: c.payload,
-        });
-        assert.equal(res.statusCode, c.status, `${c.payload.slice(0, 40)} → ${res.body}`);
-        const body = res.json();
-        assert.equal(typeof body.error.message, "string");
-        if (c.param !== undefined) assert.equal(body.error.param, c.param, res.body);
-        if (c.code) assert.equal(body.error.code, c.code);
-      }
+      const post = (
+        payload: string,
+        status: number,
+        error: { param?: string | null; code?: string },
+        contentType = "application/json",
+      ): ApiScenario => ({
+        name: `${contentType} ${payload.slice(0, 40)} → ${status}`,
+        method: "POST",
+        url: "/conduit/dataset",
+        headers: { "content-type": contentType },
+        body: payload,
+        status,
+        error,
+        check: (res) => assert.equal(typeof res.json().error.message, "string"),
+      });
+      await runScenarios(t, app, [
+        post("{}", 400, { param: "name" }),
+        post('{"name":""}', 400, { param: "name" }),
+        post('{"name":42}', 400, { param: "name" }),
+        post('{"name":"x","color":"red"}', 400, { param: "color" }),
+        post('{"name":', 400, { code: "invalid_json" }),
+        post("[1,2]", 400, { param: null }),
+        post("name=x", 415, { code: "unsupported_media_type" }, "application/x-www-form-urlencoded"),
+        post(JSON.stringify({ name: "x".repeat(2_000_000) }), 413, { code: "payload_too_large" }),
+      ]);
       const badRename = await as(app, KEY_A).patch("/conduit/dataset/ds_nope", { name: "" });
       assert.equal(badRename.statusCode, 400);
     });
+  });
 
+  describe(`dataset uploads: formats, files and what is refused (${backend})`, () => {
     test("upload JSONL, JSON, CSV, ioPairs, raw and multipart; counts pairs", async (t) => {
       const { app } = await build(t, backend);
       const ds = await createDataset(app);
@@ -298,20 +292,18 @@ for (const backend of backends()) {
         `--${boundary}\r\nContent-Disposition: form-data; name="${name}"\r\n\r\n${value}\r\n`;
       const end = `--${boundary}--\r\n`;
       // Part by part, as a client on a network sends it: the parser sees the file before the name.
+      const streamed = (parts: string[]) =>
+        Readable.from(
+          (async function* () {
+            for (const part of parts) {
+              yield Buffer.from(part);
+              await new Promise((resolve) => setTimeout(resolve, 5));
+            }
+          })(),
+        );
+      const multipart = { "content-type": `multipart/form-data; boundary=${boundary}` };
       const upload = (...parts: string[]) =>
-        app.inject({
-          method: "POST",
-          url,
-          headers: { ...asAlice, "content-type": `multipart/form-data; boundary=${boundary}` },
-          payload: Readable.from(
-            (async function* () {
-              for (const part of parts) {
-                yield Buffer.from(part);
-                await new Promise((resolve) => setTimeout(resolve, 5));
-              }
-            })(),
-          ),
-        });
+        app.inject({ method: "POST", url, headers: { ...asAlice, ...multipart }, payload: streamed(parts) });
 
       const after = await upload(filePart("x.jsonl"), field("name", "named-after.jsonl"), end);
       assert.equal(after.statusCode, 200, after.body);
@@ -335,13 +327,19 @@ for (const backend of backends()) {
         [[filePart("x.jsonl"), field("color", "red"), end], "color", /"color" is not known/],
         [[field("name", "x.jsonl"), end], "file", /no "file" field/],
       ];
-      for (const [parts, param, message] of cases) {
-        const res = await upload(...parts);
-        assert.equal(res.statusCode, 400, `${JSON.stringify(parts).slice(0, 120)} → ${res.body}`);
-        assert.equal(res.json().error.code, "invalid_request");
-        assert.equal(res.json().error.param, param, res.body);
-        assert.match(res.json().error.message, message);
-      }
+      await runScenarios(
+        t,
+        app,
+        cases.map(([parts, param, message]) => ({
+          name: `${JSON.stringify(parts).slice(0, 120)} → 400 ${param}`,
+          method: "POST",
+          url,
+          headers: multipart,
+          body: () => streamed(parts),
+          status: 400,
+          error: { code: "invalid_request", param, message },
+        })),
+      );
       const files = await as(app, KEY_A).get(`/conduit/dataset/${ds.id}/files`);
       assert.equal(files.json().length, 4);
       assert.deepEqual(fs.readdirSync(path.join(config.dataDir, "blobs", ".tmp")), []);
@@ -380,7 +378,9 @@ for (const backend of backends()) {
       assert.deepEqual(files.json(), []);
       assert.deepEqual(fs.readdirSync(path.join(config.dataDir, "blobs", ".tmp")), []);
     });
+  });
 
+  describe(`dataset upload limits: pair, body and request sizes (${backend})`, () => {
     test("a pair longer than CONDUIT_MAX_PAIR_BYTES is a 400 naming its line, in every format; one as long is fine", async (t) => {
       const { testEnv, buildTestApp } = await import("../lib/helper.ts");
       const env = await testEnv(t, backend, { CONDUIT_MAX_PAIR_BYTES: "100" });

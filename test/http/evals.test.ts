@@ -4,6 +4,7 @@ import path from "node:path";
 import { describe, test } from "node:test";
 import type { EvalResultWire, EvalRunWire } from "../../src/contract/evals.ts";
 import { as, backends, build, buildTestApp, KEY_A, KEY_B, testEnv } from "../lib/helper.ts";
+import { runScenarios, type ApiScenario } from "../lib/scenario.ts";
 
 /** Evals on each storage backend, with the tiny model answering (no training): the store and both API faces. */
 for (const backend of backends())
@@ -24,6 +25,12 @@ for (const backend of backends())
           { type: "regex", pattern: "." },
           { type: "json_schema", schema: { type: "object" } },
           { type: "contains", value: "zzz-never" },
+          {
+            type: "multi",
+            graders: { any: { type: "regex", pattern: "." }, exact: { type: "exact_match" } },
+            calculateOutput: "any - exact",
+            passThreshold: 1,
+          },
         ],
       });
       assert.equal(created.statusCode, 200, created.body);
@@ -61,6 +68,8 @@ for (const backend of backends())
       );
       // The regex grader's count is what the answers say.
       assert.equal(byName.regex?.passed, results.filter((r) => /./.test(r.answer)).length);
+      // The multi grader's formula of the same regex and the exact match (never) passes where the regex does.
+      assert.equal(byName.multi?.passed, byName.regex?.passed);
       assert.equal((await alice.post(`/conduit/evals/${evalId}/runs/${runId}/cancel`)).statusCode, 409);
 
       const listed = await alice.get("/v1/evals");
@@ -153,17 +162,25 @@ for (const backend of backends())
       ];
       const created = await alice.post("/conduit/evals", { graders: [{ type: "exact_match" }] });
       const evalId = created.json<{ id: string }>().id;
-      for (const [source, param, message] of cases)
-        for (const [url, body] of [
-          ["/conduit/evals", { source, graders: [{ type: "exact_match" }] }],
-          [`/conduit/evals/${evalId}/runs`, { source, models: ["tiny"] }],
-        ] as const) {
-          const refused = await alice.post(url, body);
-          assert.equal(refused.statusCode, 400, refused.body);
-          const { error } = refused.json<{ error: { param: string; message: string } }>();
-          assert.equal(error.param, param, `${url} ${JSON.stringify(source).slice(0, 80)}: ${error.message}`);
-          assert.match(error.message, message);
-        }
+      await runScenarios(
+        t,
+        app,
+        cases.flatMap(([source, param, message]): ApiScenario[] =>
+          (
+            [
+              ["/conduit/evals", { source, graders: [{ type: "exact_match" }] }],
+              [`/conduit/evals/${evalId}/runs`, { source, models: ["tiny"] }],
+            ] as const
+          ).map(([url, body]) => ({
+            name: `${url} ${JSON.stringify(source).slice(0, 80)} → 400 ${param}`,
+            method: "POST",
+            url,
+            body,
+            status: 400,
+            error: { param, message },
+          })),
+        ),
+      );
     });
 
     test("a model that is not there, a source without items and a run that is not READY are refused by name", async (t) => {

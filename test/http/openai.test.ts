@@ -8,6 +8,7 @@ import type { Core } from "../../src/core.ts";
 import { createTinyModel } from "../../src/model/tinyModel.ts";
 import { asAlice, asBob, build, buildTestApp, KEY_A, testEnv, as, KEY_B } from "../lib/helper.ts";
 import { suiteCleanup } from "../lib/helper.ts";
+import { runScenarios, type ApiScenario } from "../lib/scenario.ts";
 import { TOOLS_TEMPLATE } from "../lib/toolsTemplate.ts";
 
 /** The strict OpenAI surface: `null` is the default, every parameter is honoured or refused, models in detail. */
@@ -15,17 +16,27 @@ import { TOOLS_TEMPLATE } from "../lib/toolsTemplate.ts";
 const chatUrl = "/v1/chat/completions";
 const completionsUrl = "/v1/completions";
 const messages = [{ role: "user", content: "Hi" }];
+const okSchema = {
+  type: "object",
+  properties: { ok: { type: "boolean" } },
+  required: ["ok"],
+  additionalProperties: false,
+};
 
-describe("the OpenAI surface on the tiny model", () => {
-  let app: FastifyInstance;
-  let core: Core;
+/** Builds the tiny model's app before a describe's tests (closed after them); `post` asks the tiny model. */
+function tinyModelApp() {
+  const built = {} as { app: FastifyInstance; core: Core };
   const suite = suiteCleanup();
   before(async () => {
-    ({ app, core } = await build(suite));
+    Object.assign(built, await build(suite));
   });
-
   const post = (url: string, payload: Record<string, unknown>, headers = asAlice) =>
-    app.inject({ method: "POST", url, headers, payload: { model: "tiny", ...payload } });
+    built.app.inject({ method: "POST", url, headers, payload: { model: "tiny", ...payload } });
+  return { built, post };
+}
+
+describe("OpenAI parameters: null is the default, what is not implemented is refused, off is accepted", () => {
+  const { built, post } = tinyModelApp();
 
   test("null means the default, on chat and completions", async () => {
     const greedy = { max_tokens: 6, temperature: 0 };
@@ -112,7 +123,7 @@ describe("the OpenAI surface on the tiny model", () => {
     );
   });
 
-  test("each parameter Conduit does not implement is a 400 naming it, saying so", async () => {
+  test("each parameter Conduit does not implement is a 400 naming it, saying so", async (t) => {
     const chat: [Record<string, unknown>, string][] = [
       [{ logit_bias: { "50256": -100 } }, "logit_bias"],
       [{ functions: [{ name: "f", parameters: {} }] }, "functions"],
@@ -137,16 +148,6 @@ describe("the OpenAI surface on the tiny model", () => {
         "messages.0.content",
       ],
     ];
-    for (const [payload, param] of chat) {
-      const res = await post(chatUrl, { messages, max_tokens: 1, ...payload });
-      assert.equal(res.statusCode, 400, `${JSON.stringify(payload)} → ${res.body}`);
-      const { error } = res.json();
-      assert.equal(error.param, param, res.body);
-      assert.equal(error.code, "invalid_request");
-      assert.equal(error.type, "invalid_request_error");
-      assert.match(error.message, /not supported yet/, res.body);
-      assert.ok(error.message.includes(`"${param}"`), res.body);
-    }
     const completions: [Record<string, unknown>, string][] = [
       [{ echo: true }, "echo"],
       [{ best_of: 3 }, "best_of"],
@@ -155,12 +156,24 @@ describe("the OpenAI surface on the tiny model", () => {
       [{ prompt: [1, 2, 3] }, "prompt"],
       [{ prompt: [[1, 2], [3]] }, "prompt"],
     ];
-    for (const [payload, param] of completions) {
-      const res = await post(completionsUrl, { prompt: "x", max_tokens: 1, ...payload });
-      assert.equal(res.statusCode, 400, `${JSON.stringify(payload)} → ${res.body}`);
-      assert.equal(res.json().error.param, param, res.body);
-      assert.match(res.json().error.message, /not supported yet/, res.body);
-    }
+    const notYet = (url: string, body: Record<string, unknown>, param: string): ApiScenario => ({
+      method: "POST",
+      url,
+      body: { model: "tiny", ...body },
+      status: 400,
+      error: { code: "invalid_request", param, message: /not supported yet/ },
+      check: (res) => {
+        const { error } = res.json();
+        assert.equal(error.type, "invalid_request_error");
+        assert.ok(error.message.includes(`"${param}"`), res.body);
+      },
+    });
+    await runScenarios(t, built.app, [
+      ...chat.map(([payload, param]) => notYet(chatUrl, { messages, max_tokens: 1, ...payload }, param)),
+      ...completions.map(([payload, param]) =>
+        notYet(completionsUrl, { prompt: "x", max_tokens: 1, ...payload }, param),
+      ),
+    ]);
   });
 
   test('values that ask for nothing ("off") are accepted', async () => {
@@ -200,13 +213,10 @@ describe("the OpenAI surface on the tiny model", () => {
       assert.equal(res.statusCode, 200, `${JSON.stringify(payload)} → ${res.body}`);
     }
   });
+});
 
-  const okSchema = {
-    type: "object",
-    properties: { ok: { type: "boolean" } },
-    required: ["ok"],
-    additionalProperties: false,
-  };
+describe("response_format: answers held to a schema, and what the grammar cannot honour", () => {
+  const { built, post } = tinyModelApp();
 
   test("response_format json_schema: every choice matches the schema, and streams the same text", async () => {
     const payload = {
@@ -275,7 +285,7 @@ describe("the OpenAI surface on the tiny model", () => {
     }
   });
 
-  test("a response_format the grammar cannot honour is a 400 naming it, with the reason", async () => {
+  test("a response_format the grammar cannot honour is a 400 naming it, with the reason", async (t) => {
     const cases: [unknown, RegExp][] = [
       [
         { type: "json_schema", json_schema: { name: "x", schema: { type: "string", pattern: "a+" } } },
@@ -295,13 +305,17 @@ describe("the OpenAI surface on the tiny model", () => {
       [{ type: "json_schema", json_schema: { schema: okSchema } }, /must be/],
       [{ type: "xml" }, /must be/],
     ];
-    for (const [format, reason] of cases) {
-      const res = await post(chatUrl, { messages, max_tokens: 4, response_format: format });
-      assert.equal(res.statusCode, 400, JSON.stringify(format));
-      const error = res.json().error;
-      assert.equal(error.param, "response_format", res.body);
-      assert.match(error.message, reason, res.body);
-    }
+    await runScenarios(
+      t,
+      built.app,
+      cases.map(([format, reason]) => ({
+        method: "POST",
+        url: chatUrl,
+        body: { model: "tiny", messages, max_tokens: 4, response_format: format },
+        status: 400,
+        error: { param: "response_format", message: reason },
+      })),
+    );
   });
 
   test("a 100,000-value enum (0.9 MB) is a 400 naming the bound, and other requests are answered meanwhile", async () => {
@@ -312,7 +326,7 @@ describe("the OpenAI surface on the tiny model", () => {
         max_tokens: 4,
         response_format: { type: "json_schema", json_schema: { name: "many", schema } },
       }),
-      app.inject({ url: "/healthz" }),
+      built.app.inject({ url: "/healthz" }),
     ]);
     assert.equal(health.statusCode, 200, health.body);
     assert.equal(res.statusCode, 400, res.body.slice(0, 300));
@@ -325,7 +339,7 @@ describe("the OpenAI surface on the tiny model", () => {
     );
   });
 
-  test("a response_format just over each of the grammar's bounds is a 400 naming it and the count", async () => {
+  test("a response_format just over each of the grammar's bounds is a 400 naming it and the count", async (t) => {
     const strings = (n: number, length = 0) =>
       Array.from({ length: n }, (_, i) => `v${i}`.padEnd(length, "x"));
     const properties = (n: number, schema: unknown) => ({
@@ -351,18 +365,28 @@ describe("the OpenAI surface on the tiny model", () => {
         "has 121000 characters of enum and const strings and property names; at most 120000 are allowed",
       ],
     ];
-    for (const [schema, reason] of cases) {
-      const res = await post(chatUrl, {
-        messages,
-        max_tokens: 2,
-        response_format: { type: "json_schema", json_schema: { name: "x", schema } },
-      });
-      assert.equal(res.statusCode, 400, `${reason}: ${res.body.slice(0, 300)}`);
-      const error = res.json().error;
-      assert.equal(error.param, "response_format");
-      assert.ok(error.message.startsWith('field "response_format": its JSON schema '), error.message);
-      assert.ok(error.message.includes(reason), error.message);
-    }
+    await runScenarios(
+      t,
+      built.app,
+      cases.map(([schema, reason]) => ({
+        name: reason,
+        method: "POST",
+        url: chatUrl,
+        body: {
+          model: "tiny",
+          messages,
+          max_tokens: 2,
+          response_format: { type: "json_schema", json_schema: { name: "x", schema } },
+        },
+        status: 400,
+        error: { param: "response_format" },
+        check: (res) => {
+          const { message } = res.json().error;
+          assert.ok(message.startsWith('field "response_format": its JSON schema '), message);
+          assert.ok(message.includes(reason), message);
+        },
+      })),
+    );
   });
 
   test("an enum at the bound is compiled and the answer is one of its values", async () => {
@@ -379,6 +403,10 @@ describe("the OpenAI surface on the tiny model", () => {
       assert.ok(values.includes(JSON.parse(c.message.content)), c.message.content);
     }
   });
+});
+
+describe("prompts, logprobs and fields: sizes, arrays and what OpenAI does not have", () => {
+  const { built, post } = tinyModelApp();
 
   test("a prompt longer than the context can hold is refused by its size, on chat and completions", async () => {
     const text = "word ".repeat(100_000);
@@ -531,7 +559,7 @@ describe("the OpenAI surface on the tiny model", () => {
     assert.ok(conduit.json().usage.prompt_tokens + conduit.json().usage.completion_tokens <= context);
   });
 
-  test("a field OpenAI does not have is a 400 naming it; invalid values still are", async () => {
+  test("a field OpenAI does not have is a 400 naming it; invalid values still are", async (t) => {
     const cases: [string, Record<string, unknown>, string][] = [
       [chatUrl, { messages, temperatur: 0 }, "temperatur"],
       [chatUrl, { messages: [{ role: "user", content: "x", extra: 1 }] }, "messages.0.extra"],
@@ -542,12 +570,18 @@ describe("the OpenAI surface on the tiny model", () => {
       [chatUrl, { messages: null }, "messages"],
       [completionsUrl, { prompt: ["a", "b", "c"], n: 3 }, "n"],
     ];
-    for (const [url, payload, param] of cases) {
-      const res = await post(url, payload);
-      assert.equal(res.statusCode, 400, `${JSON.stringify(payload)} → ${res.body}`);
-      assert.equal(res.json().error.param, param, res.body);
-      assert.doesNotMatch(res.json().error.message, /not supported yet/);
-    }
+    await runScenarios(
+      t,
+      built.app,
+      cases.map(([url, payload, param]) => ({
+        method: "POST",
+        url,
+        body: { model: "tiny", ...payload },
+        status: 400,
+        error: { param },
+        absent: [/not supported yet/],
+      })),
+    );
   });
 
   test("a prompt array gets one choice per prompt (n each), index in order", async () => {
@@ -584,9 +618,16 @@ describe("the OpenAI surface on the tiny model", () => {
     assert.equal(texts.get(0), singles[0].choices[0].text);
     assert.equal(texts.get(1), singles[1].choices[0].text);
   });
+});
+
+describe("GET /v1/models: base models and the owner's READY runs", () => {
+  const { built } = tinyModelApp();
 
   test("GET /v1/models/{id}: a base model, the owner's READY runs, 404 for others' and unknown", async () => {
-    const base = await app.inject({ url: "/v1/models/tiny", headers: { authorization: `Bearer ${KEY_A}` } });
+    const base = await built.app.inject({
+      url: "/v1/models/tiny",
+      headers: { authorization: `Bearer ${KEY_A}` },
+    });
     assert.equal(base.statusCode, 200, base.body);
     const tiny = base.json();
     assert.deepEqual(
@@ -605,18 +646,18 @@ describe("the OpenAI surface on the tiny model", () => {
       },
     );
     assert.ok(Number.isInteger(tiny.created) && tiny.created > 0);
-    const tinyFile = path.join(core.config.modelsDir, "tiny.gguf");
+    const tinyFile = path.join(built.core.config.modelsDir, "tiny.gguf");
     assert.equal(tiny.size_bytes, fs.statSync(tinyFile).size);
 
     // Two of Alice's runs made READY as a worker would: a LoRA adapter (served on tiny) and a full model.
-    const ds = (await as(app, KEY_A).post("/conduit/dataset", { name: "d" })).json();
-    await as(app, KEY_A).post(`/conduit/dataset/${ds.id}/upload`, {
+    const ds = (await as(built.app, KEY_A).post("/conduit/dataset", { name: "d" })).json();
+    await as(built.app, KEY_A).post(`/conduit/dataset/${ds.id}/upload`, {
       name: "a.jsonl",
       ioPairs: [{ input: "a", output: "b" }],
     });
     const createRun = async (payload: Record<string, unknown>) =>
       (
-        await as(app, KEY_A).post("/conduit/finetuning", {
+        await as(built.app, KEY_A).post("/conduit/finetuning", {
           datasetID: ds.id,
           baseModelName: "tiny",
           ...payload,
@@ -625,19 +666,19 @@ describe("the OpenAI surface on the tiny model", () => {
     const lora = await createRun({});
     const full = await createRun({ method: "full" });
     const queued = await createRun({});
-    const adapterFile = path.join(core.config.dataDir, "adapter.gguf");
+    const adapterFile = path.join(built.core.config.dataDir, "adapter.gguf");
     fs.writeFileSync(adapterFile, Buffer.alloc(12_345, 1));
-    const fullFile = path.join(core.config.dataDir, "full.gguf");
+    const fullFile = path.join(built.core.config.dataDir, "full.gguf");
     fs.copyFileSync(tinyFile, fullFile);
     for (const [run, modelPath] of [
       [lora, adapterFile],
       [full, fullFile],
     ] as const) {
-      assert.equal((await core.runRepository.claimNext("w", 60_000))?.id, run.id);
-      assert.ok(await core.runRepository.finish(run.id, "w", { status: "READY", modelPath }));
+      assert.equal((await built.core.runRepository.claimNext("w", 60_000))?.id, run.id);
+      assert.ok(await built.core.runRepository.finish(run.id, "w", { status: "READY", modelPath }));
     }
 
-    const get = (id: string, headers = asAlice) => app.inject({ url: `/v1/models/${id}`, headers });
+    const get = (id: string, headers = asAlice) => built.app.inject({ url: `/v1/models/${id}`, headers });
     const loraModel = (await get(lora.id)).json();
     assert.deepEqual(
       { ...loraModel, created: 0 },
@@ -661,7 +702,7 @@ describe("the OpenAI surface on the tiny model", () => {
     assert.equal(fullModel.context_length, 1024);
     assert.equal(fullModel.base_model, "tiny");
 
-    const listed = (await as(app, KEY_A).get("/v1/models")).json();
+    const listed = (await as(built.app, KEY_A).get("/v1/models")).json();
     assert.deepEqual(
       listed.data.map((m: { id: string }) => m.id),
       ["tiny", full.id, lora.id],
@@ -670,7 +711,7 @@ describe("the OpenAI surface on the tiny model", () => {
       listed.data.find((m: { id: string }) => m.id === lora.id),
       loraModel,
     );
-    const bobs = (await as(app, KEY_B).get("/v1/models")).json();
+    const bobs = (await as(built.app, KEY_B).get("/v1/models")).json();
     assert.deepEqual(
       bobs.data.map((m: { id: string }) => m.id),
       ["tiny"],
@@ -693,7 +734,7 @@ describe("the OpenAI surface on the tiny model", () => {
         },
       });
     }
-    assert.equal((await app.inject({ url: "/v1/models/tiny" })).statusCode, 401);
+    assert.equal((await built.app.inject({ url: "/v1/models/tiny" })).statusCode, 401);
   });
 });
 
@@ -867,7 +908,7 @@ describe("tool calls on a tiny model whose template supports tools", () => {
     );
   });
 
-  test("tool_choice naming a function not in tools, or a call without tools, is a 400 naming it", async () => {
+  test("tool_choice naming a function not in tools, or a call without tools, is a 400 naming it", async (t) => {
     const cases: [Record<string, unknown>, string][] = [
       [{ tools: [weather], tool_choice: { type: "function", function: { name: "nope" } } }, "tool_choice"],
       [{ tool_choice: "required" }, "tool_choice"],
@@ -899,11 +940,17 @@ describe("tool calls on a tiny model whose template supports tools", () => {
         "messages",
       ],
     ];
-    for (const [payload, param] of cases) {
-      const res = await chat({ messages: ask, max_tokens: 4, ...payload });
-      assert.equal(res.statusCode, 400, `${JSON.stringify(payload)} → ${res.body}`);
-      assert.equal(res.json().error.param, param, res.body);
-    }
+    await runScenarios(
+      t,
+      app,
+      cases.map(([payload, param]) => ({
+        method: "POST",
+        url: chatUrl,
+        body: { model: "tools", messages: ask, max_tokens: 4, ...payload },
+        status: 400,
+        error: { param },
+      })),
+    );
   });
 });
 

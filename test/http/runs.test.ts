@@ -19,6 +19,7 @@ import {
   KEY_B,
 } from "../lib/helper.ts";
 import { waitForRun } from "../lib/helper.ts";
+import { runScenarios, type ApiScenario } from "../lib/scenario.ts";
 import { readGgufFileInfo } from "node-llama-cpp";
 import { GgmlType } from "../../src/model/gguf/GgufWriter.ts";
 import { loadConfig } from "../../src/config.ts";
@@ -86,6 +87,28 @@ async function createRun(app: FastifyInstance, payload: Record<string, unknown>)
   return res.json() as { id: string; status: string; config: Record<string, unknown>; logs: string[] };
 }
 
+/**
+ * A run request refused with `status` naming `param` (and saying `message`, `invalid_request` for a 400), after
+ * which Alice has no run: nothing was queued.
+ */
+function refusedRun<S>(
+  body: Record<string, unknown>,
+  status: number,
+  param: string,
+  message?: RegExp,
+): ApiScenario<S> {
+  return {
+    method: "POST",
+    url: "/conduit/finetuning",
+    body,
+    status,
+    error: { ...(status === 400 ? { code: "invalid_request" } : {}), param, ...(message ? { message } : {}) },
+    check: async (_response, _setup, app) => {
+      assert.deepEqual((await as(app, KEY_A).get("/conduit/finetuning")).json(), []);
+    },
+  };
+}
+
 /** A core without HTTP (the queue's own view) and a dataset with one pair. */
 async function queueCore(t: TestContext, backend: "sqlite" | "postgres") {
   const env = await testEnv(t, backend);
@@ -100,7 +123,7 @@ async function queueCore(t: TestContext, backend: "sqlite" | "postgres") {
 }
 
 for (const backend of backends()) {
-  describe(`runs (${backend})`, () => {
+  describe(`creating runs: the stored config and what is refused (${backend})`, () => {
     test("create returns a queued run with every seed field and the effective config", async (t) => {
       const { app } = await build(t, backend, models);
       const ds = await datasetWithPairs(app);
@@ -177,57 +200,45 @@ for (const backend of backends()) {
     test("bad configs are 400/404/409 naming the field, and nothing is queued", async (t) => {
       const { app } = await build(t, backend, models);
       const ds = await datasetWithPairs(app);
-      const empty = (await as(app, KEY_A).post("/conduit/dataset", { name: "empty" })).json();
-      const cases: [Record<string, unknown>, number, string][] = [
-        [{ baseModelName: "tiny" }, 400, "datasetID"],
-        [{ datasetID: ds.id, baseModelName: "tiny", lr: 0 }, 400, "lr"],
-        [{ datasetID: ds.id, baseModelName: "tiny", lr: -1 }, 400, "lr"],
-        [{ datasetID: ds.id, baseModelName: "tiny", lr: "fast" }, 400, "lr"],
-        [{ datasetID: ds.id, baseModelName: "tiny", lr: 1.5 }, 400, "lr"],
-        [{ datasetID: ds.id, baseModelName: "tiny", epochs: 0 }, 400, "epochs"],
-        [{ datasetID: ds.id, baseModelName: "tiny", epochs: 1.5 }, 400, "epochs"],
-        [{ datasetID: ds.id, baseModelName: "tiny", epochs: 1001 }, 400, "epochs"],
-        [{ datasetID: ds.id, baseModelName: "tiny", epochs: "AUTO" }, 400, "epochs"],
-        [{ datasetID: ds.id, baseModelName: "tiny", trainOnInputs: "yes" }, 400, "trainOnInputs"],
-        [{ datasetID: ds.id, baseModelName: "tiny", earlyStoppingPatience: 0 }, 400, "earlyStoppingPatience"],
-        [
-          { datasetID: ds.id, baseModelName: "tiny", earlyStoppingPatience: 101 },
-          400,
-          "earlyStoppingPatience",
-        ],
-        [
-          { datasetID: ds.id, baseModelName: "tiny", earlyStoppingPatience: 2.5 },
-          400,
-          "earlyStoppingPatience",
-        ],
-        [
-          { datasetID: ds.id, baseModelName: "tiny", earlyStoppingPatience: "3" },
-          400,
-          "earlyStoppingPatience",
-        ],
-        [{ datasetID: ds.id, baseModelName: "tiny", validationFileID: "" }, 400, "validationFileID"],
-        [
-          { datasetID: ds.id, baseModelName: "tiny", validationFileID: "file_missing" },
-          404,
-          "validationFileID",
-        ],
-        [{ datasetID: ds.id, baseModelName: "tiny", complexity: 0 }, 400, "complexity"],
-        [{ datasetID: ds.id, baseModelName: "tiny", complexity: 1.5 }, 400, "complexity"],
-        [{ datasetID: ds.id, baseModelName: "tiny", steps: 0 }, 400, "steps"],
-        [{ datasetID: ds.id, baseModelName: "tiny", epoch: 3 }, 400, "epoch"],
-        [{ datasetID: ds.id }, 400, "baseModelName"],
-        [{ datasetID: ds.id, baseModelName: "nope" }, 404, "baseModelName"],
-        [{ datasetID: "ds_missing", baseModelName: "tiny" }, 404, "datasetID"],
-        [{ datasetName: "missing", baseModelName: "tiny" }, 404, "datasetName"],
-        // The dataset's state, not the request: a 409 (README, Errors).
-        [{ datasetID: empty.id, baseModelName: "tiny" }, 409, "datasetID"],
-      ];
-      for (const [payload, status, param] of cases) {
-        const res = await as(app, KEY_A).post("/conduit/finetuning", payload);
-        assert.equal(res.statusCode, status, `${JSON.stringify(payload)} → ${res.body}`);
-        assert.equal(res.json().error.param, param, res.body);
-      }
-      assert.deepEqual((await as(app, KEY_A).get("/conduit/finetuning")).json(), []);
+      const tiny = { datasetID: ds.id, baseModelName: "tiny" };
+      await runScenarios(t, app, [
+        refusedRun({ baseModelName: "tiny" }, 400, "datasetID"),
+        refusedRun({ ...tiny, lr: 0 }, 400, "lr"),
+        refusedRun({ ...tiny, lr: -1 }, 400, "lr"),
+        refusedRun({ ...tiny, lr: "fast" }, 400, "lr"),
+        refusedRun({ ...tiny, lr: 1.5 }, 400, "lr"),
+        refusedRun({ ...tiny, epochs: 0 }, 400, "epochs"),
+        refusedRun({ ...tiny, epochs: 1.5 }, 400, "epochs"),
+        refusedRun({ ...tiny, epochs: 1001 }, 400, "epochs"),
+        refusedRun({ ...tiny, epochs: "AUTO" }, 400, "epochs"),
+        refusedRun({ ...tiny, trainOnInputs: "yes" }, 400, "trainOnInputs"),
+        refusedRun({ ...tiny, earlyStoppingPatience: 0 }, 400, "earlyStoppingPatience"),
+        refusedRun({ ...tiny, earlyStoppingPatience: 101 }, 400, "earlyStoppingPatience"),
+        refusedRun({ ...tiny, earlyStoppingPatience: 2.5 }, 400, "earlyStoppingPatience"),
+        refusedRun({ ...tiny, earlyStoppingPatience: "3" }, 400, "earlyStoppingPatience"),
+        refusedRun({ ...tiny, validationFileID: "" }, 400, "validationFileID"),
+        refusedRun({ ...tiny, validationFileID: "file_missing" }, 404, "validationFileID"),
+        refusedRun({ ...tiny, complexity: 0 }, 400, "complexity"),
+        refusedRun({ ...tiny, complexity: 1.5 }, 400, "complexity"),
+        refusedRun({ ...tiny, steps: 0 }, 400, "steps"),
+        refusedRun({ ...tiny, epoch: 3 }, 400, "epoch"),
+        refusedRun({ datasetID: ds.id }, 400, "baseModelName"),
+        refusedRun({ datasetID: ds.id, baseModelName: "nope" }, 404, "baseModelName"),
+        refusedRun({ datasetID: "ds_missing", baseModelName: "tiny" }, 404, "datasetID"),
+        refusedRun({ datasetName: "missing", baseModelName: "tiny" }, 404, "datasetName"),
+      ]);
+      // The dataset's state, not the request: a 409 (README, Errors).
+      await runScenarios(t, app, [
+        {
+          ...refusedRun({}, 409, "datasetID"),
+          name: "a dataset without pairs is a 409",
+          setup: async (app) => (await createDataset(app, "empty")).id,
+          body: (empty: string) => ({ datasetID: empty, baseModelName: "tiny" }),
+          teardown: async (empty, app) => {
+            assert.equal((await as(app, KEY_A).delete(`/conduit/dataset/${empty}`)).statusCode, 200);
+          },
+        },
+      ]);
     });
 
     test("LoRA is the default method; explicit LoRA settings are stored; a full run stores null for them", async (t) => {
@@ -276,58 +287,53 @@ for (const backend of backends()) {
     test("bad LoRA settings are a 400 naming the field, and nothing is queued", async (t) => {
       const { app } = await build(t, backend, models);
       const ds = await datasetWithPairs(app);
-      const cases: [Record<string, unknown>, string, RegExp][] = [
-        [{ loraRank: 0 }, "loraRank", /"loraRank" must be >= 1/],
-        [{ loraRank: 257 }, "loraRank", /"loraRank" must be <= 256/],
-        [{ loraRank: 1.5 }, "loraRank", /"loraRank" must be integer or "auto"/],
-        [{ loraRank: "16" }, "loraRank", /"loraRank" must be integer or "auto"/],
-        [{ loraRank: "Auto" }, "loraRank", /"loraRank" must be integer or "auto"/],
-        [{ loraAlpha: 0 }, "loraAlpha", /"loraAlpha" must be > 0/],
-        [{ loraAlpha: -1 }, "loraAlpha", /"loraAlpha" must be > 0/],
-        [{ loraAlpha: 4097 }, "loraAlpha", /"loraAlpha" must be <= 4096/],
-        [{ loraTargets: [] }, "loraTargets", /"loraTargets" must NOT have fewer than 1 items/],
-        [{ loraTargets: "attn_q" }, "loraTargets", /"loraTargets" must be array/],
-        [
+      const lora = (settings: Record<string, unknown>, param: string, message: RegExp) =>
+        refusedRun({ datasetID: ds.id, baseModelName: "tiny", ...settings }, 400, param, message);
+      await runScenarios(t, app, [
+        lora({ loraRank: 0 }, "loraRank", /"loraRank" must be >= 1/),
+        lora({ loraRank: 257 }, "loraRank", /"loraRank" must be <= 256/),
+        lora({ loraRank: 1.5 }, "loraRank", /"loraRank" must be integer or "auto"/),
+        lora({ loraRank: "16" }, "loraRank", /"loraRank" must be integer or "auto"/),
+        lora({ loraRank: "Auto" }, "loraRank", /"loraRank" must be integer or "auto"/),
+        lora({ loraAlpha: 0 }, "loraAlpha", /"loraAlpha" must be > 0/),
+        lora({ loraAlpha: -1 }, "loraAlpha", /"loraAlpha" must be > 0/),
+        lora({ loraAlpha: 4097 }, "loraAlpha", /"loraAlpha" must be <= 4096/),
+        lora({ loraTargets: [] }, "loraTargets", /"loraTargets" must NOT have fewer than 1 items/),
+        lora({ loraTargets: "attn_q" }, "loraTargets", /"loraTargets" must be array/),
+        lora(
           { loraTargets: ["attn_k"] },
           "loraTargets",
           /the llama\.cpp trainer cannot train "attn_k": .*no gradient.*KV cache.*npm run setup:torch/,
-        ],
-        [
+        ),
+        lora(
           { loraTargets: ["attn_q", "attn_v"] },
           "loraTargets",
           /the llama\.cpp trainer cannot train "attn_v"/,
-        ],
-        [
+        ),
+        lora(
           { loraTargets: ["attn_q", "mlp"] },
           "loraTargets",
           /"mlp" is not a LoRA target; the targets are attn_q, /,
-        ],
-        [{ loraTargets: ["ffn_up", "ffn_up"] }, "loraTargets", /"loraTargets" must NOT have duplicate items/],
-        [{ method: "qlora" }, "method", /"method" must be one of "lora", "full"/],
-        [
+        ),
+        lora(
+          { loraTargets: ["ffn_up", "ffn_up"] },
+          "loraTargets",
+          /"loraTargets" must NOT have duplicate items/,
+        ),
+        lora({ method: "qlora" }, "method", /"method" must be one of "lora", "full"/),
+        lora(
           { method: "full", loraRank: 8 },
           "loraRank",
           /"loraRank" is a LoRA setting; leave it out with "method": "full"/,
-        ],
-        [{ method: "full", loraRank: "auto" }, "loraRank", /"loraRank" is a LoRA setting/],
-        [{ method: "full", loraAlpha: 16 }, "loraAlpha", /"loraAlpha" is a LoRA setting/],
-        [{ method: "full", loraTargets: ["attn_q"] }, "loraTargets", /"loraTargets" is a LoRA setting/],
-      ];
-      for (const [settings, param, message] of cases) {
-        const res = await as(app, KEY_A).post("/conduit/finetuning", {
-          datasetID: ds.id,
-          baseModelName: "tiny",
-          ...settings,
-        });
-        assert.equal(res.statusCode, 400, `${JSON.stringify(settings)} → ${res.body}`);
-        const { error } = res.json();
-        assert.equal(error.code, "invalid_request", res.body);
-        assert.equal(error.param, param, res.body);
-        assert.match(error.message, message);
-      }
-      assert.deepEqual((await as(app, KEY_A).get("/conduit/finetuning")).json(), []);
+        ),
+        lora({ method: "full", loraRank: "auto" }, "loraRank", /"loraRank" is a LoRA setting/),
+        lora({ method: "full", loraAlpha: 16 }, "loraAlpha", /"loraAlpha" is a LoRA setting/),
+        lora({ method: "full", loraTargets: ["attn_q"] }, "loraTargets", /"loraTargets" is a LoRA setting/),
+      ]);
     });
+  });
 
+  describe(`run settings chosen by "auto", validation files and limits (${backend})`, () => {
     test('"auto" is the default for epochs, lr and rank: config holds the chosen numbers, autoSettings and a log line says why', async (t) => {
       const { app } = await build(t, backend, models);
       const ds = await datasetWithPairs(app);
@@ -553,7 +559,9 @@ for (const backend of backends()) {
       const runs = (await as(app, KEY_A).get("/conduit/finetuning")).json() as unknown[];
       assert.equal(runs.length, 1);
     });
+  });
 
+  describe(`a READY run's examples and artifact (${backend})`, () => {
     test("examples: a READY run's examples with their loss, worst first, by split, paged; 409 before READY or without them, 404 for others", async (t) => {
       const { app, core } = await build(t, backend, models);
       const ds = await datasetWithPairs(app);
@@ -634,11 +642,16 @@ for (const backend of backends()) {
         ["?offset=-1", "offset"],
         ["?page=2", "page"],
       ];
-      for (const [query, param] of bad) {
-        const res = await get(query);
-        assert.equal(res.statusCode, 400, `${query} → ${res.body}`);
-        assert.equal(res.json().error.param, param, res.body);
-      }
+      await runScenarios(
+        t,
+        app,
+        bad.map(([query, param]) => ({
+          method: "GET",
+          url: `${url}${query}`,
+          status: 400,
+          error: { param },
+        })),
+      );
       assert.equal((await get("", asBob)).statusCode, 404, "still not bob's");
     });
 
@@ -690,7 +703,9 @@ for (const backend of backends()) {
       assert.equal(notReady.statusCode, 409);
       assert.match(notReady.json().error.message, /is CANCELLED, not READY/);
     });
+  });
 
+  describe(`the run queue: cancel, claim, order, logs (${backend})`, () => {
     test("cancel a queued run; cancelling again is 409; delete", async (t) => {
       const { app } = await build(t, backend, models);
       const ds = await datasetWithPairs(app);

@@ -130,33 +130,67 @@ describe("trainer building blocks", () => {
   });
 });
 
-describe("trainer process", () => {
-  let llama: Llama;
+/** Greedy completion of a raw prompt (special tokens parsed), up to the end-of-turn token. */
+async function complete(model: LlamaModel, prompt: string, maxTokens: number): Promise<string> {
+  const context = await model.createContext({ contextSize: 256, threads: 1 });
+  try {
+    const sequence = context.getSequence();
+    const bos = model.tokens.shouldPrependBosToken && model.tokens.bos !== null ? [model.tokens.bos] : [];
+    const generated: Token[] = [];
+    for await (const token of sequence.evaluate([...bos, ...model.tokenize(prompt, true)], {
+      temperature: 0,
+    })) {
+      if (model.isEogToken(token) || generated.length >= maxTokens) break;
+      generated.push(token);
+    }
+    return model.detokenize(generated, true);
+  } finally {
+    await context.dispose();
+  }
+}
+
+/** Every tensor of an adapter file as float32, with its ggml type (the adapters a run serves are F16). */
+async function readAdapterTensors(
+  file: string,
+): Promise<{ tensors: Map<string, Float32Array>; types: Set<number> }> {
+  const info = await readGgufFileInfo(file, { logWarnings: false });
+  const bytes = fs.readFileSync(file);
+  const tensors = new Map<string, Float32Array>();
+  const types = new Set<number>();
+  for (const tensor of info.fullTensorInfo ?? []) {
+    const count = tensor.dimensions.reduce((a: number, b) => a * Number(b), 1);
+    const start = Number(tensor.fileOffset);
+    types.add(tensor.ggmlType);
+    const values = new Float32Array(count);
+    for (let i = 0; i < count; i++)
+      values[i] =
+        tensor.ggmlType === GgmlType.F16
+          ? float16ToFloat32(bytes.readUInt16LE(start + 2 * i))
+          : bytes.readFloatLE(start + 4 * i);
+    tensors.set(tensor.name, values);
+  }
+  return { tensors, types };
+}
+
+/** The CPU llama a describe's tests load trained models with: loaded before them, disposed after. */
+function cpuLlama(): { llama: Llama } {
+  const held = {} as { llama: Llama };
   before(async () => {
-    llama = await getLlama({ gpu: false, build: "never", logLevel: LlamaLogLevel.error, logger: () => {} });
+    held.llama = await getLlama({
+      gpu: false,
+      build: "never",
+      logLevel: LlamaLogLevel.error,
+      logger: () => {},
+    });
   });
   after(async () => {
-    await llama.dispose();
+    await held.llama.dispose();
   });
+  return held;
+}
 
-  /** Greedy completion of a raw prompt (special tokens parsed), up to the end-of-turn token. */
-  async function complete(model: LlamaModel, prompt: string, maxTokens: number): Promise<string> {
-    const context = await model.createContext({ contextSize: 256, threads: 1 });
-    try {
-      const sequence = context.getSequence();
-      const bos = model.tokens.shouldPrependBosToken && model.tokens.bos !== null ? [model.tokens.bos] : [];
-      const generated: Token[] = [];
-      for await (const token of sequence.evaluate([...bos, ...model.tokenize(prompt, true)], {
-        temperature: 0,
-      })) {
-        if (model.isEogToken(token) || generated.length >= maxTokens) break;
-        generated.push(token);
-      }
-      return model.detokenize(generated, true);
-    } finally {
-      await context.dispose();
-    }
-  }
+describe("trainer process: it learns, stops, and runs on its devices", () => {
+  const cpu = cpuLlama();
 
   test("memorises 20 chat IO pairs (fails if gradients are not zeroed or labels are misaligned)", async (t) => {
     const words = [
@@ -192,7 +226,7 @@ describe("trainer process", () => {
     assert.ok(outcome.status === "completed");
     const seconds = (performance.now() - started) / 1000;
 
-    const model = await llama.loadModel({ modelPath: outcome.outputPath });
+    const model = await cpu.llama.loadModel({ modelPath: outcome.outputPath });
     try {
       const misses: string[] = [];
       for (const pair of pairs) {
@@ -333,7 +367,9 @@ describe("trainer process", () => {
       /compiled for node-llama-cpp 0\.0\.1, and [\d.]+ is installed: run npm run setup:trainer again/,
     );
   });
+});
 
+describe("trainer process: how it fails (a bad base, a full disk, signals)", () => {
   test("a corrupt base model fails with the trainer's reason", async () => {
     const corrupt = path.join(dir, "corrupt.gguf");
     fs.writeFileSync(corrupt, Buffer.concat([Buffer.from("GGUF"), Buffer.alloc(64, 0xff)]));
@@ -432,29 +468,10 @@ describe("trainer process", () => {
       /killed by SIGBUS: a file it had mapped, most likely the base model, was truncated or rewritten in place.*renaming a complete file over it/,
     );
   });
+});
 
-  /** Every tensor of an adapter file as float32, with its ggml type (the adapters a run serves are F16). */
-  async function readAdapterTensors(
-    file: string,
-  ): Promise<{ tensors: Map<string, Float32Array>; types: Set<number> }> {
-    const info = await readGgufFileInfo(file, { logWarnings: false });
-    const bytes = fs.readFileSync(file);
-    const tensors = new Map<string, Float32Array>();
-    const types = new Set<number>();
-    for (const tensor of info.fullTensorInfo ?? []) {
-      const count = tensor.dimensions.reduce((a: number, b) => a * Number(b), 1);
-      const start = Number(tensor.fileOffset);
-      types.add(tensor.ggmlType);
-      const values = new Float32Array(count);
-      for (let i = 0; i < count; i++)
-        values[i] =
-          tensor.ggmlType === GgmlType.F16
-            ? float16ToFloat32(bytes.readUInt16LE(start + 2 * i))
-            : bytes.readFloatLE(start + 4 * i);
-      tensors.set(tensor.name, values);
-    }
-    return { tensors, types };
-  }
+describe("trainer process: what a window trains (the loss mask, samples, limits, turns)", () => {
+  const cpu = cpuLlama();
 
   test("the loss mask is exact: with SGD the update of a window is the sum of its two halves' updates", async () => {
     // One step of plain SGD from the same start: the update is linear in the gradient, and the gradient
@@ -711,7 +728,7 @@ describe("trainer process", () => {
       ),
     ).done;
     assert.ok(outcome.status === "completed", JSON.stringify(outcome));
-    const model = await llama.loadModel({ modelPath: baseModel });
+    const model = await cpu.llama.loadModel({ modelPath: baseModel });
     try {
       const tokens = (text: string) => model.tokenize(text, true).length;
       const answers = tokens("stone 7<|im_end|>\n") + tokens("piano 12<|im_end|>\n");

@@ -75,3 +75,28 @@ test("the docs state what is true now: no dates, commit hashes or session notes"
     }
   }
 });
+
+test("reference docs say what the product does: measurements tied to one machine live in bench/README.md", () => {
+  const docs = fs.readdirSync(new URL("../../docs/", import.meta.url)).map((name) => `docs/${name}`);
+  const measurement = [
+    // A machine: its cores, its CPU or GPU model, how loaded it was.
+    /\b\d+-core\b/,
+    /\bon (?:an? )?(?:idle |busy )?\d+ (?:idle |busy )?cores\b/,
+    /\b(?:Intel Xeon|AMD EPYC|Zen \d|NVIDIA [A-Z]\d+|H100|H200)\b/,
+    /\b(?:at |shared at |machine's )?load (?:average )?\d+(?:\.\d+)?\b/,
+    // A speed in numbers: `627 tok/s`, `23.4 tokens per CPU-second`, and a table with a column of them.
+    /\d[\d,.]*\s*(?:tok|tokens)\/s\b/,
+    /\d[\d,.]*\s*(?:tok|tokens) per CPU-second\b/,
+    /^\|.*\b(?:tok\/s|tokens per CPU-second)\b.*\|$/m,
+  ];
+  const found: string[] = [];
+  for (const file of ["README.md", ...docs])
+    for (const line of read(file).split("\n"))
+      for (const pattern of measurement) if (pattern.test(line)) found.push(`${file}: ${line.slice(0, 120)}`);
+  // The settings' descriptions are reference text too: the effective config and the docs show them.
+  for (const setting of Object.values(settings))
+    for (const pattern of measurement)
+      if (pattern.test(setting.description))
+        found.push(`${setting.env}: ${setting.description.slice(0, 120)}`);
+  assert.deepEqual(found, [], "move these to bench/README.md and link it");
+});

@@ -2,14 +2,25 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 import {
   gradersOfCriteria,
+  openAiGraderError,
   perModelUsage,
   resolveOpenAiItems,
   runRequest,
 } from "../../src/api/openAiEvals.ts";
 import { fuzzyMatch, grade, normalize, settleGraders, tokenF1 } from "../../src/evals/graders.ts";
 import { describeEvaluation } from "../../src/evals/runEvaluation.ts";
-import type { EvalRun } from "../../src/store/EvalRepository.ts";
+import type { EvalRun } from "../../src/domain/evals.ts";
 import { beforeAfterTotals } from "../lib/evalTotals.ts";
+
+/** The OpenAI face's criteria as the eval service settles them, its errors in OpenAI's names (as `POST /v1/evals`). */
+function settledCriteria(criteria: Parameters<typeof gradersOfCriteria>[0]) {
+  const { graders, expectedField } = gradersOfCriteria(criteria);
+  try {
+    return { graders: settleGraders(graders), expectedField };
+  } catch (error) {
+    throw openAiGraderError(error);
+  }
+}
 
 test("normalisation: case, whitespace, punctuation at the ends", () => {
   assert.equal(normalize("  Billing.\n", ["case", "whitespace", "punctuation"]), "billing");
@@ -176,7 +187,7 @@ test("OpenAI's per_model_usage: each model's answers and its verdicts as a judge
 });
 
 test("OpenAI testing criteria become graders; what Conduit cannot honour is refused by field", () => {
-  const { graders, expectedField } = gradersOfCriteria([
+  const { graders, expectedField } = settledCriteria([
     {
       type: "string_check",
       name: "exact",
@@ -208,7 +219,7 @@ test("OpenAI testing criteria become graders; what Conduit cannot honour is refu
   ]);
   const refused = (criteria: Record<string, unknown>[]) => {
     try {
-      gradersOfCriteria(criteria);
+      settledCriteria(criteria);
     } catch (error) {
       return (error as { param: string }).param;
     }
@@ -254,4 +265,130 @@ test("OpenAI testing criteria become graders; what Conduit cannot honour is refu
   assert.throws(() => runRequest({ type: "completions", source: { type: "file_content", content: [] } }), {
     param: "data_source.model",
   });
+});
+
+test("a multi grader scores an answer by a formula of its graders' scores; a bad formula or part is a 400 naming its field", () => {
+  const [multi] = settleGraders([
+    {
+      type: "multi",
+      graders: {
+        exact: { type: "exact_match" },
+        close: { type: "similarity", metric: "token_f1" },
+        json: { type: "json_schema", schema: { type: "object" } },
+      },
+      calculateOutput: "0.5 * exact + close / 2 - 0 * max(json, 1) ^ 2",
+    },
+  ]);
+  assert.equal(multi?.type, "multi");
+  assert.equal(multi?.name, "multi");
+  assert.equal(multi?.type === "multi" && multi.passThreshold, 0.5);
+  assert.deepEqual(grade(multi!, "the cat sat", "the cat sat"), { name: "multi", score: 1, passed: true });
+  const partial = grade(multi!, "the cat", "the cat sat");
+  assert.ok(Math.abs(partial.score - 0.4) < 1e-9, String(partial.score));
+  assert.equal(partial.passed, false);
+
+  const [divided] = settleGraders([
+    { type: "multi", graders: { e: { type: "exact_match" } }, calculateOutput: "1 / e", passThreshold: 0 },
+  ]);
+  assert.deepEqual(grade(divided!, "a", "b"), { name: "multi", score: 0, passed: true });
+  const [precedence] = settleGraders([
+    { type: "multi", graders: { e: { type: "exact_match" } }, calculateOutput: "-2^2 + (1 + e) * 3" },
+  ]);
+  assert.equal(grade(precedence!, "a", "a").score, 2);
+
+  const refused = (grader: Record<string, unknown>) => {
+    try {
+      settleGraders([grader as never]);
+    } catch (error) {
+      return (error as { param: string }).param;
+    }
+    return "accepted";
+  };
+  const parts = { e: { type: "exact_match" } };
+  assert.equal(
+    refused({ type: "multi", graders: parts, calculateOutput: "e +" }),
+    "graders[0].calculateOutput",
+  );
+  assert.equal(
+    refused({ type: "multi", graders: parts, calculateOutput: "f" }),
+    "graders[0].calculateOutput",
+  );
+  assert.equal(
+    refused({ type: "multi", graders: parts, calculateOutput: "pow(e)" }),
+    "graders[0].calculateOutput",
+  );
+  assert.equal(
+    refused({ type: "multi", graders: parts, calculateOutput: `${"(".repeat(40)}e${")".repeat(40)}` }),
+    "graders[0].calculateOutput",
+  );
+  assert.equal(
+    refused({ type: "multi", graders: { e: { type: "score_model" } }, calculateOutput: "e" }),
+    "graders[0].graders.e.type",
+  );
+  assert.equal(
+    refused({ type: "multi", graders: { "e-1": { type: "exact_match" } }, calculateOutput: "1" }),
+    "graders[0].graders.e-1",
+  );
+  assert.equal(
+    refused({ type: "multi", graders: { e: { type: "regex", pattern: "(?=a)" } }, calculateOutput: "e" }),
+    "graders[0].graders.e.pattern",
+  );
+  assert.equal(refused({ type: "multi", graders: {}, calculateOutput: "1" }), "graders[0].graders");
+});
+
+test("OpenAI's multi criterion becomes a multi grader of its string checks and similarities; a bad part is named as OpenAI spells it", () => {
+  const check = { type: "string_check", input: "{{sample.output_text}}", reference: "{{item.answer}}" };
+  const similar = {
+    type: "text_similarity",
+    input: "{{sample.output_text}}",
+    reference: "{{item.answer}}",
+    evaluation_metric: "fuzzy_match",
+    pass_threshold: 0.5,
+  };
+  const { graders, expectedField } = settledCriteria([
+    {
+      type: "multi",
+      name: "blend",
+      graders: { exact: { ...check, name: "ignored", operation: "eq" }, close: similar },
+      calculate_output: "(exact + close) / 2",
+    },
+  ]);
+  assert.equal(expectedField, "answer");
+  assert.deepEqual(graders, [
+    {
+      type: "multi",
+      name: "blend",
+      graders: {
+        exact: { type: "exact_match", name: "exact", normalize: [] },
+        close: { type: "similarity", name: "close", metric: "fuzzy_match", passThreshold: 0.5 },
+      },
+      calculateOutput: "(exact + close) / 2",
+      passThreshold: 0.5,
+    },
+  ]);
+  assert.equal(grade(graders[0]!, "Paris", "Paris").score, 1);
+  const refused = (criterion: Record<string, unknown>) => {
+    try {
+      settledCriteria([criterion]);
+    } catch (error) {
+      return (error as { param: string }).param;
+    }
+    return "accepted";
+  };
+  const multi = {
+    type: "multi",
+    graders: { exact: { ...check, operation: "eq" } },
+    calculate_output: "exact",
+  };
+  assert.equal(refused(multi), "accepted");
+  assert.equal(refused({ ...multi, calculate_output: "exact *" }), "testing_criteria[0].calculate_output");
+  assert.equal(refused({ ...multi, calculate_output: undefined }), "testing_criteria[0].calculate_output");
+  assert.equal(
+    refused({ ...multi, graders: { exact: { ...check, operation: "ne" } } }),
+    "testing_criteria[0].graders.exact.operation",
+  );
+  assert.equal(
+    refused({ ...multi, graders: { judge: { type: "score_model" } } }),
+    "testing_criteria[0].graders.judge.type",
+  );
 });

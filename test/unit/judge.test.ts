@@ -3,9 +3,19 @@ import { test } from "node:test";
 import { judgeLimits, type ModelGrader } from "../../src/contract/evals.ts";
 import { settleGraders } from "../../src/evals/graders.ts";
 import { judgePrompt, judgeSchema, readVerdict } from "../../src/evals/judge.ts";
-import { gradersOfCriteria } from "../../src/api/openAiEvals.ts";
+import { gradersOfCriteria, openAiGraderError } from "../../src/api/openAiEvals.ts";
 import { ConduitError } from "../../src/errors.ts";
 import { unsupportedJsonSchema } from "../../src/engine/grammars.ts";
+
+/** The OpenAI face's criteria as the eval service settles them, its errors in OpenAI's names (as `POST /v1/evals`). */
+function settledCriteria(criteria: Parameters<typeof gradersOfCriteria>[0]) {
+  const { graders, expectedField } = gradersOfCriteria(criteria);
+  try {
+    return { graders: settleGraders(graders), expectedField };
+  } catch (error) {
+    throw openAiGraderError(error);
+  }
+}
 
 const input = [
   { role: "system" as const, content: "You grade answers." },
@@ -138,7 +148,7 @@ test("the verdict: a score in range passes at the threshold; a label passes when
 });
 
 test("OpenAI's score_model and label_model criteria become model graders; a bad field is named as OpenAI spells it", () => {
-  const { graders, expectedField } = gradersOfCriteria([
+  const { graders, expectedField } = settledCriteria([
     {
       type: "score_model",
       name: "helpful",
@@ -202,7 +212,7 @@ test("OpenAI's score_model and label_model criteria become model graders; a bad 
   ];
   for (const [criterion, param] of cases)
     assert.throws(
-      () => gradersOfCriteria([criterion]),
+      () => settledCriteria([criterion]),
       (e: ConduitError) => {
         assert.equal(e.param, param, e.message);
         return true;

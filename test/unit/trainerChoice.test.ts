@@ -5,7 +5,8 @@ import type { TrainerStatus } from "../../src/train/core/TrainerBackend.ts";
 import { chooseTrainer } from "../../src/train/trainerChoice.ts";
 import { trainers } from "../../src/train/trainers.ts";
 import { describeTorch } from "../../src/train/torch/torchStatus.ts";
-import type { TrainMethod, TrainObjective } from "../../src/contract/runs.ts";
+import type { TrainMethod } from "../../src/contract/runs.ts";
+import type { TrainObjective } from "../../src/domain/runs.ts";
 import type { TrainerSetting } from "../../src/domain/runs.ts";
 
 const installed: TrainerStatus = {

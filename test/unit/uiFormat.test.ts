@@ -7,21 +7,23 @@ test("a run's configuration shows the OpenAI face's record field by field, never
     baseModelName: "tiny",
     loraTargets: ["attn_q", "attn_output"],
     seed: null,
-    openai: {
-      training_file: "file-abc",
+    jobRequest: {
+      face: "openai",
+      trainingFileID: "file-abc",
       suffix: "pairs",
       metadata: { purpose: "test", team: "a" },
-      learning_rate_multiplier: null,
+      lrMultiplier: null,
     },
   });
   assert.deepEqual(rows, [
     ["baseModelName", "tiny"],
     ["loraTargets", "attn_q, attn_output"],
     ["seed", "—"],
-    ["openai.training_file", "file-abc"],
-    ["openai.suffix", "pairs"],
-    ["openai.metadata", "purpose: test, team: a"],
-    ["openai.learning_rate_multiplier", "—"],
+    ["jobRequest.face", "openai"],
+    ["jobRequest.trainingFileID", "file-abc"],
+    ["jobRequest.suffix", "pairs"],
+    ["jobRequest.metadata", "purpose: test, team: a"],
+    ["jobRequest.lrMultiplier", "—"],
   ]);
   for (const [, text] of rows) assert.doesNotMatch(text, /\[object Object\]/);
   assert.equal(formatConfigValue([{ a: 1 }, 2]), "a: 1, 2");

@@ -8,18 +8,21 @@ import { test } from "node:test";
 const root = path.resolve(import.meta.dirname, "../..");
 const src = path.join(root, "src");
 
-/** Every relative import of every file under `dir`, as paths relative to `src/`. */
-async function importsUnder(dir: string): Promise<{ file: string; target: string }[]> {
-  const found: { file: string; target: string }[] = [];
+/** Every relative import of every file under `dir`, as paths relative to `src/`, with the names it imports. */
+async function importsUnder(dir: string): Promise<{ file: string; target: string; names: string[] }[]> {
+  const found: { file: string; target: string; names: string[] }[] = [];
   for (const entry of await fsp.readdir(path.join(src, dir), { recursive: true, withFileTypes: true })) {
     if (!entry.isFile() || !/\.tsx?$/.test(entry.name)) continue;
     const file = path.join(entry.parentPath, entry.name);
     const text = await fsp.readFile(file, "utf8");
-    for (const [, spec] of text.matchAll(/from\s+["']([^"']+)["']/g))
+    for (const [, names = "", spec] of text.matchAll(
+      /import\s+(?:type\s+)?([^;]*?)\s*from\s+["']([^"']+)["']/g,
+    ))
       if (spec?.startsWith("."))
         found.push({
           file: path.relative(src, file),
           target: path.relative(src, path.resolve(path.dirname(file), spec)),
+          names: [...names.matchAll(/\b(\w+)\b(?:\s+as\s+\w+)?/g)].map(([, name]) => name!),
         });
   }
   return found;
@@ -31,14 +34,22 @@ function offenders(imports: { file: string; target: string }[], refused: (target
     .map(({ file, target }) => `${file} imports ${target}`);
 }
 
-test("domain code takes domain commands: no wire schema is imported under train, inference, datasets, store, domain", async () => {
+test("domain code takes domain commands: no wire schema or wire type is imported under train, inference, datasets, store, domain, evals", async () => {
   const wire = (target: string) =>
     target === "contract/schemas.ts" ||
     target.startsWith("contract/generation") ||
     target === "contract/openAiFineTuning.ts" ||
+    target === "contract/openAiEvals.ts" ||
     target.startsWith("api/");
-  for (const dir of ["train", "inference", "datasets", "store", "domain"])
-    assert.deepEqual(offenders(await importsUnder(dir), wire), [], dir);
+  for (const dir of ["train", "inference", "datasets", "store", "domain", "evals"]) {
+    const imports = await importsUnder(dir);
+    assert.deepEqual(offenders(imports, wire), [], dir);
+    // A module of the contract that holds vocabulary and wire shapes both: its `…Wire` types are a face's.
+    const wireTypes = imports.flatMap(({ file, target, names }) =>
+      names.filter((name) => /Wire$/.test(name)).map((name) => `${file} imports ${name} from ${target}`),
+    );
+    assert.deepEqual(wireTypes, [], dir);
+  }
 });
 
 test("routes import no route", async () => {
@@ -46,4 +57,21 @@ test("routes import no route", async () => {
     offenders(await importsUnder("api/routes"), (t) => t.startsWith("api/routes/")),
     [],
   );
+});
+
+test("the contract's modules import each other without a cycle", async () => {
+  const edges = new Map<string, string[]>();
+  for (const { file, target } of await importsUnder("contract"))
+    if (target.startsWith("contract/")) edges.set(file, [...(edges.get(file) ?? []), target]);
+  const cycles: string[] = [];
+  const done = new Set<string>();
+  const visit = (file: string, trail: string[]) => {
+    if (trail.includes(file))
+      return void cycles.push([...trail.slice(trail.indexOf(file)), file].join(" → "));
+    if (done.has(file)) return;
+    for (const target of edges.get(file) ?? []) visit(target, [...trail, file]);
+    done.add(file);
+  };
+  for (const file of edges.keys()) visit(file, []);
+  assert.deepEqual(cycles, []);
 });

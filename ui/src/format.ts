@@ -55,8 +55,8 @@ export function formatConfigValue(value: unknown): string {
 }
 
 /**
- * A run's configuration as label and text, one row per setting; a setting that is an object (the OpenAI face's
- * `openai`: its training file, suffix, metadata) gives a row per field, labelled `openai.training_file`.
+ * A run's configuration as label and text, one row per setting; a setting that is an object (`jobRequest`: the
+ * OpenAI face's training file, suffix, metadata) gives a row per field, labelled `jobRequest.trainingFileID`.
  */
 export function configRows(config: Record<string, unknown>): [string, string][] {
   return Object.entries(config).flatMap(([key, value]): [string, string][] =>

@@ -11,7 +11,13 @@ import {
   type CreateEvalBodyWire,
 } from "../../contract/evals.ts";
 import { Message, PageQuery, responses, sseEvent } from "../../contract/schemas.ts";
-import { evalResultWire, evalRunWire, evalWire } from "../evalWire.ts";
+import {
+  evalResultWire,
+  evalRunWire,
+  evalWire,
+  fromCreateEvalBody,
+  fromCreateEvalRunBody,
+} from "../evalWire.ts";
 import { disconnectSignal, encodeShared, encodeSseEvent, openSse } from "../sse.ts";
 import { SUCCESS } from "../wire.ts";
 
@@ -40,7 +46,8 @@ export default async function evalRoutes(app: FastifyInstance, { core }: { core:
         response: responses({ 200: Eval }, [400, 401, 404, 409, 413, 415]),
       },
     },
-    async (request) => evalWire(await evals.create(request.userId, request.body as CreateEvalBodyWire)),
+    async (request) =>
+      evalWire(await evals.create(request.userId, fromCreateEvalBody(request.body as CreateEvalBodyWire))),
   );
 
   r.get(
@@ -105,7 +112,9 @@ function evalRunRoutes(app: FastifyInstance, core: Core) {
       },
     },
     async (request) =>
-      evalRunWire(await evals.createRun(request.userId, request.params.eval_id, request.body)),
+      evalRunWire(
+        await evals.createRun(request.userId, request.params.eval_id, fromCreateEvalRunBody(request.body)),
+      ),
   );
 
   r.get(

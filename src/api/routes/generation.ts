@@ -20,7 +20,8 @@ import {
   ModelEntry,
   ModelList,
 } from "../../contract/generation.ts";
-import { jsonOrEvents, noControlCharacters, responses } from "../../contract/schemas.ts";
+import { noControlCharacters } from "../../contract/patterns.ts";
+import { jsonOrEvents, responses } from "../../contract/schemas.ts";
 import { fromEmbeddingsBody, toEmbeddingList } from "../generation/embeddings.ts";
 import { disconnectSignal } from "../sse.ts";
 

@@ -28,7 +28,8 @@ import {
   OpenAiEmbeddingsBody,
 } from "../../contract/generation.ts";
 import { dropNulls } from "../nullable.ts";
-import { jsonOrEvents, noControlCharacters, responses } from "../../contract/schemas.ts";
+import { noControlCharacters } from "../../contract/patterns.ts";
+import { jsonOrEvents, responses } from "../../contract/schemas.ts";
 
 /** OpenAI's end-user ids go to the request's log line, which is what they are for: tracing abuse. */
 function logEndUser(request: FastifyRequest, body: { user?: string; safety_identifier?: string }): void {

@@ -17,12 +17,14 @@ import {
   OpenAiOutputItem,
   OpenAiOutputItemParams,
 } from "../../contract/openAiEvals.ts";
-import { REASON, responses } from "../../contract/schemas.ts";
-import type { Eval, ResolvedItem } from "../../store/EvalRepository.ts";
+import { REASON } from "../../contract/patterns.ts";
+import { responses } from "../../contract/schemas.ts";
+import type { Eval, ResolvedItem } from "../../domain/evals.ts";
 import { questionOf } from "../evalWire.ts";
 import {
   checkDataSourceConfig,
   gradersOfCriteria,
+  openAiGraderError,
   openAiEval,
   openAiEvalRun,
   openAiOutputItem,
@@ -70,20 +72,21 @@ export default async function openAiEvalRoutes(app: FastifyInstance, { core }: {
       const body = request.body;
       checkDataSourceConfig(body.data_source_config);
       const { graders, expectedField } = gradersOfCriteria(body.testing_criteria);
-      const created = await evals.create(
-        request.userId,
-        { name: body.name ?? "eval", graders: [] },
-        {
+      const created = await evals
+        .create(request.userId, {
+          name: body.name ?? "eval",
           graders,
-          gradersParam: "testing_criteria",
-          openai: {
-            data_source_config: body.data_source_config,
-            testing_criteria: body.testing_criteria,
+          faceRequest: {
+            face: "openai",
+            dataSourceConfig: body.data_source_config,
+            testingCriteria: body.testing_criteria,
             metadata: body.metadata ?? null,
             expectedField,
           },
-        },
-      );
+        })
+        .catch((error: unknown) => {
+          throw openAiGraderError(error);
+        });
       return openAiEval(created);
     },
   );
@@ -184,16 +187,17 @@ function openAiEvalRunRoutes(app: FastifyInstance, core: Core) {
       const found = await evals.get(request.userId, request.params.eval_id);
       const asked = runRequest(request.body.data_source);
       const items = await openAiRunItems(core, request.userId, found, asked);
-      const run = await evals.createRun(
-        request.userId,
-        found.id,
-        {
-          models: [asked.model],
-          ...(request.body.name ? { name: request.body.name } : { name: `${found.name} on ${asked.model}` }),
-          ...(asked.maxTokens === undefined ? {} : { maxTokens: asked.maxTokens }),
+      const run = await evals.createRun(request.userId, found.id, {
+        models: [asked.model],
+        name: request.body.name || `${found.name} on ${asked.model}`,
+        maxTokens: asked.maxTokens,
+        items,
+        faceRequest: {
+          face: "openai",
+          dataSource: request.body.data_source,
+          metadata: request.body.metadata ?? null,
         },
-        { items, openai: { data_source: request.body.data_source, metadata: request.body.metadata ?? null } },
-      );
+      });
       return openAiEvalRun(run, reportUrl(core, found.id, run.id));
     },
   );
@@ -371,7 +375,7 @@ async function openAiRunItems(
   asked: ReturnType<typeof runRequest>,
 ): Promise<ResolvedItem[]> {
   // `null`: no criterion compares with an item field (model graders read the items through their templates).
-  const stored = found.config.openai?.expectedField;
+  const stored = found.config.faceRequest?.expectedField;
   const expectedField = stored === undefined ? "expected" : stored;
   if (asked.items) return resolveOpenAiItems(asked.items, asked.template, expectedField);
   const fromFile = await core.evals.resolveItems(

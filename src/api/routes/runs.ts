@@ -23,8 +23,8 @@ import {
   RunSummary,
   responses,
   sseEvent,
-  REASON,
 } from "../../contract/schemas.ts";
+import { REASON } from "../../contract/patterns.ts";
 import { checkLoraTargets, RUN_EVENT_ID_PATTERN } from "../../contract/runs.ts";
 import { disconnectSignal, encodeShared, encodeSseEvent, openSse } from "../sse.ts";
 import { runSummaryWire, runWire, SUCCESS } from "../wire.ts";

@@ -1,7 +1,7 @@
 /** Generation wire types both API faces use: `response_format`, usage, log probabilities, text completions, models. */
 import { Type, type Static, type TSchema } from "@sinclair/typebox";
 import { Nullable } from "../nullable.ts";
-import { REASON } from "../schemas.ts";
+import { REASON } from "../patterns.ts";
 
 /**
  * `response_format`, OpenAI's shape: `text` (free text, the default), `json_object` (any JSON object) or

@@ -1,7 +1,7 @@
 /** Generation wire types of the Conduit API: its chat, completions and run inference bodies, with its defaults. */
 import { Type, type Static } from "@sinclair/typebox";
 import { samplingDefaults } from "../sampling.ts";
-import { noControlCharacters, noNul } from "../schemas.ts";
+import { noControlCharacters, noNul } from "../patterns.ts";
 import { COMPLETION_LOGPROBS, FinishReason, ResponseFormat, Usage } from "./common.ts";
 
 /** Sampling parameters with the Conduit API's defaults. */

@@ -1,7 +1,7 @@
 /** Wire types of embeddings, both faces: `POST /v1/embeddings` (OpenAI's) and `POST /conduit/v1/embeddings`. */
 import { Type, type Static } from "@sinclair/typebox";
 import { Nullable } from "../nullable.ts";
-import { noControlCharacters, noNul, REASON } from "../schemas.ts";
+import { noControlCharacters, noNul, REASON } from "../patterns.ts";
 
 /** Most inputs one embedding request may hold (OpenAI's limit). */
 export const MAX_EMBEDDING_INPUTS = 2048;

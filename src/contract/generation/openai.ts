@@ -1,7 +1,7 @@
 /** Generation wire types of the OpenAI-compatible routes: their request bodies and chat result, with OpenAI's defaults. */
 import { Type, type Static, type TSchema } from "@sinclair/typebox";
 import { Nullable, OrNull } from "../nullable.ts";
-import { noControlCharacters, noNul, REASON } from "../schemas.ts";
+import { noControlCharacters, noNul, REASON } from "../patterns.ts";
 import { COMPLETION_LOGPROBS, openAiName, ResponseFormat, Usage } from "./common.ts";
 import { ConduitSampling } from "./conduit.ts";
 

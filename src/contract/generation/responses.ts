@@ -4,7 +4,7 @@
  */
 import { Type, type Static } from "@sinclair/typebox";
 import { Nullable, OrNull } from "../nullable.ts";
-import { noControlCharacters, noNul, REASON } from "../schemas.ts";
+import { noControlCharacters, noNul, REASON } from "../patterns.ts";
 import { openAiName } from "./common.ts";
 import { FunctionName, NotYet, Nothing, OpenAiSampling } from "./openai.ts";
 

@@ -7,8 +7,8 @@
  */
 import os from "node:os";
 import type { GpuLayers, GpuSetting } from "../../contract/accelerator.ts";
-import type { LoraTarget, TrainMethod, TrainObjective } from "../../contract/runs.ts";
-import type { TrainerName } from "../../domain/runs.ts";
+import type { LoraTarget, TrainMethod } from "../../contract/runs.ts";
+import type { TrainerName, TrainObjective } from "../../domain/runs.ts";
 import type { ComputeDevice } from "../libllama/llamaLib.ts";
 import type { ExampleLoss, TrainerJob, TrainerProgress, TrainingStats } from "./trainerJob.ts";
 
