@@ -7,7 +7,7 @@ import type { Run } from "../../src/domain/runs.ts";
 
 const openAiRun = {
   id: "ft_abc123",
-  config: { baseModelName: "tiny", openai: { suffix: "s" } },
+  config: { baseModelName: "tiny", jobRequest: { face: "openai", suffix: "s" } },
 } as unknown as Run;
 const conduitRun = { id: "ft_def456", config: { baseModelName: "tiny" } } as unknown as Run;
 
