@@ -833,6 +833,29 @@ export class RunService {
     return this.runs.list(userId, page);
   }
 
+  /**
+   * The user's runs newest first, older than the run `after`; with `metadata`, only those whose face's request
+   * (`config.jobRequest`) kept every given key with that value, read a page at a time until `limit` match.
+   */
+  async listAfter(
+    userId: string,
+    page: { after: string | undefined; limit: number },
+    metadata: readonly (readonly [string, string])[] = [],
+  ): Promise<Run[]> {
+    if (metadata.length === 0) return this.runs.listAfter(userId, page);
+    const found: Run[] = [];
+    for (let after = page.after; found.length < page.limit; ) {
+      const runs = await this.runs.listAfter(userId, { after, limit: 100 });
+      for (const run of runs) {
+        const kept = run.config.jobRequest?.metadata ?? {};
+        if (metadata.every(([key, value]) => kept[key] === value)) found.push(run);
+      }
+      if (runs.length < 100) break;
+      after = runs.at(-1)?.id;
+    }
+    return found.slice(0, page.limit);
+  }
+
   /** Cancels a QUEUED, RUNNING or PAUSED run; a finished one is a 409. */
   async cancel(userId: string, id: string): Promise<void> {
     const previous = await this.runs.cancel(userId, id);
