@@ -168,30 +168,6 @@ export function eventPage(run: Run, after: string | undefined, limit: number) {
   return { object: "list" as const, data, has_more: start + limit < events.length };
 }
 
-/**
- * The user's runs as jobs, newest first, older than the job `after`; with a metadata filter only
- * those whose `metadata` has every given value (read a page at a time until `limit` match).
- */
-export async function listJobs(
-  core: Core,
-  userId: string,
-  page: { after: string | undefined; limit: number },
-  filter: readonly (readonly [string, string])[],
-): Promise<Run[]> {
-  if (filter.length === 0) return core.runRepository.listAfter(userId, page);
-  const found: Run[] = [];
-  for (let after = page.after; found.length < page.limit;) {
-    const runs = await core.runRepository.listAfter(userId, { after, limit: 100 });
-    for (const run of runs) {
-      const metadata = recordOf(run).metadata ?? {};
-      if (filter.every(([key, value]) => metadata[key] === value)) found.push(run);
-    }
-    if (runs.length < 100) break;
-    after = runs.at(-1)?.id;
-  }
-  return found.slice(0, page.limit);
-}
-
 /** The run command's fields (the `param` of the run service's errors) → the OpenAI field they came from. */
 const jobParams: Partial<Record<keyof CreateRun, string>> = {
   datasetID: "training_file",

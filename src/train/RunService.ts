@@ -182,6 +182,9 @@ const MEASURED_RUNS = 5;
 const MEMORY_RESERVE_BYTES = 2 ** 30;
 
 /** Fine-tuning runs: creation with validated config, reads, cancel and delete. */
+/** Runs read a page at a time while filtering by metadata. */
+const FILTER_PAGE = 100;
+
 export class RunService {
   /** The feed of each followed run, by owner and run id. */
   private readonly feeds = new Map<string, RunFeed>();
@@ -661,6 +664,29 @@ export class RunService {
         { param: "baseModelName" },
       );
     }
+  }
+
+  /**
+   * The user's runs, newest first, older than the run `after`; with `metadata`, only those created through a
+   * face whose job's metadata has every given value (read a page at a time until `limit` match).
+   */
+  async listAfter(
+    userId: string,
+    page: { after: string | undefined; limit: number },
+    metadata: readonly (readonly [string, string])[] = [],
+  ): Promise<Run[]> {
+    if (metadata.length === 0) return this.runs.listAfter(userId, page);
+    const found: Run[] = [];
+    for (let after = page.after; found.length < page.limit; ) {
+      const runs = await this.runs.listAfter(userId, { after, limit: FILTER_PAGE });
+      for (const run of runs) {
+        const has = run.config.jobRequest?.metadata ?? {};
+        if (metadata.every(([key, value]) => has[key] === value)) found.push(run);
+      }
+      if (runs.length < FILTER_PAGE) break;
+      after = runs.at(-1)?.id;
+    }
+    return found.slice(0, page.limit);
   }
 
   async get(userId: string, id: string): Promise<Run> {

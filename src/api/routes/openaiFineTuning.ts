@@ -2,7 +2,7 @@ import type { FastifyInstance } from "fastify";
 import type { TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
 import type { Core } from "../../core.ts";
 import { dropNulls } from "../nullable.ts";
-import { checkpointPage, createOpenAiJob, eventPage, listJobs, openAiJob } from "../openAiFineTuning.ts";
+import { checkpointPage, createOpenAiJob, eventPage, openAiJob } from "../openAiFineTuning.ts";
 import {
   OpenAiCheckpointList,
   OpenAiCheckpointQuery,
@@ -62,7 +62,7 @@ export default async function openAiFineTuningRoutes(app: FastifyInstance, { cor
         const name = metadataFilterKey.exec(key)?.[1];
         return name === undefined ? [] : [[name, String(value)] as const];
       });
-      const jobs = await listJobs(core, request.userId, { after, limit: limit + 1 }, filter);
+      const jobs = await core.runs.listAfter(request.userId, { after, limit: limit + 1 }, filter);
       return {
         object: "list" as const,
         data: jobs.slice(0, limit).map(openAiJob),
