@@ -13,7 +13,7 @@ import {
 } from "../contract/evals.ts";
 import type { Eval, EvalResult, EvalRun, ResolvedItem } from "../domain/evals.ts";
 import { questionOf } from "./evalWire.ts";
-import { parseTimestamp } from "../store/time.ts";
+import { parseTimestamp } from "../domain/time.ts";
 
 type Json = Record<string, unknown>;
 

@@ -20,7 +20,7 @@ import type {
   OpenAiJobEventWire,
   OpenAiJobWire,
 } from "../contract/openAiFineTuning.ts";
-import { parseTimestamp } from "../store/time.ts";
+import { parseTimestamp } from "../domain/time.ts";
 
 type OpenAiStatus = Exclude<OpenAiJobWire["status"], "pausing">;
 

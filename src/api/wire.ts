@@ -3,7 +3,7 @@ import type { Run } from "../domain/runs.ts";
 import type { RunEvaluation } from "../contract/evals.ts";
 import type { DatasetFileWire, DatasetWire, RunSummaryWire, RunWire } from "../contract/schemas.ts";
 import { currentEstimate, type RunEstimate } from "../contract/estimate.ts";
-import { parseTimestamp } from "../store/time.ts";
+import { parseTimestamp } from "../domain/time.ts";
 
 /** Domain records → the Conduit API's wire shapes (both spellings of the dataset id where the API has them). */
 

@@ -25,7 +25,7 @@ import {
   runIdOfModelName,
   servedModelName,
 } from "../domain/modelNames.ts";
-import { parseTimestamp } from "../store/time.ts";
+import { parseTimestamp } from "../domain/time.ts";
 
 export interface InferenceRequest {
   /**

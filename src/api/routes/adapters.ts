@@ -7,7 +7,7 @@ import type { Core } from "../../core.ts";
 import { ConduitError } from "../../errors.ts";
 import { Message, Name, responses } from "../../contract/schemas.ts";
 import { Adapter, AdapterParams, ImportAdapterUpload, type AdapterWire } from "../../contract/adapters.ts";
-import type { Adapter as AdapterRecord } from "../../store/AdapterRepository.ts";
+import type { Adapter as AdapterRecord } from "../../domain/adapters.ts";
 import type { AdapterService, ImportAdapter } from "../../train/AdapterService.ts";
 import { malformed } from "../uploadSource.ts";
 import { SUCCESS } from "../wire.ts";

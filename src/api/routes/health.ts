@@ -4,7 +4,6 @@ import type { Core } from "../../core.ts";
 import { TRAINER_SETTINGS } from "../../domain/runs.ts";
 import { GPU_SETTINGS } from "../../contract/accelerator.ts";
 import { trainersInOrder } from "../../train/trainers.ts";
-import { diskSpace } from "../../store/diskSpace.ts";
 import { responses } from "../../contract/schemas.ts";
 
 const Health = Type.Object({
@@ -116,7 +115,7 @@ export default async function healthRoutes(app: FastifyInstance, { core }: { cor
     },
     async () => {
       await core.keys.count();
-      const { freeBytes, totalBytes } = await diskSpace(core.config.dataDir);
+      const { freeBytes, totalBytes } = await core.disk();
       const minFreeBytes = core.config.minFreeBytes;
       const warnings =
         freeBytes < minFreeBytes
