@@ -13,6 +13,7 @@ import {
 import { chatEvents } from "../generation/conduit.ts";
 import { fromEmbeddingsBody, toEmbeddingList } from "../generation/embeddings.ts";
 import { disconnectSignal } from "../sse.ts";
+import { toModelWire } from "../wire.ts";
 import {
   CompletionResult,
   EmbeddingList,
@@ -166,7 +167,7 @@ export default async function openAiRoutes(app: FastifyInstance, { core }: { cor
         response: responses({ 200: ModelList }, [401]),
       },
     },
-    async (request) => ({ object: "list" as const, data: await core.inference.list(request.userId) }),
+    async (request) => ({ object: "list" as const, data: (await core.inference.list(request.userId)).map(toModelWire) }),
   );
 
   r.get(
@@ -182,6 +183,6 @@ export default async function openAiRoutes(app: FastifyInstance, { core }: { cor
         response: responses({ 200: ModelEntry }, [400, 401, 404]),
       },
     },
-    async (request) => core.inference.get(request.userId, request.params.model),
+    async (request) => toModelWire(await core.inference.get(request.userId, request.params.model)),
   );
 }
