@@ -677,7 +677,7 @@ export class RunService {
   ): Promise<Run[]> {
     if (metadata.length === 0) return this.runs.listAfter(userId, page);
     const found: Run[] = [];
-    for (let after = page.after; found.length < page.limit; ) {
+    for (let after = page.after; found.length < page.limit;) {
       const runs = await this.runs.listAfter(userId, { after, limit: FILTER_PAGE });
       for (const run of runs) {
         const has = run.config.jobRequest?.metadata ?? {};

@@ -111,7 +111,10 @@ export default async function generationRoutes(app: FastifyInstance, { core }: {
         response: responses({ 200: ModelList }, [401]),
       },
     },
-    async (request) => ({ object: "list" as const, data: (await core.inference.list(request.userId)).map(toModelWire) }),
+    async (request) => ({
+      object: "list" as const,
+      data: (await core.inference.list(request.userId)).map(toModelWire),
+    }),
   );
 
   r.get(

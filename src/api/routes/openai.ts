@@ -167,7 +167,10 @@ export default async function openAiRoutes(app: FastifyInstance, { core }: { cor
         response: responses({ 200: ModelList }, [401]),
       },
     },
-    async (request) => ({ object: "list" as const, data: (await core.inference.list(request.userId)).map(toModelWire) }),
+    async (request) => ({
+      object: "list" as const,
+      data: (await core.inference.list(request.userId)).map(toModelWire),
+    }),
   );
 
   r.get(

@@ -7,7 +7,12 @@ import os from "node:os";
 import path from "node:path";
 import { Type } from "@sinclair/typebox";
 import { LORA_TARGETS } from "../../contract/runs.ts";
-import { memoryOf, type MemoryLine, type TrainerBackend, type TrainerHealth } from "../core/TrainerBackend.ts";
+import {
+  memoryOf,
+  type MemoryLine,
+  type TrainerBackend,
+  type TrainerHealth,
+} from "../core/TrainerBackend.ts";
 import { runTorchTraining } from "./runTorchTraining.ts";
 import { describeTorch, TORCH_SETUP_COMMAND, torchStatus } from "./torchStatus.ts";
 
