@@ -39,7 +39,7 @@ export function unixSeconds(timestamp: string): number {
   return Math.floor(parseTimestamp(timestamp) / 1000);
 }
 
-export function openAiFile(file: DatasetFile) {
+export function toOpenAiFile(file: DatasetFile) {
   return {
     id: file.id,
     object: "file" as const,
@@ -67,7 +67,7 @@ function lastLogSeconds(run: Run): number | undefined {
   return last === undefined ? undefined : unixSeconds(last.slice(0, 23));
 }
 
-export function openAiJob(run: Run): OpenAiJobWire {
+export function toOpenAiJob(run: Run): OpenAiJobWire {
   const record = recordOf(run);
   const stats = run.stats as { final?: { sampleTokens?: unknown } };
   // A RUNNING run's finish is in its estimate; a QUEUED one's counts from now (the queue ahead left out).
@@ -126,7 +126,7 @@ const endMessages: Partial<Record<RunStatus, (run: Run) => string>> = {
  * epochs, warnings, the outcome), then, once the run has ended, one saying how (with `data.status`).
  * Event ids are `ftevent-{run id}-{line}` and `ftevent-{run id}-end`.
  */
-export function openAiJobEvents(run: Run): OpenAiJobEventWire[] {
+export function toOpenAiJobEvents(run: Run): OpenAiJobEventWire[] {
   const events: OpenAiJobEventWire[] = run.logs.map((line, index) => {
     const message = line.slice(24);
     return {
@@ -155,7 +155,7 @@ export function openAiJobEvents(run: Run): OpenAiJobEventWire[] {
 
 /** A page of events, newest first, older than the event `after`. */
 export function eventPage(run: Run, after: string | undefined, limit: number) {
-  const events = openAiJobEvents(run).reverse();
+  const events = toOpenAiJobEvents(run).reverse();
   let start = 0;
   if (after !== undefined) {
     start = events.findIndex((event) => event.id === after) + 1;

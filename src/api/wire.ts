@@ -10,7 +10,7 @@ import type { ModelEntry } from "../contract/generation/common.ts";
 
 /** Domain records → the Conduit API's wire shapes (both spellings of the dataset id where the API has them). */
 
-export function datasetWire(d: Dataset): DatasetWire {
+export function toDatasetWire(d: Dataset): DatasetWire {
   return {
     id: d.id,
     userId: d.userId,
@@ -22,7 +22,7 @@ export function datasetWire(d: Dataset): DatasetWire {
   };
 }
 
-export function fileWire(f: DatasetFile): DatasetFileWire {
+export function toFileWire(f: DatasetFile): DatasetFileWire {
   return {
     id: f.id,
     datasetId: f.datasetId,
@@ -47,7 +47,7 @@ export function runEstimate(r: Run): RunEstimate | null {
 }
 
 /** A run on the Conduit face, with its automatic before/after (`evaluation`, null when none was made). */
-export function runWire(r: Run, evaluation: RunEvaluation | null): RunWire {
+export function toRunWire(r: Run, evaluation: RunEvaluation | null): RunWire {
   return {
     id: r.id,
     userId: r.userId,
@@ -70,8 +70,8 @@ export function runWire(r: Run, evaluation: RunEvaluation | null): RunWire {
 }
 
 /** A run as lists show it: no log, no loss series (the run itself has them). */
-export function runSummaryWire(r: Run, evaluation: RunEvaluation | null): RunSummaryWire {
-  const { logs: _logs, stats, ...rest } = runWire(r, evaluation);
+export function toRunSummaryWire(r: Run, evaluation: RunEvaluation | null): RunSummaryWire {
+  const { logs: _logs, stats, ...rest } = toRunWire(r, evaluation);
   const { lossSeries: _loss, evalLossSeries: _eval, ...summary } = stats;
   return { ...rest, stats: summary };
 }

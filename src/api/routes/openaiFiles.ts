@@ -6,7 +6,7 @@ import type { TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
 import type { Core } from "../../core.ts";
 import type { DatasetService, ReceivedFile, UploadInput } from "../../datasets/DatasetService.ts";
 import { ConduitError } from "../../errors.ts";
-import { openAiFile } from "../openAiFineTuning.ts";
+import { toOpenAiFile } from "../openAiFineTuning.ts";
 import {
   OpenAiFile,
   OpenAiFileDeleted,
@@ -49,7 +49,7 @@ export default async function openAiFileRoutes(app: FastifyInstance, { core }: {
     },
     async (request) => {
       const input = await openAiUpload(request, datasets);
-      return openAiFile(await datasets.uploadAsDataset(request.userId, input));
+      return toOpenAiFile(await datasets.uploadAsDataset(request.userId, input));
     },
   );
 
@@ -69,7 +69,7 @@ export default async function openAiFileRoutes(app: FastifyInstance, { core }: {
         purpose === undefined || purpose === "fine-tune"
           ? await datasets.listUserFiles(request.userId, { after, limit: limit + 1, order })
           : [];
-      const data = files.slice(0, limit).map(openAiFile);
+      const data = files.slice(0, limit).map(toOpenAiFile);
       return {
         object: "list" as const,
         data,
@@ -91,7 +91,7 @@ export default async function openAiFileRoutes(app: FastifyInstance, { core }: {
       },
     },
     async (request) =>
-      openAiFile(await datasets.getUserFile(request.userId, request.params.file_id, "file_id")),
+      toOpenAiFile(await datasets.getUserFile(request.userId, request.params.file_id, "file_id")),
   );
 
   r.get(

@@ -27,7 +27,7 @@ import {
 import { REASON } from "../../contract/patterns.ts";
 import { checkLoraTargets, RUN_EVENT_ID_PATTERN } from "../../contract/runs.ts";
 import { disconnectSignal, encodeShared, encodeSseEvent, openSse } from "../sse.ts";
-import { runSummaryWire, runWire, SUCCESS } from "../wire.ts";
+import { toRunSummaryWire, toRunWire, SUCCESS } from "../wire.ts";
 import { checkpointModelName } from "../../domain/modelNames.ts";
 import {
   chatEvents,
@@ -75,7 +75,7 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
         checkLoraTargets((request.body as { loraTargets?: unknown } | null)?.loraTargets),
     },
     // A new run has no evaluation yet.
-    async (request) => runWire(await runs.create(request.userId, createRunCommand(request.body)), null),
+    async (request) => toRunWire(await runs.create(request.userId, createRunCommand(request.body)), null),
   );
 
   r.get(
@@ -97,7 +97,7 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
         request.userId,
         list.map((run) => run.id),
       );
-      return list.map((run) => runSummaryWire(run, evaluations.get(run.id) ?? null));
+      return list.map((run) => toRunSummaryWire(run, evaluations.get(run.id) ?? null));
     },
   );
 
@@ -106,7 +106,7 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
     { schema: { tags, summary: "Read a run", params: RunParams, response: responses({ 200: Run }) } },
     async (request) => {
       const run = await runs.get(request.userId, request.params.finetune_id);
-      return runWire(run, await core.evals.evaluationOf(request.userId, run.id));
+      return toRunWire(run, await core.evals.evaluationOf(request.userId, run.id));
     },
   );
 
@@ -144,7 +144,7 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
     },
     async (request) => {
       const run = await runs.pause(request.userId, request.params.finetune_id);
-      return runWire(run, await core.evals.evaluationOf(request.userId, run.id));
+      return toRunWire(run, await core.evals.evaluationOf(request.userId, run.id));
     },
   );
 
@@ -163,7 +163,7 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
     },
     async (request) => {
       const run = await runs.resume(request.userId, request.params.finetune_id);
-      return runWire(run, await core.evals.evaluationOf(request.userId, run.id));
+      return toRunWire(run, await core.evals.evaluationOf(request.userId, run.id));
     },
   );
 
