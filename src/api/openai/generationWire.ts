@@ -11,13 +11,13 @@ import type { OpenAiChatBodyWire, OpenAiCompletionBodyWire } from "../../contrac
 import {
   chatLogprobs,
   completionShape,
+  responseFormat,
   usageOf,
   type FinishReason,
   type GenerationInput,
   type ResponseBase,
   type ResponseShape,
-} from "./common.ts";
-import { responseFormat } from "./conduit.ts";
+} from "../generation/common.ts";
 import type { InferenceResult } from "../../inference/InferenceService.ts";
 import type { TokenLogprob } from "../../engine/types.ts";
 

@@ -2,7 +2,7 @@ import type { FastifyInstance } from "fastify";
 import type { TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
 import type { Core } from "../../core.ts";
 import { dropNulls } from "../nullable.ts";
-import { checkpointPage, createOpenAiJob, eventPage, toOpenAiJob } from "../openAiFineTuning.ts";
+import { checkpointPage, createOpenAiJob, eventPage, toOpenAiJob } from "./fineTuningWire.ts";
 import {
   OpenAiCheckpointList,
   OpenAiCheckpointQuery,

@@ -11,7 +11,7 @@ import type {
   ResponsesTextFormatWire,
 } from "../../contract/generation.ts";
 import type { InferenceResult } from "../../inference/InferenceService.ts";
-import type { GenerationInput } from "./common.ts";
+import type { GenerationInput } from "../generation/common.ts";
 
 type Parts = string | { text: string }[];
 const joined = (content: Parts) =>

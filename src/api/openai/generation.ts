@@ -3,17 +3,16 @@ import { Type } from "@sinclair/typebox";
 import type { TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
 import type { Core } from "../../core.ts";
 import { respondWithGeneration, respondWithResponseEvents } from "../generation/respond.ts";
-import { fromResponsesRequest, responseSettings } from "../generation/responses.ts";
+import { fromResponsesRequest, responseSettings } from "./responsesWire.ts";
 import {
   fromChatRequest,
   fromCompletionRequest,
   openAiChatShape,
   openAiCompletionShape,
-} from "../generation/openai.ts";
-import { chatEvents } from "../generation/conduit.ts";
+} from "./generationWire.ts";
 import { fromEmbeddingsBody, toEmbeddingList } from "../generation/embeddings.ts";
 import { disconnectSignal } from "../sse.ts";
-import { toModelWire } from "../wire.ts";
+import { chatEvents, toModelWire } from "../generation/common.ts";
 import {
   CompletionResult,
   EmbeddingList,

@@ -20,7 +20,7 @@ import {
 import { REASON } from "../../contract/patterns.ts";
 import { responses } from "../../contract/schemas.ts";
 import type { Eval, ResolvedItem } from "../../domain/evals.ts";
-import { questionOf } from "../evalWire.ts";
+import { questionOf } from "../conduit/evalWire.ts";
 import {
   checkDataSourceConfig,
   gradersOfCriteria,
@@ -33,7 +33,7 @@ import {
   outputItemPosition,
   resolveOpenAiItems,
   runRequest,
-} from "../openAiEvals.ts";
+} from "./evalsWire.ts";
 
 /** A page of OpenAI's cursor lists: `limit` items after the cursor, and whether there are more. */
 function page<T extends { id: string }>(rows: T[], limit: number) {

@@ -17,7 +17,7 @@ import {
   responses,
 } from "../../contract/schemas.ts";
 import { acceptMultipart, limitJsonUploads, rawContentTypes, uploadSource } from "../uploadSource.ts";
-import { toDatasetWire, toFileWire, SUCCESS } from "../wire.ts";
+import { toDatasetWire, toFileWire, SUCCESS } from "./wire.ts";
 
 /** API document 4.2: datasets and their files. */
 export default async function datasetRoutes(app: FastifyInstance, { core }: { core: Core }) {

@@ -27,15 +27,10 @@ import {
 import { REASON } from "../../contract/patterns.ts";
 import { checkLoraTargets, RUN_EVENT_ID_PATTERN } from "../../contract/runs.ts";
 import { disconnectSignal, encodeShared, encodeSseEvent, openSse } from "../sse.ts";
-import { toRunSummaryWire, toRunWire, SUCCESS } from "../wire.ts";
+import { toRunSummaryWire, toRunWire, SUCCESS } from "./wire.ts";
 import { checkpointModelName } from "../../domain/modelNames.ts";
-import {
-  chatEvents,
-  chatMessages,
-  conduitChatShape,
-  conduitSampling,
-  responseFormat,
-} from "../generation/conduit.ts";
+import { chatMessages, conduitChatShape, conduitSampling } from "./generationWire.ts";
+import { chatEvents, responseFormat } from "../generation/common.ts";
 
 /**
  * The body of `POST /conduit/finetuning` as the run service's command: `datasetId` is an alias of

@@ -1,12 +1,9 @@
-import type { Dataset, DatasetFile } from "../domain/datasets.ts";
-import type { Run } from "../domain/runs.ts";
-import type { RunEvaluation } from "../contract/evals.ts";
-import type { DatasetFileWire, DatasetWire, RunSummaryWire, RunWire } from "../contract/schemas.ts";
-import { currentEstimate, type RunEstimate } from "../contract/estimate.ts";
-import { parseTimestamp } from "../domain/time.ts";
-import type { ServableModel } from "../inference/InferenceService.ts";
-import type { Static } from "@sinclair/typebox";
-import type { ModelEntry } from "../contract/generation/common.ts";
+import type { Dataset, DatasetFile } from "../../domain/datasets.ts";
+import type { Run } from "../../domain/runs.ts";
+import type { RunEvaluation } from "../../contract/evals.ts";
+import type { DatasetFileWire, DatasetWire, RunSummaryWire, RunWire } from "../../contract/schemas.ts";
+import { currentEstimate, type RunEstimate } from "../../contract/estimate.ts";
+import { parseTimestamp } from "../../domain/time.ts";
 
 /** Domain records → the Conduit API's wire shapes (both spellings of the dataset id where the API has them). */
 
@@ -77,19 +74,3 @@ export function toRunSummaryWire(r: Run, evaluation: RunEvaluation | null): RunS
 }
 
 export const SUCCESS = { message: "SUCCESS" } as const;
-
-/** A model of the models lists as both faces send it (OpenAI's model object, Conduit's fields beside it). */
-export function toModelWire(model: ServableModel): Static<typeof ModelEntry> {
-  return {
-    id: model.id,
-    object: "model",
-    created: model.created,
-    owned_by: model.owner ?? "conduit",
-    kind: model.kind,
-    context_length: model.contextLength,
-    size_bytes: model.sizeBytes,
-    quantization: model.quantization,
-    base_model: model.baseModel,
-    chat_template: model.chatTemplate,
-  };
-}

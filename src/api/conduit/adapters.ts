@@ -10,7 +10,7 @@ import { Adapter, AdapterParams, ImportAdapterUpload, type AdapterWire } from ".
 import type { Adapter as AdapterRecord } from "../../domain/adapters.ts";
 import type { AdapterService, ImportAdapter } from "../../train/AdapterService.ts";
 import { malformed } from "../uploadSource.ts";
-import { SUCCESS } from "../wire.ts";
+import { SUCCESS } from "./wire.ts";
 
 const adapterName = TypeCompiler.Compile(Name);
 

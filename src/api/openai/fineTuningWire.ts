@@ -5,22 +5,22 @@
  * training file's dataset (which must hold nothing else but the validation file), and its id is the
  * run id. OpenAI's status names, event objects and `ft:` model names exist on this face only.
  */
-import type { Core } from "../core.ts";
-import { ConduitError } from "../errors.ts";
-import type { DatasetFile } from "../domain/datasets.ts";
-import type { RunCheckpoint, RunStatus } from "../contract/runs.ts";
-import type { JobRequest, Run } from "../domain/runs.ts";
-import { checkpointModelName, servedModelName } from "../domain/modelNames.ts";
-import type { CreateRun } from "../train/commands.ts";
-import { runEstimate } from "./wire.ts";
+import type { Core } from "../../core.ts";
+import { ConduitError } from "../../errors.ts";
+import type { DatasetFile } from "../../domain/datasets.ts";
+import type { RunCheckpoint, RunStatus } from "../../contract/runs.ts";
+import type { JobRequest, Run } from "../../domain/runs.ts";
+import { checkpointModelName, servedModelName } from "../../domain/modelNames.ts";
+import type { CreateRun } from "../../train/commands.ts";
+import { runEstimate } from "../conduit/wire.ts";
 import type {
   OpenAiDpoHyperparametersWire,
   OpenAiCheckpointListWire,
   OpenAiJobCreateBodyWire,
   OpenAiJobEventWire,
   OpenAiJobWire,
-} from "../contract/openAiFineTuning.ts";
-import { parseTimestamp } from "../domain/time.ts";
+} from "../../contract/openAiFineTuning.ts";
+import { parseTimestamp } from "../../domain/time.ts";
 
 type OpenAiStatus = Exclude<OpenAiJobWire["status"], "pausing">;
 

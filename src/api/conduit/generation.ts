@@ -3,12 +3,11 @@ import { Type, type TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
 import type { Core } from "../../core.ts";
 import { respondWithGeneration } from "../generation/respond.ts";
 import {
-  chatEvents,
   conduitChatShape,
   conduitCompletionShape,
   fromChatBody,
   fromCompletionsBody,
-} from "../generation/conduit.ts";
+} from "./generationWire.ts";
 import {
   ChatBody,
   ChatResult,
@@ -24,7 +23,7 @@ import { noControlCharacters } from "../../contract/patterns.ts";
 import { jsonOrEvents, responses } from "../../contract/schemas.ts";
 import { fromEmbeddingsBody, toEmbeddingList } from "../generation/embeddings.ts";
 import { disconnectSignal } from "../sse.ts";
-import { toModelWire } from "../wire.ts";
+import { chatEvents, toModelWire } from "../generation/common.ts";
 
 /** API document 4.1: generation. */
 export default async function generationRoutes(app: FastifyInstance, { core }: { core: Core }) {

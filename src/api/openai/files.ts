@@ -6,7 +6,7 @@ import type { TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
 import type { Core } from "../../core.ts";
 import type { DatasetService, ReceivedFile, UploadInput } from "../../datasets/DatasetService.ts";
 import { ConduitError } from "../../errors.ts";
-import { toOpenAiFile } from "../openAiFineTuning.ts";
+import { toOpenAiFile } from "./fineTuningWire.ts";
 import {
   OpenAiFile,
   OpenAiFileDeleted,
