@@ -52,7 +52,7 @@ function reportUrl(core: Core, evalId: string, runId: string): string {
   return `${publicUrl(core.config)}/ui/evals/${evalId}?run=${runId}`;
 }
 
-/** OpenAI's Evals API on Conduit's evals (see `openAiEvals.ts`): every object is the user's own, else a 404. */
+/** OpenAI's Evals API on Conduit's evals (see `evalsWire.ts`): every object is the user's own, else a 404. */
 export default async function openAiEvalRoutes(app: FastifyInstance, { core }: { core: Core }) {
   const r = app.withTypeProvider<TypeBoxTypeProvider>();
   const { evals } = core;

@@ -21,7 +21,7 @@ import { acceptMultipart, limitJsonUploads, malformed } from "../uploadSource.ts
 const fileName = TypeCompiler.Compile(Name);
 
 /**
- * OpenAI's files API on Conduit's files (see `openAiFineTuning.ts`): an upload becomes a dataset of
+ * OpenAI's files API on Conduit's files (see `fineTuningWire.ts`): an upload becomes a dataset of
  * its own holding the file; every file of your datasets is listed, read and deleted by its id.
  */
 export default async function openAiFileRoutes(app: FastifyInstance, { core }: { core: Core }) {

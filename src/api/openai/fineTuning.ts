@@ -19,7 +19,7 @@ import {
 import { responses } from "../../contract/schemas.ts";
 
 /**
- * OpenAI's fine-tuning jobs on Conduit's runs (see `openAiFineTuning.ts`): a job is a run, its id the
+ * OpenAI's fine-tuning jobs on Conduit's runs (see `fineTuningWire.ts`): a job is a run, its id the
  * run id, its status OpenAI's name for the run's, its events the run's log.
  */
 export default async function openAiFineTuningRoutes(app: FastifyInstance, { core }: { core: Core }) {

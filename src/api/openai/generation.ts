@@ -39,7 +39,7 @@ function logEndUser(request: FastifyRequest, body: { user?: string; safety_ident
 
 /**
  * OpenAI-compatible routes. They translate OpenAI requests into the same generation call as the Conduit
- * endpoints (`../generation/openai.ts`); only the shapes differ. Every OpenAI parameter is honoured or refused
+ * endpoints (`generationWire.ts`); only the shapes differ. Every OpenAI parameter is honoured or refused
  * by the body schemas (see `OpenAiChatBody`); `null` fields are dropped before validation, so the handlers see
  * them as absent.
  */
