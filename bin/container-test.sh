@@ -56,7 +56,9 @@ if ! pod image exists localhost/conduit-ci-runtime:24; then
   # The machine's certificate authorities (a proxy of its own may sign the registries' certificates).
   cp /etc/ssl/certs/ca-certificates.crt "$rootfs/etc/ssl/certs/ca-certificates.crt"
   rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
-  tar -C "$rootfs" -c . | pod import --change 'ENV PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' - localhost/conduit-ci-runtime:24 >/dev/null
+  # Node and npm trust that bundle too (as on the machine: NODE_EXTRA_CA_CERTS).
+  tar -C "$rootfs" -c . | pod import --change 'ENV PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+    --change 'ENV NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt' - localhost/conduit-ci-runtime:24 >/dev/null
   rm -rf "$rootfs"
 fi
 if ! pod image exists localhost/conduit-ci-build:24; then

@@ -18,18 +18,28 @@ export const OpenAiJobParams = Type.Object({ fine_tuning_job_id: Id });
 
 export const OpenAiFile = Type.Object(
   {
-    id: Type.String({ description: "The file's id, the same as in `/conduit/dataset/{dataset_id}/files`." }),
+    id: Type.String({
+      description:
+        "The file's id, the same as in `/conduit/dataset/{dataset_id}/files`; a job's result file is `file-{job id}`.",
+    }),
     object: Type.Literal("file"),
     bytes: Type.Integer(),
     created_at: Type.Integer({ description: "Unix seconds." }),
     filename: Type.String(),
-    purpose: Type.Literal("fine-tune"),
+    purpose: Type.Union([Type.Literal("fine-tune"), Type.Literal("fine-tune-results")], {
+      description:
+        "`fine-tune` for an uploaded file; `fine-tune-results` for a succeeded job's result file (its adapter GGUF, " +
+        "or a full run's model), which goes with the job's run.",
+    }),
     status: Type.Literal("processed", {
       description: "Always `processed`: a file is validated as it is uploaded.",
     }),
     status_details: Type.Null(),
     expires_at: Type.Null({ description: "Files do not expire." }),
-    dataset_id: Type.String({ description: "Conduit: the dataset the file belongs to." }),
+    dataset_id: Nullish(
+      Type.String(),
+      "Conduit: the dataset the file belongs to (`null` for a job's result file).",
+    ),
   },
   { description: "An OpenAI file: one of your Conduit files." },
 );
@@ -248,7 +258,11 @@ export const OpenAiJob = Type.Object(
     ),
     model: Type.String(),
     organization_id: Type.String({ description: "The owning user." }),
-    result_files: Type.Array(Type.String()),
+    result_files: Type.Array(Type.String(), {
+      description:
+        "A succeeded job's result file (`file-{job id}`): its adapter GGUF (a full run's model), read with " +
+        "`GET /v1/files/{file_id}/content`.",
+    }),
     seed: Type.Integer(),
     status: OpenAiJobStatus,
     trained_tokens: Nullish(Type.Integer()),

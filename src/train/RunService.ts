@@ -182,9 +182,6 @@ const MEASURED_RUNS = 5;
 const MEMORY_RESERVE_BYTES = 2 ** 30;
 
 /** Fine-tuning runs: creation with validated config, reads, cancel and delete. */
-/** Runs read a page at a time while filtering by metadata. */
-const FILTER_PAGE = 100;
-
 export class RunService {
   /** The feed of each followed run, by owner and run id. */
   private readonly feeds = new Map<string, RunFeed>();
@@ -666,29 +663,6 @@ export class RunService {
     }
   }
 
-  /**
-   * The user's runs, newest first, older than the run `after`; with `metadata`, only those created through a
-   * face whose job's metadata has every given value (read a page at a time until `limit` match).
-   */
-  async listAfter(
-    userId: string,
-    page: { after: string | undefined; limit: number },
-    metadata: readonly (readonly [string, string])[] = [],
-  ): Promise<Run[]> {
-    if (metadata.length === 0) return this.runs.listAfter(userId, page);
-    const found: Run[] = [];
-    for (let after = page.after; found.length < page.limit;) {
-      const runs = await this.runs.listAfter(userId, { after, limit: FILTER_PAGE });
-      for (const run of runs) {
-        const has = run.config.jobRequest?.metadata ?? {};
-        if (metadata.every(([key, value]) => has[key] === value)) found.push(run);
-      }
-      if (runs.length < FILTER_PAGE) break;
-      after = runs.at(-1)?.id;
-    }
-    return found.slice(0, page.limit);
-  }
-
   async get(userId: string, id: string): Promise<Run> {
     const run = await this.runs.get(userId, id);
     if (!run) throw new ConduitError("not_found", `run ${id} not found`, { param: "finetune_id" });
@@ -857,6 +831,29 @@ export class RunService {
 
   list(userId: string, page: Page): Promise<Run[]> {
     return this.runs.list(userId, page);
+  }
+
+  /**
+   * The user's runs newest first, older than the run `after`; with `metadata`, only those whose face's request
+   * (`config.jobRequest`) kept every given key with that value, read a page at a time until `limit` match.
+   */
+  async listAfter(
+    userId: string,
+    page: { after: string | undefined; limit: number },
+    metadata: readonly (readonly [string, string])[] = [],
+  ): Promise<Run[]> {
+    if (metadata.length === 0) return this.runs.listAfter(userId, page);
+    const found: Run[] = [];
+    for (let after = page.after; found.length < page.limit; ) {
+      const runs = await this.runs.listAfter(userId, { after, limit: 100 });
+      for (const run of runs) {
+        const kept = run.config.jobRequest?.metadata ?? {};
+        if (metadata.every(([key, value]) => kept[key] === value)) found.push(run);
+      }
+      if (runs.length < 100) break;
+      after = runs.at(-1)?.id;
+    }
+    return found.slice(0, page.limit);
   }
 
   /** Cancels a QUEUED, RUNNING or PAUSED run; a finished one is a 409. */

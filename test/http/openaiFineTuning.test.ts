@@ -163,6 +163,18 @@ describe("OpenAI's files and fine-tuning jobs with the official client", () => {
     assert.ok(done.trained_tokens !== null && done.trained_tokens > 0);
     assert.ok((await client.models.list()).data.some((m) => m.id === model));
     assert.equal((await client.models.retrieve(model)).id, model);
+    // Its result file is the run's adapter, read through the files API; others' is a 404, deleting it a 400.
+    assert.deepEqual(done.result_files, [`file-${job.id}`]);
+    const result = await client.files.retrieve(done.result_files[0]!);
+    assert.equal(result.purpose, "fine-tune-results");
+    assert.equal(result.filename, `${job.id}-lora.gguf`);
+    const bytes = Buffer.from(await (await client.files.content(result.id)).arrayBuffer());
+    assert.equal(bytes.length, result.bytes);
+    assert.equal(bytes.subarray(0, 4).toString(), "GGUF");
+    assert.ok(bytes.equals((await as(app, KEY_A).get(`/conduit/finetuning/${job.id}/artifact`)).rawPayload));
+    for (const url of [`/v1/files/${result.id}`, `/v1/files/${result.id}/content`, "/v1/files/file-ft_none"])
+      assert.equal((await as(app, KEY_B).get(url)).statusCode, 404, url);
+    await assert.rejects(client.files.delete(result.id), { status: 400 });
     // The name must be the job's own: another suffix is no model.
     await assert.rejects(client.models.retrieve(`ft:tiny128:other:${job.id}`), { status: 404 });
 
@@ -197,6 +209,8 @@ describe("OpenAI's files and fine-tuning jobs with the official client", () => {
     const cancelled = await client.fineTuning.jobs.cancel(long.id);
     assert.equal(cancelled.status, "cancelled");
     assert.equal(cancelled.hyperparameters.learning_rate_multiplier, 2);
+    assert.deepEqual(cancelled.result_files, []);
+    assert.equal((await as(app, KEY_A).get(`/v1/files/file-${long.id}`)).statusCode, 409);
     const runs = (await as(app, KEY_A).get("/conduit/finetuning")).json();
     const [longRun, doneRun] = [long.id, job.id].map((id) => runs.find((r: { id: string }) => r.id === id));
     assert.equal(longRun.status, "CANCELLED");

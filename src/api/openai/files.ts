@@ -6,7 +6,8 @@ import type { TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
 import type { Core } from "../../core.ts";
 import type { DatasetService, ReceivedFile, UploadInput } from "../../datasets/DatasetService.ts";
 import { ConduitError } from "../../errors.ts";
-import { toOpenAiFile } from "./fineTuningWire.ts";
+import { toOpenAiFile, toOpenAiResultFile, resultFileRun } from "./fineTuningWire.ts";
+import type { RunService } from "../../train/RunService.ts";
 import {
   OpenAiFile,
   OpenAiFileDeleted,
@@ -22,11 +23,13 @@ const fileName = TypeCompiler.Compile(Name);
 
 /**
  * OpenAI's files API on Conduit's files (see `fineTuningWire.ts`): an upload becomes a dataset of
- * its own holding the file; every file of your datasets is listed, read and deleted by its id.
+ * its own holding the file; every file of your datasets is listed, read and deleted by its id. A succeeded
+ * job's result file (`file-{job id}`, in the job's `result_files`) is what its run produced, read like a file
+ * and deleted with the run.
  */
 export default async function openAiFileRoutes(app: FastifyInstance, { core }: { core: Core }) {
   const r = app.withTypeProvider<TypeBoxTypeProvider>();
-  const { datasets } = core;
+  const { datasets, runs } = core;
   const tags = ["openai fine-tuning"];
   // This plugin is its own context: multipart reaches the /v1/files routes only.
   await acceptMultipart(app, core.config.maxUploadBytes);
@@ -87,11 +90,17 @@ export default async function openAiFileRoutes(app: FastifyInstance, { core }: {
         tags,
         summary: "OpenAI-compatible file",
         params: OpenAiFileParams,
-        response: responses({ 200: OpenAiFile }),
+        response: responses({ 200: OpenAiFile }, [400, 401, 404, 409]),
       },
     },
-    async (request) =>
-      toOpenAiFile(await datasets.getUserFile(request.userId, request.params.file_id, "file_id")),
+    async (request) => {
+      const { file_id } = request.params;
+      const runId = resultFileRun(file_id);
+      if (runId === undefined)
+        return toOpenAiFile(await datasets.getUserFile(request.userId, file_id, "file_id"));
+      const { run, artifact } = await resultFile(runs, request.userId, file_id, runId);
+      return toOpenAiResultFile(run, artifact);
+    },
   );
 
   r.get(
@@ -99,7 +108,7 @@ export default async function openAiFileRoutes(app: FastifyInstance, { core }: {
     {
       schema: {
         tags,
-        summary: "OpenAI-compatible file content: the file as uploaded",
+        summary: "OpenAI-compatible file content: the file as uploaded, or a job's result file (its GGUF)",
         params: OpenAiFileParams,
         response: {
           200: {
@@ -108,12 +117,22 @@ export default async function openAiFileRoutes(app: FastifyInstance, { core }: {
               "application/octet-stream": { schema: Type.Unsafe({ type: "string", format: "binary" }) },
             },
           },
-          ...responses({}),
+          ...responses({}, [400, 401, 404, 409]),
         },
       },
     },
     async (request, reply) => {
-      const { file, path } = await datasets.userFilePath(request.userId, request.params.file_id, "file_id");
+      const { file_id } = request.params;
+      const runId = resultFileRun(file_id);
+      if (runId !== undefined) {
+        const { artifact } = await resultFile(runs, request.userId, file_id, runId);
+        return reply
+          .header("content-type", "application/octet-stream")
+          .header("content-length", String(artifact.sizeBytes))
+          .header("content-disposition", `attachment; filename="${artifact.fileName}"`)
+          .send(fs.createReadStream(artifact.path));
+      }
+      const { file, path } = await datasets.userFilePath(request.userId, file_id, "file_id");
       return reply
         .header("content-type", "application/octet-stream")
         .header("content-length", String(file.size))
@@ -128,16 +147,39 @@ export default async function openAiFileRoutes(app: FastifyInstance, { core }: {
         tags,
         summary: "OpenAI-compatible file delete",
         description:
-          "Removes the file from its dataset, and the dataset too when no other file is left in it.",
+          "Removes the file from its dataset, and the dataset too when no other file is left in it. A job's result " +
+          "file goes with its run (`DELETE /conduit/finetuning/{finetune_id}`) and is refused here.",
         params: OpenAiFileParams,
         response: responses({ 200: OpenAiFileDeleted }),
       },
     },
     async (request) => {
+      const runId = resultFileRun(request.params.file_id);
+      if (runId !== undefined) {
+        await resultFile(runs, request.userId, request.params.file_id, runId);
+        throw new ConduitError(
+          "invalid_request",
+          `file ${request.params.file_id} is job ${runId}'s result and goes with its run: DELETE /conduit/finetuning/${runId}`,
+          { param: "file_id" },
+        );
+      }
       await datasets.deleteUserFile(request.userId, request.params.file_id, "file_id");
       return { id: request.params.file_id, object: "file" as const, deleted: true };
     },
   );
+}
+
+/**
+ * A job's result file: the run's own (someone else's run, or none, is a 404 naming the file) and what it produced
+ * (`RunService.artifact`: a run that has not succeeded is a 409).
+ */
+async function resultFile(runs: RunService, userId: string, fileId: string, runId: string) {
+  const run = await runs.get(userId, runId).catch((error: unknown) => {
+    if (error instanceof ConduitError && error.code === "not_found")
+      throw new ConduitError("not_found", `file ${fileId} not found`, { param: "file_id" });
+    throw error;
+  });
+  return { run, artifact: await runs.artifact(userId, run.id) };
 }
 
 /**

@@ -54,6 +54,34 @@ export function toOpenAiFile(file: DatasetFile) {
   };
 }
 
+const RESULT_FILE_PREFIX = "file-";
+
+/** A job's result file id: `file-{run id}` (an uploaded file's id is `file_…`, never `file-…`). */
+export function resultFileId(runId: string): string {
+  return `${RESULT_FILE_PREFIX}${runId}`;
+}
+
+/** The run whose result file `fileId` is, or `undefined` when it names an uploaded file. */
+export function resultFileRun(fileId: string): string | undefined {
+  return fileId.startsWith(RESULT_FILE_PREFIX) ? fileId.slice(RESULT_FILE_PREFIX.length) : undefined;
+}
+
+/** A succeeded job's result file: what the run produced (`RunService.artifact`), as an OpenAI file. */
+export function toOpenAiResultFile(run: Run, artifact: { fileName: string; sizeBytes: number }) {
+  return {
+    id: resultFileId(run.id),
+    object: "file" as const,
+    bytes: artifact.sizeBytes,
+    created_at: unixSeconds(run.updatedAt),
+    filename: artifact.fileName,
+    purpose: "fine-tune-results" as const,
+    status: "processed" as const,
+    status_details: null,
+    expires_at: null,
+    dataset_id: null,
+  };
+}
+
 function recordOf(run: Run): Partial<JobRequest> {
   const request = run.config.jobRequest;
   return request?.face === "openai" ? request : {};
@@ -97,7 +125,7 @@ export function toOpenAiJob(run: Run): OpenAiJobWire {
     fine_tuned_model: run.status === "READY" ? servedModelName(run) : null,
     model: record.model ?? String(run.config.baseModelName),
     organization_id: run.userId,
-    result_files: [],
+    result_files: run.status === "READY" && run.modelPath ? [resultFileId(run.id)] : [],
     seed: Number(run.config.seed),
     status: run.pausing ? "pausing" : openAiStatus[run.status],
     trained_tokens: typeof stats.final?.sampleTokens === "number" ? stats.final.sampleTokens : null,
