@@ -18,6 +18,7 @@ import { AdapterService } from "./train/AdapterService.ts";
 import { EvalRepository } from "./store/EvalRepository.ts";
 import { EvalService } from "./evals/EvalService.ts";
 import { Sweeper } from "./store/Sweeper.ts";
+import { diskSpace, type DiskSpace } from "./store/diskSpace.ts";
 import { RunService } from "./train/RunService.ts";
 import { createRunEventBus, type RunEventBus } from "./train/runEvents.ts";
 import { Scheduler, type SchedulerOptions } from "./train/Scheduler.ts";
@@ -53,6 +54,8 @@ export interface Core {
   trainerHost: TrainerHost;
   /** Whether the torch trainer can run here (checked in the background by the server, on demand otherwise). */
   torch: TorchTrainerStatus;
+  /** The data directory's disk: the space the server may still write, and its size. */
+  disk(): Promise<DiskSpace>;
   close(): Promise<void>;
 }
 
@@ -241,6 +244,7 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
     sweeper,
     trainerHost,
     torch: torchStatus(config.python),
+    disk: () => diskSpace(config.dataDir),
     async close() {
       await sweeper.stop();
       await scheduler.close();

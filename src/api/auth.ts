@@ -1,6 +1,6 @@
 import type { FastifyInstance, FastifyRequest } from "fastify";
 import { ConduitError } from "../errors.ts";
-import type { KeyRepository } from "../store/KeyRepository.ts";
+import type { Core } from "../core.ts";
 
 declare module "fastify" {
   interface FastifyRequest {
@@ -74,7 +74,7 @@ export class FailedKeys {
  * slowed, but it is hopeless: a generated key holds 256 random bits (keys given in `CONDUIT_API_KEYS` should
  * too), and every address past the limit is in the log.
  */
-export function registerAuth(app: FastifyInstance, keys: KeyRepository, maxKeyFailures: number): void {
+export function registerAuth(app: FastifyInstance, keys: Core["keys"], maxKeyFailures: number): void {
   const failures = new FailedKeys(maxKeyFailures, (message) => app.log.warn(message));
   app.decorateRequest("userId", "");
   app.addHook("onRequest", async (request) => {

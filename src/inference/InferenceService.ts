@@ -25,7 +25,7 @@ import {
   runIdOfModelName,
   servedModelName,
 } from "../domain/modelNames.ts";
-import { parseTimestamp } from "../store/time.ts";
+import { parseTimestamp } from "../domain/time.ts";
 
 export interface InferenceRequest {
   /**
@@ -87,27 +87,29 @@ export interface InferenceResult {
   completionTokens: number;
 }
 
+/** A model a user can name, as the models lists show it (each face writes it in its own shape). */
 export interface ServableModel {
   id: string;
-  object: "model";
+  /** Seconds since the epoch: a base model's file's change, a run's last update, an adapter's import. */
   created: number;
-  owned_by: string;
+  /** The user whose run or adapter it is; `null` for a base model (the server's own). */
+  owner: string | null;
   /** `base` for models in the models directory, `fine-tuned` for READY runs, `adapter` for imported adapters. */
   kind: "base" | "fine-tuned" | "adapter";
   /** Tokens of the model's training context, from its GGUF header (a LoRA fine-tune: its base's); `null` when unknown. */
-  context_length: number | null;
+  contextLength: number | null;
   /** Bytes of the model's own file (a LoRA fine-tune: its adapter's); `null` when the file is not on this server. */
-  size_bytes: number | null;
+  sizeBytes: number | null;
   /** The weights' file type as llama.cpp names it (`F32`, `Q8_0`, `Q4_K_M`, …; a LoRA fine-tune: its base's); `null` when unknown. */
   quantization: string | null;
   /** The model a fine-tune was trained from; `null` for a base model. */
-  base_model: string | null;
+  baseModel: string | null;
   /** The chat template chats are rendered with (see `ChatTemplate.origin`); `null` when the file cannot be read. */
-  chat_template: { source: ChatTemplateSource; name: string } | null;
+  chatTemplate: { source: ChatTemplateSource; name: string } | null;
 }
 
 /** Which chat template a model file's chats get; `null` when the file cannot be read. */
-async function chatTemplateOf(id: string, path: string | undefined): Promise<ServableModel["chat_template"]> {
+async function chatTemplateOf(id: string, path: string | undefined): Promise<ServableModel["chatTemplate"]> {
   if (path === undefined) return null;
   try {
     const template = await loadChatTemplate({ id, path });
@@ -365,7 +367,7 @@ export class InferenceService {
       return {
         ...(await this.describeRun(userId, checkpoint.run)),
         id: checkpointModelName(checkpoint.run, checkpoint.step),
-        size_bytes: await fsp
+        sizeBytes: await fsp
           .stat(keptCheckpointPath(checkpoint.run, checkpoint.step) ?? "")
           .then((s) => s.size)
           .catch(() => null),
@@ -393,15 +395,14 @@ export class InferenceService {
     const weights = basePath ? await readModelFileInfo(basePath) : undefined;
     return {
       id: adapter.id,
-      object: "model",
       created: Math.floor(parseTimestamp(adapter.createdAt) / 1000),
-      owned_by: userId,
+      owner: userId,
       kind: "adapter",
-      context_length: weights?.contextLength ?? null,
-      size_bytes: adapter.sizeBytes,
+      contextLength: weights?.contextLength ?? null,
+      sizeBytes: adapter.sizeBytes,
       quantization: weights?.quantization ?? null,
-      base_model: adapter.baseModel,
-      chat_template: await chatTemplateOf(adapter.id, basePath),
+      baseModel: adapter.baseModel,
+      chatTemplate: await chatTemplateOf(adapter.id, basePath),
     };
   }
 
@@ -420,15 +421,14 @@ export class InferenceService {
     const file = await readModelFileInfo(m.path);
     return {
       id: m.id,
-      object: "model",
       created: Math.floor(m.modifiedAt.getTime() / 1000),
-      owned_by: "conduit",
+      owner: null,
       kind: "base",
-      context_length: file?.contextLength ?? null,
-      size_bytes: file?.sizeBytes ?? m.sizeBytes,
+      contextLength: file?.contextLength ?? null,
+      sizeBytes: file?.sizeBytes ?? m.sizeBytes,
       quantization: file?.quantization ?? null,
-      base_model: null,
-      chat_template: await chatTemplateOf(m.id, m.path),
+      baseModel: null,
+      chatTemplate: await chatTemplateOf(m.id, m.path),
     };
   }
 
@@ -444,16 +444,15 @@ export class InferenceService {
       methodOf(run.config) !== "lora" ? own : basePath ? await readModelFileInfo(basePath) : undefined;
     return {
       id: servedModelName(run),
-      object: "model",
       created: Math.floor(parseTimestamp(run.updatedAt) / 1000),
-      owned_by: userId,
+      owner: userId,
       kind: "fine-tuned",
-      context_length: weights?.contextLength ?? null,
-      size_bytes: own?.sizeBytes ?? null,
+      contextLength: weights?.contextLength ?? null,
+      sizeBytes: own?.sizeBytes ?? null,
       quantization: weights?.quantization ?? null,
-      base_model: baseName,
+      baseModel: baseName,
       // A LoRA fine-tune is rendered with its base's template.
-      chat_template: await chatTemplateOf(
+      chatTemplate: await chatTemplateOf(
         servedModelName(run),
         methodOf(run.config) !== "lora" ? (run.modelPath ?? undefined) : basePath,
       ),

@@ -1,22 +1,8 @@
 import type { Kysely } from "kysely";
 import type { AdapterTable, Database } from "./schema.ts";
+import type { Adapter } from "../domain/adapters.ts";
 
-/** A LoRA adapter imported for a base model (see `AdapterService`). */
-export interface Adapter {
-  id: string;
-  userId: string;
-  name: string;
-  baseModel: string;
-  format: "gguf" | "peft";
-  rank: number;
-  alpha: number;
-  /** Base weights it adapts. */
-  weights: number;
-  sizeBytes: number;
-  /** The stored GGUF adapter. */
-  path: string;
-  createdAt: string;
-}
+export type { Adapter } from "../domain/adapters.ts";
 
 function toAdapter(row: AdapterTable): Adapter {
   return {

@@ -1,7 +1,7 @@
 import type { Kysely, Transaction } from "kysely";
 import { newId } from "./ids.ts";
 import type { Database, DatasetTable, FileTable } from "./schema.ts";
-import { timestamp } from "./time.ts";
+import { timestamp } from "../domain/time.ts";
 import type { Dataset, DatasetFile, DatasetStatus, Page } from "../domain/datasets.ts";
 
 export type { Dataset, DatasetFile, DatasetStatus, Page } from "../domain/datasets.ts";

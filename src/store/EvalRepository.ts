@@ -12,7 +12,7 @@ import type {
   RunEvalRun,
 } from "../domain/evals.ts";
 import type { Database, EvalResultTable, EvalRunTable, EvalTable } from "./schema.ts";
-import { timestamp } from "./time.ts";
+import { timestamp } from "../domain/time.ts";
 
 type RunEvalRunRow = Pick<
   EvalRunTable,

@@ -4,7 +4,7 @@ import type { ReadCommitted } from "./committedReads.ts";
 import { newId } from "./ids.ts";
 import { precompile } from "./precompiled.ts";
 import type { ApiKeyTable, Database } from "./schema.ts";
-import { timestamp } from "./time.ts";
+import { timestamp } from "../domain/time.ts";
 
 export interface ApiKey {
   id: string;

@@ -5,7 +5,7 @@ import type { Page } from "./DatasetRepository.ts";
 import type { Database, RunTable } from "./schema.ts";
 import { precompile } from "./precompiled.ts";
 import { RUN_CHANGES_CHANNEL, RunChanges } from "./RunChanges.ts";
-import { timestamp } from "./time.ts";
+import { timestamp } from "../domain/time.ts";
 import {
   activeStatuses,
   type RunStats,

@@ -5,7 +5,7 @@ import type { ModelRegistry } from "../model/ModelRegistry.ts";
 import type { Adapter, AdapterRepository } from "../store/AdapterRepository.ts";
 import type { BlobStore } from "../store/BlobStore.ts";
 import { newId } from "../store/ids.ts";
-import { timestamp } from "../store/time.ts";
+import { timestamp } from "../domain/time.ts";
 import {
   AdapterFileError,
   checkGgufAdapter,

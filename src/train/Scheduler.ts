@@ -10,7 +10,7 @@ import { isOutOfSpace, OUT_OF_SPACE_RUN } from "../errors.ts";
 import type { BlobStore } from "../store/BlobStore.ts";
 import { DatabaseHealth } from "../store/DatabaseHealth.ts";
 import type { RunRepository } from "../store/RunRepository.ts";
-import { timestamp } from "../store/time.ts";
+import { timestamp } from "../domain/time.ts";
 import { methodOf, trainerOf, type Run, type RunConfig, type TrainerName } from "../domain/runs.ts";
 import type { TrainerBackend, TrainerHost } from "./core/TrainerBackend.ts";
 import { CheckpointDir, keptSteps, type KeptCheckpoint } from "./core/checkpoint.ts";

@@ -9,7 +9,7 @@ import { describeConfig, loadConfig } from "../../src/config.ts";
 import { asAlice, backends, buildTestApp, datasetOf, startRun, testEnv } from "../lib/helper.ts";
 import { getRun, runEnded, waitForRun } from "../lib/helper.ts";
 import { freePort, until } from "../lib/wait.ts";
-import { parseTimestamp } from "../../src/store/time.ts";
+import { parseTimestamp } from "../../src/domain/time.ts";
 
 /**
  * Runs mirrored to a real MLflow tracking server (`pip install mlflow`; `.ci/run` puts it in

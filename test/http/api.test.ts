@@ -18,6 +18,7 @@ import path from "node:path";
 import Sqlite from "better-sqlite3";
 import pg from "pg";
 import type { CoreOverrides } from "../../src/core.ts";
+import { trainers } from "../../src/train/trainers.ts";
 
 const models: CoreOverrides = {};
 
@@ -344,6 +345,11 @@ test("health, OpenAPI document and docs page need no key", async (t) => {
   assert.ok(["cpu", "cuda", "vulkan", "metal"].includes(accelerator.backend), accelerator.backend);
   assert.equal(accelerator.devices.length === 0, accelerator.backend === "cpu");
   assert.equal(accelerator.gpuMemory === undefined, accelerator.backend === "cpu");
+  // Every trainer of the registry has its block, described in the OpenAPI document; llama.cpp ships with Conduit.
+  const { trainers: trainerHealth } = health.json();
+  assert.deepEqual(Object.keys(trainerHealth).sort(), ["setting", ...Object.keys(trainers)].sort());
+  assert.equal(trainerHealth["llama.cpp"].available, true);
+  assert.equal(typeof trainerHealth.torch.available, "boolean");
   const spec = await app.inject({ url: "/openapi.json" });
   assert.equal(spec.statusCode, 200);
   const doc = spec.json();

@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { checkpointModelName, checkpointOfModelName } from "../../src/domain/modelNames.ts";
-import { checkpointPage } from "../../src/api/openAiFineTuning.ts";
+import { checkpointPage } from "../../src/api/openai/fineTuningWire.ts";
 import { ConduitError } from "../../src/errors.ts";
 import type { Run } from "../../src/domain/runs.ts";
 

@@ -6,7 +6,7 @@ import {
   perModelUsage,
   resolveOpenAiItems,
   runRequest,
-} from "../../src/api/openAiEvals.ts";
+} from "../../src/api/openai/evalsWire.ts";
 import { fuzzyMatch, grade, normalize, settleGraders, tokenF1 } from "../../src/evals/graders.ts";
 import { describeEvaluation } from "../../src/evals/runEvaluation.ts";
 import type { EvalRun } from "../../src/domain/evals.ts";

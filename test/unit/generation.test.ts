@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { chatMessages } from "../../src/api/generation/conduit.ts";
+import { chatMessages } from "../../src/api/conduit/generationWire.ts";
 
 test("history alternates user and assistant; an odd one ends with an unanswered user turn", () => {
   assert.deepEqual(chatMessages({ prompt: "p", system_prompt: "s", history: ["u1", "a1"] }), [

@@ -11,14 +11,14 @@ import type {
 } from "../../src/contract/generation.ts";
 import { ConduitError } from "../../src/errors.ts";
 import { completionShape } from "../../src/api/generation/common.ts";
-import { conduitChatShape, fromChatBody, fromCompletionsBody } from "../../src/api/generation/conduit.ts";
+import { conduitChatShape, fromChatBody, fromCompletionsBody } from "../../src/api/conduit/generationWire.ts";
 import {
   fromChatRequest,
   fromCompletionRequest,
   openAiChatShape,
   toChatChunk,
   toChatCompletion,
-} from "../../src/api/generation/openai.ts";
+} from "../../src/api/openai/generationWire.ts";
 import type { InferenceResult } from "../../src/inference/InferenceService.ts";
 
 const base = { id: "chatcmpl-x", created: 1_700_000_000, model: "tiny" };

@@ -3,7 +3,7 @@ import { test } from "node:test";
 import { judgeLimits, type ModelGrader } from "../../src/contract/evals.ts";
 import { settleGraders } from "../../src/evals/graders.ts";
 import { judgePrompt, judgeSchema, readVerdict } from "../../src/evals/judge.ts";
-import { gradersOfCriteria, openAiGraderError } from "../../src/api/openAiEvals.ts";
+import { gradersOfCriteria, openAiGraderError } from "../../src/api/openai/evalsWire.ts";
 import { ConduitError } from "../../src/errors.ts";
 import { unsupportedJsonSchema } from "../../src/engine/grammars.ts";
 

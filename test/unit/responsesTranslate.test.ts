@@ -9,7 +9,7 @@ import {
   responseSettings,
   toResponse,
   toResponsesError,
-} from "../../src/api/generation/responses.ts";
+} from "../../src/api/openai/responsesWire.ts";
 import type { InferenceResult } from "../../src/inference/InferenceService.ts";
 
 /** A body as the schema leaves it: OpenAI's defaults filled in. */

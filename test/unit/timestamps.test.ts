@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { parseTimestamp, timestamp } from "../../src/store/time.ts";
+import { parseTimestamp, timestamp } from "../../src/domain/time.ts";
 
 /** Stored timestamps (`YYYY-MM-DD HH:MM:SS.mmm`) are UTC whatever the server's time zone. */
 

@@ -52,9 +52,23 @@ test("domain code takes domain commands: no wire schema or wire type is imported
   }
 });
 
+/** A module of routes: the service's (`api/routes/`), or a face's (`api/conduit/`, `api/openai/`) that is not its translator (`…Wire.ts`). */
+const isRoutes = (file: string) =>
+  file.startsWith("api/routes/") || (/^api\/(conduit|openai)\//.test(file) && !/wire\.ts$/i.test(file));
+
 test("routes import no route", async () => {
+  const routes = (await importsUnder("api")).filter(({ file }) => isRoutes(file));
+  assert.ok(routes.length > 10, `${routes.length} imports of routes`);
+  assert.deepEqual(offenders(routes, isRoutes), []);
+});
+
+test("a face's generation translators map to the domain's generation request, never through the other face", async () => {
+  const translators = (await importsUnder("api")).filter(({ file }) =>
+    /^api\/(conduit|openai)\/generationWire\.ts$/.test(file),
+  );
+  assert.equal(new Set(translators.map(({ file }) => file)).size, 2);
   assert.deepEqual(
-    offenders(await importsUnder("api/routes"), (t) => t.startsWith("api/routes/")),
+    offenders(translators, (t) => /^api\/(conduit|openai)\//.test(t)),
     [],
   );
 });

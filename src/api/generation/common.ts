@@ -2,7 +2,10 @@
  * What both API faces' generation translators share: the shape of a face's answers (`ResponseShape`), usage,
  * log probabilities in OpenAI's two forms, and the text completion (the same on both faces). Pure functions.
  */
-import type { TokenLogprob, ToolCall } from "../../engine/types.ts";
+import type { Static } from "@sinclair/typebox";
+import type { ResponseFormat, TokenLogprob, ToolCall } from "../../engine/types.ts";
+import type { ModelEntry, ResponseFormatWire } from "../../contract/generation/common.ts";
+import type { ServableModel } from "../../inference/InferenceService.ts";
 import type { InferenceChoice, InferenceRequest, InferenceResult } from "../../inference/InferenceService.ts";
 
 /** A generation as a face asks for it: the inference request less what the HTTP side adds (abort, streaming). */
@@ -119,5 +122,33 @@ export function completionShape(streamUsage: ResponseShape["streamUsage"] = "las
       };
     },
     streamUsage,
+  };
+}
+
+/** What a streamed chat answers. */
+export const chatEvents =
+  "Server-Sent Events: `data: {chat.completion.chunk}` lines, then `data: [DONE]`; an error after the first " +
+  'chunk is a final `data: {"error":{...}}`.';
+
+/** `response_format` → the engine's grammar request; `text` (or none) is free text. */
+export function responseFormat(wire: ResponseFormatWire | undefined): ResponseFormat | undefined {
+  if (wire?.type === "json_object") return { kind: "json" };
+  if (wire?.type === "json_schema") return { kind: "json_schema", schema: wire.json_schema.schema };
+  return undefined;
+}
+
+/** A model of the models lists as both faces send it (OpenAI's model object, Conduit's fields beside it). */
+export function toModelWire(model: ServableModel): Static<typeof ModelEntry> {
+  return {
+    id: model.id,
+    object: "model",
+    created: model.created,
+    owned_by: model.owner ?? "conduit",
+    kind: model.kind,
+    context_length: model.contextLength,
+    size_bytes: model.sizeBytes,
+    quantization: model.quantization,
+    base_model: model.baseModel,
+    chat_template: model.chatTemplate,
   };
 }

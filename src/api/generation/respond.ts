@@ -10,7 +10,7 @@ import {
   toResponsesError,
   type ResponseEvent,
   type responseSettings,
-} from "./responses.ts";
+} from "../openai/responsesWire.ts";
 
 /**
  * Runs a generation for any endpoint: JSON, or Server-Sent Events when `stream` is set. The

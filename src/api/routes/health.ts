@@ -1,11 +1,9 @@
 import type { FastifyInstance } from "fastify";
-import { Type } from "@sinclair/typebox";
+import { Type, type TObject } from "@sinclair/typebox";
 import type { Core } from "../../core.ts";
 import { TRAINER_SETTINGS } from "../../domain/runs.ts";
 import { GPU_SETTINGS } from "../../contract/accelerator.ts";
-import { describeTorch } from "../../train/torch/torchStatus.ts";
-import { blasStatus } from "../../train/native/blasBackend.ts";
-import { diskSpace } from "../../store/diskSpace.ts";
+import { trainersInOrder } from "../../train/trainers.ts";
 import { responses } from "../../contract/schemas.ts";
 
 const Health = Type.Object({
@@ -79,42 +77,7 @@ const Health = Type.Object({
         TRAINER_SETTINGS.map((s) => Type.Literal(s)),
         { description: "`CONDUIT_TRAINER` as set." },
       ),
-      "llama.cpp": Type.Object(
-        {
-          available: Type.Boolean({ description: "Always: it ships with node-llama-cpp." }),
-          blas: Type.Object(
-            {
-              available: Type.Boolean({ description: "Runs on the CPU load it and train on an F32 base." }),
-              library: Type.Union([Type.String(), Type.Null()], {
-                description: "The library (`CONDUIT_TRAINER_BLAS`).",
-              }),
-              reason: Type.Optional(Type.String({ description: "Why there is none." })),
-            },
-            { description: "Its BLAS backend, the fast path on the CPU (`npm run setup:trainer`)." },
-          ),
-        },
-        { description: "The embedded llama.cpp trainer." },
-      ),
-      torch: Type.Object(
-        {
-          available: Type.Boolean(),
-          checking: Type.Optional(
-            Type.Boolean({
-              description:
-                "A check (importing PyTorch) is running: the first, or one after its Python's packages changed " +
-                "(`npm run setup:torch` while the server runs); the other fields are the last check's.",
-            }),
-          ),
-          python: Type.Union([Type.String(), Type.Null()], {
-            description: "The Python it runs with (`CONDUIT_PYTHON`).",
-          }),
-          detail: Type.Optional(
-            Type.String({ description: "Versions, device and weight type, when available." }),
-          ),
-          reason: Type.Optional(Type.String({ description: "Why it is not available." })),
-        },
-        { description: "The PyTorch + PEFT trainer (`npm run setup:torch`)." },
-      ),
+      ...trainerHealthSchemas(),
     },
     {
       description:
@@ -128,17 +91,9 @@ function mib(bytes: number): string {
   return `${Math.floor(bytes / 2 ** 20)} MiB`;
 }
 
-/**
- * The torch trainer as last checked; a check is started here (never awaited) when there was none, or when the
- * Python's install changed since the last one: `checking` says one is running.
- */
-function torchHealth(core: Core) {
-  const { status, checking } = core.torch.peek();
-  const running = checking ? { checking: true } : {};
-  if (status === undefined) return { available: false, checking: true, python: core.torch.python };
-  return status.available
-    ? { available: true, ...running, python: status.python, detail: describeTorch(status.probe) }
-    : { available: false, ...running, python: status.python, reason: status.reason };
+/** Each trainer's block of `/healthz` under its name, from the trainers' registry. */
+function trainerHealthSchemas(): Record<string, TObject> {
+  return Object.fromEntries(trainersInOrder().map((trainer) => [trainer.name, trainer.health.schema]));
 }
 
 /** Liveness and readiness without auth: the database answers, and the data directory's disk has room. */
@@ -160,7 +115,7 @@ export default async function healthRoutes(app: FastifyInstance, { core }: { cor
     },
     async () => {
       await core.keys.count();
-      const { freeBytes, totalBytes } = await diskSpace(core.config.dataDir);
+      const { freeBytes, totalBytes } = await core.disk();
       const minFreeBytes = core.config.minFreeBytes;
       const warnings =
         freeBytes < minFreeBytes
@@ -177,8 +132,9 @@ export default async function healthRoutes(app: FastifyInstance, { core }: { cor
         accelerator,
         trainers: {
           setting: core.config.trainer,
-          "llama.cpp": { available: true, blas: blasStatus(core.config.trainerBlas) },
-          torch: torchHealth(core),
+          ...Object.fromEntries(
+            trainersInOrder().map((trainer) => [trainer.name, trainer.health.now(core.trainerHost)]),
+          ),
         },
         ...(warnings.length > 0 ? { warnings } : {}),
       };

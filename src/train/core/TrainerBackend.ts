@@ -6,6 +6,7 @@
  * of the registry (`src/train/trainers.ts`), keyed by its name.
  */
 import os from "node:os";
+import type { Static, TObject } from "@sinclair/typebox";
 import type { GpuLayers, GpuSetting } from "../../contract/accelerator.ts";
 import type { LoraTarget, TrainMethod } from "../../contract/runs.ts";
 import type { TrainerName, TrainObjective } from "../../domain/runs.ts";
@@ -19,6 +20,8 @@ export interface TrainerBackend<Options = unknown> {
   readonly setupCommand: string | null;
   /** Whether it can train on this server, and if not why; cached where finding out is slow. */
   status(host: TrainerHost): Promise<TrainerStatus>;
+  /** Its block of `/healthz`, under its name. */
+  readonly health: TrainerHealth;
   /**
    * Why it cannot train a run, whether or not it is installed (the method, the base model's architecture, the
    * LoRA targets asked for), or `undefined` when it can.
@@ -66,6 +69,15 @@ export interface TrainerHost {
 export type TrainerStatus =
   /** `detail`: what it computes with, for logs (`PyTorch 2.13.0+cpu + PEFT 0.21.2 on the CPU, bf16`). */
   { available: true; detail?: string } | { available: false; reason: string };
+
+/**
+ * A trainer's block of `/healthz`: its schema (described, for the OpenAPI document), and the block now, as last
+ * known: reading it never waits on a check (it may start one, and then says so).
+ */
+export interface TrainerHealth<Schema extends TObject = TObject> {
+  readonly schema: Schema;
+  now(host: TrainerHost): Static<Schema>;
+}
 
 /** What a trainer is asked to train, as far as its ability goes. */
 export interface TrainingRequest {

@@ -4,6 +4,7 @@
  * fine-tunes, and computes where generation does (the CPU, or the engine's GPU build).
  */
 import os from "node:os";
+import { Type } from "@sinclair/typebox";
 import type { LoraTarget } from "../../contract/runs.ts";
 import type { ComputeDevice } from "../libllama/llamaLib.ts";
 import {
@@ -12,6 +13,7 @@ import {
   type EstimatePrior,
   type MemoryLine,
   type TrainerBackend,
+  type TrainerHealth,
 } from "../core/TrainerBackend.ts";
 import { blasStatus } from "./blasBackend.ts";
 import { F32_BASE_MEMORY_FRACTION, runTraining } from "./runTraining.ts";
@@ -144,10 +146,31 @@ const LLAMA_CPP_MEMORY = {
   loraQ8: { fixed: 0.53e9, perParameter: 2.54 },
 } satisfies Record<string, MemoryLine>;
 
+const LlamaCppHealth = Type.Object(
+  {
+    available: Type.Boolean({ description: "Always: it ships with node-llama-cpp." }),
+    blas: Type.Object(
+      {
+        available: Type.Boolean({ description: "Runs on the CPU load it and train on an F32 base." }),
+        library: Type.Union([Type.String(), Type.Null()], {
+          description: "The library (`CONDUIT_TRAINER_BLAS`).",
+        }),
+        reason: Type.Optional(Type.String({ description: "Why there is none." })),
+      },
+      { description: "Its BLAS backend, the fast path on the CPU (`npm run setup:trainer`)." },
+    ),
+  },
+  { description: "The embedded llama.cpp trainer." },
+);
+
 export const llamaCppTrainer: TrainerBackend<LlamaCppOptions> = {
   name: "llama.cpp",
   setupCommand: null,
   status: () => Promise.resolve({ available: true }),
+  health: {
+    schema: LlamaCppHealth,
+    now: (host) => ({ available: true, blas: blasStatus(host.blas) }),
+  } satisfies TrainerHealth<typeof LlamaCppHealth>,
   cannotTrain({ architecture, loraTargets, objective }) {
     if (objective === "dpo")
       return {

@@ -5,8 +5,14 @@
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
+import { Type } from "@sinclair/typebox";
 import { LORA_TARGETS } from "../../contract/runs.ts";
-import { memoryOf, type MemoryLine, type TrainerBackend } from "../core/TrainerBackend.ts";
+import {
+  memoryOf,
+  type MemoryLine,
+  type TrainerBackend,
+  type TrainerHealth,
+} from "../core/TrainerBackend.ts";
 import { runTorchTraining } from "./runTorchTraining.ts";
 import { describeTorch, TORCH_SETUP_COMMAND, torchStatus } from "./torchStatus.ts";
 
@@ -117,9 +123,46 @@ export function torchAutoThreads(cores: number): number {
   return Math.max(1, cores - 1);
 }
 
+const TorchHealth = Type.Object(
+  {
+    available: Type.Boolean(),
+    checking: Type.Optional(
+      Type.Boolean({
+        description:
+          "A check (importing PyTorch) is running: the first, or one after its Python's packages changed " +
+          "(`npm run setup:torch` while the server runs); the other fields are the last check's.",
+      }),
+    ),
+    python: Type.Union([Type.String(), Type.Null()], {
+      description: "The Python it runs with (`CONDUIT_PYTHON`).",
+    }),
+    detail: Type.Optional(Type.String({ description: "Versions, device and weight type, when available." })),
+    reason: Type.Optional(Type.String({ description: "Why it is not available." })),
+  },
+  { description: "The PyTorch + PEFT trainer (`npm run setup:torch`)." },
+);
+
+/**
+ * The torch trainer as last checked; a check is started here (never awaited) when there was none, or when the
+ * Python's install changed since the last one: `checking` says one is running.
+ */
+const torchHealth = {
+  schema: TorchHealth,
+  now(host) {
+    const torch = torchStatus(host.python);
+    const { status, checking } = torch.peek();
+    const running = checking ? { checking: true } : {};
+    if (status === undefined) return { available: false, checking: true, python: torch.python };
+    return status.available
+      ? { available: true, ...running, python: status.python, detail: describeTorch(status.probe) }
+      : { available: false, ...running, python: status.python, reason: status.reason };
+  },
+} satisfies TrainerHealth<typeof TorchHealth>;
+
 export const torchTrainer: TrainerBackend<TorchOptions> = {
   name: "torch",
   setupCommand: TORCH_SETUP_COMMAND,
+  health: torchHealth,
   async status(host) {
     const status = await torchStatus(host.python).check();
     return status.available

@@ -13,7 +13,7 @@ import {
   type MlflowParam,
   type MlflowRunStatus,
 } from "./MlflowClient.ts";
-import { parseTimestamp } from "../../store/time.ts";
+import { parseTimestamp } from "../../domain/time.ts";
 
 export interface MlflowTrackerOptions {
   /** Experiment of runs that name no `trackerProject`. */

@@ -11,29 +11,42 @@ import type { OpenAiChatBodyWire, OpenAiCompletionBodyWire } from "../../contrac
 import {
   chatLogprobs,
   completionShape,
+  responseFormat,
   usageOf,
   type FinishReason,
   type GenerationInput,
   type ResponseBase,
   type ResponseShape,
-} from "./common.ts";
-import { conduitSampling, responseFormat } from "./conduit.ts";
+} from "../generation/common.ts";
 import type { InferenceResult } from "../../inference/InferenceService.ts";
 import type { TokenLogprob } from "../../engine/types.ts";
 
 /** OpenAI's sampling fields → engine options (OpenAI seeds are any integer; the sampler takes 32 bits). */
 export function openAiSampling(
-  body: Parameters<typeof conduitSampling>[0] & { max_completion_tokens?: number | undefined },
+  body: Pick<
+    OpenAiChatBodyWire,
+    | "max_tokens"
+    | "max_completion_tokens"
+    | "temperature"
+    | "top_p"
+    | "top_k"
+    | "presence_penalty"
+    | "frequency_penalty"
+    | "stop"
+    | "seed"
+  >,
 ): SamplingOptions {
   const maxTokens = body.max_completion_tokens ?? body.max_tokens;
   return {
-    ...conduitSampling({
-      ...body,
-      max_tokens: maxTokens,
-      seed: body.seed === undefined ? undefined : body.seed >>> 0,
-    }),
     // As OpenAI: an explicit max_tokens that cannot fit after the prompt is a 400.
-    ...(maxTokens !== undefined ? { maxTokensMustFit: true } : {}),
+    ...(maxTokens !== undefined ? { maxTokens, maxTokensMustFit: true } : {}),
+    temperature: body.temperature,
+    topK: body.top_k,
+    topP: body.top_p,
+    presencePenalty: body.presence_penalty,
+    frequencyPenalty: body.frequency_penalty,
+    ...(body.stop !== undefined ? { stop: typeof body.stop === "string" ? [body.stop] : body.stop } : {}),
+    ...(body.seed !== undefined ? { seed: body.seed >>> 0 } : {}),
   };
 }
 

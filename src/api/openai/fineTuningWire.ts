@@ -5,22 +5,22 @@
  * training file's dataset (which must hold nothing else but the validation file), and its id is the
  * run id. OpenAI's status names, event objects and `ft:` model names exist on this face only.
  */
-import type { Core } from "../core.ts";
-import { ConduitError } from "../errors.ts";
-import type { DatasetFile } from "../domain/datasets.ts";
-import type { RunCheckpoint, RunStatus } from "../contract/runs.ts";
-import type { JobRequest, Run } from "../domain/runs.ts";
-import { checkpointModelName, servedModelName } from "../domain/modelNames.ts";
-import type { CreateRun } from "../train/commands.ts";
-import { runEstimate } from "./wire.ts";
+import type { Core } from "../../core.ts";
+import { ConduitError } from "../../errors.ts";
+import type { DatasetFile } from "../../domain/datasets.ts";
+import type { RunCheckpoint, RunStatus } from "../../contract/runs.ts";
+import type { JobRequest, Run } from "../../domain/runs.ts";
+import { checkpointModelName, servedModelName } from "../../domain/modelNames.ts";
+import type { CreateRun } from "../../train/commands.ts";
+import { runEstimate } from "../conduit/wire.ts";
 import type {
   OpenAiDpoHyperparametersWire,
   OpenAiCheckpointListWire,
   OpenAiJobCreateBodyWire,
   OpenAiJobEventWire,
   OpenAiJobWire,
-} from "../contract/openAiFineTuning.ts";
-import { parseTimestamp } from "../store/time.ts";
+} from "../../contract/openAiFineTuning.ts";
+import { parseTimestamp } from "../../domain/time.ts";
 
 type OpenAiStatus = Exclude<OpenAiJobWire["status"], "pausing">;
 
@@ -39,7 +39,7 @@ export function unixSeconds(timestamp: string): number {
   return Math.floor(parseTimestamp(timestamp) / 1000);
 }
 
-export function openAiFile(file: DatasetFile) {
+export function toOpenAiFile(file: DatasetFile) {
   return {
     id: file.id,
     object: "file" as const,
@@ -67,7 +67,7 @@ export function resultFileRun(fileId: string): string | undefined {
 }
 
 /** A succeeded job's result file: what the run produced (`RunService.artifact`), as an OpenAI file. */
-export function openAiResultFile(run: Run, artifact: { fileName: string; sizeBytes: number }) {
+export function toOpenAiResultFile(run: Run, artifact: { fileName: string; sizeBytes: number }) {
   return {
     id: resultFileId(run.id),
     object: "file" as const,
@@ -95,7 +95,7 @@ function lastLogSeconds(run: Run): number | undefined {
   return last === undefined ? undefined : unixSeconds(last.slice(0, 23));
 }
 
-export function openAiJob(run: Run): OpenAiJobWire {
+export function toOpenAiJob(run: Run): OpenAiJobWire {
   const record = recordOf(run);
   const stats = run.stats as { final?: { sampleTokens?: unknown } };
   // A RUNNING run's finish is in its estimate; a QUEUED one's counts from now (the queue ahead left out).
@@ -154,7 +154,7 @@ const endMessages: Partial<Record<RunStatus, (run: Run) => string>> = {
  * epochs, warnings, the outcome), then, once the run has ended, one saying how (with `data.status`).
  * Event ids are `ftevent-{run id}-{line}` and `ftevent-{run id}-end`.
  */
-export function openAiJobEvents(run: Run): OpenAiJobEventWire[] {
+export function toOpenAiJobEvents(run: Run): OpenAiJobEventWire[] {
   const events: OpenAiJobEventWire[] = run.logs.map((line, index) => {
     const message = line.slice(24);
     return {
@@ -183,7 +183,7 @@ export function openAiJobEvents(run: Run): OpenAiJobEventWire[] {
 
 /** A page of events, newest first, older than the event `after`. */
 export function eventPage(run: Run, after: string | undefined, limit: number) {
-  const events = openAiJobEvents(run).reverse();
+  const events = toOpenAiJobEvents(run).reverse();
   let start = 0;
   if (after !== undefined) {
     start = events.findIndex((event) => event.id === after) + 1;

@@ -11,8 +11,7 @@ import type {
   ResponsesTextFormatWire,
 } from "../../contract/generation.ts";
 import type { InferenceResult } from "../../inference/InferenceService.ts";
-import { conduitSampling } from "./conduit.ts";
-import type { GenerationInput } from "./common.ts";
+import type { GenerationInput } from "../generation/common.ts";
 
 type Parts = string | { text: string }[];
 const joined = (content: Parts) =>
@@ -59,14 +58,14 @@ export function fromResponsesRequest(body: OpenAiResponsesBodyWire): GenerationI
   return {
     model: body.model,
     messages: responsesMessages(body),
-    sampling: conduitSampling({
-      max_tokens: body.max_output_tokens,
+    sampling: {
+      ...(body.max_output_tokens !== undefined ? { maxTokens: body.max_output_tokens } : {}),
       temperature: body.temperature,
-      top_p: body.top_p,
-      top_k: 0,
-      presence_penalty: 0,
-      frequency_penalty: 0,
-    }),
+      topK: 0,
+      topP: body.top_p,
+      presencePenalty: 0,
+      frequencyPenalty: 0,
+    },
     responseFormat: textFormat(body.text?.format),
     tools: body.tools?.map((t) => ({
       name: t.name,

@@ -20,7 +20,7 @@ import {
 import { REASON } from "../../contract/patterns.ts";
 import { responses } from "../../contract/schemas.ts";
 import type { Eval, ResolvedItem } from "../../domain/evals.ts";
-import { questionOf } from "../evalWire.ts";
+import { questionOf } from "../conduit/evalWire.ts";
 import {
   checkDataSourceConfig,
   gradersOfCriteria,
@@ -33,7 +33,7 @@ import {
   outputItemPosition,
   resolveOpenAiItems,
   runRequest,
-} from "../openAiEvals.ts";
+} from "./evalsWire.ts";
 
 /** A page of OpenAI's cursor lists: `limit` items after the cursor, and whether there are more. */
 function page<T extends { id: string }>(rows: T[], limit: number) {
@@ -52,7 +52,7 @@ function reportUrl(core: Core, evalId: string, runId: string): string {
   return `${publicUrl(core.config)}/ui/evals/${evalId}?run=${runId}`;
 }
 
-/** OpenAI's Evals API on Conduit's evals (see `openAiEvals.ts`): every object is the user's own, else a 404. */
+/** OpenAI's Evals API on Conduit's evals (see `evalsWire.ts`): every object is the user's own, else a 404. */
 export default async function openAiEvalRoutes(app: FastifyInstance, { core }: { core: Core }) {
   const r = app.withTypeProvider<TypeBoxTypeProvider>();
   const { evals } = core;

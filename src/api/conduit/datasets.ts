@@ -17,7 +17,7 @@ import {
   responses,
 } from "../../contract/schemas.ts";
 import { acceptMultipart, limitJsonUploads, rawContentTypes, uploadSource } from "../uploadSource.ts";
-import { datasetWire, fileWire, SUCCESS } from "../wire.ts";
+import { toDatasetWire, toFileWire, SUCCESS } from "./wire.ts";
 
 /** API document 4.2: datasets and their files. */
 export default async function datasetRoutes(app: FastifyInstance, { core }: { core: Core }) {
@@ -35,7 +35,7 @@ export default async function datasetRoutes(app: FastifyInstance, { core }: { co
         response: responses({ 200: Dataset }, [400, 401, 413, 415, 507]),
       },
     },
-    async (request) => datasetWire(await datasets.create(request.userId, request.body.name)),
+    async (request) => toDatasetWire(await datasets.create(request.userId, request.body.name)),
   );
 
   r.get(
@@ -48,7 +48,7 @@ export default async function datasetRoutes(app: FastifyInstance, { core }: { co
         response: responses({ 200: Type.Array(Dataset) }, [400, 401]),
       },
     },
-    async (request) => (await datasets.list(request.userId, request.query)).map(datasetWire),
+    async (request) => (await datasets.list(request.userId, request.query)).map(toDatasetWire),
   );
 
   r.get(
@@ -61,7 +61,7 @@ export default async function datasetRoutes(app: FastifyInstance, { core }: { co
         response: responses({ 200: Dataset }),
       },
     },
-    async (request) => datasetWire(await datasets.get(request.userId, request.params.dataset_id)),
+    async (request) => toDatasetWire(await datasets.get(request.userId, request.params.dataset_id)),
   );
 
   r.patch(
@@ -119,7 +119,7 @@ function datasetFileRoutes(app: FastifyInstance, core: Core) {
       },
     },
     async (request) =>
-      (await datasets.listFiles(request.userId, request.params.dataset_id, request.query)).map(fileWire),
+      (await datasets.listFiles(request.userId, request.params.dataset_id, request.query)).map(toFileWire),
   );
 
   r.get(
@@ -133,7 +133,7 @@ function datasetFileRoutes(app: FastifyInstance, core: Core) {
       },
     },
     async (request) =>
-      fileWire(await datasets.getFile(request.userId, request.params.dataset_id, request.params.file_id)),
+      toFileWire(await datasets.getFile(request.userId, request.params.dataset_id, request.params.file_id)),
   );
 
   r.get(
@@ -202,7 +202,7 @@ async function datasetUploadRoute(app: FastifyInstance, core: Core) {
       },
       async (request) => {
         const input = await uploadSource(request, request.query, datasets);
-        return fileWire(await datasets.upload(request.userId, request.params.dataset_id, input));
+        return toFileWire(await datasets.upload(request.userId, request.params.dataset_id, input));
       },
     );
   });

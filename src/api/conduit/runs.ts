@@ -27,15 +27,10 @@ import {
 import { REASON } from "../../contract/patterns.ts";
 import { checkLoraTargets, RUN_EVENT_ID_PATTERN } from "../../contract/runs.ts";
 import { disconnectSignal, encodeShared, encodeSseEvent, openSse } from "../sse.ts";
-import { runSummaryWire, runWire, SUCCESS } from "../wire.ts";
+import { toRunSummaryWire, toRunWire, SUCCESS } from "./wire.ts";
 import { checkpointModelName } from "../../domain/modelNames.ts";
-import {
-  chatEvents,
-  chatMessages,
-  conduitChatShape,
-  conduitSampling,
-  responseFormat,
-} from "../generation/conduit.ts";
+import { chatMessages, conduitChatShape, conduitSampling } from "./generationWire.ts";
+import { chatEvents, responseFormat } from "../generation/common.ts";
 
 /**
  * The body of `POST /conduit/finetuning` as the run service's command: `datasetId` is an alias of
@@ -75,7 +70,7 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
         checkLoraTargets((request.body as { loraTargets?: unknown } | null)?.loraTargets),
     },
     // A new run has no evaluation yet.
-    async (request) => runWire(await runs.create(request.userId, createRunCommand(request.body)), null),
+    async (request) => toRunWire(await runs.create(request.userId, createRunCommand(request.body)), null),
   );
 
   r.get(
@@ -97,7 +92,7 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
         request.userId,
         list.map((run) => run.id),
       );
-      return list.map((run) => runSummaryWire(run, evaluations.get(run.id) ?? null));
+      return list.map((run) => toRunSummaryWire(run, evaluations.get(run.id) ?? null));
     },
   );
 
@@ -106,7 +101,7 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
     { schema: { tags, summary: "Read a run", params: RunParams, response: responses({ 200: Run }) } },
     async (request) => {
       const run = await runs.get(request.userId, request.params.finetune_id);
-      return runWire(run, await core.evals.evaluationOf(request.userId, run.id));
+      return toRunWire(run, await core.evals.evaluationOf(request.userId, run.id));
     },
   );
 
@@ -144,7 +139,7 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
     },
     async (request) => {
       const run = await runs.pause(request.userId, request.params.finetune_id);
-      return runWire(run, await core.evals.evaluationOf(request.userId, run.id));
+      return toRunWire(run, await core.evals.evaluationOf(request.userId, run.id));
     },
   );
 
@@ -163,7 +158,7 @@ export default async function runRoutes(app: FastifyInstance, { core }: { core: 
     },
     async (request) => {
       const run = await runs.resume(request.userId, request.params.finetune_id);
-      return runWire(run, await core.evals.evaluationOf(request.userId, run.id));
+      return toRunWire(run, await core.evals.evaluationOf(request.userId, run.id));
     },
   );
 

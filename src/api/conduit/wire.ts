@@ -1,13 +1,13 @@
-import type { Dataset, DatasetFile } from "../domain/datasets.ts";
-import type { Run } from "../domain/runs.ts";
-import type { RunEvaluation } from "../contract/evals.ts";
-import type { DatasetFileWire, DatasetWire, RunSummaryWire, RunWire } from "../contract/schemas.ts";
-import { currentEstimate, type RunEstimate } from "../contract/estimate.ts";
-import { parseTimestamp } from "../store/time.ts";
+import type { Dataset, DatasetFile } from "../../domain/datasets.ts";
+import type { Run } from "../../domain/runs.ts";
+import type { RunEvaluation } from "../../contract/evals.ts";
+import type { DatasetFileWire, DatasetWire, RunSummaryWire, RunWire } from "../../contract/schemas.ts";
+import { currentEstimate, type RunEstimate } from "../../contract/estimate.ts";
+import { parseTimestamp } from "../../domain/time.ts";
 
 /** Domain records → the Conduit API's wire shapes (both spellings of the dataset id where the API has them). */
 
-export function datasetWire(d: Dataset): DatasetWire {
+export function toDatasetWire(d: Dataset): DatasetWire {
   return {
     id: d.id,
     userId: d.userId,
@@ -19,7 +19,7 @@ export function datasetWire(d: Dataset): DatasetWire {
   };
 }
 
-export function fileWire(f: DatasetFile): DatasetFileWire {
+export function toFileWire(f: DatasetFile): DatasetFileWire {
   return {
     id: f.id,
     datasetId: f.datasetId,
@@ -44,7 +44,7 @@ export function runEstimate(r: Run): RunEstimate | null {
 }
 
 /** A run on the Conduit face, with its automatic before/after (`evaluation`, null when none was made). */
-export function runWire(r: Run, evaluation: RunEvaluation | null): RunWire {
+export function toRunWire(r: Run, evaluation: RunEvaluation | null): RunWire {
   return {
     id: r.id,
     userId: r.userId,
@@ -67,8 +67,8 @@ export function runWire(r: Run, evaluation: RunEvaluation | null): RunWire {
 }
 
 /** A run as lists show it: no log, no loss series (the run itself has them). */
-export function runSummaryWire(r: Run, evaluation: RunEvaluation | null): RunSummaryWire {
-  const { logs: _logs, stats, ...rest } = runWire(r, evaluation);
+export function toRunSummaryWire(r: Run, evaluation: RunEvaluation | null): RunSummaryWire {
+  const { logs: _logs, stats, ...rest } = toRunWire(r, evaluation);
   const { lossSeries: _loss, evalLossSeries: _eval, ...summary } = stats;
   return { ...rest, stats: summary };
 }

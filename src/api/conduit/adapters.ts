@@ -7,14 +7,14 @@ import type { Core } from "../../core.ts";
 import { ConduitError } from "../../errors.ts";
 import { Message, Name, responses } from "../../contract/schemas.ts";
 import { Adapter, AdapterParams, ImportAdapterUpload, type AdapterWire } from "../../contract/adapters.ts";
-import type { Adapter as AdapterRecord } from "../../store/AdapterRepository.ts";
+import type { Adapter as AdapterRecord } from "../../domain/adapters.ts";
 import type { AdapterService, ImportAdapter } from "../../train/AdapterService.ts";
 import { malformed } from "../uploadSource.ts";
-import { SUCCESS } from "../wire.ts";
+import { SUCCESS } from "./wire.ts";
 
 const adapterName = TypeCompiler.Compile(Name);
 
-function adapterWire(a: AdapterRecord): AdapterWire {
+function toAdapterWire(a: AdapterRecord): AdapterWire {
   return {
     id: a.id,
     name: a.name,
@@ -122,7 +122,7 @@ export default async function adapterRoutes(app: FastifyInstance, { core }: { co
     },
     async (request) => {
       const command = await importCommand(request, adapters);
-      return adapterWire(await adapters.import(request.userId, command));
+      return toAdapterWire(await adapters.import(request.userId, command));
     },
   );
 
@@ -135,7 +135,7 @@ export default async function adapterRoutes(app: FastifyInstance, { core }: { co
         response: responses({ 200: Type.Array(Adapter) }, [401]),
       },
     },
-    async (request) => (await adapters.list(request.userId)).map(adapterWire),
+    async (request) => (await adapters.list(request.userId)).map(toAdapterWire),
   );
 
   r.get(
@@ -148,7 +148,7 @@ export default async function adapterRoutes(app: FastifyInstance, { core }: { co
         response: responses({ 200: Adapter }),
       },
     },
-    async (request) => adapterWire(await adapters.get(request.userId, request.params.adapter_id)),
+    async (request) => toAdapterWire(await adapters.get(request.userId, request.params.adapter_id)),
   );
 
   r.delete(

@@ -3,14 +3,15 @@
  * a run's inference) into the engine's generation request, and results back into its shapes. Pure functions;
  * the routes only call them and `respondWithGeneration`.
  */
-import type { ChatMessage, ResponseFormat, SamplingOptions } from "../../engine/types.ts";
-import type { ChatBodyWire, CompletionsBodyWire, ResponseFormatWire } from "../../contract/generation.ts";
-import { completionShape, usageOf, type GenerationInput, type ResponseShape } from "./common.ts";
-
-/** What a streamed chat answers. */
-export const chatEvents =
-  "Server-Sent Events: `data: {chat.completion.chunk}` lines, then `data: [DONE]`; an error after the first " +
-  'chunk is a final `data: {"error":{...}}`.';
+import type { ChatMessage, SamplingOptions } from "../../engine/types.ts";
+import type { ChatBodyWire, CompletionsBodyWire } from "../../contract/generation.ts";
+import {
+  completionShape,
+  responseFormat,
+  usageOf,
+  type GenerationInput,
+  type ResponseShape,
+} from "../generation/common.ts";
 
 /** The Conduit API's sampling fields → engine options. */
 export function conduitSampling(body: {
@@ -34,13 +35,6 @@ export function conduitSampling(body: {
     ...(body.stop !== undefined ? { stop: typeof body.stop === "string" ? [body.stop] : body.stop } : {}),
     ...(body.seed !== undefined ? { seed: body.seed } : {}),
   };
-}
-
-/** `response_format` → the engine's grammar request; `text` (or none) is free text. */
-export function responseFormat(wire: ResponseFormatWire | undefined): ResponseFormat | undefined {
-  if (wire?.type === "json_object") return { kind: "json" };
-  if (wire?.type === "json_schema") return { kind: "json_schema", schema: wire.json_schema.schema };
-  return undefined;
 }
 
 /**

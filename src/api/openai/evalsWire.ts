@@ -3,17 +3,17 @@
  * from `testing_criteria`; an OpenAI eval run is an eval run of one model whose items come from its `data_source`;
  * an output item is one result. A field Conduit cannot honour is a 400 naming it.
  */
-import { ConduitError } from "../errors.ts";
+import { ConduitError } from "../../errors.ts";
 import {
   evalLimits,
   type EvalGrader,
   type GraderSpec,
   type ModelTotals,
   type ScoringGraderSpec,
-} from "../contract/evals.ts";
-import type { Eval, EvalResult, EvalRun, ResolvedItem } from "../domain/evals.ts";
-import { questionOf } from "./evalWire.ts";
-import { parseTimestamp } from "../store/time.ts";
+} from "../../contract/evals.ts";
+import type { Eval, EvalResult, EvalRun, ResolvedItem } from "../../domain/evals.ts";
+import { questionOf } from "../conduit/evalWire.ts";
+import { parseTimestamp } from "../../domain/time.ts";
 
 type Json = Record<string, unknown>;
 

@@ -6,7 +6,7 @@ import type { TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
 import type { Core } from "../../core.ts";
 import type { DatasetService, ReceivedFile, UploadInput } from "../../datasets/DatasetService.ts";
 import { ConduitError } from "../../errors.ts";
-import { openAiFile, openAiResultFile, resultFileRun } from "../openAiFineTuning.ts";
+import { toOpenAiFile, toOpenAiResultFile, resultFileRun } from "./fineTuningWire.ts";
 import type { RunService } from "../../train/RunService.ts";
 import {
   OpenAiFile,
@@ -22,7 +22,7 @@ import { acceptMultipart, limitJsonUploads, malformed } from "../uploadSource.ts
 const fileName = TypeCompiler.Compile(Name);
 
 /**
- * OpenAI's files API on Conduit's files (see `openAiFineTuning.ts`): an upload becomes a dataset of
+ * OpenAI's files API on Conduit's files (see `fineTuningWire.ts`): an upload becomes a dataset of
  * its own holding the file; every file of your datasets is listed, read and deleted by its id. A succeeded
  * job's result file (`file-{job id}`, in the job's `result_files`) is what its run produced, read like a file
  * and deleted with the run.
@@ -52,7 +52,7 @@ export default async function openAiFileRoutes(app: FastifyInstance, { core }: {
     },
     async (request) => {
       const input = await openAiUpload(request, datasets);
-      return openAiFile(await datasets.uploadAsDataset(request.userId, input));
+      return toOpenAiFile(await datasets.uploadAsDataset(request.userId, input));
     },
   );
 
@@ -72,7 +72,7 @@ export default async function openAiFileRoutes(app: FastifyInstance, { core }: {
         purpose === undefined || purpose === "fine-tune"
           ? await datasets.listUserFiles(request.userId, { after, limit: limit + 1, order })
           : [];
-      const data = files.slice(0, limit).map(openAiFile);
+      const data = files.slice(0, limit).map(toOpenAiFile);
       return {
         object: "list" as const,
         data,
@@ -97,9 +97,9 @@ export default async function openAiFileRoutes(app: FastifyInstance, { core }: {
       const { file_id } = request.params;
       const runId = resultFileRun(file_id);
       if (runId === undefined)
-        return openAiFile(await datasets.getUserFile(request.userId, file_id, "file_id"));
+        return toOpenAiFile(await datasets.getUserFile(request.userId, file_id, "file_id"));
       const { run, artifact } = await resultFile(runs, request.userId, file_id, runId);
-      return openAiResultFile(run, artifact);
+      return toOpenAiResultFile(run, artifact);
     },
   );
 

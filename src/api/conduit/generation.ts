@@ -3,12 +3,11 @@ import { Type, type TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
 import type { Core } from "../../core.ts";
 import { respondWithGeneration } from "../generation/respond.ts";
 import {
-  chatEvents,
   conduitChatShape,
   conduitCompletionShape,
   fromChatBody,
   fromCompletionsBody,
-} from "../generation/conduit.ts";
+} from "./generationWire.ts";
 import {
   ChatBody,
   ChatResult,
@@ -24,6 +23,7 @@ import { noControlCharacters } from "../../contract/patterns.ts";
 import { jsonOrEvents, responses } from "../../contract/schemas.ts";
 import { fromEmbeddingsBody, toEmbeddingList } from "../generation/embeddings.ts";
 import { disconnectSignal } from "../sse.ts";
+import { chatEvents, toModelWire } from "../generation/common.ts";
 
 /** API document 4.1: generation. */
 export default async function generationRoutes(app: FastifyInstance, { core }: { core: Core }) {
@@ -110,7 +110,10 @@ export default async function generationRoutes(app: FastifyInstance, { core }: {
         response: responses({ 200: ModelList }, [401]),
       },
     },
-    async (request) => ({ object: "list" as const, data: await core.inference.list(request.userId) }),
+    async (request) => ({
+      object: "list" as const,
+      data: (await core.inference.list(request.userId)).map(toModelWire),
+    }),
   );
 
   r.get(
@@ -147,6 +150,6 @@ export default async function generationRoutes(app: FastifyInstance, { core }: {
         response: responses({ 200: ModelEntry }, [400, 401, 404]),
       },
     },
-    async (request) => core.inference.get(request.userId, request.params.model),
+    async (request) => toModelWire(await core.inference.get(request.userId, request.params.model)),
   );
 }

@@ -3,16 +3,16 @@ import { Type } from "@sinclair/typebox";
 import type { TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
 import type { Core } from "../../core.ts";
 import { respondWithGeneration, respondWithResponseEvents } from "../generation/respond.ts";
-import { fromResponsesRequest, responseSettings } from "../generation/responses.ts";
+import { fromResponsesRequest, responseSettings } from "./responsesWire.ts";
 import {
   fromChatRequest,
   fromCompletionRequest,
   openAiChatShape,
   openAiCompletionShape,
-} from "../generation/openai.ts";
-import { chatEvents } from "../generation/conduit.ts";
+} from "./generationWire.ts";
 import { fromEmbeddingsBody, toEmbeddingList } from "../generation/embeddings.ts";
 import { disconnectSignal } from "../sse.ts";
+import { chatEvents, toModelWire } from "../generation/common.ts";
 import {
   CompletionResult,
   EmbeddingList,
@@ -39,7 +39,7 @@ function logEndUser(request: FastifyRequest, body: { user?: string; safety_ident
 
 /**
  * OpenAI-compatible routes. They translate OpenAI requests into the same generation call as the Conduit
- * endpoints (`../generation/openai.ts`); only the shapes differ. Every OpenAI parameter is honoured or refused
+ * endpoints (`generationWire.ts`); only the shapes differ. Every OpenAI parameter is honoured or refused
  * by the body schemas (see `OpenAiChatBody`); `null` fields are dropped before validation, so the handlers see
  * them as absent.
  */
@@ -166,7 +166,10 @@ export default async function openAiRoutes(app: FastifyInstance, { core }: { cor
         response: responses({ 200: ModelList }, [401]),
       },
     },
-    async (request) => ({ object: "list" as const, data: await core.inference.list(request.userId) }),
+    async (request) => ({
+      object: "list" as const,
+      data: (await core.inference.list(request.userId)).map(toModelWire),
+    }),
   );
 
   r.get(
@@ -182,6 +185,6 @@ export default async function openAiRoutes(app: FastifyInstance, { core }: { cor
         response: responses({ 200: ModelEntry }, [400, 401, 404]),
       },
     },
-    async (request) => core.inference.get(request.userId, request.params.model),
+    async (request) => toModelWire(await core.inference.get(request.userId, request.params.model)),
   );
 }

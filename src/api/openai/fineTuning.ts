@@ -2,7 +2,7 @@ import type { FastifyInstance } from "fastify";
 import type { TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
 import type { Core } from "../../core.ts";
 import { dropNulls } from "../nullable.ts";
-import { checkpointPage, createOpenAiJob, eventPage, openAiJob } from "../openAiFineTuning.ts";
+import { checkpointPage, createOpenAiJob, eventPage, toOpenAiJob } from "./fineTuningWire.ts";
 import {
   OpenAiCheckpointList,
   OpenAiCheckpointQuery,
@@ -19,7 +19,7 @@ import {
 import { responses } from "../../contract/schemas.ts";
 
 /**
- * OpenAI's fine-tuning jobs on Conduit's runs (see `openAiFineTuning.ts`): a job is a run, its id the
+ * OpenAI's fine-tuning jobs on Conduit's runs (see `fineTuningWire.ts`): a job is a run, its id the
  * run id, its status OpenAI's name for the run's, its events the run's log.
  */
 export default async function openAiFineTuningRoutes(app: FastifyInstance, { core }: { core: Core }) {
@@ -43,7 +43,7 @@ export default async function openAiFineTuningRoutes(app: FastifyInstance, { cor
       },
       preValidation: dropNulls(OpenAiJobCreateBody),
     },
-    async (request) => openAiJob(await createOpenAiJob(core, request.userId, request.body)),
+    async (request) => toOpenAiJob(await createOpenAiJob(core, request.userId, request.body)),
   );
 
   r.get(
@@ -65,7 +65,7 @@ export default async function openAiFineTuningRoutes(app: FastifyInstance, { cor
       const jobs = await core.runs.listAfter(request.userId, { after, limit: limit + 1 }, filter);
       return {
         object: "list" as const,
-        data: jobs.slice(0, limit).map(openAiJob),
+        data: jobs.slice(0, limit).map(toOpenAiJob),
         has_more: jobs.length > limit,
       };
     },
@@ -81,7 +81,7 @@ export default async function openAiFineTuningRoutes(app: FastifyInstance, { cor
         response: responses({ 200: OpenAiJob }),
       },
     },
-    async (request) => openAiJob(await runs.get(request.userId, request.params.fine_tuning_job_id)),
+    async (request) => toOpenAiJob(await runs.get(request.userId, request.params.fine_tuning_job_id)),
   );
 
   r.post(
@@ -97,7 +97,7 @@ export default async function openAiFineTuningRoutes(app: FastifyInstance, { cor
     },
     async (request) => {
       await runs.cancel(request.userId, request.params.fine_tuning_job_id);
-      return openAiJob(await runs.get(request.userId, request.params.fine_tuning_job_id));
+      return toOpenAiJob(await runs.get(request.userId, request.params.fine_tuning_job_id));
     },
   );
 
@@ -114,7 +114,7 @@ export default async function openAiFineTuningRoutes(app: FastifyInstance, { cor
         response: responses({ 200: OpenAiJob }, [400, 401, 404, 409]),
       },
     },
-    async (request) => openAiJob(await runs.pause(request.userId, request.params.fine_tuning_job_id)),
+    async (request) => toOpenAiJob(await runs.pause(request.userId, request.params.fine_tuning_job_id)),
   );
 
   r.post(
@@ -130,7 +130,7 @@ export default async function openAiFineTuningRoutes(app: FastifyInstance, { cor
         response: responses({ 200: OpenAiJob }, [400, 401, 404, 409]),
       },
     },
-    async (request) => openAiJob(await runs.resume(request.userId, request.params.fine_tuning_job_id)),
+    async (request) => toOpenAiJob(await runs.resume(request.userId, request.params.fine_tuning_job_id)),
   );
 
   r.get(

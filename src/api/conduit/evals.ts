@@ -17,9 +17,9 @@ import {
   evalWire,
   fromCreateEvalBody,
   fromCreateEvalRunBody,
-} from "../evalWire.ts";
+} from "./evalWire.ts";
 import { disconnectSignal, encodeShared, encodeSseEvent, openSse } from "../sse.ts";
-import { SUCCESS } from "../wire.ts";
+import { SUCCESS } from "./wire.ts";
 
 const Id = Type.String({ minLength: 1, maxLength: 128 });
 const EvalParams = Type.Object({ eval_id: Id });

@@ -5,9 +5,9 @@ import type {
   EvalRunWire,
   EvalSourceWire,
   EvalWire,
-} from "../contract/evals.ts";
-import type { Eval, EvalResult, EvalRun, EvalSource } from "../domain/evals.ts";
-import type { CreateEval, CreateEvalRun } from "../evals/commands.ts";
+} from "../../contract/evals.ts";
+import type { Eval, EvalResult, EvalRun, EvalSource } from "../../domain/evals.ts";
+import type { CreateEval, CreateEvalRun } from "../../evals/commands.ts";
 
 /** The Conduit API's eval bodies → the eval service's commands; evals, eval runs and results → its wire shapes. */
 
