@@ -844,7 +844,7 @@ export class RunService {
   ): Promise<Run[]> {
     if (metadata.length === 0) return this.runs.listAfter(userId, page);
     const found: Run[] = [];
-    for (let after = page.after; found.length < page.limit; ) {
+    for (let after = page.after; found.length < page.limit;) {
       const runs = await this.runs.listAfter(userId, { after, limit: 100 });
       for (const run of runs) {
         const kept = run.config.jobRequest?.metadata ?? {};
