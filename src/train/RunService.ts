@@ -6,6 +6,7 @@ import type { BlobStore } from "../store/BlobStore.ts";
 import type { ModelRef } from "../model/types.ts";
 import { ConduitError } from "../errors.ts";
 import { mergeLora, MergeUnsupportedError } from "../model/gguf/mergeLora.ts";
+import { ggmlQuants } from "./libllama/ggmlQuants.ts";
 import { newId } from "../store/ids.ts";
 import type { DatasetFile, Page } from "../domain/datasets.ts";
 import type { RunRepository } from "../store/RunRepository.ts";
@@ -721,7 +722,7 @@ export class RunService {
       const started = performance.now();
       let result;
       try {
-        result = await mergeLora(base.path, adapterPath, path);
+        result = await mergeLora(base.path, adapterPath, path, undefined, ggmlQuants());
       } catch (error) {
         if (error instanceof MergeUnsupportedError)
           throw new ConduitError("invalid_request", `run ${run.id} cannot be merged: ${error.message}`, {

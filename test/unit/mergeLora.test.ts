@@ -7,6 +7,7 @@ import { readGgufFileInfo } from "node-llama-cpp";
 import { gguf, writeGguf, type GgmlTensorType } from "../../src/model/gguf/GgufWriter.ts";
 import { float16ToFloat32 } from "../../src/model/gguf/float16.ts";
 import { mergeLora, MergeUnsupportedError } from "../../src/model/gguf/mergeLora.ts";
+import { ggmlQuants } from "../../src/train/libllama/ggmlQuants.ts";
 
 const IN = 8;
 const OUT = 6;
@@ -220,4 +221,78 @@ test("a K-quant weight is refused, naming its type, and nothing is written", asy
     return true;
   });
   assert.deepEqual(fs.readdirSync(dir).sort(), ["adapter.gguf", "base.gguf"]);
+});
+
+test("a K-quant weight is merged through ggml's own code: the bytes ggml writes for W + alpha/rank × B·A", async (t) => {
+  const codec = ggmlQuants();
+  if (codec === undefined) return t.skip("node-llama-cpp's libggml-base is not here");
+  const dir = tempDir(t);
+  const inputs = 256;
+  const b = path.join(dir, "base.gguf");
+  await writeGguf(b, { "general.architecture": gguf.str("llama") }, [
+    { name: "token_embd.weight", dims: [inputs, 4], type: "F32", data: values(inputs * 4, 1) },
+    { name: "blk.0.attn_q.weight", dims: [inputs, OUT], type: "F32", data: values(inputs * OUT, 2) },
+  ]);
+  for (const [kind, type] of [
+    ["Q4_K", 12],
+    ["Q6_K", 14],
+  ] as const) {
+    // Retype the weight and put ggml's blocks of its values where its data starts.
+    const bytes = fs.readFileSync(b);
+    const name = Buffer.from("blk.0.attn_q.weight");
+    bytes.writeUInt32LE(type, bytes.indexOf(name) + name.length + 4 + 2 * 8);
+    const typed = path.join(dir, `${kind}.gguf`);
+    fs.writeFileSync(typed, bytes);
+    const info = await readGgufFileInfo(typed, { sourceType: "filesystem", logWarnings: false });
+    const at = Number(info.tensorInfo!.find((x) => x.name === "blk.0.attn_q.weight")!.fileOffset);
+    const blocks = codec.encode(values(inputs * OUT, 2), type, OUT, inputs);
+    blocks.copy(bytes, at);
+    fs.writeFileSync(typed, bytes);
+    const la = values(inputs * RANK, 3);
+    const lb = values(RANK * OUT, 4);
+    const a = path.join(dir, "adapter.gguf");
+    await writeGguf(
+      a,
+      {
+        "general.architecture": gguf.str("llama"),
+        "general.type": gguf.str("adapter"),
+        "adapter.type": gguf.str("lora"),
+        "adapter.lora.alpha": gguf.f32(ALPHA),
+      },
+      [
+        { name: "blk.0.attn_q.weight.lora_a", dims: [inputs, RANK], type: "F32", data: la },
+        { name: "blk.0.attn_q.weight.lora_b", dims: [RANK, OUT], type: "F32", data: lb },
+      ],
+    );
+    const out = path.join(dir, `${kind}-merged.gguf`);
+    await assert.rejects(
+      mergeLora(typed, a, out),
+      MergeUnsupportedError,
+      "without ggml's code it is refused",
+    );
+    assert.deepEqual(await mergeLora(typed, a, out, undefined, codec), {
+      bytes: fs.statSync(typed).size,
+      weights: 1,
+    });
+    // W + alpha/rank × B·A in F32, summed in the merge's order (a rank at a time: the K-quants' scale search may
+    // round a last-bit difference into another block).
+    const w = codec.decode(blocks, type, inputs * OUT);
+    for (let o = 0; o < OUT; o++)
+      for (let k = 0; k < RANK; k++) {
+        const coefficient = (ALPHA / RANK) * lb[o * RANK + k]!;
+        for (let i = 0; i < inputs; i++)
+          w[o * inputs + i] = w[o * inputs + i]! + coefficient * la[k * inputs + i]!;
+      }
+    const expected = codec.encode(w, type, OUT, inputs);
+    const merged = fs.readFileSync(out);
+    assert.ok(
+      merged.subarray(at, at + expected.length).equals(expected),
+      `${kind}: ggml's blocks of the merged values`,
+    );
+    assert.ok(!expected.equals(blocks), `${kind}: the merge changed the weight`);
+    assert.ok(
+      merged.subarray(0, at).equals(bytes.subarray(0, at)),
+      `${kind}: the header and the other tensors stay`,
+    );
+  }
 });

@@ -4,7 +4,9 @@
  * `lora_a` `[in, rank]` and `lora_b` `[rank, out]`), in `W`'s own type; every other byte of the base (its metadata,
  * tokenizer, chat template and the other tensors) is copied as it is. Adapted weights in F32, F16, BF16 or the
  * block quantizations Q8_0, Q4_0 and Q4_1 are merged (a quantized weight is dequantized, merged and quantized
- * again as ggml's reference quantizer does); a K-quant (Q4_K, Q6_K, …) is refused by {@link MergeUnsupportedError}.
+ * again as ggml's reference quantizer does); other types (the K-quants: Q4_K, Q6_K, …) through a {@link WeightCodec}
+ * when the caller has one (ggml's own code: `train/libllama/ggmlQuants.ts`), else refused by
+ * {@link MergeUnsupportedError}.
  */
 import fs from "node:fs/promises";
 import { readGgufFileInfo } from "node-llama-cpp";
@@ -12,6 +14,14 @@ import { float16ToFloat32, float32ToFloat16 } from "./float16.ts";
 
 /** A base whose adapted weights are in a type this merge does not write. */
 export class MergeUnsupportedError extends Error {}
+
+/** Decodes and encodes weights of the types this merge does not know itself (rows of `perRow` values). */
+export interface WeightCodec {
+  /** Bytes of `rows` rows of `perRow` values of `type`; undefined for a type it cannot code. */
+  bytes(type: number, rows: number, perRow: number): number | undefined;
+  decode(bytes: Buffer, type: number, count: number): Float32Array;
+  encode(values: Float32Array, type: number, rows: number, perRow: number): Buffer;
+}
 
 const IGNORED_KEYS = [
   "tokenizer.ggml.tokens",
@@ -198,7 +208,11 @@ export async function mergeLora(
   adapterPath: string,
   outPath: string,
   yieldEvery: () => Promise<void> = () => new Promise((resolve) => setImmediate(resolve)),
+  codec?: WeightCodec,
 ): Promise<MergeResult> {
+  // A weight's bytes, by this file's own code or the codec's; undefined when neither writes its type.
+  const sizeOf = (type: number, rows: number, perRow: number) =>
+    bytesOf(type, rows * perRow) ?? codec?.bytes(type, rows, perRow);
   const base = await tensorsOf(basePath);
   const adapter = await tensorsOf(adapterPath);
   const alpha = (adapter.info.metadata as { adapter?: { lora?: { alpha?: unknown } } }).adapter?.lora?.alpha;
@@ -210,15 +224,11 @@ export async function mergeLora(
     const weight = base.tensors.get(weightName);
     if (!b || !weight)
       throw new Error(`the adapter's ${weightName} has no lora_b, or the base has no such weight`);
-    if (
-      bytesOf(
-        weight.type,
-        weight.dims.reduce((x, y) => x * y, 1),
-      ) === undefined
-    )
+    if (weight.dims.length !== 2 || sizeOf(weight.type, weight.dims[1]!, weight.dims[0]!) === undefined)
       throw new MergeUnsupportedError(
         `the base's ${weightName} is of ggml type ${weight.type}: a merge writes F32, F16, BF16, Q8_0, Q4_0 and ` +
-          "Q4_1 weights; a base quantized otherwise needs llama.cpp's llama-export-lora",
+          `Q4_1 weights${codec ? ", and the K-quants through ggml" : ""}; a base quantized otherwise needs ` +
+          "llama.cpp's llama-export-lora",
       );
     const adapterType = (t: TensorAt) => WIDTH[t.type] !== undefined || t.type === GGML_Q8_0;
     if (!adapterType(a) || !adapterType(b))
@@ -236,8 +246,10 @@ export async function mergeLora(
         const [inputs, outputs] = weight.dims as [number, number];
         const rank = a.dims[1]!;
         const scale = typeof alpha === "number" && alpha > 0 ? alpha / rank : 1;
-        const size = bytesOf(weight.type, inputs * outputs)!;
-        const w = decode(await readAt(baseFile, weight.offset, size), weight.type);
+        const size = sizeOf(weight.type, outputs, inputs)!;
+        const own = bytesOf(weight.type, inputs * outputs) !== undefined;
+        const raw = await readAt(baseFile, weight.offset, size);
+        const w = own ? decode(raw, weight.type) : codec!.decode(raw, weight.type, inputs * outputs);
         const av = decode(await readAt(adapterFile, a.offset, bytesOf(a.type, inputs * rank)!), a.type);
         const bv = decode(await readAt(adapterFile, b.offset, bytesOf(b.type, rank * outputs)!), b.type);
         // W[o][i] += scale × Σk B[o][k]·A[k][i]: a row of W at a time, as a sum of rows of A.
@@ -250,8 +262,11 @@ export async function mergeLora(
             for (let i = 0; i < inputs; i++) row[i] = row[i]! + coefficient * aRow[i]!;
           }
         }
-        const bytes = Buffer.alloc(size);
-        encode(w, weight.type, bytes);
+        let bytes: Buffer;
+        if (own) {
+          bytes = Buffer.alloc(size);
+          encode(w, weight.type, bytes);
+        } else bytes = codec!.encode(w, weight.type, outputs, inputs);
         await out.write(bytes, 0, bytes.length, weight.offset);
         await yieldEvery();
       }
