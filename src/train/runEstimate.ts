@@ -12,6 +12,7 @@ import type { TrainMethod } from "../contract/runs.ts";
 import type { FinishedRun } from "../store/RunRepository.ts";
 import type { EstimatePrior, ModelSize } from "./core/TrainerBackend.ts";
 import type { PlanSummary } from "./core/trainingPlan.ts";
+import { median } from "./core/threadTuner.ts";
 
 /** What the estimate reads from a base model's GGUF header. */
 export interface ModelCost extends ModelSize {
@@ -80,12 +81,6 @@ export interface PlanInput {
   threads: number;
   /** The latest READY runs of the same trainer, base model and method, newest first. */
   history: readonly FinishedRun[];
-}
-
-function median(values: number[]): number {
-  const sorted = [...values].sort((a, b) => a - b);
-  const middle = sorted.length >> 1;
-  return sorted.length % 2 === 1 ? sorted[middle]! : (sorted[middle - 1]! + sorted[middle]!) / 2;
 }
 
 /**
