@@ -69,8 +69,14 @@ fi
 say "bases ready ($((SECONDS - started)) s)"
 
 # --- the image ---
+# vfs keeps every layer as a full copy of the tree below it: a layer per step (a 1.2 GB image, 10 steps) ran a CI
+# machine out of disk, so the steps are not kept as layers (--layers=false: one per stage; the build peaks at ~5 GB
+# over the bases), the previous image is removed first and this one after the test: the two bases are what stays.
+say "$(df -h --output=avail "$STATE" | tail -n1 | tr -d ' ') free on the disk of $STATE"
+pod rmi -f localhost/conduit:ci >/dev/null 2>&1 || true
+pod image prune -f >/dev/null 2>&1 || true
 build_started=$SECONDS
-pod build --isolation chroot --network host --format docker \
+pod build --isolation chroot --network host --format docker --layers=false --force-rm \
   --build-arg BUILD_BASE=localhost/conduit-ci-build:24 --build-arg RUNTIME_BASE=localhost/conduit-ci-runtime:24 \
   -t localhost/conduit:ci -f Containerfile . >"$STATE/build.log" 2>&1 ||
   { tail -n 30 "$STATE/build.log" >&2; say "building the image failed"; exit 1; }
@@ -86,6 +92,8 @@ BASE="http://127.0.0.1:$PORT"
 cleanup() {
   pod rm -f "$NAME" >/dev/null 2>&1 || true
   pod volume rm -f "$VOLUME" >/dev/null 2>&1 || true
+  pod rmi -f localhost/conduit:ci >/dev/null 2>&1 || true
+  pod image prune -f >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
 fail() {
