@@ -70,6 +70,8 @@ export interface CoreOverrides {
   tracking?: Partial<MlflowTrackerOptions>;
   /** The memory a run's trainer is checked against at creation (tests make it small). */
   memory?: { total?: () => number; inUse?: () => number };
+  /** How busy the machine looks to a run's estimate (tests make it idle). */
+  cpu?: { load?: () => number; cores?: () => number };
   log?: Logger;
 }
 
@@ -202,6 +204,7 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
       },
       ...overrides.memory,
     },
+    cpu: overrides.cpu,
   });
   const scheduler = new Scheduler(runRepository, runEvents, datasets, registry, blobs, log, {
     concurrency: config.trainConcurrency,

@@ -42,6 +42,11 @@ export interface RunPlan {
   overheadSeconds: number;
   /** Earlier runs the rate was measured on; `0` with a prior. */
   measuredRuns: number;
+  /**
+   * The share of a core each trainer thread was expected to get at creation, from the load average (`1`: a core
+   * each); `tokensPerSecond` and `overheadSeconds` are scaled by it. Absent in plans made before it was counted.
+   */
+  cpuShare?: number;
 }
 
 /**
@@ -173,11 +178,14 @@ export function clockDuration(seconds: number): string {
   return `${Math.floor(s / 3600)}h${String(Math.floor((s % 3600) / 60)).padStart(2, "0")}m`;
 }
 
-/** Where a plan's rate came from, in words. */
-function planSource(basis: EstimateBasis, measuredRuns: number): string {
-  return basis === "measured"
-    ? `measured on ${measuredRuns} earlier run${measuredRuns === 1 ? "" : "s"}`
-    : "no earlier run to measure: a prior from the trainer's benchmarks";
+/** Where a plan's rate came from, in words, and how busy the machine was. */
+function planSource(estimate: RunEstimate): string {
+  const source =
+    estimate.basis === "measured"
+      ? `measured on ${estimate.measuredRuns} earlier run${estimate.measuredRuns === 1 ? "" : "s"}`
+      : "no earlier run to measure: a prior from the trainer's benchmarks";
+  const share = estimate.planned?.cpuShare ?? 1;
+  return share < 1 ? `${source}; a busy machine: ${Math.round(share * 100)} % of a core per thread` : source;
 }
 
 /**
@@ -196,8 +204,8 @@ export function describeEstimate(estimate: RunEstimate): string {
       // A RUNNING run before its first step has a finish time: the plan counts down.
       if (estimate.finishAt !== null)
         return estimate.remainingSeconds > 0
-          ? `${aboutDuration(estimate.remainingSeconds)} left, waiting for the first step (${planSource(estimate.basis, estimate.measuredRuns)})`
-          : `waiting for the first step, longer than planned (${aboutDuration(estimate.seconds)}: ${planSource(estimate.basis, estimate.measuredRuns)})`;
-      return `${aboutDuration(estimate.seconds)} (${planSource(estimate.basis, estimate.measuredRuns)})`;
+          ? `${aboutDuration(estimate.remainingSeconds)} left, waiting for the first step (${planSource(estimate)})`
+          : `waiting for the first step, longer than planned (${aboutDuration(estimate.seconds)}: ${planSource(estimate)})`;
+      return `${aboutDuration(estimate.seconds)} (${planSource(estimate)})`;
   }
 }

@@ -138,6 +138,13 @@ const RunPlanSchema = Type.Object(
         "model, tokenizing, per-example losses, saving.",
     ),
     measuredRuns: Type.Integer({ description: "Earlier runs the rate was measured on; 0 with a prior." }),
+    cpuShare: Type.Optional(
+      Type.Number({
+        description:
+          "The share of a core each trainer thread was expected to get when the run was created, from the load " +
+          "average (1: a core each); the rate and the overhead are scaled by it. Absent in older plans.",
+      }),
+    ),
   },
   { description: "The estimate made when the run was created." },
 );

@@ -1,6 +1,7 @@
 import fs from "node:fs";
 import fsp from "node:fs/promises";
 import readline from "node:readline";
+import os from "node:os";
 import type { DatasetService } from "../datasets/DatasetService.ts";
 import type { BlobStore } from "../store/BlobStore.ts";
 import type { ModelRef } from "../model/types.ts";
@@ -44,7 +45,7 @@ import {
 import { chooseTrainer, type TrainerChoice } from "./trainerChoice.ts";
 import { trainers } from "./trainers.ts";
 import { DEFAULT_MIN_PAIRS_FOR_EVAL, planSettingsOf, prepareSamples } from "./prepareSamples.ts";
-import { planRun, readModelCost } from "./runEstimate.ts";
+import { cpuShare, planRun, readModelCost } from "./runEstimate.ts";
 import { planTrainingData } from "./core/planTrainingData.ts";
 import type { RunPlan } from "../contract/estimate.ts";
 import type { RunEventBus } from "./runEvents.ts";
@@ -216,6 +217,11 @@ export class RunService {
        * server holds now (the models its engine has loaded). Defaults to the machine's, and nothing held.
        */
       memory?: { total?: () => number; inUse?: () => number };
+      /**
+       * How busy the machine is when a run is planned: the 1-minute load average and the cores (the estimate's CPU
+       * share, `cpuShare`). Defaults to the machine's.
+       */
+      cpu?: { load?: () => number; cores?: () => number };
     },
   ) {}
 
@@ -634,12 +640,18 @@ export class RunService {
         workDir: dir,
       });
       const plan = config.dpo === undefined ? summary : { ...summary, pairs: true as const };
+      const threads = backend.threads(host.threads);
       return planRun({
         prior: backend.prior(host),
         method: config.method,
         model: cost,
         plan,
-        threads: backend.threads(host.threads),
+        threads,
+        cpuShare: cpuShare(
+          (this.options.cpu?.load ?? (() => os.loadavg()[0]!))(),
+          (this.options.cpu?.cores ?? os.availableParallelism)(),
+          threads,
+        ),
         history: await this.runs.finishedRuns(
           { trainer, baseModelName: config.baseModelName, method: config.method },
           MEASURED_RUNS,

@@ -2,7 +2,8 @@
  * The estimate a run gets when it is created (`RunPlan`): its steps, windows and tokens from the plan its trainer
  * will run (`core/planTrainingData.ts`: the samples tokenized and planned as every trainer does), and its rate measured on the
  * server's earlier runs of the same trainer, base model and method, or else its trainer's prior (scaled from the
- * trainer's benchmarks by the model's size and the threads: `TrainerBackend.prior`). How the plan is refined while the run trains is
+ * trainer's benchmarks by the model's size and the threads: `TrainerBackend.prior`), both for the share of the cores the
+ * trainer can expect on a machine busy with other work ({@link cpuShare}). How the plan is refined while the run trains is
  * `currentEstimate` (src/contract/estimate.ts).
  */
 import fs from "node:fs/promises";
@@ -81,12 +82,24 @@ export interface PlanInput {
   threads: number;
   /** The latest READY runs of the same trainer, base model and method, newest first. */
   history: readonly FinishedRun[];
+  /** The share of their cores the trainer's threads can expect now ({@link cpuShare}). */
+  cpuShare: number;
+}
+
+/**
+ * The share of a core each of a trainer's `threads` can expect on `cores` cores with `load` other runnable threads
+ * (the 1-minute load average when the run is created): a core each while they all fit, else an even split. A
+ * machine that serves chats, runs evals or another run while it trains gives the run less than its benchmarks had.
+ */
+export function cpuShare(load: number, cores: number, threads: number): number {
+  return Math.min(1, cores / (Math.max(0, load) + threads));
 }
 
 /**
  * What the earlier runs measured: their training loop's rate (training tokens per second of steps and
  * evaluations) and the seconds around it (`runSeconds` less the loop's: preparing the examples, starting the
- * trainer, loading, tokenizing, per-example losses, saving). `undefined` when none has the totals.
+ * trainer, loading, tokenizing, per-example losses, saving), as on cores of their own: each run's seconds times
+ * the CPU share its plan expected (`1` for plans made before they counted it). `undefined` when none has the totals.
  */
 export function measured(
   history: readonly FinishedRun[],
@@ -100,15 +113,18 @@ export function measured(
       wholeSeconds(final) >= (final.trainSeconds ?? 0),
   );
   if (usable.length === 0) return undefined;
+  const share = (plan: RunPlan | null) => plan?.cpuShare ?? 1;
   let tokens = 0;
   let seconds = 0;
-  for (const { final } of usable) {
+  for (const { final, plan } of usable) {
     tokens += final.trainTokens!;
-    seconds += final.trainSeconds!;
+    seconds += final.trainSeconds! * share(plan);
   }
   return {
     tokensPerSecond: tokens / seconds,
-    overheadSeconds: median(usable.map(({ final }) => wholeSeconds(final) - final.trainSeconds!)),
+    overheadSeconds: median(
+      usable.map(({ final, plan }) => (wholeSeconds(final) - final.trainSeconds!) * share(plan)),
+    ),
     runs: usable.length,
   };
 }
@@ -126,9 +142,10 @@ export function planTokens(plan: PlanSummary) {
   };
 }
 
-/** The run's plan: its tokens, and its seconds at the measured rate, or the prior's. */
+/** The run's plan: its tokens, and its seconds at the measured rate, or the prior's, times the CPU share. */
 export function planRun(input: PlanInput): RunPlan {
   const earlier = measured(input.history);
+  const share = input.cpuShare;
   const planned = planTokens(input.plan);
   const base = {
     tokens: planned.tokens,
@@ -136,25 +153,27 @@ export function planRun(input: PlanInput): RunPlan {
     tokenRatio: 1,
     steps: input.plan.steps,
     windowSize: input.plan.windowSize,
+    cpuShare: share,
   };
   if (earlier !== undefined) {
     // The measured rate counts the evaluations (their time is in the loop's); the overhead, the per-example losses.
-    const seconds = earlier.overheadSeconds + planned.tokens / earlier.tokensPerSecond;
+    const tokensPerSecond = earlier.tokensPerSecond * share;
+    const overheadSeconds = earlier.overheadSeconds / share;
     return {
       basis: "measured",
-      seconds,
+      seconds: overheadSeconds + planned.tokens / tokensPerSecond,
       ...base,
-      tokensPerSecond: earlier.tokensPerSecond,
-      overheadSeconds: earlier.overheadSeconds,
+      tokensPerSecond,
+      overheadSeconds,
       measuredRuns: earlier.runs,
     };
   }
   const { prior } = input;
-  const rate = prior.tokensPerSecond(input.method, input.model, input.threads);
+  const rate = prior.tokensPerSecond(input.method, input.model, input.threads) * share;
   // The loop steps and evaluates; per-example losses come after it, with the loading and saving.
   const forward = prior.forwardShare;
   const loopSeconds = (planned.tokens + forward * planned.evalTokens) / rate;
-  const overheadSeconds = prior.overheadSeconds(input.model) + (forward * planned.lossTokens) / rate;
+  const overheadSeconds = prior.overheadSeconds(input.model) / share + (forward * planned.lossTokens) / rate;
   return {
     basis: "prior",
     seconds: overheadSeconds + loopSeconds,

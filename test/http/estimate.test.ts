@@ -201,3 +201,17 @@ test("a run trained on the tiny model: its estimate from creation to READY, and 
   assert.equal(next.estimate?.planned?.tokensPerSecond, final.trainTokens / final.trainSeconds);
   assert.equal(next.estimate?.planned?.overheadSeconds, final.runSeconds - final.trainSeconds);
 });
+
+test("a busy machine: the plan expects half a core per trainer thread at a load of 3 on 2 cores, and takes twice as long", async (t) => {
+  let load = 0;
+  const { app } = await build(t, "sqlite", { cpu: { load: () => load, cores: () => 2 } });
+  const ds = await datasetWithPairs(app);
+  const idle = await createRun(app, { datasetID: ds.id, baseModelName: "tiny", epochs: 2 });
+  load = 3;
+  const busy = await createRun(app, { datasetID: ds.id, baseModelName: "tiny", epochs: 2 });
+  assert.equal(idle.estimate?.planned?.cpuShare, 1);
+  assert.equal(busy.estimate?.planned?.cpuShare, 0.5);
+  assert.equal(busy.estimate?.planned?.tokens, idle.estimate?.planned?.tokens, "the same plan");
+  const ratio = busy.estimate!.seconds / idle.estimate!.seconds;
+  assert.ok(Math.abs(ratio - 2) < 1e-9, `twice the seconds, not ${ratio}x`);
+});

@@ -10,7 +10,13 @@ import {
   type RunEstimate,
   type RunPlan,
 } from "../../src/contract/estimate.ts";
-import { planRun, planTokens, type ModelCost, type PlanInput } from "../../src/train/runEstimate.ts";
+import {
+  cpuShare,
+  planRun,
+  planTokens,
+  type ModelCost,
+  type PlanInput,
+} from "../../src/train/runEstimate.ts";
 import type { PlanSummary } from "../../src/train/core/trainingPlan.ts";
 import { llamaCppPrior } from "../../src/train/native/llamaCppTrainer.ts";
 import { trainers } from "../../src/train/trainers.ts";
@@ -48,6 +54,7 @@ function input(overrides: Partial<PlanInput> = {}): PlanInput {
     plan: plan3x25,
     threads: 1,
     history: [],
+    cpuShare: 1,
     ...overrides,
   };
 }
@@ -158,6 +165,31 @@ describe("planning a run", () => {
     // Runs without totals (older than them) are not measured on.
     assert.equal(planRun(input({ history: [finished({ steps: 3 })] })).basis, "prior");
   });
+
+  test("a busy machine: the rate and the overhead scaled by the share of a core each trainer thread can expect", () => {
+    assert.equal(cpuShare(0, 2, 1), 1, "an idle machine: a core each");
+    assert.equal(cpuShare(1, 2, 1), 1, "one other busy thread and the trainer's fit on 2 cores");
+    assert.equal(cpuShare(3, 2, 1), 0.5);
+    assert.equal(cpuShare(2, 2, 2), 0.5);
+    assert.equal(cpuShare(-1, 4, 2), 1);
+    const idle = planRun(input());
+    const busy = planRun(input({ cpuShare: 0.5 }));
+    assert.equal(busy.cpuShare, 0.5);
+    assert.equal(busy.tokensPerSecond, idle.tokensPerSecond / 2);
+    assert.equal(busy.overheadSeconds, idle.overheadSeconds * 2);
+    assert.equal(busy.seconds, idle.seconds * 2);
+    // Earlier runs as on cores of their own: one measured at half its cores counts twice as fast.
+    const atHalf = finished(
+      { trainTokens: 10_000, trainSeconds: 100, elapsedSeconds: 120 },
+      { ...idle, cpuShare: 0.5 },
+    );
+    const measured = planRun(input({ history: [atHalf] }));
+    assert.equal(measured.tokensPerSecond, 200);
+    assert.equal(measured.overheadSeconds, 10);
+    const measuredBusy = planRun(input({ history: [atHalf], cpuShare: 0.5 }));
+    assert.equal(measuredBusy.tokensPerSecond, 100);
+    assert.equal(measuredBusy.overheadSeconds, 20);
+  });
 });
 
 describe("the estimate a run shows", () => {
@@ -250,6 +282,10 @@ describe("the estimate a run shows", () => {
       planned: { ...plan, basis: "measured", seconds: 170, measuredRuns: 2 },
     };
     assert.equal(describeEstimate(measured), "about 3 min (measured on 2 earlier runs)");
+    assert.equal(
+      describeEstimate({ ...measured, planned: { ...measured.planned!, cpuShare: 0.4 } }),
+      "about 3 min (measured on 2 earlier runs; a busy machine: 40 % of a core per thread)",
+    );
     assert.match(
       describeEstimate({ ...measured, basis: "prior", measuredRuns: 0 }),
       /^about 3 min \(no earlier run/,
