@@ -685,7 +685,7 @@ export class RunService {
   /**
    * What a READY run produced, to download: as `adapter` (the default) its own file (a LoRA run's adapter, a full
    * run's model); as `merged`, one GGUF that needs no adapter: a LoRA run's adapter merged into its base
-   * (`mergeLora`, in the base's types), built on the first request and kept with the run (its size and time in the
+   * (`mergeLora`: float weights in their types, quantized adapted weights in F16), built on the first request and kept with the run (its size and time in the
    * run's log), or a full run's model as it is.
    */
   async artifact(userId: string, id: string, format: "adapter" | "merged" = "adapter"): Promise<RunArtifact> {
@@ -745,8 +745,9 @@ export class RunService {
       const seconds = (performance.now() - started) / 1000;
       await this.runs.appendLog(
         run.id,
-        `merged the adapter into ${baseName}: ${result.weights} weights, ` +
-          `${(result.bytes / 2 ** 20).toFixed(2)} MiB in ${seconds.toFixed(1)} s (${fileName})`,
+        `merged the adapter into ${baseName}: ${result.weights} weights` +
+          (result.widened > 0 ? ` (${result.widened} quantized ones written in F16)` : "") +
+          `, ${(result.bytes / 2 ** 20).toFixed(2)} MiB in ${seconds.toFixed(1)} s (${fileName})`,
       );
       return { path, fileName, sizeBytes: result.bytes };
     })();

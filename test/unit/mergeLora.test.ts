@@ -5,7 +5,7 @@ import path from "node:path";
 import { test } from "node:test";
 import { readGgufFileInfo } from "node-llama-cpp";
 import { gguf, writeGguf, type GgmlTensorType } from "../../src/model/gguf/GgufWriter.ts";
-import { float16ToFloat32 } from "../../src/model/gguf/float16.ts";
+import { float16ToFloat32, float32ToFloat16 } from "../../src/model/gguf/float16.ts";
 import { mergeLora, MergeUnsupportedError } from "../../src/model/gguf/mergeLora.ts";
 import { ggmlQuants } from "../../src/train/libllama/ggmlQuants.ts";
 
@@ -69,7 +69,7 @@ for (const type of ["F32", "F16"] as const) {
     await base(b, type);
     await adapter(a);
     const result = await mergeLora(b, a, out);
-    assert.deepEqual(result, { bytes: fs.statSync(b).size, weights: 1 });
+    assert.deepEqual(result, { bytes: fs.statSync(b).size, weights: 1, widened: 0 });
     const w = await tensor(b, "blk.0.attn_q.weight");
     const merged = await tensor(out, "blk.0.attn_q.weight");
     const la = values(IN * RANK, 3);
@@ -149,56 +149,83 @@ async function quantizedBase(file: string, kind: keyof typeof BLOCKS): Promise<n
   return w;
 }
 
+/** The F16 bits of W + alpha/rank × B·A, summed in the merge's order (a rank at a time), `w` `[inputs, OUT]`. */
+function mergedF16(w: Float32Array | number[], inputs: number): number[] {
+  const la = values(inputs * RANK, 3);
+  const lb = values(RANK * OUT, 4);
+  const sum = Float32Array.from(w);
+  for (let o = 0; o < OUT; o++)
+    for (let k = 0; k < RANK; k++) {
+      const coefficient = (ALPHA / RANK) * lb[o * RANK + k]!;
+      for (let i = 0; i < inputs; i++)
+        sum[o * inputs + i] = sum[o * inputs + i]! + coefficient * la[k * inputs + i]!;
+    }
+  return [...sum].map(float32ToFloat16);
+}
+
+async function adapterOf(file: string, inputs: number) {
+  await writeGguf(
+    file,
+    {
+      "general.architecture": gguf.str("llama"),
+      "general.type": gguf.str("adapter"),
+      "adapter.type": gguf.str("lora"),
+      "adapter.lora.alpha": gguf.f32(ALPHA),
+    },
+    [
+      {
+        name: "blk.0.attn_q.weight.lora_a",
+        dims: [inputs, RANK],
+        type: "F32",
+        data: values(inputs * RANK, 3),
+      },
+      { name: "blk.0.attn_q.weight.lora_b", dims: [RANK, OUT], type: "F32", data: values(RANK * OUT, 4) },
+    ],
+  );
+}
+
+/**
+ * The merged file of a base whose `blk.0.attn_q.weight` `[inputs, OUT]` is quantized: that weight in F16, exactly
+ * W + alpha/rank × B·A rounded to F16 (`w`: W decoded); the header and the other tensor as the base has them, the
+ * file laid out again (the weight is bigger) and read back by node-llama-cpp's parser.
+ */
+async function assertWidened(base: string, merged: string, w: Float32Array | number[], inputs: number) {
+  const info = await readGgufFileInfo(merged, { sourceType: "filesystem", logWarnings: false });
+  const q = info.tensorInfo!.find((x) => x.name === "blk.0.attn_q.weight")!;
+  assert.equal(Number(q.ggmlType), 1, "the adapted weight is F16");
+  assert.deepEqual(q.dimensions.map(Number), [inputs, OUT]);
+  const bytes = fs.readFileSync(merged);
+  const at = Number(q.fileOffset);
+  const got = Array.from({ length: inputs * OUT }, (_, i) => bytes.readUInt16LE(at + i * 2));
+  const expected = mergedF16(w, inputs);
+  assert.deepEqual(got, expected, "F16 of W + alpha/rank × B·A");
+  assert.ok(
+    expected.some((bits, i) => Math.abs(float16ToFloat32(bits) - w[i]!) > 1e-3),
+    "the merge changed the weight",
+  );
+  assert.deepEqual(await tensor(merged, "token_embd.weight"), await tensor(base, "token_embd.weight"));
+  assert.equal(
+    fs.statSync(merged).size,
+    Number(info.infoEndOffset) + Math.ceil((at - Number(info.infoEndOffset) + inputs * OUT * 2) / 32) * 32,
+  );
+  const baseInfo = await readGgufFileInfo(base, { sourceType: "filesystem", logWarnings: false });
+  assert.ok(
+    fs.readFileSync(base).subarray(0, baseInfo.metadataSize).equals(bytes.subarray(0, baseInfo.metadataSize)),
+    "the header and metadata are the base's",
+  );
+}
+
 for (const kind of Object.keys(BLOCKS) as (keyof typeof BLOCKS)[])
-  test(`a ${kind} weight is merged and quantized again as ${kind}: within half a step of W + alpha/rank × B·A`, async (t) => {
+  test(`a ${kind} weight is merged into F16: exactly W + alpha/rank × B·A rounded to F16, the file laid out again`, async (t) => {
     const dir = tempDir(t);
     const b = path.join(dir, "base.gguf");
     const w = await quantizedBase(b, kind);
     const a = path.join(dir, "adapter.gguf");
-    const inputs = 64;
-    const la = values(inputs * RANK, 3);
-    const lb = values(RANK * OUT, 4);
-    await writeGguf(
-      a,
-      {
-        "general.architecture": gguf.str("llama"),
-        "general.type": gguf.str("adapter"),
-        "adapter.type": gguf.str("lora"),
-        "adapter.lora.alpha": gguf.f32(ALPHA),
-      },
-      [
-        { name: "blk.0.attn_q.weight.lora_a", dims: [inputs, RANK], type: "F32", data: la },
-        { name: "blk.0.attn_q.weight.lora_b", dims: [RANK, OUT], type: "F32", data: lb },
-      ],
-    );
+    await adapterOf(a, 64);
     const out = path.join(dir, "merged.gguf");
-    assert.deepEqual(await mergeLora(b, a, out), { bytes: fs.statSync(b).size, weights: 1 });
-    const merged = fs.readFileSync(out);
-    const info = await readGgufFileInfo(out, { sourceType: "filesystem", logWarnings: false });
-    const q = info.tensorInfo!.find((x) => x.name === "blk.0.attn_q.weight")!;
-    assert.equal(Number(q.ggmlType), BLOCKS[kind].type, "the weight keeps its type");
-    let changed = 0;
-    for (let block = 0; block < (inputs * OUT) / 32; block++) {
-      const start = Number(q.fileOffset) + block * BLOCKS[kind].size;
-      const got = decodeBlock(kind, merged, start);
-      const step = Math.abs(float16ToFloat32(merged.readUInt16LE(start)));
-      for (let j = 0; j < 32; j++) {
-        const e = block * 32 + j;
-        const [o, i] = [Math.floor(e / inputs), e % inputs];
-        let delta = 0;
-        for (let k = 0; k < RANK; k++) delta += lb[o * RANK + k]! * la[k * inputs + i]!;
-        const expected = w[e]! + (ALPHA / RANK) * delta;
-        // Half a step, and the scale's own F16 rounding; Q4_0 holds -8 to 7 steps from the block's largest value
-        // (-8 steps), so a value near its opposite clamps to 7, a step off (as in ggml).
-        const bound = kind === "Q4_0" ? step * 1.01 : step * 0.51;
-        assert.ok(
-          Math.abs(got[j]! - expected) <= bound + 1e-3 * Math.abs(expected),
-          `[${o}][${i}]: ${got[j]} vs ${expected}`,
-        );
-        if (Math.abs(got[j]! - w[e]!) > 1e-6) changed++;
-      }
-    }
-    assert.ok(changed > (inputs * OUT) / 2, "the merge changed the weight");
+    const result = await mergeLora(b, a, out);
+    assert.deepEqual(result, { bytes: fs.statSync(out).size, weights: 1, widened: 1 });
+    await assertWidened(b, out, w, 64);
   });
 
 test("a K-quant weight is refused, naming its type, and nothing is written", async (t) => {
@@ -223,76 +250,47 @@ test("a K-quant weight is refused, naming its type, and nothing is written", asy
   assert.deepEqual(fs.readdirSync(dir).sort(), ["adapter.gguf", "base.gguf"]);
 });
 
-test("a K-quant weight is merged through ggml's own code: the bytes ggml writes for W + alpha/rank × B·A", async (t) => {
+/** Bytes of one block of 256 values, and where its F16 scales are (the rest: any bits decode to finite values). */
+const K_BLOCKS = {
+  Q4_K: { type: 12, size: 144, scales: [0, 2] },
+  Q6_K: { type: 14, size: 210, scales: [208] },
+};
+
+test("a K-quant weight is decoded by ggml's own code and merged into F16", async (t) => {
   const codec = ggmlQuants();
   if (codec === undefined) return t.skip("node-llama-cpp's libggml-base is not here");
   const dir = tempDir(t);
   const inputs = 256;
-  const b = path.join(dir, "base.gguf");
-  await writeGguf(b, { "general.architecture": gguf.str("llama") }, [
-    { name: "token_embd.weight", dims: [inputs, 4], type: "F32", data: values(inputs * 4, 1) },
-    { name: "blk.0.attn_q.weight", dims: [inputs, OUT], type: "F32", data: values(inputs * OUT, 2) },
-  ]);
-  for (const [kind, type] of [
-    ["Q4_K", 12],
-    ["Q6_K", 14],
-  ] as const) {
-    // Retype the weight and put ggml's blocks of its values where its data starts.
+  for (const [kind, { type, size, scales }] of Object.entries(K_BLOCKS)) {
+    // An F32 base retyped, its weight's data replaced by blocks of pseudo-random bits with small scales.
+    const b = path.join(dir, `${kind}.gguf`);
+    await writeGguf(b, { "general.architecture": gguf.str("llama") }, [
+      { name: "token_embd.weight", dims: [inputs, 4], type: "F32", data: values(inputs * 4, 1) },
+      { name: "blk.0.attn_q.weight", dims: [inputs, OUT], type: "F32", data: values(inputs * OUT, 2) },
+    ]);
     const bytes = fs.readFileSync(b);
     const name = Buffer.from("blk.0.attn_q.weight");
     bytes.writeUInt32LE(type, bytes.indexOf(name) + name.length + 4 + 2 * 8);
-    const typed = path.join(dir, `${kind}.gguf`);
-    fs.writeFileSync(typed, bytes);
-    const info = await readGgufFileInfo(typed, { sourceType: "filesystem", logWarnings: false });
+    fs.writeFileSync(b, bytes);
+    const info = await readGgufFileInfo(b, { sourceType: "filesystem", logWarnings: false });
     const at = Number(info.tensorInfo!.find((x) => x.name === "blk.0.attn_q.weight")!.fileOffset);
-    const blocks = codec.encode(values(inputs * OUT, 2), type, OUT, inputs);
+    const blocks = Buffer.alloc(OUT * size);
+    for (let i = 0; i < blocks.length; i++) blocks[i] = (i * 131 + 7) & 0xff;
+    for (let block = 0; block < OUT; block++)
+      for (const offset of scales) blocks.writeUInt16LE(0x1800 + block, block * size + offset);
     blocks.copy(bytes, at);
-    fs.writeFileSync(typed, bytes);
-    const la = values(inputs * RANK, 3);
-    const lb = values(RANK * OUT, 4);
-    const a = path.join(dir, "adapter.gguf");
-    await writeGguf(
-      a,
-      {
-        "general.architecture": gguf.str("llama"),
-        "general.type": gguf.str("adapter"),
-        "adapter.type": gguf.str("lora"),
-        "adapter.lora.alpha": gguf.f32(ALPHA),
-      },
-      [
-        { name: "blk.0.attn_q.weight.lora_a", dims: [inputs, RANK], type: "F32", data: la },
-        { name: "blk.0.attn_q.weight.lora_b", dims: [RANK, OUT], type: "F32", data: lb },
-      ],
-    );
-    const out = path.join(dir, `${kind}-merged.gguf`);
-    await assert.rejects(
-      mergeLora(typed, a, out),
-      MergeUnsupportedError,
-      "without ggml's code it is refused",
-    );
-    assert.deepEqual(await mergeLora(typed, a, out, undefined, codec), {
-      bytes: fs.statSync(typed).size,
-      weights: 1,
-    });
-    // W + alpha/rank × B·A in F32, summed in the merge's order (a rank at a time: the K-quants' scale search may
-    // round a last-bit difference into another block).
+    fs.writeFileSync(b, bytes);
     const w = codec.decode(blocks, type, inputs * OUT);
-    for (let o = 0; o < OUT; o++)
-      for (let k = 0; k < RANK; k++) {
-        const coefficient = (ALPHA / RANK) * lb[o * RANK + k]!;
-        for (let i = 0; i < inputs; i++)
-          w[o * inputs + i] = w[o * inputs + i]! + coefficient * la[k * inputs + i]!;
-      }
-    const expected = codec.encode(w, type, OUT, inputs);
-    const merged = fs.readFileSync(out);
-    assert.ok(
-      merged.subarray(at, at + expected.length).equals(expected),
-      `${kind}: ggml's blocks of the merged values`,
-    );
-    assert.ok(!expected.equals(blocks), `${kind}: the merge changed the weight`);
-    assert.ok(
-      merged.subarray(0, at).equals(bytes.subarray(0, at)),
-      `${kind}: the header and the other tensors stay`,
-    );
+    assert.ok(w.every(Number.isFinite));
+    const a = path.join(dir, "adapter.gguf");
+    await adapterOf(a, inputs);
+    const out = path.join(dir, `${kind}-merged.gguf`);
+    await assert.rejects(mergeLora(b, a, out), MergeUnsupportedError, "without ggml's code it is refused");
+    assert.deepEqual(await mergeLora(b, a, out, undefined, codec), {
+      bytes: fs.statSync(out).size,
+      weights: 1,
+      widened: 1,
+    });
+    await assertWidened(b, out, w, inputs);
   }
 });

@@ -197,10 +197,10 @@ function runFileRoutes(app: FastifyInstance, core: Core) {
         description:
           "Streams the run's GGUF file: for `method` `lora` its adapter (`<run id>-lora.gguf`, use it with the base " +
           "model: `llama-server -m base.gguf --lora adapter.gguf`), for `full` the whole model (`<run id>.gguf`). " +
-          "With `format=merged`, a LoRA run's adapter merged into its base (`<run id>-merged.gguf`, in the base's " +
-          "types, loads without `--lora`), built on the first request and kept with the run; a full run's model " +
-          "as it is. A run that is not READY answers 409; a READY run whose file is not on this server's disk, 404; " +
-          "a merge into a base quantized with a K-quant (Q4_K, Q6_K, …), 400.",
+          "With `format=merged`, a LoRA run's adapter merged into its base (`<run id>-merged.gguf`: float weights in " +
+          "their types, quantized adapted weights in F16; loads without `--lora`), built on the first request and " +
+          "kept with the run; a full run's model as it is. A run that is not READY answers 409; a READY run whose " +
+          "file is not on this server's disk, 404; a base whose adapted weights are of a type ggml cannot decode, 400.",
         params: RunParams,
         querystring: Type.Object({
           format: Type.Optional(

@@ -1,24 +1,21 @@
 /**
- * ggml's own quantization code (node-llama-cpp's prebuilt `libggml-base`), for weights in types Conduit does not
- * decode itself: the K-quants (Q4_K, Q6_K, …) most published GGUFs use. `decode` is ggml's `to_float`
- * (`dequantize_row_*`), `encode` its `ggml_quantize_chunk` (the reference quantizers, no importance matrix), so a
- * weight written back is what llama.cpp's own tools would write from the same values.
+ * ggml's own dequantization (node-llama-cpp's prebuilt `libggml-base`), for weights in types Conduit does not
+ * decode itself: the K-quants (Q4_K, Q6_K, …) and the IQ types most published GGUFs use. `decode` is ggml's
+ * `to_float` (`dequantize_row_*`): the values llama.cpp computes with.
  */
 import koffi from "koffi";
 import { findBinDir, findLibrary } from "./llamaLib.ts";
 
 export interface GgmlQuants {
-  /** Bytes of `rows` rows of `perRow` values of `type`; undefined for a type ggml cannot quantize here. */
+  /** Bytes of `rows` rows of `perRow` values of `type`; undefined for a type ggml cannot decode here. */
   bytes(type: number, rows: number, perRow: number): number | undefined;
   /** The values of `count` elements of `type` in `bytes`. */
   decode(bytes: Buffer, type: number, count: number): Float32Array;
-  /** `values` (`rows` × `perRow`) in `type`. */
-  encode(values: Float32Array, type: number, rows: number, perRow: number): Buffer;
 }
 
 let loaded: GgmlQuants | null | undefined;
 
-/** ggml's quantization code, or `undefined` where its library cannot be loaded. Loaded once per process. */
+/** ggml's dequantization, or `undefined` where its library cannot be loaded. Loaded once per process. */
 export function ggmlQuants(): GgmlQuants | undefined {
   if (loaded === undefined) {
     try {
@@ -43,10 +40,6 @@ function bind(lib: ReturnType<typeof koffi.load>): GgmlQuants {
   });
   const ToFloat = koffi.proto("void conduit_ggml_to_float(const void *x, float *y, int64_t k)");
   const getTraits = lib.func("void *ggml_get_type_traits(int type)");
-  const requiresImatrix = lib.func("bool ggml_quantize_requires_imatrix(int type)");
-  const quantizeChunk = lib.func(
-    "size_t ggml_quantize_chunk(int type, const float *src, void *dst, int64_t start, int64_t nrows, int64_t n_per_row, const float *imatrix)",
-  );
   const traitsOf = (type: number) => {
     const traits = koffi.decode(getTraits(type), Traits) as {
       blck_size: number;
@@ -63,20 +56,12 @@ function bind(lib: ReturnType<typeof koffi.load>): GgmlQuants {
       if (!known(type)) return undefined;
       const traits = traitsOf(type);
       if (!traits.is_quantized || traits.to_float === null || traits.blck_size <= 0) return undefined;
-      if (requiresImatrix(type) || perRow % traits.blck_size !== 0) return undefined;
+      if (perRow % traits.blck_size !== 0) return undefined;
       return rows * (perRow / traits.blck_size) * traits.type_size;
     },
     decode(bytes, type, count) {
       const out = new Float32Array(count);
       koffi.call(traitsOf(type).to_float, ToFloat, bytes, out, count);
-      return out;
-    },
-    encode(values, type, rows, perRow) {
-      const size = this.bytes(type, rows, perRow);
-      if (size === undefined) throw new Error(`ggml cannot quantize type ${type} rows of ${perRow}`);
-      const out = Buffer.alloc(size);
-      const written = quantizeChunk(type, values, out, 0, rows, perRow, null) as number;
-      if (written !== size) throw new Error(`ggml wrote ${written} bytes of type ${type}, expected ${size}`);
       return out;
     },
   };
