@@ -144,7 +144,13 @@ try {
     basis: string;
     seconds: number;
     measuredRuns: number;
-    planned: { seconds: number; steps: number; tokens: number; tokensPerSecond: number } | null;
+    planned: {
+      seconds: number;
+      steps: number;
+      tokens: number;
+      tokensPerSecond: number;
+      cpuShare?: number;
+    } | null;
   };
   type RunView = {
     id: string;
@@ -213,7 +219,12 @@ try {
           `${run.estimate?.basis === "measured" ? ` on ${run.estimate.measuredRuns} earlier` : ""}: ${planned.steps} steps, ` +
           `${planned.tokens} tokens at ${planned.tokensPerSecond.toFixed(1)} tok/s); the run took ${final.runSeconds?.toFixed(1)} s ` +
           `(${final.steps} steps, ${final.trainTokens} tokens at ${final.tokensPerSecond?.toFixed(1)} tok/s; the trainer ` +
-          `${final.elapsedSeconds?.toFixed(1)} s): ${(planned.seconds / (final.runSeconds ?? Number.NaN)).toFixed(2)}× the actual`,
+          `${final.elapsedSeconds?.toFixed(1)} s): ${(planned.seconds / (final.runSeconds ?? Number.NaN)).toFixed(2)}× the actual` +
+          // What the same plan said before it counted a busy machine: the cores to itself.
+          ((planned.cpuShare ?? 1) < 1
+            ? ` (CPU share ${planned.cpuShare!.toFixed(2)}; as on an idle machine ` +
+              `${((planned.seconds * planned.cpuShare!) / (final.runSeconds ?? Number.NaN)).toFixed(2)}×)`
+            : ""),
       );
     console.log(
       `  peak memory of the server and its trainer ${(peak / 2 ** 30).toFixed(2)} GiB; before/after: ${evaluation?.summary ?? "none"} (done ${evaluated.toFixed(0)} s from creation)`,
