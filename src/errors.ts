@@ -97,6 +97,8 @@ export type ErrorCode = keyof typeof errorCatalog;
  */
 export const domainFields = [
   "runId",
+  "evalId",
+  "evalRunId",
   "maxTokens",
   "temperature",
   "topP",

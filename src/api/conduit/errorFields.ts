@@ -3,6 +3,8 @@ import type { FieldNames } from "../../errors.ts";
 /** The Conduit API's names for the fields the services blame (`param` of its error bodies). */
 export const conduitFields: FieldNames = {
   runId: "finetune_id",
+  evalId: "eval_id",
+  evalRunId: "run_id",
   maxTokens: "max_tokens",
   temperature: "temperature",
   topP: "top_p",
