@@ -91,6 +91,40 @@ export const errorCatalog = {
 
 export type ErrorCode = keyof typeof errorCatalog;
 
+/**
+ * The fields the service, inference and the engine blame (`ConduitError.param`) in the domain's own names. Each
+ * API face maps them to its wire names through one table (`conduitFields`, `openAiFields`), in its error handler.
+ */
+export const domainFields = [
+  "runId",
+  "evalId",
+  "evalRunId",
+  "maxTokens",
+  "temperature",
+  "topP",
+  "topK",
+  "presencePenalty",
+  "frequencyPenalty",
+  "seed",
+] as const;
+
+export type DomainField = (typeof domainFields)[number];
+
+/** A face's table from domain field names to its own. */
+export type FieldNames = Record<DomainField, string>;
+
+/** An error naming its field as a face's table says (errors blaming no domain field pass unchanged). */
+export function inFaceNames(error: ConduitError, names: FieldNames): ConduitError {
+  const param =
+    error.param !== null && Object.hasOwn(names, error.param) ? names[error.param as DomainField] : null;
+  if (param === null) return error;
+  return new ConduitError(error.code, error.message, {
+    param,
+    ...(error.retryAfter !== undefined ? { retryAfter: error.retryAfter } : {}),
+    cause: error,
+  });
+}
+
 export class ConduitError extends Error {
   readonly code: ErrorCode;
   readonly param: string | null;

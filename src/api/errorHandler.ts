@@ -3,16 +3,21 @@ import {
   ConduitError,
   DATABASE_RETRY_AFTER_S,
   errorCatalog,
+  inFaceNames,
   isDatabaseUnavailable,
   isOutOfSpace,
   OUT_OF_SPACE,
   type ErrorCode,
 } from "../errors.ts";
 import { patternReasons, REASON } from "../contract/patterns.ts";
+import { conduitFields } from "./conduit/errorFields.ts";
+import { openAiFields } from "./openai/errorFields.ts";
 
-export function errorBody(error: ConduitError) {
-  const entry = errorCatalog[error.code];
-  return { error: { message: error.message, type: entry.type, param: error.param, code: error.code } };
+/** An error's body; `url`, the request's: its face's table names the field at fault (the Conduit API's without). */
+export function errorBody(error: ConduitError, url?: string) {
+  const named = inFaceNames(error, url?.startsWith("/v1/") ? openAiFields : conduitFields);
+  const entry = errorCatalog[named.code];
+  return { error: { message: named.message, type: entry.type, param: named.param, code: named.code } };
 }
 
 interface ValidationIssue {
@@ -310,7 +315,7 @@ export function registerErrorHandler(app: FastifyInstance): void {
     }
     if (conduitError.retryAfter !== undefined)
       void reply.header("retry-after", String(conduitError.retryAfter));
-    return reply.status(conduitError.status).send(errorBody(conduitError));
+    return reply.status(conduitError.status).send(errorBody(conduitError, request.url));
   });
 
   app.setNotFoundHandler((request, reply) => notFound(request, reply));

@@ -164,7 +164,7 @@ export function openSse(
         request.log.error({ err: error }, "stream failed");
         conduitError ??= new ConduitError("internal_error", "internal server error");
       }
-      write(`data: ${JSON.stringify(errorBody(conduitError))}\n\n`);
+      write(`data: ${JSON.stringify(errorBody(conduitError, request.url))}\n\n`);
       close();
     },
     close,

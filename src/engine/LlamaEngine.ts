@@ -1,5 +1,5 @@
 import type { Llama, LlamaGrammar } from "node-llama-cpp";
-import { ConduitError } from "../errors.ts";
+import { ConduitError, type DomainField } from "../errors.ts";
 import { Admission, abortable } from "./Admission.ts";
 import type { AcceleratorInfo } from "./accelerator.ts";
 import type { AdapterBatchingSetting, GpuLayers, GpuSetting } from "../contract/accelerator.ts";
@@ -234,7 +234,7 @@ class LlamaEngine implements Engine {
         "invalid_request",
         `The prompt is ${prompt.length} tokens and max_tokens asks for ${sampling.maxTokens} more; this model's ` +
           `context holds ${batcher.contextSize}. Lower max_tokens, or leave it out to use the room left.`,
-        { param: "max_tokens" },
+        { param: "maxTokens" },
       );
     signal?.throwIfAborted();
     const ticket =
@@ -427,15 +427,15 @@ function positiveInteger(value: number, name: string): number {
 }
 
 function validateSampling(s: SamplingOptions): void {
-  const bad = (param: string, message: string) => new ConduitError("invalid_request", message, { param });
+  const bad = (param: DomainField, message: string) => new ConduitError("invalid_request", message, { param });
   if (s.maxTokens !== undefined && (!Number.isInteger(s.maxTokens) || s.maxTokens < 1))
-    throw bad("max_tokens", "max_tokens must be at least 1.");
+    throw bad("maxTokens", "max_tokens must be at least 1.");
   if (!(s.temperature >= 0)) throw bad("temperature", "temperature must be 0 or more.");
-  if (!(s.topP > 0 && s.topP <= 1)) throw bad("top_p", "top_p must be in (0, 1].");
-  if (!Number.isInteger(s.topK) || s.topK < 0) throw bad("top_k", "top_k must be a whole number, 0 or more.");
+  if (!(s.topP > 0 && s.topP <= 1)) throw bad("topP", "top_p must be in (0, 1].");
+  if (!Number.isInteger(s.topK) || s.topK < 0) throw bad("topK", "top_k must be a whole number, 0 or more.");
   if (!Number.isFinite(s.presencePenalty))
-    throw bad("presence_penalty", "presence_penalty must be a number.");
+    throw bad("presencePenalty", "presence_penalty must be a number.");
   if (!Number.isFinite(s.frequencyPenalty))
-    throw bad("frequency_penalty", "frequency_penalty must be a number.");
+    throw bad("frequencyPenalty", "frequency_penalty must be a number.");
   if (s.seed !== undefined && !Number.isInteger(s.seed)) throw bad("seed", "seed must be an integer.");
 }

@@ -230,7 +230,7 @@ export class EvalService {
 
   async get(userId: string, id: string): Promise<Eval> {
     const found = await this.evals.get(userId, id);
-    if (!found) throw new ConduitError("not_found", `eval ${id} not found`, { param: "eval_id" });
+    if (!found) throw new ConduitError("not_found", `eval ${id} not found`, { param: "evalId" });
     return found;
   }
 
@@ -248,7 +248,7 @@ export class EvalService {
     metadata?: Record<string, string> | null,
   ): Promise<Eval> {
     const found = await this.evals.rename(userId, id, name, metadata);
-    if (!found) throw new ConduitError("not_found", `eval ${id} not found`, { param: "eval_id" });
+    if (!found) throw new ConduitError("not_found", `eval ${id} not found`, { param: "evalId" });
     return found;
   }
 
@@ -257,7 +257,7 @@ export class EvalService {
     for (const run of await this.evals.listRuns(userId, id, { limit: 1000 }))
       if (run.status === "QUEUED" || run.status === "RUNNING") await this.cancel(userId, id, run.id);
     if (!(await this.evals.delete(userId, id)))
-      throw new ConduitError("not_found", `eval ${id} not found`, { param: "eval_id" });
+      throw new ConduitError("not_found", `eval ${id} not found`, { param: "evalId" });
   }
 
   // --- items ---
@@ -357,7 +357,7 @@ export class EvalService {
 
   async getRun(userId: string, evalId: string, id: string): Promise<EvalRun> {
     const run = await this.evals.getRun(userId, evalId, id);
-    if (!run) throw new ConduitError("not_found", `eval run ${id} not found`, { param: "run_id" });
+    if (!run) throw new ConduitError("not_found", `eval run ${id} not found`, { param: "evalRunId" });
     return run;
   }
 
@@ -374,7 +374,7 @@ export class EvalService {
   async cancel(userId: string, evalId: string, id: string): Promise<EvalRun> {
     const previous = await this.evals.cancelRun(userId, evalId, id);
     if (previous === undefined)
-      throw new ConduitError("not_found", `eval run ${id} not found`, { param: "run_id" });
+      throw new ConduitError("not_found", `eval run ${id} not found`, { param: "evalRunId" });
     if (TERMINAL.includes(previous))
       throw new ConduitError("conflict", `eval run ${id} is ${previous} and cannot be cancelled`);
     this.active.get(id)?.abort(new ConduitError("conflict", "cancelled"));

@@ -678,7 +678,7 @@ export class RunService {
 
   async get(userId: string, id: string): Promise<Run> {
     const run = await this.runs.get(userId, id);
-    if (!run) throw new ConduitError("not_found", `run ${id} not found`, { param: "finetune_id" });
+    if (!run) throw new ConduitError("not_found", `run ${id} not found`, { param: "runId" });
     return run;
   }
 
@@ -874,7 +874,7 @@ export class RunService {
   async cancel(userId: string, id: string): Promise<void> {
     const previous = await this.runs.cancel(userId, id);
     if (previous === undefined)
-      throw new ConduitError("not_found", `run ${id} not found`, { param: "finetune_id" });
+      throw new ConduitError("not_found", `run ${id} not found`, { param: "runId" });
     if (!activeStatuses.includes(previous))
       throw new ConduitError("conflict", `run ${id} is ${previous} and cannot be cancelled`);
     this.events.emit("ended", id, "CANCELLED");
@@ -888,7 +888,7 @@ export class RunService {
   async pause(userId: string, id: string): Promise<Run> {
     const previous = await this.runs.pause(userId, id);
     if (previous === undefined)
-      throw new ConduitError("not_found", `run ${id} not found`, { param: "finetune_id" });
+      throw new ConduitError("not_found", `run ${id} not found`, { param: "runId" });
     if (previous !== "QUEUED" && previous !== "RUNNING")
       throw new ConduitError(
         "conflict",
@@ -905,7 +905,7 @@ export class RunService {
   async resume(userId: string, id: string): Promise<Run> {
     const previous = await this.runs.resume(userId, id);
     if (previous === undefined)
-      throw new ConduitError("not_found", `run ${id} not found`, { param: "finetune_id" });
+      throw new ConduitError("not_found", `run ${id} not found`, { param: "runId" });
     if (previous === "PAUSING")
       throw new ConduitError(
         "conflict",
@@ -961,7 +961,7 @@ export class RunService {
     }
     const signal = options.signal;
     if (!(await feed.join(signal)))
-      throw new ConduitError("not_found", `run ${id} not found`, { param: "finetune_id" });
+      throw new ConduitError("not_found", `run ${id} not found`, { param: "runId" });
     const joined = feed;
     return (async function* () {
       try {
@@ -987,7 +987,7 @@ export class RunService {
       this.events.emit("changed", id);
     }
     if (!(await this.runs.delete(userId, id)))
-      throw new ConduitError("not_found", `run ${id} not found`, { param: "finetune_id" });
+      throw new ConduitError("not_found", `run ${id} not found`, { param: "runId" });
     // A live run's files are removed by its worker once the trainer has stopped (a pausing run's too).
     this.events.emit("deleted", run);
     if (run.status !== "QUEUED" && run.status !== "RUNNING" && !run.pausing)

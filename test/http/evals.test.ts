@@ -92,7 +92,14 @@ for (const backend of backends())
       assert.equal((await bob.get("/v1/evals")).json<{ data: unknown[] }>().data.length, 0);
 
       assert.equal((await alice.delete(`/conduit/evals/${evalId}`)).statusCode, 200);
-      assert.equal((await alice.get(`/conduit/evals/${evalId}/runs/${runId}`)).statusCode, 404);
+      const goneRun = await alice.get(`/conduit/evals/${evalId}/runs/${runId}`);
+      assert.equal(goneRun.statusCode, 404);
+      assert.equal(goneRun.json().error.param, "run_id");
+      for (const url of [`/conduit/evals/${evalId}`, `/v1/evals/${evalId}`]) {
+        const gone = await alice.get(url);
+        assert.equal(gone.statusCode, 404, url);
+        assert.equal(gone.json().error.param, "eval_id", url);
+      }
     });
 
     test("x-total-count of a run's results counts the answers there are, of the model asked for; a cancel answers the run", async (t) => {

@@ -404,6 +404,9 @@ for (const backend of backends())
       const unknownModel = await create({ model: "nope" });
       assert.equal(unknownModel.statusCode, 404);
       assert.equal(unknownModel.json().error.param, "model");
+      const noSuchJob = await as(app, KEY_A).get("/v1/fine_tuning/jobs/ft_missing");
+      assert.equal(noSuchJob.statusCode, 404);
+      assert.equal(noSuchJob.json().error.param, "fine_tuning_job_id");
       // A file of a Conduit dataset with other files: a job trains on one file alone.
       const ds = await createDataset(app, "two files");
       for (const name of ["a.jsonl", "b.jsonl"])

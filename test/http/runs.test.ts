@@ -574,7 +574,9 @@ for (const backend of backends()) {
       assert.equal(queued.json().error.code, "conflict");
       assert.match(queued.json().error.message, new RegExp(`run ${run.id} is QUEUED, not READY`));
       assert.equal((await get("", asBob)).statusCode, 404);
-      assert.equal((await as(app, KEY_A).get("/conduit/finetuning/ft_missing/examples")).statusCode, 404);
+      const missing = await as(app, KEY_A).get("/conduit/finetuning/ft_missing/examples");
+      assert.equal(missing.statusCode, 404);
+      assert.equal(missing.json().error.param, "finetune_id");
       assert.equal((await app.inject({ url })).statusCode, 401);
 
       const repo = core.runRepository;

@@ -190,7 +190,7 @@ test("errors of the shared generation name this face's fields", () => {
   assert.equal(renamed.param, "text.format");
   assert.equal(renamed.message, 'field "text.format": its JSON schema has 2000 enum values');
   const cap = toResponsesError(
-    new ConduitError("invalid_request", "max_tokens must be at least 1.", { param: "max_tokens" }),
+    new ConduitError("invalid_request", "max_tokens must be at least 1.", { param: "maxTokens" }),
   ) as ConduitError;
   assert.equal(cap.param, "max_output_tokens");
   assert.equal(cap.message, "max_output_tokens must be at least 1.");

@@ -80,7 +80,7 @@ export function fromResponsesRequest(body: OpenAiResponsesBodyWire): GenerationI
 /** The generation's field names as the Responses API spells them. */
 const responsesParams: Record<string, string> = {
   response_format: "text.format",
-  max_tokens: "max_output_tokens",
+  maxTokens: "max_output_tokens",
   messages: "input",
 };
 
