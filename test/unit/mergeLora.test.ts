@@ -29,22 +29,6 @@ async function base(file: string, type: GgmlTensorType) {
   ]);
 }
 
-async function adapter(file: string) {
-  await writeGguf(
-    file,
-    {
-      "general.architecture": gguf.str("llama"),
-      "general.type": gguf.str("adapter"),
-      "adapter.type": gguf.str("lora"),
-      "adapter.lora.alpha": gguf.f32(ALPHA),
-    },
-    [
-      { name: "blk.0.attn_q.weight.lora_a", dims: [IN, RANK], type: "F32", data: values(IN * RANK, 3) },
-      { name: "blk.0.attn_q.weight.lora_b", dims: [RANK, OUT], type: "F32", data: values(RANK * OUT, 4) },
-    ],
-  );
-}
-
 async function tensor(file: string, name: string): Promise<Float32Array> {
   const info = await readGgufFileInfo(file, { sourceType: "filesystem", logWarnings: false });
   const t = info.tensorInfo!.find((x) => x.name === name)!;
@@ -67,7 +51,7 @@ for (const type of ["F32", "F16"] as const) {
       string,
     ];
     await base(b, type);
-    await adapter(a);
+    await adapterOf(a, IN);
     const result = await mergeLora(b, a, out);
     assert.deepEqual(result, { bytes: fs.statSync(b).size, weights: 1, widened: 0 });
     const w = await tensor(b, "blk.0.attn_q.weight");
@@ -163,6 +147,7 @@ function mergedF16(w: Float32Array | number[], inputs: number): number[] {
   return [...sum].map(float32ToFloat16);
 }
 
+/** A rank-2 adapter of `blk.0.attn_q.weight` `[inputs, OUT]`, alpha 3. */
 async function adapterOf(file: string, inputs: number) {
   await writeGguf(
     file,
@@ -240,7 +225,7 @@ test("a K-quant weight is refused, naming its type, and nothing is written", asy
   bytes.writeUInt32LE(12, at);
   fs.writeFileSync(b, bytes);
   const a = path.join(dir, "adapter.gguf");
-  await adapter(a);
+  await adapterOf(a, IN);
   const out = path.join(dir, "merged.gguf");
   await assert.rejects(mergeLora(b, a, out), (error: unknown) => {
     assert.ok(error instanceof MergeUnsupportedError);
