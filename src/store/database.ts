@@ -191,7 +191,9 @@ function isDeadConnection(error: unknown): boolean {
  * caller's (a 503 with Retry-After at the edge). The pool by itself drops an idle connection only once its socket
  * reports the end, which a request arriving at the same moment can beat.
  */
-function reopeningDeadConnections(connect: () => Promise<pg.PoolClient>): () => Promise<pg.PoolClient> {
+export function reopeningDeadConnections(
+  connect: () => Promise<pg.PoolClient>,
+): () => Promise<pg.PoolClient> {
   const used = new WeakSet<pg.PoolClient>();
   return async () => {
     const client = await connect();
@@ -200,6 +202,10 @@ function reopeningDeadConnections(connect: () => Promise<pg.PoolClient>): () => 
       return client;
     }
     let current = client;
+    // Whether `current` went back to the pool already: a dead one is released at once, and when no fresh one can
+    // be had, Kysely's release of the connection must not release it twice (pg would throw that, in place of
+    // the error that says the database is unavailable).
+    let released = false;
     let first = true;
     const query = (...args: unknown[]): unknown => {
       const run = () => (current.query as (...a: unknown[]) => unknown)(...args);
@@ -211,7 +217,9 @@ function reopeningDeadConnections(connect: () => Promise<pg.PoolClient>): () => 
       return (run() as Promise<unknown>).catch(async (error: unknown) => {
         if (!isDeadConnection(error)) throw error;
         current.release(error instanceof Error ? error : true);
+        released = true;
         current = await connect();
+        released = false;
         used.add(current);
         return run();
       });
@@ -219,7 +227,10 @@ function reopeningDeadConnections(connect: () => Promise<pg.PoolClient>): () => 
     // What Kysely's Postgres driver uses of a pooled client: query (a string, or a cursor for streams) and release.
     return {
       query,
-      release: (error?: Error | boolean) => current.release(error),
+      release: (error?: Error | boolean) => {
+        if (!released) current.release(error);
+        released = true;
+      },
     } as unknown as pg.PoolClient;
   };
 }

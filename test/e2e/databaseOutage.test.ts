@@ -177,7 +177,7 @@ describe("the database goes away and comes back", () => {
     const runStream = await runEvents;
     assert.match(runStream.at(-1)?.data ?? "", /"status":"READY"/);
     const evalStream = await evalEvents;
-    assert.equal(evalStream.at(-1)?.event, "status");
+    assert.equal(evalStream.at(-1)?.event, "status", evalStream.at(-1)?.data);
     assert.match(evalStream.at(-1)?.data ?? "", /COMPLETED/);
   });
 });
