@@ -428,7 +428,7 @@ class WindowFile {
 /**
  * Writes the epoch-end adapters the worker kept raw (`TORCH_KEPT_DIR`, across every attempt of the run) as the
  * run's kept checkpoints, GGUF adapters of the type it serves, as the llama.cpp trainer keeps them; each raw file
- * is removed once written.
+ * is removed once written, and so is what a killed attempt left half-written.
  */
 async function keepEpochAdapters(
   dir: CheckpointDir,
@@ -450,6 +450,10 @@ async function keepEpochAdapters(
     fs.rmSync(`${name}.f32`, { force: true });
     fs.rmSync(`${name}.json`, { force: true });
   }
+  // What is left is a killed worker's: a file it was writing (`*.tmp-<pid>`), a step's tensors without its JSON.
+  if (fs.existsSync(raw))
+    for (const entry of fs.readdirSync(raw))
+      fs.rmSync(path.join(raw, entry), { recursive: true, force: true });
   if (steps.length > 0)
     hooks.log(`trainer: kept the adapters of steps ${steps.join(", ")} (${type}) as the run's checkpoints`);
 }
