@@ -127,3 +127,11 @@ export interface EvalResult {
   completionTokens: number;
   error: string | null;
 }
+
+/** The last user turn of an item: what a table of results shows as its question. */
+export function questionOf(item: EvalRun["items"][number] | undefined): string {
+  if (!item) return "";
+  for (let i = item.messages.length - 1; i >= 0; i--)
+    if (item.messages[i]?.role === "user") return item.messages[i]?.content ?? "";
+  return item.messages.at(-1)?.content ?? "";
+}

@@ -7,7 +7,8 @@
 import path from "node:path";
 import type { LoraTarget, RunStats, RunStatus, TrainMethod } from "../contract/runs.ts";
 import { TRAINERS, type TrainerName } from "../contract/runs.ts";
-import type { RunPlan } from "../contract/estimate.ts";
+import { currentEstimate, type RunEstimate, type RunPlan } from "../contract/estimate.ts";
+import { parseTimestamp } from "./time.ts";
 
 export interface Run {
   id: string;
@@ -209,4 +210,13 @@ export function keptCheckpointPath(run: Pick<Run, "modelPath">, step: number): s
   return run.modelPath === null
     ? undefined
     : path.join(path.dirname(run.modelPath), "checkpoints", `step-${step}.gguf`);
+}
+
+/** The run's estimate: its plan, refined from its stats (a RUNNING run's were written at its `updatedAt`). */
+export function runEstimate(r: Run): RunEstimate | null {
+  return currentEstimate(r.estimate, {
+    status: r.status,
+    stats: r.stats,
+    updatedAt: parseTimestamp(r.updatedAt),
+  });
 }

@@ -427,14 +427,14 @@ function positiveInteger(value: number, name: string): number {
 }
 
 function validateSampling(s: SamplingOptions): void {
-  const bad = (param: DomainField, message: string) => new ConduitError("invalid_request", message, { param });
+  const bad = (param: DomainField, message: string) =>
+    new ConduitError("invalid_request", message, { param });
   if (s.maxTokens !== undefined && (!Number.isInteger(s.maxTokens) || s.maxTokens < 1))
     throw bad("maxTokens", "max_tokens must be at least 1.");
   if (!(s.temperature >= 0)) throw bad("temperature", "temperature must be 0 or more.");
   if (!(s.topP > 0 && s.topP <= 1)) throw bad("topP", "top_p must be in (0, 1].");
   if (!Number.isInteger(s.topK) || s.topK < 0) throw bad("topK", "top_k must be a whole number, 0 or more.");
-  if (!Number.isFinite(s.presencePenalty))
-    throw bad("presencePenalty", "presence_penalty must be a number.");
+  if (!Number.isFinite(s.presencePenalty)) throw bad("presencePenalty", "presence_penalty must be a number.");
   if (!Number.isFinite(s.frequencyPenalty))
     throw bad("frequencyPenalty", "frequency_penalty must be a number.");
   if (s.seed !== undefined && !Number.isInteger(s.seed)) throw bad("seed", "seed must be an integer.");

@@ -75,6 +75,23 @@ test("every import in src/ and ui/src/ follows the layer table of docs/architect
   assert.deepEqual(offenders, [], "update the import, or docs/architecture.md's table if the rule changed");
 });
 
+test("each API face is a home of its own: neither face imports the other, and what they share imports neither", async () => {
+  const faces = ["conduit", "openai"];
+  const offenders: string[] = [];
+  for (const [file, target] of await imports("src/api")) {
+    const [from, to] = [file, target].map((f) =>
+      path.relative(path.join(root, "src", "api"), f).split(path.sep),
+    );
+    if (from!.length < 2 || to!.length < 2 || from![0] === to![0] || !faces.includes(to![0]!)) continue;
+    offenders.push(`${path.relative(root, file)} imports ${path.relative(root, target)}`);
+  }
+  assert.deepEqual(
+    offenders,
+    [],
+    "what both faces need belongs in src/api/generation/ or the domain; a face's own code in its folder",
+  );
+});
+
 test("train/'s subfolders are layers of their own: a trainer reaches neither another trainer nor what starts it", () => {
   const rules = documentedRules();
   for (const layer of ["train/libllama", "train/core", "train/native", "train/torch", "train/tracking"])

@@ -6,7 +6,7 @@ import type {
   EvalSourceWire,
   EvalWire,
 } from "../../contract/evals.ts";
-import type { Eval, EvalResult, EvalRun, EvalSource } from "../../domain/evals.ts";
+import { questionOf, type Eval, type EvalResult, type EvalRun, type EvalSource } from "../../domain/evals.ts";
 import type { CreateEval, CreateEvalRun } from "../../evals/commands.ts";
 
 /** The Conduit API's eval bodies → the eval service's commands; evals, eval runs and results → its wire shapes. */
@@ -64,14 +64,6 @@ export function evalRunWire(r: EvalRun): EvalRunWire {
     createdAt: r.createdAt,
     updatedAt: r.updatedAt,
   };
-}
-
-/** The last user turn of an item: what a table of results shows as its question. */
-export function questionOf(item: EvalRun["items"][number] | undefined): string {
-  if (!item) return "";
-  for (let i = item.messages.length - 1; i >= 0; i--)
-    if (item.messages[i]?.role === "user") return item.messages[i]?.content ?? "";
-  return item.messages.at(-1)?.content ?? "";
 }
 
 export function evalResultWire(run: EvalRun, r: EvalResult): EvalResultWire {

@@ -1,9 +1,7 @@
 import type { Dataset, DatasetFile } from "../../domain/datasets.ts";
-import type { Run } from "../../domain/runs.ts";
+import { runEstimate, type Run } from "../../domain/runs.ts";
 import type { RunEvaluation } from "../../contract/evals.ts";
 import type { DatasetFileWire, DatasetWire, RunSummaryWire, RunWire } from "../../contract/schemas.ts";
-import { currentEstimate, type RunEstimate } from "../../contract/estimate.ts";
-import { parseTimestamp } from "../../domain/time.ts";
 
 /** Domain records → the Conduit API's wire shapes (both spellings of the dataset id where the API has them). */
 
@@ -32,15 +30,6 @@ export function toFileWire(f: DatasetFile): DatasetFileWire {
     createdAt: f.createdAt,
     updatedAt: f.updatedAt,
   };
-}
-
-/** The run's estimate: its plan, refined from its stats (a RUNNING run's were written at its `updatedAt`). */
-export function runEstimate(r: Run): RunEstimate | null {
-  return currentEstimate(r.estimate, {
-    status: r.status,
-    stats: r.stats,
-    updatedAt: parseTimestamp(r.updatedAt),
-  });
 }
 
 /** A run on the Conduit face, with its automatic before/after (`evaluation`, null when none was made). */

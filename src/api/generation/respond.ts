@@ -4,13 +4,6 @@ import type { ModelRef, TokenLogprob } from "../../engine/types.ts";
 import type { Core } from "../../core.ts";
 import { disconnectSignal, openSse, type SseStream } from "../sse.ts";
 import { usageOf, type FinishReason, type GenerationInput, type ResponseShape } from "./common.ts";
-import {
-  ResponseEvents,
-  toResponse,
-  toResponsesError,
-  type ResponseEvent,
-  type responseSettings,
-} from "../openai/responsesWire.ts";
 
 /**
  * Runs a generation for any endpoint: JSON, or Server-Sent Events when `stream` is set. The
@@ -97,66 +90,4 @@ export async function respondWithGeneration(
     else sse.fail(error);
   }
   return reply;
-}
-
-/**
- * Runs a generation for `POST /v1/responses`: the response object, or its typed events when `stream` is set.
- * As `respondWithGeneration`, the stream opens with the first text (or the end), so errors before it keep their
- * HTTP status; with tools the answer comes whole at its end.
- */
-export async function respondWithResponseEvents(
-  core: Core,
-  request: FastifyRequest,
-  reply: FastifyReply,
-  input: GenerationInput,
-  options: { stream: boolean; settings: ReturnType<typeof responseSettings> },
-): Promise<unknown> {
-  const controller = disconnectSignal(reply);
-  try {
-    const model = await core.inference.resolve(request.userId, input.model);
-    const head = {
-      id: `resp_${randomBytes(12).toString("hex")}`,
-      created_at: Math.floor(Date.now() / 1000),
-      model: input.model ?? model.id,
-    };
-    if (!options.stream) {
-      const result = await core.inference.generate(
-        request.userId,
-        { ...input, signal: controller.signal },
-        model,
-      );
-      return toResponse(head, options.settings, result);
-    }
-    const events = new ResponseEvents(head, options.settings);
-    let sse: SseStream | undefined;
-    // The stream opens with `response.created`, before the events of what opened it.
-    const send = (make: () => ResponseEvent[]) => {
-      if (!sse) {
-        sse = openSse(request, reply, controller);
-        for (const event of events.start()) sse.send(event.data, event.type);
-      }
-      for (const event of make()) sse.send(event.data, event.type);
-    };
-    const whole = (input.tools?.length ?? 0) > 0 && input.toolChoice !== "none";
-    try {
-      const result = await core.inference.generate(
-        request.userId,
-        {
-          ...input,
-          signal: controller.signal,
-          ...(whole ? {} : { onText: (_index: number, text: string) => send(() => events.text(text)) }),
-        },
-        model,
-      );
-      send(() => events.finish(result));
-      sse?.close();
-    } catch (error) {
-      if (!sse) throw error;
-      if (controller.signal.aborted) sse.close();
-      else sse.fail(toResponsesError(error));
-    }
-    return reply;
-  } catch (error) {
-    throw toResponsesError(error);
-  }
 }

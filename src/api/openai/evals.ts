@@ -20,7 +20,7 @@ import {
 import { REASON } from "../../contract/patterns.ts";
 import { responses } from "../../contract/schemas.ts";
 import type { Eval, ResolvedItem } from "../../domain/evals.ts";
-import { questionOf } from "../conduit/evalWire.ts";
+import { questionOf } from "../../domain/evals.ts";
 import {
   checkDataSourceConfig,
   gradersOfCriteria,

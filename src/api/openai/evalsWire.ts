@@ -12,7 +12,7 @@ import {
   type ScoringGraderSpec,
 } from "../../contract/evals.ts";
 import type { Eval, EvalResult, EvalRun, ResolvedItem } from "../../domain/evals.ts";
-import { questionOf } from "../conduit/evalWire.ts";
+import { questionOf } from "../../domain/evals.ts";
 import { parseTimestamp } from "../../domain/time.ts";
 
 type Json = Record<string, unknown>;

@@ -12,7 +12,7 @@ import type { RunCheckpoint, RunStatus } from "../../contract/runs.ts";
 import type { JobRequest, Run } from "../../domain/runs.ts";
 import { checkpointModelName, servedModelName } from "../../domain/modelNames.ts";
 import type { CreateRun } from "../../train/commands.ts";
-import { runEstimate } from "../conduit/wire.ts";
+import { runEstimate } from "../../domain/runs.ts";
 import type {
   OpenAiDpoHyperparametersWire,
   OpenAiCheckpointListWire,

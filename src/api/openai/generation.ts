@@ -1,9 +1,17 @@
-import type { FastifyInstance, FastifyRequest } from "fastify";
+import { randomBytes } from "node:crypto";
+import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import { Type } from "@sinclair/typebox";
 import type { TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
 import type { Core } from "../../core.ts";
-import { respondWithGeneration, respondWithResponseEvents } from "../generation/respond.ts";
-import { fromResponsesRequest, responseSettings } from "./responsesWire.ts";
+import { respondWithGeneration } from "../generation/respond.ts";
+import {
+  fromResponsesRequest,
+  responseSettings,
+  ResponseEvents,
+  toResponse,
+  toResponsesError,
+  type ResponseEvent,
+} from "./responsesWire.ts";
 import {
   fromChatRequest,
   fromCompletionRequest,
@@ -11,8 +19,8 @@ import {
   openAiCompletionShape,
 } from "./generationWire.ts";
 import { fromEmbeddingsBody, toEmbeddingList } from "../generation/embeddings.ts";
-import { disconnectSignal } from "../sse.ts";
-import { chatEvents, toModelWire } from "../generation/common.ts";
+import { disconnectSignal, openSse, type SseStream } from "../sse.ts";
+import { chatEvents, toModelWire, type GenerationInput } from "../generation/common.ts";
 import {
   CompletionResult,
   EmbeddingList,
@@ -187,4 +195,66 @@ export default async function openAiRoutes(app: FastifyInstance, { core }: { cor
     },
     async (request) => toModelWire(await core.inference.get(request.userId, request.params.model)),
   );
+}
+
+/**
+ * Runs a generation for `POST /v1/responses`: the response object, or its typed events when `stream` is set.
+ * As `respondWithGeneration`, the stream opens with the first text (or the end), so errors before it keep their
+ * HTTP status; with tools the answer comes whole at its end.
+ */
+async function respondWithResponseEvents(
+  core: Core,
+  request: FastifyRequest,
+  reply: FastifyReply,
+  input: GenerationInput,
+  options: { stream: boolean; settings: ReturnType<typeof responseSettings> },
+): Promise<unknown> {
+  const controller = disconnectSignal(reply);
+  try {
+    const model = await core.inference.resolve(request.userId, input.model);
+    const head = {
+      id: `resp_${randomBytes(12).toString("hex")}`,
+      created_at: Math.floor(Date.now() / 1000),
+      model: input.model ?? model.id,
+    };
+    if (!options.stream) {
+      const result = await core.inference.generate(
+        request.userId,
+        { ...input, signal: controller.signal },
+        model,
+      );
+      return toResponse(head, options.settings, result);
+    }
+    const events = new ResponseEvents(head, options.settings);
+    let sse: SseStream | undefined;
+    // The stream opens with `response.created`, before the events of what opened it.
+    const send = (make: () => ResponseEvent[]) => {
+      if (!sse) {
+        sse = openSse(request, reply, controller);
+        for (const event of events.start()) sse.send(event.data, event.type);
+      }
+      for (const event of make()) sse.send(event.data, event.type);
+    };
+    const whole = (input.tools?.length ?? 0) > 0 && input.toolChoice !== "none";
+    try {
+      const result = await core.inference.generate(
+        request.userId,
+        {
+          ...input,
+          signal: controller.signal,
+          ...(whole ? {} : { onText: (_index: number, text: string) => send(() => events.text(text)) }),
+        },
+        model,
+      );
+      send(() => events.finish(result));
+      sse?.close();
+    } catch (error) {
+      if (!sse) throw error;
+      if (controller.signal.aborted) sse.close();
+      else sse.fail(toResponsesError(error));
+    }
+    return reply;
+  } catch (error) {
+    throw toResponsesError(error);
+  }
 }
