@@ -114,9 +114,12 @@ export type DomainField = (typeof domainFields)[number];
 export type FieldNames = Record<DomainField, string>;
 
 /** An error naming its field as a face's table says (errors blaming no domain field pass unchanged). */
-export function inFaceNames(error: ConduitError, names: FieldNames): ConduitError {
+export function inFaceNames(
+  error: ConduitError,
+  names: Readonly<Partial<Record<string, string>>>,
+): ConduitError {
   const param =
-    error.param !== null && Object.hasOwn(names, error.param) ? names[error.param as DomainField] : null;
+    error.param !== null && Object.hasOwn(names, error.param) ? (names[error.param] ?? null) : null;
   if (param === null) return error;
   return new ConduitError(error.code, error.message, {
     param,

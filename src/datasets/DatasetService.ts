@@ -191,7 +191,7 @@ export class DatasetService {
   }
 
   /** A file of any of the user's datasets (a run's validation file); 404 naming `param` if there is none. */
-  async getUserFile(userId: string, fileId: string, param = "validationFileID"): Promise<DatasetFile> {
+  async getUserFile(userId: string, fileId: string, param: string): Promise<DatasetFile> {
     const file = await this.datasets.getUserFile(userId, fileId);
     if (!file) throw new ConduitError("not_found", `file ${fileId} not found`, { param });
     return file;
@@ -247,8 +247,8 @@ export class DatasetService {
   }
 
   /** Every pair of one of the user's files, in order. */
-  async *filePairs(userId: string, fileId: string): AsyncGenerator<IoPair> {
-    const file = await this.getUserFile(userId, fileId);
+  async *filePairs(userId: string, fileId: string, param: string): AsyncGenerator<IoPair> {
+    const file = await this.getUserFile(userId, fileId, param);
     yield* readIoPairs(this.blobs.pathOf(file.blob), file.format as IoFormat);
   }
 }

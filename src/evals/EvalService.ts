@@ -267,7 +267,7 @@ export class EvalService {
     let items: ResolvedItem[];
     if (source.type === "items") items = source.items.map((item, i) => itemOf(item, `${param}.items[${i}]`));
     else if (source.type === "file")
-      items = await collect(this.datasets.filePairs(userId, source.fileId), pairItem, param);
+      items = await collect(this.datasets.filePairs(userId, source.fileId, param), pairItem, param);
     else {
       const run = await this.runRepository.get(userId, source.runId);
       if (!run)
@@ -299,7 +299,11 @@ export class EvalService {
         },
       );
     if (run.config.validationFileID)
-      return collect(this.datasets.filePairs(run.userId, run.config.validationFileID), pairItem, param);
+      return collect(
+        this.datasets.filePairs(run.userId, run.config.validationFileID, param),
+        pairItem,
+        param,
+      );
     const items: ResolvedItem[] = [];
     try {
       for await (const line of fileLines(this.blobs.pathOf(`runs/${run.id}/examples.jsonl`))) {

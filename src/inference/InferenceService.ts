@@ -151,7 +151,7 @@ export class InferenceService {
    * Resolves a model id for a user: their READY run with that id (or that `ft:` name, exactly as
    * `servedModelName` writes it), else a registry model.
    */
-  async resolve(userId: string, id: string | undefined, param = "model"): Promise<ModelRef> {
+  async resolve(userId: string, id: string | undefined, param: string): Promise<ModelRef> {
     const name = id ?? this.defaultModel;
     if (!name)
       throw new ConduitError("invalid_request", `"${param}" is required (no CONDUIT_DEFAULT_MODEL is set)`, {
@@ -222,7 +222,7 @@ export class InferenceService {
   }
 
   async generate(userId: string, request: InferenceRequest, model?: ModelRef): Promise<InferenceResult> {
-    const ref = model ?? (await this.resolve(userId, request.model));
+    const ref = model ?? (await this.resolve(userId, request.model, "model"));
     const tools = await this.checkTools(ref, request);
     const forced =
       tools && (request.toolChoice === "required" || typeof request.toolChoice === "object")
@@ -274,7 +274,7 @@ export class InferenceService {
    * run with its adapter applied): one vector per input, in order.
    */
   async embed(userId: string, request: EmbeddingInput): Promise<EmbeddingOutput> {
-    const ref = await this.resolve(userId, request.model);
+    const ref = await this.resolve(userId, request.model, "model");
     const result = await this.engine.embed({
       model: ref,
       inputs: request.inputs,

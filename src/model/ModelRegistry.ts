@@ -67,7 +67,7 @@ export class ModelRegistry {
   }
 
   /** Like `resolve`, but throws `model_not_found` (with `param`) instead of returning `undefined`. */
-  require(id: string, param = "model"): ModelRef {
+  require(id: string, param: string): ModelRef {
     const ref = this.resolve(id);
     if (!ref) throw new ConduitError("model_not_found", `The model '${id}' does not exist.`, { param });
     return ref;

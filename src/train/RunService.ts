@@ -346,7 +346,7 @@ export class RunService {
     if (training.validation !== undefined)
       sources.push([
         `file ${training.validation.id}`,
-        this.datasets.filePairs(userId, training.validation.id),
+        this.datasets.filePairs(userId, training.validation.id, "validationFileID"),
         "validationFileID",
       ]);
     for (const [what, pairs, field] of sources)
@@ -493,7 +493,7 @@ export class RunService {
       if (files.length < pageSize) break;
     }
     if (validationFileId === undefined) return { pairs, characters, validation: undefined };
-    const validation = await this.datasets.getUserFile(userId, validationFileId);
+    const validation = await this.datasets.getUserFile(userId, validationFileId, "validationFileID");
     if (validation.ioPairsCount === 0)
       throw new ConduitError(
         "invalid_request",

@@ -125,7 +125,7 @@ export async function writeExampleFiles(
     );
     const validationCount = await writeTo(
       validation,
-      datasets.filePairs(options.userId, options.validationFileId),
+      datasets.filePairs(options.userId, options.validationFileId, "validationFileID"),
     );
     return { train, trainCount, validation, validationCount, validationSource: "file", unsplit };
   }

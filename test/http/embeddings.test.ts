@@ -92,7 +92,7 @@ test("token ids embed like their text; the Conduit twin answers the same vectors
   assert.equal(viaOpenAi.statusCode, 200, viaOpenAi.body);
   const vector = viaOpenAi.json().data[0].embedding as number[];
 
-  const model = await core.inference.resolve("u", "tiny");
+  const model = await core.inference.resolve("u", "tiny", "model");
   const { getLlama, LlamaLogLevel } = await import("node-llama-cpp");
   const llama = await getLlama({
     gpu: false,

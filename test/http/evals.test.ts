@@ -214,5 +214,35 @@ for (const backend of backends())
       });
       assert.equal(both.statusCode, 400);
       assert.equal(both.json<{ error: { param: string } }>().error.param, "source.items[0]");
+      // A file that is not there is blamed on the source on the Conduit face, on its id on OpenAI's.
+      const noFile = await alice.post("/conduit/evals", {
+        graders: [{ type: "similarity" }],
+        source: { type: "file", fileId: "file-not-there" },
+      });
+      assert.equal(noFile.statusCode, 404, noFile.body);
+      assert.equal(noFile.json<{ error: { param: string } }>().error.param, "source");
+      const openAiEval = await alice.post("/v1/evals", {
+        data_source_config: { type: "custom", item_schema: { type: "object" }, include_sample_schema: true },
+        testing_criteria: [
+          {
+            type: "string_check",
+            name: "same",
+            input: "{{sample.output_text}}",
+            reference: "{{item.expected}}",
+            operation: "eq",
+          },
+        ],
+      });
+      assert.equal(openAiEval.statusCode, 200, openAiEval.body);
+      const noOpenAiFile = await alice.post(`/v1/evals/${openAiEval.json<{ id: string }>().id}/runs`, {
+        data_source: {
+          type: "completions",
+          model: "tiny",
+          source: { type: "file_id", id: "file-not-there" },
+          input_messages: { type: "template", template: [{ role: "user", content: "{{item.input}}" }] },
+        },
+      });
+      assert.equal(noOpenAiFile.statusCode, 404, noOpenAiFile.body);
+      assert.equal(noOpenAiFile.json<{ error: { param: string } }>().error.param, "data_source.source.id");
     });
   });

@@ -138,6 +138,6 @@ describe("ModelRegistry", () => {
     ])
       assert.equal(registry.resolve(id), undefined, id);
     assert.equal(isValidModelId("..%2foutside"), false);
-    assert.throws(() => registry.require("../outside"), isCode("model_not_found"));
+    assert.throws(() => registry.require("../outside", "model"), isCode("model_not_found"));
   });
 });

@@ -19,7 +19,7 @@ export async function respondWithGeneration(
   options: { stream: boolean; shape: ResponseShape; model?: ModelRef },
 ): Promise<unknown> {
   const controller = disconnectSignal(reply);
-  const model = options.model ?? (await core.inference.resolve(request.userId, input.model));
+  const model = options.model ?? (await core.inference.resolve(request.userId, input.model, "model"));
   const base = {
     id: `${options.shape.idPrefix}-${randomBytes(12).toString("base64url")}`,
     created: Math.floor(Date.now() / 1000),

@@ -6,7 +6,8 @@
  * run id. OpenAI's status names, event objects and `ft:` model names exist on this face only.
  */
 import type { Core } from "../../core.ts";
-import { ConduitError } from "../../errors.ts";
+import { ConduitError, inFaceNames } from "../../errors.ts";
+import { openAiJobFields } from "./errorFields.ts";
 import type { DatasetFile } from "../../domain/datasets.ts";
 import type { RunCheckpoint, RunStatus } from "../../contract/runs.ts";
 import type { JobRequest, Run } from "../../domain/runs.ts";
@@ -196,21 +197,6 @@ export function eventPage(run: Run, after: string | undefined, limit: number) {
   return { object: "list" as const, data, has_more: start + limit < events.length };
 }
 
-/** The run command's fields (the `param` of the run service's errors) → the OpenAI field they came from. */
-const jobParams: Partial<Record<keyof CreateRun, string>> = {
-  datasetID: "training_file",
-  datasetName: "training_file",
-  validationFileID: "validation_file",
-  baseModelName: "model",
-  fromRunID: "model",
-  method: "method.type",
-  beta: "method.dpo.hyperparameters.beta",
-  epochs: "hyperparameters.n_epochs",
-  lrMultiplier: "hyperparameters.learning_rate_multiplier",
-  seed: "seed",
-  name: "suffix",
-};
-
 /**
  * The hyperparameters, from `method.supervised` (or `method.dpo`) or the older top-level field (not both); the
  * method's object must be the one `method.type` names.
@@ -307,13 +293,7 @@ export async function createOpenAiJob(
   try {
     return await core.runs.create(userId, command);
   } catch (error) {
-    const param =
-      error instanceof ConduitError && error.param !== null
-        ? jobParams[error.param as keyof CreateRun]
-        : undefined;
-    if (error instanceof ConduitError && param !== undefined)
-      throw new ConduitError(error.code, error.message, { param, cause: error });
-    throw error;
+    throw error instanceof ConduitError ? inFaceNames(error, openAiJobFields) : error;
   }
 }
 

@@ -211,7 +211,7 @@ async function respondWithResponseEvents(
 ): Promise<unknown> {
   const controller = disconnectSignal(reply);
   try {
-    const model = await core.inference.resolve(request.userId, input.model);
+    const model = await core.inference.resolve(request.userId, input.model, "model");
     const head = {
       id: `resp_${randomBytes(12).toString("hex")}`,
       created_at: Math.floor(Date.now() / 1000),
