@@ -217,6 +217,9 @@ describe("the torch trainer backend's job", { skip }, () => {
       await wasKilled;
       assert.equal((await first.done).status, "cancelled");
       assert.ok(fs.existsSync(path.join(checkpointDir, "torch-latest.json")));
+      // What a worker killed while it wrote an epoch's adapter leaves (the kill above may or may not have made one).
+      fs.mkdirSync(path.join(checkpointDir, "torch-kept"), { recursive: true });
+      fs.writeFileSync(path.join(checkpointDir, "torch-kept", "step-1.f32.tmp-999999"), "half");
       const logs: string[] = [];
       const second = await startTrainer(resumable, { onLog: (line) => logs.push(line) }).done;
       assert.equal(second.status, "completed", logs.join("\n"));
@@ -390,6 +393,9 @@ describe("the torch trainer on several ranks (torchrun, gloo on the CPU)", { ski
       // The trainer process died at once: its ranks see their standard input end and stop, and torchrun with them.
       await until(`no process of ${resumable.workDir}`, () => ranksOf(resumable.workDir).length === 0);
       assert.ok(fs.existsSync(path.join(checkpointDir, "torch-latest.json")));
+      // What a worker killed while it wrote an epoch's adapter leaves (the kill above may or may not have made one).
+      fs.mkdirSync(path.join(checkpointDir, "torch-kept"), { recursive: true });
+      fs.writeFileSync(path.join(checkpointDir, "torch-kept", "step-1.f32.tmp-999999"), "half");
       const logs: string[] = [];
       const second = await startTrainer(resumable, { onLog: (line) => logs.push(line) }).done;
       assert.equal(second.status, "completed", logs.join("\n"));
