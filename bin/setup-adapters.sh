@@ -3,7 +3,8 @@
 # (node_modules/node-llama-cpp/llama/gitRelease.bundle) and node-llama-cpp's addon, each with a small patch
 # (bin/patches/) that gives every sequence of a context its own LoRA adapters (`llama_set_adapters_lora_seq`),
 # so that one decode serves sequences of different adapters: the base weights' products once for the whole
-# batch, each token's low-rank products with its own sequence's adapter. The engine finds it in
+# batch, each token's low-rank products with its own sequence's adapter; the addon also reads the embedding of each
+# sequence of a decode (`getSequenceEmbedding`), so an embeddings request's inputs share decodes. The engine finds it in
 # .cache/llama-mixed-adapters/ and uses it on the CPU (src/engine/mixedAdapterBuild.ts; `/healthz` and the start
 # log say so); without it adapters are decoded one group per adapter, as before.
 #

@@ -11,10 +11,12 @@ export interface EmbeddingMemory {
 
 /**
  * The embedding context of one loaded base (node-llama-cpp's `LlamaEmbeddingContext`: a context created with
- * llama.cpp's `embeddings` on, one sequence), shared by the base and its LoRA adapters, one request at a time:
- * llama.cpp applies adapters per context, and node-llama-cpp reads the embedding of sequence 0 (the pooled
- * vector, or the last token's hidden state for a model without pooling, such as a chat model), so the inputs
- * of a request are evaluated one after another, each in one decode. Requests take turns in arrival order.
+ * llama.cpp's `embeddings` on), shared by the base and its LoRA adapters, one request at a time: llama.cpp applies
+ * adapters per context. With the mixed-adapter build the context has `lanes` sequences, and a request's inputs are
+ * packed into decodes of up to `lanes` inputs and `contextSize` tokens, each input in a sequence of its own (its
+ * pooled vector, or its last token's hidden state for a model without pooling, such as a chat model). Without it
+ * (node-llama-cpp's prebuilt binaries read the embedding of one sequence only) the inputs are evaluated one after
+ * another, each in one decode. Requests take turns in arrival order.
  */
 export class Embedder {
   /** The context's tokens: an input may have one fewer, with its BOS and end tokens. */
@@ -38,6 +40,8 @@ export class Embedder {
     contextSize: number,
     /** Bytes it holds, counted with its base against the memory budgets. */
     readonly memory: EmbeddingMemory,
+    /** Sequences of the context: inputs embedded in one decode (1 where the addon cannot read several). */
+    readonly lanes = 1,
   ) {
     this.contextSize = contextSize;
     this.dimensions = model.embeddingVectorSize;
@@ -83,23 +87,40 @@ export class Embedder {
   }
 
   /**
-   * Embeds `inputs` (token ids; the context adds the BOS and end tokens) in order under `adapter` (absent: the bare base). Call it in the
-   * request's {@link turn}. Checks `signal` between inputs.
+   * Embeds `inputs` (token ids; the context adds the BOS and end tokens) in order under `adapter` (absent: the bare
+   * base). Call it in the request's {@link turn}. Checks `signal` between decodes.
    */
   async embed(
+    /** Each with a token at least (the engine refuses empty inputs). */
     inputs: number[][],
     adapter: { native: NativeAdapter; scale: number } | undefined,
     signal: AbortSignal | undefined,
   ): Promise<number[][]> {
     this.native.setLoras(adapter ? [adapter.native] : [], adapter ? [adapter.scale] : []);
+    const decodeAll = this.lanes > 1 ? this.native.decodeAll : undefined;
     const vectors: number[][] = [];
-    for (const tokens of inputs) {
-      signal?.throwIfAborted();
-      if (this.closedBy) throw this.closedBy();
-      const embedding = await this.context.getEmbeddingFor(tokens as Token[]);
-      vectors.push(embedding.vector as number[]);
+    if (decodeAll === undefined) {
+      for (const tokens of inputs) {
+        this.checkOpen(signal);
+        const embedding = await this.context.getEmbeddingFor(tokens as Token[]);
+        vectors.push(embedding.vector as number[]);
+      }
+      return vectors;
+    }
+    for (const group of packed(
+      inputs.map((tokens) => this.native.prepare(tokens)),
+      this.lanes,
+      this.contextSize,
+    )) {
+      this.checkOpen(signal);
+      vectors.push(...(await decodeAll(group)));
     }
     return vectors;
+  }
+
+  private checkOpen(signal: AbortSignal | undefined): void {
+    signal?.throwIfAborted();
+    if (this.closedBy) throw this.closedBy();
   }
 
   /** Fails the requests under way at their next input, and every later one, with `reason()` (shutting down). */
@@ -112,4 +133,25 @@ export class Embedder {
     await this.tail;
     await this.context.dispose();
   }
+}
+
+/**
+ * `inputs` in order, in groups of at most `lanes` inputs and `tokens` tokens in all (an input has fewer than the
+ * context's tokens, so each fits a group of its own).
+ */
+export function packed(inputs: readonly number[][], lanes: number, tokens: number): number[][][] {
+  const groups: number[][][] = [];
+  let group: number[][] = [];
+  let used = 0;
+  for (const input of inputs) {
+    if (group.length > 0 && (group.length === lanes || used + input.length > tokens)) {
+      groups.push(group);
+      group = [];
+      used = 0;
+    }
+    group.push(input);
+    used += input.length;
+  }
+  if (group.length > 0) groups.push(group);
+  return groups;
 }

@@ -23,7 +23,7 @@ import {
   type AdapterBatching,
   type AdapterBatchingSetting,
 } from "./mixedAdapterBuild.ts";
-import { loadAdapter } from "./nativeBatch.ts";
+import { embeddingContextOver, hasBatchedEmbeddings, loadAdapter } from "./nativeBatch.ts";
 import { BatcherGroup } from "./BatcherGroup.ts";
 import { Embedder } from "./Embedder.ts";
 import type { BatchAdapter, SequenceBatcher } from "./SequenceBatcher.ts";
@@ -532,7 +532,8 @@ export class ModelPool {
 
   /**
    * The embedding context of `m`'s base (shared by the base and its adapters), created on first use with the
-   * base's context size and one sequence, and kept until the base is unloaded. Its memory (node-llama-cpp's
+   * base's context size and, with the mixed-adapter build, as many sequences as the base's generations (one
+   * without), and kept until the base is unloaded. Its memory (node-llama-cpp's
    * estimate: KV cache and compute buffers) is counted with the base against the budgets: idle models are
    * unloaded first to make room. The caller holds `m` (its `users`) meanwhile.
    */
@@ -551,12 +552,15 @@ export class ModelPool {
   private async createEmbedder(base: LoadedBase): Promise<Embedder> {
     const { model } = base;
     const contextSize = this.contextSizeOf(model);
+    // As many inputs in one decode as generations run at once, where the addon reads each one's vector (the
+    // mixed-adapter build); each sequence has the context's tokens, as a generation's has.
+    const lanes = hasBatchedEmbeddings(await this.getLlama()) ? this.options.parallel : 1;
     // Every token of an input in one decode: a pooled (non-causal) model needs the whole input in one batch.
     const estimate = model.fileInsights.estimateContextResourceRequirements({
       contextSize,
       modelGpuLayers: model.gpuLayers,
       batchSize: contextSize,
-      sequences: 1,
+      sequences: lanes,
       isEmbeddingContext: true,
     });
     const memory = { host: estimate.cpuRam, gpu: estimate.gpuVram };
@@ -564,11 +568,23 @@ export class ModelPool {
     if (this.closed) throw new ConduitError("unavailable", "The inference engine is shutting down.");
     let context;
     try {
-      context = await model.createEmbeddingContext({
-        contextSize,
-        batchSize: contextSize,
-        threads: this.options.threads,
-      });
+      context =
+        lanes === 1
+          ? await model.createEmbeddingContext({
+              contextSize,
+              batchSize: contextSize,
+              threads: this.options.threads,
+            })
+          : embeddingContextOver(
+              await model.createContext({
+                contextSize,
+                sequences: lanes,
+                batchSize: contextSize,
+                threads: this.options.threads,
+                // node-llama-cpp's own option for the context of an embedding context (llama.cpp's `embeddings`).
+                ...{ _embeddings: true },
+              }),
+            );
     } catch (error) {
       this.options.logger(
         "error",
@@ -580,7 +596,7 @@ export class ModelPool {
     }
     base.sizeBytes += memory.host;
     base.gpuBytes += memory.gpu;
-    return new Embedder(context, model, contextSize, memory);
+    return new Embedder(context, model, contextSize, memory, lanes);
   }
 
   /** Fails embedding requests under way at their next input (the engine is shutting down). */

@@ -1,4 +1,5 @@
-import type { Llama, LlamaContext, LlamaEmbeddingContext, LlamaGrammar, LlamaModel } from "node-llama-cpp";
+import { LlamaEmbeddingContext } from "node-llama-cpp";
+import type { Llama, LlamaContext, LlamaGrammar, LlamaModel } from "node-llama-cpp";
 
 /**
  * The one place that reaches under node-llama-cpp's public API (pinned to exactly 3.22.1 in package.json).
@@ -68,6 +69,11 @@ export interface NativeContext {
    * (`npm run setup:adapters`, mixedAdapterBuild.ts); absent from node-llama-cpp's prebuilt binaries.
    */
   setSequenceLoras?(sequenceId: number, adapters: NativeAdapter[], scales: number[]): void;
+  /**
+   * In an embedding context, the embedding of a sequence of the last decode: its pooled vector, or the hidden state
+   * of the token at `batchIndex` for a model without pooling. Only in the mixed-adapter build.
+   */
+  getSequenceEmbedding?(sequenceId: number, batchIndex: number): Float64Array;
 }
 
 /** A LoRA adapter loaded on a model (`AddonModelLora`: `llama_adapter_lora_init`). */
@@ -189,16 +195,92 @@ export function bindNative(llama: Llama, model: LlamaModel, context: LlamaContex
 
 /**
  * The native context under an embedding context (node-llama-cpp creates it with llama.cpp's `embeddings` on), for
- * the one thing its public API lacks: applying a LoRA adapter loaded by {@link loadAdapter} (its `lora` option
- * loads adapters for the model's lifetime). Between two `getEmbeddingFor` calls only.
+ * what its public API lacks: applying a LoRA adapter loaded by {@link loadAdapter} (its `lora` option loads
+ * adapters for the model's lifetime), and, in the mixed-adapter build, embedding several inputs in one decode.
  */
-export function embeddingNative(context: LlamaEmbeddingContext): Pick<NativeContext, "setLoras"> {
+export interface EmbeddingNative {
+  setLoras: NativeContext["setLoras"];
+  /**
+   * The input as `getEmbeddingFor` evaluates it: a copy of `tokens` with the BOS and end tokens the vocabulary
+   * wants added.
+   */
+  prepare(tokens: readonly number[]): number[];
+  /**
+   * One decode of several inputs, each in a sequence of its own (0, 1, …; their KV cells are removed after): each
+   * one's embedding, its pooled vector or, for a model without pooling, its last token's hidden state. Only where
+   * the addon has `getSequenceEmbedding` ({@link hasBatchedEmbeddings}); the context must have a sequence per input.
+   */
+  decodeAll?(inputs: readonly number[][]): Promise<number[][]>;
+}
+
+/** Whether `llama`'s addon embeds several sequences of one decode (the mixed-adapter build's `getSequenceEmbedding`). */
+export function hasBatchedEmbeddings(llama: Llama): boolean {
+  const bindings = (
+    llama as unknown as { _bindings?: { AddonContext?: { prototype?: Record<string, unknown> } } }
+  )._bindings;
+  return typeof bindings?.AddonContext?.prototype?.getSequenceEmbedding === "function";
+}
+
+/**
+ * An embedding context over `context` (created by `model.createContext` with `_embeddings`, possibly with several
+ * sequences), as `model.createEmbeddingContext` makes one over a context of one sequence.
+ */
+export function embeddingContextOver(context: LlamaContext): LlamaEmbeddingContext {
+  const Constructor = LlamaEmbeddingContext as unknown as new (options: {
+    _llamaContext: LlamaContext;
+  }) => LlamaEmbeddingContext;
+  return new Constructor({ _llamaContext: context });
+}
+
+export function embeddingNative(context: LlamaEmbeddingContext): EmbeddingNative {
   const ctx = (context as unknown as { _llamaContext?: { _ctx?: Partial<NativeContext> } })._llamaContext
     ?._ctx;
+  const prepareInput = (context as unknown as { _prepareInput?: (tokens: number[]) => void })._prepareInput;
   const setLoras = ctx?.setLoras;
-  if (typeof setLoras !== "function")
-    throw new Error(nativeApiChanged("embeddingContext._llamaContext._ctx.setLoras"));
-  return { setLoras: (adapters, scales) => setLoras.call(ctx, adapters, scales) };
+  if (typeof setLoras !== "function" || typeof prepareInput !== "function")
+    throw new Error(
+      nativeApiChanged("embeddingContext._llamaContext._ctx.setLoras, embeddingContext._prepareInput"),
+    );
+  const native: EmbeddingNative = {
+    setLoras: (adapters, scales) => setLoras.call(ctx, adapters, scales),
+    prepare(tokens) {
+      const copy = [...tokens];
+      prepareInput.call(context, copy);
+      return copy;
+    },
+  };
+  const { initBatch, addToBatch, decodeBatch, disposeSequence, getSequenceEmbedding } = ctx ?? {};
+  if (
+    typeof getSequenceEmbedding === "function" &&
+    typeof initBatch === "function" &&
+    typeof addToBatch === "function" &&
+    typeof decodeBatch === "function" &&
+    typeof disposeSequence === "function"
+  )
+    native.decodeAll = async (inputs) => {
+      try {
+        initBatch.call(
+          ctx,
+          inputs.reduce((sum, tokens) => sum + tokens.length, 0),
+        );
+        // Every token an output, as llama.cpp makes them with embeddings on (it warns of any that is not).
+        const last = inputs.map((tokens, sequence) => {
+          const at = addToBatch.call(
+            ctx,
+            sequence,
+            0,
+            Uint32Array.from(tokens),
+            Uint32Array.from(tokens, (_, i) => i),
+          );
+          return at[tokens.length - 1]!;
+        });
+        await decodeBatch.call(ctx);
+        return last.map((index, sequence) => Array.from(getSequenceEmbedding.call(ctx, sequence, index)));
+      } finally {
+        for (let sequence = 0; sequence < inputs.length; sequence++) disposeSequence.call(ctx, sequence);
+      }
+    };
+  return native;
 }
 
 type AdapterConstructor = new (model: unknown, filePath: string) => NativeAdapter;

@@ -125,6 +125,40 @@ test("token ids embed like their text; the Conduit twin answers the same vectors
   assert.deepEqual(twin.json(), { ...viaOpenAi.json() });
 });
 
+test("a list of inputs of different lengths answers each input's vector alone, in order", async (t) => {
+  const { app } = await build(t);
+  // More inputs than a decode takes (the engine's parallel sequences), of lengths from 1 token to a sentence.
+  const texts = [
+    "Once",
+    "Once upon a time there was a little robot who liked to sing",
+    "a cat",
+    "The end came soon after the robot met its friend in the park",
+    "Lily",
+    "She said hello, and the sun came out over the hill",
+    "Tim had a red ball",
+  ];
+  const embed = async (input: string | string[]) => {
+    const response = await as(app, KEY_A).post("/v1/embeddings", { model: "tiny", input });
+    assert.equal(response.statusCode, 200, response.body);
+    return response.json<{ data: { index: number; embedding: number[] }[] }>().data;
+  };
+  const together = await embed(texts);
+  assert.deepEqual(
+    together.map((d) => d.index),
+    texts.map((_, i) => i),
+  );
+  for (const [i, text] of texts.entries()) {
+    const [alone] = await embed(text);
+    const a = together[i]!.embedding;
+    const b = alone!.embedding;
+    assert.equal(a.length, b.length);
+    // The same vector up to float rounding (a decode of several sequences sums in another order).
+    const norm = Math.sqrt(b.reduce((sum, x) => sum + x * x, 0));
+    const furthest = Math.max(...a.map((x, j) => Math.abs(x - b[j]!)));
+    assert.ok(furthest <= 1e-4 * norm, `input ${i}: ${furthest} apart (norm ${norm})`);
+  }
+});
+
 test("embeddings: bad requests are 400s naming the field, on both faces", async (t) => {
   const { app } = await build(t);
   const long = "Once upon a time there was a robot. ".repeat(400);

@@ -1,6 +1,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { fromEmbeddingsBody, toEmbeddingList } from "../../src/api/generation/embeddings.ts";
+import { packed } from "../../src/engine/Embedder.ts";
 
 /** The embeddings translation of both faces, as pure functions. */
 
@@ -42,4 +43,13 @@ test("toEmbeddingList: OpenAI's list, floats or little-endian float32 base64, us
   assert.deepEqual(first, Buffer.from([0, 0, 0, 0x3f, 0, 0, 0xa0, 0xbf]));
   const second = Buffer.from(base64.data[1]!.embedding as string, "base64");
   assert.deepEqual([second.readFloatLE(0), second.readFloatLE(4)], [3, Math.fround(1e-3)]);
+});
+
+test("packed: inputs in order, at most `lanes` and `tokens` a decode, a long one alone", () => {
+  const input = (length: number) => Array.from({ length }, (_, i) => i);
+  const lengths = (groups: number[][][]) => groups.map((g) => g.map((tokens) => tokens.length));
+  assert.deepEqual(lengths(packed([1, 2, 3, 4, 5].map(input), 2, 100)), [[1, 2], [3, 4], [5]]);
+  assert.deepEqual(lengths(packed([60, 30, 20, 99, 1].map(input), 4, 100)), [[60, 30], [20], [99, 1]]);
+  assert.deepEqual(lengths(packed([100, 100].map(input), 4, 100)), [[100], [100]]);
+  assert.deepEqual(packed([], 4, 100), []);
 });
