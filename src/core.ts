@@ -24,6 +24,7 @@ import { createRunEventBus, type RunEventBus } from "./train/runEvents.ts";
 import { Scheduler, type SchedulerOptions } from "./train/Scheduler.ts";
 import { MlflowClient } from "./train/tracking/MlflowClient.ts";
 import { MlflowTracker, type MlflowTrackerOptions } from "./train/tracking/MlflowTracker.ts";
+import { RecentLoad } from "./train/recentLoad.ts";
 
 /**
  * Everything the API and the CLI work with, assembled once: database, blob store,
@@ -188,6 +189,7 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
     blas: config.trainerBlas,
     cacheDir: blobs.pathOf("cache"),
   };
+  const recentLoad = new RecentLoad();
   const runs = new RunService(runRepository, datasets, registry, blobs, runEvents, {
     defaultModel: config.defaultModel,
     trackerUrl: (id) => `${base}/ui/runs/${id}`,
@@ -204,7 +206,8 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
       },
       ...overrides.memory,
     },
-    cpu: overrides.cpu,
+    // How busy the machine is now, not a minute ago (the estimate's CPU share).
+    cpu: { load: () => recentLoad.current(), ...overrides.cpu },
   });
   const scheduler = new Scheduler(runRepository, runEvents, datasets, registry, blobs, log, {
     concurrency: config.trainConcurrency,
@@ -249,6 +252,7 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
     torch: torchStatus(config.python),
     disk: () => diskSpace(config.dataDir),
     async close() {
+      recentLoad.stop();
       await sweeper.stop();
       await scheduler.close();
       await evals.close();

@@ -43,7 +43,7 @@ export interface RunPlan {
   /** Earlier runs the rate was measured on; `0` with a prior. */
   measuredRuns: number;
   /**
-   * The share of a core each trainer thread was expected to get at creation, from the load average (`1`: a core
+   * The share of a core each trainer thread was expected to get at creation, from the recent load (`1`: a core
    * each); `tokensPerSecond` and `overheadSeconds` are scaled by it. Absent in plans made before it was counted.
    */
   cpuShare?: number;

@@ -218,8 +218,9 @@ export class RunService {
        */
       memory?: { total?: () => number; inUse?: () => number };
       /**
-       * How busy the machine is when a run is planned: the 1-minute load average and the cores (the estimate's CPU
-       * share, `cpuShare`). Defaults to the machine's.
+       * How busy the machine is when a run is planned: the threads that want a core besides the trainer's (the
+       * server's own work included: `RecentLoad`) and the cores (the estimate's CPU share, `cpuShare`). Defaults
+       * to the 1-minute load average and the machine's cores.
        */
       cpu?: { load?: () => number; cores?: () => number };
     },

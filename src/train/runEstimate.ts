@@ -88,7 +88,7 @@ export interface PlanInput {
 
 /**
  * The share of a core each of a trainer's `threads` can expect on `cores` cores with `load` other runnable threads
- * (the 1-minute load average when the run is created): a core each while they all fit, else an even split. A
+ * (their recent average when the run is created, `RecentLoad`): a core each while they all fit, else an even split. A
  * machine that serves chats, runs evals or another run while it trains gives the run less than its benchmarks had.
  */
 export function cpuShare(load: number, cores: number, threads: number): number {

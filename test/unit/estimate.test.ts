@@ -22,6 +22,7 @@ import { llamaCppPrior } from "../../src/train/native/llamaCppTrainer.ts";
 import { trainers } from "../../src/train/trainers.ts";
 import type { TrainerHost } from "../../src/train/core/TrainerBackend.ts";
 import type { FinishedRun } from "../../src/store/RunRepository.ts";
+import { RecentLoad } from "../../src/train/recentLoad.ts";
 
 // A run's estimated duration: planned at creation (a prior, or measured on earlier runs), refined while it
 // trains, the actual time once READY (through the API: http/estimate.test.ts).
@@ -299,4 +300,26 @@ describe("the estimate a run shows", () => {
       "took 2m41s (estimated about 3 min)",
     );
   });
+});
+
+test("RecentLoad: the runnable threads of the last ~20 s, not a minute's average; the load average before 3 samples", (t) => {
+  const early = new RecentLoad(() => 1000, 60_000_000, 20_000);
+  t.after(() => early.stop());
+  assert.notEqual(early.current(), 1000, "one sample: the 1-minute load average");
+  early.sample(2000);
+  early.sample(2000);
+  assert.equal(early.current(), 1000, "three: their average");
+  let now = 0;
+  const load = new RecentLoad(() => now, 60_000_000, 20_000);
+  t.after(() => load.stop());
+  // Idle, then 4 threads want a core: 30 s later (15 samples of 2 s) the average is most of the way there.
+  for (let i = 0; i < 5; i++) load.sample(2000);
+  assert.equal(load.current(), 0);
+  now = 4;
+  for (let i = 0; i < 15; i++) load.sample(2000);
+  assert.ok(load.current() > 3 && load.current() < 4, String(load.current()));
+  // Where /proc/stat cannot be read: the load average (never a sample).
+  const unread = new RecentLoad(() => undefined);
+  for (let i = 0; i < 5; i++) unread.sample(2000);
+  assert.ok(unread.current() >= 0 && unread.current() < 1000);
 });
