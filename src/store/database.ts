@@ -185,11 +185,12 @@ function isDeadConnection(error: unknown): boolean {
  * Wraps the pool's checkout so that a connection which died while it sat idle (every backend ended by
  * `pg_terminate_backend`, a server restart, a proxy reaping idle connections) costs the request nothing: when the
  * first statement on a connection that was idle in the pool fails with {@link isDeadConnection}, the connection is
- * dropped and the statement runs once more on a fresh one. Only the first statement after a checkout is tried again:
- * that connection had done nothing for this caller yet (in a transaction it is the `begin`), and a backend ended
- * before or while running it has committed nothing of it. A new connection's failure, or a second one, is the
- * caller's (a 503 with Retry-After at the edge). The pool by itself drops an idle connection only once its socket
- * reports the end, which a request arriving at the same moment can beat.
+ * dropped and the statement runs again on the next the pool hands out; while that is another idle one that died too
+ * (a restart ends them all), it is dropped in turn, so the tries are bounded by the pool's size. Only the first
+ * statement after a checkout is tried again: that connection had done nothing for this caller yet (in a
+ * transaction it is the `begin`), and a backend ended before or while running it has committed nothing of it. A
+ * new connection's failure is the caller's (a 503 with Retry-After at the edge). The pool by itself drops an idle
+ * connection only once its socket reports the end, which a request arriving at the same moment can beat.
  */
 export function reopeningDeadConnections(
   connect: () => Promise<pg.PoolClient>,
@@ -214,15 +215,20 @@ export function reopeningDeadConnections(
         return run();
       }
       first = false;
-      return (run() as Promise<unknown>).catch(async (error: unknown) => {
-        if (!isDeadConnection(error)) throw error;
+      // Whether `current` had sat idle in the pool: a new connection's failure is not tried again.
+      let idle = true;
+      const again = async (error: unknown): Promise<unknown> => {
+        if (!idle || !isDeadConnection(error)) throw error;
+        // Released with its error, pg-pool destroys it: the next checkout is another idle one, or a new one.
         current.release(error instanceof Error ? error : true);
         released = true;
         current = await connect();
         released = false;
+        idle = used.has(current);
         used.add(current);
-        return run();
-      });
+        return (run() as Promise<unknown>).catch(again);
+      };
+      return (run() as Promise<unknown>).catch(again);
     };
     // What Kysely's Postgres driver uses of a pooled client: query (a string, or a cursor for streams) and release.
     return {

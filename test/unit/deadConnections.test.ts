@@ -59,3 +59,31 @@ test("when no fresh connection can be had, the error says the database is unavai
   assert.doesNotThrow(() => connection.release());
   assert.equal(idle.releases, 2);
 });
+
+test("every idle connection dead (a restart): each is dropped in turn, and the statement runs on a new one", async () => {
+  const idle = [1, 2, 3].map(() => client(() => Promise.reject(dead())));
+  const fresh = client(() => Promise.resolve({ rows: [] }));
+  const checkOut = reopeningDeadConnections(pool([...idle, ...idle, fresh], refused));
+  for (const _ of idle) (await checkOut()).release(); // each has been handed out and sat idle since
+  const connection = await checkOut();
+  assert.deepEqual(await connection.query("select 1"), { rows: [] });
+  connection.release();
+  assert.deepEqual(
+    idle.map((c) => c.releases),
+    [2, 2, 2],
+  );
+  assert.equal(fresh.releases, 1);
+});
+
+test("a new connection that fails is the caller's: no further tries", async () => {
+  const idle = client(() => Promise.reject(dead()));
+  const broken = client(() => Promise.reject(dead()));
+  const spare = client(() => Promise.resolve({ rows: [] }));
+  const checkOut = reopeningDeadConnections(pool([idle, idle, broken, spare], refused));
+  (await checkOut()).release();
+  const connection = await checkOut();
+  await assert.rejects(connection.query("select 1"), /terminating connection/);
+  connection.release();
+  assert.equal(broken.releases, 1);
+  assert.equal(spare.releases, 0, "never handed out");
+});
