@@ -189,7 +189,8 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
     blas: config.trainerBlas,
     cacheDir: blobs.pathOf("cache"),
   };
-  const recentLoad = new RecentLoad();
+  // Sampled only where no load was given (tests give one).
+  const recentLoad = overrides.cpu?.load ? undefined : new RecentLoad();
   const runs = new RunService(runRepository, datasets, registry, blobs, runEvents, {
     defaultModel: config.defaultModel,
     trackerUrl: (id) => `${base}/ui/runs/${id}`,
@@ -207,7 +208,7 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
       ...overrides.memory,
     },
     // How busy the machine is now, not a minute ago (the estimate's CPU share).
-    cpu: { load: () => recentLoad.current(), ...overrides.cpu },
+    cpu: { ...(recentLoad && { load: () => recentLoad.current() }), ...overrides.cpu },
   });
   const scheduler = new Scheduler(runRepository, runEvents, datasets, registry, blobs, log, {
     concurrency: config.trainConcurrency,
@@ -252,7 +253,7 @@ export async function createCore(config: Config, overrides: CoreOverrides = {}):
     torch: torchStatus(config.python),
     disk: () => diskSpace(config.dataDir),
     async close() {
-      recentLoad.stop();
+      recentLoad?.stop();
       await sweeper.stop();
       await scheduler.close();
       await evals.close();

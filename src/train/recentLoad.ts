@@ -18,8 +18,8 @@ export class RecentLoad {
     everyMs = 2000,
     private readonly windowMs = 20_000,
   ) {
-    if (read() === undefined) return;
     this.sample(everyMs);
+    if (this.average === undefined) return;
     this.timer = setInterval(() => this.sample(everyMs), everyMs);
     this.timer.unref();
   }
