@@ -6,7 +6,7 @@
  *
  *   node --import tsx bench/trainTorch.ts [smollm2-135m|tinyllama-1b|file.gguf] [--steps 16] [--ctx 256]
  *     [--threads 1] [--blas-threads N|auto] [--rank 16] [--targets attn_q,...] [--device auto|cpu|cuda]
- *     [--skip peft,peft-f32,torch,llama.cpp,llama.cpp+blas]
+ *     [--skip peft,peft-f32,torch,llama.cpp,llama.cpp+blas,llama.cpp+blas-as-is]
  *   node --import tsx bench/trainTorch.ts smollm2-135m --export DIR [--steps 200]   # a job for worker.py --job
  *   node --import tsx bench/trainTorch.ts smollm2-135m --export DIR --task dates [--epochs 3] [--lr 1e-3]
  *     # the dates task of bench/quality.ts, answer-only, with a probe: the worker writes its logits for a
@@ -17,7 +17,10 @@
  * - `llama.cpp`: the embedded trainer with its defaults and no setup (a quantized base is converted to Q8_0 and
  *   trained through).
  * - `llama.cpp+blas`: the same with the BLAS backend of `npm run setup:trainer` (CONDUIT_TRAINER_BLAS or
- *   .cache/trainer-blas), as the scheduler gives it: the base is converted to F32 and trained through BLAS.
+ *   .cache/trainer-blas), as the scheduler gives it: the base converted to F32 (when that copy fits a quarter of
+ *   the memory) and trained through BLAS.
+ * - `llama.cpp+blas-as-is`: the same through the base as it is, its products' weights converted to F32 one product
+ *   at a time (a BLAS build that takes every weight type).
  * - `PEFT`: the textbook loop on the torch trainer's windows (`model(input_ids, labels)`, full logits), in bf16
  *   where the CPU has it (`peft`) and in F32 (`peft-f32`).
  * The torch trainer computes the output head only at the positions whose loss counts (`logits_to_keep`); the
@@ -125,6 +128,7 @@ function job(
   work: string,
   trainer: "torch" | "llama.cpp",
   blasLibrary: string | null = null,
+  loraBase: "auto" | "as-is" = "auto",
 ): AnyTrainerJob {
   const task = values.task !== undefined;
   const input: JobInput = {
@@ -149,6 +153,7 @@ function job(
         ...input,
         options: {
           blasLibrary,
+          loraBase,
           // `--blas-threads`: OpenBLAS's threads apart from ggml's; `auto` as the server's CONDUIT_TRAIN_THREADS=auto:
           // every core to start with, one fewer when steps time faster so.
           ...(values["blas-threads"] === undefined
@@ -238,9 +243,10 @@ async function conduit(
   work: string,
   trainer: "torch" | "llama.cpp",
   blasLibrary: string | null = null,
+  loraBase: "auto" | "as-is" = "auto",
 ): Promise<Row> {
   const logs: string[] = [];
-  const outcome = await startTrainer(job(modelFile, samples, work, trainer, blasLibrary), {
+  const outcome = await startTrainer(job(modelFile, samples, work, trainer, blasLibrary, loraBase), {
     onLog: (line) => logs.push(line),
   }).done;
   if (outcome.status !== "completed")
@@ -248,7 +254,7 @@ async function conduit(
   // What the thread tuner chose (`--blas-threads auto`).
   for (const line of logs.filter((l) => /OpenBLAS on/.test(l))) console.log(line);
   const where = logs.find((line) => /PyTorch|converting the base|LoRA rank/.test(line)) ?? "";
-  const label = `Conduit ${trainer}${blasLibrary === null ? "" : " + BLAS"}`;
+  const label = `Conduit ${trainer}${blasLibrary === null ? "" : " + BLAS"}${loraBase === "as-is" ? " (base as it is)" : ""}`;
   return fromStats(label, outcome.stats, where.replace(/^trainer: /, "").slice(0, 90));
 }
 
@@ -329,6 +335,10 @@ if (values.export !== undefined) {
     if (blas.available) rows.push(await conduit(modelFile, samples, work, "llama.cpp", blas.library));
     else console.log(`llama.cpp + BLAS skipped: ${blas.reason}`);
   }
+  // A BLAS build that takes every weight type trains a base whose F32 copy is over budget as it is; this row does
+  // so whatever the budget.
+  if (!skip.has("llama.cpp+blas-as-is") && blas.available && blas.quantized)
+    rows.push(await conduit(modelFile, samples, work, "llama.cpp", blas.library, "as-is"));
   const ratio = (r: Row, dtype: string) => {
     const reference = rows.find((p) => p.name === `bare PEFT ${dtype}`);
     return reference ? (r.tokensPerCpuSecond / reference.tokensPerCpuSecond).toFixed(2) : "-";

@@ -2,8 +2,8 @@
 # npm run setup:trainer — gives the embedded llama.cpp trainer a BLAS backend: ggml's BLAS backend
 # (ggml/src/ggml-blas, one C++ file) compiled from the exact llama.cpp source node-llama-cpp ships
 # (node_modules/node-llama-cpp/llama/gitRelease.bundle) against OpenBLAS, as a plugin of node-llama-cpp's
-# prebuilt ggml: .cache/trainer-blas/libggml-blas.so. The trainer loads it by itself (CONDUIT_TRAINER_BLAS),
-# trains LoRA on an F32 copy of the base and runs the backward pass's matrix products through cblas_sgemm.
+# prebuilt ggml: .cache/trainer-blas/libggml-blas.so, with one patch (bin/patches/). The trainer loads it by itself
+# (CONDUIT_TRAINER_BLAS) and runs the matrix products, the backward pass's included, through cblas_sgemm.
 # Generation does not use it. Safe to run again; a node-llama-cpp upgrade needs it run again (the trainer
 # says so).
 #
@@ -57,6 +57,12 @@ grep -q 'openblas_set_num_threads(ctx->n_threads);' "$work/ggml/src/ggml-blas/gg
 sed -i 's|openblas_set_num_threads(ctx->n_threads);|/* threads: OPENBLAS_NUM_THREADS, set by the trainer */|' \
   "$work/ggml/src/ggml-blas/ggml-blas.cpp"
 
+# The backward pass's products of a frozen quantized (or F16) weight (OUT_PROD) go through BLAS too, the weight
+# converted to F32 once a product: a LoRA base then trains as it is, at about an F32 copy's speed, in its own
+# file's memory (bench/README.md). ggml's CPU backend converts the weight again for every row of the result.
+(cd "$work" && patch -p1 --quiet --forward) <bin/patches/ggml-blas-out-prod-quantized.diff ||
+  { say "bin/patches/ggml-blas-out-prod-quantized.diff does not apply to this ggml: the patch needs updating" >&2; exit 1; }
+
 mkdir -p "$OUT"
 say "compiling ggml-blas against OpenBLAS ($blas_include) for $bins"
 # As ggml's CMake builds a dynamically loaded backend (GGML_BACKEND_DL, shared): it exports ggml_backend_init
@@ -66,7 +72,8 @@ g++ -O2 -std=c++17 -shared -fPIC -DNDEBUG -DGGML_BACKEND_DL -DGGML_BACKEND_BUILD
   "$work/ggml/src/ggml-blas/ggml-blas.cpp" -L "$bins" -l:libggml-base.so -lopenblas -Wl,-rpath,"$bins" \
   -o "$OUT/libggml-blas.so.tmp"
 mv "$OUT/libggml-blas.so.tmp" "$OUT/libggml-blas.so"
-printf '{"nodeLlamaCpp": "%s", "llamaCpp": "%s", "blas": "OpenBLAS"}\n' "$version" "$head" >"$OUT/build.json"
+printf '{"nodeLlamaCpp": "%s", "llamaCpp": "%s", "blas": "OpenBLAS", "quantizedOutProd": true}\n' "$version" "$head" \
+  >"$OUT/build.json"
 
 say "checking: the trainer's llama.cpp loads it"
 node --import tsx -e '

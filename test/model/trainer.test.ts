@@ -43,7 +43,11 @@ after(() => fs.rmSync(dir, { recursive: true, force: true }));
  * A LoRA job named `name` on the tiny model, its files in the test's directory, with a fixed seed and a constant
  * learning rate (what these tests were written for).
  */
-function loraJob(name: string, lora: LoraJobOptions, job: Partial<JobInput>): AnyTrainerJob {
+function loraJob(
+  name: string,
+  lora: LoraJobOptions,
+  job: Partial<JobInput> & { options?: Partial<LlamaCppOptions> },
+): AnyTrainerJob {
   return llamaCppJob({
     seed: 0,
     lrSchedule: { kind: "constant" },
@@ -117,12 +121,22 @@ describe("trainer building blocks", () => {
     const q8 = path.join(dir, "tiny-q8_0.gguf");
     convertModel(baseModel, q8, "Q8_0");
     assert.equal(loraBaseConversion(readModelFile(lib, q8)), undefined);
-    // With a BLAS backend every base trains in F32 when its F32 copy fits the budget, and keeps the rule otherwise.
-    const roomy = { blas: true, f32Budget: 2 ** 30 };
+    // Through a BLAS backend that takes every weight type, a base whose F32 copy is over the budget (or one asked to)
+    // trains as it is; one within it through an F32 copy, as with a backend that takes F32 weights only.
+    for (const file of [baseModel, q8, q4, f16]) {
+      const info = readModelFile(lib, file);
+      assert.equal(loraBaseConversion(info, { blas: "any", f32Budget: 1000 }), undefined, file);
+      assert.equal(loraBaseConversion(info, { blas: "any", f32Budget: 2 ** 30, asIs: true }), undefined, file);
+      const f32 = loraBaseConversion(info, { blas: "any", f32Budget: 2 ** 30 });
+      assert.equal(f32?.to, file === baseModel ? undefined : "F32", file);
+    }
+    // Through one that takes F32 weights only, every base trains in F32 when its F32 copy fits the budget, and
+    // keeps the rule otherwise.
+    const roomy = { blas: "f32", f32Budget: 2 ** 30 } as const;
     assert.equal(loraBaseConversion(model, roomy), undefined, "F32 trains as it is");
     for (const file of [q8, q4, f16])
       assert.equal(loraBaseConversion(readModelFile(lib, file), roomy)?.to, "F32");
-    const tight = { blas: true, f32Budget: 1000 };
+    const tight = { blas: "f32", f32Budget: 1000 } as const;
     const over = loraBaseConversion(readModelFile(lib, q4), tight);
     assert.equal(over?.to, "Q8_0");
     assert.match(over!.reason, /would exceed the F32 budget/);
@@ -349,6 +363,47 @@ describe("trainer process: it learns, stops, and runs on its devices", () => {
     }
   });
 
+  test("through a BLAS backend that takes every weight type, a LoRA base trains as it is, as its F32 copy does", async (t) => {
+    const blas = blasStatus(process.env.CONDUIT_TRAINER_BLAS);
+    if (!blas.available) return t.skip(`no BLAS backend here: ${blas.reason}`);
+    if (!blas.quantized) return t.skip(`${blas.library} takes F32 weights only: run npm run setup:trainer again`);
+    const q4 = path.join(dir, "blas-q4_0.gguf");
+    convertModel(baseModel, q4, "Q4_0");
+    const train = async (name: string, loraBase: "auto" | "as-is") => {
+      const logs: string[] = [];
+      const losses = new Map<number, number>();
+      const job = loraJob(
+        name,
+        { rank: 4, alpha: 8, targets: [...LLAMA_CPP_LORA_TARGETS] },
+        {
+          baseModelPath: q4,
+          samples: Array.from({ length: 20 }, (_, i) => `sample number ${i} with some text to learn`),
+          maxSteps: 4,
+          options: { blasLibrary: blas.library, loraBase },
+          seed: 3,
+        },
+      );
+      const outcome = await startTrainer(job, {
+        onLog: (line) => logs.push(line),
+        onProgress: (p) => losses.set(p.step, p.trainLoss),
+      }).done;
+      assert.equal(outcome.status, "completed", `${JSON.stringify(outcome)}\n${logs.join("\n")}`);
+      return { logs, losses };
+    };
+    const asIs = await train("blas-as-is", "as-is");
+    assert.ok(!asIs.logs.some((line) => /converting the base/.test(line)), asIs.logs.join("\n"));
+    assert.ok(asIs.logs.some((line) => /products of weights of any type/.test(line)), asIs.logs.join("\n"));
+    const copy = await train("blas-f32-copy", "auto");
+    assert.ok(copy.logs.some((line) => /converting the base to F32/.test(line)), copy.logs.join("\n"));
+    // The F32 copy holds exactly the values the backend converts the Q4_0 weights to: the same losses.
+    const last = Math.max(...copy.losses.keys());
+    assert.ok(asIs.losses.has(last), `steps ${[...asIs.losses.keys()]} vs ${[...copy.losses.keys()]}`);
+    for (const [step, reference] of copy.losses) {
+      const loss = asIs.losses.get(step);
+      if (loss !== undefined) assert.ok(Math.abs(loss - reference) < 1e-3 * reference, `step ${step}: ${loss} vs ${reference}`);
+    }
+  });
+
   test("a missing, disabled or stale BLAS backend is reported as such, never loaded", (t) => {
     const folder = fs.mkdtempSync(path.join(os.tmpdir(), "conduit-blas-"));
     t.after(() => fs.rmSync(folder, { recursive: true, force: true }));
@@ -360,7 +415,9 @@ describe("trainer process: it learns, stops, and runs on its devices", () => {
     const library = path.join(folder, "libggml-blas.so");
     assert.match((blasStatus(library) as { reason: string }).reason, /does not exist/);
     fs.writeFileSync(library, "");
-    assert.deepEqual(blasStatus(library), { available: true, library });
+    assert.deepEqual(blasStatus(library), { available: true, library, quantized: false });
+    fs.writeFileSync(path.join(folder, "build.json"), JSON.stringify({ quantizedOutProd: true }));
+    assert.deepEqual(blasStatus(library), { available: true, library, quantized: true });
     fs.writeFileSync(path.join(folder, "build.json"), JSON.stringify({ nodeLlamaCpp: "0.0.1" }));
     assert.match(
       (blasStatus(library) as { reason: string }).reason,

@@ -21,7 +21,16 @@ export const PROJECT_BLAS_LIBRARY = fileURLToPath(
 export const TRAINER_SETUP_COMMAND = "npm run setup:trainer";
 
 export type BlasStatus =
-  { available: true; library: string } | { available: false; library: string | null; reason: string };
+  | {
+      available: true;
+      library: string;
+      /**
+       * Whether it takes the products of quantized (and F16) weights too, the backward pass's `OUT_PROD` included
+       * (bin/patches/ggml-blas-out-prod-quantized.diff, recorded in `build.json`): a LoRA base then trains as it is.
+       */
+      quantized: boolean;
+    }
+  | { available: false; library: string | null; reason: string };
 
 /**
  * Whether the trainer has a BLAS backend to load, from `CONDUIT_TRAINER_BLAS`: `off`, a library's path, or
@@ -41,7 +50,7 @@ export function blasStatus(setting: string | undefined): BlasStatus {
           ? `no BLAS backend (${TRAINER_SETUP_COMMAND} makes one)`
           : `CONDUIT_TRAINER_BLAS names ${library}, which does not exist`,
     };
-  const built = builtFor(library);
+  const { nodeLlamaCpp: built, quantized } = buildOf(library);
   const installed = nodeLlamaCppVersion();
   if (built !== undefined && installed !== undefined && built !== installed)
     return {
@@ -51,18 +60,25 @@ export function blasStatus(setting: string | undefined): BlasStatus {
         `the BLAS backend was compiled for node-llama-cpp ${built}, and ${installed} is installed: ` +
         `run ${TRAINER_SETUP_COMMAND} again`,
     };
-  return { available: true, library };
+  return { available: true, library, quantized };
 }
 
-/** The node-llama-cpp version `build.json` beside the library names, when there is one. */
-function builtFor(library: string): string | undefined {
+/**
+ * What `build.json` beside the library says: the node-llama-cpp version it was compiled for and whether it takes
+ * products of quantized weights. A library without one (built elsewhere) is taken as ggml's own: F32 only.
+ */
+export function buildOf(library: string): { nodeLlamaCpp?: string; quantized: boolean } {
   try {
     const build = JSON.parse(fs.readFileSync(path.join(path.dirname(library), "build.json"), "utf8")) as {
       nodeLlamaCpp?: unknown;
+      quantizedOutProd?: unknown;
     };
-    return typeof build.nodeLlamaCpp === "string" ? build.nodeLlamaCpp : undefined;
+    return {
+      ...(typeof build.nodeLlamaCpp === "string" ? { nodeLlamaCpp: build.nodeLlamaCpp } : {}),
+      quantized: build.quantizedOutProd === true,
+    };
   } catch {
-    return undefined;
+    return { quantized: false };
   }
 }
 

@@ -29,9 +29,16 @@ export interface LlamaCppOptions {
   gpuLayers: "all" | number;
   /**
    * A ggml BLAS backend library to load on the CPU (`npm run setup:trainer`, blasBackend.ts): LoRA then trains
-   * on an F32 copy of the base. `null`: none.
+   * through an F32 copy of the base when it fits a quarter of the memory, else through the base as it is (a build
+   * that takes F32 weights only: Q8_0). `null`: none.
    */
   blasLibrary: string | null;
+  /**
+   * Which base LoRA trains through with a BLAS backend that takes every weight type: `auto` (loraBase.ts's rule) or
+   * `as-is`, the base's own file even when an F32 copy would fit (for bench/trainTorch.ts's comparison). Defaults
+   * to `auto`.
+   */
+  loraBase?: "auto" | "as-is";
   /**
    * OpenBLAS's threads in the BLAS backend (`OPENBLAS_NUM_THREADS`, unless the environment sets it); ggml's own
    * CPU ops keep the job's `threads`.
@@ -100,7 +107,9 @@ const RATE = {
   exponent: 0.82,
   /**
    * With the BLAS backend (bench/README.md, #26: 144.8 on SmolLM2, 25.7 on the ~1B model, the same exponent),
-   * LoRA on the F32 copy of any base, and full fine-tuning (91–102 measured with a BLAS build).
+   * LoRA on the F32 copy of any base, and full fine-tuning (91–102 measured with a BLAS build). LoRA through a
+   * quantized base as it is (a base whose F32 copy is over budget) made 51.1 and 20.4 tok/s on Qwen2.5-Coder 0.5B
+   * and 1.5B, where this line says 49.8 and 19.5.
    */
   loraBlas: 144.8,
   fullBlas: 95,
@@ -144,6 +153,8 @@ const LLAMA_CPP_MEMORY = {
   full: { fixed: 0.57e9, perParameter: 13.7 },
   loraF32: { fixed: 0.57e9, perParameter: 4.97 },
   loraQ8: { fixed: 0.53e9, perParameter: 2.54 },
+  /** Through a quantized base as it is, with BLAS: 2.48 and 4.15 GB on Qwen2.5-Coder 0.5B and 1.5B (0.95 on SmolLM2). */
+  loraAsIs: { fixed: 1.7e9, perParameter: 1.6 },
 } satisfies Record<string, MemoryLine>;
 
 const LlamaCppHealth = Type.Object(
@@ -151,10 +162,18 @@ const LlamaCppHealth = Type.Object(
     available: Type.Boolean({ description: "Always: it ships with node-llama-cpp." }),
     blas: Type.Object(
       {
-        available: Type.Boolean({ description: "Runs on the CPU load it and train on an F32 base." }),
+        available: Type.Boolean({
+          description: "Runs on the CPU load it and take their products through it (an F32 copy of the base when it fits).",
+        }),
         library: Type.Union([Type.String(), Type.Null()], {
           description: "The library (`CONDUIT_TRAINER_BLAS`).",
         }),
+        quantized: Type.Optional(
+          Type.Boolean({
+            description:
+              "It takes products of quantized weights too: a base whose F32 copy would not fit trains as it is.",
+          }),
+        ),
         reason: Type.Optional(Type.String({ description: "Why there is none." })),
       },
       { description: "Its BLAS backend, the fast path on the CPU (`npm run setup:trainer`)." },
@@ -201,13 +220,17 @@ export const llamaCppTrainer: TrainerBackend<LlamaCppOptions> = {
   prior: (host) => llamaCppPrior(blasStatus(host.blas).available),
   memoryNeed(method, model, host) {
     if (method === "full") return Promise.resolve(memoryOf(LLAMA_CPP_MEMORY.full, model.parameters));
-    // A LoRA base is trained in F32 when its BLAS backend is there and the F32 copy fits its budget
-    // (`loraBase.ts`), else through Q8_0.
-    const f32 =
-      blasStatus(host.blas).available && 4 * model.parameters <= F32_BASE_MEMORY_FRACTION * totalMemory();
-    return Promise.resolve(
-      memoryOf(f32 ? LLAMA_CPP_MEMORY.loraF32 : LLAMA_CPP_MEMORY.loraQ8, model.parameters),
-    );
+    // A LoRA base is trained in F32 when its BLAS backend is there and the F32 copy fits its budget, else as it is
+    // through a backend that takes every weight type, else through Q8_0 (`loraBase.ts`).
+    const blas = blasStatus(host.blas);
+    const line = !blas.available
+      ? LLAMA_CPP_MEMORY.loraQ8
+      : 4 * model.parameters <= F32_BASE_MEMORY_FRACTION * totalMemory()
+        ? LLAMA_CPP_MEMORY.loraF32
+        : blas.quantized
+          ? LLAMA_CPP_MEMORY.loraAsIs
+          : LLAMA_CPP_MEMORY.loraQ8;
+    return Promise.resolve(memoryOf(line, model.parameters));
   },
   async jobOptions(host) {
     const blas = blasStatus(host.blas);

@@ -21,25 +21,35 @@ export const LORA_FALLBACK_BASE_TYPE: OutputType = "Q8_0";
 
 /** What the choice depends on besides the model. */
 export interface LoraBaseOptions {
-  /** The trainer loaded a BLAS backend (blasBackend.ts): products of F32 weights, `OUT_PROD` included, go to BLAS. */
-  blas: boolean;
-  /** Bytes an F32 copy of the base may take; a larger base keeps the Q8_0 rule. */
+  /**
+   * The products the trainer's BLAS backend takes (blasBackend.ts): `none`, no backend; `f32`, those of F32
+   * weights only (a build without bin/patches/ggml-blas-out-prod-quantized.diff); `any`, those of a weight of any
+   * type as well, the backward pass's `OUT_PROD` included, converting the weight to F32 one product at a time.
+   */
+  blas: "none" | "f32" | "any";
+  /** Bytes an F32 copy of the base may take; a larger base trains as it is through BLAS, or by the rule without. */
   f32Budget: number;
+  /** With `any`: train through the base as it is even when its F32 copy fits (bench/trainTorch.ts compares). */
+  asIs?: boolean;
 }
 
 /**
- * `undefined` when the base trains as it is, else the type to convert it to and why. With a BLAS backend the
- * base is trained in F32 whenever its F32 copy fits `f32Budget`: by measurement (bench/README.md, "The embedded
- * trainer with BLAS") that is 2–2.5x the tokens per CPU-second of a Q8_0 base, for about 1.5x its peak RSS on
- * SmolLM2. Without BLAS, F32 and Q8_0 train as they are and any other type goes to Q8_0.
+ * `undefined` when the base trains as it is, else the type to convert it to and why. With a BLAS backend the base
+ * is trained in F32 whenever its F32 copy fits `f32Budget`: that is 2–2.5x the tokens per CPU-second of a Q8_0 base
+ * without BLAS, for about 1.5x its peak RSS on SmolLM2 (bench/README.md, "The embedded trainer with BLAS"). A larger
+ * base trains as it is through a backend that takes products of any weight type, at 0.87–0.96x an F32 copy's
+ * tokens/s in 0.64–0.75x its memory (bench/README.md, "A quantized base through BLAS"), and by the rule without BLAS
+ * through one that takes F32 weights only. Without BLAS, F32 and Q8_0 train as they are and any other type goes to
+ * Q8_0.
  */
 export function loraBaseConversion(
   model: ModelFileInfo,
-  options: LoraBaseOptions = { blas: false, f32Budget: 0 },
+  options: LoraBaseOptions = { blas: "none", f32Budget: 0 },
 ): { to: OutputType; reason: string } | undefined {
   // Only the 2-D block weights go through the backward matrix products; norms and embeddings are read only.
   const blocks = model.tensors.filter((t) => /^blk\.\d+\..*\.weight$/.test(t.name) && t.dims.length >= 2);
-  if (options.blas) {
+  if (options.blas === "any" && options.asIs === true) return undefined;
+  if (options.blas !== "none") {
     const notF32 = blocks.find((t) => t.type !== 0);
     if (notF32 === undefined) return undefined;
     const f32Bytes = model.tensors.reduce((sum, t) => sum + 4 * t.dims.reduce((a, b) => a * b, 1), 0);
@@ -51,6 +61,7 @@ export function loraBaseConversion(
           `${notF32.name} is of ggml type ${notF32.type}; with the BLAS backend LoRA trains fastest through F32 ` +
           `weights (${mib(f32Bytes)}, within the F32 budget of ${mib(options.f32Budget)})`,
       };
+    if (options.blas === "any") return undefined;
     const rule = loraBaseConversion(model);
     return rule === undefined
       ? undefined

@@ -53,7 +53,7 @@ import {
   type LoraSpec,
   type LoraWeight,
 } from "../core/loraAdapter.ts";
-import { loadBlasBackend, openBlasThreads, TRAINER_SETUP_COMMAND } from "./blasBackend.ts";
+import { buildOf, loadBlasBackend, openBlasThreads, TRAINER_SETUP_COMMAND } from "./blasBackend.ts";
 import { ThreadTuner } from "../core/threadTuner.ts";
 import { loraBaseConversion } from "./loraBase.ts";
 import { readModelFile, type ModelFileInfo } from "../core/modelFile.ts";
@@ -220,7 +220,7 @@ function openCompute(job: LlamaCppJob, hooks: TrainingHooks): Compute {
       : undefined;
   hooks.log(
     blas !== undefined
-      ? `trainer: BLAS backend ${blas} (${job.options.blasLibrary}): products of F32 weights, the backward pass's included, go through it on ${process.env.OPENBLAS_NUM_THREADS} thread(s)`
+      ? `trainer: BLAS backend ${blas} (${job.options.blasLibrary}): products of ${buildOf(job.options.blasLibrary!).quantized ? "weights of any type" : "F32 weights"}, the backward pass's included, go through it on ${process.env.OPENBLAS_NUM_THREADS} thread(s)`
       : job.options.device === "cpu"
         ? `trainer: no BLAS backend; matrix products on ggml's CPU backend (${TRAINER_SETUP_COMMAND} makes training on the CPU faster)`
         : `trainer: no BLAS backend on a GPU`,
@@ -286,15 +286,21 @@ async function prepareBase(
     }
     basePath = files.baseF32;
   } else {
-    // LoRA leaves the base frozen: F32 and Q8_0 (QLoRA) train as they are, any other type is converted
-    // once to Q8_0, the fastest and lightest to train through by measurement; with a BLAS backend, to F32
-    // when it fits a quarter of the memory (see loraBase.ts).
+    // LoRA leaves the base frozen: with a BLAS backend it trains through an F32 copy that fits a quarter of the
+    // memory, else through the base as it is when the backend takes every weight type; without BLAS, F32 and Q8_0
+    // (QLoRA) train as they are and any other type is converted once to Q8_0, the fastest and lightest to train
+    // through by measurement (see loraBase.ts).
     const conversion = loraBaseConversion(readModelFile(lib, job.baseModelPath), {
-      blas: blas !== undefined,
+      blas: blas === undefined ? "none" : buildOf(job.options.blasLibrary!).quantized ? "any" : "f32",
       f32Budget: F32_BASE_MEMORY_FRACTION * totalMemory(),
+      asIs: job.options.loraBase === "as-is",
     });
-    if (conversion === undefined) basePath = job.baseModelPath;
-    else {
+    if (conversion === undefined) {
+      basePath = job.baseModelPath;
+      hooks.log(
+        `trainer: LoRA trains through the base as it is${blas === undefined ? "" : " (the BLAS backend takes its products)"}`,
+      );
+    } else {
       convertBase(lib, job, files, files.baseConverted, conversion.to, () =>
         hooks.log(`trainer: ${conversion.reason}; converting the base to ${conversion.to} for training`),
       );
