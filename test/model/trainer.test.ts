@@ -126,7 +126,11 @@ describe("trainer building blocks", () => {
     for (const file of [baseModel, q8, q4, f16]) {
       const info = readModelFile(lib, file);
       assert.equal(loraBaseConversion(info, { blas: "any", f32Budget: 1000 }), undefined, file);
-      assert.equal(loraBaseConversion(info, { blas: "any", f32Budget: 2 ** 30, asIs: true }), undefined, file);
+      assert.equal(
+        loraBaseConversion(info, { blas: "any", f32Budget: 2 ** 30, asIs: true }),
+        undefined,
+        file,
+      );
       const f32 = loraBaseConversion(info, { blas: "any", f32Budget: 2 ** 30 });
       assert.equal(f32?.to, file === baseModel ? undefined : "F32", file);
     }
@@ -366,7 +370,8 @@ describe("trainer process: it learns, stops, and runs on its devices", () => {
   test("through a BLAS backend that takes every weight type, a LoRA base trains as it is, as its F32 copy does", async (t) => {
     const blas = blasStatus(process.env.CONDUIT_TRAINER_BLAS);
     if (!blas.available) return t.skip(`no BLAS backend here: ${blas.reason}`);
-    if (!blas.quantized) return t.skip(`${blas.library} takes F32 weights only: run npm run setup:trainer again`);
+    if (!blas.quantized)
+      return t.skip(`${blas.library} takes F32 weights only: run npm run setup:trainer again`);
     const q4 = path.join(dir, "blas-q4_0.gguf");
     convertModel(baseModel, q4, "Q4_0");
     const train = async (name: string, loraBase: "auto" | "as-is") => {
@@ -392,15 +397,22 @@ describe("trainer process: it learns, stops, and runs on its devices", () => {
     };
     const asIs = await train("blas-as-is", "as-is");
     assert.ok(!asIs.logs.some((line) => /converting the base/.test(line)), asIs.logs.join("\n"));
-    assert.ok(asIs.logs.some((line) => /products of weights of any type/.test(line)), asIs.logs.join("\n"));
+    assert.ok(
+      asIs.logs.some((line) => /products of weights of any type/.test(line)),
+      asIs.logs.join("\n"),
+    );
     const copy = await train("blas-f32-copy", "auto");
-    assert.ok(copy.logs.some((line) => /converting the base to F32/.test(line)), copy.logs.join("\n"));
+    assert.ok(
+      copy.logs.some((line) => /converting the base to F32/.test(line)),
+      copy.logs.join("\n"),
+    );
     // The F32 copy holds exactly the values the backend converts the Q4_0 weights to: the same losses.
     const last = Math.max(...copy.losses.keys());
     assert.ok(asIs.losses.has(last), `steps ${[...asIs.losses.keys()]} vs ${[...copy.losses.keys()]}`);
     for (const [step, reference] of copy.losses) {
       const loss = asIs.losses.get(step);
-      if (loss !== undefined) assert.ok(Math.abs(loss - reference) < 1e-3 * reference, `step ${step}: ${loss} vs ${reference}`);
+      if (loss !== undefined)
+        assert.ok(Math.abs(loss - reference) < 1e-3 * reference, `step ${step}: ${loss} vs ${reference}`);
     }
   });
 

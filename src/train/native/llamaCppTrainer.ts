@@ -163,7 +163,8 @@ const LlamaCppHealth = Type.Object(
     blas: Type.Object(
       {
         available: Type.Boolean({
-          description: "Runs on the CPU load it and take their products through it (an F32 copy of the base when it fits).",
+          description:
+            "Runs on the CPU load it and take their products through it (an F32 copy of the base when it fits).",
         }),
         library: Type.Union([Type.String(), Type.Null()], {
           description: "The library (`CONDUIT_TRAINER_BLAS`).",

@@ -67,7 +67,9 @@ export function loraBaseConversion(
       ? undefined
       : {
           ...rule,
-          reason: `${rule.reason} (an F32 copy, ${mib(f32Bytes)}, would exceed the F32 budget of ${mib(options.f32Budget)})`,
+          reason:
+            `${rule.reason} (an F32 copy, ${mib(f32Bytes)}, would exceed the F32 budget of ${mib(options.f32Budget)}; ` +
+            `this BLAS backend takes F32 weights only: npm run setup:trainer again makes one that trains the base as it is)`,
         };
   }
   const other = blocks.find((t) => !LORA_BASE_TYPES.has(t.type));
