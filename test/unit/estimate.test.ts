@@ -19,6 +19,7 @@ import {
 } from "../../src/train/runEstimate.ts";
 import type { PlanSummary } from "../../src/train/core/trainingPlan.ts";
 import { llamaCppPrior } from "../../src/train/native/llamaCppTrainer.ts";
+import { totalMemory } from "../../src/train/core/TrainerBackend.ts";
 import { trainers } from "../../src/train/trainers.ts";
 import type { TrainerHost } from "../../src/train/core/TrainerBackend.ts";
 import type { FinishedRun } from "../../src/store/RunRepository.ts";
@@ -49,7 +50,7 @@ const plan3x25: PlanSummary = {
 
 function input(overrides: Partial<PlanInput> = {}): PlanInput {
   return {
-    prior: llamaCppPrior(false),
+    prior: llamaCppPrior("none"),
     method: "lora",
     model: smollm2,
     plan: plan3x25,
@@ -136,17 +137,30 @@ describe("planning a run", () => {
     const torch = planRun(input({ prior: trainers.torch.prior(host) }));
     assert.ok(torch.tokensPerSecond > 4 * small.tokensPerSecond, "the torch trainer is the faster one");
     assert.ok(
-      trainers.torch.prior(host).overheadSeconds(smollm2) > llamaCppPrior(false).overheadSeconds(smollm2),
+      trainers.torch.prior(host).overheadSeconds(smollm2) > llamaCppPrior("none").overheadSeconds(smollm2),
       "Python starts and loads the GGUF",
     );
     assert.ok(
       planRun(input({ model: { ...smollm2, fileType: "F32" } })).tokensPerSecond > small.tokensPerSecond,
       "llama.cpp trains LoRA on an F32 base faster than through Q8_0",
     );
-    const blas = planRun(input({ prior: llamaCppPrior(true) })).tokensPerSecond;
+    const blas = planRun(input({ prior: llamaCppPrior("any") })).tokensPerSecond;
     assert.ok(
       blas > 5 * small.tokensPerSecond,
       "with its BLAS backend llama.cpp trains ~6x faster than through Q8_0",
+    );
+    // A base whose F32 copy is over the budget: a backend that takes F32 weights only leaves it to Q8_0 without BLAS.
+    const overBudget = { ...smollm2, parameters: totalMemory() };
+    const rate = (blas: "none" | "f32" | "any") =>
+      planRun(input({ prior: llamaCppPrior(blas), model: overBudget })).tokensPerSecond;
+    assert.equal(rate("f32"), rate("none"));
+    assert.ok(
+      rate("any") > 5 * rate("f32"),
+      "a backend that takes every type trains it as it is, through BLAS",
+    );
+    assert.ok(
+      planRun(input({ prior: llamaCppPrior("f32") })).tokensPerSecond === blas,
+      "within the budget, through an F32 copy",
     );
   });
 

@@ -63,6 +63,11 @@ export function blasStatus(setting: string | undefined): BlasStatus {
   return { available: true, library, quantized };
 }
 
+/** The products a backend of this status takes (loraBase.ts's `blas`). */
+export function blasKind(status: BlasStatus): "none" | "f32" | "any" {
+  return !status.available ? "none" : status.quantized ? "any" : "f32";
+}
+
 /**
  * What `build.json` beside the library says: the node-llama-cpp version it was compiled for and whether it takes
  * products of quantized weights. A library without one (built elsewhere) is taken as ggml's own: F32 only.

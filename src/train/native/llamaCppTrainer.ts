@@ -15,7 +15,8 @@ import {
   type TrainerBackend,
   type TrainerHealth,
 } from "../core/TrainerBackend.ts";
-import { blasStatus } from "./blasBackend.ts";
+import { blasKind, blasStatus } from "./blasBackend.ts";
+import type { LoraBaseOptions } from "./loraBase.ts";
 import { F32_BASE_MEMORY_FRACTION, runTraining } from "./runTraining.ts";
 
 /** The llama.cpp trainer's settings for a job. */
@@ -119,12 +120,19 @@ const RATE = {
   threadExponent: Math.log2(1.35),
 } as const;
 
-/** The llama.cpp trainer's prior, with its BLAS backend or without. */
-export function llamaCppPrior(blas: boolean): EstimatePrior {
+/**
+ * The llama.cpp trainer's prior, by the products its BLAS backend takes (loraBase.ts): none, F32 weights only (a LoRA
+ * base over the F32 budget then trains through Q8_0 without it), or every weight type.
+ */
+export function llamaCppPrior(blas: LoraBaseOptions["blas"]): EstimatePrior {
   return {
     tokensPerSecond(method, model, threads) {
       const scale = model.parameters > 0 ? model.parameters / RATE.referenceParameters : 1;
-      const anchored = blas
+      const throughBlas =
+        blas === "any" ||
+        (blas === "f32" &&
+          (method === "full" || 4 * model.parameters <= F32_BASE_MEMORY_FRACTION * totalMemory()));
+      const anchored = throughBlas
         ? method === "full"
           ? RATE.fullBlas
           : RATE.loraBlas
@@ -218,19 +226,20 @@ export const llamaCppTrainer: TrainerBackend<LlamaCppOptions> = {
   loraTargets: LLAMA_CPP_LORA_TARGETS,
   // More threads do not pay for ggml's own ops here (bench/README.md); the BLAS backend's products take every core.
   threads: (setting) => (setting === "auto" ? 1 : setting),
-  prior: (host) => llamaCppPrior(blasStatus(host.blas).available),
+  prior: (host) => llamaCppPrior(blasKind(blasStatus(host.blas))),
   memoryNeed(method, model, host) {
     if (method === "full") return Promise.resolve(memoryOf(LLAMA_CPP_MEMORY.full, model.parameters));
     // A LoRA base is trained in F32 when its BLAS backend is there and the F32 copy fits its budget, else as it is
     // through a backend that takes every weight type, else through Q8_0 (`loraBase.ts`).
-    const blas = blasStatus(host.blas);
-    const line = !blas.available
-      ? LLAMA_CPP_MEMORY.loraQ8
-      : 4 * model.parameters <= F32_BASE_MEMORY_FRACTION * totalMemory()
-        ? LLAMA_CPP_MEMORY.loraF32
-        : blas.quantized
-          ? LLAMA_CPP_MEMORY.loraAsIs
-          : LLAMA_CPP_MEMORY.loraQ8;
+    const blas = blasKind(blasStatus(host.blas));
+    const line =
+      blas === "none"
+        ? LLAMA_CPP_MEMORY.loraQ8
+        : 4 * model.parameters <= F32_BASE_MEMORY_FRACTION * totalMemory()
+          ? LLAMA_CPP_MEMORY.loraF32
+          : blas === "any"
+            ? LLAMA_CPP_MEMORY.loraAsIs
+            : LLAMA_CPP_MEMORY.loraQ8;
     return Promise.resolve(memoryOf(line, model.parameters));
   },
   async jobOptions(host) {
