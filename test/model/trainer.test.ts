@@ -406,7 +406,8 @@ describe("trainer process: it learns, stops, and runs on its devices", () => {
       copy.logs.some((line) => /converting the base to F32/.test(line)),
       copy.logs.join("\n"),
     );
-    // The F32 copy holds exactly the values the backend converts the Q4_0 weights to: the same losses.
+    // The F32 copy holds exactly the values the backend converts the Q4_0 weights to: the same losses, and the same
+    // adapter (every block's gradient passes through the frozen weights' backward products).
     const last = Math.max(...copy.losses.keys());
     assert.ok(asIs.losses.has(last), `steps ${[...asIs.losses.keys()]} vs ${[...copy.losses.keys()]}`);
     for (const [step, reference] of copy.losses) {
@@ -414,6 +415,18 @@ describe("trainer process: it learns, stops, and runs on its devices", () => {
       if (loss !== undefined)
         assert.ok(Math.abs(loss - reference) < 1e-3 * reference, `step ${step}: ${loss} vs ${reference}`);
     }
+    const [trained, reference] = await Promise.all(
+      ["blas-as-is", "blas-f32-copy"].map((name) => readAdapterTensors(path.join(dir, `${name}.gguf`))),
+    );
+    const norm = (v: Float32Array) => Math.sqrt(v.reduce((sum, x) => sum + x * x, 0));
+    let worst = 0;
+    for (const [name, values] of reference!.tensors) {
+      const other = trained!.tensors.get(name);
+      assert.ok(other !== undefined, name);
+      if (norm(values) === 0) continue;
+      worst = Math.max(worst, norm(other.map((x, i) => x - values[i]!)) / norm(values));
+    }
+    assert.ok(worst < 1e-2, `the adapters differ by up to ${worst} (relative, per tensor)`);
   });
 
   test("a missing, disabled or stale BLAS backend is reported as such, never loaded", (t) => {
