@@ -37,7 +37,7 @@ export interface LoraBaseOptions {
  * `undefined` when the base trains as it is, else the type to convert it to and why. With a BLAS backend the base
  * is trained in F32 whenever its F32 copy fits `f32Budget`: that is 2–2.5x the tokens per CPU-second of a Q8_0 base
  * without BLAS, for about 1.5x its peak RSS on SmolLM2 (bench/README.md, "The embedded trainer with BLAS"). A larger
- * base trains as it is through a backend that takes products of any weight type, at 0.87–0.96x an F32 copy's
+ * base trains as it is through a backend that takes products of any weight type, at 0.87–0.95x an F32 copy's
  * tokens/s in 0.64–0.75x its memory (bench/README.md, "A quantized base through BLAS"), and by the rule without BLAS
  * through one that takes F32 weights only. Without BLAS, F32 and Q8_0 train as they are and any other type goes to
  * Q8_0.
