@@ -63,6 +63,21 @@ function loraJob(
   });
 }
 
+/**
+ * Trains `job` to completion, asserting it completes, with its log lines and its train loss by step (progress is
+ * reported at most twice a second, so which steps report depends on speed).
+ */
+async function trainedWithLosses(job: AnyTrainerJob) {
+  const logs: string[] = [];
+  const losses = new Map<number, number>();
+  const outcome = await startTrainer(job, {
+    onLog: (line) => logs.push(line),
+    onProgress: (p) => losses.set(p.step, p.trainLoss),
+  }).done;
+  assert.equal(outcome.status, "completed", `${JSON.stringify(outcome)}\n${logs.join("\n")}`);
+  return { logs, losses };
+}
+
 /** Starts a trainer on `job` and waits for its first progress report. */
 async function startedTrainer(job: AnyTrainerJob) {
   let firstProgress!: () => void;
@@ -328,24 +343,10 @@ describe("trainer process: it learns, stops, and runs on its devices", () => {
   test("with the BLAS backend (npm run setup:trainer) the products go through BLAS, and the losses stay ggml's own", async (t) => {
     const blas = blasStatus(process.env.CONDUIT_TRAINER_BLAS);
     if (!blas.available) return t.skip(`no BLAS backend here: ${blas.reason}`);
-    const train = async (name: string, blasLibrary: string | null) => {
-      const logs: string[] = [];
-      // Progress is reported at most twice a second, so which steps report depends on speed: key by step.
-      const losses = new Map<number, number>();
-      const job = longJob(name, {
-        epochs: 1,
-        maxSteps: 4,
-        outputType: "F32",
-        options: { blasLibrary },
-        seed: 3,
-      });
-      const outcome = await startTrainer(job, {
-        onLog: (line) => logs.push(line),
-        onProgress: (p) => losses.set(p.step, p.trainLoss),
-      }).done;
-      assert.equal(outcome.status, "completed", `${JSON.stringify(outcome)}\n${logs.join("\n")}`);
-      return { logs, losses };
-    };
+    const train = (name: string, blasLibrary: string | null) =>
+      trainedWithLosses(
+        longJob(name, { epochs: 1, maxSteps: 4, outputType: "F32", options: { blasLibrary }, seed: 3 }),
+      );
     const plain = await train("no-blas", null);
     assert.ok(
       plain.logs.some((line) => /^trainer: no BLAS backend/.test(line)),
@@ -374,27 +375,20 @@ describe("trainer process: it learns, stops, and runs on its devices", () => {
       return t.skip(`${blas.library} takes F32 weights only: run npm run setup:trainer again`);
     const q4 = path.join(dir, "blas-q4_0.gguf");
     convertModel(baseModel, q4, "Q4_0");
-    const train = async (name: string, loraBase: "auto" | "as-is") => {
-      const logs: string[] = [];
-      const losses = new Map<number, number>();
-      const job = loraJob(
-        name,
-        { rank: 4, alpha: 8, targets: [...LLAMA_CPP_LORA_TARGETS] },
-        {
-          baseModelPath: q4,
-          samples: Array.from({ length: 20 }, (_, i) => `sample number ${i} with some text to learn`),
-          maxSteps: 4,
-          options: { blasLibrary: blas.library, loraBase },
-          seed: 3,
-        },
+    const train = (name: string, loraBase: "auto" | "as-is") =>
+      trainedWithLosses(
+        loraJob(
+          name,
+          { rank: 4, alpha: 8, targets: [...LLAMA_CPP_LORA_TARGETS] },
+          {
+            baseModelPath: q4,
+            samples: Array.from({ length: 20 }, (_, i) => `sample number ${i} with some text to learn`),
+            maxSteps: 4,
+            options: { blasLibrary: blas.library, loraBase },
+            seed: 3,
+          },
+        ),
       );
-      const outcome = await startTrainer(job, {
-        onLog: (line) => logs.push(line),
-        onProgress: (p) => losses.set(p.step, p.trainLoss),
-      }).done;
-      assert.equal(outcome.status, "completed", `${JSON.stringify(outcome)}\n${logs.join("\n")}`);
-      return { logs, losses };
-    };
     const asIs = await train("blas-as-is", "as-is");
     assert.ok(!asIs.logs.some((line) => /converting the base/.test(line)), asIs.logs.join("\n"));
     assert.ok(

@@ -55,7 +55,7 @@ import {
 } from "../core/loraAdapter.ts";
 import { buildOf, loadBlasBackend, openBlasThreads, TRAINER_SETUP_COMMAND } from "./blasBackend.ts";
 import { ThreadTuner } from "../core/threadTuner.ts";
-import { loraBaseConversion } from "./loraBase.ts";
+import { loraBaseConversion, type LoraBaseOptions } from "./loraBase.ts";
 import { readModelFile, type ModelFileInfo } from "../core/modelFile.ts";
 import { isTrainableTensor } from "./trainableTensor.ts";
 
@@ -98,6 +98,8 @@ interface Compute {
   lib: LlamaLib;
   /** The BLAS backend's device, when one loaded. */
   blas: string | undefined;
+  /** The products it takes (loraBase.ts): `none` when none loaded. */
+  blasTakes: LoraBaseOptions["blas"];
   gpus: GpuDevice[];
   /** Layers offloaded: `0` on the CPU, `-1` for all. */
   gpuLayers: number;
@@ -218,9 +220,10 @@ function openCompute(job: LlamaCppJob, hooks: TrainingHooks): Compute {
     job.options.blasLibrary !== null && job.options.device === "cpu"
       ? loadBlasBackend(lib, job.options.blasLibrary, job.options.blasThreads, hooks.log)
       : undefined;
+  const blasTakes = blas === undefined ? "none" : buildOf(job.options.blasLibrary!).quantized ? "any" : "f32";
   hooks.log(
     blas !== undefined
-      ? `trainer: BLAS backend ${blas} (${job.options.blasLibrary}): products of ${buildOf(job.options.blasLibrary!).quantized ? "weights of any type" : "F32 weights"}, the backward pass's included, go through it on ${process.env.OPENBLAS_NUM_THREADS} thread(s)`
+      ? `trainer: BLAS backend ${blas} (${job.options.blasLibrary}): products of ${blasTakes === "any" ? "weights of any type" : "F32 weights"}, the backward pass's included, go through it on ${process.env.OPENBLAS_NUM_THREADS} thread(s)`
       : job.options.device === "cpu"
         ? `trainer: no BLAS backend; matrix products on ggml's CPU backend (${TRAINER_SETUP_COMMAND} makes training on the CPU faster)`
         : `trainer: no BLAS backend on a GPU`,
@@ -245,7 +248,7 @@ function openCompute(job: LlamaCppJob, hooks: TrainingHooks): Compute {
     );
   }
   const gpuMemory = gpus.length === 0 ? undefined : new GpuMemoryWatch(lib, gpus);
-  return { lib, blas, gpus, gpuLayers, gpuMemory, blasThreads: blasThreadTuning(job, blas) };
+  return { lib, blas, blasTakes, gpus, gpuLayers, gpuMemory, blasThreads: blasThreadTuning(job, blas) };
 }
 
 /**
@@ -266,7 +269,7 @@ function blasThreadTuning(job: LlamaCppJob, blas: string | undefined): Compute["
  * it is or converted; a LoRA run's initial adapter is written too (or copied from its checkpoint).
  */
 async function prepareBase(
-  { lib, blas }: Compute,
+  { lib, blas, blasTakes }: Compute,
   job: LlamaCppJob,
   hooks: TrainingHooks,
   lora: LoraRun | undefined,
@@ -291,7 +294,7 @@ async function prepareBase(
     // (QLoRA) train as they are and any other type is converted once to Q8_0, the fastest and lightest to train
     // through by measurement (see loraBase.ts).
     const conversion = loraBaseConversion(readModelFile(lib, job.baseModelPath), {
-      blas: blas === undefined ? "none" : buildOf(job.options.blasLibrary!).quantized ? "any" : "f32",
+      blas: blasTakes,
       f32Budget: F32_BASE_MEMORY_FRACTION * totalMemory(),
       asIs: job.options.loraBase === "as-is",
     });
