@@ -1,6 +1,7 @@
 import type { LlamaEmbeddingContext, LlamaModel, Token } from "node-llama-cpp";
 import { abortable } from "./Admission.ts";
 import { longestTokenBytes } from "./promptTokens.ts";
+import { adapterSetLock, type AdapterSetLock } from "./adapterSetLock.ts";
 import { embeddingNative, type NativeAdapter } from "./nativeBatch.ts";
 
 /** What an embedding context costs: host and GPU memory, as node-llama-cpp estimates it. */
@@ -28,6 +29,8 @@ export class Embedder {
   /** Most bytes of text one token stands for ({@link longestTokenBytes}). */
   readonly maxTokenBytes: number;
   private readonly native: ReturnType<typeof embeddingNative>;
+  /** Decodes read the model's adapter set: not while an adapter of the model loads or is freed. */
+  private readonly adapterLock: AdapterSetLock;
   /** The end of the last request's turn: the next one starts after it. */
   private tail: Promise<void> = Promise.resolve();
   private holders = 0;
@@ -49,6 +52,7 @@ export class Embedder {
     this.vocabularySize = Array.isArray(tokens) && tokens.length > 0 ? tokens.length : Infinity;
     this.maxTokenBytes = longestTokenBytes(model);
     this.native = embeddingNative(context);
+    this.adapterLock = adapterSetLock(model);
   }
 
   /** Tokens the context evaluates for `tokens`: with the BOS and the end token the vocabulary wants added. */
@@ -102,7 +106,7 @@ export class Embedder {
     if (decodeAll === undefined) {
       for (const tokens of inputs) {
         this.checkOpen(signal);
-        const embedding = await this.context.getEmbeddingFor(tokens as Token[]);
+        const embedding = await this.adapterLock.read(() => this.context.getEmbeddingFor(tokens as Token[]));
         vectors.push(embedding.vector as number[]);
       }
       return vectors;
@@ -113,7 +117,7 @@ export class Embedder {
       this.contextSize,
     )) {
       this.checkOpen(signal);
-      vectors.push(...(await decodeAll(group)));
+      vectors.push(...(await this.adapterLock.read(() => decodeAll(group))));
     }
     return vectors;
   }

@@ -23,6 +23,7 @@ import {
   type AdapterBatching,
   type AdapterBatchingSetting,
 } from "./mixedAdapterBuild.ts";
+import { adapterSetLock } from "./adapterSetLock.ts";
 import { embeddingContextOver, hasBatchedEmbeddings, loadAdapter } from "./nativeBatch.ts";
 import { BatcherGroup } from "./BatcherGroup.ts";
 import { Embedder } from "./Embedder.ts";
@@ -491,18 +492,22 @@ export class ModelPool {
     const contextSize = this.contextSizeOf(model);
     const count = Math.max(1, Math.min(options.contexts, options.parallel));
     const contexts: LlamaContext[] = [];
+    // A context's creation reads the model's adapter set (llama.cpp reserves its graph for every adapter loaded).
+    const lock = adapterSetLock(model);
     try {
       for (let i = 0; i < count; i++)
         contexts.push(
-          await model.createContext({
-            contextSize,
-            // 5 over 2 contexts: 3 and 2.
-            sequences: Math.floor(options.parallel / count) + (i < options.parallel % count ? 1 : 0),
-            threads: options.threads,
-            batchSize: Math.min(options.batchSize, contextSize),
-            // One loaded context serves many requests; do not fail over to a smaller size silently.
-            failedCreationRemedy: false,
-          }),
+          await lock.read(() =>
+            model.createContext({
+              contextSize,
+              // 5 over 2 contexts: 3 and 2.
+              sequences: Math.floor(options.parallel / count) + (i < options.parallel % count ? 1 : 0),
+              threads: options.threads,
+              batchSize: Math.min(options.batchSize, contextSize),
+              // One loaded context serves many requests; do not fail over to a smaller size silently.
+              failedCreationRemedy: false,
+            }),
+          ),
         );
       const template = await loadChatTemplate({ id: ref.id, path: ref.path });
       const path = ref.path;
@@ -568,7 +573,8 @@ export class ModelPool {
     if (this.closed) throw new ConduitError("unavailable", "The inference engine is shutting down.");
     let context;
     try {
-      context =
+      // Read the model's adapter set, as every context's creation does (adapterSetLock.ts).
+      context = await adapterSetLock(model).read(async () =>
         lanes === 1
           ? await model.createEmbeddingContext({
               contextSize,
@@ -584,7 +590,8 @@ export class ModelPool {
                 // node-llama-cpp's own option for the context of an embedding context (llama.cpp's `embeddings`).
                 ...{ _embeddings: true },
               }),
-            );
+            ),
+      );
     } catch (error) {
       this.options.logger(
         "error",

@@ -1,6 +1,7 @@
 import crypto from "node:crypto";
 import type { Llama, LlamaContext, LlamaGrammar, LlamaModel, Token } from "node-llama-cpp";
 import type { ChatTemplate } from "../model/chatTemplate.ts";
+import { adapterSetLock, type AdapterSetLock } from "./adapterSetLock.ts";
 import { bindNative, greedySamplerConfig } from "./nativeBatch.ts";
 import type {
   NativeAdapter,
@@ -143,6 +144,8 @@ export class SequenceBatcher {
   readonly contextSize: number;
   private readonly context: LlamaContext;
   private readonly native: NativeBinding;
+  /** Decodes read the model's adapter set: not while an adapter of the model loads or is freed. */
+  private readonly adapterLock: AdapterSetLock;
   private readonly template: ChatTemplate;
   private readonly prompt: PromptModel;
   private readonly threads: number;
@@ -194,6 +197,7 @@ export class SequenceBatcher {
     this.logger = options.logger;
     this.onFinish = options.onFinish;
     this.native = bindNative(options.llama, options.model, options.context);
+    this.adapterLock = adapterSetLock(options.model);
     this.native.context.setThreads(this.threads);
     this.prompt = {
       model: options.model,
@@ -722,7 +726,7 @@ export class SequenceBatcher {
         sampleAt.push(batch[i]!);
         sampleIndex.push(logitAt[i]!);
       }
-      const decoding = ctx.decodeBatch();
+      const decoding = this.adapterLock.read(() => ctx.decodeBatch());
       // The samplers of generations sampling for the first time are made while the decode runs.
       this.prepareSamplers(sampleAt, sampleIndex);
       await decoding;

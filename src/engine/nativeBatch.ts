@@ -1,5 +1,6 @@
 import { LlamaEmbeddingContext } from "node-llama-cpp";
 import type { Llama, LlamaContext, LlamaGrammar, LlamaModel } from "node-llama-cpp";
+import { adapterSetLock } from "./adapterSetLock.ts";
 
 /**
  * The one place that reaches under node-llama-cpp's public API (pinned to exactly 3.22.1 in package.json).
@@ -287,7 +288,8 @@ type AdapterConstructor = new (model: unknown, filePath: string) => NativeAdapte
 
 /**
  * Loads the LoRA adapter at `filePath` on `model`, owned by the caller (node-llama-cpp's own `lora` context
- * option keeps every adapter it loads until the model is disposed; this one is freed by its `dispose`).
+ * option keeps every adapter it loads until the model is disposed; this one is freed by its `dispose`). Its load
+ * and its `dispose` take the model's {@link adapterSetLock}: llama.cpp's adapter set of a model is not thread-safe.
  */
 export async function loadAdapter(llama: Llama, model: LlamaModel, filePath: string): Promise<NativeAdapter> {
   const Adapter = (llama as unknown as { _bindings?: { AddonModelLora?: AdapterConstructor } })._bindings
@@ -296,9 +298,13 @@ export async function loadAdapter(llama: Llama, model: LlamaModel, filePath: str
     ._model;
   if (typeof Adapter !== "function" || typeof nativeModel?.loadLora !== "function")
     throw new Error(nativeApiChanged("AddonModelLora, model._model.loadLora"));
+  const lock = adapterSetLock(model);
   const adapter = new Adapter(nativeModel, filePath);
+  // The native object itself is what contexts take (`setLoras`): its own `dispose` is shadowed, not wrapped.
+  const free = adapter.dispose.bind(adapter);
+  Object.defineProperty(adapter, "dispose", { value: () => lock.write(free) });
   try {
-    await nativeModel.loadLora(adapter);
+    await lock.write(() => nativeModel.loadLora!(adapter));
   } catch (error) {
     await adapter.dispose().catch(() => {});
     throw error;
