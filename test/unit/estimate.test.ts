@@ -21,6 +21,7 @@ import type { PlanSummary } from "../../src/train/core/trainingPlan.ts";
 import { llamaCppPrior } from "../../src/train/native/llamaCppTrainer.ts";
 import { totalMemory } from "../../src/train/core/TrainerBackend.ts";
 import { trainers } from "../../src/train/trainers.ts";
+import { torchRate } from "../../src/train/torch/torchTrainer.ts";
 import type { TrainerHost } from "../../src/train/core/TrainerBackend.ts";
 import type { FinishedRun } from "../../src/store/RunRepository.ts";
 import { RecentLoad } from "../../src/train/recentLoad.ts";
@@ -97,6 +98,21 @@ describe("planning a run", () => {
     assert.equal(planRun(input({ plan: { ...plan3x25, pairs: true } })).tokens, 2 * plan.tokens);
   });
 
+  test("the torch trainer's prior follows the type it trains in and falls faster with size in bf16", () => {
+    const qwen15 = 1_543_714_304;
+    // The fitted curves at the bases of bench/README.md's readyTime runs (one thread).
+    assert.ok(Math.abs(torchRate(smollm2.parameters, true, 1) - 302) < 1e-9);
+    assert.ok(Math.abs(torchRate(smollm2.parameters, false, 1) - 90) < 1e-9);
+    const bf16 = torchRate(qwen15, true, 1);
+    assert.ok(bf16 > 45 && bf16 < 52, `bf16 on the 1.5B base: ${bf16}`);
+    assert.ok(torchRate(qwen15, false, 1) < bf16, "F32 is the slower type");
+    // Before any check of the install the prior takes F32, the slower.
+    assert.equal(
+      trainers.torch.prior({ ...host, python: "/nonexistent/python" }).tokensPerSecond("lora", smollm2, 1),
+      torchRate(smollm2.parameters, false, 1),
+    );
+  });
+
   test("the torch trainer's prior counts converting the base the first time, not once its copy is kept", (t) => {
     const cache = fs.mkdtempSync(path.join(os.tmpdir(), "conduit-estimate-"));
     t.after(() => fs.rmSync(cache, { recursive: true, force: true }));
@@ -135,7 +151,7 @@ describe("planning a run", () => {
     assert.ok(big.tokensPerSecond < small.tokensPerSecond / 3);
     assert.ok(planRun(input({ threads: 2 })).tokensPerSecond > small.tokensPerSecond);
     const torch = planRun(input({ prior: trainers.torch.prior(host) }));
-    assert.ok(torch.tokensPerSecond > 4 * small.tokensPerSecond, "the torch trainer is the faster one");
+    assert.ok(torch.tokensPerSecond > 3 * small.tokensPerSecond, "the torch trainer is the faster one");
     assert.ok(
       trainers.torch.prior(host).overheadSeconds(smollm2) > llamaCppPrior("none").overheadSeconds(smollm2),
       "Python starts and loads the GGUF",

@@ -61,18 +61,31 @@ export interface TorchOptions {
 }
 
 /**
- * Its rate at one thread in training tokens per CPU-second (bench/README.md, #27): PEFT LoRA rank 16 on
- * SmolLM2-135M, falling with the parameters to the ~1B model's (192.3 → 70.9); capped for tiny models (the test
- * model trained at about 25,000 tokens per second on the worker's 2 threads here).
+ * Its rate at one thread in training tokens per CPU-second, falling with the parameters as a power, with the
+ * defaults (rank 32 on every target and the output head); capped for tiny models (the test model trained at about
+ * 25,000 tokens per second on the worker's 2 threads here). bench/README.md, `readyTime.ts`:
+ * - bf16 (a CPU with AVX512-BF16 or AMX): fitted so that the estimates at creation of the 200-pair runs on
+ *   SmolLM2-135M, Qwen2.5-Coder-0.5B and Qwen2.5-Coder-1.5B land on their actual times (they were 1.41×, 1.37× and
+ *   0.70× of them with one curve for both types: the larger bases train slower than PEFT's F32 slope says);
+ * - F32: PEFT LoRA's slope between SmolLM2-135M and the ~1B model (#27: 192.3 → 70.9 at rank 16), at the rate the
+ *   defaults trained SmolLM2 at on a CPU without bf16 (86.4 tokens per second, one thread).
  */
 const RATE = {
   referenceParameters: 134_515_008,
-  lora: 192.3,
-  exponent: 0.47,
+  bf16: { lora: 302, exponent: 0.75 },
+  f32: { lora: 90, exponent: 0.47 },
   most: 18_000,
   /** 2 threads trained SmolLM2 1.35× faster than 1 on 2 cores (`CONDUIT_TRAIN_THREADS`). */
   threadExponent: Math.log2(1.35),
 } as const;
+
+/** The prior's training tokens per second on a base of `parameters`, in bf16 or F32, with `threads`. */
+export function torchRate(parameters: number, bf16: boolean, threads: number): number {
+  const curve = bf16 ? RATE.bf16 : RATE.f32;
+  const scale = parameters > 0 ? parameters / RATE.referenceParameters : 1;
+  const perThread = Math.min(RATE.most, curve.lora * scale ** -curve.exponent);
+  return perThread * Math.max(1, threads) ** RATE.threadExponent;
+}
 
 /**
  * `CONDUIT_TRAIN_THREADS=auto` for the torch trainer: every core but one, which stays the server's (generation,
@@ -177,9 +190,10 @@ export const torchTrainer: TrainerBackend<TorchOptions> = {
   threads: (setting) => (setting === "auto" ? torchAutoThreads(os.availableParallelism()) : setting),
   prior: (host) => ({
     tokensPerSecond(_method, model, threads) {
-      const scale = model.parameters > 0 ? model.parameters / RATE.referenceParameters : 1;
-      const perThread = Math.min(RATE.most, RATE.lora * scale ** -RATE.exponent);
-      return perThread * Math.max(1, threads) ** RATE.threadExponent;
+      // The type the worker trains in, from the last check of the install (a run's creation checks it first);
+      // F32 (the slower) before any check.
+      const status = torchStatus(host.python).current();
+      return torchRate(model.parameters, status?.available === true && status.probe.bf16, threads);
     },
     // Starting Python and loading the base; the first time, reading the GGUF and dequantizing it into the copy
     // the next runs load (bench/README.md: SmolLM2's 94 MiB 9 s, Qwen2.5-Coder-1.5B's 1,066 MiB 31 s, one thread).
