@@ -5,8 +5,8 @@ import type { LlamaModel } from "node-llama-cpp";
  * adapter (`llama_adapter_lora_init`) inserts into it, freeing one erases from it, and a context reads it whenever
  * it reserves its compute graph (at its creation, and at the first decode after its adapters change).
  * node-llama-cpp runs each of these on a thread of libuv's pool with no lock, so two adapters of one model loaded
- * or freed at once corrupt the heap (8 adapters loaded together then freed together crash the process within a few
- * rounds; test/model/adapters.test.ts). Every such call on a model goes through the model's lock: changes to its
+ * or freed at once corrupt the heap (8 adapters loaded together then freed together crashed the process within 26–162
+ * such rounds; test/model/adapters.test.ts). Every such call on a model goes through the model's lock: changes to its
  * adapters one at a time with nothing else in flight; decodes and context creations together.
  *
  * A change waiting for its turn holds off the decodes that come after it (they would otherwise keep it waiting as
