@@ -416,7 +416,7 @@ export const settings = {
   trainThreads: {
     env: "CONDUIT_TRAIN_THREADS",
     description:
-      "Compute threads of each trainer, or `auto`: every core but one for the torch trainer (the other stays the server's: torch threads on busy cores train many times slower than one; bench/README.md), 1 for the llama.cpp trainer's own ops (more do not pay there), with every core for the matrix products of its BLAS backend (`npm run setup:trainer`). A number gives both that many.",
+      "Compute threads of each trainer, or `auto`: for the torch trainer every core or one fewer, chosen between steps by timing them (torch threads spin-wait: on cores busy elsewhere they train many times slower than one; bench/README.md), 1 for the llama.cpp trainer's own ops (more do not pay there), with every core for the matrix products of its BLAS backend (`npm run setup:trainer`). A number gives both that many.",
     defaultText: "auto",
     parse: (raw): number | "auto" => {
       const value = text("auto")(raw).toLowerCase();

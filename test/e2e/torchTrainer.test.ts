@@ -145,6 +145,22 @@ describe("the torch trainer backend's job", { skip }, () => {
     );
   });
 
+  test("tuneThreads: the worker times one thread fewer, then all, between steps, and says which it keeps", async () => {
+    const logs: string[] = [];
+    const outcome = await startTrainer(job("tuned", { threads: 2, epochs: 12 }, { tuneThreads: true }), {
+      onLog: (line) => logs.push(line),
+    }).done;
+    assert.equal(outcome.status, "completed", `${JSON.stringify(outcome)}\n${logs.join("\n")}`);
+    if (outcome.status !== "completed") return;
+    // The first step, then 3 timed steps of each count.
+    assert.ok(outcome.stats.steps >= 7, `${outcome.stats.steps} steps`);
+    assert.ok(logs.some((line) => line.includes("on the CPU (1 or 2 threads, the faster chosen between steps)")));
+    assert.ok(
+      logs.some((line) => /^trainer: PyTorch on [12] threads? \(a step: 1 → \d+\.\d\d s, 2 → \d+\.\d\d s\)$/.test(line)),
+      logs.join("\n"),
+    );
+  });
+
   test("a GGUF whose special-token ids are llama.cpp's 'none' (0xFFFFFFFF) trains: stories260K", async (t) => {
     const stories = fileURLToPath(new URL("../../../shared/models/stories260Ktok512.gguf", import.meta.url));
     if (!fs.existsSync(stories)) return t.skip(`${stories} is not here`);

@@ -1,5 +1,6 @@
 """Unit tests of the torch worker's pure parts (run by test/torchTrainer.test.ts with the worker's Python)."""
 
+import json
 import os
 import sys
 import unittest
@@ -52,8 +53,6 @@ class DpoTerms(unittest.TestCase):
 
 class Best(unittest.TestCase):
     def test_serves_the_lowest_eval_loss_as_conduit_does(self) -> None:
-        import json
-
         with open(os.path.join(os.path.dirname(__file__), "best_cases.json"), encoding="utf8") as f:
             cases = json.load(f)["cases"]
         for case in cases:
@@ -72,6 +71,32 @@ class Best(unittest.TestCase):
         tracker.observe(2.0, 1, 5)
         again = worker.BestTracker(patience=None, state=tracker.state())
         self.assertEqual((again.best, again.lowest, again.evals_since_best), (tracker.best, tracker.lowest, 0))
+
+
+class ThreadTuning(unittest.TestCase):
+    def test_shared_cases(self) -> None:
+        with open(os.path.join(os.path.dirname(__file__), "thread_tuner_cases.json"), encoding="utf8") as f:
+            cases = json.load(f)["cases"]
+        for case in cases:
+            with self.subTest(case["name"]):
+                options = case["options"]
+                tuner = worker.ThreadTuner(
+                    case["candidates"],
+                    trial_steps=options.get("trialSteps", 3),
+                    settle_steps=options.get("settleSteps", 40),
+                    slowdown=options.get("slowdown", 1.5),
+                )
+                times = [phase["seconds"] for phase in case["phases"] for _ in range(phase["steps"])]
+                used: list[int] = []
+                lines: list[str] = []
+                for step, seconds in enumerate(times):
+                    threads = tuner.threads()
+                    used.append(threads)
+                    line = tuner.observe(case["firstStep"] if step == 0 else seconds[str(threads)])
+                    if line:
+                        lines.append(line)
+                self.assertEqual(used, case["used"])
+                self.assertEqual(lines, case["lines"])
 
 
 class Names(unittest.TestCase):

@@ -9,14 +9,13 @@ import { checkAbi, EXPECTED_STRUCT_SIZES, localBuildDir } from "../../src/train/
 import { countWindows, lossPositions, packWindows } from "../../src/train/core/packWindows.ts";
 import { trainableBlocks } from "../../src/train/core/modelFile.ts";
 import { isTrainableTensor } from "../../src/train/native/trainableTensor.ts";
-import { torchAutoThreads, torchTrainer } from "../../src/train/torch/torchTrainer.ts";
+import { torchTrainer } from "../../src/train/torch/torchTrainer.ts";
 import { llamaCppTrainer } from "../../src/train/native/llamaCppTrainer.ts";
 import type { TrainerHost } from "../../src/train/core/TrainerBackend.ts";
 
 describe("trainer building blocks", () => {
-  test("the torch trainer's automatic threads leave one core to the server, and a count is taken as it is", () => {
-    assert.deepEqual([1, 2, 4, 16].map(torchAutoThreads), [1, 1, 3, 15]);
-    assert.equal(torchTrainer.threads("auto"), torchAutoThreads(os.availableParallelism()));
+  test("the torch trainer's automatic threads are every core, tuned between steps; a count is taken as it is", () => {
+    assert.equal(torchTrainer.threads("auto"), os.availableParallelism());
     assert.equal(torchTrainer.threads(2), 2);
   });
 

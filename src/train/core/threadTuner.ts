@@ -5,7 +5,10 @@
  *
  * It tries each candidate for `trialSteps` steps (the median of each counts), keeps the fastest for `settleSteps`
  * steps, and tries again after that, or sooner when the kept count's steps have become `slowdown` times slower than
- * when it was chosen (the machine got busier).
+ * when it was chosen (the machine got busier). A candidate whose first step in a trial is already over `slowdown` times
+ * the fastest median so far is not timed further (threads spinning on a busy core made steps ~8× slower: one such
+ * step is enough to know). The torch worker's `ThreadTuner` (worker.py) is the same policy; both are tested on
+ * test/python/thread_tuner_cases.json.
  */
 export interface ThreadTunerOptions {
   /** Steps timed per candidate in a trial. Defaults to 3. */
@@ -28,6 +31,8 @@ export class ThreadTuner {
   private chosenTime = Number.POSITIVE_INFINITY;
   private settledSteps = 0;
   private recent: number[] = [];
+  /** Candidates of the trial under way that were stopped after one slow step. */
+  private readonly dropped = new Set<number>();
   /** The first step allocates the graph: it is left out. */
   private warm = false;
 
@@ -59,11 +64,19 @@ export class ThreadTuner {
       return undefined;
     }
     if (this.trial !== undefined) {
-      const times = this.trial.get(this.current) ?? [];
+      const trial = this.trial;
+      const times = trial.get(this.current) ?? [];
       times.push(seconds);
-      this.trial.set(this.current, times);
-      if (times.length < this.trialSteps) return undefined;
-      const next = this.candidates.find((c) => (this.trial!.get(c)?.length ?? 0) < this.trialSteps);
+      trial.set(this.current, times);
+      const fastest = Math.min(
+        ...[...trial].filter(([c, t]) => c !== this.current && t.length > 0).map(([, t]) => median(t)),
+      );
+      const hopeless = times.length === 1 && seconds > this.slowdown * fastest;
+      if (times.length < this.trialSteps && !hopeless) return undefined;
+      if (hopeless) this.dropped.add(this.current);
+      const next = this.candidates.find(
+        (c) => !this.dropped.has(c) && (trial.get(c)?.length ?? 0) < this.trialSteps,
+      );
       if (next !== undefined) {
         this.current = next;
         return undefined;
@@ -88,6 +101,7 @@ export class ThreadTuner {
     const best = medians.reduce((a, b) => (b.seconds < a.seconds ? b : a));
     const before = this.chosen;
     this.trial = undefined;
+    this.dropped.clear();
     this.current = best.threads;
     this.chosen = best.threads;
     this.chosenTime = best.seconds;

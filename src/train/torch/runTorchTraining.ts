@@ -88,6 +88,8 @@ export interface TorchWorkerJob {
   ggmlLibrary: string | null;
   /** Windows one optimizer step averages (`TorchOptions.windowsPerStep`). */
   windowsPerStep: number;
+  /** Whether the worker chooses its CPU threads between steps (`TorchOptions.tuneThreads`). */
+  tuneThreads: boolean;
   /** Preference tuning (`preferenceInputs.ts`): each step's window is an example's preferred conversation. */
   dpo: PreferenceWorkerJob | null;
 }
@@ -297,6 +299,7 @@ async function workerJobFields(job: TorchJob, plan: TrainingPlan, weights: LoraW
     cacheDir: job.options.cacheDir,
     ggmlLibrary: ggmlBaseLibrary(),
     windowsPerStep: job.options.windowsPerStep,
+    tuneThreads: job.options.tuneThreads ?? false,
   };
 }
 

@@ -58,6 +58,14 @@ export interface TorchOptions {
    * `ranks` × `nodes`: one window per rank a step; one rank with a larger count trains as that many ranks would.
    */
   windowsPerStep: number;
+  /**
+   * Whether the worker chooses its CPU threads between steps by timing them (worker.py's `ThreadTuner`, the policy
+   * of `threadTuner.ts`): one fewer than `threads` first, which leaves a core to the server, then all of them; the
+   * faster kept. PyTorch's threads spin-wait: two on 2 idle cores trained the 1.5B base 1.67× faster than one,
+   * while on cores busy elsewhere two trained SmolLM2 8× slower than one (bench/README.md). `CONDUIT_TRAIN_THREADS=auto`
+   * does; one rank of several does not (the ranks step together). Defaults to false.
+   */
+  tuneThreads?: boolean;
 }
 
 /**
@@ -87,11 +95,6 @@ export function torchRate(parameters: number, bf16: boolean, threads: number): n
   return perThread * Math.max(1, threads) ** RATE.threadExponent;
 }
 
-/**
- * `CONDUIT_TRAIN_THREADS=auto` for the torch trainer: every core but one, which stays the server's (generation,
- * evals, the API). A torch thread that finds its core busy stalls every step's barrier: on 2 cores at load 7–13,
- * 2 threads trained SmolLM2 at 5.4 tok/s and one at 41–44 (on an idle machine 2 are 1.35× one).
- */
 const GIB = 2 ** 30;
 
 /**
@@ -132,9 +135,6 @@ export function hasBaseCopy(cacheDir: string, modelFile: string): boolean {
   }
 }
 
-export function torchAutoThreads(cores: number): number {
-  return Math.max(1, cores - 1);
-}
 
 const TorchHealth = Type.Object(
   {
@@ -187,7 +187,8 @@ export const torchTrainer: TrainerBackend<TorchOptions> = {
       ? undefined
       : { param: "method", why: 'the torch trainer trains LoRA adapters only ("method": "lora")' },
   loraTargets: LORA_TARGETS,
-  threads: (setting) => (setting === "auto" ? torchAutoThreads(os.availableParallelism()) : setting),
+  // auto: every core, the worker choosing between steps that or one fewer (`tuneThreads`).
+  threads: (setting) => (setting === "auto" ? os.availableParallelism() : setting),
   prior: (host) => ({
     tokensPerSecond(_method, model, threads) {
       // The type the worker trains in, from the last check of the install (a run's creation checks it first);
@@ -225,6 +226,7 @@ export const torchTrainer: TrainerBackend<TorchOptions> = {
       nodes: host.nodes,
       rendezvous: host.rendezvous,
       windowsPerStep: host.ranks * host.nodes,
+      tuneThreads: host.threads === "auto",
     };
   },
   run: runTorchTraining,

@@ -253,6 +253,95 @@ class BestTracker:
         return out
 
 
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 == 1 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+class ThreadTuner:
+    """Picks the CPU threads between optimizer steps by timing them: the same policy as Conduit's `ThreadTuner`
+    (src/train/core/threadTuner.ts), tested on the same cases (test/python/thread_tuner_cases.json). PyTorch's
+    OpenMP threads spin-wait: on an idle 2-core machine two trained a 1.5B base 1.67x faster than one, while with a
+    core busy elsewhere two trained many times slower (bench/README.md). Each candidate is timed for `trial_steps`
+    steps (a candidate whose first step is already over `slowdown` times the fastest median so far, for that one step),
+    the fastest kept for `settle_steps` steps or until its steps get `slowdown` times slower; the first step, which
+    allocates, is left out."""
+
+    def __init__(self, candidates: list[int], trial_steps: int = 3, settle_steps: int = 40, slowdown: float = 1.5) -> None:
+        if not candidates:
+            raise ValueError("ThreadTuner needs at least one candidate")
+        self.candidates = list(candidates)
+        self.trial_steps = trial_steps
+        self.settle_steps = settle_steps
+        self.slowdown = slowdown
+        self.current = self.candidates[0]
+        self.trial: Optional[dict[int, list[float]]] = {} if len(self.candidates) > 1 else None
+        self.dropped: set[int] = set()
+        self.chosen = 0
+        self.chosen_time = math.inf
+        self.settled_steps = 0
+        self.recent: list[float] = []
+        self.warm = False
+
+    def threads(self) -> int:
+        """The thread count for the coming step."""
+        return self.current
+
+    def observe(self, seconds: float) -> Optional[str]:
+        """Records the step just taken with `threads()` threads; a sentence for the log when a trial ends on another
+        count than the last one chose."""
+        if not self.warm:
+            self.warm = True
+            return None
+        if self.trial is not None:
+            times = self.trial.setdefault(self.current, [])
+            times.append(seconds)
+            others = [median(t) for c, t in self.trial.items() if c != self.current and t]
+            hopeless = len(times) == 1 and bool(others) and seconds > self.slowdown * min(others)
+            if len(times) < self.trial_steps and not hopeless:
+                return None
+            if hopeless:
+                self.dropped.add(self.current)
+            pending = [
+                c for c in self.candidates if c not in self.dropped and len(self.trial.get(c, [])) < self.trial_steps
+            ]
+            if pending:
+                self.current = pending[0]
+                return None
+            return self.settle()
+        if len(self.candidates) == 1:
+            return None
+        self.settled_steps += 1
+        self.recent.append(seconds)
+        if len(self.recent) > self.trial_steps:
+            self.recent.pop(0)
+        slower = len(self.recent) == self.trial_steps and median(self.recent) > self.slowdown * self.chosen_time
+        if self.settled_steps >= self.settle_steps or slower:
+            self.trial = {}
+            self.current = self.candidates[0]
+        return None
+
+    def settle(self) -> Optional[str]:
+        assert self.trial is not None
+        medians = [(c, median(self.trial[c])) for c in self.candidates]
+        best = medians[0]
+        for m in medians[1:]:
+            if m[1] < best[1]:
+                best = m
+        before = self.chosen
+        self.trial = None
+        self.dropped.clear()
+        self.current, self.chosen_time = best
+        self.chosen = best[0]
+        self.settled_steps = 0
+        self.recent = []
+        if before == best[0]:
+            return None
+        steps = ", ".join(f"{c} \u2192 {t:.2f} s" for c, t in medians)
+        return f"{best[0]} thread{'' if best[0] == 1 else 's'} (a step: {steps})"
+
+
 def module_for(weight_name: str) -> str:
     """The transformers module suffix of a llama.cpp weight: `blk.3.attn_q.weight` -> `layers.3.self_attn.q_proj`."""
     if weight_name == "output.weight":
@@ -460,7 +549,13 @@ class Trainer:
         torch.manual_seed(job["seed"])
         # The ranks on one box share its cores.
         self.threads = max(1, job["threads"] // ranks.local_world)
-        torch.set_num_threads(self.threads)
+        # One process on the CPU may choose its threads between steps (ThreadTuner): one fewer first.
+        self.tuner: Optional[ThreadTuner] = (
+            ThreadTuner([self.threads - 1, self.threads])
+            if job.get("tuneThreads") and not ranks.distributed and self.threads >= 2
+            else None
+        )
+        torch.set_num_threads(self.tuner.threads() if self.tuner else self.threads)
         wants = job.get("device", "auto")
         cuda = torch.cuda.is_available()
         if wants == "cuda" and not cuda:
@@ -475,6 +570,9 @@ class Trainer:
                 f"trainer: {ranks.local_world} ranks on this machine, but PyTorch sees {torch.cuda.device_count()} CUDA devices"
             )
         self.device = torch.device(f"cuda:{ranks.local_rank}" if on_cuda else "cpu")
+        if on_cuda:
+            self.tuner = None
+            torch.set_num_threads(self.threads)
         ranks.start(on_cuda)
         self.windows_per_step = int(job.get("windowsPerStep", 1))
         if self.windows_per_step < 1:
@@ -490,6 +588,8 @@ class Trainer:
         where = (
             f"CUDA ({torch.cuda.get_device_name(self.device)})"
             if self.device.type == "cuda"
+            else f"the CPU ({self.threads - 1} or {self.threads} threads, the faster chosen between steps)"
+            if self.tuner
             else f"the CPU ({self.threads} thread{'s' if self.threads != 1 else ''})"
         )
         import peft
@@ -936,7 +1036,14 @@ class Trainer:
                 loss_count = 0
             learning_rate = rates[step]
             end = group_end(step, self.windows_per_step, epoch_starts[epoch] + steps_per_epoch[epoch], evaluate_after)
+            if self.tuner is not None and self.tuner.threads() != torch.get_num_threads():
+                torch.set_num_threads(self.tuner.threads())
+            step_started = time.perf_counter()
             done = train_step(step, end)
+            if self.tuner is not None and done is not None:
+                chose = self.tuner.observe(time.perf_counter() - step_started)
+                if chose is not None:
+                    self.log(f"PyTorch on {chose}")
             if done is not None:
                 step_loss, trained, rewards = done
                 # Every rank counts every window of the step (each reads them all): only the loss travelled.
