@@ -154,9 +154,13 @@ describe("the torch trainer backend's job", { skip }, () => {
     if (outcome.status !== "completed") return;
     // The first step, then 3 timed steps of each count.
     assert.ok(outcome.stats.steps >= 7, `${outcome.stats.steps} steps`);
-    assert.ok(logs.some((line) => line.includes("on the CPU (1 or 2 threads, the faster chosen between steps)")));
     assert.ok(
-      logs.some((line) => /^trainer: PyTorch on [12] threads? \(a step: 1 → \d+\.\d\d s, 2 → \d+\.\d\d s\)$/.test(line)),
+      logs.some((line) => line.includes("on the CPU (1 or 2 threads, the faster chosen between steps)")),
+    );
+    assert.ok(
+      logs.some((line) =>
+        /^trainer: PyTorch on [12] threads? \(a step: 1 → \d+\.\d\d s, 2 → \d+\.\d\d s\)$/.test(line),
+      ),
       logs.join("\n"),
     );
   });

@@ -101,7 +101,8 @@ const GIB = 2 ** 30;
  * The worker's peak RSS (bench/README.md, `trainTorch.ts` and `readyTime.ts`): bf16, SmolLM2-135M 1.31 GB and
  * Qwen2.5-Coder-1.5B 7.96 GB (its first run: converting the GGUF, 256-token windows, rank 32 on every target and the
  * output head of a 151,936-token vocabulary); F32, SmolLM2-135M 1.90 GB and ~1.1B of TinyLlama's shape 7.98 GB.
- * Lines through those points.
+ * Lines through those points. Those first runs kept the GGUF mapped throughout (1.17 GB of the 1.5B's peak); the
+ * worker lets it go after the load since, so the lines are that much on the safe side for a first run's base.
  */
 const TORCH_MEMORY = {
   bf16: { fixed: 0.67e9, perParameter: 4.73 },
@@ -134,7 +135,6 @@ export function hasBaseCopy(cacheDir: string, modelFile: string): boolean {
     return false;
   }
 }
-
 
 const TorchHealth = Type.Object(
   {
