@@ -78,6 +78,12 @@ async function trainedWithLosses(job: AnyTrainerJob) {
   return { logs, losses };
 }
 
+/** Puts an environment variable back as it was (unset when it was). */
+function restoreEnv(name: string, value: string | undefined): void {
+  if (value === undefined) delete process.env[name];
+  else process.env[name] = value;
+}
+
 /** Starts a trainer on `job` and waits for its first progress report. */
 async function startedTrainer(job: AnyTrainerJob) {
   let firstProgress!: () => void;
@@ -148,6 +154,12 @@ describe("trainer building blocks", () => {
       );
       const f32 = loraBaseConversion(info, { blas: "any", f32Budget: 2 ** 30 });
       assert.equal(f32?.to, file === baseModel ? undefined : "F32", file);
+      // With bf16 products the base as it is trains faster than its F32 copy: it always trains as it is.
+      assert.equal(
+        loraBaseConversion(info, { blas: "any", f32Budget: 2 ** 30, bf16: true }),
+        undefined,
+        file,
+      );
     }
     // Through one that takes F32 weights only, every base trains in F32 when its F32 copy fits the budget, and
     // keeps the rule otherwise.
@@ -354,7 +366,11 @@ describe("trainer process: it learns, stops, and runs on its devices", () => {
     );
     const fast = await train("blas", blas.library);
     assert.ok(
-      fast.logs.some((line) => line.startsWith(`trainer: BLAS backend OpenBLAS (${blas.library})`)),
+      fast.logs.some((line) =>
+        line.startsWith(
+          `trainer: BLAS backend OpenBLAS${blas.bf16 ? " and oneDNN (bf16 products of non-F32 weights)" : ""} (${blas.library})`,
+        ),
+      ),
       fast.logs.join("\n"),
     );
     // The same F32 base, windows and seed: sgemm sums in another order, nothing else differs.
@@ -389,6 +405,11 @@ describe("trainer process: it learns, stops, and runs on its devices", () => {
           },
         ),
       );
+    // F32 products throughout (GGML_BLAS_BF16=0): a backend with bf16 products would train the base as it is in
+    // bf16 (the next test), and "auto" would not make the F32 copy.
+    const bf16Setting = process.env.GGML_BLAS_BF16;
+    process.env.GGML_BLAS_BF16 = "0";
+    t.after(() => restoreEnv("GGML_BLAS_BF16", bf16Setting));
     const asIs = await train("blas-as-is", "as-is");
     assert.ok(!asIs.logs.some((line) => /converting the base/.test(line)), asIs.logs.join("\n"));
     assert.ok(
@@ -423,6 +444,66 @@ describe("trainer process: it learns, stops, and runs on its devices", () => {
     assert.ok(worst < 1e-2, `the adapters differ by up to ${worst} (relative, per tensor)`);
   });
 
+  test("with bf16 products a LoRA base trains as it is, its losses within bf16's rounding of F32 products", async (t) => {
+    const blas = blasStatus(process.env.CONDUIT_TRAINER_BLAS);
+    if (!blas.available) return t.skip(`no BLAS backend here: ${blas.reason}`);
+    if (!blas.bf16)
+      return t.skip(
+        `${blas.library} has no bf16 products here (built without oneDNN, a CPU without AVX512-BF16, or GGML_BLAS_BF16=0)`,
+      );
+    const q4 = path.join(dir, "bf16-q4_0.gguf");
+    convertModel(baseModel, q4, "Q4_0");
+    const bf16Setting = process.env.GGML_BLAS_BF16;
+    t.after(() => restoreEnv("GGML_BLAS_BF16", bf16Setting));
+    const train = (name: string, bf16: boolean) => {
+      process.env.GGML_BLAS_BF16 = bf16 ? "1" : "0";
+      return trainedWithLosses(
+        loraJob(
+          name,
+          { rank: 4, alpha: 8, targets: [...LLAMA_CPP_LORA_TARGETS] },
+          {
+            baseModelPath: q4,
+            samples: Array.from({ length: 20 }, (_, i) => `sample number ${i} with some text to learn`),
+            maxSteps: 4,
+            options: { blasLibrary: blas.library },
+            seed: 3,
+          },
+        ),
+      );
+    };
+    const bf16 = await train("bf16-auto", true);
+    assert.ok(!bf16.logs.some((line) => /converting the base/.test(line)), bf16.logs.join("\n"));
+    assert.ok(
+      bf16.logs.some((line) => /OpenBLAS and oneDNN \(bf16 products/.test(line)) &&
+        bf16.logs.some((line) =>
+          /through the base as it is \(the BLAS backend takes its products, in bf16\)/.test(line),
+        ),
+      bf16.logs.join("\n"),
+    );
+    const f32 = await train("bf16-off", false);
+    assert.ok(
+      f32.logs.some((line) => /converting the base to F32/.test(line)),
+      f32.logs.join("\n"),
+    );
+    // The same windows and seed; the products' inputs rounded to bf16 (8 bits of mantissa) move the losses a
+    // little, and only a little: a wrong layout or transposition would not.
+    let moved = 0;
+    for (const [step, reference] of f32.losses) {
+      const loss = bf16.losses.get(step);
+      if (loss === undefined) continue;
+      assert.ok(
+        Math.abs(loss - reference) < 5e-3 * reference,
+        `step ${step}: ${loss} (bf16) vs ${reference} (F32)`,
+      );
+      moved = Math.max(moved, Math.abs(loss - reference));
+    }
+    // bf16 moved them by ~1e-4 here; F32 products summed in another order move them by ~1e-7.
+    assert.ok(
+      moved > 1e-5,
+      `the bf16 run's losses are within ${moved} of the F32 run's: its products did not run in bf16`,
+    );
+  });
+
   test("a missing, disabled or stale BLAS backend is reported as such, never loaded", (t) => {
     const folder = fs.mkdtempSync(path.join(os.tmpdir(), "conduit-blas-"));
     t.after(() => fs.rmSync(folder, { recursive: true, force: true }));
@@ -434,9 +515,18 @@ describe("trainer process: it learns, stops, and runs on its devices", () => {
     const library = path.join(folder, "libggml-blas.so");
     assert.match((blasStatus(library) as { reason: string }).reason, /does not exist/);
     fs.writeFileSync(library, "");
-    assert.deepEqual(blasStatus(library), { available: true, library, quantized: false });
+    assert.deepEqual(blasStatus(library), { available: true, library, quantized: false, bf16: false });
     fs.writeFileSync(path.join(folder, "build.json"), JSON.stringify({ quantizedOutProd: true }));
-    assert.deepEqual(blasStatus(library), { available: true, library, quantized: true });
+    assert.deepEqual(blasStatus(library), { available: true, library, quantized: true, bf16: false });
+    // Built with oneDNN: bf16 products where this CPU multiplies bf16, unless GGML_BLAS_BF16=0.
+    fs.writeFileSync(path.join(folder, "build.json"), JSON.stringify({ quantizedOutProd: true, bf16: true }));
+    const cpuBf16 = /^flags\s*:.*\b(avx512_bf16|amx_bf16)\b/m.test(fs.readFileSync("/proc/cpuinfo", "utf8"));
+    const bf16Setting = process.env.GGML_BLAS_BF16;
+    t.after(() => restoreEnv("GGML_BLAS_BF16", bf16Setting));
+    delete process.env.GGML_BLAS_BF16;
+    assert.deepEqual(blasStatus(library), { available: true, library, quantized: true, bf16: cpuBf16 });
+    process.env.GGML_BLAS_BF16 = "0";
+    assert.deepEqual(blasStatus(library), { available: true, library, quantized: true, bf16: false });
     fs.writeFileSync(path.join(folder, "build.json"), JSON.stringify({ nodeLlamaCpp: "0.0.1" }));
     assert.match(
       (blasStatus(library) as { reason: string }).reason,

@@ -178,6 +178,29 @@ describe("planning a run", () => {
       planRun(input({ prior: llamaCppPrior("f32") })).tokensPerSecond === blas,
       "within the budget, through an F32 copy",
     );
+    // With bf16 products the base trains as it is, faster: the curve through bench/README.md's three bases (two
+    // threads: 191.7, 68.0 and 33.1 tok/s).
+    const bf16 = llamaCppPrior("any", true);
+    const at = (parameters: number) => bf16.tokensPerSecond("lora", { ...smollm2, parameters }, 2);
+    for (const [parameters, measured] of [
+      [134_515_008, 191.7],
+      [494_032_768, 68.0],
+      [1_543_714_304, 33.1],
+    ] as const)
+      assert.ok(
+        Math.abs(at(parameters) / measured - 1) < 0.15,
+        `${parameters}: ${at(parameters)} vs ${measured}`,
+      );
+    const qwen15 = { ...smollm2, parameters: 1_543_714_304 };
+    assert.ok(
+      bf16.tokensPerSecond("lora", qwen15, 2) > 1.2 * llamaCppPrior("any").tokensPerSecond("lora", qwen15, 2),
+      "the 1.5B base trains faster in bf16 than through F32 products",
+    );
+    assert.equal(
+      bf16.tokensPerSecond("full", smollm2, 1),
+      llamaCppPrior("any").tokensPerSecond("full", smollm2, 1),
+      "a full fine-tune's weights are F32: bf16 changes nothing",
+    );
   });
 
   test("measured: the earlier runs' loop rate and overhead", () => {

@@ -3,7 +3,9 @@
  * node-llama-cpp's prebuilt ggml (`npm run setup:trainer`, bin/setup-trainer.sh). Loaded into the trainer
  * process with `ggml_backend_load`, it takes the matrix products of F32 weights, among them the backward pass's
  * `OUT_PROD` (the gradient to the activations of every frozen weight), which the CPU backend computes with
- * vector loops: LoRA on an F32 base then trains 2–2.5× faster (bench/README.md). Generation never loads it.
+ * vector loops: LoRA on an F32 base then trains 2–2.5× faster (bench/README.md). Built with oneDNN, on a CPU with
+ * AVX512-BF16, it runs every product through oneDNN instead, those of non-F32 weights in bf16
+ * (bin/patches/ggml-blas-bf16.diff). Generation never loads it.
  */
 import koffi from "koffi";
 import fs from "node:fs";
@@ -29,6 +31,12 @@ export type BlasStatus =
        * (bin/patches/ggml-blas-out-prod-quantized.diff, recorded in `build.json`): a LoRA base then trains as it is.
        */
       quantized: boolean;
+      /**
+       * Whether it computes the products of weights that are not F32 (a LoRA base trained as it is) in bf16:
+       * compiled with oneDNN (bin/patches/ggml-blas-bf16.diff, `build.json`), on a CPU that multiplies bf16
+       * natively (AVX512-BF16), and not turned off (`GGML_BLAS_BF16=0`).
+       */
+      bf16: boolean;
     }
   | { available: false; library: string | null; reason: string };
 
@@ -50,7 +58,7 @@ export function blasStatus(setting: string | undefined): BlasStatus {
           ? `no BLAS backend (${TRAINER_SETUP_COMMAND} makes one)`
           : `CONDUIT_TRAINER_BLAS names ${library}, which does not exist`,
     };
-  const { nodeLlamaCpp: built, quantized } = buildOf(library);
+  const { nodeLlamaCpp: built, quantized, bf16 } = buildOf(library);
   const installed = nodeLlamaCppVersion();
   if (built !== undefined && installed !== undefined && built !== installed)
     return {
@@ -60,8 +68,22 @@ export function blasStatus(setting: string | undefined): BlasStatus {
         `the BLAS backend was compiled for node-llama-cpp ${built}, and ${installed} is installed: ` +
         `run ${TRAINER_SETUP_COMMAND} again`,
     };
-  return { available: true, library, quantized };
+  return { available: true, library, quantized, bf16: bf16 && bf16Products() };
 }
+
+/** Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX), and `GGML_BLAS_BF16` does not turn it off. */
+export function bf16Products(): boolean {
+  if (process.env.GGML_BLAS_BF16 === "0") return false;
+  cpuBf16 ??= (() => {
+    try {
+      return /^flags\s*:.*\b(avx512_bf16|amx_bf16)\b/m.test(fs.readFileSync("/proc/cpuinfo", "utf8"));
+    } catch {
+      return false;
+    }
+  })();
+  return cpuBf16;
+}
+let cpuBf16: boolean | undefined;
 
 /** The products a backend of this status takes (loraBase.ts's `blas`). */
 export function blasKind(status: BlasStatus): "none" | "f32" | "any" {
@@ -72,18 +94,20 @@ export function blasKind(status: BlasStatus): "none" | "f32" | "any" {
  * What `build.json` beside the library says: the node-llama-cpp version it was compiled for and whether it takes
  * products of quantized weights. A library without one (built elsewhere) is taken as ggml's own: F32 only.
  */
-export function buildOf(library: string): { nodeLlamaCpp?: string; quantized: boolean } {
+export function buildOf(library: string): { nodeLlamaCpp?: string; quantized: boolean; bf16: boolean } {
   try {
     const build = JSON.parse(fs.readFileSync(path.join(path.dirname(library), "build.json"), "utf8")) as {
       nodeLlamaCpp?: unknown;
       quantizedOutProd?: unknown;
+      bf16?: unknown;
     };
     return {
       ...(typeof build.nodeLlamaCpp === "string" ? { nodeLlamaCpp: build.nodeLlamaCpp } : {}),
       quantized: build.quantizedOutProd === true,
+      bf16: build.quantizedOutProd === true && build.bf16 === true,
     };
   } catch {
-    return { quantized: false };
+    return { quantized: false, bf16: false };
   }
 }
 
@@ -100,6 +124,10 @@ export function loadBlasBackend(
   log: (line: string) => void,
 ): string | undefined {
   process.env.OPENBLAS_NUM_THREADS ??= String(threads);
+  // A backend built with oneDNN runs its products on OpenMP threads (bin/patches/ggml-blas-bf16.diff), which by
+  // default spin after each product, on the cores ggml's own ops and other users need: SmolLM2 trained at 112 tok/s
+  // with them spinning, 192 with them asleep (bench/README.md). libgomp reads this when the backend loads it.
+  process.env.OMP_WAIT_POLICY ??= "PASSIVE";
   const before = lib.ggml_backend_dev_count();
   if (lib.ggml_backend_load(library) === null) {
     log(`trainer: the BLAS backend ${library} did not load (llama.cpp's log says why); training without it`);

@@ -30,8 +30,9 @@ export interface LlamaCppOptions {
   gpuLayers: "all" | number;
   /**
    * A ggml BLAS backend library to load on the CPU (`npm run setup:trainer`, blasBackend.ts): LoRA then trains
-   * through an F32 copy of the base when it fits a quarter of the memory, else through the base as it is (a build
-   * that takes F32 weights only: Q8_0). `null`: none.
+   * through the base as it is where the backend has bf16 products, else through an F32 copy of the base when it
+   * fits a quarter of the memory, else through the base as it is (a build that takes F32 weights only: Q8_0).
+   * `null`: none.
    */
   blasLibrary: string | null;
   /**
@@ -114,6 +115,13 @@ const RATE = {
    */
   loraBlas: 144.8,
   fullBlas: 95,
+  /**
+   * LoRA through the base as it is with bf16 products (blasBackend.ts's `bf16`; bench/README.md, "bf16 products"):
+   * 191.7, 68.0 and 33.1 tok/s on 2 threads on SmolLM2, Qwen2.5-Coder 0.5B and 1.5B, per thread as the threads'
+   * exponent below has it, falling with the parameters to this power (0.5B: 55.7 by the line).
+   */
+  loraBf16: 142,
+  bf16Exponent: 0.72,
   /** The test model (64 wide, 2 blocks, 172k parameters) trained LoRA at 7,000–14,000 tokens per second here. */
   most: 8_000,
   /** 2 threads trained SmolLM2 1.35× faster than 1 on 2 cores (measured on the torch trainer). */
@@ -124,10 +132,15 @@ const RATE = {
  * The llama.cpp trainer's prior, by the products its BLAS backend takes (loraBase.ts): none, F32 weights only (a LoRA
  * base over the F32 budget then trains through Q8_0 without it), or every weight type.
  */
-export function llamaCppPrior(blas: LoraBaseOptions["blas"]): EstimatePrior {
+export function llamaCppPrior(blas: LoraBaseOptions["blas"], bf16 = false): EstimatePrior {
   return {
     tokensPerSecond(method, model, threads) {
       const scale = model.parameters > 0 ? model.parameters / RATE.referenceParameters : 1;
+      if (blas === "any" && bf16 && method !== "full")
+        return (
+          Math.min(RATE.most, RATE.loraBf16 * scale ** -RATE.bf16Exponent) *
+          Math.max(1, threads) ** RATE.threadExponent
+        );
       const throughBlas =
         blas === "any" ||
         (blas === "f32" &&
@@ -183,6 +196,13 @@ const LlamaCppHealth = Type.Object(
               "It takes products of quantized weights too: a base whose F32 copy would not fit trains as it is.",
           }),
         ),
+        bf16: Type.Optional(
+          Type.Boolean({
+            description:
+              "It computes the products of a base's non-F32 weights in bf16 (built with oneDNN, on a CPU with " +
+              "AVX512-BF16; GGML_BLAS_BF16=0 turns it off): a LoRA base then trains as it is.",
+          }),
+        ),
         reason: Type.Optional(Type.String({ description: "Why there is none." })),
       },
       { description: "Its BLAS backend, the fast path on the CPU (`npm run setup:trainer`)." },
@@ -226,20 +246,27 @@ export const llamaCppTrainer: TrainerBackend<LlamaCppOptions> = {
   loraTargets: LLAMA_CPP_LORA_TARGETS,
   // More threads do not pay for ggml's own ops here (bench/README.md); the BLAS backend's products take every core.
   threads: (setting) => (setting === "auto" ? 1 : setting),
-  prior: (host) => llamaCppPrior(blasKind(blasStatus(host.blas))),
+  prior: (host) => {
+    const blas = blasStatus(host.blas);
+    return llamaCppPrior(blasKind(blas), blas.available && blas.bf16);
+  },
   memoryNeed(method, model, host) {
     if (method === "full") return Promise.resolve(memoryOf(LLAMA_CPP_MEMORY.full, model.parameters));
-    // A LoRA base is trained in F32 when its BLAS backend is there and the F32 copy fits its budget, else as it is
-    // through a backend that takes every weight type, else through Q8_0 (`loraBase.ts`).
-    const blas = blasKind(blasStatus(host.blas));
+    // A LoRA base is trained as it is through a backend with bf16 products, else in F32 when its BLAS backend is
+    // there and the F32 copy fits its budget, else as it is through a backend that takes every weight type, else
+    // through Q8_0 (`loraBase.ts`).
+    const status = blasStatus(host.blas);
+    const blas = blasKind(status);
     const line =
       blas === "none"
         ? LLAMA_CPP_MEMORY.loraQ8
-        : 4 * model.parameters <= F32_BASE_MEMORY_FRACTION * totalMemory()
-          ? LLAMA_CPP_MEMORY.loraF32
-          : blas === "any"
-            ? LLAMA_CPP_MEMORY.loraAsIs
-            : LLAMA_CPP_MEMORY.loraQ8;
+        : blas === "any" && status.available && status.bf16
+          ? LLAMA_CPP_MEMORY.loraAsIs
+          : 4 * model.parameters <= F32_BASE_MEMORY_FRACTION * totalMemory()
+            ? LLAMA_CPP_MEMORY.loraF32
+            : blas === "any"
+              ? LLAMA_CPP_MEMORY.loraAsIs
+              : LLAMA_CPP_MEMORY.loraQ8;
     return Promise.resolve(memoryOf(line, model.parameters));
   },
   async jobOptions(host) {

@@ -31,10 +31,17 @@ export interface LoraBaseOptions {
   f32Budget: number;
   /** With `any`: train through the base as it is even when its F32 copy fits (bench/trainTorch.ts compares). */
   asIs?: boolean;
+  /**
+   * With `any`: the backend computes the products of weights that are not F32 in bf16 (blasBackend.ts's `bf16`).
+   * The base as it is then trains faster than its F32 copy, in less memory (1.22x on SmolLM2, 1.23x on
+   * Qwen2.5-Coder-0.5B; bench/README.md, "bf16 products"), so it trains as it is.
+   */
+  bf16?: boolean;
 }
 
 /**
- * `undefined` when the base trains as it is, else the type to convert it to and why. With a BLAS backend the base
+ * `undefined` when the base trains as it is, else the type to convert it to and why. A backend with bf16 products
+ * trains every base as it is (faster than an F32 copy, in less memory). Otherwise, with a BLAS backend the base
  * is trained in F32 whenever its F32 copy fits `f32Budget`: that is 2–2.5x the tokens per CPU-second of a Q8_0 base
  * without BLAS, for about 1.5x its peak RSS on SmolLM2 (bench/README.md, "The embedded trainer with BLAS"). A larger
  * base trains as it is through a backend that takes products of any weight type, at 0.87–0.95x an F32 copy's
@@ -48,7 +55,7 @@ export function loraBaseConversion(
 ): { to: OutputType; reason: string } | undefined {
   // Only the 2-D block weights go through the backward matrix products; norms and embeddings are read only.
   const blocks = model.tensors.filter((t) => /^blk\.\d+\..*\.weight$/.test(t.name) && t.dims.length >= 2);
-  if (options.blas === "any" && options.asIs === true) return undefined;
+  if (options.blas === "any" && (options.asIs === true || options.bf16 === true)) return undefined;
   if (options.blas !== "none") {
     const notF32 = blocks.find((t) => t.type !== 0);
     if (notF32 === undefined) return undefined;

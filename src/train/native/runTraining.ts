@@ -53,7 +53,13 @@ import {
   type LoraSpec,
   type LoraWeight,
 } from "../core/loraAdapter.ts";
-import { buildOf, loadBlasBackend, openBlasThreads, TRAINER_SETUP_COMMAND } from "./blasBackend.ts";
+import {
+  bf16Products,
+  buildOf,
+  loadBlasBackend,
+  openBlasThreads,
+  TRAINER_SETUP_COMMAND,
+} from "./blasBackend.ts";
 import { ThreadTuner } from "../core/threadTuner.ts";
 import { loraBaseConversion, type LoraBaseOptions } from "./loraBase.ts";
 import { readModelFile, type ModelFileInfo } from "../core/modelFile.ts";
@@ -100,6 +106,8 @@ interface Compute {
   blas: string | undefined;
   /** The products it takes (loraBase.ts): `none` when none loaded. */
   blasTakes: LoraBaseOptions["blas"];
+  /** Whether it computes the products of non-F32 weights in bf16 (blasBackend.ts's `bf16`). */
+  bf16: boolean;
   gpus: GpuDevice[];
   /** Layers offloaded: `0` on the CPU, `-1` for all. */
   gpuLayers: number;
@@ -220,7 +228,9 @@ function openCompute(job: LlamaCppJob, hooks: TrainingHooks): Compute {
     job.options.blasLibrary !== null && job.options.device === "cpu"
       ? loadBlasBackend(lib, job.options.blasLibrary, job.options.blasThreads, hooks.log)
       : undefined;
-  const blasTakes = blas === undefined ? "none" : buildOf(job.options.blasLibrary!).quantized ? "any" : "f32";
+  const build = blas === undefined ? undefined : buildOf(job.options.blasLibrary!);
+  const blasTakes = build === undefined ? "none" : build.quantized ? "any" : "f32";
+  const bf16 = build?.bf16 === true && bf16Products();
   hooks.log(
     blas !== undefined
       ? `trainer: BLAS backend ${blas} (${job.options.blasLibrary}): products of ${blasTakes === "any" ? "weights of any type" : "F32 weights"}, the backward pass's included, go through it on ${process.env.OPENBLAS_NUM_THREADS} thread(s)`
@@ -248,7 +258,7 @@ function openCompute(job: LlamaCppJob, hooks: TrainingHooks): Compute {
     );
   }
   const gpuMemory = gpus.length === 0 ? undefined : new GpuMemoryWatch(lib, gpus);
-  return { lib, blas, blasTakes, gpus, gpuLayers, gpuMemory, blasThreads: blasThreadTuning(job, blas) };
+  return { lib, blas, blasTakes, bf16, gpus, gpuLayers, gpuMemory, blasThreads: blasThreadTuning(job, blas) };
 }
 
 /**
@@ -269,7 +279,7 @@ function blasThreadTuning(job: LlamaCppJob, blas: string | undefined): Compute["
  * it is or converted; a LoRA run's initial adapter is written too (or copied from its checkpoint).
  */
 async function prepareBase(
-  { lib, blas, blasTakes }: Compute,
+  { lib, blas, blasTakes, bf16 }: Compute,
   job: LlamaCppJob,
   hooks: TrainingHooks,
   lora: LoraRun | undefined,
@@ -297,11 +307,12 @@ async function prepareBase(
       blas: blasTakes,
       f32Budget: F32_BASE_MEMORY_FRACTION * totalMemory(),
       asIs: job.options.loraBase === "as-is",
+      bf16,
     });
     if (conversion === undefined) {
       basePath = job.baseModelPath;
       hooks.log(
-        `trainer: LoRA trains through the base as it is${blas === undefined ? "" : " (the BLAS backend takes its products)"}`,
+        `trainer: LoRA trains through the base as it is${blas === undefined ? "" : bf16 ? " (the BLAS backend takes its products, in bf16)" : " (the BLAS backend takes its products)"}`,
       );
     } else {
       convertBase(lib, job, files, files.baseConverted, conversion.to, () =>
