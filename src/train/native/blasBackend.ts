@@ -71,12 +71,12 @@ export function blasStatus(setting: string | undefined): BlasStatus {
   return { available: true, library, quantized, bf16: bf16 && bf16Products() };
 }
 
-/** Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX), and `GGML_BLAS_BF16` does not turn it off. */
+/** Whether this CPU multiplies bf16 natively (AVX512-BF16), and `GGML_BLAS_BF16` does not turn it off. */
 export function bf16Products(): boolean {
   if (process.env.GGML_BLAS_BF16 === "0") return false;
   cpuBf16 ??= (() => {
     try {
-      return /^flags\s*:.*\b(avx512_bf16|amx_bf16)\b/m.test(fs.readFileSync("/proc/cpuinfo", "utf8"));
+      return /^flags\s*:.*\bavx512_bf16\b/m.test(fs.readFileSync("/proc/cpuinfo", "utf8"));
     } catch {
       return false;
     }
@@ -125,8 +125,8 @@ export function loadBlasBackend(
 ): string | undefined {
   process.env.OPENBLAS_NUM_THREADS ??= String(threads);
   // A backend built with oneDNN runs its products on OpenMP threads (bin/patches/ggml-blas-bf16.diff), which by
-  // default spin after each product, on the cores ggml's own ops and other users need: SmolLM2 trained at 112 tok/s
-  // with them spinning, 192 with them asleep (bench/README.md). libgomp reads this when the backend loads it.
+  // default spin a while after each product, on the cores ggml's own ops and other users need: SmolLM2 trained at
+  // 136 tok/s so (112 always spinning), 192 with them asleep (bench/README.md). libgomp reads this when it loads.
   process.env.OMP_WAIT_POLICY ??= "PASSIVE";
   const before = lib.ggml_backend_dev_count();
   if (lib.ggml_backend_load(library) === null) {
