@@ -37,6 +37,35 @@ describe("trainer building blocks", () => {
     assert.ok((await need("lora", 1.5e9)) > 2 * (await need("lora", 0.5e9)));
   });
 
+  test("with bf16 products a LoRA base trains as it is: its memory need goes through the three measured bases", async (t) => {
+    const folder = fs.mkdtempSync(path.join(os.tmpdir(), "conduit-bf16-"));
+    t.after(() => fs.rmSync(folder, { recursive: true, force: true }));
+    const library = path.join(folder, "libggml-blas.so");
+    fs.writeFileSync(library, "");
+    fs.writeFileSync(path.join(folder, "build.json"), JSON.stringify({ quantizedOutProd: true, bf16: true }));
+    const cpuBf16 = /^flags\s*:.*\bavx512_bf16\b/m.test(fs.readFileSync("/proc/cpuinfo", "utf8"));
+    if (!cpuBf16 || process.env.GGML_BLAS_BF16 === "0")
+      return t.skip("this CPU has no AVX512-BF16 (or GGML_BLAS_BF16=0): the backend would make F32 products");
+    const host = { blas: library } as TrainerHost;
+    const gb = async (parameters: number) =>
+      (await llamaCppTrainer.memoryNeed(
+        "lora",
+        { parameters, fileType: "Q4_K_M", sizeBytes: 0, file: "" },
+        host,
+      )) / 1e9;
+    // bench/README.md, "bf16 products": SmolLM2 0.92 GB, Qwen2.5-Coder 0.5B 2.29 GB, 1.5B 3.79 GB.
+    for (const [parameters, measured] of [
+      [134.5e6, 0.921],
+      [494.0e6, 2.287],
+      [1543.7e6, 3.785],
+    ] as const)
+      assert.ok(
+        Math.abs((await gb(parameters)) - measured) < 0.02,
+        `${parameters}: ${await gb(parameters)} GB`,
+      );
+    assert.ok((await gb(172e3)) < 0.5, "a tiny model needs little");
+  });
+
   test("a finished local node-llama-cpp build is found, a half-written one is not", (t) => {
     const root = fs.mkdtempSync(path.join(os.tmpdir(), "conduit-nlc-"));
     t.after(() => fs.rmSync(root, { recursive: true, force: true }));

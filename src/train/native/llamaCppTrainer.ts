@@ -176,6 +176,13 @@ const LLAMA_CPP_MEMORY = {
   loraQ8: { fixed: 0.53e9, perParameter: 2.54 },
   /** Through a quantized base as it is, with BLAS: 2.48 and 4.15 GB on Qwen2.5-Coder 0.5B and 1.5B (0.95 on SmolLM2). */
   loraAsIs: { fixed: 1.7e9, perParameter: 1.6 },
+  /**
+   * Through the base as it is with bf16 products (bench/README.md, "bf16 products"): 0.92, 2.29 and 3.79 GB on
+   * SmolLM2, Qwen2.5-Coder 0.5B and 1.5B. The need grows slower on larger bases (the vocabulary's part shrinks): the
+   * lower of the line through the two small bases and the line through the two Qwen bases.
+   */
+  loraBf16Small: { fixed: 0.41e9, perParameter: 3.8 },
+  loraBf16Large: { fixed: 1.582e9, perParameter: 1.427 },
 } satisfies Record<string, MemoryLine>;
 
 const LlamaCppHealth = Type.Object(
@@ -257,16 +264,21 @@ export const llamaCppTrainer: TrainerBackend<LlamaCppOptions> = {
     // through Q8_0 (`loraBase.ts`).
     const status = blasStatus(host.blas);
     const blas = blasKind(status);
+    if (blas === "any" && status.available && status.bf16)
+      return Promise.resolve(
+        Math.min(
+          memoryOf(LLAMA_CPP_MEMORY.loraBf16Small, model.parameters),
+          memoryOf(LLAMA_CPP_MEMORY.loraBf16Large, model.parameters),
+        ),
+      );
     const line =
       blas === "none"
         ? LLAMA_CPP_MEMORY.loraQ8
-        : blas === "any" && status.available && status.bf16
-          ? LLAMA_CPP_MEMORY.loraAsIs
-          : 4 * model.parameters <= F32_BASE_MEMORY_FRACTION * totalMemory()
-            ? LLAMA_CPP_MEMORY.loraF32
-            : blas === "any"
-              ? LLAMA_CPP_MEMORY.loraAsIs
-              : LLAMA_CPP_MEMORY.loraQ8;
+        : 4 * model.parameters <= F32_BASE_MEMORY_FRACTION * totalMemory()
+          ? LLAMA_CPP_MEMORY.loraF32
+          : blas === "any"
+            ? LLAMA_CPP_MEMORY.loraAsIs
+            : LLAMA_CPP_MEMORY.loraQ8;
     return Promise.resolve(memoryOf(line, model.parameters));
   },
   async jobOptions(host) {
