@@ -78,6 +78,21 @@ async function trainedWithLosses(job: AnyTrainerJob) {
   return { logs, losses };
 }
 
+/** A short LoRA run on every target of a quantized copy of the test model (the BLAS backend's comparisons). */
+function q4LoraJob(name: string, q4: string, options: Partial<LlamaCppOptions>): AnyTrainerJob {
+  return loraJob(
+    name,
+    { rank: 4, alpha: 8, targets: [...LLAMA_CPP_LORA_TARGETS] },
+    {
+      baseModelPath: q4,
+      samples: Array.from({ length: 20 }, (_, i) => `sample number ${i} with some text to learn`),
+      maxSteps: 4,
+      options,
+      seed: 3,
+    },
+  );
+}
+
 /** Puts an environment variable back as it was (unset when it was). */
 function restoreEnv(name: string, value: string | undefined): void {
   if (value === undefined) delete process.env[name];
@@ -392,19 +407,7 @@ describe("trainer process: it learns, stops, and runs on its devices", () => {
     const q4 = path.join(dir, "blas-q4_0.gguf");
     convertModel(baseModel, q4, "Q4_0");
     const train = (name: string, loraBase: "auto" | "as-is") =>
-      trainedWithLosses(
-        loraJob(
-          name,
-          { rank: 4, alpha: 8, targets: [...LLAMA_CPP_LORA_TARGETS] },
-          {
-            baseModelPath: q4,
-            samples: Array.from({ length: 20 }, (_, i) => `sample number ${i} with some text to learn`),
-            maxSteps: 4,
-            options: { blasLibrary: blas.library, loraBase },
-            seed: 3,
-          },
-        ),
-      );
+      trainedWithLosses(q4LoraJob(name, q4, { blasLibrary: blas.library, loraBase }));
     // F32 products throughout (GGML_BLAS_BF16=0): a backend with bf16 products would train the base as it is in
     // bf16 (the next test), and "auto" would not make the F32 copy.
     const bf16Setting = process.env.GGML_BLAS_BF16;
@@ -457,19 +460,7 @@ describe("trainer process: it learns, stops, and runs on its devices", () => {
     t.after(() => restoreEnv("GGML_BLAS_BF16", bf16Setting));
     const train = (name: string, bf16: boolean) => {
       process.env.GGML_BLAS_BF16 = bf16 ? "1" : "0";
-      return trainedWithLosses(
-        loraJob(
-          name,
-          { rank: 4, alpha: 8, targets: [...LLAMA_CPP_LORA_TARGETS] },
-          {
-            baseModelPath: q4,
-            samples: Array.from({ length: 20 }, (_, i) => `sample number ${i} with some text to learn`),
-            maxSteps: 4,
-            options: { blasLibrary: blas.library },
-            seed: 3,
-          },
-        ),
-      );
+      return trainedWithLosses(q4LoraJob(name, q4, { blasLibrary: blas.library }));
     };
     const bf16 = await train("bf16-auto", true);
     assert.ok(!bf16.logs.some((line) => /converting the base/.test(line)), bf16.logs.join("\n"));

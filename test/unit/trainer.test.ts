@@ -11,6 +11,7 @@ import { trainableBlocks } from "../../src/train/core/modelFile.ts";
 import { isTrainableTensor } from "../../src/train/native/trainableTensor.ts";
 import { torchTrainer } from "../../src/train/torch/torchTrainer.ts";
 import { llamaCppTrainer } from "../../src/train/native/llamaCppTrainer.ts";
+import { bf16Products } from "../../src/train/native/blasBackend.ts";
 import type { TrainerHost } from "../../src/train/core/TrainerBackend.ts";
 
 describe("trainer building blocks", () => {
@@ -43,8 +44,7 @@ describe("trainer building blocks", () => {
     const library = path.join(folder, "libggml-blas.so");
     fs.writeFileSync(library, "");
     fs.writeFileSync(path.join(folder, "build.json"), JSON.stringify({ quantizedOutProd: true, bf16: true }));
-    const cpuBf16 = /^flags\s*:.*\bavx512_bf16\b/m.test(fs.readFileSync("/proc/cpuinfo", "utf8"));
-    if (!cpuBf16 || process.env.GGML_BLAS_BF16 === "0")
+    if (!bf16Products())
       return t.skip("this CPU has no AVX512-BF16 (or GGML_BLAS_BF16=0): the backend would make F32 products");
     const host = { blas: library } as TrainerHost;
     const gb = async (parameters: number) =>
